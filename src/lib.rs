@@ -1,1 +1,3 @@
 //! wspush
+#![deny(missing_docs)]
+pub mod ws;

@@ -1,0 +1,633 @@
+//! The read side of an open connection: client frames in, message events out.
+//!
+//! Pure and incremental. [`Decoder::decode`] takes whatever bytes have
+//! arrived, consumes what it can and reports one [`Event`] at a time. Data
+//! payloads are unmasked in place and handed out in pieces as they arrive, so
+//! nothing is buffered here; text is validated piece by piece, and every RFC
+//! 6455 rule is checked on the frame header before any payload is accepted.
+//! Control frames (at most 125 bytes) are only consumed whole.
+
+use super::codes::{CloseCode, MessageKind, OpCode};
+use super::header::{FrameHeader, HeaderError, HeaderStatus};
+use super::mask::apply_mask;
+use super::utf8::Utf8Validator;
+
+/// The largest control frame payload (RFC 6455 §5.5).
+pub const MAX_CONTROL_PAYLOAD: usize = 125;
+
+/// A rule the client broke; the connection must be failed with
+/// [`ProtocolError::close_code`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProtocolError {
+    /// RSV1–3 set without a negotiated extension (§5.2).
+    ReservedBits,
+    /// A reserved opcode (§5.2).
+    ReservedOpcode(u8),
+    /// A client frame without a masking key (§5.1).
+    UnmaskedFrame,
+    /// A 64-bit length with the most significant bit set (§5.2).
+    LengthOverflow,
+    /// A control frame with FIN clear (§5.5).
+    FragmentedControlFrame,
+    /// A control frame payload over 125 bytes (§5.5).
+    ControlFrameTooLong,
+    /// A continuation frame with no message in progress (§5.4).
+    UnexpectedContinuation,
+    /// A new text/binary frame while a fragmented message is in progress (§5.4).
+    ExpectedContinuation,
+    /// A close frame whose payload is a single byte (§5.5.1).
+    TruncatedCloseCode,
+    /// A close code a peer must not send (§7.4).
+    InvalidCloseCode(u16),
+    /// Text (message or close reason) that is not UTF-8 (§8.1).
+    InvalidUtf8,
+    /// A message larger than the configured limit.
+    MessageTooBig,
+}
+
+impl ProtocolError {
+    /// The close code that reports this error to the client.
+    pub fn close_code(self) -> CloseCode {
+        match self {
+            ProtocolError::InvalidUtf8 => CloseCode::INVALID_PAYLOAD,
+            ProtocolError::MessageTooBig => CloseCode::MESSAGE_TOO_BIG,
+            _ => CloseCode::PROTOCOL_ERROR,
+        }
+    }
+
+    /// A short human description, used as the close reason and in logs.
+    pub fn reason(self) -> &'static str {
+        match self {
+            ProtocolError::ReservedBits => "reserved bits set",
+            ProtocolError::ReservedOpcode(_) => "reserved opcode",
+            ProtocolError::UnmaskedFrame => "client frame not masked",
+            ProtocolError::LengthOverflow => "payload length overflow",
+            ProtocolError::FragmentedControlFrame => "fragmented control frame",
+            ProtocolError::ControlFrameTooLong => "control frame too long",
+            ProtocolError::UnexpectedContinuation => "continuation without a message",
+            ProtocolError::ExpectedContinuation => "expected a continuation frame",
+            ProtocolError::TruncatedCloseCode => "close payload of one byte",
+            ProtocolError::InvalidCloseCode(_) => "invalid close code",
+            ProtocolError::InvalidUtf8 => "invalid UTF-8",
+            ProtocolError::MessageTooBig => "message too big",
+        }
+    }
+}
+
+impl From<HeaderError> for ProtocolError {
+    fn from(e: HeaderError) -> Self {
+        match e {
+            HeaderError::ReservedOpcode(bits) => ProtocolError::ReservedOpcode(bits),
+            HeaderError::LengthOverflow => ProtocolError::LengthOverflow,
+        }
+    }
+}
+
+/// The status and reason of a received close frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CloseFrame<'a> {
+    /// The status code, already checked with [`CloseCode::is_valid_on_wire`].
+    pub code: CloseCode,
+    /// The reason, already checked to be UTF-8.
+    pub reason: &'a str,
+}
+
+/// Something the client said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event<'a> {
+    /// The next piece of a data message, unmasked; text is valid UTF-8 so
+    /// far. `last` marks the end of the message. Pieces may be empty.
+    Data {
+        /// Text or binary, as set by the message's first frame.
+        kind: MessageKind,
+        /// The unmasked bytes.
+        payload: &'a [u8],
+        /// This piece ends the message.
+        last: bool,
+    },
+    /// A ping with its (unmasked) application data.
+    Ping(&'a [u8]),
+    /// An unsolicited or answering pong.
+    Pong(&'a [u8]),
+    /// A close frame; `None` when it carried no status code.
+    Close(Option<CloseFrame<'a>>),
+}
+
+/// The data frame whose payload is being read.
+#[derive(Debug, Clone, Copy)]
+struct DataFrame {
+    /// Payload bytes still to come.
+    remaining: u64,
+    /// The masking key, rotated so that `mask[0]` applies to the next byte.
+    mask: [u8; 4],
+    /// This frame ends its message.
+    fin: bool,
+}
+
+/// The data message in progress (possibly fragmented).
+#[derive(Debug, Clone, Copy)]
+struct Message {
+    kind: MessageKind,
+    /// Payload bytes announced so far, across fragments.
+    len: u64,
+    utf8: Utf8Validator,
+}
+
+/// Per-connection decoding state: 32 bytes, no heap.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Decoder {
+    frame: Option<DataFrame>,
+    message: Option<Message>,
+}
+
+impl Decoder {
+    /// Decodes from the start of `input`, unmasking payload bytes in place.
+    ///
+    /// Returns how many bytes were consumed and the event they completed;
+    /// `None` means everything usable was consumed and more input is needed
+    /// (the unconsumed bytes, if any, must be presented again with more data
+    /// appended). `max_message_bytes` bounds a whole message, checked against
+    /// each frame header before its payload is accepted.
+    pub fn decode<'a>(
+        &mut self,
+        input: &'a mut [u8],
+        max_message_bytes: u64,
+    ) -> Result<(usize, Option<Event<'a>>), ProtocolError> {
+        if self.frame.is_some() {
+            return self.data_piece(input, 0);
+        }
+        let (header, header_len) = match FrameHeader::parse(input)? {
+            HeaderStatus::Partial => return Ok((0, None)),
+            HeaderStatus::Complete(header, len) => (header, len),
+        };
+        let mask = check_header(&header)?;
+        if header.opcode.is_control() {
+            let end = header_len + header.payload_len as usize;
+            if input.len() < end {
+                return Ok((0, None));
+            }
+            let payload = &mut input[header_len..end];
+            apply_mask(payload, mask, 0);
+            return Ok((end, Some(control_event(header.opcode, payload)?)));
+        }
+        self.start_data_frame(&header, mask, max_message_bytes)?;
+        self.data_piece(input, header_len)
+    }
+
+    /// Applies the fragmentation and size rules to a data frame header and
+    /// makes it the current frame.
+    fn start_data_frame(
+        &mut self,
+        header: &FrameHeader,
+        mask: [u8; 4],
+        max_message_bytes: u64,
+    ) -> Result<(), ProtocolError> {
+        let message = match (header.opcode, self.message.as_mut()) {
+            (OpCode::Continuation, Some(message)) => message,
+            (OpCode::Continuation, None) => return Err(ProtocolError::UnexpectedContinuation),
+            (_, Some(_)) => return Err(ProtocolError::ExpectedContinuation),
+            (opcode, None) => {
+                let kind = if opcode == OpCode::Text {
+                    MessageKind::Text
+                } else {
+                    MessageKind::Binary
+                };
+                self.message.insert(Message {
+                    kind,
+                    len: 0,
+                    utf8: Utf8Validator::default(),
+                })
+            }
+        };
+        message.len = message
+            .len
+            .checked_add(header.payload_len)
+            .filter(|&len| len <= max_message_bytes)
+            .ok_or(ProtocolError::MessageTooBig)?;
+        self.frame = Some(DataFrame {
+            remaining: header.payload_len,
+            mask,
+            fin: header.fin,
+        });
+        Ok(())
+    }
+
+    /// Takes the available payload of the current data frame, starting at
+    /// `input[start..]`, and reports it as one piece.
+    fn data_piece<'a>(
+        &mut self,
+        input: &'a mut [u8],
+        start: usize,
+    ) -> Result<(usize, Option<Event<'a>>), ProtocolError> {
+        let (Some(frame), Some(message)) = (self.frame.as_mut(), self.message.as_mut()) else {
+            unreachable!("bug: a data frame is always part of a message");
+        };
+        let available = (input.len() - start) as u64;
+        let take = frame.remaining.min(available) as usize;
+        let payload = &mut input[start..start + take];
+        apply_mask(payload, frame.mask, 0);
+        frame.mask.rotate_left(take % 4);
+        frame.remaining -= take as u64;
+        let kind = message.kind;
+        if kind == MessageKind::Text {
+            message
+                .utf8
+                .feed(payload)
+                .map_err(|_| ProtocolError::InvalidUtf8)?;
+        }
+        let frame_done = frame.remaining == 0;
+        let last = frame_done && frame.fin;
+        if frame_done {
+            self.frame = None;
+        }
+        if last {
+            if let Some(mut message) = self.message.take() {
+                message
+                    .utf8
+                    .finish()
+                    .map_err(|_| ProtocolError::InvalidUtf8)?;
+            }
+        }
+        if take == 0 && !frame_done {
+            return Ok((start, None));
+        }
+        Ok((
+            start + take,
+            Some(Event::Data {
+                kind,
+                payload,
+                last,
+            }),
+        ))
+    }
+}
+
+/// The rules every client frame header must satisfy; returns its masking key.
+fn check_header(header: &FrameHeader) -> Result<[u8; 4], ProtocolError> {
+    if header.rsv != 0 {
+        return Err(ProtocolError::ReservedBits);
+    }
+    let mask = header.mask.ok_or(ProtocolError::UnmaskedFrame)?;
+    if header.opcode.is_control() {
+        if !header.fin {
+            return Err(ProtocolError::FragmentedControlFrame);
+        }
+        if header.payload_len > MAX_CONTROL_PAYLOAD as u64 {
+            return Err(ProtocolError::ControlFrameTooLong);
+        }
+    }
+    Ok(mask)
+}
+
+/// Interprets a whole, unmasked control frame payload.
+fn control_event(opcode: OpCode, payload: &[u8]) -> Result<Event<'_>, ProtocolError> {
+    match opcode {
+        OpCode::Ping => Ok(Event::Ping(payload)),
+        OpCode::Pong => Ok(Event::Pong(payload)),
+        _ => parse_close(payload).map(Event::Close),
+    }
+}
+
+/// Validates a close frame payload (§5.5.1, §7.4).
+pub fn parse_close(payload: &[u8]) -> Result<Option<CloseFrame<'_>>, ProtocolError> {
+    match payload {
+        [] => Ok(None),
+        [_] => Err(ProtocolError::TruncatedCloseCode),
+        [hi, lo, reason @ ..] => {
+            let code = CloseCode(u16::from_be_bytes([*hi, *lo]));
+            if !code.is_valid_on_wire() {
+                return Err(ProtocolError::InvalidCloseCode(code.0));
+            }
+            let reason = std::str::from_utf8(reason).map_err(|_| ProtocolError::InvalidUtf8)?;
+            Ok(Some(CloseFrame { code, reason }))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::header::MAX_HEADER_LEN;
+    use super::*;
+
+    const LIMIT: u64 = 1 << 20;
+    const KEY: [u8; 4] = [0xA1, 0x0B, 0x5C, 0x77];
+
+    /// A masked client frame, as a browser would send it.
+    fn frame(fin: bool, rsv: u8, opcode: OpCode, payload: &[u8]) -> Vec<u8> {
+        let header = FrameHeader {
+            fin,
+            rsv,
+            opcode,
+            mask: Some(KEY),
+            payload_len: payload.len() as u64,
+        };
+        let mut buf = [0u8; MAX_HEADER_LEN];
+        let len = header.encode(&mut buf);
+        let mut out = buf[..len].to_vec();
+        let start = out.len();
+        out.extend_from_slice(payload);
+        apply_mask(&mut out[start..], KEY, 0);
+        out
+    }
+
+    /// What a caller of the decoder sees, owned.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum Seen {
+        Message(MessageKind, Vec<u8>),
+        Ping(Vec<u8>),
+        Pong(Vec<u8>),
+        Close(Option<(u16, String)>),
+        Error(ProtocolError),
+    }
+
+    /// Feeds `wire` in pieces cut at `cuts`, holding back unconsumed bytes
+    /// the way the connection does, and reassembles messages.
+    fn run(wire: &[u8], cuts: &[usize], limit: u64) -> Vec<Seen> {
+        let mut decoder = Decoder::default();
+        let mut seen = Vec::new();
+        let mut message = Vec::new();
+        let mut held: Vec<u8> = Vec::new();
+        let mut bounds: Vec<usize> = cuts.iter().copied().filter(|&c| c < wire.len()).collect();
+        bounds.push(wire.len());
+        let mut from = 0;
+        for to in bounds {
+            held.extend_from_slice(&wire[from..to]);
+            from = to;
+            let mut pos = 0;
+            loop {
+                match decoder.decode(&mut held[pos..], limit) {
+                    Err(e) => {
+                        seen.push(Seen::Error(e));
+                        return seen;
+                    }
+                    Ok((used, event)) => {
+                        pos += used;
+                        let Some(event) = event else { break };
+                        match event {
+                            Event::Data {
+                                kind,
+                                payload,
+                                last,
+                            } => {
+                                message.extend_from_slice(payload);
+                                if last {
+                                    seen.push(Seen::Message(kind, std::mem::take(&mut message)));
+                                }
+                            }
+                            Event::Ping(p) => seen.push(Seen::Ping(p.to_vec())),
+                            Event::Pong(p) => seen.push(Seen::Pong(p.to_vec())),
+                            Event::Close(c) => {
+                                seen.push(Seen::Close(c.map(|c| (c.code.0, c.reason.to_string()))))
+                            }
+                        }
+                    }
+                }
+            }
+            held.drain(..pos);
+        }
+        seen
+    }
+
+    /// Same result whole, byte by byte, and cut in two at every point.
+    fn check(wire: &[u8], expected: &[Seen]) {
+        assert_eq!(run(wire, &[], LIMIT), expected, "whole");
+        let every: Vec<usize> = (1..wire.len()).collect();
+        assert_eq!(run(wire, &every, LIMIT), expected, "byte by byte");
+        for cut in 1..wire.len() {
+            assert_eq!(run(wire, &[cut], LIMIT), expected, "cut at {cut}");
+        }
+    }
+
+    fn concat(frames: &[Vec<u8>]) -> Vec<u8> {
+        frames.concat()
+    }
+
+    #[test]
+    fn text_and_binary_messages_of_every_length_encoding() {
+        for len in [0usize, 1, 125, 126, 65535, 65536] {
+            let text = "x".repeat(len);
+            let wire = frame(true, 0, OpCode::Text, text.as_bytes());
+            assert_eq!(
+                run(&wire, &[], LIMIT),
+                [Seen::Message(MessageKind::Text, text.into_bytes())]
+            );
+            let bin: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let wire = frame(true, 0, OpCode::Binary, &bin);
+            assert_eq!(
+                run(&wire, &[len / 2, len / 2 + 3], LIMIT),
+                [Seen::Message(MessageKind::Binary, bin)]
+            );
+        }
+    }
+
+    #[test]
+    fn fragmented_text_with_interleaved_control_frames() {
+        let wire = concat(&[
+            frame(false, 0, OpCode::Text, "κό".as_bytes()),
+            frame(true, 0, OpCode::Ping, b"p1"),
+            frame(false, 0, OpCode::Continuation, &[]),
+            frame(true, 0, OpCode::Pong, b""),
+            frame(true, 0, OpCode::Continuation, "σμε".as_bytes()),
+            frame(true, 0, OpCode::Close, &[0x03, 0xE8, b'b', b'y', b'e']),
+        ]);
+        check(
+            &wire,
+            &[
+                Seen::Ping(b"p1".to_vec()),
+                Seen::Pong(vec![]),
+                Seen::Message(MessageKind::Text, "κόσμε".as_bytes().to_vec()),
+                Seen::Close(Some((1000, "bye".into()))),
+            ],
+        );
+    }
+
+    #[test]
+    fn utf8_split_across_fragments_is_valid() {
+        let euro = "€".as_bytes();
+        let wire = concat(&[
+            frame(false, 0, OpCode::Text, &euro[..1]),
+            frame(false, 0, OpCode::Continuation, &euro[1..2]),
+            frame(true, 0, OpCode::Continuation, &euro[2..]),
+        ]);
+        check(&wire, &[Seen::Message(MessageKind::Text, euro.to_vec())]);
+    }
+
+    /// Each protocol rule, with the close code it maps to.
+    #[test]
+    fn every_rule_fails_with_its_close_code() {
+        let mut unmasked = frame(true, 0, OpCode::Text, b"hi");
+        unmasked[1] &= 0x7F;
+        let mut overflow = vec![0x82, 0xFF];
+        overflow.extend_from_slice(&(1u64 << 63).to_be_bytes());
+        overflow.extend_from_slice(&KEY);
+        let cases: Vec<(&str, Vec<u8>, ProtocolError, u16)> = vec![
+            (
+                "rsv1",
+                frame(true, 0b100, OpCode::Text, b"a"),
+                ProtocolError::ReservedBits,
+                1002,
+            ),
+            (
+                "rsv3 on ping",
+                frame(true, 0b001, OpCode::Ping, b""),
+                ProtocolError::ReservedBits,
+                1002,
+            ),
+            (
+                "opcode 3",
+                {
+                    let mut f = frame(true, 0, OpCode::Text, b"");
+                    f[0] = 0x83;
+                    f
+                },
+                ProtocolError::ReservedOpcode(3),
+                1002,
+            ),
+            (
+                "opcode 0xB",
+                {
+                    let mut f = frame(true, 0, OpCode::Ping, b"");
+                    f[0] = 0x8B;
+                    f
+                },
+                ProtocolError::ReservedOpcode(0xB),
+                1002,
+            ),
+            ("unmasked", unmasked, ProtocolError::UnmaskedFrame, 1002),
+            (
+                "64-bit top bit",
+                overflow,
+                ProtocolError::LengthOverflow,
+                1002,
+            ),
+            (
+                "fragmented ping",
+                frame(false, 0, OpCode::Ping, b"x"),
+                ProtocolError::FragmentedControlFrame,
+                1002,
+            ),
+            (
+                "ping 126",
+                frame(true, 0, OpCode::Ping, &[0; 126]),
+                ProtocolError::ControlFrameTooLong,
+                1002,
+            ),
+            (
+                "lone continuation",
+                frame(true, 0, OpCode::Continuation, b"x"),
+                ProtocolError::UnexpectedContinuation,
+                1002,
+            ),
+            (
+                "text inside fragmented message",
+                concat(&[
+                    frame(false, 0, OpCode::Text, b"a"),
+                    frame(true, 0, OpCode::Text, b"b"),
+                ]),
+                ProtocolError::ExpectedContinuation,
+                1002,
+            ),
+            (
+                "close of one byte",
+                frame(true, 0, OpCode::Close, &[0x03]),
+                ProtocolError::TruncatedCloseCode,
+                1002,
+            ),
+            (
+                "close 1005",
+                frame(true, 0, OpCode::Close, &[0x03, 0xED]),
+                ProtocolError::InvalidCloseCode(1005),
+                1002,
+            ),
+            (
+                "close 999",
+                frame(true, 0, OpCode::Close, &[0x03, 0xE7]),
+                ProtocolError::InvalidCloseCode(999),
+                1002,
+            ),
+            (
+                "close reason not UTF-8",
+                frame(true, 0, OpCode::Close, &[0x03, 0xE8, 0xFF]),
+                ProtocolError::InvalidUtf8,
+                1007,
+            ),
+            (
+                "invalid text",
+                frame(true, 0, OpCode::Text, b"\xce\xba\xff"),
+                ProtocolError::InvalidUtf8,
+                1007,
+            ),
+            (
+                "text ends mid code point",
+                frame(true, 0, OpCode::Text, b"\xe2\x82"),
+                ProtocolError::InvalidUtf8,
+                1007,
+            ),
+        ];
+        for (name, wire, error, code) in cases {
+            let seen = run(&wire, &[], LIMIT);
+            assert_eq!(seen.last(), Some(&Seen::Error(error)), "{name}");
+            assert_eq!(error.close_code(), CloseCode(code), "{name}");
+            let bytewise: Vec<usize> = (1..wire.len()).collect();
+            assert_eq!(
+                run(&wire, &bytewise, LIMIT).last(),
+                Some(&Seen::Error(error)),
+                "{name} byte by byte"
+            );
+        }
+    }
+
+    /// The size limit is checked from headers alone, before any payload
+    /// arrives, and counts every fragment of the message.
+    #[test]
+    fn message_limit_is_checked_before_the_payload() {
+        let header_only = &frame(true, 0, OpCode::Binary, &[0; 101])[..6];
+        assert_eq!(
+            run(header_only, &[], 100),
+            [Seen::Error(ProtocolError::MessageTooBig)]
+        );
+        let wire = concat(&[
+            frame(false, 0, OpCode::Text, &[b'a'; 60]),
+            frame(true, 0, OpCode::Continuation, &[b'b'; 41]),
+        ]);
+        assert_eq!(
+            run(&wire, &[], 100),
+            [Seen::Error(ProtocolError::MessageTooBig)]
+        );
+        assert_eq!(run(&wire, &[], 101).len(), 1);
+    }
+
+    /// Invalid UTF-8 in the middle of a long frame fails before the rest of
+    /// the frame has arrived (Autobahn 6.4.3/6.4.4).
+    #[test]
+    fn invalid_utf8_fails_fast_inside_one_frame() {
+        let mut payload = "κόσμε".as_bytes().to_vec();
+        let bad_at = payload.len();
+        payload.extend_from_slice(b"\xf4\x90\x80\x80");
+        payload.extend_from_slice(&[b'z'; 1000]);
+        let wire = frame(true, 0, OpCode::Text, &payload);
+        let header_len = wire.len() - payload.len();
+        let prefix = &wire[..header_len + bad_at + 2];
+        let seen = run(prefix, &[header_len + bad_at + 1], LIMIT);
+        assert_eq!(seen, [Seen::Error(ProtocolError::InvalidUtf8)]);
+    }
+
+    #[test]
+    fn payload_pieces_consume_input_as_it_arrives() {
+        let mut wire = frame(true, 0, OpCode::Binary, &[7; 300]);
+        let mut decoder = Decoder::default();
+        let (used, event) = decoder.decode(&mut wire[..108], LIMIT).unwrap();
+        assert_eq!(used, 108, "header (2 + 2 + 4) + 100 payload bytes");
+        assert!(
+            matches!(event, Some(Event::Data { payload, last: false, .. }) if payload == [7; 100])
+        );
+        let (used, event) = decoder.decode(&mut wire[108..], LIMIT).unwrap();
+        assert_eq!(used, 200);
+        assert!(matches!(event, Some(Event::Data { last: true, .. })));
+        assert!(
+            std::mem::size_of::<Decoder>() <= 32,
+            "{}",
+            std::mem::size_of::<Decoder>()
+        );
+    }
+}

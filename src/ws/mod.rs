@@ -1,0 +1,13 @@
+//! The WebSocket wire protocol, server role (RFC 6455): pure code over byte
+//! slices, no sockets. One concern per file: codes, frame header, masking,
+//! UTF-8 validation and the incremental decoder that ties them together.
+
+pub mod codes;
+pub mod decoder;
+pub mod header;
+pub mod mask;
+pub mod utf8;
+
+pub use codes::{CloseCode, MessageKind, OpCode};
+pub use decoder::{CloseFrame, Decoder, Event, ProtocolError};
+pub use header::FrameHeader;
