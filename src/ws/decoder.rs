@@ -116,8 +116,9 @@ pub enum Event<'a> {
 /// The data frame whose payload is being read.
 #[derive(Debug, Clone, Copy)]
 struct DataFrame {
-    /// Payload bytes still to come.
-    remaining: u64,
+    /// Payload bytes still to come (a frame is never longer than the
+    /// message limit, which fits 32 bits).
+    remaining: u32,
     /// The masking key, rotated so that `mask[0]` applies to the next byte.
     mask: [u8; 4],
     /// This frame ends its message.
@@ -129,11 +130,11 @@ struct DataFrame {
 struct Message {
     kind: MessageKind,
     /// Payload bytes announced so far, across fragments.
-    len: u64,
+    len: u32,
     utf8: Utf8Validator,
 }
 
-/// Per-connection decoding state: 32 bytes, no heap.
+/// Per-connection decoding state: 24 bytes, no heap.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Decoder {
     frame: Option<DataFrame>,
@@ -147,7 +148,8 @@ impl Decoder {
     /// `None` means everything usable was consumed and more input is needed
     /// (the unconsumed bytes, if any, must be presented again with more data
     /// appended). `max_message_bytes` bounds a whole message, checked against
-    /// each frame header before its payload is accepted.
+    /// each frame header before its payload is accepted; limits above
+    /// `u32::MAX` act as `u32::MAX`.
     pub fn decode<'a>(
         &mut self,
         input: &'a mut [u8],
@@ -199,13 +201,13 @@ impl Decoder {
                 })
             }
         };
-        message.len = message
-            .len
-            .checked_add(header.payload_len)
-            .filter(|&len| len <= max_message_bytes)
+        let len = u64::from(message.len) + header.payload_len;
+        message.len = u32::try_from(len)
+            .ok()
+            .filter(|&len| u64::from(len) <= max_message_bytes)
             .ok_or(ProtocolError::MessageTooBig)?;
         self.frame = Some(DataFrame {
-            remaining: header.payload_len,
+            remaining: header.payload_len as u32,
             mask,
             fin: header.fin,
         });
@@ -222,12 +224,11 @@ impl Decoder {
         let (Some(frame), Some(message)) = (self.frame.as_mut(), self.message.as_mut()) else {
             unreachable!("bug: a data frame is always part of a message");
         };
-        let available = (input.len() - start) as u64;
-        let take = frame.remaining.min(available) as usize;
+        let take = (frame.remaining as usize).min(input.len() - start);
         let payload = &mut input[start..start + take];
         apply_mask(payload, frame.mask, 0);
         frame.mask.rotate_left(take % 4);
-        frame.remaining -= take as u64;
+        frame.remaining -= take as u32;
         let kind = message.kind;
         if kind == MessageKind::Text {
             message

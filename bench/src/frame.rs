@@ -1,0 +1,420 @@
+//! WebSocket frames (RFC 6455 §5.2) as a push client sees them: an
+//! incremental reader for the server's unmasked frames and an encoder for
+//! both directions.
+//!
+//! The reader is built for tens of thousands of sockets read through one
+//! shared scratch buffer: a frame that arrives whole in one read is handed
+//! out as a slice of that buffer without copying, and only a frame split
+//! across reads is collected in the reader's own (normally empty) buffer.
+
+/// Frame opcodes (RFC 6455 §5.2).
+pub mod opcode {
+    /// Continuation of a fragmented message.
+    pub const CONTINUATION: u8 = 0x0;
+    /// Text data frame.
+    pub const TEXT: u8 = 0x1;
+    /// Binary data frame.
+    pub const BINARY: u8 = 0x2;
+    /// Connection close.
+    pub const CLOSE: u8 = 0x8;
+    /// Ping; the peer must answer with a pong carrying the same payload.
+    pub const PING: u8 = 0x9;
+    /// Pong.
+    pub const PONG: u8 = 0xA;
+}
+
+/// Largest payload the reader accepts; the push messages are tens of bytes.
+pub const MAX_PAYLOAD: usize = 1 << 20;
+
+/// Longest header of an unmasked frame: 2 bytes plus an 8-byte length.
+const MAX_HEADER: usize = 10;
+
+/// One complete frame; the payload borrows from the input or the reader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame<'a> {
+    /// Final fragment of a message.
+    pub fin: bool,
+    /// One of the [`opcode`] constants.
+    pub opcode: u8,
+    /// Payload bytes (already unmasked: server frames carry no mask).
+    pub payload: &'a [u8],
+}
+
+/// A frame the reader refuses: the connection cannot be read further.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameError {
+    /// A server frame had the mask bit set (forbidden by RFC 6455 §5.1).
+    Masked,
+    /// A reserved bit was set without a negotiated extension.
+    ReservedBits,
+    /// A control frame was fragmented or longer than 125 bytes.
+    BadControl,
+    /// The payload is larger than [`MAX_PAYLOAD`].
+    TooLarge,
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FrameError::Masked => "masked server frame",
+            FrameError::ReservedBits => "reserved bits set",
+            FrameError::BadControl => "malformed control frame",
+            FrameError::TooLarge => "frame too large",
+        })
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+/// The parsed header of the frame whose payload is being read.
+#[derive(Debug, Clone, Copy)]
+struct Header {
+    fin: bool,
+    opcode: u8,
+    /// Payload length; at most [`MAX_PAYLOAD`], so it fits in 32 bits.
+    len: u32,
+}
+
+/// Incremental frame reader: feed it whatever each `read()` returned.
+#[derive(Debug, Default)]
+pub struct FrameReader {
+    /// Header bytes gathered so far when a header straddles two reads.
+    head: [u8; MAX_HEADER],
+    head_len: u8,
+    /// The frame whose payload is being read, once its header is complete.
+    current: Option<Header>,
+    /// Payload bytes gathered so far when a payload straddles two reads.
+    body: Vec<u8>,
+}
+
+impl FrameReader {
+    /// Creates a reader positioned at the start of a frame.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Consumes `input`, calling `on_frame` for every frame it completes.
+    ///
+    /// Stops at the first error, either the reader's own ([`FrameError`],
+    /// converted into `E`) or one returned by `on_frame`; after an error the
+    /// reader's state is unspecified and the connection should be dropped.
+    pub fn feed<E: From<FrameError>>(
+        &mut self,
+        mut input: &[u8],
+        mut on_frame: impl FnMut(Frame<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        loop {
+            let Some(header) = self.current else {
+                if input.is_empty() {
+                    return Ok(());
+                }
+                input = self.read_header(input)?;
+                continue;
+            };
+            let len = header.len as usize;
+            if self.body.is_empty() && input.len() >= len {
+                // Fast path: the whole payload is in this read.
+                let (payload, rest) = input.split_at(len);
+                self.current = None;
+                on_frame(header.frame(payload))?;
+                input = rest;
+            } else {
+                let take = (len - self.body.len()).min(input.len());
+                self.body.extend_from_slice(&input[..take]);
+                input = &input[take..];
+                if self.body.len() < len {
+                    return Ok(());
+                }
+                self.current = None;
+                let result = on_frame(header.frame(&self.body));
+                self.body.clear();
+                result?;
+            }
+        }
+    }
+
+    /// Reads header bytes from `input` (non-empty); returns the rest of it.
+    /// Sets `current` once the header is complete.
+    fn read_header<'a>(&mut self, input: &'a [u8]) -> Result<&'a [u8], FrameError> {
+        if self.head_len == 0 {
+            // Fast path: parse straight from the input.
+            if let Some((header, used)) = parse_header(input)? {
+                self.current = Some(header);
+                return Ok(&input[used..]);
+            }
+        }
+        // Slow path: gather the header byte-range by byte-range.
+        let have = self.head_len as usize;
+        let want = if have < 2 {
+            2
+        } else {
+            header_len(self.head[1])?
+        };
+        let take = (want - have).min(input.len());
+        self.head[have..have + take].copy_from_slice(&input[..take]);
+        self.head_len += take as u8;
+        if let Some((header, _)) = parse_header(&self.head[..self.head_len as usize])? {
+            self.current = Some(header);
+            self.head_len = 0;
+        }
+        Ok(&input[take..])
+    }
+}
+
+impl Header {
+    fn frame(self, payload: &[u8]) -> Frame<'_> {
+        Frame {
+            fin: self.fin,
+            opcode: self.opcode,
+            payload,
+        }
+    }
+}
+
+/// Total header length announced by the second header byte.
+fn header_len(second: u8) -> Result<usize, FrameError> {
+    if second & 0x80 != 0 {
+        return Err(FrameError::Masked);
+    }
+    Ok(match second & 0x7F {
+        126 => 4,
+        127 => 10,
+        _ => 2,
+    })
+}
+
+/// Parses a complete header at the start of `buf`; `None` if more bytes are needed.
+fn parse_header(buf: &[u8]) -> Result<Option<(Header, usize)>, FrameError> {
+    let [first, second, ..] = *buf else {
+        return Ok(None);
+    };
+    let used = header_len(second)?;
+    if buf.len() < used {
+        return Ok(None);
+    }
+    if first & 0x70 != 0 {
+        return Err(FrameError::ReservedBits);
+    }
+    let len = match used {
+        2 => u64::from(second & 0x7F),
+        4 => u64::from(u16::from_be_bytes([buf[2], buf[3]])),
+        _ => u64::from_be_bytes(buf[2..10].try_into().expect("8 length bytes")),
+    };
+    if len > MAX_PAYLOAD as u64 {
+        return Err(FrameError::TooLarge);
+    }
+    let header = Header {
+        fin: first & 0x80 != 0,
+        opcode: first & 0x0F,
+        len: len as u32,
+    };
+    if header.opcode & 0x8 != 0 && (!header.fin || len > 125) {
+        return Err(FrameError::BadControl);
+    }
+    Ok(Some((header, used)))
+}
+
+/// Appends one final (FIN) frame to `out`, masked with `mask` if given
+/// (clients must mask, servers must not).
+pub fn encode(out: &mut Vec<u8>, opcode: u8, payload: &[u8], mask: Option<[u8; 4]>) {
+    let mask_bit = if mask.is_some() { 0x80 } else { 0 };
+    out.push(0x80 | opcode);
+    match payload.len() {
+        len @ 0..=125 => out.push(mask_bit | len as u8),
+        len @ 126..=0xFFFF => {
+            out.push(mask_bit | 126);
+            out.extend_from_slice(&(len as u16).to_be_bytes());
+        }
+        len => {
+            out.push(mask_bit | 127);
+            out.extend_from_slice(&(len as u64).to_be_bytes());
+        }
+    }
+    match mask {
+        None => out.extend_from_slice(payload),
+        Some(key) => {
+            out.extend_from_slice(&key);
+            out.extend(payload.iter().zip(key.iter().cycle()).map(|(b, k)| b ^ k));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A frame as owned data, for comparing what the reader produced.
+    #[derive(Debug, PartialEq, Eq)]
+    struct Owned {
+        fin: bool,
+        opcode: u8,
+        payload: Vec<u8>,
+    }
+
+    fn read_in_chunks(stream: &[u8], cuts: &[usize]) -> Result<Vec<Owned>, FrameError> {
+        let mut reader = FrameReader::new();
+        let mut frames = Vec::new();
+        let mut start = 0;
+        for &end in cuts.iter().chain(std::iter::once(&stream.len())) {
+            reader.feed(&stream[start..end], |f: Frame<'_>| {
+                frames.push(Owned {
+                    fin: f.fin,
+                    opcode: f.opcode,
+                    payload: f.payload.to_vec(),
+                });
+                Ok::<(), FrameError>(())
+            })?;
+            start = end;
+        }
+        Ok(frames)
+    }
+
+    fn sample_stream() -> (Vec<u8>, Vec<Owned>) {
+        let payloads: Vec<(u8, Vec<u8>)> = vec![
+            (opcode::TEXT, b"1 123456789 ......................".to_vec()),
+            (opcode::PING, Vec::new()),
+            (opcode::BINARY, vec![7; 126]),
+            (opcode::TEXT, b"x".to_vec()),
+            (opcode::BINARY, vec![9; 70_000]),
+            (opcode::TEXT, Vec::new()),
+        ];
+        let mut stream = Vec::new();
+        for (op, payload) in &payloads {
+            encode(&mut stream, *op, payload, None);
+        }
+        let expected = payloads
+            .into_iter()
+            .map(|(opcode, payload)| Owned {
+                fin: true,
+                opcode,
+                payload,
+            })
+            .collect();
+        (stream, expected)
+    }
+
+    #[test]
+    fn whole_stream_in_one_read() {
+        let (stream, expected) = sample_stream();
+        assert_eq!(read_in_chunks(&stream, &[]).unwrap(), expected);
+    }
+
+    #[test]
+    fn every_single_split_point() {
+        let (stream, expected) = sample_stream();
+        // The 70,000-byte payload makes every cut slow; cut only around headers
+        // and within the small frames, which is where the state machine turns.
+        let small_end = stream.len() - 70_000 - 10 - 2;
+        for cut in (1..small_end + 16).chain(stream.len() - 16..stream.len()) {
+            assert_eq!(
+                read_in_chunks(&stream, &[cut]).unwrap(),
+                expected,
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn byte_by_byte() {
+        let mut stream = Vec::new();
+        encode(&mut stream, opcode::TEXT, &[b'a'; 300], None);
+        encode(&mut stream, opcode::TEXT, b"hello", None);
+        let cuts: Vec<usize> = (1..stream.len()).collect();
+        let frames = read_in_chunks(&stream, &cuts).unwrap();
+        assert_eq!(frames.len(), 2);
+        assert_eq!(frames[0].payload, vec![b'a'; 300]);
+        assert_eq!(frames[1].payload, b"hello");
+    }
+
+    #[test]
+    fn two_cuts_inside_a_64_bit_length() {
+        let mut stream = Vec::new();
+        encode(&mut stream, opcode::BINARY, &[1; 65_536], None);
+        let frames = read_in_chunks(&stream, &[3, 7, 9000]).unwrap();
+        assert_eq!(frames.len(), 1);
+        assert_eq!(frames[0].payload.len(), 65_536);
+    }
+
+    #[test]
+    fn fragments_are_reported_as_they_are() {
+        let stream = [0x01, 0x02, b'a', b'b', 0x80, 0x01, b'c'];
+        let frames = read_in_chunks(&stream, &[3]).unwrap();
+        assert_eq!(
+            frames,
+            vec![
+                Owned {
+                    fin: false,
+                    opcode: opcode::TEXT,
+                    payload: b"ab".to_vec()
+                },
+                Owned {
+                    fin: true,
+                    opcode: opcode::CONTINUATION,
+                    payload: b"c".to_vec()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn rejects_masked_reserved_and_bad_control_frames() {
+        assert_eq!(
+            read_in_chunks(&[0x81, 0x81, 1, 2, 3, 4, 0], &[]),
+            Err(FrameError::Masked)
+        );
+        assert_eq!(read_in_chunks(&[0x81], &[]).unwrap(), vec![]);
+        assert_eq!(
+            read_in_chunks(&[0xC1, 0x00], &[1]),
+            Err(FrameError::ReservedBits)
+        );
+        assert_eq!(
+            read_in_chunks(&[0x09, 0x00], &[]),
+            Err(FrameError::BadControl)
+        );
+        assert_eq!(
+            read_in_chunks(&[0x89, 126, 0, 126], &[]),
+            Err(FrameError::BadControl)
+        );
+        let mut huge = vec![0x82, 127];
+        huge.extend_from_slice(&(MAX_PAYLOAD as u64 + 1).to_be_bytes());
+        assert_eq!(read_in_chunks(&huge, &[5]), Err(FrameError::TooLarge));
+    }
+
+    #[test]
+    fn callback_errors_stop_the_reader() {
+        let mut stream = Vec::new();
+        encode(&mut stream, opcode::TEXT, b"one", None);
+        encode(&mut stream, opcode::TEXT, b"two", None);
+        let mut seen = 0;
+        let result = FrameReader::new().feed(&stream, |_| {
+            seen += 1;
+            Err(FrameError::BadControl)
+        });
+        assert_eq!(result, Err(FrameError::BadControl));
+        assert_eq!(seen, 1);
+    }
+
+    #[test]
+    fn encodes_lengths_and_masks() {
+        let mut out = Vec::new();
+        encode(&mut out, opcode::TEXT, b"Hello", None);
+        assert_eq!(out, [0x81, 0x05, 0x48, 0x65, 0x6c, 0x6c, 0x6f]); // RFC 6455 §5.7
+        out.clear();
+        encode(
+            &mut out,
+            opcode::TEXT,
+            b"Hello",
+            Some([0x37, 0xfa, 0x21, 0x3d]),
+        );
+        assert_eq!(
+            out,
+            [0x81, 0x85, 0x37, 0xfa, 0x21, 0x3d, 0x7f, 0x9f, 0x4d, 0x51, 0x58]
+        );
+        out.clear();
+        encode(&mut out, opcode::BINARY, &[0; 256], None);
+        assert_eq!(out[..4], [0x82, 0x7E, 0x01, 0x00]);
+        out.clear();
+        encode(&mut out, opcode::BINARY, &[0; 65_536], None);
+        assert_eq!(out[..10], [0x82, 0x7F, 0, 0, 0, 0, 0, 1, 0, 0]);
+    }
+}

@@ -1,0 +1,230 @@
+//! The server under test as a child process: spawned from a command line,
+//! fed broadcast lines on its standard input, measured through `/proc`,
+//! and always stopped when its owner goes away.
+
+use std::io::{self, Write};
+use std::net::{Ipv4Addr, TcpListener};
+use std::os::fd::AsFd;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::str::FromStr;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::procfs::{self, Usage};
+use crate::sys;
+
+/// Command (or label) that stands for this program's own `floor` server.
+pub const FLOOR: &str = "floor";
+
+/// Placeholder replaced by the port in a server command.
+const PORT_PLACEHOLDER: &str = "{port}";
+
+/// How long a server gets to exit after SIGTERM before it is SIGKILLed.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// A server to measure: a label for reports and the command that starts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSpec {
+    /// Name in reports.
+    pub label: String,
+    /// Command template (see [`command_line`]).
+    pub command: String,
+}
+
+impl FromStr for ServerSpec {
+    type Err = String;
+
+    /// `NAME=COMMAND`, or just `floor` for the built-in floor server.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('=') {
+            Some((label, command)) if !label.is_empty() && !command.trim().is_empty() => {
+                Ok(ServerSpec {
+                    label: label.to_string(),
+                    command: command.to_string(),
+                })
+            }
+            None if s == FLOOR => Ok(ServerSpec {
+                label: FLOOR.to_string(),
+                command: FLOOR.to_string(),
+            }),
+            _ => Err(format!("expected NAME=COMMAND or `{FLOOR}`, got `{s}`")),
+        }
+    }
+}
+
+/// The shell command that starts `template` on `port`.
+///
+/// `floor` means this program's own floor server (`own_exe`); otherwise each
+/// `{port}` is replaced by the port, or the port is appended as the last
+/// argument when there is no `{port}` (so `run.sh` takes it as `$1`).
+pub fn command_line(template: &str, port: u16, own_exe: &Path) -> String {
+    let template = template.trim();
+    if template == FLOOR {
+        let exe = own_exe.to_string_lossy();
+        return format!(
+            "'{}' floor --listen 127.0.0.1:{port}",
+            exe.replace('\'', r"'\''")
+        );
+    }
+    if template.contains(PORT_PLACEHOLDER) {
+        template.replace(PORT_PLACEHOLDER, &port.to_string())
+    } else {
+        format!("{template} {port}")
+    }
+}
+
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> io::Result<u16> {
+    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+        .local_addr()?
+        .port())
+}
+
+/// A running server; stopped (with its whole process group) on drop.
+#[derive(Debug)]
+pub struct Server {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl Server {
+    /// Runs `command` with `/bin/sh -c` in a process group of its own, its
+    /// standard input a pipe and its standard output sent to our standard
+    /// error (so that `--json` output stays clean). The shell execs a simple
+    /// command in place; otherwise it stays as the root of the measured tree.
+    pub fn spawn(command: &str) -> io::Result<Server> {
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(command)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::from(io::stderr().as_fd().try_clone_to_owned()?))
+            .stderr(Stdio::inherit())
+            .process_group(0);
+        sys::die_with_parent(&mut cmd);
+        let mut child = cmd.spawn()?;
+        let stdin = child.stdin.take();
+        Ok(Server { child, stdin })
+    }
+
+    /// Process id of the spawned process (the root of the measured tree).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// An error if the server has exited.
+    pub fn check_alive(&mut self) -> io::Result<()> {
+        match self.child.try_wait()? {
+            None => Ok(()),
+            Some(status) => Err(io::Error::other(format!("server exited: {status}"))),
+        }
+    }
+
+    /// Waits until something listens on `port`, checking `interrupted`
+    /// and that the server is still running.
+    pub fn wait_listening(&mut self, port: u16, timeout: Duration) -> io::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            if procfs::is_listening(port)? {
+                return Ok(());
+            }
+            if sys::interrupted() {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("server did not listen on port {port} within {timeout:?}"),
+                ));
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Writes one line (a newline is added) to the server's standard input.
+    pub fn send_line(&mut self, line: &[u8]) -> io::Result<()> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| io::Error::other("server stdin closed"))?;
+        let mut buf = Vec::with_capacity(line.len() + 1);
+        buf.extend_from_slice(line);
+        buf.push(b'\n');
+        stdin.write_all(&buf)
+    }
+
+    /// Memory and CPU time of the server's process tree.
+    pub fn usage(&self) -> io::Result<Usage> {
+        procfs::tree_usage(self.pid())
+    }
+
+    /// Stops the server: SIGTERM to its process group, SIGKILL after a grace period.
+    pub fn stop(&mut self) {
+        self.stdin = None;
+        let pgid = self.child.id();
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = sys::signal_group(pgid, libc::SIGTERM);
+            let deadline = Instant::now() + STOP_GRACE;
+            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+        // Also reaches helpers the server left behind in its group; ESRCH
+        // (nothing left) is the normal outcome.
+        let _ = sys::signal_group(pgid, libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs() {
+        let spec: ServerSpec = "wspush=/x/wspush --listen 127.0.0.1:{port}"
+            .parse()
+            .unwrap();
+        assert_eq!(spec.label, "wspush");
+        assert_eq!(spec.command, "/x/wspush --listen 127.0.0.1:{port}");
+        assert_eq!("floor".parse::<ServerSpec>().unwrap().command, FLOOR);
+        assert!("wspush".parse::<ServerSpec>().is_err());
+        assert!("=cmd".parse::<ServerSpec>().is_err());
+        assert!("a= ".parse::<ServerSpec>().is_err());
+    }
+
+    #[test]
+    fn port_substitution() {
+        let exe = Path::new("/t/wspush-bench");
+        assert_eq!(
+            command_line("srv --listen 127.0.0.1:{port}", 4000, exe),
+            "srv --listen 127.0.0.1:4000"
+        );
+        assert_eq!(
+            command_line("/tmp/node-ws/run.sh", 4000, exe),
+            "/tmp/node-ws/run.sh 4000"
+        );
+        assert_eq!(
+            command_line(" floor ", 4000, exe),
+            "'/t/wspush-bench' floor --listen 127.0.0.1:4000"
+        );
+    }
+
+    #[test]
+    fn spawn_feed_and_stop() {
+        let mut server = Server::spawn("cat >/dev/null").unwrap();
+        server.send_line(b"hello").unwrap();
+        server.check_alive().unwrap();
+        assert!(server.usage().unwrap().rss_bytes > 0);
+        server.stop();
+        assert!(server.check_alive().is_err());
+    }
+}

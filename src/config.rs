@@ -1,0 +1,139 @@
+//! Every limit and default of a server, validated once.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// What to do with a broadcast for a connection whose output queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlowConsumerPolicy {
+    /// Close the connection with 1008 (counted in `closed_slow_consumer`).
+    Close,
+    /// Skip this message for this connection (counted in `slow_consumer_drops`).
+    Drop,
+}
+
+/// Server configuration. [`Config::default`] listens on `127.0.0.1:0` with
+/// the production defaults.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Address to listen on; port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// Serve WebSocket upgrades only on this path (query ignored); other
+    /// paths get 404. `None` serves every path.
+    pub path: Option<String>,
+    /// Echo every client message back with the same opcode (conformance
+    /// testing); otherwise client data messages are counted and discarded.
+    pub echo: bool,
+    /// Largest message accepted from a client, and largest broadcast, in bytes.
+    pub max_message_bytes: u64,
+    /// Connections held at most; further ones get 503.
+    pub max_connections: usize,
+    /// Largest HTTP request head, in bytes; larger gets 431.
+    pub max_head_bytes: usize,
+    /// Output a connection may have pending before the slow-consumer policy applies.
+    pub max_queued_bytes: usize,
+    /// What happens to a broadcast a slow consumer has no room for.
+    pub slow_consumer: SlowConsumerPolicy,
+    /// Time allowed from accept to a complete upgrade request.
+    pub handshake_timeout: Duration,
+    /// Time allowed for the close handshake and final flush once closing began.
+    pub close_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            path: None,
+            echo: false,
+            max_message_bytes: 1 << 20,
+            max_connections: 1_000_000,
+            max_head_bytes: 8 * 1024,
+            max_queued_bytes: 1 << 20,
+            slow_consumer: SlowConsumerPolicy::Close,
+            handshake_timeout: Duration::from_secs(10),
+            close_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The largest `max_message_bytes`: frames are tracked with 32-bit offsets.
+pub const MAX_MESSAGE_LIMIT: u64 = (u32::MAX - 16) as u64;
+
+/// A setting out of range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// Checks every setting; the server refuses to start otherwise.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |msg: String| Err(ConfigError(msg));
+        if let Some(path) = &self.path {
+            if !path.starts_with('/') || path.contains('?') {
+                return fail(format!(
+                    "path must start with '/' and have no query: {path:?}"
+                ));
+            }
+        }
+        if self.max_message_bytes == 0 || self.max_message_bytes > MAX_MESSAGE_LIMIT {
+            return fail(format!("max message bytes must be 1..={MAX_MESSAGE_LIMIT}"));
+        }
+        if self.max_connections == 0 {
+            return fail("max connections must be at least 1".into());
+        }
+        if !(256..=1 << 20).contains(&self.max_head_bytes) {
+            return fail("max head bytes must be 256..=1048576".into());
+        }
+        if self.max_queued_bytes == 0 {
+            return fail("max queued bytes must be at least 1".into());
+        }
+        if self.handshake_timeout.is_zero() || self.close_timeout.is_zero() {
+            return fail("timeouts must be longer than zero".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_values_are_named() {
+        assert_eq!(Config::default().validate(), Ok(()));
+        let bad = [
+            Config {
+                path: Some("ws".into()),
+                ..Config::default()
+            },
+            Config {
+                max_message_bytes: 0,
+                ..Config::default()
+            },
+            Config {
+                max_connections: 0,
+                ..Config::default()
+            },
+            Config {
+                max_head_bytes: 10,
+                ..Config::default()
+            },
+            Config {
+                close_timeout: Duration::ZERO,
+                ..Config::default()
+            },
+        ];
+        for config in bad {
+            assert!(config.validate().is_err(), "{config:?}");
+        }
+    }
+}

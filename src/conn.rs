@@ -1,0 +1,589 @@
+//! One client connection: a state machine over its phases, driven by
+//! readiness events, broadcasts and its deadline. Every handler returns a
+//! [`Verdict`] that the loop acts on in one place.
+//!
+//! ```text
+//! Handshake ──101──▶ Open ──server closes (1001/1008)──▶ CloseSent
+//!     │               │                                     │
+//!     │ 4xx           │ client close / protocol error       │ client close
+//!     ▼               ▼                                     ▼
+//!   Lingering: flush what is queued, half-close (FIN), read until EOF ──▶ closed
+//! ```
+
+use std::net::Shutdown;
+use std::time::{Duration, Instant};
+
+use mio::net::TcpStream;
+
+use crate::broadcast::{OutQueue, QueueFull, SharedFrame};
+use crate::config::{Config, SlowConsumerPolicy};
+use crate::http::{self, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN};
+use crate::io::{read_some, Progress};
+use crate::metrics::Metrics;
+use crate::pool::{BufferPool, PooledBuf};
+use crate::target::RequestTarget;
+use crate::timer::{Tick, TimerWheel};
+use crate::ws::header::MAX_HEADER_LEN;
+use crate::ws::{CloseCode, Decoder, Event, FrameHeader, MessageKind, OpCode, ProtocolError};
+
+/// Bytes read from one connection per readiness event before the loop
+/// serves the others (the rest is read on the next iteration).
+const READ_BUDGET: usize = 1 << 20;
+
+/// Why a connection ended; each reason has its own counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The close handshake completed.
+    Normal,
+    /// The server failed the connection with this code (1002, 1007, 1009).
+    Failed(CloseCode),
+    /// The output queue went over its limit (1008).
+    SlowConsumer,
+    /// The upgrade request did not arrive in time.
+    HandshakeTimeout,
+    /// The upgrade request was refused with an HTTP error.
+    Rejected,
+    /// The server is shutting down (1001).
+    Shutdown,
+    /// The TCP connection ended without a close handshake.
+    Abnormal,
+}
+
+impl CloseReason {
+    /// The counter this reason is recorded in.
+    pub fn counter(self, metrics: &Metrics) -> &std::sync::atomic::AtomicU64 {
+        match self {
+            CloseReason::Normal => &metrics.closed_normal,
+            CloseReason::Failed(CloseCode::INVALID_PAYLOAD) => &metrics.closed_invalid_payload,
+            CloseReason::Failed(CloseCode::MESSAGE_TOO_BIG) => &metrics.closed_message_too_big,
+            CloseReason::Failed(_) => &metrics.closed_protocol_error,
+            CloseReason::SlowConsumer => &metrics.closed_slow_consumer,
+            CloseReason::HandshakeTimeout => &metrics.closed_handshake_timeout,
+            CloseReason::Rejected => &metrics.closed_rejected,
+            CloseReason::Shutdown => &metrics.closed_shutdown,
+            CloseReason::Abnormal => &metrics.closed_abnormal,
+        }
+    }
+}
+
+/// What the loop must do with a connection after a handler ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Keep it; wait for its next event.
+    Keep,
+    /// Keep it, and run its read handler again soon: it used its read
+    /// budget with more input waiting.
+    ReadAgain,
+    /// Drop the TCP connection now.
+    Close(CloseReason),
+}
+
+/// What became of one broadcast for one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Not an open WebSocket connection (handshaking or closing).
+    Skipped,
+    /// Written whole.
+    Written,
+    /// Partly written or queued behind earlier output.
+    Queued,
+    /// Skipped for this connection: its queue was full (policy `drop`).
+    Dropped,
+    /// Its queue was full; it is being closed with 1008 (policy `close`).
+    SlowConsumer,
+    /// The socket failed; drop the connection.
+    Failed,
+}
+
+/// The phases of a connection, each with only its own data.
+#[derive(Debug)]
+enum Phase {
+    /// Reading the HTTP upgrade request.
+    Handshake,
+    /// Upgraded: frames flow both ways.
+    Open(Decoder),
+    /// The server sent a close frame; client frames are read (data
+    /// discarded) until the client's close arrives.
+    CloseSent {
+        decoder: Decoder,
+        reason: CloseReason,
+    },
+    /// Nothing more will be queued: flush, half-close, then discard input
+    /// until the client closes too or the deadline passes.
+    Lingering {
+        reason: CloseReason,
+        write_shut: bool,
+    },
+}
+
+/// The loop-owned resources a handler may use.
+pub struct Ctx<'a> {
+    /// Limits and modes.
+    pub config: &'a Config,
+    /// Where partial input and echo messages are buffered.
+    pub pool: &'a mut BufferPool,
+    /// Deadlines.
+    pub timers: &'a mut TimerWheel,
+    /// Counters.
+    pub metrics: &'a Metrics,
+    /// The time this loop iteration started.
+    pub now: Instant,
+}
+
+/// One client connection.
+#[derive(Debug)]
+pub struct Conn {
+    stream: TcpStream,
+    phase: Phase,
+    out: OutQueue,
+    /// Received bytes not consumed yet (a partial request head or frame).
+    input: Option<PooledBuf>,
+    /// Echo mode: the message being assembled from several pieces.
+    message: Option<PooledBuf>,
+    /// When the current phase times out, if it can.
+    deadline: Option<Tick>,
+    /// The socket is registered for writability (output is pending).
+    writable_interest: bool,
+    /// Reading stopped because output backed up (echo backpressure).
+    read_paused: bool,
+    target: RequestTarget,
+}
+
+impl Conn {
+    /// A freshly accepted connection, waiting for its upgrade request.
+    pub fn accepted(stream: TcpStream, key: usize, ctx: &mut Ctx<'_>) -> Conn {
+        let mut conn = Conn {
+            stream,
+            phase: Phase::Handshake,
+            out: OutQueue::default(),
+            input: None,
+            message: None,
+            deadline: None,
+            writable_interest: false,
+            read_paused: false,
+            target: RequestTarget::default(),
+        };
+        conn.arm(key, ctx.config.handshake_timeout, ctx);
+        conn
+    }
+
+    /// The socket, for (re)registration.
+    pub fn stream_mut(&mut self) -> &mut TcpStream {
+        &mut self.stream
+    }
+
+    /// The request target (path and query) of the upgrade request; empty
+    /// until the handshake completes.
+    pub fn target(&self) -> &str {
+        self.target.as_str()
+    }
+
+    /// Whether the connection is upgraded and not closing.
+    pub fn is_open(&self) -> bool {
+        matches!(self.phase, Phase::Open(_))
+    }
+
+    /// Returns `Some(want)` when the writable interest must change to `want`.
+    pub fn interest_change(&mut self) -> Option<bool> {
+        let want = !self.out.is_empty();
+        (want != self.writable_interest).then(|| {
+            self.writable_interest = want;
+            want
+        })
+    }
+
+    /// Whether `tick` is this connection's current deadline (timer entries
+    /// for deadlines that were re-armed or cleared are stale).
+    pub fn is_due(&self, tick: Tick) -> bool {
+        self.deadline == Some(tick)
+    }
+
+    /// Returns its buffers to the pool before the connection is dropped.
+    pub fn release(&mut self, pool: &mut BufferPool) {
+        for buf in [self.input.take(), self.message.take()]
+            .into_iter()
+            .flatten()
+        {
+            pool.give_back(buf);
+        }
+    }
+
+    /// The socket is readable: read until it would block (or the read
+    /// budget is used), feeding the bytes to the current phase.
+    pub fn on_readable(&mut self, key: usize, scratch: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
+        let mut budget = READ_BUDGET;
+        while budget > 0 {
+            self.read_paused = self.output_backed_up(ctx.config);
+            if self.read_paused {
+                // Echo backpressure: resume when the queue drains.
+                return Verdict::Keep;
+            }
+            let room = self
+                .input
+                .as_ref()
+                .map_or(scratch.len(), |buf| buf.capacity() - buf.len())
+                .min(scratch.len());
+            debug_assert!(room > 0, "bug: a lent input buffer is never full");
+            let n = match read_some(&mut self.stream, &mut scratch[..room]) {
+                Ok(Progress::Done(n)) => n,
+                Ok(Progress::WouldBlock) => return Verdict::Keep,
+                Ok(Progress::Eof) => return self.on_eof(),
+                Err(e) => {
+                    log::debug!("read failed: {e}");
+                    return Verdict::Close(CloseReason::Abnormal);
+                }
+            };
+            budget = budget.saturating_sub(n);
+            if let Verdict::Close(reason) = self.consume(key, &mut scratch[..n], ctx) {
+                return Verdict::Close(reason);
+            }
+        }
+        Verdict::ReadAgain
+    }
+
+    /// The socket is writable: flush the queue; a drained queue may let
+    /// the connection half-close or resume reading.
+    pub fn on_writable(&mut self, key: usize, scratch: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
+        match self.flush() {
+            Err(reason) => Verdict::Close(reason),
+            Ok(false) => Verdict::Keep,
+            Ok(true) if self.read_paused => self.on_readable(key, scratch, ctx),
+            Ok(true) => Verdict::Keep,
+        }
+    }
+
+    /// The connection's deadline passed.
+    pub fn on_deadline(&mut self) -> Verdict {
+        self.deadline = None;
+        match self.phase {
+            Phase::Handshake => Verdict::Close(CloseReason::HandshakeTimeout),
+            Phase::CloseSent { reason, .. } | Phase::Lingering { reason, .. } => {
+                Verdict::Close(reason)
+            }
+            Phase::Open(_) => Verdict::Keep,
+        }
+    }
+
+    /// Offers a broadcast frame to this connection.
+    pub fn deliver(&mut self, key: usize, frame: &SharedFrame, ctx: &mut Ctx<'_>) -> Delivery {
+        if !self.is_open() {
+            return Delivery::Skipped;
+        }
+        match self
+            .out
+            .send_shared(frame, ctx.config.max_queued_bytes, &mut self.stream)
+        {
+            Err(e) => {
+                log::debug!("write failed: {e}");
+                Delivery::Failed
+            }
+            Ok(Ok(())) if self.out.is_empty() => Delivery::Written,
+            Ok(Ok(())) => Delivery::Queued,
+            Ok(Err(QueueFull)) => match ctx.config.slow_consumer {
+                SlowConsumerPolicy::Drop => Delivery::Dropped,
+                SlowConsumerPolicy::Close => {
+                    let dropped = self.out.drop_unstarted();
+                    log::debug!(
+                        "slow consumer: {} bytes queued, {dropped} frames dropped, closing",
+                        self.out.queued_bytes()
+                    );
+                    match self.begin_close(
+                        key,
+                        CloseCode::POLICY_VIOLATION,
+                        "slow consumer",
+                        CloseReason::SlowConsumer,
+                        ctx,
+                    ) {
+                        Verdict::Close(_) => Delivery::Failed,
+                        _ => Delivery::SlowConsumer,
+                    }
+                }
+            },
+        }
+    }
+
+    /// Starts a server-initiated close: sends a close frame after whatever
+    /// is queued, then waits (bounded by the close timeout) for the
+    /// client's close.
+    pub fn begin_close(
+        &mut self,
+        key: usize,
+        code: CloseCode,
+        why: &str,
+        reason: CloseReason,
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
+        let Phase::Open(decoder) = self.phase else {
+            return Verdict::Keep;
+        };
+        self.phase = Phase::CloseSent { decoder, reason };
+        self.arm(key, ctx.config.close_timeout, ctx);
+        self.send_close(code, why)
+    }
+
+    /// Feeds freshly read bytes (held back partial input first) to the
+    /// current phase, and keeps what it could not consume yet.
+    fn consume(&mut self, key: usize, fresh: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
+        let Some(mut held) = self.input.take() else {
+            let (used, verdict) = self.process(key, fresh, ctx);
+            if used < fresh.len() && !matches!(verdict, Verdict::Close(_)) {
+                let mut held = ctx.pool.lend();
+                held.extend_from_slice(&fresh[used..]);
+                self.input = Some(held);
+            }
+            return verdict;
+        };
+        held.extend_from_slice(fresh);
+        let (used, verdict) = self.process(key, &mut held, ctx);
+        held.drain(..used);
+        if held.is_empty() || matches!(verdict, Verdict::Close(_)) {
+            ctx.pool.give_back(held);
+        } else {
+            self.input = Some(held);
+        }
+        verdict
+    }
+
+    /// Runs the current phase over `bytes`; returns how many were consumed.
+    fn process(&mut self, key: usize, bytes: &mut [u8], ctx: &mut Ctx<'_>) -> (usize, Verdict) {
+        let mut pos = 0;
+        if let Phase::Handshake = self.phase {
+            let (used, verdict) = self.handshake(key, bytes, ctx);
+            if verdict != Verdict::Keep || !self.is_open() {
+                return (used, verdict);
+            }
+            // Bytes after the head are the first frames (pipelined).
+            pos = used;
+        }
+        loop {
+            let decoded = match &mut self.phase {
+                Phase::Open(decoder) | Phase::CloseSent { decoder, .. } => {
+                    decoder.decode(&mut bytes[pos..], ctx.config.max_message_bytes)
+                }
+                Phase::Handshake | Phase::Lingering { .. } => return (bytes.len(), Verdict::Keep),
+            };
+            let event = match decoded {
+                Ok((used, Some(event))) => {
+                    pos += used;
+                    event
+                }
+                Ok((used, None)) => return (pos + used, Verdict::Keep),
+                Err(error) => return (bytes.len(), self.fail(key, error, ctx)),
+            };
+            let verdict = self.on_event(key, event, ctx);
+            if verdict != Verdict::Keep {
+                return (pos, verdict);
+            }
+        }
+    }
+
+    /// Parses the upgrade request; answers it with 101 or an HTTP error.
+    fn handshake(&mut self, key: usize, bytes: &[u8], ctx: &mut Ctx<'_>) -> (usize, Verdict) {
+        let rules = HandshakeRules {
+            max_head_bytes: ctx.config.max_head_bytes,
+            path: ctx.config.path.as_deref(),
+        };
+        let mut response = [0u8; MAX_RESPONSE_LEN];
+        match http::parse_upgrade(bytes, &rules) {
+            Ok(HeadStatus::Partial) => (0, Verdict::Keep),
+            Ok(HeadStatus::Complete(upgrade, head_len)) => {
+                let len = http::write_accept_response(&upgrade.accept, &mut response);
+                self.target = RequestTarget::new(upgrade.target);
+                self.phase = Phase::Open(Decoder::default());
+                self.deadline = None;
+                Metrics::incr(&ctx.metrics.upgrades);
+                log::debug!("upgraded {}", self.target());
+                (head_len, self.send_bytes(&[&response[..len]]))
+            }
+            Err(rejection) => (bytes.len(), self.reject(key, rejection, ctx)),
+        }
+    }
+
+    /// Answers with an HTTP error and lingers until the client goes.
+    fn reject(&mut self, key: usize, rejection: Rejection, ctx: &mut Ctx<'_>) -> Verdict {
+        Metrics::incr(ctx.metrics.rejected(rejection.status()));
+        log::debug!("handshake rejected: {rejection:?}");
+        let mut response = [0u8; MAX_RESPONSE_LEN];
+        let len = rejection.write_response(&mut response);
+        self.linger(key, CloseReason::Rejected, ctx);
+        self.send_bytes(&[&response[..len]])
+    }
+
+    /// Acts on one event from the client.
+    fn on_event(&mut self, key: usize, event: Event<'_>, ctx: &mut Ctx<'_>) -> Verdict {
+        let closing = !self.is_open();
+        match event {
+            Event::Data {
+                kind,
+                payload,
+                last,
+            } => {
+                if last {
+                    Metrics::incr(&ctx.metrics.messages_received);
+                }
+                if ctx.config.echo && !closing {
+                    return self.echo(kind, payload, last, ctx);
+                }
+                Verdict::Keep
+            }
+            Event::Ping(payload) if !closing => {
+                Metrics::incr(&ctx.metrics.pings_received);
+                self.send_frame(OpCode::Pong, payload)
+            }
+            Event::Ping(_) | Event::Pong(_) => Verdict::Keep,
+            Event::Close(frame) => {
+                let reason = match self.phase {
+                    Phase::CloseSent { reason, .. } => reason,
+                    _ => CloseReason::Normal,
+                };
+                self.linger(key, reason, ctx);
+                if closing {
+                    return Verdict::Keep;
+                }
+                // Echo the status code (§5.5.1); no code in, no code out.
+                let code = frame.map(|f| f.code.0.to_be_bytes());
+                self.send_frame(OpCode::Close, code.as_ref().map_or(&[], |c| &c[..]))
+            }
+        }
+    }
+
+    /// Echo mode: sends a message back once it is complete. A message that
+    /// arrived in one piece is echoed straight from the input.
+    fn echo(
+        &mut self,
+        kind: MessageKind,
+        payload: &[u8],
+        last: bool,
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
+        if last && self.message.is_none() {
+            Metrics::incr(&ctx.metrics.messages_echoed);
+            return self.send_frame(kind.opcode(), payload);
+        }
+        let message = self.message.get_or_insert_with(|| ctx.pool.lend());
+        message.extend_from_slice(payload);
+        if !last {
+            return Verdict::Keep;
+        }
+        let message = self.message.take().expect("just inserted");
+        Metrics::incr(&ctx.metrics.messages_echoed);
+        let verdict = self.send_frame(kind.opcode(), &message);
+        ctx.pool.give_back(message);
+        verdict
+    }
+
+    /// Fails the connection: a close frame with the error's code, then linger.
+    fn fail(&mut self, key: usize, error: ProtocolError, ctx: &mut Ctx<'_>) -> Verdict {
+        log::debug!("protocol error from {}: {error:?}", self.target());
+        let code = error.close_code();
+        let already_closing = !self.is_open();
+        self.linger(key, CloseReason::Failed(code), ctx);
+        if already_closing {
+            return Verdict::Keep;
+        }
+        self.send_close(code, error.reason())
+    }
+
+    /// Enters the lingering phase with its deadline; drops a half-built message.
+    fn linger(&mut self, key: usize, reason: CloseReason, ctx: &mut Ctx<'_>) {
+        if let Some(message) = self.message.take() {
+            ctx.pool.give_back(message);
+        }
+        self.phase = Phase::Lingering {
+            reason,
+            write_shut: false,
+        };
+        self.arm(key, ctx.config.close_timeout, ctx);
+    }
+
+    fn send_close(&mut self, code: CloseCode, why: &str) -> Verdict {
+        let mut payload = [0u8; 2 + 123];
+        payload[..2].copy_from_slice(&code.0.to_be_bytes());
+        let why = &why.as_bytes()[..why.len().min(123)];
+        payload[2..2 + why.len()].copy_from_slice(why);
+        self.send_frame(OpCode::Close, &payload[..2 + why.len()])
+    }
+
+    /// Sends one unmasked, final frame of this connection's own.
+    fn send_frame(&mut self, opcode: OpCode, payload: &[u8]) -> Verdict {
+        let mut header = [0u8; MAX_HEADER_LEN];
+        let len = FrameHeader::server(opcode, payload.len() as u64).encode(&mut header);
+        self.send_bytes(&[&header[..len], payload])
+    }
+
+    fn send_bytes(&mut self, parts: &[&[u8]]) -> Verdict {
+        if let Err(e) = self.out.send_private(parts, &mut self.stream) {
+            log::debug!("write failed: {e}");
+            return Verdict::Close(CloseReason::Abnormal);
+        }
+        self.half_close_when_flushed()
+    }
+
+    /// Writes what is queued; `Ok(true)` when the queue drained.
+    fn flush(&mut self) -> Result<bool, CloseReason> {
+        match self.out.flush(&mut self.stream) {
+            Ok(true) => match self.half_close_when_flushed() {
+                Verdict::Close(reason) => Err(reason),
+                _ => Ok(true),
+            },
+            Ok(false) => Ok(false),
+            Err(e) => {
+                log::debug!("write failed: {e}");
+                Err(CloseReason::Abnormal)
+            }
+        }
+    }
+
+    /// Lingering with everything written: send FIN (the server closes the
+    /// TCP connection first, RFC 6455 §7.1.1) and wait for the client's.
+    fn half_close_when_flushed(&mut self) -> Verdict {
+        if let Phase::Lingering { reason, write_shut } = &mut self.phase {
+            if !*write_shut && self.out.is_empty() {
+                *write_shut = true;
+                if let Err(e) = self.stream.shutdown(Shutdown::Write) {
+                    log::debug!("shutdown failed: {e}");
+                    return Verdict::Close(*reason);
+                }
+            }
+        }
+        Verdict::Keep
+    }
+
+    /// The client closed its side.
+    fn on_eof(&mut self) -> Verdict {
+        match self.phase {
+            Phase::Lingering { reason, .. } | Phase::CloseSent { reason, .. } => {
+                Verdict::Close(reason)
+            }
+            Phase::Handshake | Phase::Open(_) => Verdict::Close(CloseReason::Abnormal),
+        }
+    }
+
+    /// Echo backpressure: stop reading while the client is not reading
+    /// what it is sent.
+    fn output_backed_up(&self, config: &Config) -> bool {
+        self.out.queued_bytes() > config.max_queued_bytes
+    }
+
+    fn arm(&mut self, key: usize, after: Duration, ctx: &mut Ctx<'_>) {
+        let tick = ctx.timers.tick_at(ctx.now + after);
+        self.deadline = Some(tick);
+        ctx.timers.schedule(key, tick);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The per-connection budget: a slab slot must stay small so that an
+    /// idle connection costs ~100 bytes of user space. (mio's `TcpStream`
+    /// is 4 bytes in release builds and carries a selector id in debug.)
+    #[test]
+    fn connection_state_is_small() {
+        use std::mem::size_of;
+        let own = size_of::<Conn>() - size_of::<TcpStream>();
+        assert!(own <= 108, "Conn holds {own} bytes besides its socket");
+        assert!(size_of::<Phase>() <= 32 && size_of::<OutQueue>() <= 24);
+    }
+}

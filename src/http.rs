@@ -1,0 +1,393 @@
+//! The opening handshake (RFC 6455 §4.2): the HTTP/1.1 upgrade request, the
+//! accept key and every response the server writes before the upgrade.
+//!
+//! Pure and allocation-free like httparse, which it wraps: headers are
+//! parsed into stack storage, results borrow the input, and an incomplete
+//! request is [`HeadStatus::Partial`], not an error.
+
+use std::io::Write;
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use sha1::{Digest, Sha1};
+
+/// The GUID every server appends to the client's key (§1.3).
+const WEBSOCKET_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+/// How many request headers fit in the parser's stack storage; more is 431.
+pub const MAX_HEADERS: usize = 64;
+
+/// The longest response this module writes.
+pub const MAX_RESPONSE_LEN: usize = 256;
+
+/// A valid upgrade request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Upgrade<'a> {
+    /// The request target: path and query, e.g. `/ws?id=01`.
+    pub target: &'a str,
+    /// The `Sec-WebSocket-Accept` value answering the client's key.
+    pub accept: [u8; 28],
+}
+
+/// What [`parse_upgrade`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadStatus<'a> {
+    /// The request head is not complete yet.
+    Partial,
+    /// A valid upgrade; the head took this many bytes, and whatever follows
+    /// them already belongs to the WebSocket stream.
+    Complete(Upgrade<'a>, usize),
+}
+
+/// Why a request is refused; each maps to one HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// 400: malformed request or a missing/invalid WebSocket header.
+    BadRequest(&'static str),
+    /// 404: the path is not the one served.
+    NotFound,
+    /// 405: not a GET.
+    MethodNotAllowed,
+    /// 426: missing or unsupported `Sec-WebSocket-Version`.
+    UpgradeRequired,
+    /// 431: the request head is larger than the limit.
+    HeadTooLarge,
+    /// 503: the server holds its maximum number of connections.
+    ServiceUnavailable,
+}
+
+impl Rejection {
+    /// The HTTP status code.
+    pub fn status(self) -> u16 {
+        match self {
+            Rejection::BadRequest(_) => 400,
+            Rejection::NotFound => 404,
+            Rejection::MethodNotAllowed => 405,
+            Rejection::UpgradeRequired => 426,
+            Rejection::HeadTooLarge => 431,
+            Rejection::ServiceUnavailable => 503,
+        }
+    }
+
+    /// The reason phrase and the one-line explanation sent as the body.
+    fn text(self) -> (&'static str, &'static str) {
+        match self {
+            Rejection::BadRequest(why) => ("Bad Request", why),
+            Rejection::NotFound => ("Not Found", "no WebSocket endpoint at this path"),
+            Rejection::MethodNotAllowed => {
+                ("Method Not Allowed", "a WebSocket upgrade must be a GET")
+            }
+            Rejection::UpgradeRequired => {
+                ("Upgrade Required", "only WebSocket version 13 is supported")
+            }
+            Rejection::HeadTooLarge => {
+                ("Request Header Fields Too Large", "request head too large")
+            }
+            Rejection::ServiceUnavailable => {
+                ("Service Unavailable", "server at its connection limit")
+            }
+        }
+    }
+
+    /// Writes the complete response into `out` and returns its length.
+    pub fn write_response(self, out: &mut [u8; MAX_RESPONSE_LEN]) -> usize {
+        let (phrase, body) = self.text();
+        let extra = match self {
+            Rejection::UpgradeRequired => "Sec-WebSocket-Version: 13\r\n",
+            Rejection::MethodNotAllowed => "Allow: GET\r\n",
+            _ => "",
+        };
+        write_into(
+            out,
+            format_args!(
+                "HTTP/1.1 {} {phrase}\r\n{extra}Connection: close\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}\n",
+                self.status(),
+                body.len() + 1
+            ),
+        )
+    }
+}
+
+/// Writes the `101 Switching Protocols` response into `out`.
+pub fn write_accept_response(accept: &[u8; 28], out: &mut [u8; MAX_RESPONSE_LEN]) -> usize {
+    let accept = std::str::from_utf8(accept).expect("bug: base64 is ASCII");
+    write_into(
+        out,
+        format_args!(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+        ),
+    )
+}
+
+fn write_into(out: &mut [u8; MAX_RESPONSE_LEN], args: std::fmt::Arguments<'_>) -> usize {
+    let mut cursor = &mut out[..];
+    cursor
+        .write_fmt(args)
+        .expect("bug: responses fit MAX_RESPONSE_LEN");
+    MAX_RESPONSE_LEN - cursor.len()
+}
+
+/// The `Sec-WebSocket-Accept` value for a client key (§4.2.2): base64 of
+/// SHA-1 of the key followed by the WebSocket GUID.
+pub fn accept_key(key: &[u8]) -> [u8; 28] {
+    let digest = Sha1::new()
+        .chain_update(key)
+        .chain_update(WEBSOCKET_GUID)
+        .finalize();
+    let mut out = [0u8; 28];
+    let written = BASE64
+        .encode_slice(digest, &mut out)
+        .expect("bug: 20 bytes encode to 28");
+    debug_assert_eq!(written, 28);
+    out
+}
+
+/// What the server accepts, as the handshake parser needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct HandshakeRules<'a> {
+    /// The largest request head, in bytes.
+    pub max_head_bytes: usize,
+    /// The only path served, if set (compared without the query).
+    pub path: Option<&'a str>,
+}
+
+/// Parses and validates an upgrade request at the start of `buf`.
+///
+/// Checks, in order: well-formed HTTP (400) within the size limit (431),
+/// `GET` (405), `HTTP/1.1` (400), the path (404), `Host`, `Upgrade:
+/// websocket` and `Connection: upgrade` (400), `Sec-WebSocket-Version: 13`
+/// (426), and a `Sec-WebSocket-Key` that is base64 of 16 bytes (400).
+pub fn parse_upgrade<'a>(
+    buf: &'a [u8],
+    rules: &HandshakeRules<'_>,
+) -> Result<HeadStatus<'a>, Rejection> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut headers);
+    let head_len = match request.parse(buf) {
+        Ok(httparse::Status::Complete(len)) if len <= rules.max_head_bytes => len,
+        Ok(httparse::Status::Partial) if buf.len() < rules.max_head_bytes => {
+            return Ok(HeadStatus::Partial)
+        }
+        Ok(_) | Err(httparse::Error::TooManyHeaders) => return Err(Rejection::HeadTooLarge),
+        Err(_) => return Err(Rejection::BadRequest("malformed HTTP request")),
+    };
+    if request.method != Some("GET") {
+        return Err(Rejection::MethodNotAllowed);
+    }
+    if request.version != Some(1) {
+        return Err(Rejection::BadRequest("HTTP/1.1 required"));
+    }
+    let target = request.path.unwrap_or("/");
+    if let Some(path) = rules.path {
+        if target.split('?').next() != Some(path) {
+            return Err(Rejection::NotFound);
+        }
+    }
+    let header = |name: &str| {
+        request
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    };
+    if header("Host").is_none() {
+        return Err(Rejection::BadRequest("missing Host header"));
+    }
+    if !header("Upgrade").is_some_and(|v| has_token(v, "websocket")) {
+        return Err(Rejection::BadRequest("missing Upgrade: websocket header"));
+    }
+    if !header("Connection").is_some_and(|v| has_token(v, "upgrade")) {
+        return Err(Rejection::BadRequest("missing Connection: upgrade header"));
+    }
+    if header("Sec-WebSocket-Version").map(trim) != Some(b"13") {
+        return Err(Rejection::UpgradeRequired);
+    }
+    let key = header("Sec-WebSocket-Key")
+        .map(trim)
+        .ok_or(Rejection::BadRequest("missing Sec-WebSocket-Key header"))?;
+    if !is_valid_key(key) {
+        return Err(Rejection::BadRequest(
+            "Sec-WebSocket-Key is not base64 of 16 bytes",
+        ));
+    }
+    Ok(HeadStatus::Complete(
+        Upgrade {
+            target,
+            accept: accept_key(key),
+        },
+        head_len,
+    ))
+}
+
+/// Whether a comma-separated header value lists `token` (case-insensitive).
+fn has_token(value: &[u8], token: &str) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|item| trim(item).eq_ignore_ascii_case(token.as_bytes()))
+}
+
+fn trim(bytes: &[u8]) -> &[u8] {
+    bytes.trim_ascii()
+}
+
+/// A key is valid when it is the base64 encoding of exactly 16 bytes (§4.1).
+fn is_valid_key(key: &[u8]) -> bool {
+    let mut decoded = [0u8; 18];
+    key.len() == 24 && BASE64.decode_slice(key, &mut decoded) == Ok(16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULES: HandshakeRules<'static> = HandshakeRules {
+        max_head_bytes: 8192,
+        path: None,
+    };
+
+    const GOOD: &str = "GET /ws?id=01 HTTP/1.1\r\nHost: example.com\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                        Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+
+    fn parse(req: &str) -> Result<HeadStatus<'_>, Rejection> {
+        parse_upgrade(req.as_bytes(), &RULES)
+    }
+
+    fn status(req: &str, rules: &HandshakeRules<'_>) -> u16 {
+        parse_upgrade(req.as_bytes(), rules)
+            .expect_err("should be rejected")
+            .status()
+    }
+
+    #[test]
+    fn rfc_6455_accept_key_vector() {
+        assert_eq!(
+            &accept_key(b"dGhlIHNhbXBsZSBub25jZQ=="),
+            b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        );
+    }
+
+    #[test]
+    fn accepts_a_valid_request_at_every_split_point_and_keeps_the_target() {
+        let mut wire = GOOD.as_bytes().to_vec();
+        let head_len = wire.len();
+        wire.extend_from_slice(b"\x81\x85pipelined frame");
+        for cut in 0..head_len {
+            assert_eq!(
+                parse_upgrade(&wire[..cut], &RULES),
+                Ok(HeadStatus::Partial),
+                "cut {cut}"
+            );
+        }
+        for end in [head_len, wire.len()] {
+            match parse_upgrade(&wire[..end], &RULES) {
+                Ok(HeadStatus::Complete(upgrade, len)) => {
+                    assert_eq!(len, head_len);
+                    assert_eq!(upgrade.target, "/ws?id=01");
+                    assert_eq!(&upgrade.accept, b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn header_names_and_tokens_are_case_insensitive_lists() {
+        let req = GOOD
+            .replace("Upgrade: websocket", "upgrade: h2c, WebSocket")
+            .replace("Connection: Upgrade", "CONNECTION: keep-alive, upgrade");
+        assert!(matches!(parse(&req), Ok(HeadStatus::Complete(..))));
+    }
+
+    #[test]
+    fn each_rejection_has_its_status() {
+        let with_path = HandshakeRules {
+            path: Some("/ws"),
+            ..RULES
+        };
+        let cases: Vec<(String, &HandshakeRules<'_>, u16)> = vec![
+            ("garbage\r\n\r\n".into(), &RULES, 400),
+            (GOOD.replace("GET", "POST"), &RULES, 405),
+            (GOOD.replace("HTTP/1.1", "HTTP/1.0"), &RULES, 400),
+            (GOOD.replace("/ws?id=01", "/other?id=01"), &with_path, 404),
+            (GOOD.replace("Host: example.com\r\n", ""), &RULES, 400),
+            (GOOD.replace("Upgrade: websocket\r\n", ""), &RULES, 400),
+            (
+                GOOD.replace("Upgrade: websocket", "Upgrade: h2c"),
+                &RULES,
+                400,
+            ),
+            (
+                GOOD.replace("Connection: Upgrade", "Connection: keep-alive"),
+                &RULES,
+                400,
+            ),
+            (
+                GOOD.replace("Sec-WebSocket-Version: 13\r\n", ""),
+                &RULES,
+                426,
+            ),
+            (GOOD.replace("Version: 13", "Version: 8"), &RULES, 426),
+            (
+                GOOD.replace("Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n", ""),
+                &RULES,
+                400,
+            ),
+            (
+                GOOD.replace("dGhlIHNhbXBsZSBub25jZQ==", "dGhlIHNhbXBsZQ=="),
+                &RULES,
+                400,
+            ),
+            (
+                GOOD.replace("dGhlIHNhbXBsZSBub25jZQ==", "!!!!!!!!!!!!!!!!!!!!!!=="),
+                &RULES,
+                400,
+            ),
+            (
+                GOOD.replace("Host", &format!("X-Big: {}\r\nHost", "a".repeat(9000))),
+                &RULES,
+                431,
+            ),
+        ];
+        for (req, rules, expected) in cases {
+            assert_eq!(status(&req, rules), expected, "{req:.80}");
+        }
+        assert!(matches!(
+            parse_upgrade(GOOD.as_bytes(), &with_path),
+            Ok(HeadStatus::Complete(..))
+        ));
+    }
+
+    #[test]
+    fn oversized_heads_fail_without_waiting_for_the_end() {
+        let endless = format!("GET / HTTP/1.1\r\nX-Pad: {}", "a".repeat(8200));
+        assert_eq!(status(&endless, &RULES), 431);
+        let many: String = (0..MAX_HEADERS + 1)
+            .map(|i| format!("X-{i}: v\r\n"))
+            .collect();
+        assert_eq!(
+            status(&GOOD.replace("Host", &format!("{many}Host")), &RULES),
+            431
+        );
+    }
+
+    #[test]
+    fn responses_are_complete_http() {
+        let mut out = [0u8; MAX_RESPONSE_LEN];
+        let len = write_accept_response(&accept_key(b"dGhlIHNhbXBsZSBub25jZQ=="), &mut out);
+        let text = std::str::from_utf8(&out[..len]).unwrap();
+        assert!(text.starts_with("HTTP/1.1 101 Switching Protocols\r\n"));
+        assert!(
+            text.contains("\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n")
+                && text.ends_with("\r\n\r\n")
+        );
+
+        let len = Rejection::UpgradeRequired.write_response(&mut out);
+        let text = std::str::from_utf8(&out[..len]).unwrap();
+        assert!(
+            text.starts_with("HTTP/1.1 426 Upgrade Required\r\n")
+                && text.contains("Sec-WebSocket-Version: 13\r\n")
+        );
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains(&format!("Content-Length: {}", body.len())));
+    }
+}

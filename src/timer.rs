@@ -1,0 +1,141 @@
+//! Deadlines on a hashed timing wheel: O(1) to arm, O(due) to expire, no
+//! allocation per timer. A connection keeps its own deadline; the wheel
+//! holds `(key, deadline)` entries that are checked against it when due, so
+//! re-arming or closing needs no removal (stale entries are skipped).
+
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+/// A point in time in wheel ticks since the wheel started (never zero, so
+/// `Option<Tick>` is four bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Tick(NonZeroU32);
+
+/// The timing wheel.
+#[derive(Debug)]
+pub struct TimerWheel {
+    slots: Box<[Vec<(usize, Tick)>]>,
+    resolution: Duration,
+    start: Instant,
+    /// The next tick whose slot has not been expired yet.
+    next: u32,
+    len: usize,
+}
+
+impl TimerWheel {
+    /// A wheel of `slots` slots, each `resolution` long, starting at `now`.
+    pub fn new(resolution: Duration, slots: usize, now: Instant) -> TimerWheel {
+        TimerWheel {
+            slots: (0..slots.max(1)).map(|_| Vec::new()).collect(),
+            resolution,
+            start: now,
+            next: 1,
+            len: 0,
+        }
+    }
+
+    /// The first tick at or after `at`.
+    pub fn tick_at(&self, at: Instant) -> Tick {
+        let elapsed = at.saturating_duration_since(self.start).as_nanos();
+        let ticks = elapsed
+            .div_ceil(self.resolution.as_nanos())
+            .clamp(1, u32::MAX as u128);
+        Tick(NonZeroU32::new(ticks as u32).expect("clamped to at least 1"))
+    }
+
+    /// Arms an entry for `key` at `deadline`.
+    pub fn schedule(&mut self, key: usize, deadline: Tick) {
+        let deadline = deadline.max(Tick(NonZeroU32::new(self.next).expect("next starts at 1")));
+        let slot = deadline.0.get() as usize % self.slots.len();
+        self.slots[slot].push((key, deadline));
+        self.len += 1;
+    }
+
+    /// Moves every entry due at `now` (deadline tick at or before the
+    /// current one) into `due`.
+    pub fn expire(&mut self, now: Instant, due: &mut Vec<(usize, Tick)>) {
+        let elapsed =
+            now.saturating_duration_since(self.start).as_nanos() / self.resolution.as_nanos();
+        let current = elapsed.min(u32::MAX as u128 - 1) as u32;
+        if current < self.next {
+            return;
+        }
+        let last = current.min(self.next.saturating_add(self.slots.len() as u32 - 1));
+        for tick in self.next..=last {
+            let slot = &mut self.slots[tick as usize % self.slots.len()];
+            let before = due.len();
+            slot.retain(|&(key, deadline)| {
+                let is_due = deadline.0.get() <= current;
+                if is_due {
+                    due.push((key, deadline));
+                }
+                !is_due
+            });
+            self.len -= due.len() - before;
+        }
+        self.next = current + 1;
+    }
+
+    /// How long until the next unexpired tick begins, for the poll timeout;
+    /// `None` when the wheel is empty.
+    pub fn next_timeout(&self, now: Instant) -> Option<Duration> {
+        (self.len > 0).then(|| {
+            let next_at = self.start + self.resolution * self.next;
+            next_at.saturating_duration_since(now)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn expire(wheel: &mut TimerWheel, at: Instant) -> Vec<usize> {
+        let mut due = Vec::new();
+        wheel.expire(at, &mut due);
+        due.into_iter().map(|(key, _)| key).collect()
+    }
+
+    #[test]
+    fn entries_expire_once_their_tick_has_passed() {
+        let t0 = Instant::now();
+        let mut wheel = TimerWheel::new(10 * MS, 8, t0);
+        wheel.schedule(1, wheel.tick_at(t0 + 25 * MS));
+        wheel.schedule(2, wheel.tick_at(t0 + 5 * MS));
+        assert_eq!(expire(&mut wheel, t0 + 9 * MS), Vec::<usize>::new());
+        assert_eq!(expire(&mut wheel, t0 + 15 * MS), vec![2]);
+        assert_eq!(expire(&mut wheel, t0 + 29 * MS), Vec::<usize>::new());
+        assert_eq!(expire(&mut wheel, t0 + 31 * MS), vec![1]);
+        assert_eq!(wheel.next_timeout(t0), None, "empty");
+    }
+
+    #[test]
+    fn deadlines_beyond_one_rotation_wait_for_their_own_turn() {
+        let t0 = Instant::now();
+        let mut wheel = TimerWheel::new(10 * MS, 4, t0);
+        wheel.schedule(7, wheel.tick_at(t0 + 100 * MS));
+        for step in 1..10 {
+            assert!(
+                expire(&mut wheel, t0 + step * 10 * MS).is_empty(),
+                "step {step}"
+            );
+        }
+        assert_eq!(expire(&mut wheel, t0 + 111 * MS), vec![7]);
+    }
+
+    #[test]
+    fn a_late_expiry_catches_up_on_every_slot() {
+        let t0 = Instant::now();
+        let mut wheel = TimerWheel::new(10 * MS, 4, t0);
+        for key in 0..10 {
+            wheel.schedule(key, wheel.tick_at(t0 + (key as u32 * 10 + 5) * MS));
+        }
+        assert!(wheel.next_timeout(t0).is_some());
+        let mut keys = expire(&mut wheel, t0 + 500 * MS);
+        keys.sort();
+        assert_eq!(keys, (0..10).collect::<Vec<_>>());
+        assert!(wheel.next_timeout(t0).is_none());
+    }
+}
