@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
-use std::rc::Rc;
+use std::sync::Arc;
 
 use crate::io::{write_until_blocked, MAX_IOV};
 use crate::ws::header::MAX_HEADER_LEN;
@@ -17,7 +17,7 @@ use crate::ws::{FrameHeader, OpCode};
 /// An encoded frame shared by every queue it is in (a thin pointer, so a
 /// queued reference costs 8 bytes).
 #[derive(Debug, Clone)]
-pub struct SharedFrame(Rc<Box<[u8]>>);
+pub struct SharedFrame(Arc<Box<[u8]>>);
 
 impl SharedFrame {
     /// Encodes one unmasked, final frame: header and payload in one buffer.
@@ -29,7 +29,7 @@ impl SharedFrame {
 
     /// A frame (or the unwritten rest of one) from bytes already encoded.
     pub fn from_parts(parts: &[&[u8]]) -> SharedFrame {
-        SharedFrame(Rc::new(parts.concat().into_boxed_slice()))
+        SharedFrame(Arc::new(parts.concat().into_boxed_slice()))
     }
 
     /// The encoded bytes.
@@ -222,7 +222,7 @@ mod tests {
         q.send_shared(&frame, 10, &mut w).unwrap().unwrap();
         assert!(q.is_empty());
         assert_eq!(w.written, frame.bytes());
-        assert_eq!(Rc::strong_count(&frame.0), 1, "no reference kept");
+        assert_eq!(Arc::strong_count(&frame.0), 1, "no reference kept");
     }
 
     #[test]
@@ -234,17 +234,17 @@ mod tests {
             q.send_shared(&frame, 1000, w).unwrap().unwrap();
             assert_eq!(q.queued_bytes(), 7);
             assert!(
-                Rc::ptr_eq(&q.head.as_ref().unwrap().0, &frame.0),
+                Arc::ptr_eq(&q.head.as_ref().unwrap().0, &frame.0),
                 "shared, not copied"
             );
         }
-        assert_eq!(Rc::strong_count(&frame.0), 4);
+        assert_eq!(Arc::strong_count(&frame.0), 4);
         for (q, w) in queues.iter_mut().zip(&mut writers) {
             w.budget = 100;
             assert!(q.flush(w).unwrap());
             assert_eq!(w.written, frame.bytes());
         }
-        assert_eq!(Rc::strong_count(&frame.0), 1);
+        assert_eq!(Arc::strong_count(&frame.0), 1);
     }
 
     #[test]

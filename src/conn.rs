@@ -438,7 +438,8 @@ impl Conn {
                 };
                 self.linger(key, reason, ctx);
                 if closing {
-                    return Verdict::Keep;
+                    // Our close went out before; nothing more to send.
+                    return self.half_close_when_flushed();
                 }
                 // Echo the status code (§5.5.1); no code in, no code out.
                 let code = frame.map(|f| f.code.0.to_be_bytes());
@@ -479,7 +480,7 @@ impl Conn {
         let already_closing = !self.is_open();
         self.linger(key, CloseReason::Failed(code), ctx);
         if already_closing {
-            return Verdict::Keep;
+            return self.half_close_when_flushed();
         }
         self.send_close(code, error.reason())
     }
