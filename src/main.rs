@@ -60,6 +60,13 @@ fn positive(value: &str) -> Result<usize, String> {
     }
 }
 
+/// clap's error without its usage and hint paragraphs, on one line.
+fn one_line(rendered: &str) -> String {
+    let message = rendered.split("\n\n").next().unwrap_or(rendered);
+    let message = message.trim_start_matches("error: ");
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -68,9 +75,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            let rendered = e.to_string();
-            let first = rendered.lines().next().unwrap_or("invalid arguments");
-            eprintln!("wspush: {}", first.trim_start_matches("error: "));
+            eprintln!("wspush: {}", one_line(&e.to_string()));
             return ExitCode::from(2);
         }
     };

@@ -1,0 +1,200 @@
+//! The `wspush` binary: standard input lines become broadcasts, and bad
+//! command lines fail with one line and a non-zero exit.
+
+mod util;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
+
+use tungstenite::Message;
+use util::{connect, IO_TIMEOUT};
+
+/// A running `wspush` with its stdin and the lines it logs.
+struct Binary {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    log: Receiver<String>,
+    addr: SocketAddr,
+}
+
+impl Binary {
+    fn start(args: &[&str]) -> Binary {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_wspush"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, log) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let stdin = child.stdin.take();
+        let mut binary = Binary {
+            child,
+            stdin,
+            log,
+            addr: "0.0.0.0:0".parse().unwrap(),
+        };
+        let line = binary.wait_for_log("listening on ");
+        let addr = line
+            .split("listening on ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap();
+        binary.addr = addr.parse().unwrap();
+        binary
+    }
+
+    fn wait_for_log(&self, needle: &str) -> String {
+        let deadline = Instant::now() + IO_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.log.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no log line with {needle:?}: {e}"),
+            }
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(bytes).unwrap();
+        stdin.flush().unwrap();
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn stdin_lines_are_broadcast_in_order_by_the_documented_rules() {
+    let mut server = Binary::start(&["--max-message-bytes", "16"]);
+    let mut client = connect(server.addr, "/ws?id=cli");
+    server.send(b"first\n\ncrlf\r\nbad \xff line\n0123456789abcdefX\nno newline");
+    drop(server.stdin.take()); // end of input
+    for expected in ["first", "", "crlf", "no newline"] {
+        assert_eq!(client.read().unwrap(), Message::text(expected));
+    }
+    server.wait_for_log("input line 4 skipped: not valid UTF-8");
+    server.wait_for_log("input line 5 skipped: longer than the 16-byte message limit");
+    server.wait_for_log("standard input closed; still serving");
+
+    // End of input did not stop the server.
+    let mut late = connect(server.addr, "/");
+    late.send(Message::Ping(b"alive?".to_vec().into())).unwrap();
+    assert_eq!(
+        late.read().unwrap(),
+        Message::Pong(b"alive?".to_vec().into())
+    );
+    assert!(server.child.try_wait().unwrap().is_none());
+}
+
+/// Runs the binary with `args` and returns its exit code and stderr.
+fn run_expecting_failure(args: &[&str]) -> (i32, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wspush"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + IO_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("wspush {args:?} did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    (status.code().expect("exited, not killed"), stderr)
+}
+
+#[test]
+fn bad_command_lines_fail_with_one_line_and_a_non_zero_exit() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    let cases: [(&[&str], i32, &str); 7] = [
+        (&[], 2, "--listen"),
+        (&["--listen", "nonsense"], 2, "invalid socket address"),
+        (
+            &["--listen", "127.0.0.1:0", "--max-connections", "0"],
+            2,
+            "must be at least 1",
+        ),
+        (
+            &["--listen", "127.0.0.1:0", "--max-message-bytes", "0"],
+            2,
+            "--max-message-bytes",
+        ),
+        (
+            &["--listen", "127.0.0.1:0", "--slow-consumer", "maybe"],
+            2,
+            "--slow-consumer",
+        ),
+        (
+            &["--listen", "127.0.0.1:0", "--path", "ws"],
+            1,
+            "path must start with '/'",
+        ),
+        (&["--listen", &taken], 1, "cannot listen on"),
+    ];
+    for (args, code, needle) in cases {
+        let (status, stderr) = run_expecting_failure(args);
+        assert_eq!(status, code, "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.lines().count(),
+            1,
+            "{args:?} printed more than one line: {stderr}"
+        );
+        assert!(
+            stderr.starts_with("wspush: ") && stderr.contains(needle),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn help_describes_every_flag() {
+    let output = Command::new(env!("CARGO_BIN_EXE_wspush"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8(output.stdout).unwrap();
+    for flag in [
+        "--listen",
+        "--path",
+        "--echo",
+        "--max-message-bytes",
+        "--max-connections",
+        "--max-queued-bytes",
+        "--slow-consumer",
+    ] {
+        assert!(help.contains(flag), "--help lacks {flag}");
+    }
+    assert!(
+        help.contains("empty") && help.contains("UTF-8"),
+        "--help states the stdin rules"
+    );
+}
