@@ -83,7 +83,7 @@ fn out_of_file_descriptors_pauses_accepting_without_spinning_and_recovers() {
     // Close every client; the server frees its descriptors and accepts again.
     clients.clear();
     let deadline = Instant::now() + IO_TIMEOUT;
-    let mut stream = loop {
+    let stream = loop {
         let mut stream = raw(addr);
         stream.write_all(upgrade_request("/").as_bytes()).unwrap();
         stream
