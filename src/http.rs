@@ -390,4 +390,25 @@ mod tests {
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
         assert!(head.contains(&format!("Content-Length: {}", body.len())));
     }
+
+    /// Mutated requests are answered (101 or a status), never a panic.
+    #[test]
+    fn arbitrary_requests_never_panic() {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..20_000 {
+            let mut req = GOOD.as_bytes().to_vec();
+            for _ in 0..1 + next() % 6 {
+                let at = (next() as usize) % req.len();
+                req[at] = next() as u8;
+            }
+            let cut = (next() as usize) % (req.len() + 1);
+            let _ = parse_upgrade(&req[..cut], &RULES);
+        }
+    }
 }

@@ -41,6 +41,9 @@ const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 /// Timer wheel resolution and size (100 ms × 1024 = 102 s per rotation).
 const TIMER_RESOLUTION: Duration = Duration::from_millis(100);
 const TIMER_SLOTS: usize = 1024;
+/// Slab slots reserved up front (address space only: untouched pages cost
+/// no memory), so growing to many connections never copies the slab.
+const SLAB_RESERVE: usize = 1 << 20;
 /// Input buffers allocated at start, and kept idle at most.
 const POOL_PREALLOCATED: usize = 64;
 const POOL_MAX_IDLE: usize = 1024;
@@ -234,7 +237,7 @@ impl Server {
             events: Events::with_capacity(EVENTS_CAPACITY),
             listener,
             local_addr,
-            conns: Slab::new(),
+            conns: Slab::with_capacity(config.max_connections.min(SLAB_RESERVE)),
             pool: BufferPool::new(config.max_head_bytes, POOL_PREALLOCATED, POOL_MAX_IDLE),
             scratch: vec![0; SCRATCH_BYTES.max(config.max_head_bytes)].into_boxed_slice(),
             timers: TimerWheel::new(TIMER_RESOLUTION, TIMER_SLOTS, Instant::now()),

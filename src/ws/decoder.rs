@@ -631,4 +631,41 @@ mod tests {
             std::mem::size_of::<Decoder>()
         );
     }
+
+    /// Arbitrary bytes (random, and random mutations of valid frames) end
+    /// in events or an error, never a panic or a loop that consumes nothing
+    /// while reporting events.
+    #[test]
+    fn arbitrary_input_never_panics() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let valid = concat(&[
+            frame(false, 0, OpCode::Text, "κόσμε".as_bytes()),
+            frame(true, 0, OpCode::Ping, b"ping"),
+            frame(true, 0, OpCode::Continuation, b"!"),
+            frame(true, 0, OpCode::Close, &[0x03, 0xE8]),
+        ]);
+        for round in 0..20_000 {
+            let mut wire = if round % 2 == 0 {
+                (0..next() % 64).map(|_| next() as u8).collect::<Vec<u8>>()
+            } else {
+                let mut wire = valid.clone();
+                for _ in 0..1 + next() % 4 {
+                    let at = (next() as usize) % wire.len();
+                    wire[at] = next() as u8;
+                }
+                wire
+            };
+            let mut decoder = Decoder::default();
+            let mut pos = 0;
+            while let Ok((used, Some(_))) = decoder.decode(&mut wire[pos..], 1 << 16) {
+                pos += used;
+            }
+        }
+    }
 }
