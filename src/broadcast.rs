@@ -197,7 +197,7 @@ fn unwritten<'a>(parts: &[&'a [u8]], mut n: usize) -> Vec<&'a [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::io::testing::ThrottledWriter;
+    use crate::testing::ThrottledWriter;
 
     fn writer(budget: usize) -> ThrottledWriter {
         ThrottledWriter {

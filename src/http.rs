@@ -394,13 +394,8 @@ mod tests {
     /// Mutated requests are answered (101 or a status), never a panic.
     #[test]
     fn arbitrary_requests_never_panic() {
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut rng = crate::testing::XorShift(0x2545_F491_4F6C_DD1Du64);
+        let mut next = move || rng.next();
         for _ in 0..20_000 {
             let mut req = GOOD.as_bytes().to_vec();
             for _ in 0..1 + next() % 6 {

@@ -80,48 +80,9 @@ fn write_loop(mut write: impl FnMut() -> io::Result<usize>, total: usize) -> io:
 pub const MAX_IOV: usize = 32;
 
 #[cfg(test)]
-pub mod testing {
-    //! A socket stand-in for unit tests: accepts a set number of bytes per
-    //! call, then would block.
-
-    use std::io::{self, Read, Write};
-
-    /// Accepts up to `budget` bytes in total, then reports `WouldBlock`.
-    #[derive(Debug, Default)]
-    pub struct ThrottledWriter {
-        /// Everything written so far.
-        pub written: Vec<u8>,
-        /// Bytes it will still accept.
-        pub budget: usize,
-    }
-
-    impl Write for ThrottledWriter {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            if self.budget == 0 {
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
-            let n = buf.len().min(self.budget);
-            self.budget -= n;
-            self.written.extend_from_slice(&buf[..n]);
-            Ok(n)
-        }
-
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl Read for ThrottledWriter {
-        fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
-            Err(io::ErrorKind::WouldBlock.into())
-        }
-    }
-}
-
-#[cfg(test)]
 mod tests {
-    use super::testing::ThrottledWriter;
     use super::*;
+    use crate::testing::ThrottledWriter;
 
     #[test]
     fn writes_parts_in_order_until_blocked() {

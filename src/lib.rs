@@ -46,6 +46,8 @@ mod metrics;
 mod pool;
 mod server;
 mod target;
+#[cfg(test)]
+mod testing;
 mod timer;
 pub mod ws;
 
