@@ -91,8 +91,8 @@ pub enum Delivery {
     Dropped,
     /// Its queue was full; it is being closed with 1008 (policy `close`).
     SlowConsumer,
-    /// The socket failed; drop the connection.
-    Failed,
+    /// Drop the connection now (its socket failed).
+    Close(CloseReason),
 }
 
 /// The phases of a connection, each with only its own data.
@@ -275,7 +275,7 @@ impl Conn {
         {
             Err(e) => {
                 log::debug!("write failed: {e}");
-                Delivery::Failed
+                Delivery::Close(CloseReason::Abnormal)
             }
             Ok(Ok(())) if self.out.is_empty() => Delivery::Written,
             Ok(Ok(())) => Delivery::Queued,
@@ -294,7 +294,7 @@ impl Conn {
                         CloseReason::SlowConsumer,
                         ctx,
                     ) {
-                        Verdict::Close(_) => Delivery::Failed,
+                        Verdict::Close(_) => Delivery::Close(CloseReason::SlowConsumer),
                         _ => Delivery::SlowConsumer,
                     }
                 }

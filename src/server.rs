@@ -203,7 +203,7 @@ pub struct Server {
     last_accept_warning: Option<Instant>,
     /// Reused buffers for deadlines due and closes found during a broadcast.
     expired: Vec<(usize, Tick)>,
-    failed: Vec<usize>,
+    failed: Vec<(usize, CloseReason)>,
     lifecycle: Lifecycle,
 }
 
@@ -371,17 +371,17 @@ impl Server {
                     queued += 1;
                 }
                 Delivery::Dropped => dropped += 1,
-                Delivery::Failed => failed.push(key),
+                Delivery::Close(reason) => failed.push((key, reason)),
             }
             if !sync_interest(parts.registry, key, conn) {
-                failed.push(key);
+                failed.push((key, CloseReason::Abnormal));
             }
         }
         Metrics::add(&metrics.broadcast_deliveries, delivered);
         Metrics::add(&metrics.write_would_block, queued);
         Metrics::add(&metrics.slow_consumer_drops, dropped);
-        for key in failed.drain(..) {
-            self.close(key, CloseReason::Abnormal);
+        for (key, reason) in failed.drain(..) {
+            self.close(key, reason);
         }
         self.failed = failed;
         Ok(())
