@@ -11,7 +11,7 @@ use crate::conn::{Conn, Context, Failure, Transition};
 use crate::stats::Tally;
 
 /// Readiness events taken from the kernel per `epoll_wait`.
-const EVENTS_PER_POLL: usize = 1024;
+pub const EVENTS_PER_POLL: usize = 1024;
 
 /// Size of the buffer every read goes through.
 const SCRATCH_BYTES: usize = 64 * 1024;
@@ -92,11 +92,12 @@ impl Clients {
         &mut self.tally
     }
 
-    /// Waits up to `timeout` for readiness and handles whatever is ready.
-    pub fn step(&mut self, timeout: Duration) -> io::Result<()> {
+    /// Waits up to `timeout` for readiness and handles whatever is ready;
+    /// returns how many events that was (at most [`EVENTS_PER_POLL`]).
+    pub fn step(&mut self, timeout: Duration) -> io::Result<usize> {
         match self.poll.poll(&mut self.events, Some(timeout)) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(0),
             Err(e) => return Err(e),
         }
         let mut cx = Context {
@@ -106,7 +107,9 @@ impl Clients {
             payload_len: self.payload_len,
             tally: &mut self.tally,
         };
+        let mut handled = 0;
         for event in self.events.iter() {
+            handled += 1;
             let id = event.token().0;
             let conn = &mut self.conns[id];
             let was_open = conn.is_open();
@@ -129,7 +132,7 @@ impl Clients {
                 }
             }
         }
-        Ok(())
+        Ok(handled)
     }
 
     /// Gives up every connection still connecting or upgrading.

@@ -372,3 +372,34 @@ fn write_whole(stream: &mut TcpStream, bytes: &[u8]) -> Result<(), Failure> {
         Err(e) => Err(Failure::Io(e.kind())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_state_stays_small() {
+        // Tens of thousands live in one process next to the server under test.
+        assert!(
+            std::mem::size_of::<Conn>() <= 96,
+            "{}",
+            std::mem::size_of::<Conn>()
+        );
+    }
+
+    #[test]
+    fn failure_labels() {
+        assert_eq!(
+            Failure::Connect(io::ErrorKind::ConnectionRefused).label(),
+            "connect: connection refused"
+        );
+        assert_eq!(
+            Failure::Handshake(HandshakeError::Status(503)).label(),
+            "upgrade: HTTP status 503"
+        );
+        assert_eq!(
+            Failure::Closed { upgrading: false }.label(),
+            "closed by server"
+        );
+    }
+}

@@ -38,18 +38,25 @@ struct Upgrading {
     head: Vec<u8>,
 }
 
-/// Runs the floor server on `listen` until the process is killed.
+/// Runs the floor server on `listen`, broadcasting standard input, until
+/// the process is killed.
 pub fn run(listen: SocketAddr) -> io::Result<()> {
+    let listener = bind(listen)?;
+    eprintln!("floor listening on {}", listener.local_addr()?);
+    serve(listener, io::stdin())
+}
+
+/// Serves `listener`, broadcasting each line of `input`; returns only on
+/// an error of the poll itself.
+fn serve(mut listener: TcpListener, input: impl Read + Send + 'static) -> io::Result<()> {
     let mut poll = Poll::new()?;
-    let mut listener = bind(listen)?;
     poll.registry()
         .register(&mut listener, LISTENER, Interest::READABLE)?;
     let waker = Waker::new(poll.registry(), STDIN)?;
     let (frames_tx, frames) = mpsc::channel();
     thread::Builder::new()
-        .name("stdin".into())
-        .spawn(move || read_stdin(frames_tx, waker))?;
-    eprintln!("floor listening on {}", listener.local_addr()?);
+        .name("input".into())
+        .spawn(move || read_lines(input, frames_tx, waker))?;
 
     let mut events = Events::with_capacity(1024);
     let mut upgrading: HashMap<Token, Upgrading> = HashMap::new();
@@ -159,14 +166,14 @@ fn broadcast(open: &mut Vec<TcpStream>, frame: &[u8]) {
     }
 }
 
-/// Reads standard input line by line, encodes each line (without its `\n` or
+/// Reads `input` line by line, encodes each line (without its `\n` or
 /// `\r\n`) as one text frame, and hands it to the loop.
-fn read_stdin(frames: mpsc::Sender<Vec<u8>>, waker: Waker) {
-    let mut stdin = io::stdin().lock();
+fn read_lines(input: impl Read, frames: mpsc::Sender<Vec<u8>>, waker: Waker) {
+    let mut input = io::BufReader::new(input);
     let mut line = Vec::new();
     loop {
         line.clear();
-        match stdin.read_until(b'\n', &mut line) {
+        match input.read_until(b'\n', &mut line) {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
@@ -181,5 +188,63 @@ fn read_stdin(frames: mpsc::Sender<Vec<u8>>, waker: Waker) {
         if frames.send(encoded).is_err() || waker.wake().is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::net::Ipv4Addr;
+    use std::os::unix::net::UnixStream;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::clients::Clients;
+    use crate::message::{self, Stamp};
+    use crate::sys;
+
+    /// The floor and the client against each other: upgrade, three broadcasts,
+    /// every one delivered once and in order.
+    #[test]
+    fn clients_receive_every_broadcast_from_the_floor() {
+        const CONNS: usize = 50;
+        let listener = bind((Ipv4Addr::LOCALHOST, 0).into()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (mut feed, input) = UnixStream::pair().unwrap();
+        // The server thread is left running; it ends with the test process.
+        thread::spawn(move || serve(listener, input));
+
+        let mut clients = Clients::new(addr, vec![Ipv4Addr::new(127, 0, 0, 2)], 32).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let step_until = |clients: &mut Clients, done: &dyn Fn(&Clients) -> bool| {
+            while !done(clients) {
+                assert!(
+                    Instant::now() < deadline,
+                    "timed out: {:?}",
+                    clients.tally()
+                );
+                clients.step(Duration::from_millis(10)).unwrap();
+            }
+        };
+        clients.start(CONNS);
+        step_until(&mut clients, &|c| c.open() == CONNS);
+        for seq in 1..=3 {
+            let sent_ns = sys::now_ns();
+            clients.tally_mut().sent(seq, sent_ns, CONNS as u32);
+            let mut line = message::encode(Stamp { seq, sent_ns }, 32).unwrap();
+            line.push(b'\n');
+            feed.write_all(&line).unwrap();
+            step_until(&mut clients, &|c| {
+                c.tally().message(seq).unwrap().received as usize == CONNS
+            });
+        }
+        let tally = clients.tally();
+        assert_eq!(tally.lost(), 0);
+        assert_eq!(
+            (tally.duplicates, tally.out_of_order, tally.corrupt),
+            (0, 0, 0)
+        );
+        assert!(tally.failures.is_empty(), "{:?}", tally.failures);
+        assert_eq!(tally.latency().len(), 3 * CONNS as u64);
     }
 }

@@ -48,13 +48,15 @@ enum Command {
     /// Spawn a server, open idle connections, measure memory per connection,
     /// then broadcast messages one at a time and measure their fan-out.
     Push {
-        /// Server command run with `sh -c`; `{port}` is replaced by the port,
-        /// else the port is appended. `floor` runs this program's floor.
+        /// Server command, run as `sh -c "exec COMMAND"`; `{port}` is replaced
+        /// by the port, else the port is appended. `floor` runs this
+        /// program's floor server.
         #[arg(long)]
         spawn: String,
-        /// Name of the server in the report.
-        #[arg(long, default_value = "server")]
-        label: String,
+        /// Name of the server in the report [default: `floor` for the
+        /// floor, else `server`].
+        #[arg(long)]
+        label: Option<String>,
         #[command(flatten)]
         options: PushOptions,
         /// Print the report as JSON.
@@ -91,14 +93,20 @@ fn main() -> ExitCode {
             label,
             options,
             json,
-        } => run_push(
-            ServerSpec {
-                label,
-                command: spawn,
-            },
-            &options,
-            json,
-        ),
+        } => {
+            let label = label.unwrap_or_else(|| {
+                let floor = spawn.trim() == server::FLOOR;
+                (if floor { server::FLOOR } else { "server" }).to_string()
+            });
+            run_push(
+                ServerSpec {
+                    label,
+                    command: spawn,
+                },
+                &options,
+                json,
+            )
+        }
         Command::Compare {
             servers,
             rounds,
@@ -136,11 +144,21 @@ fn run_compare(
 ) -> Result<(), Error> {
     sys::install_interrupt_handler()?;
     let mut runs: Vec<RunReport> = Vec::new();
+    let mut failed = 0;
     for round in 1..=rounds {
         for spec in servers {
-            let report = push::run(spec, options, round)?;
-            eprint!("{}", report.render_text());
-            runs.push(report);
+            // One server failing does not void the others' numbers.
+            match push::run(spec, options, round) {
+                Ok(report) => {
+                    eprint!("{}", report.render_text());
+                    runs.push(report);
+                }
+                Err(_) if sys::interrupted() => return Err("interrupted".into()),
+                Err(e) => {
+                    eprintln!("[{}] round {round} failed: {e}", spec.label);
+                    failed += 1;
+                }
+            }
         }
     }
     if json {
@@ -148,5 +166,8 @@ fn run_compare(
     } else {
         print!("{}", report::render_table(&runs, baseline));
     }
-    Ok(())
+    match failed {
+        0 => Ok(()),
+        n => Err(format!("{n} run(s) failed").into()),
+    }
 }

@@ -69,6 +69,15 @@ pub fn own_cpu_ns() -> io::Result<u64> {
     Ok(stat.cpu_ticks * (1_000_000_000 / sys::clock_ticks_per_second()))
 }
 
+/// Busy CPU time of the whole machine so far, summed over all CPUs: every
+/// state of the `cpu` line of `/proc/stat` except idle and iowait.
+pub fn machine_busy_ns() -> io::Result<u64> {
+    let stat = fs::read_to_string("/proc/stat")?;
+    let ticks = parse_machine_busy(&stat)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable /proc/stat"))?;
+    Ok(ticks * (1_000_000_000 / sys::clock_ticks_per_second()))
+}
+
 /// Whether a socket is in the LISTEN state on `port` (any address, v4 or v6).
 pub fn is_listening(port: u16) -> io::Result<bool> {
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
@@ -112,6 +121,22 @@ fn parse_stat(text: &str) -> Option<Stat> {
         ppid,
         cpu_ticks: utime + stime,
     })
+}
+
+/// Busy ticks from the aggregate `cpu` line of `/proc/stat`: user, nice,
+/// system, irq, softirq and steal (guest time is already part of user).
+fn parse_machine_busy(stat: &str) -> Option<u64> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|t| t.parse().ok())
+        .collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal ...
+    let &[user, nice, system, _idle, _iowait, irq, softirq, steal, ..] = ticks.as_slice() else {
+        return None;
+    };
+    Some(user + nice + system + irq + softirq + steal)
 }
 
 /// `VmRSS` from `/proc/PID/status`, in bytes (absent for kernel threads and zombies).
@@ -158,6 +183,13 @@ mod tests {
         let status = "Name:\tnode\nVmPeak:\t  999 kB\nVmRSS:\t   51234 kB\nThreads:\t7\n";
         assert_eq!(parse_vm_rss(status), Some(51234 * 1024));
         assert_eq!(parse_vm_rss("Name:\tkthreadd\n"), None);
+    }
+
+    #[test]
+    fn machine_busy_skips_idle_and_iowait() {
+        let stat = "cpu  100 2 30 5000 7 1 4 6 0 0\ncpu0 50 1 15 2500 3 0 2 3 0 0\n";
+        assert_eq!(parse_machine_busy(stat), Some(143));
+        assert_eq!(parse_machine_busy("cpu  1 2 3\n"), None);
     }
 
     #[test]

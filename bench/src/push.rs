@@ -3,11 +3,12 @@
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::clients::Clients;
+use crate::clients::{Clients, EVENTS_PER_POLL};
 use crate::message::{self, Stamp};
-use crate::procfs;
+use crate::procfs::{self, Usage};
 use crate::report::{
     BroadcastReport, ConnectionReport, CpuReport, DeliveryReport, LatencyReport, MemoryReport,
     RunReport,
@@ -20,6 +21,10 @@ const SPARE_FDS: u64 = 64;
 
 /// How often the server's liveness is checked while waiting on sockets.
 const CHECK_EVERY: Duration = Duration::from_millis(100);
+
+/// CPU share (of one CPU) that other processes may use during a phase
+/// before the report warns that the machine was not quiet.
+const QUIET_SHARE: f64 = 0.1;
 
 /// Parameters of a `push` run.
 #[derive(Debug, Clone, clap::Args)]
@@ -60,12 +65,25 @@ pub struct PushOptions {
     /// Seconds one broadcast may take to reach every connection.
     #[arg(long, default_value_t = 10)]
     pub message_timeout: u64,
+    /// While a broadcast is in flight, poll the sockets without blocking and
+    /// nap this many microseconds whenever a poll found less than a full
+    /// batch of events. A client blocked in `epoll_wait` is woken up by
+    /// nearly every server `write()`, which charges the server for a
+    /// cross-CPU wake-up per socket (costly in a VM); a napping client
+    /// is not waiting on the sockets, so writes to it wake nobody. Receipt
+    /// times are late by up to this much. 0 blocks in `epoll_wait` instead.
+    #[arg(long, default_value_t = 200)]
+    pub nap_us: u64,
+    /// Before starting the server, wait up to this many seconds for the
+    /// machine to be quiet (other processes below 10% of a CPU for 1 s).
+    #[arg(long, default_value_t = 0)]
+    pub wait_quiet: u64,
 }
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-/// Runs one measurement of `spec`; the server is stopped before returning,
-/// also on error.
+/// Runs one measurement of `spec` (as round `round` of a comparison); the
+/// server is stopped before returning, also on error.
 pub fn run(spec: &ServerSpec, options: &PushOptions, round: u32) -> Result<RunReport, Error> {
     check_options(options)?;
     let nofile = sys::raise_nofile_limit()?;
@@ -75,6 +93,9 @@ pub fn run(spec: &ServerSpec, options: &PushOptions, round: u32) -> Result<RunRe
             options.conns
         )
         .into());
+    }
+    if options.wait_quiet > 0 {
+        wait_quiet(Duration::from_secs(options.wait_quiet))?;
     }
     let port = match options.port {
         Some(port) => port,
@@ -88,11 +109,10 @@ pub fn run(spec: &ServerSpec, options: &PushOptions, round: u32) -> Result<RunRe
         server,
         options,
         label: &spec.label,
+        warnings: Vec::new(),
     };
-    let mut report = run.measure(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))?;
-    report.round = round;
-    report.command = command;
-    Ok(report)
+    let measured = run.measure(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))?;
+    Ok(measured.into_report(spec.label.clone(), round, command, options, run.warnings))
 }
 
 fn check_options(options: &PushOptions) -> Result<(), Error> {
@@ -103,7 +123,7 @@ fn check_options(options: &PushOptions) -> Result<(), Error> {
     {
         return Err("--conns, --messages, --rate and --max-in-flight must be positive".into());
     }
-    // The largest stamp: the last sequence number with a 20-digit time.
+    // The widest stamp: the last sequence number with a 20-digit time.
     let widest = Stamp {
         seq: options.messages,
         sent_ns: u64::MAX,
@@ -118,80 +138,122 @@ fn check_options(options: &PushOptions) -> Result<(), Error> {
     Ok(())
 }
 
-/// One measurement in progress.
-struct Run<'a> {
-    server: Server,
-    options: &'a PushOptions,
-    label: &'a str,
+/// Waits until the machine has been quiet for a second, for at most `limit`.
+fn wait_quiet(limit: Duration) -> Result<(), Error> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let before = CpuMark::take(0)?;
+        thread::sleep(Duration::from_secs(1));
+        let share = CpuMark::take(0)?.others_since(&before);
+        if share <= QUIET_SHARE {
+            return Ok(());
+        }
+        if sys::interrupted() {
+            return Err(io::Error::from(io::ErrorKind::Interrupted).into());
+        }
+        if Instant::now() >= deadline {
+            eprintln!(
+                "machine still busy ({:.0}% of a CPU) after {limit:?}; going ahead",
+                share * 100.0
+            );
+            return Ok(());
+        }
+    }
 }
 
-impl Run<'_> {
-    /// Measures the listening server at `addr`; the caller fills in the
-    /// report's `round` and `command`.
-    fn measure(&mut self, addr: SocketAddr) -> Result<RunReport, Error> {
-        let o = self.options;
-        let sources = (0..o.sources)
-            .map(|i| Ipv4Addr::new(127, 0, 0, 2 + i))
-            .collect();
-        let mut clients = Clients::new(addr, sources, o.payload_bytes)?;
+/// CPU counters at one moment, to tell how much CPU time processes other
+/// than the server and this client used in between two marks.
+struct CpuMark {
+    at: Instant,
+    /// Busy time of all CPUs.
+    machine_ns: u64,
+    /// CPU time of this process (the client).
+    own_ns: u64,
+    /// CPU time of the server's process tree.
+    server_ns: u64,
+}
 
-        self.idle(&mut clients, Duration::from_millis(o.settle_ms))?;
-        let baseline = self.server.usage()?;
+impl CpuMark {
+    /// Marks now; `server_cpu_ns` is the server's CPU time so far (0 if none).
+    fn take(server_cpu_ns: u64) -> io::Result<CpuMark> {
+        Ok(CpuMark {
+            at: Instant::now(),
+            machine_ns: procfs::machine_busy_ns()?,
+            own_ns: procfs::own_cpu_ns()?,
+            server_ns: server_cpu_ns,
+        })
+    }
 
-        let setup_start = Instant::now();
-        self.open_connections(&mut clients)?;
-        let setup_secs = setup_start.elapsed().as_secs_f64();
-        let after_setup = self.server.usage()?;
-        let open = clients.open();
-        eprintln!(
-            "[{}] {open} of {} connections open in {setup_secs:.2} s",
-            self.label, o.conns
-        );
-        if open == 0 {
-            return Err(format!("no connection opened: {:?}", clients.tally().failures).into());
-        }
+    /// Share of one CPU that others used since `earlier`.
+    fn others_since(&self, earlier: &CpuMark) -> f64 {
+        let machine = self.machine_ns.saturating_sub(earlier.machine_ns);
+        let ours =
+            (self.own_ns + self.server_ns).saturating_sub(earlier.own_ns + earlier.server_ns);
+        let wall = self.at.duration_since(earlier.at).as_nanos().max(1);
+        machine.saturating_sub(ours) as f64 / wall as f64
+    }
+}
 
-        self.idle(&mut clients, Duration::from_millis(o.settle_ms))?;
-        let idle = self.server.usage()?;
+/// The raw observations of one run, before they are summarised.
+struct Measured {
+    clients: Clients,
+    setup: Duration,
+    /// Server usage before the connections, after setup, with the
+    /// connections idle, and after the last broadcast.
+    baseline: Usage,
+    after_setup: Usage,
+    idle: Usage,
+    end: Usage,
+    /// Open connections after setup.
+    open: usize,
+    broadcast_wall: Duration,
+    client_broadcast_ns: u64,
+    machine_broadcast_ns: u64,
+}
 
-        let client_cpu_start = procfs::own_cpu_ns()?;
-        let broadcast_start = Instant::now();
-        for seq in 1..=o.messages {
-            self.broadcast(&mut clients, seq)?;
-            if seq < o.messages {
-                self.idle(&mut clients, Duration::from_millis(o.gap_ms))?;
-            }
-        }
-        let broadcast_wall = broadcast_start.elapsed().as_secs_f64();
-        let client_cpu = procfs::own_cpu_ns()? - client_cpu_start;
-        let end = self.server.usage()?;
-
-        let tally = clients.tally();
+impl Measured {
+    fn into_report(
+        self,
+        server: String,
+        round: u32,
+        command: String,
+        options: &PushOptions,
+        warnings: Vec<String>,
+    ) -> RunReport {
+        let tally = self.clients.tally();
         let secs = |ns: u64| ns as f64 / 1e9;
-        Ok(RunReport {
-            server: self.label.to_string(),
-            round: 0,
-            command: String::new(),
+        let open = self.open as f64;
+        let server_broadcast_ns = self.end.cpu_ns.saturating_sub(self.idle.cpu_ns);
+        let expected: u64 = tally.messages().iter().map(|m| u64::from(m.expected)).sum();
+        RunReport {
+            server,
+            round,
+            command,
             connections: ConnectionReport {
-                requested: o.conns as u64,
-                open: open as u64,
+                requested: options.conns as u64,
+                open: self.open as u64,
                 failures: tally.failures.clone(),
-                setup_secs,
-                setup_rate: open as f64 / setup_secs,
+                setup_secs: self.setup.as_secs_f64(),
+                setup_rate: open / self.setup.as_secs_f64(),
             },
             memory: MemoryReport {
-                baseline_rss_bytes: baseline.rss_bytes,
-                open_rss_bytes: idle.rss_bytes,
-                end_rss_bytes: end.rss_bytes,
-                bytes_per_conn: (idle.rss_bytes as f64 - baseline.rss_bytes as f64) / open as f64,
+                baseline_rss_bytes: self.baseline.rss_bytes,
+                open_rss_bytes: self.idle.rss_bytes,
+                end_rss_bytes: self.end.rss_bytes,
+                bytes_per_conn: (self.idle.rss_bytes as f64 - self.baseline.rss_bytes as f64)
+                    / open,
             },
             cpu: CpuReport {
-                server_setup_secs: secs(after_setup.cpu_ns.saturating_sub(baseline.cpu_ns)),
-                server_broadcast_secs: secs(end.cpu_ns.saturating_sub(idle.cpu_ns)),
-                client_broadcast_secs: secs(client_cpu),
-                broadcast_wall_secs: broadcast_wall,
+                server_setup_secs: secs(
+                    self.after_setup.cpu_ns.saturating_sub(self.baseline.cpu_ns),
+                ),
+                server_broadcast_secs: secs(server_broadcast_ns),
+                server_us_per_delivery: server_broadcast_ns as f64 / 1e3 / expected.max(1) as f64,
+                client_broadcast_secs: secs(self.client_broadcast_ns),
+                machine_broadcast_secs: secs(self.machine_broadcast_ns),
+                broadcast_wall_secs: self.broadcast_wall.as_secs_f64(),
             },
-            broadcast: BroadcastReport::new(tally.messages(), o.payload_bytes),
+            broadcast: BroadcastReport::new(tally.messages(), options.payload_bytes),
             latency: LatencyReport::from_histogram(tally.latency()),
             delivery: DeliveryReport {
                 lost: tally.lost(),
@@ -199,7 +261,97 @@ impl Run<'_> {
                 out_of_order: tally.out_of_order,
                 corrupt: tally.corrupt,
             },
+            warnings,
+        }
+    }
+}
+
+/// One measurement in progress.
+struct Run<'a> {
+    server: Server,
+    options: &'a PushOptions,
+    label: &'a str,
+    warnings: Vec<String>,
+}
+
+impl Run<'_> {
+    /// Measures the listening server at `addr`, phase by phase.
+    fn measure(&mut self, addr: SocketAddr) -> Result<Measured, Error> {
+        let o = self.options;
+        let sources = (0..o.sources)
+            .map(|i| Ipv4Addr::new(127, 0, 0, 2 + i))
+            .collect();
+        let mut clients = Clients::new(addr, sources, o.payload_bytes)?;
+        let settle = Duration::from_millis(o.settle_ms);
+
+        let baseline = self.settle(&mut clients, settle, "before the connections")?;
+
+        let setup_start = Instant::now();
+        self.open_connections(&mut clients)?;
+        let setup = setup_start.elapsed();
+        let after_setup = self.server.usage()?;
+        let open = clients.open();
+        eprintln!(
+            "[{}] {open} of {} connections open in {:.2} s",
+            self.label,
+            o.conns,
+            setup.as_secs_f64()
+        );
+        if open == 0 {
+            return Err(format!("no connection opened: {:?}", clients.tally().failures).into());
+        }
+
+        let idle = self.settle(&mut clients, settle, "with the connections idle")?;
+
+        let before = CpuMark::take(idle.cpu_ns)?;
+        for seq in 1..=o.messages {
+            self.broadcast(&mut clients, seq)?;
+            if seq < o.messages {
+                self.idle(&mut clients, Duration::from_millis(o.gap_ms))?;
+            }
+        }
+        let end = self.server.usage()?;
+        let after = CpuMark::take(end.cpu_ns)?;
+        self.warn_if_busy(after.others_since(&before), "during the broadcasts");
+
+        Ok(Measured {
+            clients,
+            setup,
+            baseline,
+            after_setup,
+            idle,
+            end,
+            open,
+            broadcast_wall: after.at - before.at,
+            client_broadcast_ns: after.own_ns.saturating_sub(before.own_ns),
+            machine_broadcast_ns: after.machine_ns.saturating_sub(before.machine_ns),
         })
+    }
+
+    /// Idles for `duration`, then samples the server; warns if other
+    /// processes were busy meanwhile (`phase` names the moment).
+    fn settle(
+        &mut self,
+        clients: &mut Clients,
+        duration: Duration,
+        phase: &str,
+    ) -> Result<Usage, Error> {
+        let before = CpuMark::take(self.server.usage()?.cpu_ns)?;
+        self.idle(clients, duration)?;
+        let usage = self.server.usage()?;
+        let others = CpuMark::take(usage.cpu_ns)?.others_since(&before);
+        self.warn_if_busy(others, phase);
+        Ok(usage)
+    }
+
+    /// Records a warning if others used more than [`QUIET_SHARE`] of a CPU.
+    fn warn_if_busy(&mut self, share: f64, phase: &str) {
+        if share > QUIET_SHARE {
+            self.warnings.push(format!(
+                "other processes used {:.0}% of a CPU {phase}: numbers may be disturbed",
+                share * 100.0
+            ));
+        }
     }
 
     /// Opens the connections at the configured rate, at most
@@ -264,7 +416,11 @@ impl Run<'_> {
                 self.check()?;
                 checked = now;
             }
-            clients.step(Duration::from_millis(10))?;
+            if o.nap_us == 0 {
+                clients.step(Duration::from_millis(10))?;
+            } else if clients.step(Duration::ZERO)? < EVENTS_PER_POLL {
+                thread::sleep(Duration::from_micros(o.nap_us));
+            }
         }
     }
 

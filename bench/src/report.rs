@@ -30,6 +30,8 @@ pub struct RunReport {
     pub latency: LatencyReport,
     /// Delivery anomalies.
     pub delivery: DeliveryReport,
+    /// Conditions that make the numbers less trustworthy.
+    pub warnings: Vec<String>,
 }
 
 /// Connection setup.
@@ -67,8 +69,14 @@ pub struct CpuReport {
     pub server_setup_secs: f64,
     /// Server, from the first broadcast to the end of the last.
     pub server_broadcast_secs: f64,
+    /// `server_broadcast_secs` per expected delivery, in µs: the server's
+    /// CPU cost of one message to one connection (all threads together).
+    pub server_us_per_delivery: f64,
     /// This client, over the same broadcast span.
     pub client_broadcast_secs: f64,
+    /// All CPUs of the machine, over the same span (server, client, softirq
+    /// work not charged to them, and anything else that ran).
+    pub machine_broadcast_secs: f64,
     /// Wall-clock length of the broadcast span.
     pub broadcast_wall_secs: f64,
 }
@@ -341,12 +349,17 @@ impl RunReport {
         );
         let _ = writeln!(
             out,
-            "cpu          server {:.2} s in setup, {:.2} s in {:.2} s of broadcasts; client {:.2} s",
+            "cpu          server {:.2} s in setup; in {:.2} s of broadcasts: server {:.2} s ({:.2} µs per delivery), client {:.2} s, machine {:.2} s",
             cpu.server_setup_secs,
-            cpu.server_broadcast_secs,
             cpu.broadcast_wall_secs,
-            cpu.client_broadcast_secs
+            cpu.server_broadcast_secs,
+            cpu.server_us_per_delivery,
+            cpu.client_broadcast_secs,
+            cpu.machine_broadcast_secs
         );
+        for warning in &self.warnings {
+            let _ = writeln!(out, "WARNING      {warning}");
+        }
         out
     }
 }
@@ -355,68 +368,34 @@ impl RunReport {
 /// fan-out per connection by that of the run of the server labelled
 /// `baseline` in the same round.
 pub fn render_table(runs: &[RunReport], baseline: &str) -> String {
-    let header = [
-        "server",
-        "round",
-        "open",
-        "failed",
-        "setup/s",
-        "B/conn",
-        "fan-out µs/conn med",
-        "min",
-        "max",
-        "×base",
-        "p50 ms",
-        "p99 ms",
-        "lost",
-        "dup",
-        "ooo",
-    ];
-    let mut rows = vec![header.map(String::from).to_vec()];
-    for run in runs {
-        let spread = run.broadcast.per_conn_us;
-        let cell = |f: fn(&Spread) -> f64| spread.map_or("-".into(), |s| format!("{:.2}", f(&s)));
-        let base = runs
-            .iter()
-            .find(|r| r.server == baseline && r.round == run.round)
-            .and_then(|r| r.broadcast.per_conn_us);
-        let ratio = match (spread, base) {
-            (Some(s), Some(b)) if b.median > 0.0 => format!("{:.2}", s.median / b.median),
-            _ => "-".into(),
-        };
-        rows.push(vec![
-            run.server.clone(),
-            run.round.to_string(),
-            run.connections.open.to_string(),
-            run.connections.failures.values().sum::<u64>().to_string(),
-            format!("{:.0}", run.connections.setup_rate),
-            format!("{:.1}", run.memory.bytes_per_conn),
-            cell(|s| s.median),
-            cell(|s| s.min),
-            cell(|s| s.max),
-            ratio,
-            format!("{:.1}", run.latency.p50_us / 1e3),
-            format!("{:.1}", run.latency.p99_us / 1e3),
-            run.delivery.lost.to_string(),
-            run.delivery.duplicates.to_string(),
-            run.delivery.out_of_order.to_string(),
-        ]);
-    }
+    let rows: Vec<Vec<(&str, String)>> = runs
+        .iter()
+        .map(|run| table_row(run, runs, baseline))
+        .collect();
+    let Some(first) = rows.first() else {
+        return String::new();
+    };
+    let header: Vec<(&str, String)> = first
+        .iter()
+        .map(|&(title, _)| (title, title.to_string()))
+        .collect();
+    let lines: Vec<&Vec<(&str, String)>> = std::iter::once(&header).chain(&rows).collect();
     let widths: Vec<usize> = (0..header.len())
         .map(|col| {
-            rows.iter()
-                .map(|r| r[col].chars().count())
+            lines
+                .iter()
+                .map(|r| r[col].1.chars().count())
                 .max()
                 .unwrap_or(0)
         })
         .collect();
     let mut out = String::new();
-    for row in &rows {
-        let cells: Vec<String> = row
+    for line in lines {
+        let cells: Vec<String> = line
             .iter()
             .zip(&widths)
             .enumerate()
-            .map(|(col, (cell, &w))| {
+            .map(|(col, ((_, cell), &w))| {
                 let pad = " ".repeat(w - cell.chars().count());
                 if col == 0 {
                     format!("{cell}{pad}")
@@ -429,6 +408,44 @@ pub fn render_table(runs: &[RunReport], baseline: &str) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The cells of one run's table row, each with its column title.
+fn table_row(run: &RunReport, runs: &[RunReport], baseline: &str) -> Vec<(&'static str, String)> {
+    let spread = run.broadcast.per_conn_us;
+    let cell = |f: fn(&Spread) -> f64| spread.map_or("-".into(), |s| format!("{:.2}", f(&s)));
+    let base = runs
+        .iter()
+        .find(|r| r.server == baseline && r.round == run.round)
+        .and_then(|r| r.broadcast.per_conn_us);
+    let ratio = match (spread, base) {
+        (Some(s), Some(b)) if b.median > 0.0 => format!("{:.2}", s.median / b.median),
+        _ => "-".into(),
+    };
+    vec![
+        ("server", run.server.clone()),
+        ("round", run.round.to_string()),
+        ("open", run.connections.open.to_string()),
+        (
+            "failed",
+            run.connections.failures.values().sum::<u64>().to_string(),
+        ),
+        ("setup/s", format!("{:.0}", run.connections.setup_rate)),
+        ("B/conn", format!("{:.1}", run.memory.bytes_per_conn)),
+        ("fan-out µs/conn med", cell(|s| s.median)),
+        ("min", cell(|s| s.min)),
+        ("max", cell(|s| s.max)),
+        ("×base", ratio),
+        (
+            "cpu µs/conn",
+            format!("{:.2}", run.cpu.server_us_per_delivery),
+        ),
+        ("p50 ms", format!("{:.1}", run.latency.p50_us / 1e3)),
+        ("p99 ms", format!("{:.1}", run.latency.p99_us / 1e3)),
+        ("lost", run.delivery.lost.to_string()),
+        ("dup", run.delivery.duplicates.to_string()),
+        ("ooo", run.delivery.out_of_order.to_string()),
+    ]
 }
 
 #[cfg(test)]
@@ -478,7 +495,9 @@ mod tests {
             cpu: CpuReport {
                 server_setup_secs: 0.1,
                 server_broadcast_secs: 0.2,
+                server_us_per_delivery: 666.7,
                 client_broadcast_secs: 0.3,
+                machine_broadcast_secs: 0.6,
                 broadcast_wall_secs: 1.0,
             },
             broadcast: BroadcastReport::new(&messages, 32),
@@ -489,6 +508,7 @@ mod tests {
                 out_of_order: 0,
                 corrupt: 0,
             },
+            warnings: vec!["machine busy".into()],
         }
     }
 
@@ -540,6 +560,11 @@ mod tests {
         assert!(text.contains("3/3 messages of 32 B complete; per connection median 12.50 µs, min 12.00, max 13.00"), "{text}");
         assert!(text.contains("min 250.0 ms p50 250.1 ms"), "{text}");
         assert!(text.contains("failures: none"), "{text}");
+        assert!(
+            text.contains("server 0.20 s (666.70 µs per delivery), client 0.30 s, machine 0.60 s"),
+            "{text}"
+        );
+        assert!(text.ends_with("WARNING      machine busy\n"), "{text}");
     }
 
     #[test]

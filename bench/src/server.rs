@@ -90,14 +90,14 @@ pub struct Server {
 }
 
 impl Server {
-    /// Runs `command` with `/bin/sh -c` in a process group of its own, its
-    /// standard input a pipe and its standard output sent to our standard
-    /// error (so that `--json` output stays clean). The shell execs a simple
-    /// command in place; otherwise it stays as the root of the measured tree.
+    /// Runs `command` as `/bin/sh -c "exec COMMAND"` (so it must be one
+    /// simple command, which then replaces the shell) in a process group of
+    /// its own, with its standard input a pipe and its standard output sent
+    /// to our standard error (so that `--json` output stays clean).
     pub fn spawn(command: &str) -> io::Result<Server> {
         let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c")
-            .arg(command)
+            .arg(format!("exec {command}"))
             .stdin(Stdio::piped())
             .stdout(Stdio::from(io::stderr().as_fd().try_clone_to_owned()?))
             .stderr(Stdio::inherit())
