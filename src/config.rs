@@ -19,6 +19,9 @@ pub enum SlowConsumerPolicy {
 pub struct Config {
     /// Address to listen on; port 0 picks a free port.
     pub listen: SocketAddr,
+    /// Bind with `SO_REUSEPORT`, so several processes can listen on one
+    /// address and the kernel spreads connections among them.
+    pub reuse_port: bool,
     /// Serve WebSocket upgrades only on this path (query ignored); other
     /// paths get 404. `None` serves every path.
     pub path: Option<String>,
@@ -45,6 +48,7 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            reuse_port: false,
             path: None,
             echo: false,
             max_message_bytes: 1 << 20,

@@ -44,7 +44,9 @@ pub mod input;
 mod io;
 mod metrics;
 mod pool;
+pub mod rlimit;
 mod server;
+pub mod supervisor;
 mod target;
 #[cfg(test)]
 mod testing;

@@ -1,22 +1,33 @@
-//! The `wspush` binary: flags, logging, and standard input → broadcasts.
+//! The `wspush` binary: flags, logging, signals, standard input →
+//! broadcasts, and `--processes` (a supervisor over single-threaded instances).
 
-use std::io::{self, BufReader};
+use std::ffi::OsString;
+use std::io::{self, BufReader, Write};
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::str::FromStr;
 
 use clap::{Parser, ValueEnum};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+use socket2::{Domain, Socket, Type};
 use wspush::input::{pump_lines, PumpEnd};
-use wspush::{Config, Server, SlowConsumerPolicy, MAX_MESSAGE_LIMIT};
+use wspush::rlimit::{connection_capacity, raise_open_file_limit};
+use wspush::supervisor::{Supervisor, INSTANCE_ENV};
+use wspush::{Config, Handle, Server, SlowConsumerPolicy, MAX_MESSAGE_LIMIT};
 
 /// A WebSocket push server: every line on standard input is broadcast as
 /// one text message to every connected client.
 #[derive(Debug, Parser)]
 #[command(
     version,
-    after_help = "Example:\n  tail -f feed | wspush --listen 0.0.0.0:8080 --path /ws\n\n\
+    args_override_self = true,
+    after_help = "Examples:\n  tail -f feed | wspush --listen 0.0.0.0:8080 --path /ws\n  \
+                  tail -f feed | wspush --listen 0.0.0.0:8080 --processes auto\n\n\
                   Standard input: each line (without its \\n or \\r\\n) is one text message; an empty\n\
                   line is an empty message; lines that are not UTF-8 or exceed --max-message-bytes are\n\
-                  skipped with a warning. End of input does not stop the server; SIGINT/SIGTERM do.\n\
+                  skipped with a warning. End of input does not stop the server; SIGINT/SIGTERM close\n\
+                  every connection with 1001 and exit.\n\
                   Logging: RUST_LOG=debug|info|warn (default info)."
 )]
 struct Cli {
@@ -32,15 +43,23 @@ struct Cli {
     /// Largest message accepted from a client or broadcast, in bytes.
     #[arg(long, value_name = "N", default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1..=MAX_MESSAGE_LIMIT))]
     max_message_bytes: u64,
-    /// Most connections held at once; more get HTTP 503.
-    #[arg(long, value_name = "N", default_value_t = 1_000_000, value_parser = positive)]
-    max_connections: usize,
+    /// Most connections one instance holds; more get HTTP 503. Default: as
+    /// many as its open-file limit allows.
+    #[arg(long, value_name = "N", value_parser = positive)]
+    max_connections: Option<usize>,
     /// Output a connection may have queued before the slow-consumer policy applies, in bytes.
     #[arg(long, value_name = "N", default_value_t = 1 << 20, value_parser = positive)]
     max_queued_bytes: usize,
     /// What a connection whose queue is full gets instead of a broadcast.
     #[arg(long, value_name = "POLICY", default_value = "close")]
     slow_consumer: SlowConsumer,
+    /// Bind with SO_REUSEPORT so several processes can share the address.
+    #[arg(long)]
+    reuse_port: bool,
+    /// Run N single-threaded instances behind SO_REUSEPORT under a small
+    /// supervisor that hands each of them every input line (`auto`: one per core).
+    #[arg(long, value_name = "N|auto")]
+    processes: Option<Processes>,
 }
 
 /// `--slow-consumer` values.
@@ -50,6 +69,23 @@ enum SlowConsumer {
     Close,
     /// Skip the message for it.
     Drop,
+}
+
+/// `--processes` value: a count, or one per core.
+#[derive(Debug, Clone, Copy)]
+struct Processes(usize);
+
+impl FromStr for Processes {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        if value == "auto" {
+            return Ok(Processes(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ));
+        }
+        positive(value).map(Processes)
+    }
 }
 
 fn positive(value: &str) -> Result<usize, String> {
@@ -79,8 +115,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    match serve(cli) {
+    init_logging();
+    let result = match cli.processes {
+        Some(Processes(count)) => supervise(&cli, count),
+        None => serve(cli),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("wspush: {message}");
@@ -89,13 +129,33 @@ fn main() -> ExitCode {
     }
 }
 
+/// env_logger at `info` by default; an instance under a supervisor tags
+/// its lines with its number.
+fn init_logging() {
+    let mut builder =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    if let Ok(instance) = std::env::var(INSTANCE_ENV) {
+        builder.format(move |buf, record| {
+            writeln!(
+                buf,
+                "[{} {:5} wspush#{instance}] {}",
+                buf.timestamp(),
+                record.level(),
+                record.args()
+            )
+        });
+    }
+    builder.init();
+}
+
+/// One instance: the ordinary single-threaded loop.
 fn serve(cli: Cli) -> Result<(), String> {
-    let config = Config {
+    let mut config = Config {
         listen: cli.listen,
+        reuse_port: cli.reuse_port,
         path: cli.path,
         echo: cli.echo,
         max_message_bytes: cli.max_message_bytes,
-        max_connections: cli.max_connections,
         max_queued_bytes: cli.max_queued_bytes,
         slow_consumer: match cli.slow_consumer {
             SlowConsumer::Close => SlowConsumerPolicy::Close,
@@ -103,16 +163,31 @@ fn serve(cli: Cli) -> Result<(), String> {
         },
         ..Config::default()
     };
-    let max_line = config.max_message_bytes as usize;
+    config
+        .validate()
+        .map_err(|e| format!("invalid setting: {e}"))?;
+    let capacity = open_file_capacity();
+    config.max_connections = match cli.max_connections {
+        Some(n) => {
+            if n as u64 > capacity {
+                log::warn!("--max-connections {n} exceeds the {capacity} connections the open-file limit allows");
+            }
+            n
+        }
+        None => capacity.clamp(1, usize::MAX as u64) as usize,
+    };
     let mut server = Server::bind(config.clone())
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     log::info!(
-        "listening on {} (path {}, {} mode)",
+        "listening on {} (path {}, {} mode, up to {} connections; the open-file limit allows {capacity})",
         server.local_addr(),
         config.path.as_deref().unwrap_or("any"),
-        if config.echo { "echo" } else { "push" }
+        if config.echo { "echo" } else { "push" },
+        config.max_connections
     );
     let handle = server.handle();
+    stop_on_signals(handle.clone())?;
+    let max_line = config.max_message_bytes as usize;
     std::thread::Builder::new()
         .name("stdin".into())
         .spawn(
@@ -126,4 +201,126 @@ fn serve(cli: Cli) -> Result<(), String> {
         )
         .map_err(|e| format!("cannot start the input thread: {e}"))?;
     server.run().map_err(|e| format!("event loop failed: {e}"))
+}
+
+/// Raises the open-file limit to its maximum and returns how many
+/// connections fit (unbounded if the limit cannot be read).
+fn open_file_capacity() -> u64 {
+    raise_open_file_limit().map_or_else(
+        |e| {
+            log::warn!("cannot read or raise the open-file limit: {e}");
+            u64::MAX
+        },
+        connection_capacity,
+    )
+}
+
+/// SIGINT/SIGTERM start a graceful shutdown; a second one exits at once.
+fn stop_on_signals(handle: Handle) -> Result<(), String> {
+    let mut signals =
+        Signals::new([SIGINT, SIGTERM]).map_err(|e| format!("cannot handle signals: {e}"))?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut forever = signals.forever();
+            if let Some(signal) = forever.next() {
+                log::info!("signal {signal}: closing connections");
+                let _ = handle.shutdown();
+            }
+            if forever.next().is_some() {
+                log::warn!("second signal: exiting now");
+                std::process::exit(130);
+            }
+        })
+        .map(drop)
+        .map_err(|e| format!("cannot start the signal thread: {e}"))
+}
+
+/// `--processes N`: start N instances of this binary with `--reuse-port`
+/// on one address (a port 0 is resolved first so that all share it) and
+/// supervise them.
+fn supervise(cli: &Cli, count: usize) -> Result<(), String> {
+    let (listen, _port_hold) = resolve_shared_address(cli.listen)?;
+    let program = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let mut args = instance_args(std::env::args_os().skip(1));
+    args.extend([
+        "--listen".into(),
+        listen.to_string().into(),
+        "--reuse-port".into(),
+    ]);
+    let supervisor = Supervisor::start(&program, &args, count).map_err(|e| e.to_string())?;
+    log::info!("listening on {listen} with {count} instances");
+    supervisor.run(io::stdin()).map_err(|e| e.to_string())
+}
+
+/// The command line without `--processes` (an instance must not supervise).
+fn instance_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
+    let mut out = Vec::new();
+    let mut skip_value = false;
+    for arg in args {
+        if std::mem::take(&mut skip_value) {
+            continue;
+        }
+        if arg == "--processes" {
+            skip_value = true;
+        } else if !arg.to_string_lossy().starts_with("--processes=") {
+            out.push(arg);
+        }
+    }
+    out
+}
+
+/// For port 0, binds (without listening) an `SO_REUSEPORT` socket to pick
+/// a port every instance can then share; the socket is held until the
+/// supervisor exits so nothing else takes the port meanwhile.
+fn resolve_shared_address(addr: SocketAddr) -> Result<(SocketAddr, Option<Socket>), String> {
+    if addr.port() != 0 {
+        return Ok((addr, None));
+    }
+    let reserve = || -> io::Result<(SocketAddr, Socket)> {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+        socket.set_reuse_port(true)?;
+        socket.bind(&addr.into())?;
+        let local = socket
+            .local_addr()?
+            .as_socket()
+            .ok_or(io::ErrorKind::AddrNotAvailable)?;
+        Ok((local, socket))
+    };
+    let (local, socket) = reserve().map_err(|e| format!("cannot pick a port on {addr}: {e}"))?;
+    Ok((local, Some(socket)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instances_get_the_command_line_without_processes() {
+        let args = [
+            "--listen",
+            "0.0.0.0:1",
+            "--processes",
+            "4",
+            "--echo",
+            "--processes=auto",
+            "--path",
+            "/ws",
+        ];
+        let got = instance_args(args.iter().map(OsString::from));
+        let want: Vec<OsString> = ["--listen", "0.0.0.0:1", "--echo", "--path", "/ws"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn errors_fold_to_one_line() {
+        let rendered = "error: the following required arguments were not provided:\n  --listen <ADDR>\n\nUsage: wspush";
+        assert_eq!(
+            one_line(rendered),
+            "the following required arguments were not provided: --listen <ADDR>"
+        );
+    }
 }

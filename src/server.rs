@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use slab::Slab;
+use socket2::{Domain, Socket, Type};
 
 use crate::broadcast::SharedFrame;
 use crate::config::Config;
@@ -26,6 +27,8 @@ use crate::ws::{CloseCode, MessageKind};
 const LISTENER: Token = Token(usize::MAX);
 const WAKER: Token = Token(usize::MAX - 1);
 
+/// Accept queue length asked of the kernel (capped by net.core.somaxconn).
+const LISTEN_BACKLOG: i32 = 65_535;
 /// Readiness events taken per poll.
 const EVENTS_CAPACITY: usize = 1024;
 /// Size of the loop's one read buffer; every connection reads into it.
@@ -222,7 +225,7 @@ impl Server {
             .validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let poll = Poll::new()?;
-        let mut listener = TcpListener::bind(config.listen)?;
+        let mut listener = listen(&config)?;
         let local_addr = listener.local_addr()?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
@@ -531,9 +534,6 @@ impl Server {
             refuse_at_capacity(stream, &mut self.scratch);
             return;
         }
-        if let Err(e) = stream.set_nodelay(true) {
-            log::debug!("set_nodelay failed: {e}");
-        }
         let key = self.conns.vacant_key();
         if let Err(e) = self
             .poll
@@ -548,6 +548,9 @@ impl Server {
         let mut ctx = self.parts(now).ctx;
         let conn = Conn::accepted(stream, key, &mut ctx);
         self.conns.insert(conn);
+        // The request usually arrived with (or right after) the connection:
+        // reading now saves a trip through the poll.
+        self.on_conn_event(key, true, false, now);
     }
 
     fn retry_reads(&mut self, now: Instant) {
@@ -621,6 +624,26 @@ impl Server {
             self.settle(key, verdict);
         }
     }
+}
+
+/// The listening socket: `SO_REUSEADDR` (restarts while old connections sit
+/// in TIME_WAIT), `SO_REUSEPORT` when asked, `TCP_NODELAY` (Linux copies it
+/// to every accepted socket, saving a syscall per connection), and a deep
+/// accept queue for connection bursts (the kernel caps it at somaxconn).
+fn listen(config: &Config) -> io::Result<TcpListener> {
+    let socket = Socket::new(
+        Domain::for_address(config.listen),
+        Type::STREAM.nonblocking(),
+        None,
+    )?;
+    socket.set_reuse_address(true)?;
+    if config.reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.set_tcp_nodelay(true)?;
+    socket.bind(&config.listen.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    Ok(TcpListener::from_std(socket.into()))
 }
 
 /// Registers or drops writable interest when the connection's output

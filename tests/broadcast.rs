@@ -46,12 +46,14 @@ fn a_thousand_clients_get_a_hundred_broadcasts_exactly_once_in_order() {
     for client in &mut clients {
         assert_eq!(text(client), "end");
     }
-    let metrics = server.handle.metrics();
+    // Counters are added once a fan-out loop completes, just after the
+    // last write, so wait for them rather than race them.
+    let deliveries = (CLIENTS * (MESSAGES + 1)) as u64;
+    let metrics = server.wait_for("every delivery counted", |m| {
+        m.broadcast_deliveries >= deliveries
+    });
     assert_eq!(metrics.broadcasts, MESSAGES as u64 + 1);
-    assert_eq!(
-        metrics.broadcast_deliveries,
-        (CLIENTS * (MESSAGES + 1)) as u64
-    );
+    assert_eq!(metrics.broadcast_deliveries, deliveries);
     assert_eq!(
         metrics.slow_consumer_drops + metrics.closed_slow_consumer,
         0

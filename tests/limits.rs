@@ -5,6 +5,7 @@ mod util;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use util::{connect, raw, read_response, upgrade_request, TestServer, IO_TIMEOUT};
@@ -42,11 +43,13 @@ fn cpu_ticks(pid: u32) -> u64 {
 
 #[test]
 fn out_of_file_descriptors_pauses_accepting_without_spinning_and_recovers() {
-    // The server may open 48 files: a few for itself, the rest sockets.
+    // The server may open 48 files: a few for itself, the rest sockets;
+    // `--max-connections` above that makes it run out of descriptors
+    // rather than answer 503.
     let mut child = Command::new("sh")
         .args([
             "-c",
-            "ulimit -n 48 && exec \"$0\" --listen 127.0.0.1:0",
+            "ulimit -n 48 && exec \"$0\" --listen 127.0.0.1:0 --max-connections 1000",
             env!("CARGO_BIN_EXE_wspush"),
         ])
         .env("RUST_LOG", "warn,wspush=info")
@@ -55,8 +58,21 @@ fn out_of_file_descriptors_pauses_accepting_without_spinning_and_recovers() {
         .spawn()
         .unwrap();
     let pid = child.id();
-    let mut log = BufReader::new(child.stderr.take().unwrap()).lines();
-    let listening = log.next().unwrap().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let _guard = KillOnDrop(child);
+    let (tx, log) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let next_line = || log.recv_timeout(IO_TIMEOUT).expect("a log line");
+    let listening = loop {
+        let line = next_line();
+        if line.contains("listening on") {
+            break line;
+        }
+    };
     let addr: std::net::SocketAddr = listening
         .split("listening on ")
         .nth(1)
@@ -69,7 +85,12 @@ fn out_of_file_descriptors_pauses_accepting_without_spinning_and_recovers() {
 
     // 80 connections: the kernel completes them all, the server can take ~40.
     let mut clients: Vec<_> = (0..80).map(|_| raw(addr)).collect();
-    let warning = log.next().unwrap().unwrap();
+    let warning = loop {
+        let line = next_line();
+        if !line.contains("exceeds") {
+            break line;
+        }
+    };
     assert!(warning.contains("accept paused"), "{warning}");
 
     let before = cpu_ticks(pid);
@@ -97,6 +118,14 @@ fn out_of_file_descriptors_pauses_accepting_without_spinning_and_recovers() {
         assert!(Instant::now() < deadline, "the server did not recover");
     };
     stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+}
+
+/// Ends the server however the test ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -1,0 +1,208 @@
+//! `--processes N` and `--reuse-port`: several single-threaded instances on
+//! one address, every input line delivered once to every connection.
+
+mod util;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::time::Instant;
+
+use tungstenite::Message;
+use util::{connect, TestServer, IO_TIMEOUT};
+use wspush::Config;
+
+/// A supervisor with its stdin, and the lines all its processes log.
+struct Supervised {
+    child: Child,
+    log: Receiver<String>,
+}
+
+impl Supervised {
+    fn start(instances: usize) -> (Supervised, SocketAddr) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_wspush"))
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--processes",
+                &instances.to_string(),
+            ])
+            .env("RUST_LOG", "info,wspush::conn=debug")
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, log) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let supervised = Supervised { child, log };
+        let mut addr = None;
+        let mut listening = 0;
+        while listening < instances || addr.is_none() {
+            let line = supervised.next_line();
+            if line.contains(" instances") {
+                addr = line
+                    .split("listening on ")
+                    .nth(1)
+                    .and_then(|rest| rest.split(' ').next())
+                    .map(|a| a.parse().unwrap());
+            } else if line.contains("] listening on ") {
+                listening += 1;
+            }
+        }
+        (supervised, addr.unwrap())
+    }
+
+    fn next_line(&self) -> String {
+        self.log.recv_timeout(IO_TIMEOUT).expect("a log line")
+    }
+
+    /// The instance number of each upgrade logged, until `count` are seen.
+    fn upgrades(&self, count: usize) -> Vec<usize> {
+        let mut instances = Vec::new();
+        while instances.len() < count {
+            let line = self.next_line();
+            if line.contains("upgraded /") {
+                let tag = line.split("wspush#").nth(1).unwrap();
+                instances.push(tag.split(']').next().unwrap().parse().unwrap());
+            }
+        }
+        instances
+    }
+
+    fn send(&mut self, line: &str) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// The supervisor's children (its instances).
+    fn instance_pids(&self) -> Vec<u32> {
+        let pid = self.child.id();
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+        children
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect()
+    }
+
+    fn wait(&mut self) -> (Option<i32>, Vec<String>) {
+        let deadline = Instant::now() + IO_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let rest: Vec<String> = self.log.try_iter().collect();
+                return (status.code(), rest);
+            }
+            assert!(Instant::now() < deadline, "the supervisor did not exit");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn three_instances_share_the_connections_and_each_line_reaches_every_one_once() {
+    let (mut supervised, addr) = Supervised::start(3);
+    assert_eq!(supervised.instance_pids().len(), 3);
+    let mut clients: Vec<_> = (0..60)
+        .map(|i| connect(addr, &format!("/?id={i}")))
+        .collect();
+    let mut spread = supervised.upgrades(60);
+    spread.sort();
+    spread.dedup();
+    assert!(
+        spread.len() >= 2,
+        "all 60 connections landed on instance {spread:?}"
+    );
+
+    supervised.send("hello\n");
+    supervised.send("end\n");
+    for client in &mut clients {
+        assert_eq!(client.read().unwrap(), Message::text("hello"));
+        assert_eq!(
+            client.read().unwrap(),
+            Message::text("end"),
+            "nothing delivered twice"
+        );
+    }
+
+    signal(supervised.child.id(), "-TERM");
+    for client in &mut clients {
+        match client.read().unwrap() {
+            Message::Close(Some(frame)) => assert_eq!(u16::from(frame.code), 1001),
+            other => panic!("expected close 1001, got {other:?}"),
+        }
+    }
+    drop(clients);
+    let (code, _) = supervised.wait();
+    assert_eq!(code, Some(0), "a requested stop is a success");
+}
+
+#[test]
+fn a_dying_instance_stops_the_supervisor_with_a_clear_error() {
+    let (mut supervised, _) = Supervised::start(2);
+    let victim = supervised.instance_pids()[0];
+    signal(victim, "-KILL");
+    let (code, log) = supervised.wait();
+    assert_eq!(code, Some(1));
+    let message = format!("(pid {victim}) was killed by signal 9; stopped the others");
+    assert!(
+        log.iter()
+            .any(|line| line.starts_with("wspush: instance ") && line.contains(&message)),
+        "{log:#?}"
+    );
+}
+
+#[test]
+fn two_servers_share_one_port_with_reuse_port() {
+    let first = TestServer::start(Config {
+        reuse_port: true,
+        ..Config::default()
+    });
+    let second = TestServer::start(Config {
+        listen: first.addr,
+        reuse_port: true,
+        ..Config::default()
+    });
+    let without = wspush::Server::bind(Config {
+        listen: first.addr,
+        ..Config::default()
+    });
+    assert_eq!(
+        without.unwrap_err().kind(),
+        std::io::ErrorKind::AddrInUse,
+        "sharing needs the option"
+    );
+
+    let _clients: Vec<_> = (0..40)
+        .map(|i| connect(first.addr, &format!("/?id={i}")))
+        .collect();
+    let (a, b) = (
+        first.handle.metrics().upgrades,
+        second.handle.metrics().upgrades,
+    );
+    assert_eq!(a + b, 40);
+    assert!(
+        a > 0 && b > 0,
+        "the kernel spreads connections over both: {a} + {b}"
+    );
+}

@@ -1,0 +1,143 @@
+//! The OS tuning kit (`tuning/`): `check.sh N` names every limit that is
+//! too small for N connections and exits 1, exits 0 when everything fits,
+//! and a bad command line fails with one line and exit status 2.
+
+use std::process::{Command, Output};
+
+const CHECK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tuning/check.sh");
+const APPLY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tuning/apply.sh");
+
+/// Runs `script args` through `sh -c`, after `setup` (e.g. a `ulimit`).
+fn run(setup: &str, script: &str, args: &[&str]) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("{setup}\nexec \"$0\" \"$@\""))
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+/// The report line of one limit (`OK     label: ...`, `SHORT  label: ...`).
+fn line<'a>(report: &'a str, label: &str) -> &'a str {
+    report
+        .lines()
+        .find(|l| {
+            l.get(7..)
+                .is_some_and(|rest| rest.starts_with(&format!("{label}: ")))
+        })
+        .unwrap_or_else(|| panic!("no line for {label:?} in:\n{report}"))
+}
+
+#[test]
+fn too_few_open_files_per_process_is_short_and_exits_1() {
+    // Lowering the limit is always allowed; 256 files cannot hold 100,000
+    // connections in one process whatever the machine.
+    let output = run("ulimit -n 256", CHECK, &["100000"]);
+    let report = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{report}");
+
+    let open_files = line(&report, "open files per server process");
+    assert!(open_files.starts_with("SHORT "), "{open_files}");
+    assert!(open_files.contains("needs 100064"), "{open_files}");
+    assert!(open_files.contains("hard 256"), "{open_files}");
+    assert!(
+        report.contains("EMFILE \"Too many open files\""),
+        "{report}"
+    );
+    // The fix names the process count that fits the limit: 100000 / (256 - 64).
+    assert!(report.contains("--processes 521"), "{report}");
+
+    let summary = report.lines().last().unwrap_or_default();
+    assert!(summary.starts_with("summary: SHORT"), "{summary}");
+    assert!(
+        summary.contains("open files per server process"),
+        "{summary}"
+    );
+}
+
+#[test]
+fn one_source_address_is_short_for_a_million_local_clients() {
+    // No ephemeral port range exceeds 65,535 ports: one source address cannot
+    // open a million connections to one ip:port, on any machine.
+    let args = [
+        "1000000",
+        "--both-ends",
+        "--processes",
+        "100",
+        "--client-processes",
+        "100",
+        "--source-addrs",
+        "1",
+    ];
+    let output = run("", CHECK, &args);
+    let report = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{report}");
+    let sources = line(&report, "client source addresses");
+    assert!(sources.starts_with("SHORT "), "{sources}");
+    assert!(sources.contains("has 1 (--source-addrs)"), "{sources}");
+    assert!(report.contains("EADDRNOTAVAIL"), "{report}");
+}
+
+#[test]
+fn a_hundred_connections_fit_any_normal_linux() {
+    for args in [&["100"][..], &["100", "--both-ends"][..]] {
+        let output = run("", CHECK, args);
+        let report = stdout(&output);
+        assert_eq!(output.status.code(), Some(0), "{args:?}:\n{report}");
+        assert!(!report.lines().any(|l| l.starts_with("SHORT")), "{report}");
+        // Every limit is reported, tracked connections even when not loaded.
+        for label in [
+            "open files per server process",
+            "fs.nr_open",
+            "fs.file-max",
+            "net.core.somaxconn",
+            "net.ipv4.tcp_max_syn_backlog",
+            "net.ipv4.tcp_mem",
+            "net.core.netdev_max_backlog",
+            "net.netfilter.nf_conntrack_max",
+        ] {
+            line(&report, label);
+        }
+        let summary = report.lines().last().unwrap_or_default();
+        assert!(summary.starts_with("summary: OK"), "{summary}");
+    }
+}
+
+#[test]
+fn bad_usage_fails_with_one_line_and_exit_2() {
+    let cases: &[&[&str]] = &[
+        &[],
+        &["many"],
+        &["0"],
+        &["100", "200"],
+        &["100", "--processes"],
+        &["100", "--processes", "0"],
+        &["100", "--port", "70000"],
+        &["100", "--source-addrs", "4"], // needs --both-ends
+        &["100", "--bogus"],
+    ];
+    for (script, name) in [(CHECK, "check.sh"), (APPLY, "apply.sh")] {
+        for &args in cases {
+            let mut args = args.to_vec();
+            if name == "apply.sh" {
+                // N is optional there; and should a case ever be valid, it
+                // must not change the machine.
+                if args.is_empty() {
+                    continue;
+                }
+                args.push("--dry-run");
+            }
+            let output = run("", script, &args);
+            assert_eq!(output.status.code(), Some(2), "{name} {args:?}");
+            assert!(output.stdout.is_empty(), "{name} {args:?}");
+            let stderr = String::from_utf8(output.stderr).unwrap();
+            assert_eq!(stderr.lines().count(), 1, "{name} {args:?}: {stderr}");
+            assert!(stderr.starts_with(&format!("{name}: ")), "{stderr}");
+        }
+    }
+}
