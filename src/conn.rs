@@ -208,9 +208,21 @@ impl Conn {
         }
     }
 
-    /// The socket is readable: read until it would block (or the read
+    /// The socket is readable: read until it is drained (or the read
     /// budget is used), feeding the bytes to the current phase.
-    pub fn on_readable(&mut self, key: usize, scratch: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
+    ///
+    /// `edge` says the call answers a readiness event that reported no
+    /// hang-up: then a short read proves the socket drained, because Linux
+    /// epoll reports every later arrival (data or FIN) as a new edge, and
+    /// the read that would only say WouldBlock is skipped (one syscall per
+    /// event). Otherwise reading goes on until WouldBlock.
+    pub fn on_readable(
+        &mut self,
+        key: usize,
+        edge: bool,
+        scratch: &mut [u8],
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
         let mut budget = READ_BUDGET;
         while budget > 0 {
             self.read_paused = self.output_backed_up(ctx.config);
@@ -237,6 +249,9 @@ impl Conn {
             if let Verdict::Close(reason) = self.consume(key, &mut scratch[..n], ctx) {
                 return Verdict::Close(reason);
             }
+            if edge && n < room {
+                return Verdict::Keep;
+            }
         }
         Verdict::ReadAgain
     }
@@ -247,7 +262,7 @@ impl Conn {
         match self.flush() {
             Err(reason) => Verdict::Close(reason),
             Ok(false) => Verdict::Keep,
-            Ok(true) if self.read_paused => self.on_readable(key, scratch, ctx),
+            Ok(true) if self.read_paused => self.on_readable(key, false, scratch, ctx),
             Ok(true) => Verdict::Keep,
         }
     }

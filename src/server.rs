@@ -156,6 +156,24 @@ impl ConnectionInfo<'_> {
     }
 }
 
+/// What to do for a connection on one turn of the loop.
+#[derive(Debug, Clone, Copy)]
+struct Ready {
+    read: bool,
+    write: bool,
+    /// Answering an epoll edge without hang-up (see [`Conn::on_readable`]).
+    edge: bool,
+}
+
+impl Ready {
+    /// Read without an event to go by: until WouldBlock.
+    const RETRY_READ: Ready = Ready {
+        read: true,
+        write: false,
+        edge: false,
+    };
+}
+
 /// Shutdown progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Lifecycle {
@@ -325,10 +343,13 @@ impl Server {
                 LISTENER => self.accept(now),
                 WAKER => self.commands_pending = true,
                 Token(key) => {
-                    let readable =
-                        event.is_readable() || event.is_read_closed() || event.is_error();
-                    let writable = event.is_writable() || event.is_write_closed();
-                    self.on_conn_event(key, readable, writable, now);
+                    let hangup = event.is_read_closed() || event.is_error();
+                    let ready = Ready {
+                        read: event.is_readable() || hangup,
+                        write: event.is_writable() || event.is_write_closed(),
+                        edge: !hangup,
+                    };
+                    self.on_conn_event(key, ready, now);
                 }
             }
         }
@@ -426,18 +447,18 @@ impl Server {
         }
     }
 
-    fn on_conn_event(&mut self, key: usize, readable: bool, writable: bool, now: Instant) {
+    fn on_conn_event(&mut self, key: usize, ready: Ready, now: Instant) {
         let parts = self.parts(now);
         let mut ctx = parts.ctx;
         let Some(conn) = parts.conns.get_mut(key) else {
             return; // A spurious event for a connection already closed.
         };
         let mut verdict = Verdict::Keep;
-        if writable {
+        if ready.write {
             verdict = conn.on_writable(key, parts.scratch, &mut ctx);
         }
-        if readable && verdict == Verdict::Keep {
-            verdict = conn.on_readable(key, parts.scratch, &mut ctx);
+        if ready.read && verdict == Verdict::Keep {
+            verdict = conn.on_readable(key, ready.edge, parts.scratch, &mut ctx);
         }
         self.settle(key, verdict);
     }
@@ -550,13 +571,13 @@ impl Server {
         self.conns.insert(conn);
         // The request usually arrived with (or right after) the connection:
         // reading now saves a trip through the poll.
-        self.on_conn_event(key, true, false, now);
+        self.on_conn_event(key, Ready::RETRY_READ, now);
     }
 
     fn retry_reads(&mut self, now: Instant) {
         let mut keys = std::mem::take(&mut self.read_again);
         for key in keys.drain(..) {
-            self.on_conn_event(key, true, false, now);
+            self.on_conn_event(key, Ready::RETRY_READ, now);
         }
         if self.read_again.is_empty() {
             self.read_again = keys;
