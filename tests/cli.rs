@@ -3,82 +3,30 @@
 
 mod util;
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{self, Receiver};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tungstenite::Message;
-use util::{connect, IO_TIMEOUT};
+use util::{connect, listening_addr, Logged, IO_TIMEOUT};
 
 /// A running `wspush` with its stdin and the lines it logs.
 struct Binary {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    log: Receiver<String>,
+    process: Logged,
     addr: SocketAddr,
 }
 
 impl Binary {
     fn start(args: &[&str]) -> Binary {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_wspush"))
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, log) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let stdin = child.stdin.take();
-        let mut binary = Binary {
-            child,
-            stdin,
-            log,
-            addr: "0.0.0.0:0".parse().unwrap(),
-        };
-        let line = binary.wait_for_log("listening on ");
-        let addr = line
-            .split("listening on ")
-            .nth(1)
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap();
-        binary.addr = addr.parse().unwrap();
-        binary
-    }
-
-    fn wait_for_log(&self, needle: &str) -> String {
-        let deadline = Instant::now() + IO_TIMEOUT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.log.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
-                Err(e) => panic!("no log line with {needle:?}: {e}"),
-            }
-        }
-    }
-
-    fn send(&mut self, bytes: &[u8]) {
-        let stdin = self.stdin.as_mut().unwrap();
-        stdin.write_all(bytes).unwrap();
-        stdin.flush().unwrap();
-    }
-}
-
-impl Drop for Binary {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let process = Logged::spawn(
+            Command::new(env!("CARGO_BIN_EXE_wspush"))
+                .args(["--listen", "127.0.0.1:0"])
+                .args(args)
+                .env("RUST_LOG", "info")
+                .stdin(Stdio::piped()),
+        );
+        let addr = listening_addr(&process.wait_for("listening on "));
+        Binary { process, addr }
     }
 }
 
@@ -86,14 +34,22 @@ impl Drop for Binary {
 fn stdin_lines_are_broadcast_in_order_by_the_documented_rules() {
     let mut server = Binary::start(&["--max-message-bytes", "16"]);
     let mut client = connect(server.addr, "/ws?id=cli");
-    server.send(b"first\n\ncrlf\r\nbad \xff line\n0123456789abcdefX\nno newline");
-    drop(server.stdin.take()); // end of input
+    server
+        .process
+        .send(b"first\n\ncrlf\r\nbad \xff line\n0123456789abcdefX\nno newline");
+    drop(server.process.child.stdin.take()); // end of input
     for expected in ["first", "", "crlf", "no newline"] {
         assert_eq!(client.read().unwrap(), Message::text(expected));
     }
-    server.wait_for_log("input line 4 skipped: not valid UTF-8");
-    server.wait_for_log("input line 5 skipped: longer than the 16-byte message limit");
-    server.wait_for_log("standard input closed; still serving");
+    server
+        .process
+        .wait_for("input line 4 skipped: not valid UTF-8");
+    server
+        .process
+        .wait_for("input line 5 skipped: longer than the 16-byte message limit");
+    server
+        .process
+        .wait_for("standard input closed; still serving");
 
     // End of input did not stop the server.
     let mut late = connect(server.addr, "/");
@@ -102,7 +58,7 @@ fn stdin_lines_are_broadcast_in_order_by_the_documented_rules() {
         late.read().unwrap(),
         Message::Pong(b"alive?".to_vec().into())
     );
-    assert!(server.child.try_wait().unwrap().is_none());
+    assert!(server.process.child.try_wait().unwrap().is_none());
 }
 
 /// Runs the binary with `args` and returns its exit code and stderr.

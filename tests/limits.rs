@@ -3,12 +3,13 @@
 
 mod util;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use util::{connect, raw, read_response, upgrade_request, TestServer, IO_TIMEOUT};
+use util::{
+    connect, listening_addr, raw, read_response, upgrade_request, Logged, TestServer, IO_TIMEOUT,
+};
 use wspush::Config;
 
 #[test]
@@ -46,52 +47,22 @@ fn out_of_file_descriptors_pauses_accepting_without_spinning_and_recovers() {
     // The server may open 48 files: a few for itself, the rest sockets;
     // `--max-connections` above that makes it run out of descriptors
     // rather than answer 503.
-    let mut child = Command::new("sh")
-        .args([
-            "-c",
-            "ulimit -n 48 && exec \"$0\" --listen 127.0.0.1:0 --max-connections 1000",
-            env!("CARGO_BIN_EXE_wspush"),
-        ])
-        .env("RUST_LOG", "warn,wspush=info")
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let stderr = child.stderr.take().unwrap();
-    let _guard = KillOnDrop(child);
-    let (tx, log) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let next_line = || log.recv_timeout(IO_TIMEOUT).expect("a log line");
-    let listening = loop {
-        let line = next_line();
-        if line.contains("listening on") {
-            break line;
-        }
-    };
-    let addr: std::net::SocketAddr = listening
-        .split("listening on ")
-        .nth(1)
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let server = Logged::spawn(
+        Command::new("sh")
+            .args([
+                "-c",
+                "ulimit -n 48 && exec \"$0\" --listen 127.0.0.1:0 --max-connections 1000",
+                env!("CARGO_BIN_EXE_wspush"),
+            ])
+            .env("RUST_LOG", "warn,wspush=info")
+            .stdin(Stdio::piped()),
+    );
+    let pid = server.child.id();
+    let addr = listening_addr(&server.wait_for("listening on"));
 
     // 80 connections: the kernel completes them all, the server can take ~40.
     let mut clients: Vec<_> = (0..80).map(|_| raw(addr)).collect();
-    let warning = loop {
-        let line = next_line();
-        if !line.contains("exceeds") {
-            break line;
-        }
-    };
-    assert!(warning.contains("accept paused"), "{warning}");
+    server.wait_for("accept paused");
 
     let before = cpu_ticks(pid);
     std::thread::sleep(Duration::from_secs(1));
@@ -118,14 +89,4 @@ fn out_of_file_descriptors_pauses_accepting_without_spinning_and_recovers() {
         assert!(Instant::now() < deadline, "the server did not recover");
     };
     stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-}
-
-/// Ends the server however the test ends.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

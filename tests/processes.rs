@@ -3,87 +3,57 @@
 
 mod util;
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver};
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use tungstenite::Message;
-use util::{connect, TestServer, IO_TIMEOUT};
+use util::{connect, listening_addr, Logged, TestServer, IO_TIMEOUT};
 use wspush::Config;
 
 /// A supervisor with its stdin, and the lines all its processes log.
-struct Supervised {
-    child: Child,
-    log: Receiver<String>,
-}
+struct Supervised(Logged);
 
 impl Supervised {
     fn start(instances: usize) -> (Supervised, SocketAddr) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_wspush"))
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--processes",
-                &instances.to_string(),
-            ])
-            .env("RUST_LOG", "info,wspush::conn=debug")
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, log) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let supervised = Supervised { child, log };
+        let process = Logged::spawn(
+            Command::new(env!("CARGO_BIN_EXE_wspush"))
+                .args([
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--processes",
+                    &instances.to_string(),
+                ])
+                .env("RUST_LOG", "info,wspush::conn=debug")
+                .stdin(Stdio::piped()),
+        );
         let mut addr = None;
         let mut listening = 0;
         while listening < instances || addr.is_none() {
-            let line = supervised.next_line();
+            let line = process.next_line();
             if line.contains(" instances") {
-                addr = line
-                    .split("listening on ")
-                    .nth(1)
-                    .and_then(|rest| rest.split(' ').next())
-                    .map(|a| a.parse().unwrap());
+                addr = Some(listening_addr(&line));
             } else if line.contains("] listening on ") {
                 listening += 1;
             }
         }
-        (supervised, addr.unwrap())
-    }
-
-    fn next_line(&self) -> String {
-        self.log.recv_timeout(IO_TIMEOUT).expect("a log line")
+        (Supervised(process), addr.unwrap())
     }
 
     /// The instance number of each upgrade logged, until `count` are seen.
     fn upgrades(&self, count: usize) -> Vec<usize> {
-        let mut instances = Vec::new();
-        while instances.len() < count {
-            let line = self.next_line();
-            if line.contains("upgraded /") {
+        (0..count)
+            .map(|_| {
+                let line = self.0.wait_for("upgraded /");
                 let tag = line.split("wspush#").nth(1).unwrap();
-                instances.push(tag.split(']').next().unwrap().parse().unwrap());
-            }
-        }
-        instances
-    }
-
-    fn send(&mut self, line: &str) {
-        let stdin = self.child.stdin.as_mut().unwrap();
-        stdin.write_all(line.as_bytes()).unwrap();
-        stdin.flush().unwrap();
+                tag.split(']').next().unwrap().parse().unwrap()
+            })
+            .collect()
     }
 
     /// The supervisor's children (its instances).
     fn instance_pids(&self) -> Vec<u32> {
-        let pid = self.child.id();
+        let pid = self.0.child.id();
         let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
         children
             .split_whitespace()
@@ -91,23 +61,17 @@ impl Supervised {
             .collect()
     }
 
+    /// Waits for the supervisor to exit; its exit code and what it logged last.
     fn wait(&mut self) -> (Option<i32>, Vec<String>) {
         let deadline = Instant::now() + IO_TIMEOUT;
         loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                let rest: Vec<String> = self.log.try_iter().collect();
-                return (status.code(), rest);
+            if let Some(status) = self.0.child.try_wait().unwrap() {
+                std::thread::sleep(std::time::Duration::from_millis(50)); // let the log drain
+                return (status.code(), self.0.rest());
             }
             assert!(Instant::now() < deadline, "the supervisor did not exit");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-    }
-}
-
-impl Drop for Supervised {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -134,8 +98,8 @@ fn three_instances_share_the_connections_and_each_line_reaches_every_one_once() 
         "all 60 connections landed on instance {spread:?}"
     );
 
-    supervised.send("hello\n");
-    supervised.send("end\n");
+    supervised.0.send(b"hello\n");
+    supervised.0.send(b"end\n");
     for client in &mut clients {
         assert_eq!(client.read().unwrap(), Message::text("hello"));
         assert_eq!(
@@ -145,7 +109,7 @@ fn three_instances_share_the_connections_and_each_line_reaches_every_one_once() 
         );
     }
 
-    signal(supervised.child.id(), "-TERM");
+    signal(supervised.0.child.id(), "-TERM");
     for client in &mut clients {
         match client.read().unwrap() {
             Message::Close(Some(frame)) => assert_eq!(u16::from(frame.code), 1001),

@@ -292,3 +292,77 @@ pub fn expect_eof(stream: &mut TcpStream) {
         Err(e) => panic!("waiting for the server to close: {e}"),
     }
 }
+
+/// A child process whose standard error arrives line by line on a channel
+/// (so waiting for a line can time out); killed when dropped.
+pub struct Logged {
+    pub child: std::process::Child,
+    log: std::sync::mpsc::Receiver<String>,
+}
+
+impl Logged {
+    /// Spawns `command` with its standard error piped to the channel.
+    pub fn spawn(command: &mut std::process::Command) -> Logged {
+        use std::io::BufRead;
+        let mut child = command
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, log) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(line);
+            }
+        });
+        Logged { child, log }
+    }
+
+    /// The next line logged; panics after [`IO_TIMEOUT`].
+    pub fn next_line(&self) -> String {
+        self.log
+            .recv_timeout(IO_TIMEOUT)
+            .expect("a log line in time")
+    }
+
+    /// Skips lines until one contains `needle`, and returns it.
+    pub fn wait_for(&self, needle: &str) -> String {
+        loop {
+            let line = self.next_line();
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    }
+
+    /// Lines logged so far and not read yet.
+    pub fn rest(&self) -> Vec<String> {
+        self.log.try_iter().collect()
+    }
+
+    /// Writes to the child's standard input (which must be piped).
+    pub fn send(&mut self, bytes: &[u8]) {
+        let stdin = self.child.stdin.as_mut().expect("stdin is piped");
+        stdin.write_all(bytes).unwrap();
+        stdin.flush().unwrap();
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The address in a `listening on ADDR …` log line.
+pub fn listening_addr(line: &str) -> SocketAddr {
+    let rest = line
+        .split("listening on ")
+        .nth(1)
+        .expect("a 'listening on' line");
+    rest.split(' ').next().unwrap().parse().expect("an address")
+}
