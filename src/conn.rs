@@ -22,7 +22,7 @@ use crate::io::{read_some, Progress};
 use crate::metrics::Metrics;
 use crate::pool::{BufferPool, PooledBuf};
 use crate::target::RequestTarget;
-use crate::timer::{Tick, TimerWheel};
+use crate::timer::{Deadline, Tick, TimerWheel};
 use crate::ws::header::MAX_HEADER_LEN;
 use crate::ws::{CloseCode, Decoder, Event, FrameHeader, MessageKind, OpCode, ProtocolError};
 
@@ -141,7 +141,7 @@ pub struct Conn {
     /// Echo mode: the message being assembled from several pieces.
     message: Option<PooledBuf>,
     /// When the current phase times out, if it can.
-    deadline: Option<Tick>,
+    deadline: Deadline,
     /// The socket is registered for writability (output is pending).
     writable_interest: bool,
     /// Reading stopped because output backed up (echo backpressure).
@@ -158,7 +158,7 @@ impl Conn {
             out: OutQueue::default(),
             input: None,
             message: None,
-            deadline: None,
+            deadline: Deadline::default(),
             writable_interest: false,
             read_paused: false,
             target: RequestTarget::default(),
@@ -195,11 +195,13 @@ impl Conn {
     /// Whether `tick` is this connection's current deadline (timer entries
     /// for deadlines that were re-armed or cleared are stale).
     pub fn is_due(&self, tick: Tick) -> bool {
-        self.deadline == Some(tick)
+        self.deadline.is(tick)
     }
 
-    /// Returns its buffers to the pool before the connection is dropped.
-    pub fn release(&mut self, pool: &mut BufferPool) {
+    /// Returns its buffers to the pool and clears its deadline before the
+    /// connection is dropped.
+    pub fn release(&mut self, pool: &mut BufferPool, timers: &mut TimerWheel) {
+        self.deadline.clear(timers);
         for buf in [self.input.take(), self.message.take()]
             .into_iter()
             .flatten()
@@ -268,8 +270,8 @@ impl Conn {
     }
 
     /// The connection's deadline passed.
-    pub fn on_deadline(&mut self) -> Verdict {
-        self.deadline = None;
+    pub fn on_deadline(&mut self, timers: &mut TimerWheel) -> Verdict {
+        self.deadline.clear(timers);
         match self.phase {
             Phase::Handshake => Verdict::Close(CloseReason::HandshakeTimeout),
             Phase::CloseSent { reason, .. } | Phase::Lingering { reason, .. } => {
@@ -405,7 +407,7 @@ impl Conn {
                 let len = http::write_accept_response(&upgrade.accept, &mut response);
                 self.target = RequestTarget::new(upgrade.target);
                 self.phase = Phase::Open(Decoder::default());
-                self.deadline = None;
+                self.deadline.clear(ctx.timers);
                 Metrics::incr(&ctx.metrics.upgrades);
                 log::debug!("upgraded {}", self.target());
                 (head_len, self.send_bytes(&[&response[..len]]))
@@ -583,8 +585,7 @@ impl Conn {
 
     fn arm(&mut self, key: usize, after: Duration, ctx: &mut Ctx<'_>) {
         let tick = ctx.timers.tick_at(ctx.now + after);
-        self.deadline = Some(tick);
-        ctx.timers.schedule(key, tick);
+        self.deadline.arm(ctx.timers, key, tick);
     }
 }
 

@@ -483,7 +483,7 @@ impl Server {
         let Some(mut conn) = self.conns.try_remove(key) else {
             return;
         };
-        conn.release(&mut self.pool);
+        conn.release(&mut self.pool, &mut self.timers);
         let metrics = &self.shared.metrics;
         Metrics::incr(reason.counter(metrics));
         Metrics::decr(&metrics.connections_open);
@@ -591,7 +591,7 @@ impl Server {
             let Some(conn) = self.conns.get_mut(key).filter(|conn| conn.is_due(tick)) else {
                 continue; // Stale: re-armed, cleared, or the slot was reused.
             };
-            let verdict = conn.on_deadline();
+            let verdict = conn.on_deadline(&mut self.timers);
             self.settle(key, verdict);
         }
         self.expired = due;

@@ -19,7 +19,9 @@ pub struct TimerWheel {
     start: Instant,
     /// The next tick whose slot has not been expired yet.
     next: u32,
-    len: usize,
+    /// Live deadlines (see [`Deadline`]); stale entries do not count, so an
+    /// idle loop with none sets no poll timeout at all.
+    armed: usize,
 }
 
 impl TimerWheel {
@@ -30,7 +32,7 @@ impl TimerWheel {
             resolution,
             start: now,
             next: 1,
-            len: 0,
+            armed: 0,
         }
     }
 
@@ -48,7 +50,6 @@ impl TimerWheel {
         let deadline = deadline.max(Tick(NonZeroU32::new(self.next).expect("next starts at 1")));
         let slot = deadline.0.get() as usize % self.slots.len();
         self.slots[slot].push((key, deadline));
-        self.len += 1;
     }
 
     /// Moves every entry due at `now` (deadline tick at or before the
@@ -63,7 +64,6 @@ impl TimerWheel {
         let last = current.min(self.next.saturating_add(self.slots.len() as u32 - 1));
         for tick in self.next..=last {
             let slot = &mut self.slots[tick as usize % self.slots.len()];
-            let before = due.len();
             slot.retain(|&(key, deadline)| {
                 let is_due = deadline.0.get() <= current;
                 if is_due {
@@ -71,18 +71,46 @@ impl TimerWheel {
                 }
                 !is_due
             });
-            self.len -= due.len() - before;
         }
         self.next = current + 1;
     }
 
     /// How long until the next unexpired tick begins, for the poll timeout;
-    /// `None` when the wheel is empty.
+    /// `None` when no deadline is armed.
     pub fn next_timeout(&self, now: Instant) -> Option<Duration> {
-        (self.len > 0).then(|| {
+        (self.armed > 0).then(|| {
             let next_at = self.start + self.resolution * self.next;
             next_at.saturating_duration_since(now)
         })
+    }
+}
+
+/// One owner's deadline: at most one live entry in the wheel, counted
+/// while armed. Entries left behind by re-arming or clearing are stale and
+/// skipped when their slot comes up ([`Deadline::is`] tells).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline(Option<Tick>);
+
+impl Deadline {
+    /// Arms (or moves) the deadline to `at` for the owner `key`.
+    pub fn arm(&mut self, wheel: &mut TimerWheel, key: usize, at: Tick) {
+        if self.0.is_none() {
+            wheel.armed += 1;
+        }
+        self.0 = Some(at);
+        wheel.schedule(key, at);
+    }
+
+    /// Clears the deadline, if armed.
+    pub fn clear(&mut self, wheel: &mut TimerWheel) {
+        if self.0.take().is_some() {
+            wheel.armed -= 1;
+        }
+    }
+
+    /// Whether a wheel entry due at `tick` is this deadline's (and not stale).
+    pub fn is(&self, tick: Tick) -> bool {
+        self.0 == Some(tick)
     }
 }
 
@@ -102,13 +130,21 @@ mod tests {
     fn entries_expire_once_their_tick_has_passed() {
         let t0 = Instant::now();
         let mut wheel = TimerWheel::new(10 * MS, 8, t0);
-        wheel.schedule(1, wheel.tick_at(t0 + 25 * MS));
-        wheel.schedule(2, wheel.tick_at(t0 + 5 * MS));
+        let (mut one, mut two) = (Deadline::default(), Deadline::default());
+        let (at_one, at_two) = (wheel.tick_at(t0 + 25 * MS), wheel.tick_at(t0 + 5 * MS));
+        one.arm(&mut wheel, 1, at_one);
+        two.arm(&mut wheel, 2, at_two);
         assert_eq!(expire(&mut wheel, t0 + 9 * MS), Vec::<usize>::new());
         assert_eq!(expire(&mut wheel, t0 + 15 * MS), vec![2]);
+        two.clear(&mut wheel);
         assert_eq!(expire(&mut wheel, t0 + 29 * MS), Vec::<usize>::new());
         assert_eq!(expire(&mut wheel, t0 + 31 * MS), vec![1]);
-        assert_eq!(wheel.next_timeout(t0), None, "empty");
+        assert!(
+            wheel.next_timeout(t0).is_some(),
+            "the owner has not cleared it yet"
+        );
+        one.clear(&mut wheel);
+        assert_eq!(wheel.next_timeout(t0), None, "nothing armed");
     }
 
     #[test]
@@ -132,10 +168,31 @@ mod tests {
         for key in 0..10 {
             wheel.schedule(key, wheel.tick_at(t0 + (key as u32 * 10 + 5) * MS));
         }
-        assert!(wheel.next_timeout(t0).is_some());
         let mut keys = expire(&mut wheel, t0 + 500 * MS);
         keys.sort();
         assert_eq!(keys, (0..10).collect::<Vec<_>>());
-        assert!(wheel.next_timeout(t0).is_none());
+    }
+
+    #[test]
+    fn stale_entries_set_no_timeout_and_are_told_apart() {
+        let t0 = Instant::now();
+        let mut wheel = TimerWheel::new(10 * MS, 8, t0);
+        let mut deadline = Deadline::default();
+        let first = wheel.tick_at(t0 + 20 * MS);
+        deadline.arm(&mut wheel, 7, first);
+        let second = wheel.tick_at(t0 + 50 * MS);
+        deadline.arm(&mut wheel, 7, second);
+        assert!(!deadline.is(first) && deadline.is(second));
+        deadline.clear(&mut wheel);
+        assert_eq!(
+            wheel.next_timeout(t0),
+            None,
+            "two stale entries, nothing armed"
+        );
+        assert_eq!(
+            expire(&mut wheel, t0 + 100 * MS),
+            vec![7, 7],
+            "stale entries still come out, to be skipped"
+        );
     }
 }
