@@ -1,13 +1,15 @@
-//! The client side of a run: many [`Conn`]s driven by one epoll loop
-//! (mio's `Poll`), reading through one shared scratch buffer.
+//! The client side of a push run in one process: many [`Conn`]s driven by
+//! one epoll loop (mio's `Poll`), reading through one shared scratch buffer.
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use mio::{Events, Poll, Token};
+use mio::{Events, Poll, Token, Waker};
 
-use crate::conn::{Conn, Context, Failure, Transition};
+use crate::conn::{Conn, Context, Transition};
+use crate::dial::{self, Failure};
 use crate::stats::Tally;
 
 /// Readiness events taken from the kernel per `epoll_wait`.
@@ -16,47 +18,75 @@ pub const EVENTS_PER_POLL: usize = 1024;
 /// Size of the buffer every read goes through.
 const SCRATCH_BYTES: usize = 64 * 1024;
 
+/// Token of the [`Waker`] that interrupts [`Clients::step`].
+const WAKER: Token = Token(usize::MAX);
+
+/// Where and how a set of clients connects.
+#[derive(Debug, Clone)]
+pub struct ClientPlan {
+    /// The server.
+    pub server: SocketAddr,
+    /// Source addresses; connection `id` binds `sources[id % len]`.
+    pub sources: Vec<Ipv4Addr>,
+    /// Id of this set's first connection (ids name the connections in
+    /// their upgrade request and pick their source address).
+    pub first_id: u64,
+    /// Size of every broadcast payload.
+    pub payload_len: usize,
+    /// How long a connection may stay connecting or upgrading.
+    pub connect_timeout: Duration,
+}
+
 /// A set of client connections to one server and what they observed.
 pub struct Clients {
     poll: Poll,
     events: Events,
     conns: Vec<Conn>,
     scratch: Box<[u8]>,
-    server: SocketAddr,
-    sources: Vec<Ipv4Addr>,
-    payload_len: usize,
+    plan: ClientPlan,
     tally: Tally,
+    /// Connections that were pending when last looked at, oldest first,
+    /// with the time they started.
+    pending_since: VecDeque<(usize, Instant)>,
     pending: usize,
     open: usize,
+    opened: usize,
 }
 
 impl Clients {
-    /// An empty set that will connect to `server` from the `sources`
-    /// addresses in turn and expect messages of `payload_len` bytes.
-    pub fn new(server: SocketAddr, sources: Vec<Ipv4Addr>, payload_len: usize) -> io::Result<Self> {
-        assert!(!sources.is_empty(), "at least one source address");
+    /// An empty set following `plan`.
+    pub fn new(plan: ClientPlan) -> io::Result<Self> {
+        assert!(!plan.sources.is_empty(), "at least one source address");
         Ok(Clients {
             poll: Poll::new()?,
             events: Events::with_capacity(EVENTS_PER_POLL),
             conns: Vec::new(),
             scratch: vec![0; SCRATCH_BYTES].into_boxed_slice(),
-            server,
-            sources,
-            payload_len,
+            plan,
             tally: Tally::new(),
+            pending_since: VecDeque::new(),
             pending: 0,
             open: 0,
+            opened: 0,
         })
+    }
+
+    /// A waker that makes a blocked [`Clients::step`] return.
+    pub fn waker(&self) -> io::Result<Waker> {
+        Waker::new(self.poll.registry(), WAKER)
     }
 
     /// Starts `count` more connections.
     pub fn start(&mut self, count: usize) {
+        let now = Instant::now();
         for _ in 0..count {
-            let id = self.conns.len();
-            let source = self.sources[id % self.sources.len()];
-            match Conn::connect(source, self.server, self.poll.registry(), Token(id)) {
-                Ok(conn) => {
-                    self.conns.push(conn);
+            let index = self.conns.len();
+            let id = self.plan.first_id + index as u64;
+            let source = self.plan.sources[id as usize % self.plan.sources.len()];
+            match dial::connect(source, self.plan.server, self.poll.registry(), Token(index)) {
+                Ok(stream) => {
+                    self.conns.push(Conn::connecting(stream));
+                    self.pending_since.push_back((index, now));
                     self.pending += 1;
                 }
                 Err(failure) => {
@@ -82,18 +112,25 @@ impl Clients {
         self.open
     }
 
+    /// Connections that completed the upgrade, including those that failed since.
+    pub fn opened(&self) -> usize {
+        self.opened
+    }
+
     /// What the connections observed.
     pub fn tally(&self) -> &Tally {
         &self.tally
     }
 
-    /// What the connections observed, for registering sent messages.
+    /// What the connections observed, for announcing messages.
     pub fn tally_mut(&mut self) -> &mut Tally {
         &mut self.tally
     }
 
-    /// Waits up to `timeout` for readiness and handles whatever is ready;
-    /// returns how many events that was (at most [`EVENTS_PER_POLL`]).
+    /// Waits up to `timeout` for readiness (or the waker) and handles
+    /// whatever is ready, then fails connections pending for longer than
+    /// the connect timeout; returns how many events there were (at most
+    /// [`EVENTS_PER_POLL`]).
     pub fn step(&mut self, timeout: Duration) -> io::Result<usize> {
         match self.poll.poll(&mut self.events, Some(timeout)) {
             Ok(()) => {}
@@ -102,22 +139,27 @@ impl Clients {
         }
         let mut cx = Context {
             registry: self.poll.registry(),
-            server: self.server,
+            server: self.plan.server,
             scratch: &mut self.scratch,
-            payload_len: self.payload_len,
+            payload_len: self.plan.payload_len,
             tally: &mut self.tally,
         };
         let mut handled = 0;
         for event in self.events.iter() {
             handled += 1;
-            let id = event.token().0;
-            let conn = &mut self.conns[id];
+            let token = event.token();
+            if token == WAKER {
+                continue;
+            }
+            let conn = &mut self.conns[token.0];
             let was_open = conn.is_open();
-            match conn.on_event(id, event, &mut cx) {
+            let id = self.plan.first_id + token.0 as u64;
+            match conn.on_event(id, token, event, &mut cx) {
                 Ok(Transition::Same) => {}
                 Ok(Transition::Opened) => {
                     self.pending -= 1;
                     self.open += 1;
+                    self.opened += 1;
                 }
                 Err(failure) => {
                     // A connection that was pending may have opened and failed
@@ -132,14 +174,35 @@ impl Clients {
                 }
             }
         }
+        self.expire(Instant::now());
         Ok(handled)
+    }
+
+    /// Fails the connections that have been pending for longer than the
+    /// connect timeout. They started in order, so only the front of the
+    /// queue needs looking at.
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(index, since)) = self.pending_since.front() {
+            if self.conns[index].is_pending() {
+                if now.duration_since(since) < self.plan.connect_timeout {
+                    return;
+                }
+                self.conns[index].kill();
+                self.pending -= 1;
+                self.tally.failed(Failure::Timeout.label());
+            }
+            self.pending_since.pop_front();
+        }
     }
 
     /// Gives up every connection still connecting or upgrading.
     pub fn abandon_pending(&mut self) {
-        for conn in self.conns.iter_mut().filter(|c| c.is_pending()) {
-            conn.kill();
-            self.tally.failed(Failure::Timeout.label());
+        for (index, _) in self.pending_since.drain(..) {
+            let conn = &mut self.conns[index];
+            if conn.is_pending() {
+                conn.kill();
+                self.tally.failed(Failure::Timeout.label());
+            }
         }
         self.pending = 0;
     }

@@ -3,15 +3,23 @@
 //!
 //! One thread, one epoll loop (mio). It accepts connections, answers the
 //! upgrade (read the request head, hash the key, write the 101), then keeps
-//! nothing per connection but the socket itself in a `Vec`, and no longer
-//! watches it. Each line read from standard input is encoded once as an
-//! unmasked text frame and `write()`n to every socket in a tight loop:
-//! no per-connection WebSocket state, no queues. A socket that cannot take
-//! the whole frame at once (its peer stopped reading, or is gone) is closed.
+//! nothing per connection but the socket itself in a slab (16 bytes).
+//! Each line read from standard input is encoded once as an unmasked text
+//! frame and `write()`n to every socket in a tight loop: no per-connection
+//! WebSocket state, no queues. A socket that cannot take the whole frame at
+//! once (its peer stopped reading, or is gone) is closed.
+//!
+//! It also echoes, so that the echo measurement has the same reference:
+//! each complete client data frame is unmasked in the read buffer and
+//! written straight back with the same opcode (a ping gets its pong; a
+//! close, or an echo the socket cannot take whole, closes the connection).
+//! A frame split across reads is the only thing ever buffered per
+//! connection.
 //!
 //! Standard input is read by a helper thread that hands finished frames to
 //! the loop through a channel and a `Waker`; EOF stops the reading, not the
-//! server. The server runs until it is killed.
+//! server. The server runs until it is killed. [`crate::supervisor`] runs
+//! several of them behind one port.
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, Read, Write};
@@ -21,6 +29,7 @@ use std::thread;
 
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
+use slab::Slab;
 use socket2::{Domain, Socket, Type};
 
 use crate::frame::{self, opcode};
@@ -31,6 +40,34 @@ const BACKLOG: i32 = 4096;
 
 const LISTENER: Token = Token(usize::MAX);
 const STDIN: Token = Token(usize::MAX - 1);
+/// Tokens at and above this name open connections (`OPEN_BASE + key`);
+/// below it, connections still upgrading.
+const OPEN_BASE: usize = 1 << 40;
+
+/// Size of the buffer every read goes through.
+const READ_BUFFER: usize = 64 * 1024;
+
+/// Runs the floor server on `listen` (sharing the port with other
+/// processes if `reuse_port`), broadcasting standard input, until the
+/// process is killed.
+pub fn run(listen: SocketAddr, reuse_port: bool) -> io::Result<()> {
+    let listener = bind(listen, reuse_port)?;
+    eprintln!("floor listening on {}", listener.local_addr()?);
+    serve(listener, io::stdin())
+}
+
+/// A non-blocking listener on `addr` with `SO_REUSEADDR` (and
+/// `SO_REUSEPORT` if asked) and a large backlog.
+pub fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), None)?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    Ok(TcpListener::from_std(socket.into()))
+}
 
 /// A connection whose upgrade request is still arriving.
 struct Upgrading {
@@ -38,18 +75,22 @@ struct Upgrading {
     head: Vec<u8>,
 }
 
-/// Runs the floor server on `listen`, broadcasting standard input, until
-/// the process is killed.
-pub fn run(listen: SocketAddr) -> io::Result<()> {
-    let listener = bind(listen)?;
-    eprintln!("floor listening on {}", listener.local_addr()?);
-    serve(listener, io::stdin())
+/// The floor's state.
+struct Floor {
+    poll: Poll,
+    upgrading: Slab<Upgrading>,
+    open: Slab<TcpStream>,
+    /// Unfinished client frames of open connections, by slab key.
+    partial: HashMap<usize, Vec<u8>>,
+    buf: Box<[u8]>,
+    /// Reused output buffer for echoes.
+    out: Vec<u8>,
 }
 
 /// Serves `listener`, broadcasting each line of `input`; returns only on
 /// an error of the poll itself.
-fn serve(mut listener: TcpListener, input: impl Read + Send + 'static) -> io::Result<()> {
-    let mut poll = Poll::new()?;
+pub fn serve(mut listener: TcpListener, input: impl Read + Send + 'static) -> io::Result<()> {
+    let poll = Poll::new()?;
     poll.registry()
         .register(&mut listener, LISTENER, Interest::READABLE)?;
     let waker = Waker::new(poll.registry(), STDIN)?;
@@ -58,75 +99,174 @@ fn serve(mut listener: TcpListener, input: impl Read + Send + 'static) -> io::Re
         .name("input".into())
         .spawn(move || read_lines(input, frames_tx, waker))?;
 
+    let mut floor = Floor {
+        poll,
+        upgrading: Slab::new(),
+        open: Slab::new(),
+        partial: HashMap::new(),
+        buf: vec![0; READ_BUFFER].into_boxed_slice(),
+        out: Vec::new(),
+    };
     let mut events = Events::with_capacity(1024);
-    let mut upgrading: HashMap<Token, Upgrading> = HashMap::new();
-    let mut open: Vec<TcpStream> = Vec::new();
-    let mut next_token = 0;
-    let mut buf = [0u8; 4096];
     loop {
-        match poll.poll(&mut events, None) {
+        match floor.poll.poll(&mut events, None) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         }
         for event in &events {
             match event.token() {
-                LISTENER => loop {
-                    match listener.accept() {
-                        Ok((mut stream, _)) => {
-                            let token = Token(next_token);
-                            next_token = (next_token + 1) % STDIN.0;
-                            poll.registry()
-                                .register(&mut stream, token, Interest::READABLE)?;
-                            upgrading.insert(
-                                token,
-                                Upgrading {
-                                    stream,
-                                    head: Vec::new(),
-                                },
-                            );
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        // A connection that died in the backlog, or a
-                        // descriptor limit: keep serving the others.
-                        Err(e) => {
-                            eprintln!("floor: accept: {e}");
-                            break;
-                        }
-                    }
-                },
+                LISTENER => floor.accept(&listener)?,
                 STDIN => {
                     for frame in frames.try_iter() {
-                        broadcast(&mut open, &frame);
+                        floor.broadcast(&frame);
                     }
                 }
-                token => {
-                    let Some(conn) = upgrading.get_mut(&token) else {
-                        continue;
-                    };
-                    match read_upgrade(conn, &mut buf) {
-                        Ok(false) => {}
-                        Ok(true) => {
-                            let mut conn = upgrading.remove(&token).expect("present");
-                            // Nothing is read from an open connection: stop watching it.
-                            poll.registry().deregister(&mut conn.stream)?;
-                            open.push(conn.stream);
-                        }
-                        Err(_) => drop(upgrading.remove(&token)),
+                Token(t) if t >= OPEN_BASE => {
+                    if floor.echo(t - OPEN_BASE).is_err() {
+                        floor.close(t - OPEN_BASE);
                     }
                 }
+                Token(key) => floor.upgrade(key)?,
             }
         }
     }
 }
 
-/// A non-blocking listener on `addr` with `SO_REUSEADDR` and a large backlog.
-fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), None)?;
-    socket.set_reuse_address(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(BACKLOG)?;
-    Ok(TcpListener::from_std(socket.into()))
+impl Floor {
+    /// Accepts every waiting connection.
+    fn accept(&mut self, listener: &TcpListener) -> io::Result<()> {
+        loop {
+            match listener.accept() {
+                Ok((mut stream, _)) => {
+                    let entry = self.upgrading.vacant_entry();
+                    self.poll.registry().register(
+                        &mut stream,
+                        Token(entry.key()),
+                        Interest::READABLE,
+                    )?;
+                    entry.insert(Upgrading {
+                        stream,
+                        head: Vec::new(),
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                // A connection that died in the backlog, or a descriptor
+                // limit: keep serving the others (new connections raise a
+                // new edge).
+                Err(e) => {
+                    eprintln!("floor: accept: {e}");
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Reads what has arrived of an upgrade request; answers it once whole
+    /// and moves the connection to the open ones.
+    fn upgrade(&mut self, key: usize) -> io::Result<()> {
+        let Some(conn) = self.upgrading.get_mut(key) else {
+            return Ok(()); // spurious event
+        };
+        match read_upgrade(conn, &mut self.buf) {
+            Ok(false) => Ok(()),
+            Ok(true) => {
+                let mut stream = self.upgrading.remove(key).stream;
+                let entry = self.open.vacant_entry();
+                self.poll.registry().reregister(
+                    &mut stream,
+                    Token(OPEN_BASE + entry.key()),
+                    Interest::READABLE,
+                )?;
+                entry.insert(stream);
+                Ok(())
+            }
+            Err(_) => {
+                drop(self.upgrading.remove(key));
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes `frame` to every open socket, closing those that can't take it whole.
+    fn broadcast(&mut self, frame: &[u8]) {
+        let before = self.open.len();
+        self.open
+            .retain(|_, stream| matches!(stream.write(frame), Ok(n) if n == frame.len()));
+        let dropped = before - self.open.len();
+        if dropped > 0 {
+            self.partial.retain(|key, _| self.open.contains(*key));
+            eprintln!("floor: closed {dropped} connections that could not take a frame");
+        }
+    }
+
+    fn close(&mut self, key: usize) {
+        if self.open.contains(key) {
+            self.open.remove(key);
+        }
+        self.partial.remove(&key);
+    }
+
+    /// Reads everything that arrived on open connection `key` and echoes
+    /// every complete data frame; an error closes the connection.
+    fn echo(&mut self, key: usize) -> io::Result<()> {
+        let Some(stream) = self.open.get_mut(key) else {
+            return Ok(()); // spurious event
+        };
+        loop {
+            let n = match stream.read(&mut self.buf) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            self.out.clear();
+            match self.partial.remove(&key) {
+                None => {
+                    let used = answer_frames(&mut self.buf[..n], &mut self.out)?;
+                    if used < n {
+                        self.partial.insert(key, self.buf[used..n].to_vec());
+                    }
+                }
+                Some(mut pending) => {
+                    pending.extend_from_slice(&self.buf[..n]);
+                    let used = answer_frames(&mut pending, &mut self.out)?;
+                    if used < pending.len() {
+                        pending.drain(..used);
+                        self.partial.insert(key, pending);
+                    }
+                }
+            }
+            if !self.out.is_empty() && stream.write(&self.out)? != self.out.len() {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+        }
+    }
+}
+
+/// Unmasks the complete client frames at the start of `input` in place and
+/// appends their answers to `out`; returns how many bytes they took. A
+/// close frame or a malformed one is an error (the connection closes).
+fn answer_frames(input: &mut [u8], out: &mut Vec<u8>) -> io::Result<usize> {
+    let invalid = |e: frame::FrameError| io::Error::new(io::ErrorKind::InvalidData, e);
+    let mut used = 0;
+    while let Some(h) = frame::parse_client_header(&input[used..]).map_err(invalid)? {
+        let end = used + h.header_len + h.payload_len;
+        if end > input.len() {
+            break;
+        }
+        let payload = &mut input[used + h.header_len..end];
+        frame::unmask(payload, h.mask);
+        match h.opcode {
+            opcode::PING => frame::encode(out, opcode::PONG, payload, None),
+            opcode::PONG => {}
+            opcode::CLOSE => return Err(io::ErrorKind::ConnectionAborted.into()),
+            op => frame::encode_fragment(out, h.fin, op, payload),
+        }
+        used = end;
+    }
+    Ok(used)
 }
 
 /// Reads what has arrived of the upgrade request; once the head is complete,
@@ -153,16 +293,6 @@ fn read_upgrade(conn: &mut Upgrading, buf: &mut [u8]) -> io::Result<bool> {
         if conn.head.len() > handshake::MAX_HEAD {
             return Err(io::ErrorKind::InvalidData.into());
         }
-    }
-}
-
-/// Writes `frame` to every open socket, closing those that can't take it whole.
-fn broadcast(open: &mut Vec<TcpStream>, frame: &[u8]) {
-    let before = open.len();
-    open.retain_mut(|stream| matches!(stream.write(frame), Ok(n) if n == frame.len()));
-    let dropped = before - open.len();
-    if dropped > 0 {
-        eprintln!("floor: closed {dropped} connections that could not take a frame");
     }
 }
 
@@ -193,58 +323,32 @@ fn read_lines(input: impl Read, frames: mpsc::Sender<Vec<u8>>, waker: Waker) {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
-    use std::net::Ipv4Addr;
-    use std::os::unix::net::UnixStream;
-    use std::time::{Duration, Instant};
-
     use super::*;
-    use crate::clients::Clients;
-    use crate::message::{self, Stamp};
-    use crate::sys;
+    use crate::conn::MASK;
 
-    /// The floor and the client against each other: upgrade, three broadcasts,
-    /// every one delivered once and in order.
     #[test]
-    fn clients_receive_every_broadcast_from_the_floor() {
-        const CONNS: usize = 50;
-        let listener = bind((Ipv4Addr::LOCALHOST, 0).into()).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (mut feed, input) = UnixStream::pair().unwrap();
-        // The server thread is left running; it ends with the test process.
-        thread::spawn(move || serve(listener, input));
+    fn answers_whole_frames_and_keeps_the_rest() {
+        let mut wire = Vec::new();
+        frame::encode(&mut wire, opcode::TEXT, b"hello", Some(MASK));
+        frame::encode(&mut wire, opcode::PING, b"p", Some(MASK));
+        frame::encode(&mut wire, opcode::BINARY, &[7; 300], Some(MASK));
+        let whole = wire.len();
+        frame::encode(&mut wire, opcode::TEXT, b"split", Some(MASK));
+        let cut = whole + 4;
+        let mut out = Vec::new();
+        let used = answer_frames(&mut wire[..cut], &mut out).unwrap();
+        assert_eq!(used, whole);
+        let mut expected = Vec::new();
+        frame::encode(&mut expected, opcode::TEXT, b"hello", None);
+        frame::encode(&mut expected, opcode::PONG, b"p", None);
+        frame::encode(&mut expected, opcode::BINARY, &[7; 300], None);
+        assert_eq!(out, expected);
 
-        let mut clients = Clients::new(addr, vec![Ipv4Addr::new(127, 0, 0, 2)], 32).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let step_until = |clients: &mut Clients, done: &dyn Fn(&Clients) -> bool| {
-            while !done(clients) {
-                assert!(
-                    Instant::now() < deadline,
-                    "timed out: {:?}",
-                    clients.tally()
-                );
-                clients.step(Duration::from_millis(10)).unwrap();
-            }
-        };
-        clients.start(CONNS);
-        step_until(&mut clients, &|c| c.open() == CONNS);
-        for seq in 1..=3 {
-            let sent_ns = sys::now_ns();
-            clients.tally_mut().sent(seq, sent_ns, CONNS as u32);
-            let mut line = message::encode(Stamp { seq, sent_ns }, 32).unwrap();
-            line.push(b'\n');
-            feed.write_all(&line).unwrap();
-            step_until(&mut clients, &|c| {
-                c.tally().message(seq).unwrap().received as usize == CONNS
-            });
-        }
-        let tally = clients.tally();
-        assert_eq!(tally.lost(), 0);
-        assert_eq!(
-            (tally.duplicates, tally.out_of_order, tally.corrupt),
-            (0, 0, 0)
-        );
-        assert!(tally.failures.is_empty(), "{:?}", tally.failures);
-        assert_eq!(tally.latency().len(), 3 * CONNS as u64);
+        let mut close = Vec::new();
+        frame::encode(&mut close, opcode::CLOSE, &[3, 232], Some(MASK));
+        assert!(answer_frames(&mut close, &mut out).is_err());
+        let mut unmasked = Vec::new();
+        frame::encode(&mut unmasked, opcode::TEXT, b"x", None);
+        assert!(answer_frames(&mut unmasked, &mut out).is_err());
     }
 }

@@ -1,6 +1,7 @@
-//! WebSocket frames (RFC 6455 §5.2) as a push client sees them: an
-//! incremental reader for the server's unmasked frames and an encoder for
-//! both directions.
+//! WebSocket frames (RFC 6455 §5.2) as the bench sees them: an
+//! incremental reader for a server's unmasked frames, an encoder for both
+//! directions, and the header parser and unmasking the floor needs to echo
+//! a client's masked frames.
 //!
 //! The reader is built for tens of thousands of sockets read through one
 //! shared scratch buffer: a frame that arrives whole in one read is handed
@@ -51,6 +52,8 @@ pub enum FrameError {
     BadControl,
     /// The payload is larger than [`MAX_PAYLOAD`].
     TooLarge,
+    /// A client frame had no mask (forbidden by RFC 6455 §5.1).
+    Unmasked,
 }
 
 impl std::fmt::Display for FrameError {
@@ -60,6 +63,7 @@ impl std::fmt::Display for FrameError {
             FrameError::ReservedBits => "reserved bits set",
             FrameError::BadControl => "malformed control frame",
             FrameError::TooLarge => "frame too large",
+            FrameError::Unmasked => "unmasked client frame",
         })
     }
 }
@@ -214,11 +218,71 @@ fn parse_header(buf: &[u8]) -> Result<Option<(Header, usize)>, FrameError> {
     Ok(Some((header, used)))
 }
 
+/// The header of a client's (masked) frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientHeader {
+    /// Final fragment of a message.
+    pub fin: bool,
+    /// One of the [`opcode`] constants.
+    pub opcode: u8,
+    /// Header length, mask key included.
+    pub header_len: usize,
+    /// Payload length (at most [`MAX_PAYLOAD`]).
+    pub payload_len: usize,
+    /// The masking key.
+    pub mask: [u8; 4],
+}
+
+/// Parses the header of a client frame at the start of `buf`; `None` if
+/// more bytes are needed. Checks what [`parse_header`] checks, and that
+/// the frame is masked.
+pub fn parse_client_header(buf: &[u8]) -> Result<Option<ClientHeader>, FrameError> {
+    let [first, second, ..] = *buf else {
+        return Ok(None);
+    };
+    if second & 0x80 == 0 {
+        return Err(FrameError::Unmasked);
+    }
+    // The same header without its mask bit and key is a server header.
+    let mut plain = [0u8; MAX_HEADER];
+    let len = header_len(second & 0x7F)?;
+    if buf.len() < len + 4 {
+        return Ok(None);
+    }
+    plain[0] = first;
+    plain[1] = second & 0x7F;
+    plain[2..len].copy_from_slice(&buf[2..len]);
+    let (header, _) = parse_header(&plain[..len])?.expect("complete header");
+    Ok(Some(ClientHeader {
+        fin: header.fin,
+        opcode: header.opcode,
+        header_len: len + 4,
+        payload_len: header.len as usize,
+        mask: buf[len..len + 4].try_into().expect("four mask bytes"),
+    }))
+}
+
+/// Unmasks (or masks: the operation is its own inverse) `payload` in place.
+pub fn unmask(payload: &mut [u8], mask: [u8; 4]) {
+    for (byte, key) in payload.iter_mut().zip(mask.iter().cycle()) {
+        *byte ^= key;
+    }
+}
+
 /// Appends one final (FIN) frame to `out`, masked with `mask` if given
 /// (clients must mask, servers must not).
 pub fn encode(out: &mut Vec<u8>, opcode: u8, payload: &[u8], mask: Option<[u8; 4]>) {
+    encode_frame(out, true, opcode, payload, mask);
+}
+
+/// Appends one unmasked (server) frame to `out`, final if `fin`.
+pub fn encode_fragment(out: &mut Vec<u8>, fin: bool, opcode: u8, payload: &[u8]) {
+    encode_frame(out, fin, opcode, payload, None);
+}
+
+fn encode_frame(out: &mut Vec<u8>, fin: bool, opcode: u8, payload: &[u8], mask: Option<[u8; 4]>) {
     let mask_bit = if mask.is_some() { 0x80 } else { 0 };
-    out.push(0x80 | opcode);
+    out.push(if fin { 0x80 } else { 0 } | opcode);
     match payload.len() {
         len @ 0..=125 => out.push(mask_bit | len as u8),
         len @ 126..=0xFFFF => {
@@ -234,7 +298,9 @@ pub fn encode(out: &mut Vec<u8>, opcode: u8, payload: &[u8], mask: Option<[u8; 4
         None => out.extend_from_slice(payload),
         Some(key) => {
             out.extend_from_slice(&key);
-            out.extend(payload.iter().zip(key.iter().cycle()).map(|(b, k)| b ^ k));
+            let start = out.len();
+            out.extend_from_slice(payload);
+            unmask(&mut out[start..], key);
         }
     }
 }
@@ -395,6 +461,39 @@ mod tests {
     }
 
     #[test]
+    fn client_headers_and_unmasking() {
+        let mask = [0x37, 0xfa, 0x21, 0x3d];
+        for len in [0usize, 5, 125, 126, 65_535, 65_536] {
+            let payload: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let mut wire = Vec::new();
+            encode(&mut wire, opcode::BINARY, &payload, Some(mask));
+            let header = parse_client_header(&wire).unwrap().unwrap();
+            assert_eq!(
+                header.header_len + header.payload_len,
+                wire.len(),
+                "len {len}"
+            );
+            assert_eq!(
+                (header.fin, header.opcode, header.mask),
+                (true, opcode::BINARY, mask)
+            );
+            for cut in 0..header.header_len {
+                assert_eq!(parse_client_header(&wire[..cut]), Ok(None), "cut {cut}");
+            }
+            let body = &mut wire[header.header_len..];
+            unmask(body, header.mask);
+            assert_eq!(body, &payload[..]);
+        }
+        let mut unmasked = Vec::new();
+        encode(&mut unmasked, opcode::TEXT, b"hi", None);
+        assert_eq!(parse_client_header(&unmasked), Err(FrameError::Unmasked));
+        assert_eq!(
+            parse_client_header(&[0x89, 0xFE, 0, 200, 1, 2, 3, 4]),
+            Err(FrameError::BadControl)
+        );
+    }
+
+    #[test]
     fn encodes_lengths_and_masks() {
         let mut out = Vec::new();
         encode(&mut out, opcode::TEXT, b"Hello", None);
@@ -416,5 +515,8 @@ mod tests {
         out.clear();
         encode(&mut out, opcode::BINARY, &[0; 65_536], None);
         assert_eq!(out[..10], [0x82, 0x7F, 0, 0, 0, 0, 0, 1, 0, 0]);
+        out.clear();
+        encode_fragment(&mut out, false, opcode::TEXT, b"Hel");
+        assert_eq!(out, [0x01, 0x03, 0x48, 0x65, 0x6c]); // RFC 6455 §5.7
     }
 }

@@ -1,33 +1,20 @@
-//! `wspush-bench`: measures WebSocket push servers that follow the wspush
-//! contract (upgrade on any path; each stdin line is broadcast as one text
-//! message to every client), next to a bare-epoll reference in the same run.
-//!
-//! - `floor`: the bare reference server itself;
-//! - `push`: spawn one server, open N idle connections, measure its memory
-//!   per connection, broadcast K messages and time their fan-out;
-//! - `compare`: `push` over several servers in turn, one table.
-
-mod clients;
-mod conn;
-mod floor;
-mod frame;
-mod handshake;
-mod message;
-mod procfs;
-mod push;
-mod report;
-mod server;
-mod stats;
-mod sys;
+//! The `wspush-bench` command line: subcommand dispatch over the library.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-
-use crate::push::PushOptions;
-use crate::report::RunReport;
-use crate::server::ServerSpec;
+use serde::Serialize;
+use wspush_bench::compare::{self, CompareOptions};
+use wspush_bench::echo::{self, EchoOptions, EchoOutcome};
+use wspush_bench::fleet::Launch;
+use wspush_bench::push::{self, PushOptions, RunInfo};
+use wspush_bench::report::RunReport;
+use wspush_bench::server::{self, ServerSpec};
+use wspush_bench::supervisor::{self, Processes};
+use wspush_bench::target::External;
+use wspush_bench::{floor, plot, sys, worker, Error};
 
 #[derive(Debug, Parser)]
 #[command(version, about, long_about = None)]
@@ -36,84 +23,161 @@ struct Cli {
     command: Command,
 }
 
+/// Which server a `push` or `echo` measures.
+#[derive(Debug, clap::Args)]
+struct ServerChoice {
+    /// Run the server: `sh -c "exec COMMAND"`, `{port}` replaced by the port
+    /// (else the port is appended); `floor [OPTIONS]` runs this program's
+    /// floor. Without COMMAND: wspush with `--processes auto` (or more
+    /// instances if the connections need them), from next to this program
+    /// or target/release.
+    #[arg(long, value_name = "COMMAND", num_args = 0..=1, default_missing_value = "",
+          conflicts_with = "connect")]
+    spawn: Option<String>,
+    /// Measure a server that is already running at this address instead.
+    #[arg(long, value_name = "ADDR", requires = "server_pid")]
+    connect: Option<SocketAddr>,
+    /// With `--connect`: the server's process (its whole tree is measured).
+    #[arg(long, value_name = "PID")]
+    server_pid: Option<u32>,
+    /// With `--connect`: a FIFO the server reads its broadcast lines from.
+    #[arg(long, value_name = "PATH")]
+    fifo: Option<PathBuf>,
+    /// Name of the server in the report [default: `floor`, `wspush` or `server`].
+    #[arg(long)]
+    label: Option<String>,
+}
+
+impl ServerChoice {
+    /// The server to spawn for `conns` connections, if one is to be
+    /// spawned; `extra` goes into the default wspush command.
+    fn spec(&self, extra: &str, conns: usize) -> Result<Option<ServerSpec>, Error> {
+        let command = match (&self.spawn, self.connect) {
+            (_, Some(_)) => return Ok(None),
+            (Some(c), None) if !c.trim().is_empty() => c.trim().to_string(),
+            _ => {
+                let nofile = sys::raise_nofile_limit()?;
+                server::default_wspush(&std::env::current_exe()?, extra, conns, nofile)
+            }
+        };
+        let label = self.label.clone().unwrap_or_else(|| {
+            if command.split_whitespace().next() == Some(server::FLOOR) {
+                server::FLOOR.into()
+            } else if self.spawn.as_deref().is_none_or(|c| c.trim().is_empty()) {
+                "wspush".into()
+            } else {
+                "server".into()
+            }
+        });
+        Ok(Some(ServerSpec { label, command }))
+    }
+
+    /// For `--connect`: the running server and how the report names it.
+    fn external(&self, needs_fifo: bool) -> Result<(External, SocketAddr, RunInfo), Error> {
+        let addr = self.connect.expect("called with --connect");
+        let pid = self.server_pid.expect("clap requires --server-pid");
+        if needs_fifo && self.fifo.is_none() {
+            return Err("--connect needs --fifo to send broadcasts".into());
+        }
+        let target = External::new(pid, self.fifo.as_deref())?;
+        let info = RunInfo {
+            server: self.label.clone().unwrap_or_else(|| "server".into()),
+            command: format!("running at {addr}, pid {pid}"),
+            round: 1,
+        };
+        Ok((target, addr, info))
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Bare epoll push server: upgrades, holds sockets, writes each stdin line
-    /// as one pre-encoded text frame to every socket. Runs until killed.
+    /// as one pre-encoded text frame to every socket, echoes client frames.
+    /// Runs until killed.
     Floor {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:9000")]
         listen: SocketAddr,
+        /// Share the port with other processes (`SO_REUSEPORT`).
+        #[arg(long)]
+        reuse_port: bool,
+        /// Run N instances behind the port (`auto`: one per CPU, like
+        /// wspush), each getting every stdin line.
+        #[arg(long, default_value = "1")]
+        processes: Processes,
     },
-    /// Spawn a server, open idle connections, measure memory per connection,
-    /// then broadcast messages one at a time and measure their fan-out.
+    /// Open idle connections, measure the server's memory and CPU, then
+    /// broadcast messages one at a time: exactly-once delivery, latency
+    /// and fan-out time.
     Push {
-        /// Server command, run as `sh -c "exec COMMAND"`; `{port}` is replaced
-        /// by the port, else the port is appended. `floor` runs this
-        /// program's floor server.
-        #[arg(long)]
-        spawn: String,
-        /// Name of the server in the report [default: `floor` for the
-        /// floor, else `server`].
-        #[arg(long)]
-        label: Option<String>,
+        #[command(flatten)]
+        server: ServerChoice,
         #[command(flatten)]
         options: PushOptions,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        /// Draw the connection ramp and the latency CDF into this SVG file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
     },
-    /// Run `push` against each server in turn (for every round) and print one table.
+    /// C connections × M messages/s × P bytes: echoes verified, round trips
+    /// timed, server CPU per echoed message; or the highest rate with p99
+    /// under a limit.
+    Echo {
+        #[command(flatten)]
+        server: ServerChoice,
+        #[command(flatten)]
+        options: EchoOptions,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// `push` and `echo` against each server in turn (for every round); one table.
     Compare {
-        /// `NAME=COMMAND` as for `push --spawn`, or just `floor`; repeatable.
-        #[arg(long = "server", required = true)]
-        servers: Vec<ServerSpec>,
-        /// How many times to measure every server, alternating between them.
-        #[arg(long, default_value_t = 1)]
-        rounds: u32,
-        /// Server whose fan-out the `×base` column divides by.
-        #[arg(long, default_value = server::FLOOR)]
-        baseline: String,
+        #[command(flatten)]
+        compare: CompareOptions,
         #[command(flatten)]
         options: PushOptions,
         /// Print all reports as a JSON array instead of the table.
         #[arg(long)]
         json: bool,
+        /// Draw every push run's ramp and latency CDF into this SVG file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
     },
+    /// (Internal) a client worker process of `push`, driven through its
+    /// standard input and output.
+    #[command(hide = true)]
+    Worker,
 }
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Floor { listen } => floor::run(listen).map_err(Error::from),
+        Command::Floor {
+            listen,
+            reuse_port,
+            processes,
+        } => run_floor(listen, reuse_port, processes),
         Command::Push {
-            spawn,
-            label,
+            server,
             options,
             json,
-        } => {
-            let label = label.unwrap_or_else(|| {
-                let floor = spawn.trim() == server::FLOOR;
-                (if floor { server::FLOOR } else { "server" }).to_string()
-            });
-            run_push(
-                ServerSpec {
-                    label,
-                    command: spawn,
-                },
-                &options,
-                json,
-            )
-        }
+            plot,
+        } => run_push(&server, &options, json, plot.as_deref()),
+        Command::Echo {
+            server,
+            options,
+            json,
+        } => run_echo(&server, &options, json),
         Command::Compare {
-            servers,
-            rounds,
-            baseline,
+            compare,
             options,
             json,
-        } => run_compare(&servers, rounds, &baseline, &options, json),
+            plot,
+        } => run_compare(&compare, &options, json, plot.as_deref()),
+        Command::Worker => worker::run(std::io::stdin(), std::io::stdout().lock()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -124,50 +188,87 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_push(spec: ServerSpec, options: &PushOptions, json: bool) -> Result<(), Error> {
-    sys::install_interrupt_handler()?;
-    let report = push::run(&spec, options, 1)?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report.render_text());
+fn run_floor(listen: SocketAddr, reuse_port: bool, processes: Processes) -> Result<(), Error> {
+    sys::raise_nofile_limit()?;
+    match processes.count() {
+        1 => Ok(floor::run(listen, reuse_port)?),
+        n => Ok(supervisor::run(&std::env::current_exe()?, listen, n)?),
     }
-    Ok(())
+}
+
+fn run_push(
+    choice: &ServerChoice,
+    options: &PushOptions,
+    json: bool,
+    plot_path: Option<&Path>,
+) -> Result<(), Error> {
+    sys::install_interrupt_handler()?;
+    let report = match choice.spec("", options.conns)? {
+        Some(spec) => push::run(&spec, options, 1)?,
+        None => {
+            let (mut target, addr, info) = choice.external(true)?;
+            let launch = Launch::Processes {
+                exe: std::env::current_exe()?,
+            };
+            push::measure(&mut target, addr, options, &launch, info)?
+        }
+    };
+    if let Some(path) = plot_path {
+        std::fs::write(path, plot::svg(&[&report]))?;
+    }
+    print_report(&report, json, RunReport::render_text)
+}
+
+fn run_echo(choice: &ServerChoice, options: &EchoOptions, json: bool) -> Result<(), Error> {
+    sys::install_interrupt_handler()?;
+    let outcome = match choice.spec(" --echo", options.conns)? {
+        Some(spec) => echo::run(&spec, options, 1)?,
+        None => {
+            let (mut target, addr, info) = choice.external(false)?;
+            if options.find_max_rate {
+                return Err("--find-max-rate spawns its server: use --spawn".into());
+            }
+            EchoOutcome::One(Box::new(echo::measure(
+                &mut target,
+                addr,
+                options,
+                options.rate,
+                &info,
+            )?))
+        }
+    };
+    print_report(&outcome, json, EchoOutcome::render_text)
 }
 
 fn run_compare(
-    servers: &[ServerSpec],
-    rounds: u32,
-    baseline: &str,
+    compare: &CompareOptions,
     options: &PushOptions,
     json: bool,
+    plot_path: Option<&Path>,
 ) -> Result<(), Error> {
     sys::install_interrupt_handler()?;
-    let mut runs: Vec<RunReport> = Vec::new();
-    let mut failed = 0;
-    for round in 1..=rounds {
-        for spec in servers {
-            // One server failing does not void the others' numbers.
-            match push::run(spec, options, round) {
-                Ok(report) => {
-                    eprint!("{}", report.render_text());
-                    runs.push(report);
-                }
-                Err(_) if sys::interrupted() => return Err("interrupted".into()),
-                Err(e) => {
-                    eprintln!("[{}] round {round} failed: {e}", spec.label);
-                    failed += 1;
-                }
-            }
-        }
+    let (rows, failed) = compare::run(compare, options)?;
+    if let Some(path) = plot_path {
+        let runs: Vec<&RunReport> = rows.iter().filter_map(|r| r.push.as_ref()).collect();
+        std::fs::write(path, plot::svg(&runs))?;
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&runs)?);
+        println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        print!("{}", report::render_table(&runs, baseline));
+        print!("{}", compare::render_table(&rows, &compare.baseline));
     }
     match failed {
         0 => Ok(()),
-        n => Err(format!("{n} run(s) failed").into()),
+        n => Err(format!("{n} measurement(s) failed").into()),
     }
+}
+
+/// Prints `report` as JSON or as `text` renders it.
+fn print_report<T: Serialize>(report: &T, json: bool, text: fn(&T) -> String) -> Result<(), Error> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        print!("{}", text(report));
+    }
+    Ok(())
 }

@@ -1,10 +1,16 @@
-//! The broadcast message: one stdin line that names its place in the run
-//! and the moment it was sent, so every receiver can check order and
-//! measure latency on its own.
+//! The payloads the bench sends, each naming its place in the run and the
+//! moment it was sent, so that receivers check order and measure latency
+//! on their own.
 //!
-//! Format: `<seq> <sent_ns> ` followed by `.` padding up to the payload
-//! size, e.g. `7 81234567890123 ........` for 32 bytes. `sent_ns` is
-//! [`crate::sys::now_ns`] (CLOCK_MONOTONIC), shared by all processes.
+//! - A broadcast (one stdin line): `<seq> <sent_ns> ` followed by `.`
+//!   padding up to the payload size, e.g. `7 81234567890123 ........` for
+//!   32 bytes.
+//! - An echo request: `<conn> <seq> <sent_ns> ` followed by a filler whose
+//!   every byte depends on the sequence number and its position, so that
+//!   the echo can be checked byte for byte without keeping a copy.
+//!
+//! `sent_ns` is [`crate::sys::now_ns`] (CLOCK_MONOTONIC), shared by all
+//! processes.
 
 /// What a receiver learns from a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +51,55 @@ pub fn decode(payload: &[u8], size: usize) -> Option<Stamp> {
     })
 }
 
+/// What an echo request names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EchoStamp {
+    /// Id of the connection it was sent on.
+    pub conn: u64,
+    /// Its number on that connection, from 0.
+    pub seq: u64,
+    /// Monotonic time at which it was written to the socket.
+    pub sent_ns: u64,
+}
+
+/// Filler byte at `position` of the payload of echo request `seq`.
+fn filler(seq: u64, position: usize) -> u8 {
+    b'a' + ((seq as usize).wrapping_add(position) % 26) as u8
+}
+
+/// Appends the payload of echo request `stamp`, `size` bytes, to `out`;
+/// false (nothing appended) if the stamp does not fit in `size` bytes.
+pub fn encode_echo(stamp: EchoStamp, size: usize, out: &mut Vec<u8>) -> bool {
+    let head = format!("{} {} {} ", stamp.conn, stamp.seq, stamp.sent_ns);
+    if head.len() > size {
+        return false;
+    }
+    let start = out.len();
+    out.extend_from_slice(head.as_bytes());
+    out.extend((head.len()..size).map(|i| filler(stamp.seq, i)));
+    debug_assert_eq!(out.len() - start, size);
+    true
+}
+
+/// Reads and checks an echoed payload of the expected `size`: the stamp,
+/// and every filler byte; `None` if anything differs.
+pub fn decode_echo(payload: &[u8], size: usize) -> Option<EchoStamp> {
+    if payload.len() != size {
+        return None;
+    }
+    let mut fields = payload.splitn(4, |&b| b == b' ');
+    let conn = parse_decimal(fields.next()?)?;
+    let seq = parse_decimal(fields.next()?)?;
+    let sent_ns = parse_decimal(fields.next()?)?;
+    let rest = fields.next()?;
+    let offset = size - rest.len();
+    let intact = rest
+        .iter()
+        .enumerate()
+        .all(|(i, &b)| b == filler(seq, offset + i));
+    intact.then_some(EchoStamp { conn, seq, sent_ns })
+}
+
 fn parse_decimal(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() || digits.len() > 19 {
         return None;
@@ -78,6 +133,44 @@ mod tests {
         assert_eq!(encode(stamp, 5).unwrap(), b"1 99 ");
         assert_eq!(decode(b"1 99 ", 5), Some(stamp));
         assert_eq!(encode(stamp, 4), None);
+    }
+
+    #[test]
+    fn echo_payloads_round_trip_and_catch_any_changed_byte() {
+        let stamp = EchoStamp {
+            conn: 999_999,
+            seq: 12_345,
+            sent_ns: 81_234_567_890_123,
+        };
+        let mut payload = Vec::new();
+        assert!(encode_echo(stamp, 1024, &mut payload));
+        assert_eq!(payload.len(), 1024);
+        assert!(payload.starts_with(b"999999 12345 81234567890123 "));
+        assert_eq!(decode_echo(&payload, 1024), Some(stamp));
+        // A changed digit names another connection, sequence number or
+        // time (the receiver compares them); any other change is refused.
+        for i in [0, 7, 13, 27, 28, 500, 1023] {
+            let mut bad = payload.clone();
+            bad[i] ^= 1;
+            assert_ne!(decode_echo(&bad, 1024), Some(stamp), "byte {i}");
+        }
+        for i in [6, 27, 28, 500, 1023] {
+            let mut bad = payload.clone();
+            bad[i] ^= 1;
+            assert_eq!(decode_echo(&bad, 1024), None, "byte {i}");
+        }
+        assert_eq!(decode_echo(&payload[..1023], 1024), None);
+        let next = EchoStamp {
+            seq: 12_346,
+            ..stamp
+        };
+        let mut other = Vec::new();
+        encode_echo(next, 1024, &mut other);
+        assert_ne!(
+            other[100], payload[100],
+            "the filler depends on the sequence number"
+        );
+        assert!(!encode_echo(stamp, 20, &mut other));
     }
 
     #[test]

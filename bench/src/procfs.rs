@@ -1,5 +1,5 @@
-//! Reading `/proc`: resident memory and CPU time of a process tree, and
-//! whether anything listens on a TCP port.
+//! Reading `/proc`: memory (RSS and PSS) and CPU time of a process tree or
+//! of a set of processes, machine CPU time, and TCP listeners on a port.
 
 use std::collections::HashMap;
 use std::fs;
@@ -7,26 +7,67 @@ use std::io;
 
 use crate::sys;
 
-/// Resources used by a process tree at one moment.
+/// Resources used by a set of processes at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
-    /// Sum of `VmRSS` (resident set size) over the tree, in bytes.
+    /// Sum of `VmRSS` (resident set size), in bytes. Pages shared between
+    /// the processes (their common program text) are counted once per process.
     pub rss_bytes: u64,
+    /// Sum of `Pss` (proportional set size, from `smaps_rollup`), in bytes:
+    /// each shared page is split among the processes that map it, so the
+    /// sum is what the processes use together.
+    pub pss_bytes: u64,
     /// User plus system CPU time consumed so far by the live processes.
     pub cpu_ns: u64,
+    /// Processes measured.
+    pub processes: u32,
 }
 
 /// The fields of `/proc/PID/stat` this module uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stat {
+    /// State `Z`: exited, not yet reaped.
+    zombie: bool,
     ppid: u32,
     /// User plus system time, in clock ticks.
     cpu_ticks: u64,
 }
 
 /// Usage of process `root` and all its descendants (a server started through
-/// a shell script may be a child of the process that was spawned).
+/// a shell script may be a child of the process that was spawned; a
+/// supervisor's instances are its children).
 pub fn tree_usage(root: u32) -> io::Result<Usage> {
+    let stats = all_stats()?;
+    if !stats.contains_key(&root) {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no process {root}"),
+        ));
+    }
+    Ok(usage_of(&tree(root, &stats), &stats))
+}
+
+/// Usage of the processes `pids` that still exist.
+pub fn processes_usage(pids: &[u32]) -> io::Result<Usage> {
+    let stats = all_stats()?;
+    let live: Vec<u32> = pids
+        .iter()
+        .copied()
+        .filter(|p| stats.contains_key(p))
+        .collect();
+    Ok(usage_of(&live, &stats))
+}
+
+/// Whether process `pid` exists (and is not a zombie).
+pub fn is_alive(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| parse_stat(&s))
+        .is_some_and(|s| !s.zombie)
+}
+
+/// `/proc/PID/stat` of every process, by pid.
+fn all_stats() -> io::Result<HashMap<u32, Stat>> {
     let mut stats = HashMap::new();
     for entry in fs::read_dir("/proc")? {
         let Some(pid) = entry?
@@ -44,21 +85,24 @@ pub fn tree_usage(root: u32) -> io::Result<Usage> {
             stats.insert(pid, stat);
         }
     }
-    if !stats.contains_key(&root) {
-        return Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("no process {root}"),
-        ));
-    }
+    Ok(stats)
+}
+
+/// Sums the usage of `pids` (all present in `stats`).
+fn usage_of(pids: &[u32], stats: &HashMap<u32, Stat>) -> Usage {
     let ticks_ns = 1_000_000_000 / sys::clock_ticks_per_second();
     let mut usage = Usage::default();
-    for pid in tree(root, &stats) {
+    for &pid in pids {
         if let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) {
-            usage.rss_bytes += parse_vm_rss(&status).unwrap_or(0);
+            usage.rss_bytes += parse_kib_field(&status, "VmRSS:").unwrap_or(0);
+        }
+        if let Ok(rollup) = fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) {
+            usage.pss_bytes += parse_kib_field(&rollup, "Pss:").unwrap_or(0);
         }
         usage.cpu_ns += stats[&pid].cpu_ticks * ticks_ns;
+        usage.processes += 1;
     }
-    Ok(usage)
+    usage
 }
 
 /// CPU time (user plus system, all threads) of the calling process.
@@ -78,17 +122,37 @@ pub fn machine_busy_ns() -> io::Result<u64> {
     Ok(ticks * (1_000_000_000 / sys::clock_ticks_per_second()))
 }
 
-/// Whether a socket is in the LISTEN state on `port` (any address, v4 or v6).
-pub fn is_listening(port: u16) -> io::Result<bool> {
+/// Sockets in the LISTEN state on `port` (any address, v4 or v6): one per
+/// instance of a server whose instances share the port (`SO_REUSEPORT`).
+///
+/// The kernel lists listening sockets before all others, so only the head
+/// of each table is read: with a million connections open the whole table
+/// is hundreds of megabytes.
+pub fn listeners(port: u16) -> io::Result<usize> {
+    let mut count = 0;
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        match fs::read_to_string(table) {
-            Ok(text) if has_listener(&text, port) => return Ok(true),
-            Ok(_) => {}
+        match fs::File::open(table) {
+            Ok(file) => count += count_listeners(io::BufReader::new(file), port)?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {} // no IPv6
             Err(e) => return Err(e),
         }
     }
-    Ok(false)
+    Ok(count)
+}
+
+/// Number of ports in `net.ipv4.ip_local_port_range`: how many connections
+/// one source address can have to one destination.
+pub fn local_port_range() -> io::Result<u32> {
+    let text = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")?;
+    parse_port_range(&text)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable port range"))
+}
+
+/// `LOW HIGH` → `HIGH - LOW + 1`.
+fn parse_port_range(text: &str) -> Option<u32> {
+    let mut bounds = text.split_whitespace().map(|p| p.parse::<u32>().ok());
+    let (low, high) = (bounds.next()??, bounds.next()??);
+    (high >= low).then(|| high - low + 1)
 }
 
 /// `root` followed by all its descendants in `stats`.
@@ -114,10 +178,12 @@ fn parse_stat(text: &str) -> Option<Stat> {
     let rest = &text[text.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // After the name: state(3) ppid(4) ... utime(14) stime(15), 1-based.
+    let zombie = *fields.first()? == "Z";
     let ppid = fields.get(1)?.parse().ok()?;
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
     Some(Stat {
+        zombie,
         ppid,
         cpu_ticks: utime + stime,
     })
@@ -139,25 +205,32 @@ fn parse_machine_busy(stat: &str) -> Option<u64> {
     Some(user + nice + system + irq + softirq + steal)
 }
 
-/// `VmRSS` from `/proc/PID/status`, in bytes (absent for kernel threads and zombies).
-fn parse_vm_rss(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let mut parts = line["VmRSS:".len()..].split_whitespace();
+/// A `NAME: N kB` field (`VmRSS:` of `/proc/PID/status`, `Pss:` of
+/// `smaps_rollup`) in bytes; absent for kernel threads and zombies.
+fn parse_kib_field(text: &str, name: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(name))?;
+    let mut parts = line[name.len()..].split_whitespace();
     let kib: u64 = parts.next()?.parse().ok()?;
     (parts.next()? == "kB").then_some(kib * 1024)
 }
 
-/// Whether a `/proc/net/tcp`-format table has a LISTEN (state `0A`) socket on `port`.
-fn has_listener(table: &str, port: u16) -> bool {
-    table.lines().skip(1).any(|line| {
+/// LISTEN (state `0A`) sockets on `port` in a `/proc/net/tcp`-format table.
+/// Reading stops at the first socket in another state.
+fn count_listeners(table: impl io::BufRead, port: u16) -> io::Result<usize> {
+    let mut count = 0;
+    for line in table.lines().skip(1) {
+        let line = line?;
         let mut fields = line.split_whitespace();
         let local = fields.nth(1);
-        let state = fields.nth(1);
+        if fields.nth(1) != Some("0A") {
+            break;
+        }
         let local_port = local
             .and_then(|l| l.rsplit(':').next())
             .and_then(|p| u16::from_str_radix(p, 16).ok());
-        state == Some("0A") && local_port == Some(port)
-    })
+        count += usize::from(local_port == Some(port));
+    }
+    Ok(count)
 }
 
 #[cfg(test)]
@@ -171,6 +244,7 @@ mod tests {
         assert_eq!(
             parse_stat(text),
             Some(Stat {
+                zombie: false,
                 ppid: 17,
                 cpu_ticks: 286
             })
@@ -179,10 +253,12 @@ mod tests {
     }
 
     #[test]
-    fn vm_rss_in_bytes() {
+    fn kib_fields_in_bytes() {
         let status = "Name:\tnode\nVmPeak:\t  999 kB\nVmRSS:\t   51234 kB\nThreads:\t7\n";
-        assert_eq!(parse_vm_rss(status), Some(51234 * 1024));
-        assert_eq!(parse_vm_rss("Name:\tkthreadd\n"), None);
+        assert_eq!(parse_kib_field(status, "VmRSS:"), Some(51234 * 1024));
+        assert_eq!(parse_kib_field("Name:\tkthreadd\n", "VmRSS:"), None);
+        let rollup = "55d0-7ffd [rollup]\nRss:   3000 kB\nPss:   1200 kB\nPss_Anon:  800 kB\n";
+        assert_eq!(parse_kib_field(rollup, "Pss:"), Some(1200 * 1024));
     }
 
     #[test]
@@ -196,17 +272,37 @@ mod tests {
     fn listening_sockets() {
         let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   \
              0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0\n   \
-             1: 0100007F:1F91 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0\n";
-        assert!(has_listener(table, 8080));
-        assert!(!has_listener(table, 8081), "established, not listening");
-        assert!(!has_listener(table, 80));
-        let v6 = "sl local rem st\n 0: 00000000000000000000000000000000:1F90 00000000000000000000000000000000:0000 0A 0\n";
-        assert!(has_listener(v6, 8080));
+             1: 0100007F:1F91 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0\n   \
+             2: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 3 1 0\n";
+        let count = |text: &str, port| count_listeners(text.as_bytes(), port).unwrap();
+        assert_eq!(
+            count(table, 8080),
+            1,
+            "listeners come first: reading stops after them"
+        );
+        assert_eq!(count(table, 8081), 0, "established, not listening");
+        assert_eq!(count(table, 80), 0);
+        let v6 = "sl local rem st\n 0: 00000000000000000000000000000000:1F90 00000000000000000000000000000000:0000 0A 0\n \
+                  1: 00000000000000000000000000000000:1F90 00000000000000000000000000000000:0000 0A 0\n";
+        assert_eq!(count(v6, 8080), 2);
+    }
+
+    #[test]
+    fn port_ranges() {
+        assert_eq!(parse_port_range("32768\t60999\n"), Some(28_232));
+        assert_eq!(parse_port_range("1024 65535"), Some(64_512));
+        assert_eq!(parse_port_range("9 8"), None);
+        assert_eq!(parse_port_range("x"), None);
+        assert!(local_port_range().unwrap() > 0);
     }
 
     #[test]
     fn tree_follows_parents() {
-        let stat = |ppid| Stat { ppid, cpu_ticks: 0 };
+        let stat = |ppid| Stat {
+            zombie: false,
+            ppid,
+            cpu_ticks: 0,
+        };
         let stats = HashMap::from([
             (1, stat(0)),
             (10, stat(1)),
@@ -221,8 +317,12 @@ mod tests {
 
     #[test]
     fn own_process_is_measurable() {
-        let usage = tree_usage(std::process::id()).unwrap();
-        assert!(usage.rss_bytes > 0);
+        let me = std::process::id();
+        let usage = tree_usage(me).unwrap();
+        assert!(usage.rss_bytes > 0 && usage.pss_bytes > 0);
+        assert!(usage.pss_bytes <= usage.rss_bytes);
+        assert_eq!(processes_usage(&[me, u32::MAX]).unwrap().processes, 1);
+        assert!(is_alive(me) && !is_alive(u32::MAX));
         own_cpu_ns().unwrap();
     }
 }

@@ -1,26 +1,44 @@
-//! The `push` measurement: spawn a server, open N idle connections, measure
-//! its memory, broadcast K messages one at a time and time their fan-out.
+//! The `push` measurement: open N idle connections through worker
+//! processes, sample the server's memory and CPU, watch it idle, then
+//! broadcast K messages one at a time and check and time every delivery.
 
-use std::io;
+use std::io::{self, IsTerminal, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::clients::{Clients, EVENTS_PER_POLL};
+use crate::fleet::{Fleet, Launch};
 use crate::message::{self, Stamp};
+use crate::pacing::{self, Schedule};
 use crate::procfs::{self, Usage};
-use crate::report::{
-    BroadcastReport, ConnectionReport, CpuReport, DeliveryReport, LatencyReport, MemoryReport,
-    RunReport,
-};
+use crate::protocol::{Plan, Report};
+use crate::ramp::Ramp;
+use crate::report::{self, RunReport};
 use crate::server::{self, Server, ServerSpec};
-use crate::sys;
+use crate::target::Target;
+use crate::{sys, Error};
 
-/// Descriptors this process needs besides one per connection.
-const SPARE_FDS: u64 = 64;
+/// Descriptors a worker needs besides one per connection.
+const SPARE_FDS: usize = 64;
 
-/// How often the server's liveness is checked while waiting on sockets.
+/// How often the coordinator grants connection attempts during the setup.
+const TICK: Duration = Duration::from_millis(2);
+
+/// How often the server's liveness is checked while waiting.
 const CHECK_EVERY: Duration = Duration::from_millis(100);
+
+/// How often the live progress line is redrawn on a terminal (on other
+/// standard errors, a line is written every [`PROGRESS_LOG_EVERY`]).
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+const PROGRESS_LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Share of the local port range a source address is given at most when
+/// `--sources` is chosen automatically. `connect()` tries even ports first
+/// (odd ones are left to `bind(0)`); once the even half of the range is
+/// taken, every connect scans all of it before finding an odd port, and
+/// the setup rate falls from ~10,000/s to ~500/s (measured here: 14,000
+/// connections from one address in 1.4 s, 15,000 in 2.8 s).
+const PORT_RANGE_USE: f64 = 0.45;
 
 /// CPU share (of one CPU) that other processes may use during a phase
 /// before the report warns that the machine was not quiet.
@@ -33,7 +51,7 @@ pub struct PushOptions {
     #[arg(long, default_value_t = 1000)]
     pub conns: usize,
     /// Broadcast messages to send, one at a time.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 10)]
     pub messages: u32,
     /// Size of each message payload (it carries a sequence number and a timestamp).
     #[arg(long, default_value_t = 32)]
@@ -41,37 +59,59 @@ pub struct PushOptions {
     /// Connection attempts started per second.
     #[arg(long, default_value_t = 10_000)]
     pub rate: u32,
-    /// Most connections connecting or upgrading at once.
+    /// Most connections connecting or upgrading at once (over all workers).
     #[arg(long, default_value_t = 512)]
     pub max_in_flight: usize,
-    /// Source addresses used in turn: 127.0.0.2, 127.0.0.3, ...
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..=250))]
-    pub sources: u8,
+    /// Source addresses used in turn: 127.0.0.2, 127.0.0.3, ... [default:
+    /// enough for the connections to use at most 45% of the local port
+    /// range per address: beyond half of it, connect() slows down 20×].
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=250))]
+    pub sources: Option<u8>,
+    /// Most connections one worker process holds (each process may have at
+    /// most RLIMIT_NOFILE descriptors).
+    #[arg(long, default_value_t = 19_500)]
+    pub per_worker: usize,
+    /// Workers that open connections at the same time (they are filled in order).
+    #[arg(long, default_value_t = 2)]
+    pub active_workers: usize,
     /// Server port (default: a free one).
     #[arg(long)]
     pub port: Option<u16>,
     /// Idle time before each memory sample, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     pub settle_ms: u64,
+    /// Seconds over which the server's idle CPU is measured after the setup.
+    #[arg(long, default_value_t = 10)]
+    pub idle_secs: u64,
     /// Pause between the end of one broadcast and the next, in milliseconds.
     #[arg(long, default_value_t = 200)]
     pub gap_ms: u64,
     /// Seconds the server gets to start listening.
     #[arg(long, default_value_t = 30)]
     pub start_timeout: u64,
-    /// Seconds the whole connection setup may take.
-    #[arg(long, default_value_t = 120)]
-    pub setup_timeout: u64,
-    /// Seconds one broadcast may take to reach every connection.
+    /// Seconds the whole connection setup may take [default: 60 s plus one
+    /// second per 1,000 connections].
+    #[arg(long)]
+    pub setup_timeout: Option<u64>,
+    /// Give up the setup when no connection opened or failed for this many
+    /// seconds.
+    #[arg(long, default_value_t = 30)]
+    pub stall_timeout: u64,
+    /// Seconds one connection may stay connecting or upgrading.
     #[arg(long, default_value_t = 10)]
-    pub message_timeout: u64,
-    /// While a broadcast is in flight, poll the sockets without blocking and
-    /// nap this many microseconds whenever a poll found less than a full
-    /// batch of events. A client blocked in `epoll_wait` is woken up by
-    /// nearly every server `write()`, which charges the server for a
-    /// cross-CPU wake-up per socket (costly in a VM); a napping client
-    /// is not waiting on the sockets, so writes to it wake nobody. Receipt
-    /// times are late by up to this much. 0 blocks in `epoll_wait` instead.
+    pub connect_timeout: u64,
+    /// Seconds one broadcast may take to reach every connection [default:
+    /// 10 s plus 50 µs per connection].
+    #[arg(long)]
+    pub message_timeout: Option<u64>,
+    /// While a broadcast is arriving, a worker polls its sockets without
+    /// blocking and naps this many microseconds, times the number of
+    /// workers, whenever a poll found less than a full batch of events. A
+    /// client blocked in `epoll_wait` is woken up by nearly every server
+    /// `write()`, which charges the server for a cross-CPU wake-up per
+    /// socket (costly in a VM); a napping client is not waiting on the
+    /// sockets, so writes to it wake nobody. Receipt times are late by up
+    /// to the nap. 0 blocks in `epoll_wait` instead.
     #[arg(long, default_value_t = 200)]
     pub nap_us: u64,
     /// Before starting the server, wait up to this many seconds for the
@@ -80,71 +120,453 @@ pub struct PushOptions {
     pub wait_quiet: u64,
 }
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
-
-/// Runs one measurement of `spec` (as round `round` of a comparison); the
-/// server is stopped before returning, also on error.
-pub fn run(spec: &ServerSpec, options: &PushOptions, round: u32) -> Result<RunReport, Error> {
-    check_options(options)?;
-    let nofile = sys::raise_nofile_limit()?;
-    if options.conns as u64 + SPARE_FDS > nofile {
-        return Err(format!(
-            "{} connections need more than the {nofile} open files one process may have",
-            options.conns
-        )
-        .into());
+impl PushOptions {
+    fn setup_timeout(&self) -> Duration {
+        Duration::from_secs(self.setup_timeout.unwrap_or(60 + self.conns as u64 / 1000))
     }
+
+    fn message_timeout(&self) -> Duration {
+        match self.message_timeout {
+            Some(secs) => Duration::from_secs(secs),
+            None => Duration::from_secs(10) + Duration::from_micros(50) * self.conns as u32,
+        }
+    }
+
+    /// Checks the options that do not depend on the machine.
+    pub fn check(&self) -> Result<(), Error> {
+        if self.conns == 0
+            || self.messages == 0
+            || self.rate == 0
+            || self.max_in_flight == 0
+            || self.per_worker == 0
+            || self.active_workers == 0
+        {
+            return Err(
+                "--conns, --messages, --rate, --max-in-flight, --per-worker and \
+                        --active-workers must be positive"
+                    .into(),
+            );
+        }
+        // The widest stamp: the last sequence number with a 20-digit time.
+        let widest = Stamp {
+            seq: self.messages,
+            sent_ns: u64::MAX,
+        };
+        if message::encode(widest, self.payload_bytes).is_none() {
+            return Err(format!(
+                "--payload-bytes {} is too small for a sequence number and a timestamp",
+                self.payload_bytes
+            )
+            .into());
+        }
+        Ok(())
+    }
+}
+
+/// What a run is called in its report.
+#[derive(Debug, Clone)]
+pub struct RunInfo {
+    /// Label of the server.
+    pub server: String,
+    /// The command that started it (or how it was reached).
+    pub command: String,
+    /// Round of a comparison (from 1).
+    pub round: u32,
+}
+
+/// Spawns `spec` on a free port, measures it with worker processes of
+/// this program, and stops it (also on error).
+pub fn run(spec: &ServerSpec, options: &PushOptions, round: u32) -> Result<RunReport, Error> {
+    options.check()?;
     if options.wait_quiet > 0 {
         wait_quiet(Duration::from_secs(options.wait_quiet))?;
     }
+    let exe = std::env::current_exe()?;
     let port = match options.port {
         Some(port) => port,
         None => server::free_port()?,
     };
-    let command = server::command_line(&spec.command, port, &std::env::current_exe()?);
+    let command = server::command_line(&spec.command, port, &exe);
     eprintln!("[{}] starting: {command}", spec.label);
     let mut server = Server::spawn(&command)?;
     server.wait_listening(port, Duration::from_secs(options.start_timeout))?;
-    let mut run = Run {
-        server,
-        options,
-        label: &spec.label,
-        warnings: Vec::new(),
+    let info = RunInfo {
+        server: spec.label.clone(),
+        command,
+        round,
     };
-    let measured = run.measure(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))?;
-    Ok(measured.into_report(spec.label.clone(), round, command, options, run.warnings))
+    measure(
+        &mut server,
+        SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        options,
+        &Launch::Processes { exe },
+        info,
+    )
 }
 
-fn check_options(options: &PushOptions) -> Result<(), Error> {
-    if options.conns == 0
-        || options.messages == 0
-        || options.rate == 0
-        || options.max_in_flight == 0
-    {
-        return Err("--conns, --messages, --rate and --max-in-flight must be positive".into());
-    }
-    // The widest stamp: the last sequence number with a 20-digit time.
-    let widest = Stamp {
-        seq: options.messages,
-        sent_ns: u64::MAX,
+/// Measures the listening server `target` at `addr`, phase by phase, with
+/// workers launched as `launch` says.
+pub fn measure(
+    target: &mut dyn Target,
+    addr: SocketAddr,
+    options: &PushOptions,
+    launch: &Launch,
+    info: RunInfo,
+) -> Result<RunReport, Error> {
+    options.check()?;
+    let nofile = sys::raise_nofile_limit()? as usize;
+    let workers = options.conns.div_ceil(options.per_worker);
+    let per_process = match launch {
+        Launch::Processes { .. } => options.per_worker.min(options.conns),
+        Launch::Threads => options.conns,
     };
-    if message::encode(widest, options.payload_bytes).is_none() {
+    if per_process + SPARE_FDS > nofile {
         return Err(format!(
-            "--payload-bytes {} is too small for a sequence number and a timestamp",
-            options.payload_bytes
+            "{per_process} connections in one process need more than the {nofile} open files \
+             a process may have: lower --per-worker"
         )
         .into());
     }
-    Ok(())
+    let sources = match options.sources {
+        Some(n) => n,
+        None => auto_sources(options.conns)?,
+    };
+    let plan = Plan {
+        server: addr,
+        sources: (0..sources)
+            .map(|i| Ipv4Addr::new(127, 0, 0, 2 + i))
+            .collect(),
+        first_id: 0,
+        payload_bytes: options.payload_bytes,
+        connect_timeout_ms: options.connect_timeout * 1000,
+    };
+    let shares = pacing::split_evenly(options.conns, workers);
+    let fleet = Fleet::launch(launch, &plan, &shares)?;
+    let label = info.server.clone();
+    let mut run = Run {
+        target,
+        fleet,
+        options,
+        label: &label,
+        warnings: Vec::new(),
+    };
+    let observations = run.observe()?;
+    let listeners = procfs::listeners(addr.port()).unwrap_or(0);
+    Ok(report::build(
+        info,
+        options,
+        run.fleet.len(),
+        sources,
+        listeners,
+        observations,
+        run.warnings,
+    ))
+}
+
+/// Enough source addresses for `conns` connections to use at most
+/// [`PORT_RANGE_USE`] of the local port range of each.
+fn auto_sources(conns: usize) -> Result<u8, Error> {
+    let ports = procfs::local_port_range()?;
+    let per_source = (ports as f64 * PORT_RANGE_USE).max(1.0);
+    let needed = (conns as f64 / per_source).ceil().max(1.0);
+    if needed > 250.0 {
+        return Err(format!("{conns} connections need more than 250 source addresses").into());
+    }
+    Ok(needed as u8)
+}
+
+/// Everything a run observed, before it is summarised.
+pub struct Observations {
+    /// Server usage before the connections.
+    pub baseline: Usage,
+    /// Server usage when the setup began.
+    pub setup_start: Usage,
+    /// Server usage at the end of the setup.
+    pub setup_end: Usage,
+    /// Server usage with the connections open, after settling.
+    pub open: Usage,
+    /// Server usage at the end of the idle period.
+    pub idle_end: Usage,
+    /// Server usage after the last broadcast.
+    pub end: Usage,
+    /// Length of the setup.
+    pub setup: Duration,
+    /// Length of the idle period.
+    pub idle: Duration,
+    /// Connections open after the setup.
+    pub open_conns: usize,
+    /// The setup over time.
+    pub ramp: Ramp,
+    /// Send time of each message ([`sys::now_ns`]).
+    pub sent_ns: Vec<u64>,
+    /// Wall time from the first broadcast to the end of the last.
+    pub broadcast_wall: Duration,
+    /// CPU time of the client (this process and its workers) during the broadcasts.
+    pub client_broadcast_ns: u64,
+    /// Busy CPU time of the machine during the broadcasts.
+    pub machine_broadcast_ns: u64,
+    /// Memory of the worker processes with the connections open (none for threads).
+    pub client: Option<Usage>,
+    /// What the connections observed.
+    pub observed: crate::stats::Observed,
+}
+
+/// One measurement in progress.
+struct Run<'a> {
+    target: &'a mut dyn Target,
+    fleet: Fleet,
+    options: &'a PushOptions,
+    label: &'a str,
+    warnings: Vec<String>,
+}
+
+impl Run<'_> {
+    /// The phases of the run, in order.
+    fn observe(&mut self) -> Result<Observations, Error> {
+        let o = self.options;
+        let settle = Duration::from_millis(o.settle_ms);
+        let baseline = self.settle(settle, "before the connections")?;
+
+        let setup_start = self.target.usage()?;
+        let (setup, ramp) = self.open_connections()?;
+        let setup_end = self.target.usage()?;
+        let counts = self.fleet.counts();
+        eprintln!(
+            "[{}] {} of {} connections open in {:.2} s ({} failed)",
+            self.label,
+            counts.open,
+            o.conns,
+            setup.as_secs_f64(),
+            counts.failed
+        );
+        if counts.open == 0 {
+            return Err("no connection opened".into());
+        }
+
+        let open = self.settle(settle, "with the connections idle")?;
+        let client = self.client_usage()?;
+        let idle = Duration::from_secs(o.idle_secs);
+        let idle_end = self.settle(idle, "while the server was idle")?;
+
+        let before = CpuMark::take(idle_end.cpu_ns, self.client_cpu_ns()?)?;
+        let mut sent_ns = Vec::new();
+        for seq in 1..=o.messages {
+            sent_ns.push(self.broadcast(seq)?);
+            if seq < o.messages {
+                self.pump(Duration::from_millis(o.gap_ms))?;
+            }
+        }
+        let end = self.target.usage()?;
+        let after = CpuMark::take(end.cpu_ns, self.client_cpu_ns()?)?;
+        self.warn_if_busy(after.others_since(&before), "during the broadcasts");
+        let observed = self.fleet.finish()?;
+
+        Ok(Observations {
+            baseline,
+            setup_start,
+            setup_end,
+            open,
+            idle_end,
+            end,
+            setup,
+            idle,
+            open_conns: counts.open,
+            ramp,
+            sent_ns,
+            broadcast_wall: after.at - before.at,
+            client_broadcast_ns: after.client_ns.saturating_sub(before.client_ns),
+            machine_broadcast_ns: after.machine_ns.saturating_sub(before.machine_ns),
+            client,
+            observed,
+        })
+    }
+
+    /// Memory and CPU of the worker processes (none when they are threads).
+    fn client_usage(&self) -> io::Result<Option<Usage>> {
+        let pids = self.fleet.pids();
+        if pids.is_empty() {
+            return Ok(None);
+        }
+        procfs::processes_usage(&pids).map(Some)
+    }
+
+    /// CPU time of the client: this process and its worker processes.
+    fn client_cpu_ns(&self) -> io::Result<u64> {
+        let workers = self.client_usage()?.map_or(0, |u| u.cpu_ns);
+        Ok(procfs::own_cpu_ns()? + workers)
+    }
+
+    /// Waits `duration` (handling reports), then samples the server; warns
+    /// if other processes were busy meanwhile (`phase` names the moment).
+    fn settle(&mut self, duration: Duration, phase: &str) -> Result<Usage, Error> {
+        let before = CpuMark::take(self.target.usage()?.cpu_ns, self.client_cpu_ns()?)?;
+        self.pump(duration)?;
+        let usage = self.target.usage()?;
+        let others = CpuMark::take(usage.cpu_ns, self.client_cpu_ns()?)?.others_since(&before);
+        self.warn_if_busy(others, phase);
+        Ok(usage)
+    }
+
+    /// Records a warning if others used more than [`QUIET_SHARE`] of a CPU.
+    fn warn_if_busy(&mut self, share: f64, phase: &str) {
+        if share > QUIET_SHARE {
+            self.warnings.push(format!(
+                "other processes used {:.0}% of a CPU {phase}: numbers may be disturbed",
+                share * 100.0
+            ));
+        }
+    }
+
+    /// Opens the connections at the configured rate, at most
+    /// `max_in_flight` at a time, until all are open or failed (or the
+    /// setup timeout); returns the setup time and its ramp.
+    fn open_connections(&mut self) -> Result<(Duration, Ramp), Error> {
+        let o = self.options;
+        let schedule = Schedule::new(f64::from(o.rate), o.conns as u64);
+        let mut ramp = Ramp::new();
+        let mut progress = ProgressLine::new(self.label);
+        let start = Instant::now();
+        let deadline = start + o.setup_timeout();
+        let stall = Duration::from_secs(o.stall_timeout);
+        let (mut settled, mut last_change) = (0, start);
+        let mut checked = start;
+        loop {
+            let now = Instant::now();
+            if self.fleet.granted() >= o.conns && self.fleet.in_flight() == 0 {
+                break;
+            }
+            let counts = self.fleet.counts();
+            if counts.opened as u64 + counts.failed != settled {
+                settled = counts.opened as u64 + counts.failed;
+                last_change = now;
+            }
+            if now >= deadline || now >= last_change + stall {
+                eprintln!(
+                    "\n[{}] setup {}; {} still in flight",
+                    self.label,
+                    if now >= deadline {
+                        "timed out"
+                    } else {
+                        "stalled"
+                    },
+                    self.fleet.in_flight()
+                );
+                self.fleet.abandon()?;
+                self.pump(Duration::from_millis(500))?;
+                break;
+            }
+            if now >= checked + CHECK_EVERY {
+                self.check()?;
+                checked = now;
+            }
+            let due = schedule.due(now - start) as usize;
+            let room = o.max_in_flight.saturating_sub(self.fleet.in_flight());
+            let want = due.saturating_sub(self.fleet.granted()).min(room);
+            if want > 0 {
+                self.fleet.open(want, o.active_workers)?;
+            }
+            let tick_end = now + TICK;
+            loop {
+                let left = tick_end.saturating_duration_since(Instant::now());
+                if left.is_zero() || self.fleet.next_report(left)?.is_none() {
+                    break;
+                }
+            }
+            let counts = self.fleet.counts();
+            ramp.record(start.elapsed(), counts.opened as u64);
+            progress.update(|| {
+                format!(
+                    "{}/{} open, {} in flight, {} failed, {:.1} s",
+                    counts.open,
+                    o.conns,
+                    self.fleet.in_flight(),
+                    counts.failed,
+                    start.elapsed().as_secs_f64()
+                )
+            });
+        }
+        let setup = start.elapsed();
+        progress.finish();
+        ramp.finish(setup, self.fleet.counts().opened as u64);
+        Ok((setup, ramp))
+    }
+
+    /// Sends message `seq` and waits until every open connection has it,
+    /// or the message timeout passes; returns its send time.
+    fn broadcast(&mut self, seq: u32) -> Result<u64, Error> {
+        let o = self.options;
+        let nap_us = o.nap_us * self.fleet.len() as u64;
+        self.fleet.arm(seq, nap_us)?;
+        let sent_ns = sys::now_ns();
+        let line = message::encode(Stamp { seq, sent_ns }, o.payload_bytes)
+            .expect("payload size checked up front");
+        self.target.send_line(&line)?;
+        let start = Instant::now();
+        let deadline = start + o.message_timeout();
+        let mut checked = start;
+        let mut done = vec![false; self.fleet.len()];
+        let mut received = vec![0u32; self.fleet.len()];
+        while !done.iter().all(|&d| d) {
+            let now = Instant::now();
+            if now >= deadline {
+                eprintln!(
+                    "[{}] message {seq}: {} received before the timeout",
+                    self.label,
+                    received.iter().sum::<u32>()
+                );
+                break;
+            }
+            if now >= checked + CHECK_EVERY {
+                self.check()?;
+                checked = now;
+            }
+            if let Some((
+                index,
+                Report::Received {
+                    seq: s,
+                    receipts,
+                    done: d,
+                },
+            )) = self.fleet.next_report(CHECK_EVERY)?
+            {
+                if s == seq {
+                    received[index] = receipts.received;
+                    done[index] = d;
+                }
+            }
+        }
+        Ok(sent_ns)
+    }
+
+    /// Handles reports for `duration`, checking the server now and then.
+    fn pump(&mut self, duration: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + duration;
+        loop {
+            self.check()?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(());
+            }
+            self.fleet.next_report(left.min(CHECK_EVERY))?;
+        }
+    }
+
+    /// Fails if the run was interrupted or the server died.
+    fn check(&mut self) -> Result<(), Error> {
+        if sys::interrupted() {
+            return Err(io::Error::from(io::ErrorKind::Interrupted).into());
+        }
+        Ok(self.target.check_alive()?)
+    }
 }
 
 /// Waits until the machine has been quiet for a second, for at most `limit`.
-fn wait_quiet(limit: Duration) -> Result<(), Error> {
+pub fn wait_quiet(limit: Duration) -> Result<(), Error> {
     let deadline = Instant::now() + limit;
     loop {
-        let before = CpuMark::take(0)?;
+        let before = CpuMark::take(0, procfs::own_cpu_ns()?)?;
         thread::sleep(Duration::from_secs(1));
-        let share = CpuMark::take(0)?.others_since(&before);
+        let share = CpuMark::take(0, procfs::own_cpu_ns()?)?.others_since(&before);
         if share <= QUIET_SHARE {
             return Ok(());
         }
@@ -162,286 +584,83 @@ fn wait_quiet(limit: Duration) -> Result<(), Error> {
 }
 
 /// CPU counters at one moment, to tell how much CPU time processes other
-/// than the server and this client used in between two marks.
-struct CpuMark {
-    at: Instant,
+/// than the server and the client used in between two marks.
+pub struct CpuMark {
+    /// When the mark was taken.
+    pub at: Instant,
     /// Busy time of all CPUs.
-    machine_ns: u64,
-    /// CPU time of this process (the client).
-    own_ns: u64,
-    /// CPU time of the server's process tree.
-    server_ns: u64,
+    pub machine_ns: u64,
+    /// CPU time of the client.
+    pub client_ns: u64,
+    /// CPU time of the server's processes.
+    pub server_ns: u64,
 }
 
 impl CpuMark {
-    /// Marks now; `server_cpu_ns` is the server's CPU time so far (0 if none).
-    fn take(server_cpu_ns: u64) -> io::Result<CpuMark> {
+    /// Marks now, given the server's and the client's CPU time so far.
+    pub fn take(server_ns: u64, client_ns: u64) -> io::Result<CpuMark> {
         Ok(CpuMark {
             at: Instant::now(),
             machine_ns: procfs::machine_busy_ns()?,
-            own_ns: procfs::own_cpu_ns()?,
-            server_ns: server_cpu_ns,
+            client_ns,
+            server_ns,
         })
     }
 
     /// Share of one CPU that others used since `earlier`.
-    fn others_since(&self, earlier: &CpuMark) -> f64 {
+    pub fn others_since(&self, earlier: &CpuMark) -> f64 {
         let machine = self.machine_ns.saturating_sub(earlier.machine_ns);
         let ours =
-            (self.own_ns + self.server_ns).saturating_sub(earlier.own_ns + earlier.server_ns);
+            (self.client_ns + self.server_ns).saturating_sub(earlier.client_ns + earlier.server_ns);
         let wall = self.at.duration_since(earlier.at).as_nanos().max(1);
         machine.saturating_sub(ours) as f64 / wall as f64
     }
 }
 
-/// The raw observations of one run, before they are summarised.
-struct Measured {
-    clients: Clients,
-    setup: Duration,
-    /// Server usage before the connections, after setup, with the
-    /// connections idle, and after the last broadcast.
-    baseline: Usage,
-    after_setup: Usage,
-    idle: Usage,
-    end: Usage,
-    /// Open connections after setup.
-    open: usize,
-    broadcast_wall: Duration,
-    client_broadcast_ns: u64,
-    machine_broadcast_ns: u64,
-}
-
-impl Measured {
-    fn into_report(
-        self,
-        server: String,
-        round: u32,
-        command: String,
-        options: &PushOptions,
-        warnings: Vec<String>,
-    ) -> RunReport {
-        let tally = self.clients.tally();
-        let secs = |ns: u64| ns as f64 / 1e9;
-        let open = self.open as f64;
-        let server_broadcast_ns = self.end.cpu_ns.saturating_sub(self.idle.cpu_ns);
-        let expected: u64 = tally.messages().iter().map(|m| u64::from(m.expected)).sum();
-        RunReport {
-            server,
-            round,
-            command,
-            connections: ConnectionReport {
-                requested: options.conns as u64,
-                open: self.open as u64,
-                failures: tally.failures.clone(),
-                setup_secs: self.setup.as_secs_f64(),
-                setup_rate: open / self.setup.as_secs_f64(),
-            },
-            memory: MemoryReport {
-                baseline_rss_bytes: self.baseline.rss_bytes,
-                open_rss_bytes: self.idle.rss_bytes,
-                end_rss_bytes: self.end.rss_bytes,
-                bytes_per_conn: (self.idle.rss_bytes as f64 - self.baseline.rss_bytes as f64)
-                    / open,
-            },
-            cpu: CpuReport {
-                server_setup_secs: secs(
-                    self.after_setup.cpu_ns.saturating_sub(self.baseline.cpu_ns),
-                ),
-                server_broadcast_secs: secs(server_broadcast_ns),
-                server_us_per_delivery: server_broadcast_ns as f64 / 1e3 / expected.max(1) as f64,
-                client_broadcast_secs: secs(self.client_broadcast_ns),
-                machine_broadcast_secs: secs(self.machine_broadcast_ns),
-                broadcast_wall_secs: self.broadcast_wall.as_secs_f64(),
-            },
-            broadcast: BroadcastReport::new(tally.messages(), options.payload_bytes),
-            latency: LatencyReport::from_histogram(tally.latency()),
-            delivery: DeliveryReport {
-                lost: tally.lost(),
-                duplicates: tally.duplicates,
-                out_of_order: tally.out_of_order,
-                corrupt: tally.corrupt,
-            },
-            warnings,
-        }
-    }
-}
-
-/// One measurement in progress.
-struct Run<'a> {
-    server: Server,
-    options: &'a PushOptions,
+/// The live progress line on standard error: redrawn in place on a
+/// terminal, written as a plain line every few seconds elsewhere.
+struct ProgressLine<'a> {
     label: &'a str,
-    warnings: Vec<String>,
+    terminal: bool,
+    last: Option<Instant>,
+    drawn: bool,
 }
 
-impl Run<'_> {
-    /// Measures the listening server at `addr`, phase by phase.
-    fn measure(&mut self, addr: SocketAddr) -> Result<Measured, Error> {
-        let o = self.options;
-        let sources = (0..o.sources)
-            .map(|i| Ipv4Addr::new(127, 0, 0, 2 + i))
-            .collect();
-        let mut clients = Clients::new(addr, sources, o.payload_bytes)?;
-        let settle = Duration::from_millis(o.settle_ms);
-
-        let baseline = self.settle(&mut clients, settle, "before the connections")?;
-
-        let setup_start = Instant::now();
-        self.open_connections(&mut clients)?;
-        let setup = setup_start.elapsed();
-        let after_setup = self.server.usage()?;
-        let open = clients.open();
-        eprintln!(
-            "[{}] {open} of {} connections open in {:.2} s",
-            self.label,
-            o.conns,
-            setup.as_secs_f64()
-        );
-        if open == 0 {
-            return Err(format!("no connection opened: {:?}", clients.tally().failures).into());
-        }
-
-        let idle = self.settle(&mut clients, settle, "with the connections idle")?;
-
-        let before = CpuMark::take(idle.cpu_ns)?;
-        for seq in 1..=o.messages {
-            self.broadcast(&mut clients, seq)?;
-            if seq < o.messages {
-                self.idle(&mut clients, Duration::from_millis(o.gap_ms))?;
-            }
-        }
-        let end = self.server.usage()?;
-        let after = CpuMark::take(end.cpu_ns)?;
-        self.warn_if_busy(after.others_since(&before), "during the broadcasts");
-
-        Ok(Measured {
-            clients,
-            setup,
-            baseline,
-            after_setup,
-            idle,
-            end,
-            open,
-            broadcast_wall: after.at - before.at,
-            client_broadcast_ns: after.own_ns.saturating_sub(before.own_ns),
-            machine_broadcast_ns: after.machine_ns.saturating_sub(before.machine_ns),
-        })
-    }
-
-    /// Idles for `duration`, then samples the server; warns if other
-    /// processes were busy meanwhile (`phase` names the moment).
-    fn settle(
-        &mut self,
-        clients: &mut Clients,
-        duration: Duration,
-        phase: &str,
-    ) -> Result<Usage, Error> {
-        let before = CpuMark::take(self.server.usage()?.cpu_ns)?;
-        self.idle(clients, duration)?;
-        let usage = self.server.usage()?;
-        let others = CpuMark::take(usage.cpu_ns)?.others_since(&before);
-        self.warn_if_busy(others, phase);
-        Ok(usage)
-    }
-
-    /// Records a warning if others used more than [`QUIET_SHARE`] of a CPU.
-    fn warn_if_busy(&mut self, share: f64, phase: &str) {
-        if share > QUIET_SHARE {
-            self.warnings.push(format!(
-                "other processes used {:.0}% of a CPU {phase}: numbers may be disturbed",
-                share * 100.0
-            ));
+impl<'a> ProgressLine<'a> {
+    fn new(label: &'a str) -> Self {
+        ProgressLine {
+            label,
+            terminal: io::stderr().is_terminal(),
+            last: None,
+            drawn: false,
         }
     }
 
-    /// Opens the connections at the configured rate, at most
-    /// `max_in_flight` at a time, until all are open or failed.
-    fn open_connections(&mut self, clients: &mut Clients) -> Result<(), Error> {
-        let o = self.options;
-        let start = Instant::now();
-        let deadline = start + Duration::from_secs(o.setup_timeout);
-        let mut checked = start;
-        while clients.started() < o.conns || clients.pending() > 0 {
-            let now = Instant::now();
-            if now >= deadline {
-                eprintln!(
-                    "[{}] setup timed out; {} still pending",
-                    self.label,
-                    clients.pending()
-                );
-                clients.abandon_pending();
-                break;
-            }
-            if now >= checked + CHECK_EVERY {
-                self.check()?;
-                checked = now;
-            }
-            let due = (now - start).as_secs_f64() * f64::from(o.rate);
-            let due = (due as usize + 1).min(o.conns);
-            let room = o.max_in_flight.saturating_sub(clients.pending());
-            clients.start(due.saturating_sub(clients.started()).min(room));
-            clients.step(Duration::from_millis(1))?;
+    /// Shows `text()` if it is time to.
+    fn update(&mut self, text: impl FnOnce() -> String) {
+        let every = if self.terminal {
+            PROGRESS_EVERY
+        } else {
+            PROGRESS_LOG_EVERY
+        };
+        let now = Instant::now();
+        if self.last.is_some_and(|t| now < t + every) {
+            return;
         }
-        Ok(())
+        self.last = Some(now);
+        let mut err = io::stderr().lock();
+        let _ = if self.terminal {
+            self.drawn = true;
+            write!(err, "\r[{}] {}\x1b[K", self.label, text())
+        } else {
+            writeln!(err, "[{}] {}", self.label, text())
+        };
     }
 
-    /// Sends message `seq` and waits until every open connection has it,
-    /// or the message timeout passes.
-    fn broadcast(&mut self, clients: &mut Clients, seq: u32) -> Result<(), Error> {
-        let o = self.options;
-        let expected = clients.open() as u32;
-        let sent_ns = sys::now_ns();
-        let line = message::encode(Stamp { seq, sent_ns }, o.payload_bytes)
-            .expect("payload size checked up front");
-        clients.tally_mut().sent(seq, sent_ns, expected);
-        self.server.send_line(&line)?;
-        let start = Instant::now();
-        let deadline = start + Duration::from_secs(o.message_timeout);
-        let mut checked = start;
-        loop {
-            let progress = clients.tally().message(seq).expect("registered above");
-            // Connections that failed meanwhile will not receive it.
-            if progress.received as usize >= clients.open().min(expected as usize) {
-                return Ok(());
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                eprintln!(
-                    "[{}] message {seq}: {} of {expected} received before the timeout",
-                    self.label, progress.received
-                );
-                return Ok(());
-            }
-            if now >= checked + CHECK_EVERY {
-                self.check()?;
-                checked = now;
-            }
-            if o.nap_us == 0 {
-                clients.step(Duration::from_millis(10))?;
-            } else if clients.step(Duration::ZERO)? < EVENTS_PER_POLL {
-                thread::sleep(Duration::from_micros(o.nap_us));
-            }
+    /// Ends the line on a terminal.
+    fn finish(&mut self) {
+        if self.drawn {
+            eprintln!();
         }
-    }
-
-    /// Keeps serving the sockets (e.g. answering pings) for `duration`.
-    fn idle(&mut self, clients: &mut Clients, duration: Duration) -> Result<(), Error> {
-        let deadline = Instant::now() + duration;
-        loop {
-            self.check()?;
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(());
-            }
-            clients.step(left.min(CHECK_EVERY))?;
-        }
-    }
-
-    /// Fails if the run was interrupted or the server died.
-    fn check(&mut self) -> Result<(), Error> {
-        if sys::interrupted() {
-            return Err(io::Error::from(io::ErrorKind::Interrupted).into());
-        }
-        Ok(self.server.check_alive()?)
     }
 }

@@ -1,5 +1,6 @@
-//! The results of a run: summaries computed from what was observed, and
-//! their rendering as text, as a comparison table, or as JSON (serde).
+//! The results of a push run: summaries computed from what was observed,
+//! rendered as a human-readable report or as JSON (serde); and the column
+//! layout shared by every table the bench prints.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -7,7 +8,13 @@ use std::fmt::Write as _;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::stats::MessageProgress;
+use crate::push::{Observations, PushOptions, RunInfo};
+use crate::ramp::RampSummary;
+use crate::stats::Receipts;
+
+/// Quantiles at which the latency CDF is sampled for the plot: every
+/// percent, then the tail.
+const CDF_QUANTILES: [f64; 4] = [0.995, 0.999, 0.9999, 1.0];
 
 /// Everything measured for one server in one run.
 #[derive(Debug, Clone, Serialize)]
@@ -20,7 +27,7 @@ pub struct RunReport {
     pub command: String,
     /// Connection setup.
     pub connections: ConnectionReport,
-    /// Server memory.
+    /// Server (and client) memory.
     pub memory: MemoryReport,
     /// CPU time.
     pub cpu: CpuReport,
@@ -39,46 +46,95 @@ pub struct RunReport {
 pub struct ConnectionReport {
     /// Connections asked for.
     pub requested: u64,
-    /// Connections upgraded and still open after setup.
+    /// Connections upgraded and still open after the setup.
     pub open: u64,
+    /// Connections that failed, over the whole run.
+    pub failed: u64,
     /// Failures by kind, over the whole run.
     pub failures: BTreeMap<String, u64>,
     /// From the first connect to the last upgrade.
     pub setup_secs: f64,
-    /// Upgraded connections per second of setup.
-    pub setup_rate: f64,
+    /// Upgrades per second: average, slowest and fastest whole second.
+    pub rate: RampSummary,
+    /// Client worker processes (or threads).
+    pub workers: usize,
+    /// Source addresses used.
+    pub sources: u8,
+    /// `(seconds, connections opened)` through the setup.
+    pub ramp: Vec<(f64, u64)>,
 }
 
-/// Server memory (resident set, summed over its process tree).
+/// Resident (RSS) and proportional (PSS) memory, summed over processes.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct Memory {
+    /// Sum of RSS: shared pages counted once per process.
+    pub rss_bytes: u64,
+    /// Sum of PSS: shared pages split among the processes.
+    pub pss_bytes: u64,
+}
+
+impl From<crate::procfs::Usage> for Memory {
+    fn from(u: crate::procfs::Usage) -> Memory {
+        Memory {
+            rss_bytes: u.rss_bytes,
+            pss_bytes: u.pss_bytes,
+        }
+    }
+}
+
+/// Server memory (summed over its process tree) and the client's.
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryReport {
+    /// Processes in the server's tree (a supervisor and its instances).
+    pub processes: u32,
+    /// Listening sockets on the server's port (instances behind `SO_REUSEPORT`).
+    pub listeners: usize,
     /// Before the first connection.
-    pub baseline_rss_bytes: u64,
+    pub baseline: Memory,
     /// With all connections open and idle.
-    pub open_rss_bytes: u64,
+    pub open: Memory,
     /// After the last broadcast.
-    pub end_rss_bytes: u64,
-    /// `(open - baseline) / open connections`.
-    pub bytes_per_conn: f64,
+    pub end: Memory,
+    /// `open - baseline` RSS.
+    pub rss_growth_bytes: i64,
+    /// `open - baseline` PSS.
+    pub pss_growth_bytes: i64,
+    /// RSS growth per open connection.
+    pub rss_per_conn: f64,
+    /// PSS growth per open connection.
+    pub pss_per_conn: f64,
+    /// The client's worker processes with the connections open (none when
+    /// the workers are threads).
+    pub client: Option<Memory>,
 }
 
-/// CPU time in seconds.
+/// CPU time, in seconds and as a share of one CPU (100% = one CPU busy).
 #[derive(Debug, Clone, Serialize)]
 pub struct CpuReport {
-    /// Server, during connection setup.
+    /// Server, during the connection setup.
     pub server_setup_secs: f64,
+    /// `server_setup_secs` over the setup time, in %.
+    pub setup_percent: f64,
+    /// Server, during the idle period.
+    pub server_idle_secs: f64,
+    /// Length of the idle period.
+    pub idle_wall_secs: f64,
+    /// `server_idle_secs` over the idle period, in %.
+    pub idle_percent: f64,
     /// Server, from the first broadcast to the end of the last.
     pub server_broadcast_secs: f64,
+    /// Wall-clock length of the broadcast span (gaps included).
+    pub broadcast_wall_secs: f64,
+    /// `server_broadcast_secs` over the broadcast span, in %.
+    pub broadcast_percent: f64,
     /// `server_broadcast_secs` per expected delivery, in µs: the server's
-    /// CPU cost of one message to one connection (all threads together).
+    /// CPU cost of one message to one connection (all processes together).
     pub server_us_per_delivery: f64,
-    /// This client, over the same broadcast span.
+    /// The client (this process and its workers), over the broadcast span.
     pub client_broadcast_secs: f64,
     /// All CPUs of the machine, over the same span (server, client, softirq
     /// work not charged to them, and anything else that ran).
     pub machine_broadcast_secs: f64,
-    /// Wall-clock length of the broadcast span.
-    pub broadcast_wall_secs: f64,
 }
 
 /// Broadcast fan-out.
@@ -90,7 +146,9 @@ pub struct BroadcastReport {
     pub payload_bytes: usize,
     /// Messages that reached every connection open when they were sent.
     pub complete: u32,
-    /// Per-connection fan-out time over the complete messages, in µs.
+    /// Time until the last connection had it, over the complete messages, in µs.
+    pub completion_us: Option<Spread>,
+    /// The same divided by the connections, in µs.
     pub per_conn_us: Option<Spread>,
     /// Each message in order.
     pub per_message: Vec<MessageFanout>,
@@ -105,9 +163,9 @@ pub struct MessageFanout {
     pub expected: u32,
     /// Connections that received it.
     pub received: u32,
-    /// From the write to the server's stdin to the first receipt, in µs.
+    /// From the write to the server to the first receipt, in µs.
     pub first_us: Option<f64>,
-    /// From the write to the server's stdin to the last receipt, in µs.
+    /// From the write to the server to the last receipt, in µs.
     pub last_us: Option<f64>,
     /// `last_us / expected`, for a complete message.
     pub per_conn_us: Option<f64>,
@@ -124,7 +182,8 @@ pub struct Spread {
     pub max: f64,
 }
 
-/// Latency distribution in µs.
+/// Latency distribution in µs, in the reference format (count, min, max,
+/// mean, standard deviation, median, 75/95/98/99/99.9th percentiles).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct LatencyReport {
     /// Deliveries measured.
@@ -137,7 +196,7 @@ pub struct LatencyReport {
     pub mean_us: f64,
     /// Standard deviation.
     pub stddev_us: f64,
-    /// Percentiles: 50, 75, 95, 98, 99, 99.9.
+    /// Median.
     pub p50_us: f64,
     /// 75th percentile.
     pub p75_us: f64,
@@ -149,6 +208,8 @@ pub struct LatencyReport {
     pub p99_us: f64,
     /// 99.9th percentile.
     pub p999_us: f64,
+    /// `(quantile, µs)` points of the distribution, for plotting.
+    pub cdf: Vec<(f64, f64)>,
 }
 
 /// Delivery anomalies over all connections and messages.
@@ -184,40 +245,44 @@ impl Spread {
 }
 
 impl MessageFanout {
-    /// The fan-out of each message from its progress record.
-    pub fn from_progress(messages: &[MessageProgress]) -> Vec<MessageFanout> {
-        let since_send =
-            |m: &MessageProgress, t: u64| (t != 0).then(|| us(t.saturating_sub(m.sent_ns)));
-        messages
-            .iter()
-            .zip(1..)
-            .map(|(m, seq)| {
-                let last_us = since_send(m, m.last_ns);
-                let complete = m.expected > 0 && m.received >= m.expected;
-                MessageFanout {
-                    seq,
-                    expected: m.expected,
-                    received: m.received,
-                    first_us: since_send(m, m.first_ns),
-                    last_us,
-                    per_conn_us: last_us
-                        .filter(|_| complete)
-                        .map(|t| t / f64::from(m.expected)),
-                }
-            })
-            .collect()
+    /// The fan-out of message `seq`, sent at `sent_ns`, from its receipts.
+    pub fn new(seq: u32, sent_ns: u64, r: &Receipts) -> MessageFanout {
+        let since_send = |t: u64| (t != 0).then(|| us(t.saturating_sub(sent_ns)));
+        let last_us = since_send(r.last_ns);
+        let complete = r.expected > 0 && r.received >= r.expected;
+        MessageFanout {
+            seq,
+            expected: r.expected,
+            received: r.received,
+            first_us: since_send(r.first_ns),
+            last_us,
+            per_conn_us: last_us
+                .filter(|_| complete)
+                .map(|t| t / f64::from(r.expected)),
+        }
     }
 }
 
 impl BroadcastReport {
-    /// Summarises the progress of `messages` of `payload_bytes` each.
-    pub fn new(messages: &[MessageProgress], payload_bytes: usize) -> BroadcastReport {
-        let per_message = MessageFanout::from_progress(messages);
-        let per_conn: Vec<f64> = per_message.iter().filter_map(|m| m.per_conn_us).collect();
+    /// Summarises messages sent at `sent_ns[i]` with receipts `receipts[i]`.
+    pub fn new(sent_ns: &[u64], receipts: &[Receipts], payload_bytes: usize) -> BroadcastReport {
+        let per_message: Vec<MessageFanout> = sent_ns
+            .iter()
+            .zip(receipts)
+            .zip(1..)
+            .map(|((&sent, r), seq)| MessageFanout::new(seq, sent, r))
+            .collect();
+        let complete: Vec<&MessageFanout> = per_message
+            .iter()
+            .filter(|m| m.per_conn_us.is_some())
+            .collect();
+        let completion: Vec<f64> = complete.iter().filter_map(|m| m.last_us).collect();
+        let per_conn: Vec<f64> = complete.iter().filter_map(|m| m.per_conn_us).collect();
         BroadcastReport {
-            messages: per_message.len() as u32,
+            messages: sent_ns.len() as u32,
             payload_bytes,
-            complete: per_conn.len() as u32,
+            complete: complete.len() as u32,
+            completion_us: Spread::of(&completion),
             per_conn_us: Spread::of(&per_conn),
             per_message,
         }
@@ -228,6 +293,15 @@ impl LatencyReport {
     /// Summarises a histogram of nanoseconds.
     pub fn from_histogram(h: &Histogram<u64>) -> LatencyReport {
         let q = |quantile: f64| us(h.value_at_quantile(quantile));
+        let cdf = if h.is_empty() {
+            Vec::new()
+        } else {
+            (0..=99)
+                .map(|p| f64::from(p) / 100.0)
+                .chain(CDF_QUANTILES)
+                .map(|quantile| (quantile, q(quantile)))
+                .collect()
+        };
         LatencyReport {
             count: h.len(),
             min_us: us(h.min()),
@@ -240,20 +314,117 @@ impl LatencyReport {
             p98_us: q(0.98),
             p99_us: q(0.99),
             p999_us: q(0.999),
+            cdf,
         }
+    }
+
+    /// The reference format on one line.
+    pub fn render(&self) -> String {
+        format!(
+            "count {}  min {}  max {}  mean {}  stddev {}  median {}  75% {}  95% {}  98% {}  99% {}  99.9% {}",
+            self.count,
+            duration_us(self.min_us),
+            duration_us(self.max_us),
+            duration_us(self.mean_us),
+            duration_us(self.stddev_us),
+            duration_us(self.p50_us),
+            duration_us(self.p75_us),
+            duration_us(self.p95_us),
+            duration_us(self.p98_us),
+            duration_us(self.p99_us),
+            duration_us(self.p999_us),
+        )
     }
 }
 
-fn us(ns: u64) -> f64 {
+/// Nanoseconds in µs.
+pub fn us(ns: u64) -> f64 {
     ns as f64 / 1e3
 }
 
+/// Summarises what a run observed.
+pub fn build(
+    info: RunInfo,
+    options: &PushOptions,
+    workers: usize,
+    sources: u8,
+    listeners: usize,
+    o: Observations,
+    warnings: Vec<String>,
+) -> RunReport {
+    let secs = |ns: u64| ns as f64 / 1e9;
+    let percent = |ns: u64, wall: f64| 100.0 * secs(ns) / wall.max(1e-9);
+    let open = o.open_conns as f64;
+    let observed = &o.observed;
+    let setup_ns = o.setup_end.cpu_ns.saturating_sub(o.setup_start.cpu_ns);
+    let idle_ns = o.idle_end.cpu_ns.saturating_sub(o.open.cpu_ns);
+    let broadcast_ns = o.end.cpu_ns.saturating_sub(o.idle_end.cpu_ns);
+    let expected: u64 = observed
+        .messages
+        .iter()
+        .map(|m| u64::from(m.expected))
+        .sum();
+    let rss_growth = o.open.rss_bytes as i64 - o.baseline.rss_bytes as i64;
+    let pss_growth = o.open.pss_bytes as i64 - o.baseline.pss_bytes as i64;
+    let broadcast_wall = o.broadcast_wall.as_secs_f64();
+    RunReport {
+        server: info.server,
+        round: info.round,
+        command: info.command,
+        connections: ConnectionReport {
+            requested: options.conns as u64,
+            open: o.open_conns as u64,
+            failed: observed.failed(),
+            failures: observed.failures.clone(),
+            setup_secs: o.setup.as_secs_f64(),
+            rate: o.ramp.summary(o.setup),
+            workers,
+            sources,
+            ramp: o.ramp.points().to_vec(),
+        },
+        memory: MemoryReport {
+            processes: o.open.processes,
+            listeners,
+            baseline: o.baseline.into(),
+            open: o.open.into(),
+            end: o.end.into(),
+            rss_growth_bytes: rss_growth,
+            pss_growth_bytes: pss_growth,
+            rss_per_conn: rss_growth as f64 / open,
+            pss_per_conn: pss_growth as f64 / open,
+            client: o.client.map(Memory::from),
+        },
+        cpu: CpuReport {
+            server_setup_secs: secs(setup_ns),
+            setup_percent: percent(setup_ns, o.setup.as_secs_f64()),
+            server_idle_secs: secs(idle_ns),
+            idle_wall_secs: o.idle.as_secs_f64(),
+            idle_percent: percent(idle_ns, o.idle.as_secs_f64()),
+            server_broadcast_secs: secs(broadcast_ns),
+            broadcast_wall_secs: broadcast_wall,
+            broadcast_percent: percent(broadcast_ns, broadcast_wall),
+            server_us_per_delivery: broadcast_ns as f64 / 1e3 / expected.max(1) as f64,
+            client_broadcast_secs: secs(o.client_broadcast_ns),
+            machine_broadcast_secs: secs(o.machine_broadcast_ns),
+        },
+        broadcast: BroadcastReport::new(&o.sent_ns, &observed.messages, options.payload_bytes),
+        latency: LatencyReport::from_histogram(&observed.histogram()),
+        delivery: DeliveryReport {
+            lost: observed.lost(),
+            duplicates: observed.duplicates,
+            out_of_order: observed.out_of_order,
+            corrupt: observed.corrupt,
+        },
+        warnings,
+    }
+}
+
 /// A byte count with a binary unit, e.g. `4.3 MiB`.
-fn bytes(n: u64) -> String {
+pub fn bytes(n: i64) -> String {
     const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
     let mut value = n as f64;
     let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
+    while value.abs() >= 1024.0 && unit < UNITS.len() - 1 {
         value /= 1024.0;
         unit += 1;
     }
@@ -264,22 +435,38 @@ fn bytes(n: u64) -> String {
     }
 }
 
-/// A duration given in µs, in ms above 10 ms.
-fn duration_us(value: f64) -> String {
-    if value >= 10_000.0 {
+/// A duration given in µs: in µs below 10 ms, in ms below 10 s, else in s.
+pub fn duration_us(value: f64) -> String {
+    if value >= 10_000_000.0 {
+        format!("{:.2} s", value / 1e6)
+    } else if value >= 10_000.0 {
         format!("{:.1} ms", value / 1e3)
     } else {
         format!("{value:.1} µs")
     }
 }
 
-fn failures(failures: &BTreeMap<String, u64>) -> String {
+/// An integer with thin groups of three digits: `1,000,000`.
+pub fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `3 refused, 1 timeout`, or `none`.
+pub fn failures(failures: &BTreeMap<String, u64>) -> String {
     if failures.is_empty() {
         return "none".into();
     }
     let parts: Vec<String> = failures
         .iter()
-        .map(|(kind, n)| format!("{n} {kind}"))
+        .map(|(kind, n)| format!("{} {kind}", grouped(*n)))
         .collect();
     parts.join(", ")
 }
@@ -290,112 +477,158 @@ impl RunReport {
         let c = &self.connections;
         let m = &self.memory;
         let b = &self.broadcast;
-        let l = &self.latency;
         let d = &self.delivery;
         let cpu = &self.cpu;
         let mut out = String::new();
-        let _ = writeln!(out, "server       {}  ({})", self.server, self.command);
         let _ = writeln!(
             out,
-            "connections  {} open of {} in {:.2} s ({:.0}/s); failures: {}",
-            c.open,
-            c.requested,
+            "{} (round {}): {}",
+            self.server, self.round, self.command
+        );
+        let rate = &c.rate;
+        let _ = writeln!(
+            out,
+            "  setup        {} of {} open in {:.2} s: {}/s average, slowest second {}, fastest {} ({} workers, {} source addresses)",
+            grouped(c.open),
+            grouped(c.requested),
             c.setup_secs,
-            c.setup_rate,
-            failures(&c.failures)
+            grouped(rate.average.round() as u64),
+            rate.slowest_second.map_or("-".into(), grouped),
+            rate.fastest_second.map_or("-".into(), grouped),
+            c.workers,
+            c.sources
         );
+        let _ = writeln!(out, "  failures     {}", failures(&c.failures));
         let _ = writeln!(
             out,
-            "memory       baseline {}, open {}, end {}: {:.1} B per connection",
-            bytes(m.baseline_rss_bytes),
-            bytes(m.open_rss_bytes),
-            bytes(m.end_rss_bytes),
-            m.bytes_per_conn
+            "  memory       {} server processes, {} listening sockets",
+            m.processes, m.listeners
         );
-        let _ = write!(
-            out,
-            "fan-out      {}/{} messages of {} B complete",
-            b.complete, b.messages, b.payload_bytes
-        );
-        match b.per_conn_us {
-            Some(s) => {
-                let _ = writeln!(
-                    out,
-                    "; per connection median {:.2} µs, min {:.2}, max {:.2}",
-                    s.median, s.min, s.max
-                );
-            }
-            None => out.push('\n'),
+        let row = |name: &str, pick: fn(&Memory) -> u64, growth: i64, per_conn: f64| {
+            format!(
+                "    {name}  baseline {:>10}  open {:>10}  end {:>10}  growth {:>10} = {per_conn:.1} B/conn\n",
+                bytes(pick(&m.baseline) as i64),
+                bytes(pick(&m.open) as i64),
+                bytes(pick(&m.end) as i64),
+                bytes(growth),
+            )
+        };
+        out.push_str(&row(
+            "RSS sum",
+            |x| x.rss_bytes,
+            m.rss_growth_bytes,
+            m.rss_per_conn,
+        ));
+        out.push_str(&row(
+            "PSS sum",
+            |x| x.pss_bytes,
+            m.pss_growth_bytes,
+            m.pss_per_conn,
+        ));
+        if let Some(client) = m.client {
+            let _ = writeln!(
+                out,
+                "  client       RSS {}, PSS {} ({} per connection)",
+                bytes(client.rss_bytes as i64),
+                bytes(client.pss_bytes as i64),
+                bytes((client.pss_bytes as f64 / (c.open.max(1) as f64)) as i64)
+            );
         }
         let _ = writeln!(
             out,
-            "latency      n={} min {} p50 {} p75 {} p95 {} p98 {} p99 {} p99.9 {} max {} (mean {}, sd {})",
-            l.count,
-            duration_us(l.min_us),
-            duration_us(l.p50_us),
-            duration_us(l.p75_us),
-            duration_us(l.p95_us),
-            duration_us(l.p98_us),
-            duration_us(l.p99_us),
-            duration_us(l.p999_us),
-            duration_us(l.max_us),
-            duration_us(l.mean_us),
-            duration_us(l.stddev_us)
+            "  server CPU   setup {:.1}%  idle {:.2}% (over {:.0} s)  broadcast {:.1}% ({:.3} µs per delivery)  [100% = one CPU]",
+            cpu.setup_percent,
+            cpu.idle_percent,
+            cpu.idle_wall_secs,
+            cpu.broadcast_percent,
+            cpu.server_us_per_delivery
         );
         let _ = writeln!(
             out,
-            "delivery     lost {}, duplicates {}, out of order {}, corrupt {}",
+            "  other CPU    in {:.2} s of broadcasts: client {:.2} s, machine {:.2} s",
+            cpu.broadcast_wall_secs, cpu.client_broadcast_secs, cpu.machine_broadcast_secs
+        );
+        let _ = write!(
+            out,
+            "  fan-out      {}/{} messages of {} B complete",
+            b.complete, b.messages, b.payload_bytes
+        );
+        match (b.completion_us, b.per_conn_us) {
+            (Some(t), Some(p)) => {
+                let _ = writeln!(
+                    out,
+                    "; last delivery after median {} (min {}, max {}) = {:.2} µs per connection (min {:.2}, max {:.2})",
+                    duration_us(t.median),
+                    duration_us(t.min),
+                    duration_us(t.max),
+                    p.median,
+                    p.min,
+                    p.max
+                );
+            }
+            _ => out.push('\n'),
+        }
+        let _ = writeln!(out, "  latency      {}", self.latency.render());
+        let _ = writeln!(
+            out,
+            "  delivery     lost {}, duplicates {}, out of order {}, corrupt {}",
             d.lost, d.duplicates, d.out_of_order, d.corrupt
         );
-        let _ = writeln!(
-            out,
-            "cpu          server {:.2} s in setup; in {:.2} s of broadcasts: server {:.2} s ({:.2} µs per delivery), client {:.2} s, machine {:.2} s",
-            cpu.server_setup_secs,
-            cpu.broadcast_wall_secs,
-            cpu.server_broadcast_secs,
-            cpu.server_us_per_delivery,
-            cpu.client_broadcast_secs,
-            cpu.machine_broadcast_secs
-        );
+        let rows: Vec<Vec<(&str, String)>> = b
+            .per_message
+            .iter()
+            .map(|f| {
+                let time = |v: Option<f64>| v.map_or("-".into(), duration_us);
+                vec![
+                    ("  message", format!("  {}", f.seq)),
+                    ("expected", grouped(f.expected.into())),
+                    ("received", grouped(f.received.into())),
+                    ("first", time(f.first_us)),
+                    ("last (fan-out)", time(f.last_us)),
+                    (
+                        "µs/conn",
+                        f.per_conn_us.map_or("-".into(), |v| format!("{v:.2}")),
+                    ),
+                ]
+            })
+            .collect();
+        out.push_str(&render_columns(&rows));
         for warning in &self.warnings {
-            let _ = writeln!(out, "WARNING      {warning}");
+            let _ = writeln!(out, "  WARNING      {warning}");
         }
         out
     }
 }
 
-/// One table comparing runs; the `×base` column divides each run's median
-/// fan-out per connection by that of the run of the server labelled
-/// `baseline` in the same round.
-pub fn render_table(runs: &[RunReport], baseline: &str) -> String {
-    let rows: Vec<Vec<(&str, String)>> = runs
-        .iter()
-        .map(|run| table_row(run, runs, baseline))
-        .collect();
+/// Lays out rows of `(column title, cell)` as a table with a header line:
+/// the first column left-aligned, the others right-aligned.
+pub fn render_columns(rows: &[Vec<(&str, String)>]) -> String {
     let Some(first) = rows.first() else {
         return String::new();
     };
-    let header: Vec<(&str, String)> = first
-        .iter()
-        .map(|&(title, _)| (title, title.to_string()))
+    let header: Vec<String> = first.iter().map(|(title, _)| title.to_string()).collect();
+    let cells: Vec<Vec<&str>> = std::iter::once(header.iter().map(String::as_str).collect())
+        .chain(
+            rows.iter()
+                .map(|r| r.iter().map(|(_, cell)| cell.as_str()).collect()),
+        )
         .collect();
-    let lines: Vec<&Vec<(&str, String)>> = std::iter::once(&header).chain(&rows).collect();
     let widths: Vec<usize> = (0..header.len())
         .map(|col| {
-            lines
+            cells
                 .iter()
-                .map(|r| r[col].1.chars().count())
+                .map(|r| r[col].chars().count())
                 .max()
                 .unwrap_or(0)
         })
         .collect();
     let mut out = String::new();
-    for line in lines {
-        let cells: Vec<String> = line
+    for line in cells {
+        let padded: Vec<String> = line
             .iter()
             .zip(&widths)
             .enumerate()
-            .map(|(col, ((_, cell), &w))| {
+            .map(|(col, (cell, &w))| {
                 let pad = " ".repeat(w - cell.chars().count());
                 if col == 0 {
                     format!("{cell}{pad}")
@@ -404,113 +637,98 @@ pub fn render_table(runs: &[RunReport], baseline: &str) -> String {
                 }
             })
             .collect();
-        out.push_str(cells.join("  ").trim_end());
+        out.push_str(padded.join("  ").trim_end());
         out.push('\n');
     }
     out
 }
 
-/// The cells of one run's table row, each with its column title.
-fn table_row(run: &RunReport, runs: &[RunReport], baseline: &str) -> Vec<(&'static str, String)> {
-    let spread = run.broadcast.per_conn_us;
-    let cell = |f: fn(&Spread) -> f64| spread.map_or("-".into(), |s| format!("{:.2}", f(&s)));
-    let base = runs
+/// A report of 100 connections whose three messages took `per_conn` µs
+/// per connection each, for tests of what renders reports.
+#[cfg(test)]
+pub(crate) fn sample(server: &str, round: u32, per_conn: [f64; 3]) -> RunReport {
+    let sent = [1_000, 1_000, 1_000];
+    let messages: Vec<Receipts> = per_conn
         .iter()
-        .find(|r| r.server == baseline && r.round == run.round)
-        .and_then(|r| r.broadcast.per_conn_us);
-    let ratio = match (spread, base) {
-        (Some(s), Some(b)) if b.median > 0.0 => format!("{:.2}", s.median / b.median),
-        _ => "-".into(),
+        .map(|&p| receipts(100, 100, 2_000, 1_000 + (p * 100.0 * 1e3) as u64))
+        .collect();
+    let mut h = crate::stats::new_histogram();
+    h.record(250_000_000).unwrap();
+    let memory = |rss, pss| Memory {
+        rss_bytes: rss,
+        pss_bytes: pss,
     };
-    vec![
-        ("server", run.server.clone()),
-        ("round", run.round.to_string()),
-        ("open", run.connections.open.to_string()),
-        (
-            "failed",
-            run.connections.failures.values().sum::<u64>().to_string(),
-        ),
-        ("setup/s", format!("{:.0}", run.connections.setup_rate)),
-        ("B/conn", format!("{:.1}", run.memory.bytes_per_conn)),
-        ("fan-out µs/conn med", cell(|s| s.median)),
-        ("min", cell(|s| s.min)),
-        ("max", cell(|s| s.max)),
-        ("×base", ratio),
-        (
-            "cpu µs/conn",
-            format!("{:.2}", run.cpu.server_us_per_delivery),
-        ),
-        ("p50 ms", format!("{:.1}", run.latency.p50_us / 1e3)),
-        ("p99 ms", format!("{:.1}", run.latency.p99_us / 1e3)),
-        ("lost", run.delivery.lost.to_string()),
-        ("dup", run.delivery.duplicates.to_string()),
-        ("ooo", run.delivery.out_of_order.to_string()),
-    ]
+    RunReport {
+        server: server.into(),
+        round,
+        command: format!("{server} {{port}}"),
+        connections: ConnectionReport {
+            requested: 100,
+            open: 100,
+            failed: 0,
+            failures: BTreeMap::new(),
+            setup_secs: 0.5,
+            rate: RampSummary {
+                average: 200.0,
+                slowest_second: None,
+                fastest_second: None,
+                per_second: vec![],
+            },
+            workers: 1,
+            sources: 4,
+            ramp: vec![(0.0, 0), (0.5, 100)],
+        },
+        memory: MemoryReport {
+            processes: 1,
+            listeners: 1,
+            baseline: memory(1 << 20, 1 << 19),
+            open: memory((1 << 20) + 12_800, (1 << 19) + 10_000),
+            end: memory(2 << 20, 1 << 20),
+            rss_growth_bytes: 12_800,
+            pss_growth_bytes: 10_000,
+            rss_per_conn: 128.0,
+            pss_per_conn: 100.0,
+            client: Some(memory(3 << 20, 3 << 20)),
+        },
+        cpu: CpuReport {
+            server_setup_secs: 0.1,
+            setup_percent: 20.0,
+            server_idle_secs: 0.001,
+            idle_wall_secs: 10.0,
+            idle_percent: 0.01,
+            server_broadcast_secs: 0.2,
+            broadcast_wall_secs: 1.0,
+            broadcast_percent: 20.0,
+            server_us_per_delivery: 666.7,
+            client_broadcast_secs: 0.3,
+            machine_broadcast_secs: 0.6,
+        },
+        broadcast: BroadcastReport::new(&sent, &messages, 32),
+        latency: LatencyReport::from_histogram(&h),
+        delivery: DeliveryReport {
+            lost: 0,
+            duplicates: 0,
+            out_of_order: 0,
+            corrupt: 0,
+        },
+        warnings: vec!["machine busy".into()],
+    }
+}
+
+#[cfg(test)]
+fn receipts(expected: u32, received: u32, first: u64, last: u64) -> Receipts {
+    Receipts {
+        expected,
+        received,
+        first_ns: first,
+        last_ns: last,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn progress(
-        sent_ns: u64,
-        expected: u32,
-        received: u32,
-        first: u64,
-        last: u64,
-    ) -> MessageProgress {
-        MessageProgress {
-            sent_ns,
-            expected,
-            received,
-            first_ns: first,
-            last_ns: last,
-        }
-    }
-
-    fn sample(server: &str, round: u32, per_conn: [f64; 3]) -> RunReport {
-        let messages: Vec<MessageProgress> = per_conn
-            .iter()
-            .map(|&p| progress(1_000, 100, 100, 2_000, 1_000 + (p * 100.0 * 1e3) as u64))
-            .collect();
-        let mut h = Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap();
-        h.record(250_000_000).unwrap();
-        RunReport {
-            server: server.into(),
-            round,
-            command: format!("{server} {{port}}"),
-            connections: ConnectionReport {
-                requested: 100,
-                open: 100,
-                failures: BTreeMap::new(),
-                setup_secs: 0.5,
-                setup_rate: 200.0,
-            },
-            memory: MemoryReport {
-                baseline_rss_bytes: 1 << 20,
-                open_rss_bytes: (1 << 20) + 12_800,
-                end_rss_bytes: 2 << 20,
-                bytes_per_conn: 128.0,
-            },
-            cpu: CpuReport {
-                server_setup_secs: 0.1,
-                server_broadcast_secs: 0.2,
-                server_us_per_delivery: 666.7,
-                client_broadcast_secs: 0.3,
-                machine_broadcast_secs: 0.6,
-                broadcast_wall_secs: 1.0,
-            },
-            broadcast: BroadcastReport::new(&messages, 32),
-            latency: LatencyReport::from_histogram(&h),
-            delivery: DeliveryReport {
-                lost: 0,
-                duplicates: 0,
-                out_of_order: 0,
-                corrupt: 0,
-            },
-            warnings: vec!["machine busy".into()],
-        }
-    }
+    use crate::stats::new_histogram;
 
     #[test]
     fn spreads() {
@@ -528,21 +746,21 @@ mod tests {
 
     #[test]
     fn fanout_per_message() {
+        let sent = [1_000, 20_000, 30_000];
         let messages = [
-            progress(1_000, 4, 4, 3_000, 9_000),
-            progress(20_000, 4, 3, 21_000, 25_000),
-            progress(30_000, 4, 0, 0, 0),
+            receipts(4, 4, 3_000, 9_000),
+            receipts(4, 3, 21_000, 25_000),
+            receipts(4, 0, 0, 0),
         ];
-        let report = BroadcastReport::new(&messages, 32);
+        let report = BroadcastReport::new(&sent, &messages, 32);
         assert_eq!(report.complete, 1);
-        assert_eq!(
-            report.per_conn_us,
-            Some(Spread {
-                median: 2.0,
-                min: 2.0,
-                max: 2.0
-            })
-        );
+        let one = Spread {
+            median: 2.0,
+            min: 2.0,
+            max: 2.0,
+        };
+        assert_eq!(report.per_conn_us, Some(one));
+        assert_eq!(report.completion_us.map(|s| s.median), Some(8.0));
         let m = &report.per_message;
         assert_eq!(
             (m[0].first_us, m[0].last_us, m[0].per_conn_us),
@@ -555,49 +773,67 @@ mod tests {
     #[test]
     fn text_report_mentions_the_headline_numbers() {
         let text = sample("wspush", 1, [12.0, 13.0, 12.5]).render_text();
-        assert!(text.contains("100 open of 100"), "{text}");
-        assert!(text.contains("128.0 B per connection"), "{text}");
-        assert!(text.contains("3/3 messages of 32 B complete; per connection median 12.50 µs, min 12.00, max 13.00"), "{text}");
-        assert!(text.contains("min 250.0 ms p50 250.1 ms"), "{text}");
-        assert!(text.contains("failures: none"), "{text}");
-        assert!(
-            text.contains("server 0.20 s (666.70 µs per delivery), client 0.30 s, machine 0.60 s"),
-            "{text}"
-        );
+        for needle in [
+            "100 of 100 open in 0.50 s: 200/s average, slowest second -",
+            "failures     none",
+            "RSS sum  baseline    1.0 MiB",
+            "growth   12.5 KiB = 128.0 B/conn",
+            "= 100.0 B/conn",
+            "client       RSS 3.0 MiB",
+            "idle 0.01% (over 10 s)",
+            "3/3 messages of 32 B complete; last delivery after median 1250.0 µs (min 1200.0 µs, max 1300.0 µs) = 12.50 µs per connection (min 12.00, max 13.00)",
+            "count 1  min 250.0 ms  max 250.1 ms",
+            "median 250.1 ms",
+            "lost 0, duplicates 0, out of order 0, corrupt 0",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
         assert!(text.ends_with("WARNING      machine busy\n"), "{text}");
+        let table_header = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("message"))
+            .unwrap();
+        assert!(table_header.contains("last (fan-out)  µs/conn"), "{text}");
     }
 
     #[test]
-    fn table_ratios_use_the_baseline_of_the_same_round() {
-        let runs = [
-            sample("wspush", 1, [12.0, 12.0, 12.0]),
-            sample("floor", 1, [10.0, 10.0, 10.0]),
-            sample("wspush", 2, [30.0, 30.0, 30.0]),
-            sample("floor", 2, [20.0, 20.0, 20.0]),
+    fn latency_cdf_is_monotonic_and_ends_at_the_maximum() {
+        let mut h = new_histogram();
+        for v in 1..=10_000u64 {
+            h.record(v * 1_000).unwrap();
+        }
+        let report = LatencyReport::from_histogram(&h);
+        assert_eq!(report.cdf.len(), 104);
+        assert!(report
+            .cdf
+            .windows(2)
+            .all(|w| w[0].1 <= w[1].1 && w[0].0 < w[1].0));
+        assert_eq!(report.cdf.last().unwrap().1, report.max_us);
+        assert!(LatencyReport::from_histogram(&new_histogram())
+            .cdf
+            .is_empty());
+    }
+
+    #[test]
+    fn columns_align() {
+        let rows = vec![
+            vec![("name", "a".to_string()), ("n", "1".to_string())],
+            vec![("name", "longer".to_string()), ("n", "1000".to_string())],
         ];
-        let table = render_table(&runs, "floor");
-        let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(lines.len(), 5);
-        assert!(
-            lines[0].starts_with("server  round  open  failed"),
-            "{table}"
-        );
-        let ratio = |line: &str| line.split_whitespace().nth(9).unwrap().to_string();
-        assert_eq!(ratio(lines[1]), "1.20");
-        assert_eq!(ratio(lines[2]), "1.00");
-        assert_eq!(ratio(lines[3]), "1.50");
-        assert_eq!(ratio(lines[4]), "1.00");
         assert_eq!(
-            render_table(&runs[..1], "floor").lines().nth(1).map(ratio),
-            Some("-".into())
+            render_columns(&rows),
+            "name       n\na          1\nlonger  1000\n"
         );
+        assert_eq!(render_columns(&[]), "");
     }
 
     #[test]
     fn json_has_nested_sections() {
         let json = serde_json::to_value(sample("floor", 1, [1.0, 2.0, 3.0])).unwrap();
-        assert_eq!(json["memory"]["bytes_per_conn"], 128.0);
+        assert_eq!(json["memory"]["rss_per_conn"], 128.0);
+        assert_eq!(json["memory"]["open"]["pss_bytes"], (1 << 19) + 10_000);
         assert_eq!(json["broadcast"]["per_conn_us"]["median"], 2.0);
+        assert_eq!(json["connections"]["rate"]["average"], 200.0);
         assert_eq!(
             json["broadcast"]["per_message"].as_array().unwrap().len(),
             3
@@ -608,7 +844,13 @@ mod tests {
     fn units() {
         assert_eq!(bytes(512), "512 B");
         assert_eq!(bytes(3 * 1024 * 1024 / 2), "1.5 MiB");
+        assert_eq!(bytes(-2048), "-2.0 KiB");
         assert_eq!(duration_us(12.34), "12.3 µs");
         assert_eq!(duration_us(250_000.0), "250.0 ms");
+        assert_eq!(duration_us(12_500_000.0), "12.50 s");
+        assert_eq!(grouped(0), "0");
+        assert_eq!(grouped(999), "999");
+        assert_eq!(grouped(1_000), "1,000");
+        assert_eq!(grouped(1_234_567), "1,234,567");
     }
 }

@@ -2,11 +2,11 @@
 //! fed broadcast lines on its standard input, measured through `/proc`,
 //! and always stopped when its owner goes away.
 
-use std::io::{self, Write};
+use std::io;
 use std::net::{Ipv4Addr, TcpListener};
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::str::FromStr;
 use std::thread;
@@ -14,8 +14,10 @@ use std::time::{Duration, Instant};
 
 use crate::procfs::{self, Usage};
 use crate::sys;
+use crate::target::{self, Target};
 
-/// Command (or label) that stands for this program's own `floor` server.
+/// Command (or label) that stands for this program's own `floor` server;
+/// as the first word of a command, the rest are `floor`'s options.
 pub const FLOOR: &str = "floor";
 
 /// Placeholder replaced by the port in a server command.
@@ -38,6 +40,7 @@ impl FromStr for ServerSpec {
 
     /// `NAME=COMMAND`, or just `floor` for the built-in floor server.
     fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
         match s.split_once('=') {
             Some((label, command)) if !label.is_empty() && !command.trim().is_empty() => {
                 Ok(ServerSpec {
@@ -56,23 +59,69 @@ impl FromStr for ServerSpec {
 
 /// The shell command that starts `template` on `port`.
 ///
-/// `floor` means this program's own floor server (`own_exe`); otherwise each
-/// `{port}` is replaced by the port, or the port is appended as the last
-/// argument when there is no `{port}` (so `run.sh` takes it as `$1`).
+/// `floor [OPTIONS]` means this program's own floor server (`own_exe`);
+/// otherwise each `{port}` is replaced by the port, or the port is
+/// appended as the last argument when there is no `{port}` (so `run.sh`
+/// takes it as `$1`).
 pub fn command_line(template: &str, port: u16, own_exe: &Path) -> String {
     let template = template.trim();
-    if template == FLOOR {
-        let exe = own_exe.to_string_lossy();
-        return format!(
-            "'{}' floor --listen 127.0.0.1:{port}",
-            exe.replace('\'', r"'\''")
-        );
+    if let Some(options) = template.strip_prefix(FLOOR) {
+        if options.is_empty() || options.starts_with(' ') {
+            return format!(
+                "{} floor --listen 127.0.0.1:{port}{options}",
+                quote(own_exe)
+            );
+        }
     }
     if template.contains(PORT_PLACEHOLDER) {
         template.replace(PORT_PLACEHOLDER, &port.to_string())
     } else {
         format!("{template} {port}")
     }
+}
+
+/// Share of an instance's open-file limit a server is planned to fill:
+/// the kernel's spread of connections over `SO_REUSEPORT` listeners is
+/// uneven (±1% at a million over 60).
+const INSTANCE_FILL: f64 = 0.85;
+
+/// Descriptors a server instance needs besides its connections.
+const INSTANCE_SPARE_FDS: u64 = 64;
+
+/// Server instances needed for `conns` connections when one process may
+/// hold `nofile` descriptors.
+pub fn instances_for(conns: usize, nofile: u64) -> usize {
+    let per_instance = (nofile.saturating_sub(INSTANCE_SPARE_FDS) as f64 * INSTANCE_FILL).max(1.0);
+    ((conns as f64 / per_instance).ceil() as usize).max(1)
+}
+
+/// The command that runs wspush itself for `conns` connections:
+/// `--processes auto` (one instance per CPU), or more instances if the
+/// connections would not fit into `auto`'s within the open-file limit
+/// `nofile`. The binary is the `wspush` next to this program (cargo builds
+/// both into `target/release`), else `target/release/wspush` under the
+/// current directory. `extra` options are added.
+pub fn default_wspush(own_exe: &Path, extra: &str, conns: usize, nofile: u64) -> String {
+    let beside = own_exe.with_file_name("wspush");
+    let exe = if beside.is_file() {
+        beside
+    } else {
+        PathBuf::from("target/release/wspush")
+    };
+    let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+    let processes = match instances_for(conns, nofile) {
+        n if n <= cpus => "auto".to_string(),
+        n => n.to_string(),
+    };
+    format!(
+        "{} --processes {processes}{extra} --listen 127.0.0.1:{PORT_PLACEHOLDER}",
+        quote(&exe)
+    )
+}
+
+/// `path` quoted for `sh`.
+fn quote(path: &Path) -> String {
+    format!("'{}'", path.to_string_lossy().replace('\'', r"'\''"))
 }
 
 /// A port on 127.0.0.1 that was free a moment ago.
@@ -113,21 +162,13 @@ impl Server {
         self.child.id()
     }
 
-    /// An error if the server has exited.
-    pub fn check_alive(&mut self) -> io::Result<()> {
-        match self.child.try_wait()? {
-            None => Ok(()),
-            Some(status) => Err(io::Error::other(format!("server exited: {status}"))),
-        }
-    }
-
     /// Waits until something listens on `port`, checking `interrupted`
     /// and that the server is still running.
     pub fn wait_listening(&mut self, port: u16, timeout: Duration) -> io::Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             self.check_alive()?;
-            if procfs::is_listening(port)? {
+            if procfs::listeners(port)? > 0 {
                 return Ok(());
             }
             if sys::interrupted() {
@@ -141,23 +182,6 @@ impl Server {
             }
             thread::sleep(Duration::from_millis(20));
         }
-    }
-
-    /// Writes one line (a newline is added) to the server's standard input.
-    pub fn send_line(&mut self, line: &[u8]) -> io::Result<()> {
-        let stdin = self
-            .stdin
-            .as_mut()
-            .ok_or_else(|| io::Error::other("server stdin closed"))?;
-        let mut buf = Vec::with_capacity(line.len() + 1);
-        buf.extend_from_slice(line);
-        buf.push(b'\n');
-        stdin.write_all(&buf)
-    }
-
-    /// Memory and CPU time of the server's process tree.
-    pub fn usage(&self) -> io::Result<Usage> {
-        procfs::tree_usage(self.pid())
     }
 
     /// Stops the server: SIGTERM to its process group, SIGKILL after a grace period.
@@ -175,6 +199,29 @@ impl Server {
         // (nothing left) is the normal outcome.
         let _ = sys::signal_group(pgid, libc::SIGKILL);
         let _ = self.child.wait();
+    }
+}
+
+impl Target for Server {
+    /// Writes the line and a newline to the server's standard input.
+    fn send_line(&mut self, line: &[u8]) -> io::Result<()> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| io::Error::other("server stdin closed"))?;
+        target::write_line(stdin, line)
+    }
+
+    /// Memory and CPU time of the server's process tree.
+    fn usage(&self) -> io::Result<Usage> {
+        procfs::tree_usage(self.pid())
+    }
+
+    fn check_alive(&mut self) -> io::Result<()> {
+        match self.child.try_wait()? {
+            None => Ok(()),
+            Some(status) => Err(io::Error::other(format!("server exited: {status}"))),
+        }
     }
 }
 
@@ -196,6 +243,7 @@ mod tests {
         assert_eq!(spec.label, "wspush");
         assert_eq!(spec.command, "/x/wspush --listen 127.0.0.1:{port}");
         assert_eq!("floor".parse::<ServerSpec>().unwrap().command, FLOOR);
+        assert_eq!(" floor ".parse::<ServerSpec>().unwrap().label, FLOOR);
         assert!("wspush".parse::<ServerSpec>().is_err());
         assert!("=cmd".parse::<ServerSpec>().is_err());
         assert!("a= ".parse::<ServerSpec>().is_err());
@@ -216,6 +264,27 @@ mod tests {
             command_line(" floor ", 4000, exe),
             "'/t/wspush-bench' floor --listen 127.0.0.1:4000"
         );
+        assert_eq!(
+            command_line("floor --processes 4", 4000, exe),
+            "'/t/wspush-bench' floor --listen 127.0.0.1:4000 --processes 4"
+        );
+        assert_eq!(command_line("floorish {port}", 4000, exe), "floorish 4000");
+        let wspush = default_wspush(Path::new("/nowhere/wspush-bench"), " --echo", 1000, 20_000);
+        assert_eq!(
+            command_line(&wspush, 4000, exe),
+            "'target/release/wspush' --processes auto --echo --listen 127.0.0.1:4000"
+        );
+        let million = default_wspush(Path::new("/nowhere/wspush-bench"), "", 1_000_000, 20_000);
+        assert!(million.contains(" --processes 60 "), "{million}");
+    }
+
+    #[test]
+    fn instances_leave_room_for_an_uneven_spread() {
+        assert_eq!(instances_for(1, 20_000), 1);
+        assert_eq!(instances_for(16_000, 20_000), 1);
+        assert_eq!(instances_for(19_000, 20_000), 2);
+        // 1M at 85% of 19,936 descriptors each.
+        assert_eq!(instances_for(1_000_000, 20_000), 60);
     }
 
     #[test]

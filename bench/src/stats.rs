@@ -1,28 +1,54 @@
-//! What the clients observe while messages arrive: per-message progress,
-//! delivery anomalies, the latency histogram, and connection failures by kind.
+//! What the clients observe: per-message receipts, delivery anomalies, the
+//! latency histogram and connection failures by kind; kept by each worker
+//! in a [`Tally`] and merged by the coordinator from [`Observed`] summaries.
 
 use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
 
 use crate::message::Stamp;
 
 /// Highest latency the histogram records exactly (60 s); larger values are clamped.
-const MAX_LATENCY_NS: u64 = 60_000_000_000;
+pub const MAX_LATENCY_NS: u64 = 60_000_000_000;
 
-/// Progress of one broadcast message across all connections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MessageProgress {
-    /// When the line was written to the server ([`crate::sys::now_ns`]).
-    pub sent_ns: u64,
+/// An empty latency histogram (ns, 3 significant digits).
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("valid histogram bounds")
+}
+
+/// Receipts of one broadcast message by a set of connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipts {
     /// Connections that were open when it was sent.
     pub expected: u32,
     /// Connections that have received it (in order or after a skip).
     pub received: u32,
-    /// Time of the first receipt recorded, 0 while nobody has received it.
+    /// Time of the earliest receipt ([`crate::sys::now_ns`]), 0 if none.
     pub first_ns: u64,
-    /// Latest receipt so far, 0 while nobody has received it.
+    /// Time of the latest receipt, 0 if none.
     pub last_ns: u64,
+}
+
+impl Receipts {
+    /// Adds another set of connections' receipts of the same message.
+    pub fn merge(&mut self, other: &Receipts) {
+        self.expected += other.expected;
+        self.received += other.received;
+        self.first_ns = match (self.first_ns, other.first_ns) {
+            (0, t) | (t, 0) => t,
+            (a, b) => a.min(b),
+        };
+        self.last_ns = self.last_ns.max(other.last_ns);
+    }
+
+    fn record(&mut self, now: u64) {
+        self.received += 1;
+        if self.first_ns == 0 {
+            self.first_ns = now;
+        }
+        self.last_ns = self.last_ns.max(now);
+    }
 }
 
 /// How a delivery relates to what its connection had received before.
@@ -36,11 +62,14 @@ pub enum Order {
     Duplicate,
 }
 
-/// Everything the clients observe while messages arrive.
-#[derive(Debug)]
-pub struct Tally {
-    messages: Vec<MessageProgress>,
-    latency: Histogram<u64>,
+/// Everything a set of connections observed, in a form that can travel
+/// between processes and be merged.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Observed {
+    /// Receipts of each message, `messages[seq - 1]`.
+    pub messages: Vec<Receipts>,
+    /// Latency histogram as `(value ns, count)` pairs.
+    pub latency: Vec<(u64, u64)>,
     /// Deliveries that repeat or go back in the sequence.
     pub duplicates: u64,
     /// Deliveries that jumped ahead in the sequence.
@@ -49,6 +78,60 @@ pub struct Tally {
     pub corrupt: u64,
     /// Connection failures by kind.
     pub failures: BTreeMap<String, u64>,
+}
+
+impl Observed {
+    /// Adds another set of connections' observations.
+    pub fn merge(&mut self, other: &Observed) {
+        if self.messages.len() < other.messages.len() {
+            self.messages
+                .resize(other.messages.len(), Receipts::default());
+        }
+        for (mine, theirs) in self.messages.iter_mut().zip(&other.messages) {
+            mine.merge(theirs);
+        }
+        self.latency.extend_from_slice(&other.latency);
+        self.duplicates += other.duplicates;
+        self.out_of_order += other.out_of_order;
+        self.corrupt += other.corrupt;
+        for (kind, n) in &other.failures {
+            *self.failures.entry(kind.clone()).or_insert(0) += n;
+        }
+    }
+
+    /// The latency histogram (ns).
+    pub fn histogram(&self) -> Histogram<u64> {
+        let mut h = new_histogram();
+        for &(value, count) in &self.latency {
+            h.saturating_record_n(value, count);
+        }
+        h
+    }
+
+    /// Deliveries that never happened: for every message, the connections
+    /// open when it was sent that did not receive it.
+    pub fn lost(&self) -> u64 {
+        self.messages
+            .iter()
+            .map(|m| u64::from(m.expected.saturating_sub(m.received)))
+            .sum()
+    }
+
+    /// Connection failures of every kind together.
+    pub fn failed(&self) -> u64 {
+        self.failures.values().sum()
+    }
+}
+
+/// What one set of connections observes while messages arrive.
+#[derive(Debug)]
+pub struct Tally {
+    messages: Vec<Receipts>,
+    latency: Histogram<u64>,
+    duplicates: u64,
+    out_of_order: u64,
+    corrupt: u64,
+    failures: BTreeMap<String, u64>,
 }
 
 impl Default for Tally {
@@ -62,8 +145,7 @@ impl Tally {
     pub fn new() -> Self {
         Tally {
             messages: Vec::new(),
-            latency: Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3)
-                .expect("valid histogram bounds"),
+            latency: new_histogram(),
             duplicates: 0,
             out_of_order: 0,
             corrupt: 0,
@@ -71,42 +153,29 @@ impl Tally {
         }
     }
 
-    /// Registers message `seq` (which must be the next one) as sent at
-    /// `sent_ns` to `expected` open connections.
-    pub fn sent(&mut self, seq: u32, sent_ns: u64, expected: u32) {
+    /// Announces message `seq` (which must be the next one), about to be
+    /// sent to `expected` open connections.
+    pub fn arm(&mut self, seq: u32, expected: u32) {
         assert_eq!(
             seq as usize,
             self.messages.len() + 1,
             "messages are sent in order"
         );
-        self.messages.push(MessageProgress {
-            sent_ns,
+        self.messages.push(Receipts {
             expected,
-            received: 0,
-            first_ns: 0,
-            last_ns: 0,
+            ..Receipts::default()
         });
     }
 
-    /// Progress of message `seq` (from 1), if it was sent.
-    pub fn message(&self, seq: u32) -> Option<&MessageProgress> {
+    /// Receipts of message `seq` (from 1), if it was announced.
+    pub fn receipts(&self, seq: u32) -> Option<&Receipts> {
         self.messages.get((seq as usize).checked_sub(1)?)
     }
 
-    /// Progress of every message sent so far, in order.
-    pub fn messages(&self) -> &[MessageProgress] {
-        &self.messages
-    }
-
-    /// Latency from send to receipt over all deliveries, in nanoseconds.
-    pub fn latency(&self) -> &Histogram<u64> {
-        &self.latency
-    }
-
     /// Records a delivery received at `received_ns`; returns false (and counts
-    /// it as corrupt) if it names a message that was never sent.
+    /// it as corrupt) if it names a message that was never announced.
     pub fn delivered(&mut self, stamp: Stamp, order: Order, received_ns: u64) -> bool {
-        let Some(progress) = (stamp.seq as usize)
+        let Some(receipts) = (stamp.seq as usize)
             .checked_sub(1)
             .and_then(|i| self.messages.get_mut(i))
         else {
@@ -121,30 +190,43 @@ impl Tally {
             Order::Skipped => self.out_of_order += 1,
             Order::Next => {}
         }
-        progress.received += 1;
-        if progress.first_ns == 0 {
-            progress.first_ns = received_ns;
-        }
-        progress.last_ns = progress.last_ns.max(received_ns);
+        receipts.record(received_ns);
         let latency = received_ns
             .saturating_sub(stamp.sent_ns)
             .clamp(1, MAX_LATENCY_NS);
-        self.latency.record(latency).expect("latency within bounds");
+        self.latency.saturating_record(latency);
         true
     }
 
-    /// Deliveries that never happened: for every message, the connections
-    /// open when it was sent that have not received it.
-    pub fn lost(&self) -> u64 {
-        self.messages
-            .iter()
-            .map(|m| u64::from(m.expected.saturating_sub(m.received)))
-            .sum()
+    /// Counts a payload that is not a valid message.
+    pub fn corrupt(&mut self) {
+        self.corrupt += 1;
     }
 
     /// Counts one connection failure of `kind`.
     pub fn failed(&mut self, kind: String) {
         *self.failures.entry(kind).or_insert(0) += 1;
+    }
+
+    /// Connection failures so far, all kinds together.
+    pub fn failures(&self) -> u64 {
+        self.failures.values().sum()
+    }
+
+    /// Everything observed so far, ready to travel and merge.
+    pub fn observed(&self) -> Observed {
+        Observed {
+            messages: self.messages.clone(),
+            latency: self
+                .latency
+                .iter_recorded()
+                .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                .collect(),
+            duplicates: self.duplicates,
+            out_of_order: self.out_of_order,
+            corrupt: self.corrupt,
+            failures: self.failures.clone(),
+        }
     }
 }
 
@@ -159,42 +241,80 @@ mod tests {
     #[test]
     fn tracks_first_and_last_receipt_and_latency() {
         let mut tally = Tally::new();
-        tally.sent(1, 1_000, 3);
+        tally.arm(1, 3);
         assert!(tally.delivered(stamp(1, 1_000), Order::Next, 5_000));
         assert!(tally.delivered(stamp(1, 1_000), Order::Next, 3_000));
-        let m = tally.message(1).unwrap();
+        let m = tally.receipts(1).unwrap();
         assert_eq!((m.received, m.first_ns, m.last_ns), (2, 5_000, 5_000));
-        assert_eq!(tally.latency().len(), 2);
-        assert_eq!(tally.latency().min(), 2_000);
-        assert_eq!(tally.lost(), 1);
+        let observed = tally.observed();
+        assert_eq!(observed.histogram().len(), 2);
+        assert_eq!(observed.histogram().min(), 2_000);
+        assert_eq!(observed.lost(), 1);
     }
 
     #[test]
     fn anomalies_are_counted() {
         let mut tally = Tally::new();
-        tally.sent(1, 10, 1);
-        tally.sent(2, 20, 1);
+        tally.arm(1, 1);
+        tally.arm(2, 1);
         assert!(tally.delivered(stamp(2, 20), Order::Skipped, 30));
         assert!(tally.delivered(stamp(1, 10), Order::Duplicate, 40));
         assert!(!tally.delivered(stamp(3, 30), Order::Next, 50));
         assert!(!tally.delivered(stamp(0, 30), Order::Next, 50));
-        assert_eq!(
-            (tally.out_of_order, tally.duplicates, tally.corrupt),
-            (1, 1, 2)
-        );
-        assert_eq!(tally.message(1).unwrap().received, 0);
-        assert_eq!(tally.message(2).unwrap().received, 1);
-        assert!(tally.message(0).is_none());
-        assert_eq!(tally.lost(), 1);
+        tally.corrupt();
+        let o = tally.observed();
+        assert_eq!((o.out_of_order, o.duplicates, o.corrupt), (1, 1, 3));
+        assert_eq!(o.messages[0].received, 0);
+        assert_eq!(o.messages[1].received, 1);
+        assert!(tally.receipts(0).is_none());
+        assert_eq!(o.lost(), 1);
     }
 
     #[test]
     fn failures_by_kind() {
         let mut tally = Tally::new();
-        tally.failed("connect: refused".into());
-        tally.failed("connect: refused".into());
-        tally.failed("closed".into());
-        assert_eq!(tally.failures["connect: refused"], 2);
-        assert_eq!(tally.failures["closed"], 1);
+        tally.failed("refused".into());
+        tally.failed("refused".into());
+        tally.failed("reset".into());
+        assert_eq!(tally.failures(), 3);
+        let o = tally.observed();
+        assert_eq!(o.failures["refused"], 2);
+        assert_eq!(o.failed(), 3);
+    }
+
+    #[test]
+    fn observations_merge_across_workers() {
+        let mut a = Tally::new();
+        a.arm(1, 2);
+        a.delivered(stamp(1, 100), Order::Next, 1_100);
+        a.delivered(stamp(1, 100), Order::Next, 1_300);
+        a.failed("timeout".into());
+        let mut b = Tally::new();
+        b.arm(1, 2);
+        b.arm(2, 2);
+        b.delivered(stamp(1, 100), Order::Next, 900);
+        b.delivered(stamp(2, 5_000), Order::Skipped, 7_000);
+        b.failed("timeout".into());
+
+        let mut merged = Observed::default();
+        merged.merge(&a.observed());
+        merged.merge(&b.observed());
+        assert_eq!(
+            merged.messages[0],
+            Receipts {
+                expected: 4,
+                received: 3,
+                first_ns: 900,
+                last_ns: 1_300
+            }
+        );
+        assert_eq!(merged.messages[1].received, 1);
+        assert_eq!(merged.lost(), 1 + 1);
+        assert_eq!(merged.out_of_order, 1);
+        assert_eq!(merged.failures["timeout"], 2);
+        let h = merged.histogram();
+        assert_eq!(h.len(), 4);
+        assert_eq!(h.min(), 800);
+        assert!(h.max() >= 2_000 && h.max() < 2_002);
     }
 }

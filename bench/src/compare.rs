@@ -1,0 +1,298 @@
+//! `compare`: `push` and `echo` over several servers, alternating, for a
+//! number of rounds; one table with a column per headline number.
+
+use serde::Serialize;
+
+use crate::echo::{self, EchoOptions, EchoOutcome};
+use crate::push::{self, PushOptions};
+use crate::report::{self, RunReport};
+use crate::server::ServerSpec;
+use crate::{sys, Error};
+
+/// Parameters of a comparison besides the push options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CompareOptions {
+    /// `NAME=COMMAND` as for `push --spawn`, or `floor [OPTIONS]`;
+    /// repeatable. The server must echo for the echo columns (wspush:
+    /// `--echo`; the floor and the peers always do).
+    #[arg(long = "server", required = true)]
+    pub servers: Vec<ServerSpec>,
+    /// How many times to measure every server, alternating between them.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: u32,
+    /// Server whose fan-out the `×base` column divides by.
+    #[arg(long, default_value = crate::server::FLOOR)]
+    pub baseline: String,
+    /// Skip the echo measurement.
+    #[arg(long)]
+    pub no_echo: bool,
+    /// Echo: connections.
+    #[arg(long, default_value_t = 1000)]
+    pub echo_conns: usize,
+    /// Echo: messages per second per connection.
+    #[arg(long, default_value_t = 20.0)]
+    pub echo_rate: f64,
+    /// Echo: payload bytes.
+    #[arg(long, default_value_t = 1024)]
+    pub echo_bytes: usize,
+    /// Echo: seconds of sending.
+    #[arg(long, default_value_t = 10)]
+    pub echo_secs: u64,
+    /// Seconds of sending per step of the max-rate search.
+    #[arg(long, default_value_t = 5)]
+    pub search_secs: u64,
+    /// Also search each server's highest echo rate with p99 under
+    /// `--max-p99-ms` (see `echo --find-max-rate`).
+    #[arg(long)]
+    pub find_max_rate: bool,
+    /// The p99 round-trip limit of the max-rate search, in ms.
+    #[arg(long, default_value_t = 50.0)]
+    pub max_p99_ms: f64,
+}
+
+impl CompareOptions {
+    /// The echo options for a plain run (`find_max_rate` false) or the search.
+    fn echo_options(&self, find_max_rate: bool, wait_quiet: u64) -> Result<EchoOptions, Error> {
+        let secs = if find_max_rate {
+            self.search_secs
+        } else {
+            self.echo_secs
+        };
+        let mut args = vec![
+            "--conns".to_string(),
+            self.echo_conns.to_string(),
+            "--rate".into(),
+            self.echo_rate.to_string(),
+            "--payload-bytes".into(),
+            self.echo_bytes.to_string(),
+            "--secs".into(),
+            secs.to_string(),
+            "--max-p99-ms".into(),
+            self.max_p99_ms.to_string(),
+            "--wait-quiet".into(),
+            wait_quiet.to_string(),
+        ];
+        if find_max_rate {
+            args.push("--find-max-rate".into());
+        }
+        Ok(EchoOptions::from_args(&args)?)
+    }
+}
+
+/// One server in one round.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Label of the server.
+    pub server: String,
+    /// Round (from 1).
+    pub round: u32,
+    /// The push run.
+    pub push: Option<RunReport>,
+    /// The echo run at the fixed rate.
+    pub echo: Option<EchoOutcome>,
+    /// The max-rate search.
+    pub max_rate: Option<EchoOutcome>,
+}
+
+/// Runs every measurement; a failing one does not stop the others. Every
+/// report goes to standard error as it is done. Returns the rows and the
+/// number of failed measurements.
+pub fn run(options: &CompareOptions, push: &PushOptions) -> Result<(Vec<Row>, usize), Error> {
+    let echo = options.echo_options(false, push.wait_quiet)?;
+    let search = options.echo_options(true, push.wait_quiet)?;
+    let mut rows = Vec::new();
+    let mut failed = 0;
+    for round in 1..=options.rounds {
+        for spec in &options.servers {
+            let mut row = Row {
+                server: spec.label.clone(),
+                round,
+                push: None,
+                echo: None,
+                max_rate: None,
+            };
+            let mut note = |what: &str, e: Error| -> Result<(), Error> {
+                if sys::interrupted() {
+                    return Err("interrupted".into());
+                }
+                eprintln!("[{}] round {round}: {what} failed: {e}", spec.label);
+                failed += 1;
+                Ok(())
+            };
+            match push::run(spec, push, round) {
+                Ok(r) => {
+                    eprint!("{}", r.render_text());
+                    row.push = Some(r);
+                }
+                Err(e) => note("push", e)?,
+            }
+            if !options.no_echo {
+                match echo::run(spec, &echo, round) {
+                    Ok(r) => {
+                        eprint!("{}", r.render_text());
+                        row.echo = Some(r);
+                    }
+                    Err(e) => note("echo", e)?,
+                }
+            }
+            if options.find_max_rate {
+                match echo::run(spec, &search, round) {
+                    Ok(r) => {
+                        eprint!("{}", r.render_text());
+                        row.max_rate = Some(r);
+                    }
+                    Err(e) => note("max-rate search", e)?,
+                }
+            }
+            rows.push(row);
+        }
+    }
+    Ok((rows, failed))
+}
+
+/// The comparison table; the `×base` column divides each row's median
+/// fan-out per connection by that of the `baseline` server in the same round.
+pub fn render_table(rows: &[Row], baseline: &str) -> String {
+    let cells: Vec<Vec<(&str, String)>> =
+        rows.iter().map(|r| table_row(r, rows, baseline)).collect();
+    report::render_columns(&cells)
+}
+
+fn table_row(row: &Row, rows: &[Row], baseline: &str) -> Vec<(&'static str, String)> {
+    let dash = || "-".to_string();
+    let fanout = |r: &Row| r.push.as_ref().and_then(|p| p.broadcast.per_conn_us);
+    let base = rows
+        .iter()
+        .find(|r| r.server == baseline && r.round == row.round)
+        .and_then(fanout);
+    let ratio = match (fanout(row), base) {
+        (Some(s), Some(b)) if b.median > 0.0 => format!("{:.2}", s.median / b.median),
+        _ => dash(),
+    };
+    let p = row.push.as_ref();
+    let push_cell = |f: &dyn Fn(&RunReport) -> String| p.map_or_else(dash, f);
+    let echo = match &row.echo {
+        Some(EchoOutcome::One(e)) => Some(&**e),
+        _ => None,
+    };
+    let echo_cell = |f: &dyn Fn(&echo::EchoReport) -> String| echo.map_or_else(dash, f);
+    let mut cells = vec![
+        ("server", row.server.clone()),
+        ("round", row.round.to_string()),
+        ("open", push_cell(&|p| p.connections.open.to_string())),
+        ("failed", push_cell(&|p| p.connections.failed.to_string())),
+        (
+            "setup/s",
+            push_cell(&|p| format!("{:.0}", p.connections.rate.average)),
+        ),
+        (
+            "slowest s",
+            push_cell(&|p| {
+                p.connections
+                    .rate
+                    .slowest_second
+                    .map_or_else(dash, |n| n.to_string())
+            }),
+        ),
+        (
+            "RSS B/conn",
+            push_cell(&|p| format!("{:.1}", p.memory.rss_per_conn)),
+        ),
+        (
+            "PSS B/conn",
+            push_cell(&|p| format!("{:.1}", p.memory.pss_per_conn)),
+        ),
+        (
+            "fan-out µs/conn",
+            fanout(row).map_or_else(dash, |s| format!("{:.2}", s.median)),
+        ),
+        ("×base", ratio),
+        (
+            "cpu µs/deliv",
+            push_cell(&|p| format!("{:.2}", p.cpu.server_us_per_delivery)),
+        ),
+        (
+            "idle cpu %",
+            push_cell(&|p| format!("{:.2}", p.cpu.idle_percent)),
+        ),
+        (
+            "lost/dup/ooo",
+            push_cell(&|p| {
+                format!(
+                    "{}/{}/{}",
+                    p.delivery.lost, p.delivery.duplicates, p.delivery.out_of_order
+                )
+            }),
+        ),
+        (
+            "echo cpu %",
+            echo_cell(&|e| format!("{:.1}", e.server_cpu_percent)),
+        ),
+        (
+            "echo µs/msg",
+            echo_cell(&|e| format!("{:.2}", e.server_us_per_echo)),
+        ),
+        (
+            "echo p99 ms",
+            echo_cell(&|e| format!("{:.2}", e.rtt.p99_us / 1e3)),
+        ),
+    ];
+    if let Some(EchoOutcome::MaxRate(m)) = &row.max_rate {
+        cells.push((
+            "max msg/s/conn",
+            match (m.best_rate, m.client_limited) {
+                (Some(r), true) => format!("≥{r:.0}"),
+                (Some(r), false) => format!("{r:.0}"),
+                (None, _) => dash(),
+            },
+        ));
+    } else if rows.iter().any(|r| r.max_rate.is_some()) {
+        cells.push(("max msg/s/conn", dash()));
+    }
+    cells
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(server: &str, round: u32, per_conn: f64) -> Row {
+        Row {
+            server: server.into(),
+            round,
+            push: Some(report::sample(server, round, [per_conn; 3])),
+            echo: None,
+            max_rate: None,
+        }
+    }
+
+    #[test]
+    fn ratios_use_the_baseline_of_the_same_round() {
+        let rows = [
+            row("wspush", 1, 12.0),
+            row("floor", 1, 10.0),
+            row("wspush", 2, 30.0),
+            row("floor", 2, 20.0),
+        ];
+        let table = render_table(&rows, "floor");
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 5);
+        assert!(
+            lines[0].starts_with("server  round  open  failed  setup/s"),
+            "{table}"
+        );
+        let header: Vec<&str> = lines[0].split("  ").filter(|c| !c.is_empty()).collect();
+        let col = header.iter().position(|h| h.trim() == "×base").unwrap();
+        let ratio = |line: &str| line.split_whitespace().nth(col).unwrap().to_string();
+        assert_eq!(ratio(lines[1]), "1.20");
+        assert_eq!(ratio(lines[2]), "1.00");
+        assert_eq!(ratio(lines[3]), "1.50");
+        assert_eq!(ratio(lines[4]), "1.00");
+        let last3: Vec<&str> = lines[1].split_whitespace().rev().take(3).collect();
+        assert_eq!(last3, ["-", "-", "-"], "no echo columns: {table}");
+        assert_eq!(
+            render_table(&rows[..1], "floor").lines().nth(1).map(ratio),
+            Some("-".into())
+        );
+    }
+}

@@ -1,0 +1,217 @@
+//! The client side of opening a WebSocket, shared by the push and echo
+//! connections: a non-blocking connect from a chosen source address, the
+//! upgrade request, and the check of the server's answer; plus the two
+//! socket helpers every client read and write goes through.
+
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::AsFd;
+
+use mio::net::TcpStream;
+use mio::{Interest, Registry, Token};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::frame::FrameError;
+use crate::handshake::{self, HandshakeError};
+use crate::sys;
+
+/// Why a connection was given up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// Creating, binding or connecting the socket failed.
+    Connect(io::ErrorKind),
+    /// The upgrade was refused or answered wrongly.
+    Handshake(HandshakeError),
+    /// The server closed the TCP connection (during the upgrade if `upgrading`).
+    Closed {
+        /// Whether the upgrade had not completed yet.
+        upgrading: bool,
+    },
+    /// Reading or writing the socket failed.
+    Io(io::ErrorKind),
+    /// The server sent a frame the reader refuses.
+    Protocol(FrameError),
+    /// The server sent a frame with an opcode RFC 6455 does not define.
+    UnknownOpcode(u8),
+    /// The server sent a fragmented message (not expected here).
+    Fragmented,
+    /// The server sent a close frame.
+    CloseFrame,
+    /// A small write (request, pong) did not fit into the socket at once.
+    ShortWrite,
+    /// The connection was still connecting or upgrading at its deadline.
+    Timeout,
+    /// An echo did not match what was sent.
+    BadEcho,
+}
+
+impl Failure {
+    /// Label under which failures of this kind are counted. The four kinds
+    /// a loaded server typically causes come first and bare: `refused`,
+    /// `reset`, `timeout`, `bad handshake: …`.
+    pub fn label(&self) -> String {
+        use io::ErrorKind as K;
+        match self {
+            Failure::Connect(K::ConnectionRefused) | Failure::Io(K::ConnectionRefused) => {
+                "refused".into()
+            }
+            Failure::Connect(K::ConnectionReset) | Failure::Io(K::ConnectionReset) => {
+                "reset".into()
+            }
+            Failure::Timeout | Failure::Connect(K::TimedOut) | Failure::Io(K::TimedOut) => {
+                "timeout".into()
+            }
+            Failure::Handshake(e) => format!("bad handshake: {e}"),
+            Failure::Connect(kind) => format!("connect: {kind}"),
+            Failure::Closed { upgrading: true } => "closed during upgrade".into(),
+            Failure::Closed { upgrading: false } => "closed by server".into(),
+            Failure::Io(kind) => format!("io: {kind}"),
+            Failure::Protocol(e) => format!("protocol: {e}"),
+            Failure::UnknownOpcode(op) => format!("protocol: opcode {op:#x}"),
+            Failure::Fragmented => "protocol: fragmented message".into(),
+            Failure::CloseFrame => "close frame from server".into(),
+            Failure::ShortWrite => "short write".into(),
+            Failure::BadEcho => "echo mismatch".into(),
+        }
+    }
+}
+
+impl From<FrameError> for Failure {
+    fn from(e: FrameError) -> Self {
+        Failure::Protocol(e)
+    }
+}
+
+impl From<HandshakeError> for Failure {
+    fn from(e: HandshakeError) -> Self {
+        Failure::Handshake(e)
+    }
+}
+
+/// Starts a non-blocking connect from `source` (port chosen by the kernel
+/// at connect time) to `server`, and registers the socket under `token`
+/// for both readiness kinds.
+pub fn connect(
+    source: Ipv4Addr,
+    server: SocketAddr,
+    registry: &Registry,
+    token: Token,
+) -> Result<TcpStream, Failure> {
+    let connect_err = |e: io::Error| Failure::Connect(e.kind());
+    let socket = Socket::new(
+        Domain::IPV4,
+        Type::STREAM.nonblocking(),
+        Some(Protocol::TCP),
+    )
+    .map_err(connect_err)?;
+    sys::set_bind_address_no_port(socket.as_fd()).map_err(connect_err)?;
+    socket
+        .bind(&SocketAddrV4::new(source, 0).into())
+        .map_err(connect_err)?;
+    match socket.connect(&server.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(connect_err(e)),
+    }
+    let mut stream = TcpStream::from_std(socket.into());
+    registry
+        .register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)
+        .map_err(connect_err)?;
+    Ok(stream)
+}
+
+/// Whether the connect completed (`false`: still in progress).
+pub fn connected(stream: &TcpStream) -> Result<bool, Failure> {
+    match stream.take_error() {
+        Ok(None) => {}
+        Ok(Some(e)) | Err(e) => return Err(Failure::Connect(e.kind())),
+    }
+    match stream.peer_addr() {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
+        Err(e) => Err(Failure::Connect(e.kind())),
+    }
+}
+
+/// Sends connection `id`'s upgrade request for `/ws?id=ID`.
+pub fn send_request(stream: &mut TcpStream, id: u64, server: SocketAddr) -> Result<(), Failure> {
+    let key = handshake::client_key(id);
+    let request = handshake::client_request(&server.to_string(), &format!("/ws?id={id}"), &key);
+    write_whole(stream, &request)
+}
+
+/// Reads what has arrived of the upgrade answer into `head`. Once the head
+/// is complete and valid for connection `id`, returns the bytes that
+/// followed it (frames the server sent right after the 101).
+pub fn read_upgrade(
+    stream: &mut TcpStream,
+    head: &mut Vec<u8>,
+    scratch: &mut [u8],
+    id: u64,
+) -> Result<Option<Vec<u8>>, Failure> {
+    let head_end = loop {
+        let Some(n) = read_some(stream, scratch)? else {
+            return Ok(None);
+        };
+        if n == 0 {
+            return Err(Failure::Closed { upgrading: true });
+        }
+        head.extend_from_slice(&scratch[..n]);
+        if let Some(end) = handshake::head_len(head) {
+            break end;
+        }
+        if head.len() > handshake::MAX_HEAD {
+            return Err(HandshakeError::TooLarge.into());
+        }
+    };
+    handshake::check_response(&head[..head_end], &handshake::client_key(id))?;
+    Ok(Some(head.split_off(head_end)))
+}
+
+/// One `read()`: `Some(n)` bytes (0 at EOF), `None` when the socket is empty.
+pub fn read_some(stream: &mut TcpStream, buf: &mut [u8]) -> Result<Option<usize>, Failure> {
+    loop {
+        match stream.read(buf) {
+            Ok(n) => return Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Failure::Io(e.kind())),
+        }
+    }
+}
+
+/// Writes a small message in one `write()`; it always fits into the empty
+/// send buffer of a healthy connection, so anything less is a failure.
+pub fn write_whole(stream: &mut TcpStream, bytes: &[u8]) -> Result<(), Failure> {
+    match stream.write(bytes) {
+        Ok(n) if n == bytes.len() => Ok(()),
+        Ok(_) => Err(Failure::ShortWrite),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(Failure::ShortWrite),
+        Err(e) => Err(Failure::Io(e.kind())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_labels_name_the_usual_kinds_first() {
+        use io::ErrorKind as K;
+        assert_eq!(Failure::Connect(K::ConnectionRefused).label(), "refused");
+        assert_eq!(Failure::Io(K::ConnectionReset).label(), "reset");
+        assert_eq!(Failure::Timeout.label(), "timeout");
+        assert_eq!(
+            Failure::Handshake(HandshakeError::Status(503)).label(),
+            "bad handshake: HTTP status 503"
+        );
+        assert_eq!(
+            Failure::Connect(K::AddrNotAvailable).label(),
+            "connect: address not available"
+        );
+        assert_eq!(
+            Failure::Closed { upgrading: false }.label(),
+            "closed by server"
+        );
+    }
+}

@@ -1,0 +1,315 @@
+//! The coordinator's side of the workers: launching them (as processes of
+//! this program, or as threads in tests), granting connection attempts,
+//! collecting their reports, and stopping them.
+//!
+//! One process may hold at most `RLIMIT_NOFILE` descriptors (20,000 here,
+//! and the hard limit cannot be raised), so a million connections need
+//! dozens of workers; each gets a share no larger than `--per-worker`.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command as Process, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::pacing;
+use crate::protocol::{self, Command, Counts, Plan, Report};
+use crate::stats::Observed;
+use crate::{sys, worker, Error};
+
+/// How long workers get to answer `Arm` and `Finish`.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How workers run.
+#[derive(Debug, Clone)]
+pub enum Launch {
+    /// As `EXE worker` child processes (the normal case: each process has
+    /// its own open-file limit).
+    Processes {
+        /// This program.
+        exe: PathBuf,
+    },
+    /// As threads of this process (tests: every socket counts against one
+    /// process's open-file limit).
+    Threads,
+}
+
+/// One worker as the coordinator sees it.
+struct Worker {
+    commands: Box<dyn Write + Send>,
+    process: Option<Child>,
+    /// Connections this worker may hold.
+    capacity: usize,
+    /// Connection attempts granted so far.
+    granted: usize,
+    /// Its latest counters.
+    counts: Counts,
+    /// It sent its final report; the end of its output is expected now.
+    finished: bool,
+    /// A thread worker's end of the command socket, shut down on drop so
+    /// that the worker sees the end of its input.
+    socket: Option<UnixStream>,
+}
+
+/// The running workers of one push run; stopped on drop.
+pub struct Fleet {
+    workers: Vec<Worker>,
+    /// Reports of all workers, tagged with the worker's index; `None` when
+    /// a worker's output ended.
+    reports: mpsc::Receiver<(usize, Option<io::Result<Report>>)>,
+}
+
+impl Fleet {
+    /// Starts one worker per share of `shares`; worker `i` gets `plan` with
+    /// `first_id` moved past the shares before it.
+    pub fn launch(launch: &Launch, plan: &Plan, shares: &[usize]) -> Result<Fleet, Error> {
+        let (tx, reports) = mpsc::channel();
+        let mut workers = Vec::with_capacity(shares.len());
+        let mut first_id = plan.first_id;
+        for (index, &capacity) in shares.iter().enumerate() {
+            let (commands, output, process, socket): (
+                Box<dyn Write + Send>,
+                Box<dyn Read + Send>,
+                _,
+                _,
+            ) = match launch {
+                Launch::Processes { exe } => {
+                    let mut cmd = Process::new(exe);
+                    cmd.arg("worker")
+                        .stdin(Stdio::piped())
+                        .stdout(Stdio::piped())
+                        .stderr(Stdio::inherit());
+                    sys::die_with_parent(&mut cmd);
+                    let mut child = cmd.spawn()?;
+                    let stdin = child.stdin.take().expect("piped");
+                    let stdout = child.stdout.take().expect("piped");
+                    (Box::new(stdin), Box::new(stdout), Some(child), None)
+                }
+                Launch::Threads => {
+                    let (ours, theirs) = UnixStream::pair()?;
+                    let input = theirs.try_clone()?;
+                    thread::Builder::new()
+                        .name(format!("worker-{index}"))
+                        .spawn(move || worker::run(input, theirs))?;
+                    let socket = Some(ours.try_clone()?);
+                    (Box::new(ours.try_clone()?), Box::new(ours), None, socket)
+                }
+            };
+            spawn_report_reader(index, output, tx.clone())?;
+            let mut worker = Worker {
+                commands,
+                process,
+                capacity,
+                granted: 0,
+                counts: Counts::default(),
+                finished: false,
+                socket,
+            };
+            let plan = Plan {
+                first_id,
+                ..plan.clone()
+            };
+            protocol::send(&mut worker.commands, &Command::Plan(plan))?;
+            first_id += capacity as u64;
+            workers.push(worker);
+        }
+        Ok(Fleet { workers, reports })
+    }
+
+    /// Number of workers.
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Whether there are no workers.
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    /// Process ids of the worker processes (none for threads).
+    pub fn pids(&self) -> Vec<u32> {
+        self.workers
+            .iter()
+            .filter_map(|w| w.process.as_ref().map(Child::id))
+            .collect()
+    }
+
+    /// Connection attempts granted so far.
+    pub fn granted(&self) -> usize {
+        self.workers.iter().map(|w| w.granted).sum()
+    }
+
+    /// The workers' latest counters, added up.
+    pub fn counts(&self) -> Counts {
+        let mut total = Counts::default();
+        for w in &self.workers {
+            total.add(&w.counts);
+        }
+        total
+    }
+
+    /// Attempts granted but not yet settled: not yet started by their
+    /// worker, or connecting or upgrading.
+    pub fn in_flight(&self) -> usize {
+        self.workers
+            .iter()
+            .map(|w| w.granted.saturating_sub(w.counts.started) + w.counts.pending)
+            .sum()
+    }
+
+    /// Grants `count` more connection attempts, `active` workers at a time
+    /// (see [`pacing::grant`]); returns how many were granted (fewer if
+    /// the workers are full).
+    pub fn open(&mut self, count: usize, active: usize) -> Result<usize, Error> {
+        let granted: Vec<usize> = self.workers.iter().map(|w| w.granted).collect();
+        let capacity: Vec<usize> = self.workers.iter().map(|w| w.capacity).collect();
+        let grants = pacing::grant(&granted, &capacity, count, active);
+        let mut total = 0;
+        for (w, count) in self.workers.iter_mut().zip(grants) {
+            if count > 0 {
+                protocol::send(&mut w.commands, &Command::Open { count })?;
+                w.granted += count;
+                total += count;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Tells every worker to give up its pending connections.
+    pub fn abandon(&mut self) -> Result<(), Error> {
+        self.broadcast(&Command::Abandon)
+    }
+
+    /// Waits up to `timeout` for one report; a `Progress` report also
+    /// updates the worker's counters. `Ok(None)` if none came. A worker
+    /// that failed or ended is an error.
+    pub fn next_report(&mut self, timeout: Duration) -> Result<Option<(usize, Report)>, Error> {
+        let (index, report) = match self.reports.recv_timeout(timeout) {
+            Ok(received) => received,
+            Err(RecvTimeoutError::Timeout) => return Ok(None),
+            Err(RecvTimeoutError::Disconnected) => return Err("every worker has ended".into()),
+        };
+        match report {
+            // A worker that sent its final report exits; other workers'
+            // final reports may still be on their way.
+            None if self.workers[index].finished => Ok(None),
+            None => Err(format!("worker {index} ended unexpectedly").into()),
+            Some(Err(e)) => Err(format!("worker {index}: unreadable report: {e}").into()),
+            Some(Ok(Report::Failed(e))) => Err(format!("worker {index} failed: {e}").into()),
+            Some(Ok(report)) => {
+                match &report {
+                    Report::Progress(counts) => self.workers[index].counts = *counts,
+                    Report::Final(_) => self.workers[index].finished = true,
+                    _ => {}
+                }
+                Ok(Some((index, report)))
+            }
+        }
+    }
+
+    /// Announces message `seq` to every worker and waits for their
+    /// answers; returns the connections expected to receive it.
+    pub fn arm(&mut self, seq: u32, nap_us: u64) -> Result<u32, Error> {
+        self.broadcast(&Command::Arm { seq, nap_us })?;
+        let mut answered = vec![false; self.len()];
+        let mut expected = 0;
+        self.collect(|index, report| match report {
+            Report::Armed { seq: s, open } if s == seq && !answered[index] => {
+                answered[index] = true;
+                expected += open;
+                answered.iter().all(|&a| a)
+            }
+            _ => false,
+        })?;
+        Ok(expected)
+    }
+
+    /// Stops the workers and merges what they observed.
+    pub fn finish(&mut self) -> Result<Observed, Error> {
+        self.broadcast(&Command::Finish)?;
+        let mut done = vec![false; self.len()];
+        let mut merged = Observed::default();
+        self.collect(|index, report| match report {
+            Report::Final(observed) if !done[index] => {
+                merged.merge(&observed);
+                done[index] = true;
+                done.iter().all(|&d| d)
+            }
+            _ => false,
+        })?;
+        for w in &mut self.workers {
+            if let Some(mut child) = w.process.take() {
+                let _ = child.wait();
+            }
+        }
+        Ok(merged)
+    }
+
+    /// Sends `command` to every worker.
+    fn broadcast(&mut self, command: &Command) -> Result<(), Error> {
+        for w in &mut self.workers {
+            protocol::send(&mut w.commands, command)?;
+        }
+        Ok(())
+    }
+
+    /// Feeds reports to `until` until it returns true, for at most
+    /// [`ANSWER_TIMEOUT`].
+    fn collect(&mut self, mut until: impl FnMut(usize, Report) -> bool) -> Result<(), Error> {
+        let deadline = Instant::now() + ANSWER_TIMEOUT;
+        loop {
+            if sys::interrupted() {
+                return Err("interrupted".into());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err("workers did not answer in time".into());
+            }
+            if let Some((index, report)) = self.next_report(left.min(Duration::from_millis(100)))? {
+                if until(index, report) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            if let Some(mut child) = w.process.take() {
+                // A worker that is still running after its run ended (an
+                // error, an interrupt) is of no further use.
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            if let Some(socket) = &w.socket {
+                let _ = socket.shutdown(Shutdown::Both);
+            }
+        }
+    }
+}
+
+/// Reads a worker's reports on a thread of their own and forwards them.
+fn spawn_report_reader(
+    index: usize,
+    output: Box<dyn Read + Send>,
+    tx: mpsc::Sender<(usize, Option<io::Result<Report>>)>,
+) -> io::Result<()> {
+    thread::Builder::new()
+        .name(format!("reports-{index}"))
+        .spawn(move || {
+            for line in BufReader::new(output).lines() {
+                let report = line.and_then(|l| protocol::parse(&l));
+                let stop = report.is_err();
+                if tx.send((index, Some(report))).is_err() || stop {
+                    return;
+                }
+            }
+            let _ = tx.send((index, None));
+        })?;
+    Ok(())
+}

@@ -1,0 +1,187 @@
+//! The line protocol between the coordinator of a push run and its
+//! workers: one JSON object per line, commands one way, reports the other.
+//!
+//! A worker gets its [`Plan`] first, then `Open` grants during the setup,
+//! one `Arm` before each broadcast (answered with `Armed` and, once the
+//! message has reached all its connections, `Received { done: true }`),
+//! and finally `Finish`, answered with everything it observed.
+
+use std::io::{self, Write};
+use std::net::{Ipv4Addr, SocketAddr};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::stats::{Observed, Receipts};
+
+/// What one worker connects to, and how.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The server.
+    pub server: SocketAddr,
+    /// Source addresses; connection `id` binds `sources[id % len]`.
+    pub sources: Vec<Ipv4Addr>,
+    /// Id of the worker's first connection.
+    pub first_id: u64,
+    /// Size of every broadcast payload.
+    pub payload_bytes: usize,
+    /// How long a connection may stay connecting or upgrading, in ms.
+    pub connect_timeout_ms: u64,
+}
+
+/// Coordinator → worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    /// The first command: what to connect to.
+    Plan(Plan),
+    /// Start this many more connections now.
+    Open {
+        /// How many.
+        count: usize,
+    },
+    /// Give up every connection still connecting or upgrading.
+    Abandon,
+    /// Message `seq` is about to be sent: answer with the connections
+    /// expected to receive it, then watch its receipts; while they arrive,
+    /// poll without blocking and nap `nap_us` between polls.
+    Arm {
+        /// Sequence number.
+        seq: u32,
+        /// Nap between non-blocking polls, in µs (0: block in `epoll_wait`).
+        nap_us: u64,
+    },
+    /// Report everything observed and exit.
+    Finish,
+}
+
+/// Counters of a worker's connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    /// Connections started.
+    pub started: usize,
+    /// Connections connecting or upgrading now.
+    pub pending: usize,
+    /// Connections upgraded and alive now.
+    pub open: usize,
+    /// Connections that completed the upgrade, alive or not.
+    pub opened: usize,
+    /// Connections that failed, at any stage.
+    pub failed: u64,
+}
+
+impl Counts {
+    /// Adds another worker's counters.
+    pub fn add(&mut self, other: &Counts) {
+        self.started += other.started;
+        self.pending += other.pending;
+        self.open += other.open;
+        self.opened += other.opened;
+        self.failed += other.failed;
+    }
+}
+
+/// Worker → coordinator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Report {
+    /// The worker's counters changed (sent at most every few ms).
+    Progress(Counts),
+    /// Answer to `Arm`: connections open now, which are expected to receive it.
+    Armed {
+        /// Sequence number.
+        seq: u32,
+        /// Open connections.
+        open: u32,
+    },
+    /// Receipts of message `seq` so far; `done` once every connection
+    /// still open has it.
+    Received {
+        /// Sequence number.
+        seq: u32,
+        /// Receipts by this worker's connections.
+        receipts: Receipts,
+        /// Whether the worker expects no more receipts of it.
+        done: bool,
+    },
+    /// Answer to `Finish`.
+    Final(Box<Observed>),
+    /// The worker stopped because of an error.
+    Failed(String),
+}
+
+/// Writes `message` as one line and flushes.
+pub fn send<T: Serialize>(out: &mut impl Write, message: &T) -> io::Result<()> {
+    let mut line = serde_json::to_vec(message).map_err(io::Error::other)?;
+    line.push(b'\n');
+    out.write_all(&line)?;
+    out.flush()
+}
+
+/// Parses one line written by [`send`].
+pub fn parse<T: DeserializeOwned>(line: &str) -> io::Result<T> {
+    serde_json::from_str(line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_and_reports_round_trip_as_single_lines() {
+        let plan = Command::Plan(Plan {
+            server: "127.0.0.1:9000".parse().unwrap(),
+            sources: vec![Ipv4Addr::new(127, 0, 0, 2)],
+            first_id: 19_500,
+            payload_bytes: 32,
+            connect_timeout_ms: 10_000,
+        });
+        let reports = [
+            Report::Progress(Counts {
+                started: 3,
+                pending: 1,
+                open: 2,
+                opened: 2,
+                failed: 0,
+            }),
+            Report::Received {
+                seq: 4,
+                receipts: Receipts {
+                    expected: 2,
+                    received: 2,
+                    first_ns: 1,
+                    last_ns: 2,
+                },
+                done: true,
+            },
+            Report::Final(Box::default()),
+            Report::Failed("boom\nwith a newline".into()),
+        ];
+        let mut out = Vec::new();
+        send(&mut out, &plan).unwrap();
+        for r in &reports {
+            send(&mut out, r).unwrap();
+        }
+        let text = String::from_utf8(out).unwrap();
+        let mut lines = text.lines();
+        assert_eq!(parse::<Command>(lines.next().unwrap()).unwrap(), plan);
+        for r in &reports {
+            assert_eq!(&parse::<Report>(lines.next().unwrap()).unwrap(), r);
+        }
+        assert!(lines.next().is_none());
+        assert!(parse::<Command>("{\"Open\":{}}").is_err());
+    }
+
+    #[test]
+    fn counts_add_up() {
+        let mut total = Counts::default();
+        let one = Counts {
+            started: 5,
+            pending: 1,
+            open: 3,
+            opened: 4,
+            failed: 1,
+        };
+        total.add(&one);
+        total.add(&one);
+        assert_eq!((total.started, total.open, total.failed), (10, 6, 2));
+    }
+}

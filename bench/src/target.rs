@@ -1,0 +1,81 @@
+//! The server under test as a measurement sees it: something that takes
+//! broadcast lines and whose processes can be watched. A server the bench
+//! spawned ([`crate::server::Server`]) is one; a server started by someone
+//! else is an [`External`] one, fed through a FIFO; tests embed one.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::Path;
+
+use crate::procfs::{self, Usage};
+
+/// A server being measured.
+pub trait Target {
+    /// Sends one broadcast line (`line` has no newline).
+    fn send_line(&mut self, line: &[u8]) -> io::Result<()>;
+    /// Memory and CPU time of the server's processes.
+    fn usage(&self) -> io::Result<Usage>;
+    /// An error if the server has gone away.
+    fn check_alive(&mut self) -> io::Result<()>;
+}
+
+/// A server started by someone else: process `pid` (and its descendants)
+/// broadcasts every line written into a FIFO (e.g. `wspush ... < FIFO`).
+#[derive(Debug)]
+pub struct External {
+    pid: u32,
+    fifo: Option<File>,
+}
+
+impl External {
+    /// Watches process `pid` and opens `fifo`, if given, for writing (this
+    /// blocks until the server has it open for reading). Without a FIFO
+    /// the server cannot be sent broadcasts (enough for `echo`).
+    pub fn new(pid: u32, fifo: Option<&Path>) -> io::Result<External> {
+        if !procfs::is_alive(pid) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no process {pid}"),
+            ));
+        }
+        let fifo = match fifo {
+            Some(path) => Some(OpenOptions::new().write(true).open(path)?),
+            None => None,
+        };
+        Ok(External { pid, fifo })
+    }
+}
+
+impl Target for External {
+    fn send_line(&mut self, line: &[u8]) -> io::Result<()> {
+        let fifo = self
+            .fifo
+            .as_mut()
+            .ok_or_else(|| io::Error::other("no FIFO to send broadcasts through (--fifo)"))?;
+        write_line(fifo, line)
+    }
+
+    fn usage(&self) -> io::Result<Usage> {
+        procfs::tree_usage(self.pid)
+    }
+
+    fn check_alive(&mut self) -> io::Result<()> {
+        if procfs::is_alive(self.pid) {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!(
+                "server process {} is gone",
+                self.pid
+            )))
+        }
+    }
+}
+
+/// Writes `line` and a newline with one `write()` (so that lines from one
+/// writer never interleave with another's in a pipe).
+pub fn write_line(out: &mut impl Write, line: &[u8]) -> io::Result<()> {
+    let mut buf = Vec::with_capacity(line.len() + 1);
+    buf.extend_from_slice(line);
+    buf.push(b'\n');
+    out.write_all(&buf)
+}

@@ -1,0 +1,200 @@
+//! A worker: one process (or, in tests, one thread) holding a share of a
+//! push run's connections, driven by the coordinator through the
+//! [`protocol`](crate::protocol): it opens connections when granted, counts
+//! the receipts of each broadcast, and reports.
+//!
+//! Commands arrive on a helper thread that wakes the epoll loop through a
+//! [`mio::Waker`], so a worker blocked in `epoll_wait` reacts at once.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::sync::mpsc::{self, TryRecvError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use mio::Waker;
+
+use crate::clients::{ClientPlan, Clients, EVENTS_PER_POLL};
+use crate::protocol::{self, Command, Counts, Report};
+use crate::stats::Receipts;
+use crate::Error;
+
+/// Least time between two `Progress` reports.
+const PROGRESS_EVERY: Duration = Duration::from_millis(2);
+
+/// Least time between two unfinished `Received` reports.
+const RECEIVED_EVERY: Duration = Duration::from_millis(50);
+
+/// Longest a worker blocks in `epoll_wait` when nothing is happening.
+const IDLE_POLL: Duration = Duration::from_millis(100);
+
+/// The broadcast a worker is currently collecting.
+struct Armed {
+    seq: u32,
+    nap: Duration,
+    /// Whether receipts have started arriving: from then on the worker
+    /// polls without blocking and naps in between, until it is done.
+    napping: bool,
+    last_report: Instant,
+    reported: Receipts,
+}
+
+/// Runs a worker: reads commands from `input`, writes reports to `output`,
+/// until `Finish` (or the end of `input`). A worker process uses its
+/// standard input and output.
+pub fn run(input: impl Read + Send + 'static, mut output: impl Write) -> Result<(), Error> {
+    let mut input = BufReader::new(input);
+    let mut first = String::new();
+    input.read_line(&mut first)?;
+    let Command::Plan(plan) = protocol::parse(&first)? else {
+        return Err("a worker's first command must be its plan".into());
+    };
+    let mut clients = Clients::new(ClientPlan {
+        server: plan.server,
+        sources: plan.sources,
+        first_id: plan.first_id,
+        payload_len: plan.payload_bytes,
+        connect_timeout: Duration::from_millis(plan.connect_timeout_ms),
+    })?;
+    let commands = spawn_command_reader(input, clients.waker()?)?;
+    match serve(&mut clients, &commands, &mut output) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            // The coordinator may be gone too; the error is returned anyway.
+            let _ = protocol::send(&mut output, &Report::Failed(e.to_string()));
+            Err(e)
+        }
+    }
+}
+
+/// Reads commands on a thread of their own and hands them over, waking
+/// the loop for each; the channel closes at the end of the input.
+fn spawn_command_reader(
+    input: impl BufRead + Send + 'static,
+    waker: Waker,
+) -> io::Result<mpsc::Receiver<io::Result<Command>>> {
+    let (tx, rx) = mpsc::channel();
+    thread::Builder::new()
+        .name("commands".into())
+        .spawn(move || {
+            for line in input.lines() {
+                let command = line.and_then(|l| protocol::parse(&l));
+                let stop = command.is_err();
+                if tx.send(command).is_err() || waker.wake().is_err() || stop {
+                    return;
+                }
+            }
+            // End of input: dropping `tx` closes the channel; wake the loop to see it.
+            drop(tx);
+            let _ = waker.wake();
+        })?;
+    Ok(rx)
+}
+
+/// The worker's loop after its plan.
+fn serve(
+    clients: &mut Clients,
+    commands: &mpsc::Receiver<io::Result<Command>>,
+    output: &mut impl Write,
+) -> Result<(), Error> {
+    let mut armed: Option<Armed> = None;
+    let mut reported = counts(clients);
+    let mut last_progress = Instant::now();
+    loop {
+        loop {
+            let command = match commands.try_recv() {
+                Ok(command) => command?,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return Ok(()),
+            };
+            match command {
+                Command::Plan(_) => return Err("a worker gets one plan".into()),
+                Command::Open { count } => clients.start(count),
+                Command::Abandon => clients.abandon_pending(),
+                Command::Arm { seq, nap_us } => {
+                    let open = clients.open() as u32;
+                    clients.tally_mut().arm(seq, open);
+                    protocol::send(output, &Report::Armed { seq, open })?;
+                    armed = Some(Armed {
+                        seq,
+                        nap: Duration::from_micros(nap_us),
+                        napping: false,
+                        last_report: Instant::now(),
+                        reported: Receipts::default(),
+                    });
+                }
+                Command::Finish => {
+                    let observed = clients.tally().observed();
+                    protocol::send(output, &Report::Final(Box::new(observed)))?;
+                    return Ok(());
+                }
+            }
+        }
+
+        if let Some(a) = &mut armed {
+            if report_receipts(clients, a, output)? {
+                armed = None;
+            }
+        }
+
+        let now = Instant::now();
+        let counts = counts(clients);
+        if counts != reported && now >= last_progress + PROGRESS_EVERY {
+            protocol::send(output, &Report::Progress(counts))?;
+            reported = counts;
+            last_progress = now;
+        }
+
+        let timeout = match &armed {
+            Some(a) if a.napping && !a.nap.is_zero() => Duration::ZERO,
+            _ if counts != reported => PROGRESS_EVERY,
+            _ => IDLE_POLL,
+        };
+        let events = clients.step(timeout)?;
+        if let Some(a) = &mut armed {
+            if !a.napping && events > 0 {
+                a.napping = true;
+            } else if a.napping && events < EVENTS_PER_POLL && !a.nap.is_zero() {
+                thread::sleep(a.nap);
+            }
+        }
+    }
+}
+
+/// Reports the receipts of the armed message when it is complete here, or
+/// now and then while it is not; returns whether it is complete.
+fn report_receipts(
+    clients: &Clients,
+    armed: &mut Armed,
+    output: &mut impl Write,
+) -> Result<bool, Error> {
+    let receipts = *clients
+        .tally()
+        .receipts(armed.seq)
+        .expect("armed messages are announced");
+    // Connections that failed meanwhile will not receive it.
+    let done = receipts.received as usize >= clients.open().min(receipts.expected as usize);
+    let now = Instant::now();
+    if done || (receipts != armed.reported && now >= armed.last_report + RECEIVED_EVERY) {
+        protocol::send(
+            output,
+            &Report::Received {
+                seq: armed.seq,
+                receipts,
+                done,
+            },
+        )?;
+        armed.reported = receipts;
+        armed.last_report = now;
+    }
+    Ok(done)
+}
+
+fn counts(clients: &Clients) -> Counts {
+    Counts {
+        started: clients.started(),
+        pending: clients.pending(),
+        open: clients.open(),
+        opened: clients.opened(),
+        failed: clients.tally().failures(),
+    }
+}

@@ -1,0 +1,80 @@
+//! The bench's own client against wspush embedded in the test process:
+//! 2,000 connections over four source addresses, every broadcast delivered
+//! exactly once and in order; once with thread workers, once with worker
+//! processes talking over pipes.
+
+mod common;
+
+use common::{info, push_options, Embedded};
+use wspush_bench::fleet::Launch;
+use wspush_bench::push;
+
+#[test]
+fn two_thousand_connections_over_four_sources_get_every_broadcast_once() {
+    let mut server = Embedded::start(false);
+    let addr = server.addr;
+    let options = push_options(&[
+        "--conns",
+        "2000",
+        "--sources",
+        "4",
+        "--per-worker",
+        "1000",
+        "--messages",
+        "5",
+    ]);
+    let report = push::measure(
+        &mut server,
+        addr,
+        &options,
+        &Launch::Threads,
+        info("wspush"),
+    )
+    .unwrap();
+
+    let c = &report.connections;
+    assert_eq!((c.open, c.failed), (2000, 0), "{:?}", c.failures);
+    assert_eq!((c.workers, c.sources), (2, 4));
+    let seen: Vec<String> = server.sources_seen.borrow().iter().cloned().collect();
+    assert_eq!(seen, ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]);
+    assert_eq!(server.metrics().upgrades, 2000);
+
+    let b = &report.broadcast;
+    assert_eq!((b.messages, b.complete), (5, 5));
+    assert!(b.per_message.iter().all(|m| m.received == 2000));
+    let d = &report.delivery;
+    assert_eq!(
+        (d.lost, d.duplicates, d.out_of_order, d.corrupt),
+        (0, 0, 0, 0)
+    );
+    assert_eq!(report.latency.count, 5 * 2000);
+    assert!(report.latency.min_us > 0.0 && report.latency.p50_us <= report.latency.max_us);
+    assert!(report.connections.ramp.last().unwrap().1 == 2000);
+    assert!(report.render_text().contains("2,000 of 2,000 open"));
+}
+
+#[test]
+fn worker_processes_report_through_pipes() {
+    let mut server = Embedded::start(false);
+    let addr = server.addr;
+    let options = push_options(&[
+        "--conns",
+        "600",
+        "--sources",
+        "2",
+        "--per-worker",
+        "200",
+        "--messages",
+        "3",
+    ]);
+    let launch = Launch::Processes {
+        exe: env!("CARGO_BIN_EXE_wspush-bench").into(),
+    };
+    let report = push::measure(&mut server, addr, &options, &launch, info("wspush")).unwrap();
+    assert_eq!(report.connections.open, 600);
+    assert_eq!(report.connections.workers, 3);
+    assert_eq!(report.latency.count, 3 * 600);
+    assert_eq!(report.delivery.lost, 0);
+    let client = report.memory.client.expect("worker processes are measured");
+    assert!(client.rss_bytes > 0 && client.pss_bytes > 0);
+}
