@@ -211,20 +211,22 @@ impl Fleet {
     }
 
     /// Announces message `seq` to every worker and waits for their
-    /// answers; returns the connections expected to receive it.
-    pub fn arm(&mut self, seq: u32, nap_us: u64) -> Result<u32, Error> {
+    /// answers; returns, per worker, the connections expected to receive it.
+    ///
+    /// A worker expecting none reports the message complete at once, maybe
+    /// before the others have answered: that report is consumed here, so
+    /// the caller must count such workers as done from the start.
+    pub fn arm(&mut self, seq: u32, nap_us: u64) -> Result<Vec<u32>, Error> {
         self.broadcast(&Command::Arm { seq, nap_us })?;
-        let mut answered = vec![false; self.len()];
-        let mut expected = 0;
+        let mut expected: Vec<Option<u32>> = vec![None; self.len()];
         self.collect(|index, report| match report {
-            Report::Armed { seq: s, open } if s == seq && !answered[index] => {
-                answered[index] = true;
-                expected += open;
-                answered.iter().all(|&a| a)
+            Report::Armed { seq: s, open } if s == seq && expected[index].is_none() => {
+                expected[index] = Some(open);
+                expected.iter().all(Option::is_some)
             }
             _ => false,
         })?;
-        Ok(expected)
+        Ok(expected.into_iter().map(|e| e.unwrap_or(0)).collect())
     }
 
     /// Stops the workers and merges what they observed.

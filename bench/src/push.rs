@@ -496,7 +496,7 @@ impl Run<'_> {
     fn broadcast(&mut self, seq: u32) -> Result<u64, Error> {
         let o = self.options;
         let nap_us = o.nap_us * self.fleet.len() as u64;
-        self.fleet.arm(seq, nap_us)?;
+        let expected = self.fleet.arm(seq, nap_us)?;
         let sent_ns = sys::now_ns();
         let line = message::encode(Stamp { seq, sent_ns }, o.payload_bytes)
             .expect("payload size checked up front");
@@ -504,7 +504,8 @@ impl Run<'_> {
         let start = Instant::now();
         let deadline = start + o.message_timeout();
         let mut checked = start;
-        let mut done = vec![false; self.fleet.len()];
+        // Workers without connections are done before it is sent.
+        let mut done: Vec<bool> = expected.iter().map(|&e| e == 0).collect();
         let mut received = vec![0u32; self.fleet.len()];
         while !done.iter().all(|&d| d) {
             let now = Instant::now();

@@ -78,3 +78,43 @@ fn worker_processes_report_through_pipes() {
     let client = report.memory.client.expect("worker processes are measured");
     assert!(client.rss_bytes > 0 && client.pss_bytes > 0);
 }
+
+#[test]
+fn a_setup_cut_short_leaves_idle_workers_that_do_not_hold_up_broadcasts() {
+    let mut server = Embedded::start(false);
+    let addr = server.addr;
+    // 200 connections a second for at most 1 s, filled one worker at a
+    // time: the first of three workers gets them all.
+    let options = push_options(&[
+        "--conns",
+        "600",
+        "--per-worker",
+        "200",
+        "--active-workers",
+        "1",
+        "--rate",
+        "150",
+        "--setup-timeout",
+        "1",
+        "--messages",
+        "3",
+    ]);
+    let report = push::measure(
+        &mut server,
+        addr,
+        &options,
+        &Launch::Threads,
+        info("wspush"),
+    )
+    .unwrap();
+    let open = report.connections.open;
+    assert!(open > 100 && open <= 200, "{open}");
+    assert_eq!(report.broadcast.complete, 3);
+    assert_eq!(report.delivery.lost, 0);
+    // Each message completes in well under its 10 s timeout.
+    assert!(
+        report.cpu.broadcast_wall_secs < 3.0,
+        "{}",
+        report.cpu.broadcast_wall_secs
+    );
+}

@@ -84,7 +84,8 @@ impl Drop for Embedded {
     }
 }
 
-/// Push options for a small, quick run (bench defaults otherwise).
+/// Push options for a small, quick run: `args`, then quick settings for
+/// what `args` leaves out, then the bench defaults.
 pub fn push_options(args: &[&str]) -> PushOptions {
     #[derive(Parser)]
     struct Wrapper {
@@ -103,7 +104,11 @@ pub fn push_options(args: &[&str]) -> PushOptions {
         "--message-timeout",
         "10",
     ];
-    let argv = ["push"].iter().chain(&quick).chain(args);
+    let unset = quick
+        .chunks(2)
+        .filter(|pair| !args.contains(&pair[0]))
+        .flatten();
+    let argv = ["push"].iter().chain(unset).chain(args);
     Wrapper::parse_from(argv).options
 }
 
