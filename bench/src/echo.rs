@@ -19,7 +19,7 @@ use crate::pacing::Schedule;
 use crate::procfs;
 use crate::push::RunInfo;
 use crate::report::{self, LatencyReport};
-use crate::server::{self, Server, ServerSpec};
+use crate::server::ServerSpec;
 use crate::target::Target;
 use crate::{sys, Error};
 
@@ -336,18 +336,12 @@ pub fn next_rate(
 /// stops the server.
 pub fn run(spec: &ServerSpec, options: &EchoOptions, round: u32) -> Result<EchoOutcome, Error> {
     options.check()?;
-    if options.wait_quiet > 0 {
-        crate::push::wait_quiet(Duration::from_secs(options.wait_quiet))?;
-    }
-    let exe = std::env::current_exe()?;
-    let port = match options.port {
-        Some(port) => port,
-        None => server::free_port()?,
-    };
-    let command = server::command_line(&spec.command, port, &exe);
-    eprintln!("[{}] starting: {command}", spec.label);
-    let mut server = Server::spawn(&command)?;
-    server.wait_listening(port, Duration::from_secs(options.start_timeout))?;
+    let (mut server, command, port) = crate::push::start_server(
+        spec,
+        options.port,
+        options.wait_quiet,
+        options.start_timeout,
+    )?;
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let info = RunInfo {
         server: spec.label.clone(),

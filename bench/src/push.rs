@@ -174,22 +174,40 @@ pub struct RunInfo {
     pub round: u32,
 }
 
-/// Spawns `spec` on a free port, measures it with worker processes of
-/// this program, and stops it (also on error).
-pub fn run(spec: &ServerSpec, options: &PushOptions, round: u32) -> Result<RunReport, Error> {
-    options.check()?;
-    if options.wait_quiet > 0 {
-        wait_quiet(Duration::from_secs(options.wait_quiet))?;
+/// Waits for a quiet machine (if `wait_quiet_secs` > 0), then spawns
+/// `spec` on `port` (or a free one) and waits until it listens; returns
+/// the server, its command line and its port.
+pub fn start_server(
+    spec: &ServerSpec,
+    port: Option<u16>,
+    wait_quiet_secs: u64,
+    start_timeout_secs: u64,
+) -> Result<(Server, String, u16), Error> {
+    if wait_quiet_secs > 0 {
+        wait_quiet(Duration::from_secs(wait_quiet_secs))?;
     }
     let exe = std::env::current_exe()?;
-    let port = match options.port {
+    let port = match port {
         Some(port) => port,
         None => server::free_port()?,
     };
     let command = server::command_line(&spec.command, port, &exe);
     eprintln!("[{}] starting: {command}", spec.label);
     let mut server = Server::spawn(&command)?;
-    server.wait_listening(port, Duration::from_secs(options.start_timeout))?;
+    server.wait_listening(port, Duration::from_secs(start_timeout_secs))?;
+    Ok((server, command, port))
+}
+
+/// Spawns `spec` on a free port, measures it with worker processes of
+/// this program, and stops it (also on error).
+pub fn run(spec: &ServerSpec, options: &PushOptions, round: u32) -> Result<RunReport, Error> {
+    options.check()?;
+    let (mut server, command, port) = start_server(
+        spec,
+        options.port,
+        options.wait_quiet,
+        options.start_timeout,
+    )?;
     let info = RunInfo {
         server: spec.label.clone(),
         command,
@@ -199,7 +217,9 @@ pub fn run(spec: &ServerSpec, options: &PushOptions, round: u32) -> Result<RunRe
         &mut server,
         SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
         options,
-        &Launch::Processes { exe },
+        &Launch::Processes {
+            exe: std::env::current_exe()?,
+        },
         info,
     )
 }
