@@ -4,6 +4,8 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::auth::{self, Tokens};
+
 /// What to do with a broadcast for a connection whose output queue is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlowConsumerPolicy {
@@ -42,6 +44,27 @@ pub struct Config {
     pub handshake_timeout: Duration,
     /// Time allowed for the close handshake and final flush once closing began.
     pub close_timeout: Duration,
+    /// Every open connection gets a ping this often (one shared frame).
+    pub ping_interval: Duration,
+    /// A connection that sends nothing (no pong, no data) this long is
+    /// closed with 1001; checked once per ping interval, so it is closed
+    /// at most one interval later. At least `ping_interval`.
+    pub idle_timeout: Duration,
+    /// On shutdown, how long to wait for close replies and flushes.
+    pub shutdown_timeout: Duration,
+    /// Connections one client IP address may hold; more get 429. `None`: no limit.
+    pub max_connections_per_ip: Option<usize>,
+    /// Browsers' `Origin` values allowed to connect (exact, as
+    /// `scheme://host[:port]`); others get 403. Empty allows any.
+    pub allowed_origins: Vec<String>,
+    /// Tokens a client must present (`Authorization: Bearer` or
+    /// `?token=`); missing or wrong gets 401. `None`: no token needed.
+    pub tokens: Option<Tokens>,
+    /// Serve `/metrics` (and `/healthz`) on this address instead of on the
+    /// main listener, e.g. a localhost-only one.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Log a line with the key counters this often (`None`: never).
+    pub stats_interval: Option<Duration>,
 }
 
 impl Default for Config {
@@ -58,9 +81,21 @@ impl Default for Config {
             slow_consumer: SlowConsumerPolicy::Close,
             handshake_timeout: Duration::from_secs(10),
             close_timeout: Duration::from_secs(5),
+            ping_interval: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            shutdown_timeout: Duration::from_secs(5),
+            max_connections_per_ip: None,
+            allowed_origins: Vec::new(),
+            tokens: None,
+            metrics_listen: None,
+            stats_interval: Some(Duration::from_secs(10)),
         }
     }
 }
+
+/// The longest idle timeout in ping intervals (connections count silent
+/// intervals in 16 bits).
+pub const MAX_SILENT_INTERVALS: u16 = u16::MAX - 1;
 
 /// The largest `max_message_bytes`: frames are tracked with 32-bit offsets.
 pub const MAX_MESSAGE_LIMIT: u64 = (u32::MAX - 16) as u64;
@@ -100,8 +135,36 @@ impl Config {
         if self.max_queued_bytes == 0 {
             return fail("max queued bytes must be at least 1".into());
         }
-        if self.handshake_timeout.is_zero() || self.close_timeout.is_zero() {
-            return fail("timeouts must be longer than zero".into());
+        let durations = [
+            ("handshake timeout", self.handshake_timeout),
+            ("close timeout", self.close_timeout),
+            ("shutdown timeout", self.shutdown_timeout),
+            ("ping interval", self.ping_interval),
+            ("idle timeout", self.idle_timeout),
+        ];
+        if let Some((name, _)) = durations.iter().find(|(_, d)| d.is_zero()) {
+            return fail(format!("{name} must be longer than zero"));
+        }
+        if self.idle_timeout < self.ping_interval {
+            return fail(
+                "idle timeout must be at least the ping interval (a client that only answers pings would time out)".into(),
+            );
+        }
+        if self.idle_timeout.as_nanos() / self.ping_interval.as_nanos()
+            >= u128::from(MAX_SILENT_INTERVALS)
+        {
+            return fail(format!(
+                "idle timeout must be under {MAX_SILENT_INTERVALS} ping intervals"
+            ));
+        }
+        if self.max_connections_per_ip == Some(0) {
+            return fail("max connections per IP must be at least 1".into());
+        }
+        for origin in &self.allowed_origins {
+            auth::check_origin(origin).map_err(ConfigError)?;
+        }
+        if self.stats_interval.is_some_and(|d| d.is_zero()) {
+            return fail("stats interval must be longer than zero".into());
         }
         Ok(())
     }
@@ -133,6 +196,24 @@ mod tests {
             },
             Config {
                 close_timeout: Duration::ZERO,
+                ..Config::default()
+            },
+            Config {
+                ping_interval: Duration::from_secs(10),
+                idle_timeout: Duration::from_secs(5),
+                ..Config::default()
+            },
+            Config {
+                ping_interval: Duration::from_millis(1),
+                idle_timeout: Duration::from_secs(3600),
+                ..Config::default()
+            },
+            Config {
+                max_connections_per_ip: Some(0),
+                ..Config::default()
+            },
+            Config {
+                allowed_origins: vec!["https://example.com/".into()],
                 ..Config::default()
             },
         ];

@@ -5,7 +5,9 @@
 //! ```text
 //! Handshake ──101──▶ Open ──server closes (1001/1008)──▶ CloseSent
 //!     │               │                                     │
-//!     │ 4xx           │ client close / protocol error       │ client close
+//!     │ 4xx, or a     │ client close / protocol error       │ client close
+//!     │ /healthz or   │                                     │
+//!     │ /metrics answer                                     │
 //!     ▼               ▼                                     ▼
 //!   Lingering: flush what is queued, half-close (FIN), read until EOF ──▶ closed
 //! ```
@@ -15,11 +17,15 @@ use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
 
+use crate::auth;
 use crate::broadcast::{OutQueue, QueueFull, SharedFrame};
 use crate::config::{Config, SlowConsumerPolicy};
-use crate::http::{self, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN};
+use crate::heartbeat::{Liveness, Visit};
+use crate::http::{
+    self, Endpoint, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
+};
 use crate::io::{read_some, Progress};
-use crate::metrics::Metrics;
+use crate::metrics::{self, LoopHistogram, Metrics, Tally};
 use crate::pool::{BufferPool, PooledBuf};
 use crate::target::RequestTarget;
 use crate::timer::{Deadline, Tick, TimerWheel};
@@ -39,10 +45,14 @@ pub enum CloseReason {
     Failed(CloseCode),
     /// The output queue went over its limit (1008).
     SlowConsumer,
+    /// Nothing was heard from the client for the idle timeout (1001).
+    IdleTimeout,
     /// The upgrade request did not arrive in time.
     HandshakeTimeout,
     /// The upgrade request was refused with an HTTP error.
     Rejected,
+    /// A plain HTTP request (`/healthz`, `/metrics`) was answered.
+    Http,
     /// The server is shutting down (1001).
     Shutdown,
     /// The TCP connection ended without a close handshake.
@@ -58,6 +68,8 @@ impl CloseReason {
             CloseReason::Failed(CloseCode::MESSAGE_TOO_BIG) => &metrics.closed_message_too_big,
             CloseReason::Failed(_) => &metrics.closed_protocol_error,
             CloseReason::SlowConsumer => &metrics.closed_slow_consumer,
+            CloseReason::IdleTimeout => &metrics.closed_idle_timeout,
+            CloseReason::Http => &metrics.closed_http,
             CloseReason::HandshakeTimeout => &metrics.closed_handshake_timeout,
             CloseReason::Rejected => &metrics.closed_rejected,
             CloseReason::Shutdown => &metrics.closed_shutdown,
@@ -98,10 +110,13 @@ pub enum Delivery {
 /// The phases of a connection, each with only its own data.
 #[derive(Debug)]
 enum Phase {
-    /// Reading the HTTP upgrade request.
-    Handshake,
+    /// Reading the HTTP request; what it may ask for depends on the listener.
+    Handshake(Endpoints),
     /// Upgraded: frames flow both ways.
-    Open(Decoder),
+    Open {
+        decoder: Decoder,
+        liveness: Liveness,
+    },
     /// The server sent a close frame; client frames are read (data
     /// discarded) until the client's close arrives.
     CloseSent {
@@ -126,6 +141,10 @@ pub struct Ctx<'a> {
     pub timers: &'a mut TimerWheel,
     /// Counters.
     pub metrics: &'a Metrics,
+    /// Loop iteration times, for `/metrics`.
+    pub loop_histogram: &'a LoopHistogram,
+    /// Counts gathered during this loop iteration.
+    pub tally: &'a mut Tally,
     /// The time this loop iteration started.
     pub now: Instant,
 }
@@ -150,11 +169,17 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// A freshly accepted connection, waiting for its upgrade request.
-    pub fn accepted(stream: TcpStream, key: usize, ctx: &mut Ctx<'_>) -> Conn {
+    /// A freshly accepted connection, waiting for its request; `endpoints`
+    /// says what the listener it came from serves.
+    pub fn accepted(
+        stream: TcpStream,
+        key: usize,
+        endpoints: Endpoints,
+        ctx: &mut Ctx<'_>,
+    ) -> Conn {
         let mut conn = Conn {
             stream,
-            phase: Phase::Handshake,
+            phase: Phase::Handshake(endpoints),
             out: OutQueue::default(),
             input: None,
             message: None,
@@ -180,7 +205,7 @@ impl Conn {
 
     /// Whether the connection is upgraded and not closing.
     pub fn is_open(&self) -> bool {
-        matches!(self.phase, Phase::Open(_))
+        matches!(self.phase, Phase::Open { .. })
     }
 
     /// Returns `Some(want)` when the writable interest must change to `want`.
@@ -198,10 +223,11 @@ impl Conn {
         self.deadline.is(tick)
     }
 
-    /// Returns its buffers to the pool and clears its deadline before the
-    /// connection is dropped.
-    pub fn release(&mut self, pool: &mut BufferPool, timers: &mut TimerWheel) {
+    /// Returns its buffers to the pool, clears its deadline and uncounts
+    /// its queued output before the connection is dropped.
+    pub fn release(&mut self, pool: &mut BufferPool, timers: &mut TimerWheel, tally: &mut Tally) {
         self.deadline.clear(timers);
+        tally.wrote(0, self.out.queued_bytes(), 0);
         for buf in [self.input.take(), self.message.take()]
             .into_iter()
             .flatten()
@@ -248,6 +274,9 @@ impl Conn {
                 }
             };
             budget = budget.saturating_sub(n);
+            if let Phase::Open { liveness, .. } = &mut self.phase {
+                liveness.heard();
+            }
             if let Verdict::Close(reason) = self.consume(key, &mut scratch[..n], ctx) {
                 return Verdict::Close(reason);
             }
@@ -261,7 +290,7 @@ impl Conn {
     /// The socket is writable: flush the queue; a drained queue may let
     /// the connection half-close or resume reading.
     pub fn on_writable(&mut self, key: usize, scratch: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
-        match self.flush() {
+        match self.flush(ctx.tally) {
             Err(reason) => Verdict::Close(reason),
             Ok(false) => Verdict::Keep,
             Ok(true) if self.read_paused => self.on_readable(key, false, scratch, ctx),
@@ -273,11 +302,11 @@ impl Conn {
     pub fn on_deadline(&mut self, timers: &mut TimerWheel) -> Verdict {
         self.deadline.clear(timers);
         match self.phase {
-            Phase::Handshake => Verdict::Close(CloseReason::HandshakeTimeout),
+            Phase::Handshake(_) => Verdict::Close(CloseReason::HandshakeTimeout),
             Phase::CloseSent { reason, .. } | Phase::Lingering { reason, .. } => {
                 Verdict::Close(reason)
             }
-            Phase::Open(_) => Verdict::Keep,
+            Phase::Open { .. } => Verdict::Keep,
         }
     }
 
@@ -286,10 +315,7 @@ impl Conn {
         if !self.is_open() {
             return Delivery::Skipped;
         }
-        match self
-            .out
-            .send_shared(frame, ctx.config.max_queued_bytes, &mut self.stream)
-        {
+        match self.send_shared(frame, ctx) {
             Err(e) => {
                 log::debug!("write failed: {e}");
                 Delivery::Close(CloseReason::Abnormal)
@@ -297,9 +323,17 @@ impl Conn {
             Ok(Ok(())) if self.out.is_empty() => Delivery::Written,
             Ok(Ok(())) => Delivery::Queued,
             Ok(Err(QueueFull)) => match ctx.config.slow_consumer {
-                SlowConsumerPolicy::Drop => Delivery::Dropped,
+                SlowConsumerPolicy::Drop => {
+                    log::debug!(
+                        "slow consumer {key}: {} bytes queued, broadcast dropped for it",
+                        self.out.queued_bytes()
+                    );
+                    Delivery::Dropped
+                }
                 SlowConsumerPolicy::Close => {
+                    let before = self.out.queued_bytes();
                     let dropped = self.out.drop_unstarted();
+                    ctx.tally.wrote(0, before, self.out.queued_bytes());
                     log::debug!(
                         "slow consumer: {} bytes queued, {dropped} frames dropped, closing",
                         self.out.queued_bytes()
@@ -319,6 +353,47 @@ impl Conn {
         }
     }
 
+    /// A heartbeat visit (see [`Liveness::visit`]): a connection silent
+    /// too long is closed with 1001, others get the shared ping unless
+    /// their queue has no room for it (they are behind already; the
+    /// silence count runs on).
+    pub fn on_heartbeat(
+        &mut self,
+        key: usize,
+        ping: &SharedFrame,
+        close_after: u16,
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
+        let Phase::Open { liveness, .. } = &mut self.phase else {
+            return Verdict::Keep;
+        };
+        match liveness.visit(close_after) {
+            Visit::Skip => return Verdict::Keep,
+            Visit::Ping => {}
+            Visit::Close => {
+                log::debug!("connection {key} idle: closing");
+                return self.begin_close(
+                    key,
+                    CloseCode::GOING_AWAY,
+                    "idle timeout",
+                    CloseReason::IdleTimeout,
+                    ctx,
+                );
+            }
+        }
+        match self.send_shared(ping, ctx) {
+            Err(e) => {
+                log::debug!("write failed: {e}");
+                Verdict::Close(CloseReason::Abnormal)
+            }
+            Ok(Ok(())) => {
+                Metrics::incr(&ctx.metrics.pings_sent);
+                Verdict::Keep
+            }
+            Ok(Err(QueueFull)) => Verdict::Keep,
+        }
+    }
+
     /// Starts a server-initiated close: sends a close frame after whatever
     /// is queued, then waits (bounded by the close timeout) for the
     /// client's close.
@@ -330,12 +405,12 @@ impl Conn {
         reason: CloseReason,
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
-        let Phase::Open(decoder) = self.phase else {
+        let Phase::Open { decoder, .. } = self.phase else {
             return Verdict::Keep;
         };
         self.phase = Phase::CloseSent { decoder, reason };
         self.arm(key, ctx.config.close_timeout, ctx);
-        self.send_close(code, why)
+        self.send_close(code, why, ctx.tally)
     }
 
     /// Feeds freshly read bytes (held back partial input first) to the
@@ -364,8 +439,8 @@ impl Conn {
     /// Runs the current phase over `bytes`; returns how many were consumed.
     fn process(&mut self, key: usize, bytes: &mut [u8], ctx: &mut Ctx<'_>) -> (usize, Verdict) {
         let mut pos = 0;
-        if let Phase::Handshake = self.phase {
-            let (used, verdict) = self.handshake(key, bytes, ctx);
+        if let Phase::Handshake(endpoints) = self.phase {
+            let (used, verdict) = self.handshake(key, endpoints, bytes, ctx);
             if verdict != Verdict::Keep || !self.is_open() {
                 return (used, verdict);
             }
@@ -374,10 +449,12 @@ impl Conn {
         }
         loop {
             let decoded = match &mut self.phase {
-                Phase::Open(decoder) | Phase::CloseSent { decoder, .. } => {
+                Phase::Open { decoder, .. } | Phase::CloseSent { decoder, .. } => {
                     decoder.decode(&mut bytes[pos..], ctx.config.max_message_bytes)
                 }
-                Phase::Handshake | Phase::Lingering { .. } => return (bytes.len(), Verdict::Keep),
+                Phase::Handshake(_) | Phase::Lingering { .. } => {
+                    return (bytes.len(), Verdict::Keep)
+                }
             };
             let event = match decoded {
                 Ok((used, Some(event))) => {
@@ -394,25 +471,68 @@ impl Conn {
         }
     }
 
-    /// Parses the upgrade request; answers it with 101 or an HTTP error.
-    fn handshake(&mut self, key: usize, bytes: &[u8], ctx: &mut Ctx<'_>) -> (usize, Verdict) {
+    /// Parses the request; answers it with 101, an endpoint's response or
+    /// an HTTP error.
+    fn handshake(
+        &mut self,
+        key: usize,
+        endpoints: Endpoints,
+        bytes: &[u8],
+        ctx: &mut Ctx<'_>,
+    ) -> (usize, Verdict) {
+        let config = ctx.config;
         let rules = HandshakeRules {
-            max_head_bytes: ctx.config.max_head_bytes,
-            path: ctx.config.path.as_deref(),
+            max_head_bytes: config.max_head_bytes,
+            path: config.path.as_deref(),
+            origins: &config.allowed_origins,
+            tokens: config.tokens.as_ref(),
+            endpoints,
         };
         let mut response = [0u8; MAX_RESPONSE_LEN];
-        match http::parse_upgrade(bytes, &rules) {
+        match http::parse_request(bytes, &rules) {
             Ok(HeadStatus::Partial) => (0, Verdict::Keep),
-            Ok(HeadStatus::Complete(upgrade, head_len)) => {
+            Ok(HeadStatus::Upgrade(upgrade, head_len)) => {
                 let len = http::write_accept_response(&upgrade.accept, &mut response);
-                self.target = RequestTarget::new(upgrade.target);
-                self.phase = Phase::Open(Decoder::default());
+                // The token, if any, is neither kept nor logged.
+                self.target = RequestTarget::from_parts(auth::without_token(upgrade.target));
+                self.phase = Phase::Open {
+                    decoder: Decoder::default(),
+                    liveness: Liveness::default(),
+                };
                 self.deadline.clear(ctx.timers);
                 Metrics::incr(&ctx.metrics.upgrades);
                 log::debug!("upgraded {}", self.target());
-                (head_len, self.send_bytes(&[&response[..len]]))
+                (head_len, self.send_bytes(&[&response[..len]], ctx.tally))
+            }
+            Ok(HeadStatus::Endpoint(endpoint, head_len)) => {
+                (head_len, self.answer(key, endpoint, ctx))
             }
             Err(rejection) => (bytes.len(), self.reject(key, rejection, ctx)),
+        }
+    }
+
+    /// Answers `/healthz` or `/metrics` and lingers until the client goes.
+    fn answer(&mut self, key: usize, endpoint: Endpoint, ctx: &mut Ctx<'_>) -> Verdict {
+        let mut head = [0u8; MAX_RESPONSE_LEN];
+        self.linger(key, CloseReason::Http, ctx);
+        match endpoint {
+            Endpoint::Health => {
+                Metrics::incr(&ctx.metrics.http_healthz);
+                let body = b"ok\n";
+                let len = http::write_ok_head("text/plain", body.len(), &mut head);
+                self.send_bytes(&[&head[..len], body], ctx.tally)
+            }
+            Endpoint::Metrics => {
+                Metrics::incr(&ctx.metrics.http_metrics);
+                let mut body = Vec::with_capacity(8 * 1024);
+                metrics::render_prometheus(&ctx.metrics.snapshot(), ctx.loop_histogram, &mut body);
+                let len = http::write_ok_head(
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    body.len(),
+                    &mut head,
+                );
+                self.send_bytes(&[&head[..len], &body], ctx.tally)
+            }
         }
     }
 
@@ -423,7 +543,7 @@ impl Conn {
         let mut response = [0u8; MAX_RESPONSE_LEN];
         let len = rejection.write_response(&mut response);
         self.linger(key, CloseReason::Rejected, ctx);
-        self.send_bytes(&[&response[..len]])
+        self.send_bytes(&[&response[..len]], ctx.tally)
     }
 
     /// Acts on one event from the client.
@@ -445,7 +565,7 @@ impl Conn {
             }
             Event::Ping(payload) if !closing => {
                 Metrics::incr(&ctx.metrics.pings_received);
-                self.send_frame(OpCode::Pong, payload)
+                self.send_frame(OpCode::Pong, payload, ctx.tally)
             }
             Event::Ping(_) | Event::Pong(_) => Verdict::Keep,
             Event::Close(frame) => {
@@ -460,7 +580,11 @@ impl Conn {
                 }
                 // Echo the status code (§5.5.1); no code in, no code out.
                 let code = frame.map(|f| f.code.0.to_be_bytes());
-                self.send_frame(OpCode::Close, code.as_ref().map_or(&[], |c| &c[..]))
+                self.send_frame(
+                    OpCode::Close,
+                    code.as_ref().map_or(&[], |c| &c[..]),
+                    ctx.tally,
+                )
             }
         }
     }
@@ -476,7 +600,7 @@ impl Conn {
     ) -> Verdict {
         if last && self.message.is_none() {
             Metrics::incr(&ctx.metrics.messages_echoed);
-            return self.send_frame(kind.opcode(), payload);
+            return self.send_frame(kind.opcode(), payload, ctx.tally);
         }
         let message = self.message.get_or_insert_with(|| ctx.pool.lend());
         message.extend_from_slice(payload);
@@ -485,7 +609,7 @@ impl Conn {
         }
         let message = self.message.take().expect("just inserted");
         Metrics::incr(&ctx.metrics.messages_echoed);
-        let verdict = self.send_frame(kind.opcode(), &message);
+        let verdict = self.send_frame(kind.opcode(), &message, ctx.tally);
         ctx.pool.give_back(message);
         verdict
     }
@@ -499,7 +623,7 @@ impl Conn {
         if already_closing {
             return self.half_close_when_flushed();
         }
-        self.send_close(code, error.reason())
+        self.send_close(code, error.reason(), ctx.tally)
     }
 
     /// Enters the lingering phase with its deadline; drops a half-built message.
@@ -514,32 +638,64 @@ impl Conn {
         self.arm(key, ctx.config.close_timeout, ctx);
     }
 
-    fn send_close(&mut self, code: CloseCode, why: &str) -> Verdict {
+    fn send_close(&mut self, code: CloseCode, why: &str, tally: &mut Tally) -> Verdict {
         let mut payload = [0u8; 2 + 123];
         payload[..2].copy_from_slice(&code.0.to_be_bytes());
         let why = &why.as_bytes()[..why.len().min(123)];
         payload[2..2 + why.len()].copy_from_slice(why);
-        self.send_frame(OpCode::Close, &payload[..2 + why.len()])
+        self.send_frame(OpCode::Close, &payload[..2 + why.len()], tally)
     }
 
     /// Sends one unmasked, final frame of this connection's own.
-    fn send_frame(&mut self, opcode: OpCode, payload: &[u8]) -> Verdict {
+    fn send_frame(&mut self, opcode: OpCode, payload: &[u8], tally: &mut Tally) -> Verdict {
         let mut header = [0u8; MAX_HEADER_LEN];
         let len = FrameHeader::server(opcode, payload.len() as u64).encode(&mut header);
-        self.send_bytes(&[&header[..len], payload])
+        tally.frames_sent += 1;
+        self.send_bytes(&[&header[..len], payload], tally)
     }
 
-    fn send_bytes(&mut self, parts: &[&[u8]]) -> Verdict {
+    fn send_bytes(&mut self, parts: &[&[u8]], tally: &mut Tally) -> Verdict {
+        let before = self.out.queued_bytes();
         if let Err(e) = self.out.send_private(parts, &mut self.stream) {
             log::debug!("write failed: {e}");
             return Verdict::Close(CloseReason::Abnormal);
         }
+        let offered: usize = parts.iter().map(|p| p.len()).sum();
+        self.tally_queue(tally, before, offered);
         self.half_close_when_flushed()
     }
 
+    /// Offers a shared frame to the queue (see [`OutQueue::send_shared`]),
+    /// counting it when taken.
+    fn send_shared(
+        &mut self,
+        frame: &SharedFrame,
+        ctx: &mut Ctx<'_>,
+    ) -> std::io::Result<Result<(), QueueFull>> {
+        let before = self.out.queued_bytes();
+        let sent = self
+            .out
+            .send_shared(frame, ctx.config.max_queued_bytes, &mut self.stream)?;
+        if sent.is_ok() {
+            ctx.tally.frames_sent += 1;
+            self.tally_queue(ctx.tally, before, frame.bytes().len());
+        }
+        Ok(sent)
+    }
+
+    /// Counts what a send or flush wrote, given the queued bytes before it
+    /// and the bytes it added to the stream.
+    fn tally_queue(&self, tally: &mut Tally, before: usize, offered: usize) {
+        let after = self.out.queued_bytes();
+        tally.wrote(before + offered - after, before, after);
+    }
+
     /// Writes what is queued; `Ok(true)` when the queue drained.
-    fn flush(&mut self) -> Result<bool, CloseReason> {
-        match self.out.flush(&mut self.stream) {
+    fn flush(&mut self, tally: &mut Tally) -> Result<bool, CloseReason> {
+        let before = self.out.queued_bytes();
+        let flushed = self.out.flush(&mut self.stream);
+        self.tally_queue(tally, before, 0);
+        match flushed {
             Ok(true) => match self.half_close_when_flushed() {
                 Verdict::Close(reason) => Err(reason),
                 _ => Ok(true),
@@ -573,7 +729,7 @@ impl Conn {
             Phase::Lingering { reason, .. } | Phase::CloseSent { reason, .. } => {
                 Verdict::Close(reason)
             }
-            Phase::Handshake | Phase::Open(_) => Verdict::Close(CloseReason::Abnormal),
+            Phase::Handshake(_) | Phase::Open { .. } => Verdict::Close(CloseReason::Abnormal),
         }
     }
 

@@ -11,6 +11,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use sha1::{Digest, Sha1};
 
+use crate::auth::{self, Tokens, MAX_TOKEN_LEN};
+
 /// The GUID every server appends to the client's key (§1.3).
 const WEBSOCKET_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
@@ -36,7 +38,10 @@ pub enum HeadStatus<'a> {
     Partial,
     /// A valid upgrade; the head took this many bytes, and whatever follows
     /// them already belongs to the WebSocket stream.
-    Complete(Upgrade<'a>, usize),
+    Upgrade(Upgrade<'a>, usize),
+    /// A plain request for one of the server's own endpoints; the head
+    /// took this many bytes.
+    Endpoint(Endpoint, usize),
 }
 
 /// Why a request is refused; each maps to one HTTP status.
@@ -48,10 +53,16 @@ pub enum Rejection {
     NotFound,
     /// 405: not a GET.
     MethodNotAllowed,
+    /// 401: tokens are required and the request had none or a wrong one.
+    Unauthorized,
+    /// 403: the `Origin` is not one of the allowed ones.
+    Forbidden,
     /// 426: missing or unsupported `Sec-WebSocket-Version`.
     UpgradeRequired,
     /// 431: the request head is larger than the limit.
     HeadTooLarge,
+    /// 429: the client's IP address holds its maximum number of connections.
+    TooManyRequests,
     /// 503: the server holds its maximum number of connections.
     ServiceUnavailable,
 }
@@ -61,10 +72,13 @@ impl Rejection {
     pub fn status(self) -> u16 {
         match self {
             Rejection::BadRequest(_) => 400,
+            Rejection::Unauthorized => 401,
+            Rejection::Forbidden => 403,
             Rejection::NotFound => 404,
             Rejection::MethodNotAllowed => 405,
             Rejection::UpgradeRequired => 426,
             Rejection::HeadTooLarge => 431,
+            Rejection::TooManyRequests => 429,
             Rejection::ServiceUnavailable => 503,
         }
     }
@@ -73,6 +87,8 @@ impl Rejection {
     fn text(self) -> (&'static str, &'static str) {
         match self {
             Rejection::BadRequest(why) => ("Bad Request", why),
+            Rejection::Unauthorized => ("Unauthorized", "a valid token is required"),
+            Rejection::Forbidden => ("Forbidden", "origin not allowed"),
             Rejection::NotFound => ("Not Found", "no WebSocket endpoint at this path"),
             Rejection::MethodNotAllowed => {
                 ("Method Not Allowed", "a WebSocket upgrade must be a GET")
@@ -83,6 +99,10 @@ impl Rejection {
             Rejection::HeadTooLarge => {
                 ("Request Header Fields Too Large", "request head too large")
             }
+            Rejection::TooManyRequests => (
+                "Too Many Requests",
+                "too many connections from this address",
+            ),
             Rejection::ServiceUnavailable => {
                 ("Service Unavailable", "server at its connection limit")
             }
@@ -95,6 +115,7 @@ impl Rejection {
         let extra = match self {
             Rejection::UpgradeRequired => "Sec-WebSocket-Version: 13\r\n",
             Rejection::MethodNotAllowed => "Allow: GET\r\n",
+            Rejection::Unauthorized => "WWW-Authenticate: Bearer\r\n",
             _ => "",
         };
         write_into(
@@ -115,6 +136,21 @@ pub fn write_accept_response(accept: &[u8; 28], out: &mut [u8; MAX_RESPONSE_LEN]
         out,
         format_args!(
             "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+        ),
+    )
+}
+
+/// Writes the head of a `200 OK` response whose body of `body_len` bytes
+/// follows; the connection closes after it.
+pub fn write_ok_head(
+    content_type: &str,
+    body_len: usize,
+    out: &mut [u8; MAX_RESPONSE_LEN],
+) -> usize {
+    write_into(
+        out,
+        format_args!(
+            "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: {content_type}\r\nContent-Length: {body_len}\r\n\r\n"
         ),
     )
 }
@@ -142,6 +178,24 @@ pub fn accept_key(key: &[u8]) -> [u8; 28] {
     out
 }
 
+/// What a listener serves besides WebSocket upgrades.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoints {
+    /// WebSocket upgrades are served (not on a metrics-only listener).
+    pub websocket: bool,
+    /// `GET /metrics` is served. `GET /healthz` always is.
+    pub metrics: bool,
+}
+
+/// A plain HTTP request the server answers itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `GET /healthz`: 200 `ok`.
+    Health,
+    /// `GET /metrics`: the counters in Prometheus text format.
+    Metrics,
+}
+
 /// What the server accepts, as the handshake parser needs it.
 #[derive(Debug, Clone, Copy)]
 pub struct HandshakeRules<'a> {
@@ -149,15 +203,25 @@ pub struct HandshakeRules<'a> {
     pub max_head_bytes: usize,
     /// The only path served, if set (compared without the query).
     pub path: Option<&'a str>,
+    /// `Origin` values allowed (empty: any); see [`auth::origin_allowed`].
+    pub origins: &'a [String],
+    /// Tokens one of which a client must present, if set.
+    pub tokens: Option<&'a Tokens>,
+    /// What this listener serves.
+    pub endpoints: Endpoints,
 }
 
-/// Parses and validates an upgrade request at the start of `buf`.
+/// Parses and validates a request at the start of `buf`: a WebSocket
+/// upgrade, or a plain `GET` of one of the [`Endpoint`]s.
 ///
 /// Checks, in order: well-formed HTTP (400) within the size limit (431),
-/// `GET` (405), `HTTP/1.1` (400), the path (404), `Host`, `Upgrade:
-/// websocket` and `Connection: upgrade` (400), `Sec-WebSocket-Version: 13`
-/// (426), and a `Sec-WebSocket-Key` that is base64 of 16 bytes (400).
-pub fn parse_upgrade<'a>(
+/// `GET` (405), `HTTP/1.1` (400); then a request without `Upgrade` for
+/// `/healthz` or `/metrics` is an endpoint (`/metrics` needs the token
+/// when tokens are set: 401). For an upgrade: the path (404), `Host`,
+/// `Upgrade: websocket` and `Connection: upgrade` (400),
+/// `Sec-WebSocket-Version: 13` (426), a `Sec-WebSocket-Key` that is base64
+/// of 16 bytes (400), the `Origin` (403), and the token (401).
+pub fn parse_request<'a>(
     buf: &'a [u8],
     rules: &HandshakeRules<'_>,
 ) -> Result<HeadStatus<'a>, Rejection> {
@@ -178,11 +242,7 @@ pub fn parse_upgrade<'a>(
         return Err(Rejection::BadRequest("HTTP/1.1 required"));
     }
     let target = request.path.unwrap_or("/");
-    if let Some(path) = rules.path {
-        if target.split('?').next() != Some(path) {
-            return Err(Rejection::NotFound);
-        }
-    }
+    let path = target.split('?').next().unwrap_or(target);
     let header = |name: &str| {
         request
             .headers
@@ -190,6 +250,28 @@ pub fn parse_upgrade<'a>(
             .find(|h| h.name.eq_ignore_ascii_case(name))
             .map(|h| h.value)
     };
+    let authorized = || {
+        let mut scratch = [0; MAX_TOKEN_LEN];
+        rules.tokens.is_none_or(|tokens| {
+            auth::presented_token(header("Authorization"), target, &mut scratch)
+                .is_some_and(|token| tokens.contains(token))
+        })
+    };
+    if header("Upgrade").is_none() {
+        match path {
+            "/healthz" => return Ok(HeadStatus::Endpoint(Endpoint::Health, head_len)),
+            "/metrics" if rules.endpoints.metrics => {
+                if !authorized() {
+                    return Err(Rejection::Unauthorized);
+                }
+                return Ok(HeadStatus::Endpoint(Endpoint::Metrics, head_len));
+            }
+            _ => {}
+        }
+    }
+    if !rules.endpoints.websocket || rules.path.is_some_and(|served| path != served) {
+        return Err(Rejection::NotFound);
+    }
     if header("Host").is_none() {
         return Err(Rejection::BadRequest("missing Host header"));
     }
@@ -210,7 +292,13 @@ pub fn parse_upgrade<'a>(
             "Sec-WebSocket-Key is not base64 of 16 bytes",
         ));
     }
-    Ok(HeadStatus::Complete(
+    if !auth::origin_allowed(header("Origin"), rules.origins) {
+        return Err(Rejection::Forbidden);
+    }
+    if !authorized() {
+        return Err(Rejection::Unauthorized);
+    }
+    Ok(HeadStatus::Upgrade(
         Upgrade {
             target,
             accept: accept_key(key),
@@ -243,17 +331,23 @@ mod tests {
     const RULES: HandshakeRules<'static> = HandshakeRules {
         max_head_bytes: 8192,
         path: None,
+        origins: &[],
+        tokens: None,
+        endpoints: Endpoints {
+            websocket: true,
+            metrics: true,
+        },
     };
 
     const GOOD: &str = "GET /ws?id=01 HTTP/1.1\r\nHost: example.com\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
                         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
 
     fn parse(req: &str) -> Result<HeadStatus<'_>, Rejection> {
-        parse_upgrade(req.as_bytes(), &RULES)
+        parse_request(req.as_bytes(), &RULES)
     }
 
     fn status(req: &str, rules: &HandshakeRules<'_>) -> u16 {
-        parse_upgrade(req.as_bytes(), rules)
+        parse_request(req.as_bytes(), rules)
             .expect_err("should be rejected")
             .status()
     }
@@ -273,14 +367,14 @@ mod tests {
         wire.extend_from_slice(b"\x81\x85pipelined frame");
         for cut in 0..head_len {
             assert_eq!(
-                parse_upgrade(&wire[..cut], &RULES),
+                parse_request(&wire[..cut], &RULES),
                 Ok(HeadStatus::Partial),
                 "cut {cut}"
             );
         }
         for end in [head_len, wire.len()] {
-            match parse_upgrade(&wire[..end], &RULES) {
-                Ok(HeadStatus::Complete(upgrade, len)) => {
+            match parse_request(&wire[..end], &RULES) {
+                Ok(HeadStatus::Upgrade(upgrade, len)) => {
                     assert_eq!(len, head_len);
                     assert_eq!(upgrade.target, "/ws?id=01");
                     assert_eq!(&upgrade.accept, b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
@@ -295,7 +389,7 @@ mod tests {
         let req = GOOD
             .replace("Upgrade: websocket", "upgrade: h2c, WebSocket")
             .replace("Connection: Upgrade", "CONNECTION: keep-alive, upgrade");
-        assert!(matches!(parse(&req), Ok(HeadStatus::Complete(..))));
+        assert!(matches!(parse(&req), Ok(HeadStatus::Upgrade(..))));
     }
 
     #[test]
@@ -352,9 +446,95 @@ mod tests {
             assert_eq!(status(&req, rules), expected, "{req:.80}");
         }
         assert!(matches!(
-            parse_upgrade(GOOD.as_bytes(), &with_path),
-            Ok(HeadStatus::Complete(..))
+            parse_request(GOOD.as_bytes(), &with_path),
+            Ok(HeadStatus::Upgrade(..))
         ));
+    }
+
+    #[test]
+    fn origins_and_tokens_guard_the_upgrade() {
+        let origins = ["https://app.example".to_string()];
+        let tokens = Tokens::new(["t0ken"]).unwrap();
+        let guarded = HandshakeRules {
+            origins: &origins,
+            tokens: Some(&tokens),
+            ..RULES
+        };
+        let with = |extra: &str, target: &str| {
+            GOOD.replace("Host:", &format!("{extra}Host:"))
+                .replace("/ws?id=01", target)
+        };
+        let cases = [
+            (
+                with("Origin: https://evil.example\r\n", "/ws?token=t0ken"),
+                Some(403),
+            ),
+            (with("Origin: https://app.example\r\n", "/ws"), Some(401)),
+            (with("", "/ws?token=wrong"), Some(401)),
+            (
+                with("Authorization: Bearer wrong\r\n", "/ws?token=t0ken"),
+                Some(401),
+            ),
+            (
+                with("Origin: https://app.example\r\n", "/ws?token=t0ken"),
+                None,
+            ),
+            (with("Authorization: Bearer t0ken\r\n", "/ws"), None),
+        ];
+        for (req, want) in cases {
+            let got = parse_request(req.as_bytes(), &guarded)
+                .err()
+                .map(Rejection::status);
+            assert_eq!(got, want, "{req:.120}");
+        }
+    }
+
+    #[test]
+    fn plain_gets_reach_the_endpoints_this_listener_serves() {
+        let tokens = Tokens::new(["t0ken"]).unwrap();
+        let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+        let endpoint =
+            |req: &str, rules: &HandshakeRules<'_>| match parse_request(req.as_bytes(), rules) {
+                Ok(HeadStatus::Endpoint(endpoint, len)) => {
+                    assert_eq!(len, req.len());
+                    Ok(endpoint)
+                }
+                Ok(other) => panic!("{other:?}"),
+                Err(rejection) => Err(rejection.status()),
+            };
+        assert_eq!(endpoint(&get("/healthz"), &RULES), Ok(Endpoint::Health));
+        assert_eq!(endpoint(&get("/metrics"), &RULES), Ok(Endpoint::Metrics));
+        let guarded = HandshakeRules {
+            tokens: Some(&tokens),
+            ..RULES
+        };
+        assert_eq!(endpoint(&get("/metrics"), &guarded), Err(401));
+        assert_eq!(
+            endpoint(&get("/metrics?token=t0ken"), &guarded),
+            Ok(Endpoint::Metrics)
+        );
+        assert_eq!(endpoint(&get("/healthz"), &guarded), Ok(Endpoint::Health));
+        let elsewhere = HandshakeRules {
+            endpoints: Endpoints {
+                websocket: true,
+                metrics: false,
+            },
+            ..RULES
+        };
+        assert_eq!(endpoint(&get("/metrics"), &elsewhere), Err(400));
+        let metrics_only = HandshakeRules {
+            endpoints: Endpoints {
+                websocket: false,
+                metrics: true,
+            },
+            ..RULES
+        };
+        assert_eq!(
+            endpoint(&get("/metrics"), &metrics_only),
+            Ok(Endpoint::Metrics)
+        );
+        assert_eq!(status(GOOD, &metrics_only), 404);
+        assert_eq!(status(&get("/other"), &RULES), 400);
     }
 
     #[test]
@@ -403,7 +583,7 @@ mod tests {
                 req[at] = next() as u8;
             }
             let cut = (next() as usize) % (req.len() + 1);
-            let _ = parse_upgrade(&req[..cut], &RULES);
+            let _ = parse_request(&req[..cut], &RULES);
         }
     }
 }

@@ -36,13 +36,16 @@
 //! can be used on its own.
 #![deny(missing_docs)]
 
+mod auth;
 mod broadcast;
 mod config;
 mod conn;
+mod heartbeat;
 pub mod http;
 pub mod input;
 mod io;
 mod metrics;
+mod per_ip;
 mod pool;
 pub mod rlimit;
 mod server;
@@ -53,6 +56,7 @@ mod testing;
 mod timer;
 pub mod ws;
 
+pub use auth::{TokenError, Tokens};
 pub use config::{Config, ConfigError, SlowConsumerPolicy, MAX_MESSAGE_LIMIT};
 pub use metrics::MetricsSnapshot;
 pub use server::{ConnectionInfo, Handle, MessageTooBig, Server, ServerGone};

@@ -3,6 +3,7 @@
 //! message and every closed or refused connection is counted by reason.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 macro_rules! counters {
     ($( $(#[$doc:meta])* $name:ident, )*) => {
@@ -42,18 +43,28 @@ counters! {
     connections_open,
     /// Handshakes completed with `101 Switching Protocols`.
     upgrades,
-    /// Connections refused at accept because `max_connections` was reached (503).
-    rejected_at_capacity,
-    /// Handshakes answered with 400.
+    /// Plain requests for `/healthz` answered.
+    http_healthz,
+    /// Plain requests for `/metrics` answered.
+    http_metrics,
+    /// Requests answered with 400.
     rejected_400,
-    /// Handshakes answered with 404.
+    /// Requests answered with 401 (missing or wrong token).
+    rejected_401,
+    /// Requests answered with 403 (origin not allowed).
+    rejected_403,
+    /// Requests answered with 404.
     rejected_404,
-    /// Handshakes answered with 405.
+    /// Requests answered with 405.
     rejected_405,
-    /// Handshakes answered with 426.
+    /// Requests answered with 426.
     rejected_426,
-    /// Handshakes answered with 431.
+    /// Connections refused because their IP address held its maximum (429).
+    rejected_429,
+    /// Requests answered with 431.
     rejected_431,
+    /// Connections refused at accept because `max_connections` was reached (503).
+    rejected_503,
     /// Closed after a completed close handshake (either side began it).
     closed_normal,
     /// Closed after the server failed the connection for a protocol error (1002).
@@ -64,10 +75,14 @@ counters! {
     closed_message_too_big,
     /// Closed because the output queue was over its limit (1008).
     closed_slow_consumer,
+    /// Closed because nothing was heard from the client for the idle timeout (1001).
+    closed_idle_timeout,
     /// Closed because a handshake did not complete in time.
     closed_handshake_timeout,
     /// Closed after an HTTP rejection was sent.
     closed_rejected,
+    /// Closed after a plain HTTP request (`/healthz`, `/metrics`) was answered.
+    closed_http,
     /// Closed during server shutdown (1001).
     closed_shutdown,
     /// The peer vanished without a close handshake (EOF, reset or I/O error).
@@ -83,22 +98,175 @@ counters! {
     /// Broadcast frames a connection did not get because its queue was full
     /// (slow-consumer policy `drop`).
     slow_consumer_drops,
+    /// Frames handed to sockets: broadcasts, pings and each connection's own.
+    frames_sent,
+    /// Bytes the kernel took from the server's writes.
+    bytes_written,
     /// Frames that could not be written whole at once and were queued.
     write_would_block,
+    /// Output bytes queued now over all connections, shared frames counted
+    /// by their size (bounded by connections × `max_queued_bytes`).
+    queued_bytes,
     /// Data messages received from clients.
     messages_received,
     /// Messages echoed back (echo mode).
     messages_echoed,
-    /// Pings answered with a pong.
+    /// Heartbeat pings sent.
+    pings_sent,
+    /// Pings from clients, answered with a pong.
     pings_received,
     /// Buffers lent from the pool right now (partial input, echo messages).
     buffers_lent,
     /// Free buffers the pool holds for reuse right now.
     buffers_idle,
+    /// Idle pool buffers given back to the system.
+    buffers_released,
     /// Accept errors other than running out of file descriptors.
     accept_errors,
     /// Times accepting was paused because file descriptors ran out.
     accept_pauses,
+    /// Loop iterations (one poll and everything it woke up).
+    loop_iterations,
+    /// Time spent in loop iterations, not counting the wait, in nanoseconds.
+    loop_busy_ns,
+    /// The longest loop iteration in the last 10 to 20 seconds, in nanoseconds.
+    loop_max_ns,
+}
+
+/// Upper bounds of the loop iteration time histogram, in microseconds.
+pub const LOOP_BUCKETS_US: [u64; 12] = [
+    10, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 50_000, 250_000, 1_000_000,
+];
+
+/// How many loop iterations took at most each [`LOOP_BUCKETS_US`] bound
+/// (not cumulative; the rendering sums them).
+#[derive(Debug, Default)]
+pub struct LoopHistogram {
+    buckets: [AtomicU64; LOOP_BUCKETS_US.len()],
+}
+
+impl LoopHistogram {
+    /// Records one iteration of `ns` nanoseconds (beyond the last bound: only in the count).
+    pub fn record(&self, ns: u64) {
+        let us = ns / 1_000;
+        if let Some(i) = LOOP_BUCKETS_US.iter().position(|&bound| us < bound) {
+            Metrics::incr(&self.buckets[i]);
+        }
+    }
+
+    /// Cumulative counts per bound, Prometheus style.
+    pub fn cumulative(&self) -> [u64; LOOP_BUCKETS_US.len()] {
+        let mut total = 0;
+        self.buckets.each_ref().map(|b| {
+            total += b.load(Ordering::Relaxed);
+            total
+        })
+    }
+}
+
+/// Length of one window of [`LoopMax`].
+const LOOP_MAX_WINDOW: Duration = Duration::from_secs(10);
+
+/// The longest loop iteration lately: the maximum over the current 10 s
+/// window and the one before, so a spike stays visible for 10 to 20 s.
+#[derive(Debug, Default)]
+pub struct LoopMax {
+    current: u64,
+    previous: u64,
+    ends_at: Option<Instant>,
+}
+
+impl LoopMax {
+    /// Records an iteration of `ns` nanoseconds at `now`; returns the new
+    /// maximum when it changed.
+    pub fn record(&mut self, ns: u64, now: Instant) -> Option<u64> {
+        let before = self.current.max(self.previous);
+        match self.ends_at {
+            Some(end) if now < end => {}
+            Some(end) => {
+                // A window with no iteration at all counts as empty.
+                self.previous = if now < end + LOOP_MAX_WINDOW {
+                    self.current
+                } else {
+                    0
+                };
+                self.current = 0;
+                self.ends_at = Some(now + LOOP_MAX_WINDOW);
+            }
+            None => self.ends_at = Some(now + LOOP_MAX_WINDOW),
+        }
+        self.current = self.current.max(ns);
+        let after = self.current.max(self.previous);
+        (after != before).then_some(after)
+    }
+}
+
+/// The periodic info line: connections, traffic and trouble since `last`
+/// (`over` ago), e.g. `1200 open (+40 accepted, -3 closed: 1 idle, 0
+/// slow), 10 broadcasts, 12000 deliveries, 0 dropped, 0 B queued, 1200
+/// pings, 0 rejected, loop max 0.31 ms`.
+pub fn summary(last: &MetricsSnapshot, now: &MetricsSnapshot, over: Duration) -> String {
+    let closed = |m: &MetricsSnapshot| {
+        m.closed_normal
+            + m.closed_protocol_error
+            + m.closed_invalid_payload
+            + m.closed_message_too_big
+            + m.closed_slow_consumer
+            + m.closed_idle_timeout
+            + m.closed_handshake_timeout
+            + m.closed_rejected
+            + m.closed_http
+            + m.closed_shutdown
+            + m.closed_abnormal
+    };
+    let rejected = |m: &MetricsSnapshot| {
+        m.rejected_400
+            + m.rejected_401
+            + m.rejected_403
+            + m.rejected_404
+            + m.rejected_405
+            + m.rejected_426
+            + m.rejected_429
+            + m.rejected_431
+            + m.rejected_503
+    };
+    format!(
+        "{} open (+{} accepted, -{} closed: {} idle, {} slow) in {}s, {} broadcasts, {} deliveries, \
+         {} dropped, {} B queued, {} pings, {} rejected, loop max {:.2} ms",
+        now.connections_open,
+        now.connections_accepted - last.connections_accepted,
+        closed(now) - closed(last),
+        now.closed_idle_timeout - last.closed_idle_timeout,
+        now.closed_slow_consumer - last.closed_slow_consumer,
+        over.as_secs(),
+        now.broadcasts - last.broadcasts,
+        now.broadcast_deliveries - last.broadcast_deliveries,
+        now.slow_consumer_drops - last.slow_consumer_drops,
+        now.queued_bytes,
+        now.pings_sent - last.pings_sent,
+        rejected(now) - rejected(last),
+        now.loop_max_ns as f64 / 1e6,
+    )
+}
+
+/// Counts a loop iteration gathers in plain integers and publishes once,
+/// so the per-connection paths touch no atomics.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Frames handed to sockets.
+    pub frames_sent: u64,
+    /// Bytes the kernel took.
+    pub bytes_written: u64,
+    /// Change of the bytes queued over all connections.
+    pub queued_bytes: i64,
+}
+
+impl Tally {
+    /// Counts bytes written and the queue change of one send or flush.
+    pub fn wrote(&mut self, written: usize, queued_before: usize, queued_after: usize) {
+        self.bytes_written += written as u64;
+        self.queued_bytes += queued_after as i64 - queued_before as i64;
+    }
 }
 
 impl Metrics {
@@ -122,15 +290,413 @@ impl Metrics {
         counter.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// The counter for a handshake rejected with `status`.
+    /// Adds what a [`Tally`] gathered and resets it.
+    pub fn publish(&self, tally: &mut Tally) {
+        let tally = std::mem::take(tally);
+        if tally.frames_sent > 0 {
+            Metrics::add(&self.frames_sent, tally.frames_sent);
+        }
+        if tally.bytes_written > 0 {
+            Metrics::add(&self.bytes_written, tally.bytes_written);
+        }
+        if tally.queued_bytes != 0 {
+            // Two's complement: adding the wrapped value subtracts.
+            Metrics::add(&self.queued_bytes, tally.queued_bytes as u64);
+        }
+    }
+
+    /// The counter for a request rejected with `status`.
     pub fn rejected(&self, status: u16) -> &AtomicU64 {
         match status {
+            401 => &self.rejected_401,
+            403 => &self.rejected_403,
             404 => &self.rejected_404,
             405 => &self.rejected_405,
             426 => &self.rejected_426,
+            429 => &self.rejected_429,
             431 => &self.rejected_431,
-            503 => &self.rejected_at_capacity,
+            503 => &self.rejected_503,
             _ => &self.rejected_400,
         }
+    }
+}
+
+/// One exported sample: metric name, label set and value.
+struct Series {
+    name: &'static str,
+    labels: &'static str,
+    value: u64,
+}
+
+/// Renders every counter in the Prometheus text exposition format
+/// (version 0.0.4), with `# HELP` and `# TYPE` once per metric family.
+pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &mut Vec<u8>) {
+    use std::io::Write;
+    let family = |out: &mut Vec<u8>, name: &str, kind: &str, help: &str, series: &[Series]| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for s in series {
+            let _ = writeln!(out, "{}{} {}", s.name, s.labels, s.value);
+        }
+    };
+    let one = |name, value| {
+        [Series {
+            name,
+            labels: "",
+            value,
+        }]
+    };
+    let labelled = |name, pairs: &[(&'static str, u64)]| -> Vec<Series> {
+        pairs
+            .iter()
+            .map(|&(labels, value)| Series {
+                name,
+                labels,
+                value,
+            })
+            .collect()
+    };
+    let simple: [(&str, &str, &str, u64); 21] = [
+        (
+            "wspush_connections_open",
+            "gauge",
+            "Connections held now (any phase).",
+            m.connections_open,
+        ),
+        (
+            "wspush_connections_accepted_total",
+            "counter",
+            "TCP connections accepted.",
+            m.connections_accepted,
+        ),
+        (
+            "wspush_upgrades_total",
+            "counter",
+            "WebSocket handshakes completed.",
+            m.upgrades,
+        ),
+        (
+            "wspush_broadcasts_total",
+            "counter",
+            "Broadcast messages encoded (each once).",
+            m.broadcasts,
+        ),
+        (
+            "wspush_broadcasts_rejected_total",
+            "counter",
+            "Broadcasts refused as larger than the message limit.",
+            m.broadcasts_rejected,
+        ),
+        (
+            "wspush_input_lines_rejected_total",
+            "counter",
+            "Input lines skipped (invalid UTF-8 or too long).",
+            m.input_lines_rejected,
+        ),
+        (
+            "wspush_broadcast_deliveries_total",
+            "counter",
+            "Broadcast frames handed to connections.",
+            m.broadcast_deliveries,
+        ),
+        (
+            "wspush_slow_consumer_drops_total",
+            "counter",
+            "Broadcasts skipped for a connection whose queue was full.",
+            m.slow_consumer_drops,
+        ),
+        (
+            "wspush_frames_sent_total",
+            "counter",
+            "Frames handed to sockets.",
+            m.frames_sent,
+        ),
+        (
+            "wspush_bytes_written_total",
+            "counter",
+            "Bytes written to sockets.",
+            m.bytes_written,
+        ),
+        (
+            "wspush_write_would_block_total",
+            "counter",
+            "Frames not written whole at once and queued.",
+            m.write_would_block,
+        ),
+        (
+            "wspush_queued_bytes",
+            "gauge",
+            "Output bytes queued over all connections.",
+            m.queued_bytes,
+        ),
+        (
+            "wspush_messages_received_total",
+            "counter",
+            "Data messages received from clients.",
+            m.messages_received,
+        ),
+        (
+            "wspush_messages_echoed_total",
+            "counter",
+            "Messages echoed back (echo mode).",
+            m.messages_echoed,
+        ),
+        (
+            "wspush_pings_sent_total",
+            "counter",
+            "Heartbeat pings sent.",
+            m.pings_sent,
+        ),
+        (
+            "wspush_pings_received_total",
+            "counter",
+            "Pings received from clients and answered.",
+            m.pings_received,
+        ),
+        (
+            "wspush_buffers_lent",
+            "gauge",
+            "Pool buffers lent to connections now.",
+            m.buffers_lent,
+        ),
+        (
+            "wspush_buffers_idle",
+            "gauge",
+            "Free pool buffers kept for reuse now.",
+            m.buffers_idle,
+        ),
+        (
+            "wspush_buffers_released_total",
+            "counter",
+            "Idle pool buffers given back to the system.",
+            m.buffers_released,
+        ),
+        (
+            "wspush_accept_errors_total",
+            "counter",
+            "Accept errors other than running out of file descriptors.",
+            m.accept_errors,
+        ),
+        (
+            "wspush_accept_pauses_total",
+            "counter",
+            "Times accepting paused because file descriptors ran out (EMFILE/ENFILE).",
+            m.accept_pauses,
+        ),
+    ];
+    for (name, kind, help, value) in &simple {
+        family(out, name, kind, help, &one(name, *value));
+    }
+    family(
+        out,
+        "wspush_connections_closed_total",
+        "counter",
+        "Connections closed, by reason (and close code for protocol errors).",
+        &labelled(
+            "wspush_connections_closed_total",
+            &[
+                ("{reason=\"normal\"}", m.closed_normal),
+                (
+                    "{reason=\"protocol_error\",code=\"1002\"}",
+                    m.closed_protocol_error,
+                ),
+                (
+                    "{reason=\"protocol_error\",code=\"1007\"}",
+                    m.closed_invalid_payload,
+                ),
+                (
+                    "{reason=\"protocol_error\",code=\"1009\"}",
+                    m.closed_message_too_big,
+                ),
+                ("{reason=\"slow_consumer\"}", m.closed_slow_consumer),
+                ("{reason=\"idle_timeout\"}", m.closed_idle_timeout),
+                ("{reason=\"handshake_timeout\"}", m.closed_handshake_timeout),
+                ("{reason=\"rejected\"}", m.closed_rejected),
+                ("{reason=\"http\"}", m.closed_http),
+                ("{reason=\"shutdown\"}", m.closed_shutdown),
+                ("{reason=\"abnormal\"}", m.closed_abnormal),
+            ],
+        ),
+    );
+    family(
+        out,
+        "wspush_requests_rejected_total",
+        "counter",
+        "Requests refused before the upgrade, by HTTP status.",
+        &labelled(
+            "wspush_requests_rejected_total",
+            &[
+                ("{status=\"400\"}", m.rejected_400),
+                ("{status=\"401\"}", m.rejected_401),
+                ("{status=\"403\"}", m.rejected_403),
+                ("{status=\"404\"}", m.rejected_404),
+                ("{status=\"405\"}", m.rejected_405),
+                ("{status=\"426\"}", m.rejected_426),
+                ("{status=\"429\"}", m.rejected_429),
+                ("{status=\"431\"}", m.rejected_431),
+                ("{status=\"503\"}", m.rejected_503),
+            ],
+        ),
+    );
+    family(
+        out,
+        "wspush_http_requests_total",
+        "counter",
+        "Plain HTTP requests answered, by path.",
+        &labelled(
+            "wspush_http_requests_total",
+            &[
+                ("{path=\"/healthz\"}", m.http_healthz),
+                ("{path=\"/metrics\"}", m.http_metrics),
+            ],
+        ),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP wspush_loop_iteration_seconds Time the loop spent per iteration, not counting the wait.\n\
+         # TYPE wspush_loop_iteration_seconds histogram"
+    );
+    for (bound, count) in LOOP_BUCKETS_US.iter().zip(histogram.cumulative()) {
+        let _ = writeln!(
+            out,
+            "wspush_loop_iteration_seconds_bucket{{le=\"{}\"}} {count}",
+            *bound as f64 / 1e6
+        );
+    }
+    let _ = writeln!(
+        out,
+        "wspush_loop_iteration_seconds_bucket{{le=\"+Inf\"}} {}\n\
+         wspush_loop_iteration_seconds_sum {}\n\
+         wspush_loop_iteration_seconds_count {}",
+        m.loop_iterations,
+        m.loop_busy_ns as f64 / 1e9,
+        m.loop_iterations
+    );
+    let _ = writeln!(
+        out,
+        "# HELP wspush_loop_iteration_max_seconds Longest loop iteration in the last 10 to 20 seconds.\n\
+         # TYPE wspush_loop_iteration_max_seconds gauge\n\
+         wspush_loop_iteration_max_seconds {}",
+        m.loop_max_ns as f64 / 1e9
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_text_has_one_type_per_family_and_every_sample_parses() {
+        let metrics = Metrics::default();
+        Metrics::add(&metrics.connections_open, 3);
+        Metrics::add(&metrics.closed_invalid_payload, 2);
+        Metrics::add(&metrics.rejected_429, 1);
+        Metrics::add(&metrics.loop_iterations, 3);
+        Metrics::add(&metrics.loop_busy_ns, 1_500_000);
+        let histogram = LoopHistogram::default();
+        for ns in [5_000, 700_000, 2_000_000_000] {
+            histogram.record(ns);
+        }
+        let mut out = Vec::new();
+        render_prometheus(&metrics.snapshot(), &histogram, &mut out);
+        let text = String::from_utf8(out).unwrap();
+        let mut families = std::collections::HashSet::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let name = rest.split(' ').next().unwrap();
+                assert!(families.insert(name.to_string()), "{name} typed twice");
+                continue;
+            }
+            if line.starts_with("# HELP ") {
+                continue;
+            }
+            let (series, value) = line.rsplit_once(' ').expect(line);
+            assert!(value.parse::<f64>().is_ok(), "{line}");
+            let name = series.split('{').next().unwrap();
+            let family = name
+                .strip_suffix("_bucket")
+                .or(name.strip_suffix("_sum"))
+                .or(name.strip_suffix("_count"))
+                .unwrap_or(name);
+            assert!(families.contains(family), "{line} before its # TYPE");
+        }
+        for expected in [
+            "wspush_connections_open 3",
+            "wspush_connections_closed_total{reason=\"protocol_error\",code=\"1007\"} 2",
+            "wspush_requests_rejected_total{status=\"429\"} 1",
+            "wspush_loop_iteration_seconds_bucket{le=\"0.00001\"} 1",
+            "wspush_loop_iteration_seconds_bucket{le=\"0.001\"} 2",
+            "wspush_loop_iteration_seconds_bucket{le=\"1\"} 2",
+            "wspush_loop_iteration_seconds_bucket{le=\"+Inf\"} 3",
+            "wspush_loop_iteration_seconds_sum 0.0015",
+        ] {
+            assert!(
+                text.lines().any(|l| l == expected),
+                "missing {expected}\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_loop_max_covers_the_last_ten_to_twenty_seconds() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut max = LoopMax::default();
+        assert_eq!(max.record(500, t0), Some(500));
+        assert_eq!(max.record(300, t0 + 5 * s), None);
+        assert_eq!(
+            max.record(100, t0 + 12 * s),
+            None,
+            "the spike is in the previous window"
+        );
+        assert_eq!(max.record(100, t0 + 23 * s), Some(100), "now it aged out");
+        assert_eq!(
+            max.record(50, t0 + 60 * s),
+            Some(50),
+            "empty windows in between"
+        );
+    }
+
+    #[test]
+    fn the_summary_reports_changes_since_the_last_line() {
+        let last = MetricsSnapshot {
+            connections_accepted: 10,
+            closed_normal: 2,
+            broadcasts: 1,
+            ..MetricsSnapshot::default()
+        };
+        let now = MetricsSnapshot {
+            connections_open: 9,
+            connections_accepted: 12,
+            closed_normal: 3,
+            closed_idle_timeout: 1,
+            broadcasts: 4,
+            rejected_401: 2,
+            loop_max_ns: 1_250_000,
+            ..MetricsSnapshot::default()
+        };
+        let line = summary(&last, &now, Duration::from_secs(10));
+        assert!(
+            line.starts_with(
+                "9 open (+2 accepted, -2 closed: 1 idle, 0 slow) in 10s, 3 broadcasts"
+            ),
+            "{line}"
+        );
+        assert!(line.ends_with("2 rejected, loop max 1.25 ms"), "{line}");
+    }
+
+    #[test]
+    fn a_tally_publishes_signed_queue_changes() {
+        let metrics = Metrics::default();
+        let mut tally = Tally::default();
+        tally.wrote(10, 0, 90);
+        metrics.publish(&mut tally);
+        tally.wrote(90, 90, 0);
+        tally.frames_sent += 2;
+        metrics.publish(&mut tally);
+        let m = metrics.snapshot();
+        assert_eq!(
+            (m.bytes_written, m.queued_bytes, m.frames_sent),
+            (100, 0, 2)
+        );
     }
 }

@@ -1,7 +1,13 @@
-//! The loop as a value: one `mio::Poll`, the listener, a `Slab` of
-//! connections, the buffer pool, the timer wheel and the command channel.
+//! The loop as a value: one `mio::Poll`, the listener (and an optional
+//! metrics listener), a `Slab` of connections, the buffer pool, the timer
+//! wheel, the heartbeat sweep and the command channel.
 //! [`Server::poll_once`] is one non-blocking step; [`Server::run`] loops
 //! until shutdown. A [`Handle`] broadcasts and shuts down from any thread.
+//!
+//! Like Redis' `ae`, the loop has file events (sockets) and time events:
+//! connection deadlines on the wheel, the heartbeat slices, the pool trim
+//! and the periodic stats line. The nearest one sets the poll timeout;
+//! with none pending the loop sleeps until a socket or a command wakes it.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
@@ -18,14 +24,17 @@ use socket2::{Domain, Socket, Type};
 use crate::broadcast::SharedFrame;
 use crate::config::Config;
 use crate::conn::{CloseReason, Conn, Ctx, Delivery, Verdict};
-use crate::http::{Rejection, MAX_RESPONSE_LEN};
-use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::heartbeat::Heartbeat;
+use crate::http::{Endpoints, Rejection, MAX_RESPONSE_LEN};
+use crate::metrics::{self, LoopHistogram, LoopMax, Metrics, MetricsSnapshot, Tally};
+use crate::per_ip::PerIpLimit;
 use crate::pool::BufferPool;
 use crate::timer::{Tick, TimerWheel};
 use crate::ws::{CloseCode, MessageKind};
 
 const LISTENER: Token = Token(usize::MAX);
 const WAKER: Token = Token(usize::MAX - 1);
+const METRICS_LISTENER: Token = Token(usize::MAX - 2);
 
 /// Accept queue length asked of the kernel (capped by net.core.somaxconn).
 const LISTEN_BACKLOG: i32 = 65_535;
@@ -50,6 +59,8 @@ const SLAB_RESERVE: usize = 1 << 20;
 /// Input buffers allocated at start, and kept idle at most.
 const POOL_PREALLOCATED: usize = 64;
 const POOL_MAX_IDLE: usize = 1024;
+/// How often free pool buffers unused for that long are given back.
+const POOL_TRIM_PERIOD: Duration = Duration::from_secs(1);
 
 /// State shared between the loop and its handles.
 #[derive(Debug)]
@@ -58,6 +69,7 @@ struct Shared {
     /// A wake-up is on its way; further senders need not wake again.
     wake_pending: AtomicBool,
     metrics: Metrics,
+    loop_histogram: LoopHistogram,
 }
 
 /// What a [`Handle`] asks the loop to do.
@@ -174,6 +186,24 @@ impl Ready {
     };
 }
 
+/// The listener a connection came in through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Door {
+    /// The main listener: WebSocket upgrades (and `/healthz`, and
+    /// `/metrics` unless it has a listener of its own).
+    Main,
+    /// `metrics_listen`: `/metrics` and `/healthz` only.
+    Metrics,
+}
+
+/// The periodic info line with the key counters.
+#[derive(Debug)]
+struct StatsLine {
+    every: Duration,
+    next_at: Instant,
+    last: MetricsSnapshot,
+}
+
 /// Shutdown progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Lifecycle {
@@ -205,7 +235,12 @@ pub struct Server {
     events: Events,
     listener: TcpListener,
     local_addr: SocketAddr,
+    metrics_listener: Option<TcpListener>,
     conns: Slab<Conn>,
+    /// One more than the highest key ever used: the heartbeat sweeps `0..key_bound`.
+    key_bound: usize,
+    heartbeat: Heartbeat,
+    per_ip: Option<PerIpLimit>,
     pool: BufferPool,
     scratch: Box<[u8]>,
     timers: TimerWheel,
@@ -217,8 +252,9 @@ pub struct Server {
     commands_pending: bool,
     /// Connections that used their read budget with input left.
     read_again: Vec<usize>,
-    /// Accepting stopped at its cap with connections left in the backlog.
-    accept_again: bool,
+    /// Accepting stopped at its cap with connections left in the backlog
+    /// (per [`Door`]).
+    accept_again: [bool; 2],
     /// Accepting is paused (file descriptors ran out) until then.
     accept_paused_until: Option<Instant>,
     last_accept_warning: Option<Instant>,
@@ -226,6 +262,11 @@ pub struct Server {
     expired: Vec<(usize, Tick)>,
     failed: Vec<(usize, CloseReason)>,
     lifecycle: Lifecycle,
+    tally: Tally,
+    loop_max: LoopMax,
+    /// When the pool next gives back buffers that sat unused (only while it has surplus).
+    next_trim: Option<Instant>,
+    stats: Option<StatsLine>,
 }
 
 /// The parts of a server a connection handler works with, borrowed apart.
@@ -237,49 +278,85 @@ struct Parts<'a> {
 }
 
 impl Server {
-    /// Validates `config`, binds its listen address and sets up the loop.
+    /// Validates `config`, binds its listen address (and its metrics
+    /// address, if any) and sets up the loop.
     pub fn bind(config: Config) -> io::Result<Server> {
         config
             .validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let poll = Poll::new()?;
-        let mut listener = listen(&config)?;
+        let mut listener = listen(config.listen, config.reuse_port)?;
         let local_addr = listener.local_addr()?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let metrics_listener = match config.metrics_listen {
+            Some(addr) => {
+                let mut metrics_listener = listen(addr, false).map_err(|e| {
+                    io::Error::new(e.kind(), format!("metrics address {addr}: {e}"))
+                })?;
+                poll.registry().register(
+                    &mut metrics_listener,
+                    METRICS_LISTENER,
+                    Interest::READABLE,
+                )?;
+                Some(metrics_listener)
+            }
+            None => None,
+        };
         let shared = Arc::new(Shared {
             waker: Waker::new(poll.registry(), WAKER)?,
             wake_pending: AtomicBool::new(false),
             metrics: Metrics::default(),
+            loop_histogram: LoopHistogram::default(),
         });
         let (command_sender, commands) = mpsc::sync_channel(COMMAND_QUEUE);
+        let now = Instant::now();
         Ok(Server {
             poll,
             events: Events::with_capacity(EVENTS_CAPACITY),
             listener,
             local_addr,
+            metrics_listener,
             conns: Slab::with_capacity(config.max_connections.min(SLAB_RESERVE)),
+            key_bound: 0,
+            heartbeat: Heartbeat::new(config.ping_interval, config.idle_timeout, now),
+            per_ip: config.max_connections_per_ip.map(PerIpLimit::new),
             pool: BufferPool::new(config.max_head_bytes, POOL_PREALLOCATED, POOL_MAX_IDLE),
             scratch: vec![0; SCRATCH_BYTES.max(config.max_head_bytes)].into_boxed_slice(),
-            timers: TimerWheel::new(TIMER_RESOLUTION, TIMER_SLOTS, Instant::now()),
+            timers: TimerWheel::new(TIMER_RESOLUTION, TIMER_SLOTS, now),
+            stats: config.stats_interval.map(|every| StatsLine {
+                every,
+                next_at: now + every,
+                last: MetricsSnapshot::default(),
+            }),
             config,
             shared,
             commands,
             command_sender,
             commands_pending: false,
             read_again: Vec::new(),
-            accept_again: false,
+            accept_again: [false; 2],
             accept_paused_until: None,
             last_accept_warning: None,
             expired: Vec::new(),
             failed: Vec::new(),
             lifecycle: Lifecycle::Running,
+            tally: Tally::default(),
+            loop_max: LoopMax::default(),
+            next_trim: None,
         })
     }
 
     /// The address the listener is bound to (with the real port when 0 was asked).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The address `/metrics` is served on when it has a listener of its own.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
     }
 
     /// A handle for other threads.
@@ -340,7 +417,8 @@ impl Server {
         let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
         for event in events.iter() {
             match event.token() {
-                LISTENER => self.accept(now),
+                LISTENER => self.accept(Door::Main, now),
+                METRICS_LISTENER => self.accept(Door::Metrics, now),
                 WAKER => self.commands_pending = true,
                 Token(key) => {
                     let hangup = event.is_read_closed() || event.is_error();
@@ -356,13 +434,13 @@ impl Server {
         self.events = events;
         self.retry_reads(now);
         self.expire_deadlines(now);
+        self.sweep_heartbeats(now);
         self.resume_accepting(now);
         if self.commands_pending {
             self.drain_commands(now);
         }
-        let metrics = &self.shared.metrics;
-        Metrics::set(&metrics.buffers_lent, self.pool.lent() as u64);
-        Metrics::set(&metrics.buffers_idle, self.pool.idle() as u64);
+        self.housekeeping(now);
+        self.record_iteration(now);
         Ok(())
     }
 
@@ -404,6 +482,7 @@ impl Server {
         Metrics::add(&metrics.broadcast_deliveries, delivered);
         Metrics::add(&metrics.write_would_block, queued);
         Metrics::add(&metrics.slow_consumer_drops, dropped);
+        metrics.publish(&mut self.tally);
         for (key, reason) in failed.drain(..) {
             self.close(key, reason);
         }
@@ -413,19 +492,27 @@ impl Server {
 
     /// How long the next poll may wait.
     fn poll_timeout(&self, requested: Option<Duration>, now: Instant) -> Option<Duration> {
-        if self.commands_pending || self.accept_again || !self.read_again.is_empty() {
+        if self.commands_pending || self.accept_again.contains(&true) || !self.read_again.is_empty()
+        {
             return Some(Duration::ZERO);
         }
-        let lifecycle_deadline = match self.lifecycle {
-            Lifecycle::Draining { deadline } => Some(deadline),
-            Lifecycle::Running => None,
+        let (lifecycle_deadline, heartbeat) = match self.lifecycle {
+            Lifecycle::Draining { deadline } => (Some(deadline), None),
+            Lifecycle::Running => (
+                None,
+                (!self.conns.is_empty()).then(|| self.heartbeat.next_at()),
+            ),
         };
+        let time_events = [
+            self.accept_paused_until,
+            lifecycle_deadline,
+            heartbeat,
+            self.next_trim,
+            self.stats.as_ref().map(|s| s.next_at),
+        ];
         [requested, self.timers.next_timeout(now)]
             .into_iter()
-            .chain(
-                [self.accept_paused_until, lifecycle_deadline]
-                    .map(|at| at.map(|at| at.saturating_duration_since(now))),
-            )
+            .chain(time_events.map(|at| at.map(|at| at.saturating_duration_since(now))))
             .flatten()
             .min()
     }
@@ -442,6 +529,8 @@ impl Server {
                 pool: &mut self.pool,
                 timers: &mut self.timers,
                 metrics: &self.shared.metrics,
+                loop_histogram: &self.shared.loop_histogram,
+                tally: &mut self.tally,
                 now,
             },
         }
@@ -483,7 +572,10 @@ impl Server {
         let Some(mut conn) = self.conns.try_remove(key) else {
             return;
         };
-        conn.release(&mut self.pool, &mut self.timers);
+        conn.release(&mut self.pool, &mut self.timers, &mut self.tally);
+        if let Some(per_ip) = &mut self.per_ip {
+            per_ip.release(key);
+        }
         let metrics = &self.shared.metrics;
         Metrics::incr(reason.counter(metrics));
         Metrics::decr(&metrics.connections_open);
@@ -499,14 +591,19 @@ impl Server {
 
     /// Accepts until the backlog is empty, the per-wake cap is reached, or
     /// file descriptors run out (then pauses instead of spinning).
-    fn accept(&mut self, now: Instant) {
-        self.accept_again = false;
+    fn accept(&mut self, door: Door, now: Instant) {
+        self.accept_again[door as usize] = false;
         if self.accept_paused_until.is_some() || self.lifecycle != Lifecycle::Running {
             return;
         }
         for _ in 0..ACCEPTS_PER_WAKE {
-            match self.listener.accept() {
-                Ok((stream, _)) => self.admit(stream, now),
+            let accepted = match (door, &self.metrics_listener) {
+                (Door::Main, _) => self.listener.accept(),
+                (Door::Metrics, Some(listener)) => listener.accept(),
+                (Door::Metrics, None) => return,
+            };
+            match accepted {
+                Ok((stream, peer)) => self.admit(stream, peer, door, now),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if is_resource_exhaustion(&e) => return self.pause_accepting(&e, now),
@@ -516,7 +613,7 @@ impl Server {
                 }
             }
         }
-        self.accept_again = true;
+        self.accept_again[door as usize] = true;
     }
 
     fn pause_accepting(&mut self, error: &io::Error, now: Instant) {
@@ -535,27 +632,38 @@ impl Server {
     }
 
     fn resume_accepting(&mut self, now: Instant) {
-        match self.accept_paused_until {
-            Some(until) if now >= until => {
-                self.accept_paused_until = None;
-                self.accept(now);
+        if self.accept_paused_until.is_some_and(|until| now >= until) {
+            self.accept_paused_until = None;
+            self.accept_again = [true; 2];
+        }
+        if self.accept_paused_until.is_none() {
+            for door in [Door::Main, Door::Metrics] {
+                if self.accept_again[door as usize] {
+                    self.accept(door, now);
+                }
             }
-            None if self.accept_again => self.accept(now),
-            _ => {}
         }
     }
 
     /// Takes a new TCP connection into the slab, or refuses it with 503
-    /// when the server is full.
-    fn admit(&mut self, mut stream: TcpStream, now: Instant) {
+    /// when the server is full or 429 when its address is.
+    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, door: Door, now: Instant) {
         let metrics = &self.shared.metrics;
         Metrics::incr(&metrics.connections_accepted);
         if self.conns.len() >= self.config.max_connections {
-            Metrics::incr(&metrics.rejected_at_capacity);
-            refuse_at_capacity(stream, &mut self.scratch);
+            Metrics::incr(&metrics.rejected_503);
+            refuse(stream, Rejection::ServiceUnavailable, &mut self.scratch);
             return;
         }
         let key = self.conns.vacant_key();
+        if let (Door::Main, Some(per_ip)) = (door, &mut self.per_ip) {
+            if per_ip.admit(key, peer.ip()).is_err() {
+                Metrics::incr(&metrics.rejected_429);
+                log::debug!("{} holds its maximum of connections: 429", peer.ip());
+                refuse(stream, Rejection::TooManyRequests, &mut self.scratch);
+                return;
+            }
+        }
         if let Err(e) = self
             .poll
             .registry()
@@ -563,12 +671,26 @@ impl Server {
         {
             Metrics::incr(&metrics.accept_errors);
             log::warn!("register failed: {e}");
+            if let Some(per_ip) = &mut self.per_ip {
+                per_ip.release(key);
+            }
             return;
         }
         Metrics::incr(&metrics.connections_open);
+        let endpoints = match door {
+            Door::Main => Endpoints {
+                websocket: true,
+                metrics: self.metrics_listener.is_none(),
+            },
+            Door::Metrics => Endpoints {
+                websocket: false,
+                metrics: true,
+            },
+        };
         let mut ctx = self.parts(now).ctx;
-        let conn = Conn::accepted(stream, key, &mut ctx);
+        let conn = Conn::accepted(stream, key, endpoints, &mut ctx);
         self.conns.insert(conn);
+        self.key_bound = self.key_bound.max(key + 1);
         // The request usually arrived with (or right after) the connection:
         // reading now saves a trip through the poll.
         self.on_conn_event(key, Ready::RETRY_READ, now);
@@ -597,6 +719,64 @@ impl Server {
         self.expired = due;
     }
 
+    /// Runs the heartbeat slice that is due: pings, and closes connections
+    /// silent for the idle timeout.
+    fn sweep_heartbeats(&mut self, now: Instant) {
+        if self.conns.is_empty()
+            || now < self.heartbeat.next_at()
+            || self.lifecycle != Lifecycle::Running
+        {
+            return;
+        }
+        let due = self.heartbeat.due(now, self.key_bound);
+        let ping = self.heartbeat.ping().clone();
+        let close_after = self.heartbeat.close_after();
+        for key in due {
+            let parts = self.parts(now);
+            let mut ctx = parts.ctx;
+            let Some(conn) = parts.conns.get_mut(key) else {
+                continue;
+            };
+            let verdict = conn.on_heartbeat(key, &ping, close_after, &mut ctx);
+            self.settle(key, verdict);
+        }
+    }
+
+    /// The slow time events: publish gauges, give idle pool buffers back,
+    /// and log the stats line.
+    fn housekeeping(&mut self, now: Instant) {
+        let metrics = &self.shared.metrics;
+        metrics.publish(&mut self.tally);
+        if self.next_trim.is_some_and(|at| now >= at) {
+            Metrics::add(&metrics.buffers_released, self.pool.trim() as u64);
+            self.next_trim = None;
+        }
+        if self.next_trim.is_none() && self.pool.has_surplus() {
+            self.next_trim = Some(now + POOL_TRIM_PERIOD);
+        }
+        Metrics::set(&metrics.buffers_lent, self.pool.lent() as u64);
+        Metrics::set(&metrics.buffers_idle, self.pool.idle() as u64);
+        if let Some(stats) = self.stats.as_mut().filter(|s| now >= s.next_at) {
+            let current = metrics.snapshot();
+            log::info!("{}", metrics::summary(&stats.last, &current, stats.every));
+            stats.last = current;
+            stats.next_at = now + stats.every;
+        }
+    }
+
+    /// Counts one loop iteration that began at `started`.
+    fn record_iteration(&mut self, started: Instant) {
+        let busy = started.elapsed();
+        let ns = u64::try_from(busy.as_nanos()).unwrap_or(u64::MAX);
+        let metrics = &self.shared.metrics;
+        Metrics::incr(&metrics.loop_iterations);
+        Metrics::add(&metrics.loop_busy_ns, ns);
+        self.shared.loop_histogram.record(ns);
+        if let Some(max) = self.loop_max.record(ns, started) {
+            Metrics::set(&metrics.loop_max_ns, max);
+        }
+    }
+
     fn drain_commands(&mut self, now: Instant) {
         self.shared.wake_pending.store(false, Ordering::Release);
         self.commands_pending = false;
@@ -619,10 +799,13 @@ impl Server {
         }
         log::info!("shutting down: closing {} connections", self.conns.len());
         self.lifecycle = Lifecycle::Draining {
-            deadline: now + self.config.close_timeout,
+            deadline: now + self.config.shutdown_timeout,
         };
-        if let Err(e) = self.poll.registry().deregister(&mut self.listener) {
-            log::warn!("deregistering the listener failed: {e}");
+        let registry = self.poll.registry();
+        for listener in std::iter::once(&mut self.listener).chain(&mut self.metrics_listener) {
+            if let Err(e) = registry.deregister(listener) {
+                log::warn!("deregistering a listener failed: {e}");
+            }
         }
         let mut closing = Vec::with_capacity(self.conns.len());
         let parts = self.parts(now);
@@ -647,22 +830,18 @@ impl Server {
     }
 }
 
-/// The listening socket: `SO_REUSEADDR` (restarts while old connections sit
+/// A listening socket: `SO_REUSEADDR` (restarts while old connections sit
 /// in TIME_WAIT), `SO_REUSEPORT` when asked, `TCP_NODELAY` (Linux copies it
 /// to every accepted socket, saving a syscall per connection), and a deep
 /// accept queue for connection bursts (the kernel caps it at somaxconn).
-fn listen(config: &Config) -> io::Result<TcpListener> {
-    let socket = Socket::new(
-        Domain::for_address(config.listen),
-        Type::STREAM.nonblocking(),
-        None,
-    )?;
+fn listen(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), None)?;
     socket.set_reuse_address(true)?;
-    if config.reuse_port {
+    if reuse_port {
         socket.set_reuse_port(true)?;
     }
     socket.set_tcp_nodelay(true)?;
-    socket.bind(&config.listen.into())?;
+    socket.bind(&addr.into())?;
     socket.listen(LISTEN_BACKLOG)?;
     Ok(TcpListener::from_std(socket.into()))
 }
@@ -696,12 +875,13 @@ fn is_resource_exhaustion(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(ENFILE | EMFILE | ENOBUFS | ENOMEM))
 }
 
-/// Best effort 503 for a connection over `max_connections`: read what the
-/// client sent (so closing does not reset the response away), answer, close.
-fn refuse_at_capacity(mut stream: TcpStream, scratch: &mut [u8]) {
+/// Best effort 503 or 429 for a connection over a limit, without taking a
+/// slot: read what the client sent (so closing does not reset the
+/// response away), answer, close.
+fn refuse(mut stream: TcpStream, rejection: Rejection, scratch: &mut [u8]) {
     let _ = stream.read(scratch);
     let mut response = [0u8; MAX_RESPONSE_LEN];
-    let len = Rejection::ServiceUnavailable.write_response(&mut response);
+    let len = rejection.write_response(&mut response);
     let _ = stream.write(&response[..len]);
     let _ = stream.shutdown(Shutdown::Write);
 }

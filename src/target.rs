@@ -29,15 +29,17 @@ impl Default for RequestTarget {
 }
 
 impl RequestTarget {
-    /// Stores `target`.
-    pub fn new(target: &str) -> RequestTarget {
-        if target.len() > INLINE {
-            return RequestTarget::Boxed(target.into());
+    /// Stores the target that is `parts` joined, copying it once.
+    pub fn from_parts(parts: [&str; 2]) -> RequestTarget {
+        let len = parts[0].len() + parts[1].len();
+        if len > INLINE {
+            return RequestTarget::Boxed(parts.concat().into());
         }
         let mut bytes = [0; INLINE];
-        bytes[..target.len()].copy_from_slice(target.as_bytes());
+        bytes[..parts[0].len()].copy_from_slice(parts[0].as_bytes());
+        bytes[parts[0].len()..len].copy_from_slice(parts[1].as_bytes());
         RequestTarget::Inline {
-            len: target.len() as u8,
+            len: len as u8,
             bytes,
         }
     }
@@ -68,7 +70,7 @@ mod tests {
             "/ws?id=0123456789abcde",
             "/a/much/longer/path?with=a&query=string",
         ] {
-            let stored = RequestTarget::new(target);
+            let stored = RequestTarget::from_parts([target, ""]);
             assert_eq!(stored.as_str(), target);
             assert_eq!(
                 matches!(stored, RequestTarget::Inline { .. }),
@@ -76,5 +78,12 @@ mod tests {
                 "{target}"
             );
         }
+        let (head, tail) = ("/ws?a=1&", "b=2");
+        assert_eq!(
+            RequestTarget::from_parts([head, tail]).as_str(),
+            "/ws?a=1&b=2"
+        );
+        let long = ["/a/much/longer/path?", "with=a&query=string"];
+        assert_eq!(RequestTarget::from_parts(long).as_str(), long.concat());
     }
 }

@@ -26,7 +26,7 @@ fn connections_past_the_limit_get_503_and_capacity_comes_back() {
     let response = read_response(&mut third);
     assert_eq!(response.status, 503);
     assert!(response.body.contains("connection limit"));
-    assert_eq!(server.handle.metrics().rejected_at_capacity, 1);
+    assert_eq!(server.handle.metrics().rejected_503, 1);
 
     drop(first);
     server.wait_for("the first client to be gone", |m| m.connections_open == 1);

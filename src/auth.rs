@@ -1,0 +1,333 @@
+//! Access control for the upgrade: allowed `Origin` values and bearer
+//! tokens. Pure code over byte slices, like the rest of the handshake.
+//!
+//! Tokens are kept only as SHA-1 digests and compared digest against
+//! digest in constant time, so neither a token's content nor its length
+//! shows in the time a check takes, and a `Debug` print or a log line can
+//! never contain one.
+
+use std::fmt;
+use std::path::Path;
+
+use sha1::{Digest, Sha1};
+
+/// Longest token accepted, in bytes (in a file, a header or a query).
+pub const MAX_TOKEN_LEN: usize = 256;
+
+/// The query parameter a browser client passes its token in (browsers
+/// cannot set an `Authorization` header on a WebSocket).
+pub const TOKEN_PARAM: &str = "token";
+
+/// The set of tokens clients may present.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Tokens {
+    digests: Vec<[u8; 20]>,
+}
+
+impl fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tokens({} tokens)", self.digests.len())
+    }
+}
+
+/// Why a token list was refused. Never contains a token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenError(pub String);
+
+impl fmt::Display for TokenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TokenError {}
+
+impl Tokens {
+    /// Reads a token file: one token per line; blank lines and lines
+    /// starting with `#` are skipped; surrounding whitespace is trimmed.
+    pub fn from_file(path: &Path) -> Result<Tokens, TokenError> {
+        let text = std::fs::read(path)
+            .map_err(|e| TokenError(format!("cannot read token file {}: {e}", path.display())))?;
+        let lines = text
+            .split(|&b| b == b'\n')
+            .map(<[u8]>::trim_ascii)
+            .enumerate()
+            .filter(|(_, line)| !line.is_empty() && !line.starts_with(b"#"));
+        let mut digests = Vec::new();
+        for (index, token) in lines {
+            check_token(token).map_err(|why| {
+                TokenError(format!("{}: line {}: {why}", path.display(), index + 1))
+            })?;
+            digests.push(digest(token));
+        }
+        if digests.is_empty() {
+            return Err(TokenError(format!("no tokens in {}", path.display())));
+        }
+        Ok(Tokens { digests })
+    }
+
+    /// A token set from tokens given in code.
+    pub fn new<T: AsRef<[u8]>>(tokens: impl IntoIterator<Item = T>) -> Result<Tokens, TokenError> {
+        let mut digests = Vec::new();
+        for token in tokens {
+            check_token(token.as_ref()).map_err(|why| TokenError(why.into()))?;
+            digests.push(digest(token.as_ref()));
+        }
+        if digests.is_empty() {
+            return Err(TokenError("no tokens".into()));
+        }
+        Ok(Tokens { digests })
+    }
+
+    /// Whether `presented` is one of the tokens. Every stored digest is
+    /// compared in full whatever matches, so the time depends only on how
+    /// many tokens there are.
+    pub fn contains(&self, presented: &[u8]) -> bool {
+        let presented = digest(presented);
+        let mut found = 0u8;
+        for stored in &self.digests {
+            let diff = stored
+                .iter()
+                .zip(&presented)
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+            found |= u8::from(diff == 0);
+        }
+        // Keep the compiler from turning the fold into an early exit.
+        std::hint::black_box(found) == 1
+    }
+}
+
+/// Tokens are visible ASCII (no spaces), so they survive a header and a query unchanged.
+fn check_token(token: &[u8]) -> Result<(), &'static str> {
+    if token.len() > MAX_TOKEN_LEN {
+        return Err("token longer than 256 bytes");
+    }
+    if !token.iter().all(|b| b.is_ascii_graphic()) {
+        return Err("a token must be visible ASCII without spaces");
+    }
+    Ok(())
+}
+
+fn digest(token: &[u8]) -> [u8; 20] {
+    Sha1::digest(token).into()
+}
+
+/// The token of a request: the `Authorization: Bearer` header first, else
+/// the `token` query parameter (percent-decoded into `scratch`). `None`
+/// when neither is there or the token is too long to be one.
+pub fn presented_token<'a>(
+    authorization: Option<&'a [u8]>,
+    target: &'a str,
+    scratch: &'a mut [u8; MAX_TOKEN_LEN],
+) -> Option<&'a [u8]> {
+    if let Some(value) = authorization {
+        let value = value.trim_ascii();
+        let (scheme, token) = value.split_at(value.len().min(7));
+        return scheme
+            .eq_ignore_ascii_case(b"bearer ")
+            .then(|| token.trim_ascii());
+    }
+    let encoded = query_param(target, TOKEN_PARAM)?;
+    percent_decode(encoded.as_bytes(), scratch)
+}
+
+/// The value of the first `name=value` pair in the target's query.
+fn query_param<'a>(target: &'a str, name: &str) -> Option<&'a str> {
+    let (_, query) = target.split_once('?')?;
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value)
+}
+
+/// Decodes `%XX` escapes (and `+` as a space, as forms encode it) into
+/// `out`; `None` if malformed or longer than `out`.
+fn percent_decode<'a>(input: &[u8], out: &'a mut [u8; MAX_TOKEN_LEN]) -> Option<&'a [u8]> {
+    let mut len = 0;
+    let mut i = 0;
+    while i < input.len() {
+        let byte = match input[i] {
+            b'%' => {
+                let hex = input.get(i + 1..i + 3)?;
+                let value = u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+                i += 2;
+                value
+            }
+            b'+' => b' ',
+            other => other,
+        };
+        *out.get_mut(len)? = byte;
+        len += 1;
+        i += 1;
+    }
+    Some(&out[..len])
+}
+
+/// The target with its `token` query parameter taken out, as two pieces
+/// to be joined (no allocation), so a connection never stores or logs a
+/// token: `/ws?a=1&token=x&b=2` → `/ws?a=1` + `&b=2`.
+pub fn without_token(target: &str) -> [&str; 2] {
+    let Some(query_at) = target.find('?') else {
+        return [target, ""];
+    };
+    let mut start = query_at + 1;
+    for pair in target[query_at + 1..].split('&') {
+        let end = start + pair.len();
+        if pair.split_once('=').map_or(pair, |(key, _)| key) == TOKEN_PARAM {
+            return if end == target.len() {
+                // Last pair: drop it with the separator before it.
+                [&target[..start - 1], ""]
+            } else {
+                // Keep the separator before it, skip the one after.
+                [&target[..start], &target[end + 1..]]
+            };
+        }
+        start = end + 1;
+    }
+    [target, ""]
+}
+
+/// Whether an `Origin` header value is one of `allowed` (ASCII
+/// case-insensitive, as scheme and host are). Every value is allowed when
+/// the list is empty; a request without `Origin` is not from a browser and
+/// is left to token checks.
+pub fn origin_allowed(origin: Option<&[u8]>, allowed: &[String]) -> bool {
+    match origin {
+        _ if allowed.is_empty() => true,
+        None => true,
+        Some(origin) => allowed
+            .iter()
+            .any(|a| a.as_bytes().eq_ignore_ascii_case(origin.trim_ascii())),
+    }
+}
+
+/// Checks a configured origin: `scheme://host[:port]`, nothing after.
+pub fn check_origin(origin: &str) -> Result<(), String> {
+    let Some((scheme, rest)) = origin.split_once("://") else {
+        return Err(format!(
+            "origin {origin:?} must look like https://example.com"
+        ));
+    };
+    if scheme.is_empty()
+        || rest.is_empty()
+        || rest.contains('/')
+        || origin.contains(char::is_whitespace)
+    {
+        return Err(format!(
+            "origin {origin:?} must be scheme://host[:port] with no path or trailing slash"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_match_exactly_and_print_nothing() {
+        let tokens = Tokens::new(["s3cret", "other-token"]).unwrap();
+        assert!(tokens.contains(b"s3cret") && tokens.contains(b"other-token"));
+        for wrong in [&b""[..], b"s3cre", b"s3cret ", b"S3CRET", b"s3cret\0"] {
+            assert!(!tokens.contains(wrong), "{wrong:?}");
+        }
+        let printed = format!("{tokens:?}");
+        assert!(!printed.contains("s3cret"), "{printed}");
+        assert!(Tokens::new(Vec::<&str>::new()).is_err());
+        assert!(Tokens::new(["has space"]).is_err());
+        assert!(Tokens::new(["x".repeat(MAX_TOKEN_LEN + 1)]).is_err());
+    }
+
+    #[test]
+    fn token_files_skip_comments_and_name_bad_lines_without_the_token() {
+        let dir = std::env::temp_dir().join(format!("wspush-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good");
+        std::fs::write(&good, "# clients\n\n  alpha  \r\nbeta\n").unwrap();
+        let tokens = Tokens::from_file(&good).unwrap();
+        assert!(tokens.contains(b"alpha") && tokens.contains(b"beta"));
+        assert!(!tokens.contains(b"# clients"));
+
+        let bad = dir.join("bad");
+        std::fs::write(&bad, "alpha\nsecret with space\n").unwrap();
+        let error = Tokens::from_file(&bad).unwrap_err().0;
+        assert!(
+            error.contains("line 2") && !error.contains("secret"),
+            "{error}"
+        );
+
+        let empty = dir.join("empty");
+        std::fs::write(&empty, "# nothing\n").unwrap();
+        assert!(Tokens::from_file(&empty)
+            .unwrap_err()
+            .0
+            .contains("no tokens"));
+        assert!(Tokens::from_file(&dir.join("missing"))
+            .unwrap_err()
+            .0
+            .contains("cannot read token file"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_header_wins_and_the_query_is_decoded() {
+        let mut scratch = [0; MAX_TOKEN_LEN];
+        type Case = (Option<&'static [u8]>, &'static str, Option<&'static [u8]>);
+        let cases: [Case; 8] = [
+            (Some(b"Bearer abc"), "/ws?token=zzz", Some(b"abc")),
+            (Some(b"bearer   abc "), "/ws", Some(b"abc")),
+            (Some(b"Basic abc"), "/ws?token=abc", None),
+            (None, "/ws?id=1&token=a%2Bb%3D", Some(b"a+b=")),
+            (None, "/ws?tokens=x&token=y", Some(b"y")),
+            (None, "/ws?id=1", None),
+            (None, "/ws?token=%zz", None),
+            (None, "/ws", None),
+        ];
+        for (header, target, want) in cases {
+            assert_eq!(
+                presented_token(header, target, &mut scratch),
+                want,
+                "{target}"
+            );
+        }
+        let long = format!("/ws?token={}", "a".repeat(MAX_TOKEN_LEN + 1));
+        assert_eq!(presented_token(None, &long, &mut scratch), None);
+    }
+
+    #[test]
+    fn targets_lose_their_token_and_keep_the_rest() {
+        for (target, want) in [
+            ("/ws", "/ws"),
+            ("/ws?id=1", "/ws?id=1"),
+            ("/ws?token=x", "/ws"),
+            ("/ws?id=1&token=x", "/ws?id=1"),
+            ("/ws?token=x&id=1", "/ws?id=1"),
+            ("/ws?a=1&token=x&b=2", "/ws?a=1&b=2"),
+            ("/ws?tokens=x", "/ws?tokens=x"),
+        ] {
+            assert_eq!(without_token(target).concat(), want, "{target}");
+        }
+    }
+
+    #[test]
+    fn origins_are_exact_apart_from_case() {
+        let allowed = vec!["https://app.example.com".to_string()];
+        assert!(origin_allowed(Some(b"https://app.example.com"), &allowed));
+        assert!(origin_allowed(Some(b"HTTPS://App.Example.com"), &allowed));
+        assert!(origin_allowed(None, &allowed));
+        assert!(origin_allowed(Some(b"https://evil.example"), &[]));
+        for other in [
+            &b"https://app.example.com.evil"[..],
+            b"http://app.example.com",
+            b"https://app.example.com:8443",
+            b"null",
+        ] {
+            assert!(!origin_allowed(Some(other), &allowed), "{other:?}");
+        }
+        assert!(check_origin("https://a.example:8443").is_ok());
+        for bad in ["a.example", "https://a.example/", "https://", "https://a b"] {
+            assert!(check_origin(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! Heartbeats: every open connection gets a ping once per ping interval,
+//! and one silent for the idle timeout is closed.
+//!
+//! The bookkeeping is a sweep over the slab's keys in slices, one slice
+//! per short period, so that each key comes up about once per interval:
+//! O(connections due) per step, no timer per connection, and the only
+//! per-connection state is three bytes of [`Liveness`] inside the open
+//! phase. The ping is one frame encoded once, shared by every connection.
+
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use crate::broadcast::SharedFrame;
+use crate::ws::OpCode;
+
+/// Slices per interval: the sweep runs this often per interval, within
+/// [`MIN_PERIOD`, `MAX_PERIOD`].
+const SLICES: u32 = 32;
+const MIN_PERIOD: Duration = Duration::from_millis(10);
+const MAX_PERIOD: Duration = Duration::from_secs(1);
+
+/// The sweep's position and the shared ping.
+#[derive(Debug)]
+pub struct Heartbeat {
+    interval: Duration,
+    period: Duration,
+    close_after: u16,
+    /// When the current pass over the keys began.
+    cycle_start: Instant,
+    /// The first key not visited in the current pass.
+    next_key: usize,
+    next_at: Instant,
+    ping: SharedFrame,
+}
+
+impl Heartbeat {
+    /// A sweep pinging every `interval` and closing connections silent for
+    /// `idle_timeout` (at least `interval`), starting at `now`.
+    pub fn new(interval: Duration, idle_timeout: Duration, now: Instant) -> Heartbeat {
+        let period = (interval / SLICES).clamp(MIN_PERIOD, MAX_PERIOD);
+        let intervals = idle_timeout.as_nanos().div_ceil(interval.as_nanos());
+        Heartbeat {
+            interval,
+            period,
+            close_after: u16::try_from(intervals + 1).unwrap_or(u16::MAX),
+            cycle_start: now,
+            next_key: 0,
+            next_at: now + period,
+            ping: SharedFrame::encode(OpCode::Ping, b""),
+        }
+    }
+
+    /// When the next slice is due.
+    pub fn next_at(&self) -> Instant {
+        self.next_at
+    }
+
+    /// The pre-encoded ping every connection is sent.
+    pub fn ping(&self) -> &SharedFrame {
+        &self.ping
+    }
+
+    /// The visit count at which a connection that has sent nothing since
+    /// its first visit is closed: at the k-th visit without hearing from
+    /// it, it has been silent for at least k − 1 intervals, so closing at
+    /// `idle_timeout / interval + 1` (rounded up) never closes early and
+    /// closes at most one interval late.
+    pub fn close_after(&self) -> u16 {
+        self.close_after
+    }
+
+    /// The keys out of `0..bound` due at `now`: the slice of the current
+    /// pass that `now` has reached. A finished pass starts the next one
+    /// (skipping passes the loop slept through).
+    pub fn due(&mut self, now: Instant, bound: usize) -> Range<usize> {
+        self.next_at = now + self.period;
+        let elapsed = now.saturating_duration_since(self.cycle_start);
+        if elapsed >= self.interval {
+            let rest = self.next_key..bound.max(self.next_key);
+            let passes = (elapsed.as_nanos() / self.interval.as_nanos()) as u32;
+            self.cycle_start += self.interval * passes;
+            self.next_key = 0;
+            return rest;
+        }
+        let reached = (bound as u128 * elapsed.as_nanos()).div_ceil(self.interval.as_nanos());
+        let end = (reached as usize).min(bound).max(self.next_key);
+        let due = self.next_key..end;
+        self.next_key = end;
+        due
+    }
+}
+
+/// What a heartbeat visit does to a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Visit {
+    /// Nothing: the first visit after the upgrade, which may come at once
+    /// (the first ping comes one to two intervals after the upgrade).
+    Skip,
+    /// Send the ping.
+    Ping,
+    /// Close it: silent for the idle timeout.
+    Close,
+}
+
+/// An open connection's heartbeat state.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Liveness {
+    /// Visits since the client last sent anything (or since the upgrade).
+    silent_visits: u16,
+    visited: bool,
+}
+
+impl Liveness {
+    /// The client sent something (data, a pong, anything).
+    pub fn heard(&mut self) {
+        self.silent_visits = 0;
+    }
+
+    /// A visit of the sweep; `close_after` is [`Heartbeat::close_after`].
+    pub fn visit(&mut self, close_after: u16) -> Visit {
+        self.silent_visits = self.silent_visits.saturating_add(1);
+        if self.silent_visits >= close_after {
+            Visit::Close
+        } else if !std::mem::replace(&mut self.visited, true) {
+            Visit::Skip
+        } else {
+            Visit::Ping
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn every_key_comes_up_once_per_interval() {
+        let t0 = Instant::now();
+        let mut hb = Heartbeat::new(1000 * MS, 2000 * MS, t0);
+        assert_eq!(hb.period, 31250 * Duration::from_micros(1));
+        let mut visits = vec![0u32; 100];
+        let mut at = t0;
+        for _ in 0..64 {
+            at = hb.next_at();
+            for key in hb.due(at, visits.len()) {
+                visits[key] += 1;
+            }
+        }
+        // 64 slices of 31.25 ms = 2 s: two passes.
+        assert_eq!(at - t0, 2000 * MS);
+        assert!(visits.iter().all(|&v| v == 2), "{visits:?}");
+    }
+
+    #[test]
+    fn a_late_sweep_finishes_the_pass_and_skips_missed_ones() {
+        let t0 = Instant::now();
+        let mut hb = Heartbeat::new(100 * MS, 100 * MS, t0);
+        assert_eq!(hb.due(t0 + 50 * MS, 10), 0..5);
+        assert_eq!(
+            hb.due(t0 + 1050 * MS, 10),
+            5..10,
+            "the rest of the first pass"
+        );
+        assert_eq!(
+            hb.due(t0 + 1050 * MS, 10),
+            0..5,
+            "the pass now half way through"
+        );
+    }
+
+    #[test]
+    fn slices_follow_a_changing_key_bound() {
+        let t0 = Instant::now();
+        let mut hb = Heartbeat::new(100 * MS, 100 * MS, t0);
+        assert_eq!(hb.due(t0 + 50 * MS, 4), 0..2);
+        assert_eq!(
+            hb.due(t0 + 60 * MS, 1),
+            2..2,
+            "bound shrank below the position"
+        );
+        assert_eq!(hb.due(t0 + 75 * MS, 40), 2..30);
+        assert_eq!(hb.due(t0 + 100 * MS, 40), 30..40);
+    }
+
+    #[test]
+    fn a_silent_connection_is_pinged_then_closed_and_a_talking_one_never() {
+        let mut silent = Liveness::default();
+        let visits: Vec<Visit> = (0..3).map(|_| silent.visit(3)).collect();
+        assert_eq!(visits, [Visit::Skip, Visit::Ping, Visit::Close]);
+
+        let mut talking = Liveness::default();
+        for _ in 0..100 {
+            assert_ne!(talking.visit(3), Visit::Close);
+            talking.heard();
+        }
+        assert_eq!(talking.visit(3), Visit::Ping);
+    }
+
+    #[test]
+    fn silence_is_counted_in_visits() {
+        let t0 = Instant::now();
+        let close_after = |ping, idle| Heartbeat::new(ping * MS, idle * MS, t0).close_after();
+        assert_eq!(close_after(30_000, 60_000), 3);
+        assert_eq!(close_after(30_000, 30_000), 2);
+        assert_eq!(close_after(30_000, 45_000), 3);
+        assert_eq!(close_after(1, 1_000_000), u16::MAX);
+        let hb = Heartbeat::new(MS, MS, t0);
+        assert_eq!(hb.ping().bytes(), b"\x89\x00");
+        assert_eq!(hb.period, MIN_PERIOD);
+    }
+}
