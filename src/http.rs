@@ -217,7 +217,7 @@ pub struct HandshakeRules<'a> {
 /// Checks, in order: well-formed HTTP (400) within the size limit (431),
 /// `GET` (405), `HTTP/1.1` (400); then a request without `Upgrade` for
 /// `/healthz` or `/metrics` is an endpoint (`/metrics` needs the token
-/// when tokens are set: 401). For an upgrade: the path (404), `Host`,
+/// when tokens are set: 401; where it has a listener of its own: 404). For an upgrade: the path (404), `Host`,
 /// `Upgrade: websocket` and `Connection: upgrade` (400),
 /// `Sec-WebSocket-Version: 13` (426), a `Sec-WebSocket-Key` that is base64
 /// of 16 bytes (400), the `Origin` (403), and the token (401).
@@ -266,6 +266,7 @@ pub fn parse_request<'a>(
                 }
                 return Ok(HeadStatus::Endpoint(Endpoint::Metrics, head_len));
             }
+            "/metrics" => return Err(Rejection::NotFound),
             _ => {}
         }
     }
@@ -521,7 +522,7 @@ mod tests {
             },
             ..RULES
         };
-        assert_eq!(endpoint(&get("/metrics"), &elsewhere), Err(400));
+        assert_eq!(endpoint(&get("/metrics"), &elsewhere), Err(404));
         let metrics_only = HandshakeRules {
             endpoints: Endpoints {
                 websocket: false,

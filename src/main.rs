@@ -4,8 +4,10 @@
 use std::ffi::OsString;
 use std::io::{self, BufReader, Write};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
+use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -14,7 +16,7 @@ use socket2::{Domain, Socket, Type};
 use wspush::input::{pump_lines, PumpEnd};
 use wspush::rlimit::{connection_capacity, raise_open_file_limit};
 use wspush::supervisor::{Supervisor, INSTANCE_ENV};
-use wspush::{Config, Handle, Server, SlowConsumerPolicy, MAX_MESSAGE_LIMIT};
+use wspush::{Config, Handle, Server, SlowConsumerPolicy, Tokens, MAX_MESSAGE_LIMIT};
 
 /// A WebSocket push server: every line on standard input is broadcast as
 /// one text message to every connected client.
@@ -27,8 +29,10 @@ use wspush::{Config, Handle, Server, SlowConsumerPolicy, MAX_MESSAGE_LIMIT};
                   Standard input: each line (without its \\n or \\r\\n) is one text message; an empty\n\
                   line is an empty message; lines that are not UTF-8 or exceed --max-message-bytes are\n\
                   skipped with a warning. End of input does not stop the server; SIGINT/SIGTERM close\n\
-                  every connection with 1001 and exit.\n\
-                  Logging: RUST_LOG=debug|info|warn (default info)."
+                  every connection with 1001 after what is queued for it and exit.\n\
+                  Durations: 30s, 500ms, 2m, 1h (a bare number is seconds).\n\
+                  HTTP: GET /healthz answers 200 ok; GET /metrics the counters in Prometheus format.\n\
+                  Logging: RUST_LOG=debug|info|warn (default info); a stats line every --stats-interval unless --quiet."
 )]
 struct Cli {
     /// Address to listen on, e.g. 127.0.0.1:8080 or 0.0.0.0:8080.
@@ -53,6 +57,43 @@ struct Cli {
     /// What a connection whose queue is full gets instead of a broadcast.
     #[arg(long, value_name = "POLICY", default_value = "close")]
     slow_consumer: SlowConsumer,
+    /// Send every connection a ping this often.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration)]
+    ping_interval: Duration,
+    /// Close a connection that sent nothing (not even a pong) this long
+    /// (with 1001), checked once per ping interval. Default: twice the ping interval.
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    idle_timeout: Option<Duration>,
+    /// Close a connection whose upgrade request is not complete this long after it connected.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    handshake_timeout: Duration,
+    /// Close a connection whose close handshake takes longer than this.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
+    close_timeout: Duration,
+    /// On SIGINT/SIGTERM, wait this long for close replies and flushes before exiting.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
+    shutdown_timeout: Duration,
+    /// Most connections one client IP address may hold; more get HTTP 429.
+    #[arg(long, value_name = "N", value_parser = positive)]
+    max_connections_per_ip: Option<usize>,
+    /// Allow browsers from this origin only, e.g. https://app.example.com
+    /// (repeatable; exact). Other Origin values get HTTP 403.
+    #[arg(long, value_name = "ORIGIN")]
+    allow_origin: Vec<String>,
+    /// Require one of the tokens in this file (one per line, # comments),
+    /// as `Authorization: Bearer TOKEN` or `?token=TOKEN`; missing or wrong gets HTTP 401.
+    #[arg(long, value_name = "PATH")]
+    token_file: Option<PathBuf>,
+    /// Serve /metrics and /healthz on this address (e.g. 127.0.0.1:9100)
+    /// instead of on --listen. With --processes, instance K listens on PORT+K-1.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+    /// Log a line with the key counters this often.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    stats_interval: Duration,
+    /// No periodic stats line.
+    #[arg(long)]
+    quiet: bool,
     /// Bind with SO_REUSEPORT so several processes can share the address.
     #[arg(long)]
     reuse_port: bool,
@@ -85,6 +126,30 @@ impl FromStr for Processes {
             ));
         }
         positive(value).map(Processes)
+    }
+}
+
+/// A duration: a number with `ms`, `s`, `m` or `h`, or a bare number of
+/// seconds; zero is refused.
+fn duration(value: &str) -> Result<Duration, String> {
+    let split = value
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{value:?} is not a duration like 30s or 500ms"))?;
+    let seconds = match unit {
+        "ms" => number / 1000.0,
+        "" | "s" => number,
+        "m" => number * 60.0,
+        "h" => number * 3600.0,
+        _ => return Err(format!("unknown unit {unit:?} (use ms, s, m or h)")),
+    };
+    match Duration::try_from_secs_f64(seconds) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("must be longer than zero".into()),
+        Err(_) => Err(format!("{value:?} is out of range")),
     }
 }
 
@@ -148,12 +213,17 @@ fn init_logging() {
     builder.init();
 }
 
-/// One instance: the ordinary single-threaded loop.
-fn serve(cli: Cli) -> Result<(), String> {
-    let mut config = Config {
+/// The configuration the command line asks for (all but the connection
+/// limit, which depends on the open-file limit), validated.
+fn config(cli: &Cli) -> Result<Config, String> {
+    let tokens = match &cli.token_file {
+        Some(path) => Some(Tokens::from_file(path).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let config = Config {
         listen: cli.listen,
         reuse_port: cli.reuse_port,
-        path: cli.path,
+        path: cli.path.clone(),
         echo: cli.echo,
         max_message_bytes: cli.max_message_bytes,
         max_queued_bytes: cli.max_queued_bytes,
@@ -161,11 +231,39 @@ fn serve(cli: Cli) -> Result<(), String> {
             SlowConsumer::Close => SlowConsumerPolicy::Close,
             SlowConsumer::Drop => SlowConsumerPolicy::Drop,
         },
+        handshake_timeout: cli.handshake_timeout,
+        close_timeout: cli.close_timeout,
+        shutdown_timeout: cli.shutdown_timeout,
+        ping_interval: cli.ping_interval,
+        idle_timeout: cli.idle_timeout.unwrap_or(2 * cli.ping_interval),
+        max_connections_per_ip: cli.max_connections_per_ip,
+        allowed_origins: cli.allow_origin.clone(),
+        tokens,
+        metrics_listen: cli.metrics_listen.map(instance_metrics_address),
+        stats_interval: (!cli.quiet).then_some(cli.stats_interval),
         ..Config::default()
     };
     config
         .validate()
         .map_err(|e| format!("invalid setting: {e}"))?;
+    Ok(config)
+}
+
+/// Under a supervisor, instance K (from 1) serves metrics on PORT+K-1, so
+/// each instance can be scraped on its own; port 0 stays 0.
+fn instance_metrics_address(mut addr: SocketAddr) -> SocketAddr {
+    let instance = std::env::var(INSTANCE_ENV)
+        .ok()
+        .and_then(|k| k.parse::<u16>().ok());
+    if let (Some(k), true) = (instance, addr.port() != 0) {
+        addr.set_port(addr.port().saturating_add(k - 1));
+    }
+    addr
+}
+
+/// One instance: the ordinary single-threaded loop.
+fn serve(cli: Cli) -> Result<(), String> {
+    let mut config = config(&cli)?;
     let capacity = open_file_capacity();
     config.max_connections = match cli.max_connections {
         Some(n) => {
@@ -176,8 +274,7 @@ fn serve(cli: Cli) -> Result<(), String> {
         }
         None => capacity.clamp(1, usize::MAX as u64) as usize,
     };
-    let mut server = Server::bind(config.clone())
-        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let mut server = Server::bind(config.clone()).map_err(|e| e.to_string())?;
     log::info!(
         "listening on {} (path {}, {} mode, up to {} connections; the open-file limit allows {capacity})",
         server.local_addr(),
@@ -185,6 +282,9 @@ fn serve(cli: Cli) -> Result<(), String> {
         if config.echo { "echo" } else { "push" },
         config.max_connections
     );
+    if let Some(addr) = server.metrics_addr() {
+        log::info!("metrics on http://{addr}/metrics");
+    }
     let handle = server.handle();
     stop_on_signals(handle.clone())?;
     let max_line = config.max_message_bytes as usize;
@@ -240,6 +340,8 @@ fn stop_on_signals(handle: Handle) -> Result<(), String> {
 /// on one address (a port 0 is resolved first so that all share it) and
 /// supervise them.
 fn supervise(cli: &Cli, count: usize) -> Result<(), String> {
+    // Refuse bad settings once, before starting any instance.
+    let config = config(cli)?;
     let (listen, _port_hold) = resolve_shared_address(cli.listen)?;
     let program = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let mut args = instance_args(std::env::args_os().skip(1));
@@ -250,7 +352,11 @@ fn supervise(cli: &Cli, count: usize) -> Result<(), String> {
     ]);
     let supervisor = Supervisor::start(&program, &args, count).map_err(|e| e.to_string())?;
     log::info!("listening on {listen} with {count} instances");
-    supervisor.run(io::stdin()).map_err(|e| e.to_string())
+    // Instances get their shutdown timeout, and some time to exit after it.
+    let stop_grace = config.shutdown_timeout + Duration::from_secs(5);
+    supervisor
+        .run(io::stdin(), stop_grace)
+        .map_err(|e| e.to_string())
 }
 
 /// The command line without `--processes` (an instance must not supervise).
@@ -313,6 +419,24 @@ mod tests {
             .map(OsString::from)
             .collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn durations_take_units_and_refuse_zero() {
+        let ms = Duration::from_millis;
+        for (text, want) in [
+            ("30s", ms(30_000)),
+            ("30", ms(30_000)),
+            ("500ms", ms(500)),
+            ("1.5s", ms(1500)),
+            ("2m", ms(120_000)),
+            ("1h", ms(3_600_000)),
+        ] {
+            assert_eq!(duration(text), Ok(want), "{text}");
+        }
+        for bad in ["0", "0s", "-1s", "", "s", "10x", "1e999"] {
+            assert!(duration(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -285,14 +285,19 @@ impl Server {
             .validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let poll = Poll::new()?;
-        let mut listener = listen(config.listen, config.reuse_port)?;
+        let mut listener = listen(config.listen, config.reuse_port).map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen))
+        })?;
         let local_addr = listener.local_addr()?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let metrics_listener = match config.metrics_listen {
             Some(addr) => {
                 let mut metrics_listener = listen(addr, false).map_err(|e| {
-                    io::Error::new(e.kind(), format!("metrics address {addr}: {e}"))
+                    io::Error::new(
+                        e.kind(),
+                        format!("cannot listen on {addr} for metrics: {e}"),
+                    )
                 })?;
                 poll.registry().register(
                     &mut metrics_listener,

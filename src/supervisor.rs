@@ -22,9 +22,6 @@ use signal_hook::iterator::Signals;
 /// The environment variable that tells an instance its number (1-based).
 pub const INSTANCE_ENV: &str = "WSPUSH_INSTANCE";
 
-/// How long instances get to stop after SIGTERM before they are killed.
-const STOP_GRACE: Duration = Duration::from_secs(10);
-
 /// Input copied to the instances per read.
 const INPUT_CHUNK: usize = 64 * 1024;
 
@@ -136,7 +133,13 @@ impl Supervisor {
     /// inputs; instances keep serving), and supervises until all instances
     /// have exited: after SIGINT/SIGTERM (forwarded to each) that is
     /// success, otherwise the first instance to die is the error.
-    pub fn run(self, input: impl Read + Send + 'static) -> Result<(), SupervisorError> {
+    /// Instances still running `stop_grace` after being told to stop are
+    /// killed.
+    pub fn run(
+        self,
+        input: impl Read + Send + 'static,
+        stop_grace: Duration,
+    ) -> Result<(), SupervisorError> {
         let Supervisor {
             mut instances,
             inputs,
@@ -157,12 +160,12 @@ impl Supervisor {
                         failure = Some(died);
                         stopping = true;
                         instances.signal_all(Signal::TERM);
-                        alarm_after(STOP_GRACE);
+                        alarm_after(stop_grace);
                     }
                 }
                 SIGALRM => {
                     log::warn!(
-                        "instances still running {STOP_GRACE:?} after SIGTERM: killing them"
+                        "instances still running {stop_grace:?} after SIGTERM: killing them"
                     );
                     for instance in instances.0.iter_mut().filter(|i| i.exited.is_none()) {
                         let _ = instance.child.kill();
@@ -175,7 +178,7 @@ impl Supervisor {
                     );
                     if !stopping {
                         stopping = true;
-                        alarm_after(STOP_GRACE);
+                        alarm_after(stop_grace);
                     }
                     instances.signal_all(if signal == SIGINT {
                         Signal::INT
@@ -270,7 +273,8 @@ mod tests {
         let script = "if [ \"$WSPUSH_INSTANCE\" = 2 ]; then exit 3; fi; exec sleep 30";
         let supervisor = Supervisor::start(Path::new("/bin/sh"), &sh(script), 3).unwrap();
         let started = std::time::Instant::now();
-        match supervisor.run(io::empty()).unwrap_err() {
+        let grace = Duration::from_secs(10);
+        match supervisor.run(io::empty(), grace).unwrap_err() {
             SupervisorError::InstanceDied {
                 instance, status, ..
             } => {
@@ -278,9 +282,6 @@ mod tests {
             }
             other => panic!("{other}"),
         }
-        assert!(
-            started.elapsed() < STOP_GRACE,
-            "the others stopped on SIGTERM"
-        );
+        assert!(started.elapsed() < grace, "the others stopped on SIGTERM");
     }
 }

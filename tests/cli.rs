@@ -3,32 +3,11 @@
 
 mod util;
 
-use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tungstenite::Message;
-use util::{connect, listening_addr, Logged, IO_TIMEOUT};
-
-/// A running `wspush` with its stdin and the lines it logs.
-struct Binary {
-    process: Logged,
-    addr: SocketAddr,
-}
-
-impl Binary {
-    fn start(args: &[&str]) -> Binary {
-        let process = Logged::spawn(
-            Command::new(env!("CARGO_BIN_EXE_wspush"))
-                .args(["--listen", "127.0.0.1:0"])
-                .args(args)
-                .env("RUST_LOG", "info")
-                .stdin(Stdio::piped()),
-        );
-        let addr = listening_addr(&process.wait_for("listening on "));
-        Binary { process, addr }
-    }
-}
+use util::{connect, Binary, IO_TIMEOUT};
 
 #[test]
 fn stdin_lines_are_broadcast_in_order_by_the_documented_rules() {

@@ -21,6 +21,8 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// An embedded server running `run()` on its own thread; shut down on drop.
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// Where `/metrics` is served when the config gives it a listener.
+    pub metrics_addr: Option<SocketAddr>,
     pub handle: Handle,
     thread: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -29,10 +31,12 @@ impl TestServer {
     pub fn start(config: Config) -> TestServer {
         let mut server = Server::bind(config).expect("bind on port 0");
         let addr = server.local_addr();
+        let metrics_addr = server.metrics_addr();
         let handle = server.handle();
         let thread = std::thread::spawn(move || server.run());
         TestServer {
             addr,
+            metrics_addr,
             handle,
             thread: Some(thread),
         }
@@ -365,4 +369,52 @@ pub fn listening_addr(line: &str) -> SocketAddr {
         .nth(1)
         .expect("a 'listening on' line");
     rest.split(' ').next().unwrap().parse().expect("an address")
+}
+
+/// A running `wspush` binary listening on port 0, with its stdin piped and
+/// its log lines on a channel; killed when dropped.
+pub struct Binary {
+    pub process: Logged,
+    pub addr: SocketAddr,
+}
+
+impl Binary {
+    /// Starts `wspush --listen 127.0.0.1:0 ARGS` logging at `info`.
+    pub fn start(args: &[&str]) -> Binary {
+        Binary::start_logging(args, "info")
+    }
+
+    /// Starts it with `RUST_LOG=rust_log`.
+    pub fn start_logging(args: &[&str], rust_log: &str) -> Binary {
+        let process = Logged::spawn(
+            std::process::Command::new(env!("CARGO_BIN_EXE_wspush"))
+                .args(["--listen", "127.0.0.1:0"])
+                .args(args)
+                .env("RUST_LOG", rust_log)
+                .stdin(std::process::Stdio::piped()),
+        );
+        let addr = listening_addr(&process.wait_for("listening on "));
+        Binary { process, addr }
+    }
+}
+
+/// `GET path` as a plain HTTP request (no upgrade), with extra header lines.
+pub fn http_get(addr: SocketAddr, path: &str, headers: &str) -> HttpResponse {
+    let mut stream = raw(addr);
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{headers}\r\n"
+    )
+    .unwrap();
+    read_response(&mut stream)
+}
+
+/// The value of one sample (`name` with its labels, as written) in a
+/// Prometheus text page.
+pub fn sample(page: &str, series: &str) -> u64 {
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no sample {series} in:\n{page}"))
+        .parse()
+        .expect("an integer sample")
 }

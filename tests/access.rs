@@ -1,0 +1,130 @@
+//! Access control: `--allow-origin` (403), tokens by header or query
+//! (401), and tokens never kept or logged.
+
+mod util;
+
+use std::io::Write;
+
+use util::{http_get, raw, read_response, Binary, TestServer};
+use wspush::{Config, Tokens};
+
+const ORIGIN: &str = "https://app.example.com";
+
+fn guarded() -> TestServer {
+    TestServer::start(Config {
+        allowed_origins: vec![ORIGIN.into()],
+        tokens: Some(Tokens::new(["s3cret-token", "second"]).unwrap()),
+        ..Config::default()
+    })
+}
+
+/// Sends an upgrade request for `target` with `extra` header lines and
+/// returns the status.
+fn upgrade_status(server: &TestServer, target: &str, extra: &str) -> u16 {
+    let mut stream = raw(server.addr);
+    write!(
+        stream,
+        "GET {target} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n"
+    )
+    .unwrap();
+    let response = read_response(&mut stream);
+    if response.status == 401 {
+        assert_eq!(response.header("WWW-Authenticate"), Some("Bearer"));
+    }
+    response.status
+}
+
+#[test]
+fn wrong_origins_get_403_and_missing_or_wrong_tokens_401() {
+    let server = guarded();
+    let origin = format!("Origin: {ORIGIN}\r\n");
+    let cases = [
+        (
+            "/ws?token=s3cret-token",
+            "Origin: https://evil.example\r\n".to_string(),
+            403,
+        ),
+        (
+            "/ws?token=s3cret-token",
+            "Origin: https://app.example.com.evil\r\n".into(),
+            403,
+        ),
+        ("/ws", origin.clone(), 401),
+        ("/ws?token=", origin.clone(), 401),
+        ("/ws?token=s3cret", origin.clone(), 401),
+        (
+            "/ws?token=s3cret-token",
+            format!("{origin}Authorization: Bearer wrong\r\n"),
+            401,
+        ),
+        ("/ws?token=s3cret-token", origin.clone(), 101),
+        ("/ws?id=1&token=second", origin.clone(), 101),
+        (
+            "/ws",
+            format!("{origin}Authorization: Bearer s3cret-token\r\n"),
+            101,
+        ),
+        // Not from a browser: no Origin to check, the token decides.
+        ("/ws", "Authorization: Bearer second\r\n".into(), 101),
+    ];
+    for (target, extra, want) in &cases {
+        assert_eq!(
+            upgrade_status(&server, target, extra),
+            *want,
+            "{target} {extra:?}"
+        );
+    }
+    let m = server.wait_for("every request counted", |m| {
+        m.rejected_403 == 2 && m.rejected_401 == 4 && m.upgrades == 4
+    });
+    assert_eq!(m.closed_rejected, 6);
+}
+
+#[test]
+fn metrics_need_the_token_when_tokens_are_set_and_health_does_not() {
+    let server = guarded();
+    assert_eq!(http_get(server.addr, "/metrics", "").status, 401);
+    let page = http_get(server.addr, "/metrics", "Authorization: Bearer second\r\n");
+    assert_eq!(page.status, 200);
+    assert!(page
+        .body
+        .contains("wspush_requests_rejected_total{status=\"401\"} 1"));
+    let health = http_get(server.addr, "/healthz", "");
+    assert_eq!((health.status, health.body.as_str()), (200, "ok\n"));
+}
+
+#[test]
+fn tokens_are_never_logged() {
+    let dir = std::env::temp_dir().join(format!("wspush-tokens-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tokens");
+    std::fs::write(&file, "# one per line\nvery-s3cret-value\n").unwrap();
+    let server = Binary::start_logging(&["--token-file", file.to_str().unwrap()], "debug");
+    let client = util::connect(server.addr, "/ws?id=7&token=very-s3cret-value");
+    let mut logged = vec![];
+    let mut log_until = |needle: &str| loop {
+        let line = server.process.next_line();
+        logged.push(line.clone());
+        if line.contains(needle) {
+            break;
+        }
+    };
+    log_until("upgraded /ws?id=7");
+    let mut wrong = raw(server.addr);
+    write!(
+        wrong,
+        "GET /ws?token=very-s3cret-valuX HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\
+         Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Sec-WebSocket-Version: 13\r\nAuthorization: Bearer very-s3cret-value2\r\n\r\n"
+    )
+    .unwrap();
+    assert_eq!(read_response(&mut wrong).status, 401);
+    log_until("handshake rejected: Unauthorized");
+    drop(client);
+    log_until("closed: Abnormal");
+    for line in logged {
+        assert!(!line.contains("s3cret"), "a token was logged: {line}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

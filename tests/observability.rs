@@ -1,0 +1,107 @@
+//! `/healthz`, `/metrics` in Prometheus format (on the main listener or
+//! one of its own), and the periodic stats line.
+
+mod util;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tungstenite::Message;
+use util::{connect, http_get, raw, read_response, sample, upgrade_request, Binary, TestServer};
+use wspush::Config;
+
+#[test]
+fn metrics_count_what_happened() {
+    let server = TestServer::start(Config {
+        path: Some("/ws".into()),
+        ..Config::default()
+    });
+    let mut a = connect(server.addr, "/ws");
+    let mut b = connect(server.addr, "/ws");
+    server.handle.broadcast_text("hello").unwrap();
+    for client in [&mut a, &mut b] {
+        assert_eq!(client.read().unwrap(), Message::text("hello"));
+    }
+    let mut wrong_path = raw(server.addr);
+    std::io::Write::write_all(&mut wrong_path, upgrade_request("/nope").as_bytes()).unwrap();
+    assert_eq!(read_response(&mut wrong_path).status, 404);
+
+    let page = http_get(server.addr, "/metrics", "");
+    assert_eq!(page.status, 200);
+    assert_eq!(
+        page.header("Content-Type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    let m = &page.body;
+    // Two clients, the 404 one possibly still lingering, and this request.
+    assert!(
+        (3..=4).contains(&sample(m, "wspush_connections_open")),
+        "{m}"
+    );
+    assert_eq!(sample(m, "wspush_upgrades_total"), 2);
+    assert_eq!(sample(m, "wspush_broadcasts_total"), 1);
+    assert_eq!(sample(m, "wspush_broadcast_deliveries_total"), 2);
+    assert_eq!(sample(m, "wspush_frames_sent_total"), 2);
+    assert_eq!(
+        sample(m, "wspush_requests_rejected_total{status=\"404\"}"),
+        1
+    );
+    assert_eq!(
+        sample(m, "wspush_http_requests_total{path=\"/metrics\"}"),
+        1
+    );
+    // Two 101 responses and two 7-byte frames went out, and the 404.
+    assert!(
+        sample(m, "wspush_bytes_written_total") > 2 * 129 + 14,
+        "{m}"
+    );
+    assert!(sample(m, "wspush_loop_iteration_seconds_count") > 0);
+    assert!(m.contains("# TYPE wspush_loop_iteration_seconds histogram"));
+    assert!(m.contains("wspush_loop_iteration_seconds_bucket{le=\"+Inf\"}"));
+    assert!(m.contains("# TYPE wspush_connections_closed_total counter"));
+
+    let health = http_get(server.addr, "/healthz", "");
+    assert_eq!((health.status, health.body.as_str()), (200, "ok\n"));
+}
+
+#[test]
+fn a_metrics_listener_serves_metrics_and_nothing_else() {
+    let server = TestServer::start(Config {
+        metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+        ..Config::default()
+    });
+    let metrics_addr = server.metrics_addr.expect("a metrics listener");
+    let _client = connect(server.addr, "/");
+
+    let page = http_get(metrics_addr, "/metrics", "");
+    assert_eq!(page.status, 200);
+    assert_eq!(sample(&page.body, "wspush_upgrades_total"), 1);
+    assert_eq!(http_get(metrics_addr, "/healthz", "").status, 200);
+    let mut upgrade = raw(metrics_addr);
+    std::io::Write::write_all(&mut upgrade, upgrade_request("/").as_bytes()).unwrap();
+    assert_eq!(read_response(&mut upgrade).status, 404, "no WebSocket here");
+
+    assert_eq!(
+        http_get(server.addr, "/metrics", "").status,
+        404,
+        "not on the public listener"
+    );
+    assert_eq!(http_get(server.addr, "/healthz", "").status, 200);
+}
+
+#[test]
+fn a_stats_line_is_logged_periodically_unless_quiet() {
+    let server = Binary::start(&["--stats-interval", "200ms"]);
+    let _client = connect(server.addr, "/");
+    let line = server.process.wait_for(" open (+");
+    assert!(
+        line.contains("broadcasts") && line.contains("loop max"),
+        "{line}"
+    );
+    server.process.wait_for("1 open (+");
+
+    let quiet = Binary::start(&["--stats-interval", "200ms", "--quiet"]);
+    std::thread::sleep(Duration::from_millis(700));
+    let lines = quiet.process.rest();
+    assert!(lines.iter().all(|l| !l.contains(" open (+")), "{lines:?}");
+}
