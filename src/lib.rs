@@ -40,6 +40,7 @@ mod auth;
 mod broadcast;
 mod config;
 mod conn;
+mod heap;
 mod heartbeat;
 pub mod http;
 pub mod input;

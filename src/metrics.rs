@@ -119,7 +119,8 @@ counters! {
     buffers_lent,
     /// Free buffers the pool holds for reuse right now.
     buffers_idle,
-    /// Idle pool buffers given back to the system.
+    /// Pool buffers given back to the system (over the idle limit, grown
+    /// for an echo message, or unused for a whole trim period).
     buffers_released,
     /// Accept errors other than running out of file descriptors.
     accept_errors,
@@ -467,7 +468,7 @@ pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &m
         (
             "wspush_buffers_released_total",
             "counter",
-            "Idle pool buffers given back to the system.",
+            "Pool buffers given back to the system.",
             m.buffers_released,
         ),
         (

@@ -24,6 +24,8 @@ pub struct BufferPool {
     /// The fewest free buffers since the last trim: that many were not
     /// needed during the whole period.
     low_water: usize,
+    /// Buffers freed so far (given back over the idle limit, grown, or trimmed).
+    released: u64,
 }
 
 impl BufferPool {
@@ -39,6 +41,7 @@ impl BufferPool {
             max_idle: max_idle.max(preallocated),
             lent: 0,
             low_water: preallocated,
+            released: 0,
         }
     }
 
@@ -59,6 +62,8 @@ impl BufferPool {
         if buf.capacity() == self.capacity && self.free.len() < self.max_idle {
             buf.clear();
             self.free.push(buf);
+        } else {
+            self.released += 1;
         }
     }
 
@@ -73,7 +78,13 @@ impl BufferPool {
             self.free.shrink_to_fit();
         }
         self.low_water = self.free.len();
+        self.released += surplus as u64;
         surplus
+    }
+
+    /// Buffers freed so far, by any of the ways above.
+    pub fn released(&self) -> u64 {
+        self.released
     }
 
     /// Whether there are free buffers beyond the floor for [`BufferPool::trim`] to look at.
@@ -135,5 +146,10 @@ mod tests {
         let bufs: Vec<_> = (0..5).map(|_| pool.lend()).collect();
         bufs.into_iter().for_each(|b| pool.give_back(b));
         assert_eq!((pool.lent(), pool.idle()), (0, 2));
+        assert_eq!(
+            pool.released(),
+            1 + 3,
+            "the grown one and three over the limit"
+        );
     }
 }

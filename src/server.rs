@@ -24,6 +24,7 @@ use socket2::{Domain, Socket, Type};
 use crate::broadcast::SharedFrame;
 use crate::config::Config;
 use crate::conn::{CloseReason, Conn, Ctx, Delivery, Verdict};
+use crate::heap;
 use crate::heartbeat::Heartbeat;
 use crate::http::{Endpoints, Rejection, MAX_RESPONSE_LEN};
 use crate::metrics::{self, LoopHistogram, LoopMax, Metrics, MetricsSnapshot, Tally};
@@ -61,6 +62,9 @@ const POOL_PREALLOCATED: usize = 64;
 const POOL_MAX_IDLE: usize = 1024;
 /// How often free pool buffers unused for that long are given back.
 const POOL_TRIM_PERIOD: Duration = Duration::from_secs(1);
+/// Buffers freed (2 MiB worth) before the allocator is asked to hand the
+/// memory back to the kernel (see [`heap`]).
+const RELEASE_AFTER_BUFFERS: u64 = 256;
 
 /// State shared between the loop and its handles.
 #[derive(Debug)]
@@ -264,8 +268,11 @@ pub struct Server {
     lifecycle: Lifecycle,
     tally: Tally,
     loop_max: LoopMax,
-    /// When the pool next gives back buffers that sat unused (only while it has surplus).
+    /// When the pool next gives back buffers that sat unused (only while
+    /// it has surplus, or freed buffers the allocator still holds).
     next_trim: Option<Instant>,
+    /// The pool's count of freed buffers when the allocator last returned memory.
+    released_at_last_return: u64,
     stats: Option<StatsLine>,
 }
 
@@ -349,6 +356,7 @@ impl Server {
             tally: Tally::default(),
             loop_max: LoopMax::default(),
             next_trim: None,
+            released_at_last_return: 0,
         })
     }
 
@@ -750,23 +758,42 @@ impl Server {
     /// The slow time events: publish gauges, give idle pool buffers back,
     /// and log the stats line.
     fn housekeeping(&mut self, now: Instant) {
+        self.trim_pool(now);
         let metrics = &self.shared.metrics;
         metrics.publish(&mut self.tally);
-        if self.next_trim.is_some_and(|at| now >= at) {
-            Metrics::add(&metrics.buffers_released, self.pool.trim() as u64);
-            self.next_trim = None;
-        }
-        if self.next_trim.is_none() && self.pool.has_surplus() {
-            self.next_trim = Some(now + POOL_TRIM_PERIOD);
-        }
         Metrics::set(&metrics.buffers_lent, self.pool.lent() as u64);
         Metrics::set(&metrics.buffers_idle, self.pool.idle() as u64);
+        Metrics::set(&metrics.buffers_released, self.pool.released());
         if let Some(stats) = self.stats.as_mut().filter(|s| now >= s.next_at) {
             let current = metrics.snapshot();
             log::info!("{}", metrics::summary(&stats.last, &current, stats.every));
             stats.last = current;
             stats.next_at = now + stats.every;
         }
+    }
+
+    /// Once a second while the pool has surplus: frees the buffers unused
+    /// for that long, and asks the allocator to return freed memory to the
+    /// kernel once enough was freed.
+    fn trim_pool(&mut self, now: Instant) {
+        if self.next_trim.is_some_and(|at| now >= at) {
+            self.pool.trim();
+            self.next_trim = None;
+            if self.unreturned_buffers() >= RELEASE_AFTER_BUFFERS {
+                heap::release_free_memory();
+                self.released_at_last_return = self.pool.released();
+            }
+        }
+        if self.next_trim.is_none()
+            && (self.pool.has_surplus() || self.unreturned_buffers() >= RELEASE_AFTER_BUFFERS)
+        {
+            self.next_trim = Some(now + POOL_TRIM_PERIOD);
+        }
+    }
+
+    /// Buffers freed since the allocator last returned memory.
+    fn unreturned_buffers(&self) -> u64 {
+        self.pool.released() - self.released_at_last_return
     }
 
     /// Counts one loop iteration that began at `started`.

@@ -1,5 +1,8 @@
-//! Connection limits: `max_connections` answers 503, and running out of
-//! file descriptors pauses accepting instead of spinning, then recovers.
+//! Limits and misbehaving clients: `max_connections` answers 503 and
+//! `max_connections_per_ip` 429; running out of file descriptors pauses
+//! accepting instead of spinning, then recovers; clients that never read
+//! cost at most their queue limit; a slowloris is timed out and its memory
+//! given back.
 
 mod util;
 
@@ -8,7 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use util::{
-    connect, listening_addr, raw, read_response, upgrade_request, Logged, TestServer, IO_TIMEOUT,
+    connect, listening_addr, raw, read_response, upgrade_request, Binary, Logged, TestServer,
+    IO_TIMEOUT,
 };
 use wspush::Config;
 
@@ -89,4 +93,198 @@ fn out_of_file_descriptors_pauses_accepting_without_spinning_and_recovers() {
         assert!(Instant::now() < deadline, "the server did not recover");
     };
     stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+}
+
+/// A TCP connection to `addr` from the loopback address `source`.
+fn connect_from(source: [u8; 4], addr: std::net::SocketAddr) -> std::net::TcpStream {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket
+        .bind(&std::net::SocketAddr::from((source, 0)).into())
+        .unwrap();
+    socket.connect(&addr.into()).unwrap();
+    let stream: std::net::TcpStream = socket.into();
+    stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    stream
+}
+
+/// Sends an upgrade request on `stream` and returns the status.
+fn upgrade(stream: &mut std::net::TcpStream) -> u16 {
+    stream.write_all(upgrade_request("/").as_bytes()).unwrap();
+    read_response(stream).status
+}
+
+#[test]
+fn an_address_past_its_connection_limit_gets_429_and_others_do_not() {
+    let server = TestServer::start(Config {
+        max_connections_per_ip: Some(2),
+        ..Config::default()
+    });
+    let mut first = connect_from([127, 0, 0, 1], server.addr);
+    let mut second = connect_from([127, 0, 0, 1], server.addr);
+    assert_eq!((upgrade(&mut first), upgrade(&mut second)), (101, 101));
+    for _ in 0..20 {
+        let mut flood = connect_from([127, 0, 0, 1], server.addr);
+        let response = {
+            flood.write_all(upgrade_request("/").as_bytes()).unwrap();
+            read_response(&mut flood)
+        };
+        assert_eq!(response.status, 429);
+        assert!(response.body.contains("too many connections"));
+    }
+    let mut other = connect_from([127, 0, 0, 2], server.addr);
+    assert_eq!(upgrade(&mut other), 101, "another address is not limited");
+    assert_eq!(server.handle.metrics().rejected_429, 20);
+
+    drop(first);
+    server.wait_for("the first one to close", |m| m.connections_open == 2);
+    let mut again = connect_from([127, 0, 0, 1], server.addr);
+    assert_eq!(upgrade(&mut again), 101, "a freed slot is available again");
+}
+
+/// Clients that stop reading during a stream of broadcasts cost at most
+/// their queue limit each, counted in `queued_bytes`; with the drop
+/// policy they stay connected and every skipped message is counted, while
+/// a reading client gets everything.
+#[test]
+fn clients_that_never_read_hold_at_most_their_queue_limit() {
+    const STALLED: usize = 20;
+    const LIMIT: usize = 64 * 1024;
+    const MESSAGES: usize = 400;
+    const SIZE: usize = 16 * 1024;
+    let server = TestServer::start(Config {
+        max_queued_bytes: LIMIT,
+        slow_consumer: wspush::SlowConsumerPolicy::Drop,
+        ..Config::default()
+    });
+    let stalled: Vec<_> = (0..STALLED)
+        .map(|_| {
+            let socket =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            socket.set_recv_buffer_size(4096).unwrap();
+            socket.connect(&server.addr.into()).unwrap();
+            let mut stream: std::net::TcpStream = socket.into();
+            stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+            assert_eq!(upgrade(&mut stream), 101);
+            stream
+        })
+        .collect();
+    let addr = server.addr;
+    let reader = std::thread::spawn(move || {
+        let mut client = connect(addr, "/");
+        (0..MESSAGES)
+            .map(|_| client.read().unwrap().into_data().len())
+            .sum::<usize>()
+    });
+    server.wait_for("every client", |m| m.upgrades == STALLED as u64 + 1);
+
+    let payload = "x".repeat(SIZE);
+    let bound = (STALLED + 1) * (LIMIT + SIZE + 4);
+    let mut peak = 0;
+    for sent in 1..=MESSAGES as u64 {
+        server.handle.broadcast_text(payload.clone()).unwrap();
+        let queued = server
+            .wait_for("the broadcast", |m| m.broadcasts == sent)
+            .queued_bytes as usize;
+        assert!(queued <= bound, "{queued} bytes queued, bound {bound}");
+        peak = peak.max(queued);
+    }
+    assert_eq!(
+        reader.join().unwrap(),
+        MESSAGES * SIZE,
+        "the reader got all"
+    );
+    let m = server.wait_for("drops for every stalled client", |m| {
+        m.broadcasts == MESSAGES as u64 && m.slow_consumer_drops > 0
+    });
+    assert!(
+        peak > STALLED * LIMIT / 2,
+        "the stalled queues filled: {peak}"
+    );
+    assert!(
+        m.slow_consumer_drops >= (STALLED * MESSAGES / 2) as u64,
+        "most messages were dropped for the stalled clients: {m:?}"
+    );
+    // The reader is gone; the policy kept every stalled client.
+    assert_eq!(m.connections_open, STALLED as u64, "{m:?}");
+    drop(stalled);
+    let m = server.wait_for("the stalled clients to go", |m| m.connections_open == 0);
+    assert_eq!(m.queued_bytes, 0, "their queues were freed");
+}
+
+/// Resident memory of a process, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+/// 10,000 connections that send half a request head and stop: each is
+/// closed at the handshake timeout, everyone else is served meanwhile, and
+/// the buffers they held go back to the system.
+#[test]
+fn a_ten_thousand_socket_slowloris_is_timed_out_and_its_memory_returned() {
+    const SLOW: usize = 10_000;
+    wspush::rlimit::raise_open_file_limit().unwrap();
+    let mut server = Binary::start(&["--handshake-timeout", "2s", "--quiet"]);
+    let pid = server.process.child.id();
+    let baseline = rss(pid);
+
+    let slow: Vec<_> = (0..SLOW)
+        .map(|i| {
+            let mut stream = std::net::TcpStream::connect(server.addr).unwrap();
+            write!(stream, "GET /ws?id={i} HTTP/1.1\r\nHost: localhost\r\n").unwrap();
+            stream
+        })
+        .collect();
+    let page = |server: &Binary| util::http_get(server.addr, "/metrics", "").body;
+    let deadline = Instant::now() + IO_TIMEOUT;
+    while util::sample(&page(&server), "wspush_buffers_lent") < SLOW as u64 {
+        assert!(Instant::now() < deadline, "{}", page(&server));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let peak = rss(pid);
+
+    // Served meanwhile.
+    let mut client = connect(server.addr, "/");
+    server.process.send(b"still serving\n");
+    assert_eq!(
+        client.read().unwrap(),
+        tungstenite::Message::text("still serving")
+    );
+
+    let deadline = Instant::now() + IO_TIMEOUT;
+    let metrics = loop {
+        let metrics = page(&server);
+        if util::sample(
+            &metrics,
+            "wspush_connections_closed_total{reason=\"handshake_timeout\"}",
+        ) == SLOW as u64
+            && util::sample(&metrics, "wspush_buffers_idle") <= 64
+        {
+            break metrics;
+        }
+        assert!(Instant::now() < deadline, "{metrics}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        util::sample(&metrics, "wspush_buffers_lent"),
+        0,
+        "{metrics}"
+    );
+    assert!(util::sample(&metrics, "wspush_buffers_released_total") >= (SLOW - 64) as u64);
+    let after = rss(pid);
+    eprintln!("resident memory: baseline {baseline}, peak {peak}, after {after}");
+    assert!(
+        peak > baseline + 40_000_000,
+        "the half-sent heads held their buffers: {baseline} -> {peak}"
+    );
+    assert!(
+        after < baseline + (peak - baseline) / 4,
+        "memory came back: baseline {baseline}, peak {peak}, after {after}"
+    );
+    drop(slow);
 }

@@ -401,11 +401,9 @@ impl Binary {
 /// `GET path` as a plain HTTP request (no upgrade), with extra header lines.
 pub fn http_get(addr: SocketAddr, path: &str, headers: &str) -> HttpResponse {
     let mut stream = raw(addr);
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{headers}\r\n"
-    )
-    .unwrap();
+    // One write, so the request arrives whole.
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{headers}\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
     read_response(&mut stream)
 }
 
