@@ -24,6 +24,7 @@ use wspush::{Config, Handle, Server, SlowConsumerPolicy, Tokens, MAX_MESSAGE_LIM
 #[command(
     version,
     args_override_self = true,
+    allow_negative_numbers = true,
     after_help = "Examples:\n  tail -f feed | wspush --listen 0.0.0.0:8080 --path /ws\n  \
                   tail -f feed | wspush --listen 0.0.0.0:8080 --processes auto\n\n\
                   Standard input: each line (without its \\n or \\r\\n) is one text message; an empty\n\
@@ -58,20 +59,20 @@ struct Cli {
     #[arg(long, value_name = "POLICY", default_value = "close")]
     slow_consumer: SlowConsumer,
     /// Send every connection a ping this often.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration, allow_hyphen_values = true)]
     ping_interval: Duration,
     /// Close a connection that sent nothing (not even a pong) this long
     /// (with 1001), checked once per ping interval. Default: twice the ping interval.
-    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", value_parser = duration, allow_hyphen_values = true)]
     idle_timeout: Option<Duration>,
     /// Close a connection whose upgrade request is not complete this long after it connected.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration, allow_hyphen_values = true)]
     handshake_timeout: Duration,
     /// Close a connection whose close handshake takes longer than this.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration, allow_hyphen_values = true)]
     close_timeout: Duration,
     /// On SIGINT/SIGTERM, wait this long for close replies and flushes before exiting.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration, allow_hyphen_values = true)]
     shutdown_timeout: Duration,
     /// Most connections one client IP address may hold; more get HTTP 429.
     #[arg(long, value_name = "N", value_parser = positive)]
@@ -89,7 +90,7 @@ struct Cli {
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<SocketAddr>,
     /// Log a line with the key counters this often.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration, allow_hyphen_values = true)]
     stats_interval: Duration,
     /// No periodic stats line.
     #[arg(long)]
@@ -132,6 +133,9 @@ impl FromStr for Processes {
 /// A duration: a number with `ms`, `s`, `m` or `h`, or a bare number of
 /// seconds; zero is refused.
 fn duration(value: &str) -> Result<Duration, String> {
+    if value.starts_with('-') {
+        return Err("must not be negative".into());
+    }
     let split = value
         .find(|c: char| !c.is_ascii_digit() && c != '.')
         .unwrap_or(value.len());
@@ -154,9 +158,9 @@ fn duration(value: &str) -> Result<Duration, String> {
 }
 
 fn positive(value: &str) -> Result<usize, String> {
-    match value.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
+    match value.parse::<i128>() {
+        Ok(n) if n < 1 => Err("must be at least 1".into()),
+        Ok(n) => usize::try_from(n).map_err(|_| format!("{value} is too large")),
         Err(e) => Err(e.to_string()),
     }
 }

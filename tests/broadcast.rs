@@ -194,3 +194,25 @@ fn the_drop_policy_skips_messages_for_a_slow_client_and_counts_each_one() {
         "the drop policy keeps the connection"
     );
 }
+
+/// Only standard input (or the embedding program) publishes: what a client
+/// sends is counted and dropped, never relayed to anyone.
+#[test]
+fn nothing_a_client_sends_reaches_the_others() {
+    let server = TestServer::start(Config::default());
+    let mut sender = connect(server.addr, "/");
+    let mut listener = connect(server.addr, "/");
+    for message in [
+        Message::text("publish me"),
+        Message::binary(b"and me".to_vec()),
+    ] {
+        sender.send(message).unwrap();
+    }
+    server.wait_for("both messages", |m| m.messages_received == 2);
+    server.handle.broadcast_text("from the server").unwrap();
+    for client in [&mut listener, &mut sender] {
+        assert_eq!(text(client), "from the server", "nothing else came first");
+    }
+    let m = server.handle.metrics();
+    assert_eq!((m.broadcasts, m.messages_echoed), (1, 0));
+}

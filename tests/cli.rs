@@ -69,32 +69,82 @@ fn run_expecting_failure(args: &[&str]) -> (i32, String) {
 fn bad_command_lines_fail_with_one_line_and_a_non_zero_exit() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = taken.local_addr().unwrap().to_string();
-    let cases: [(&[&str], i32, &str); 7] = [
-        (&[], 2, "--listen"),
-        (&["--listen", "nonsense"], 2, "invalid socket address"),
+    let unreadable = std::env::temp_dir().join(format!("wspush-no-tokens-{}", std::process::id()));
+    let unreadable = unreadable.to_str().unwrap();
+    let base = ["--listen", "127.0.0.1:0"];
+    let with = |extra: &[&'static str]| -> Vec<String> {
+        base.iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    let cases: Vec<(Vec<String>, i32, &str)> = vec![
+        (vec![], 2, "--listen"),
         (
-            &["--listen", "127.0.0.1:0", "--max-connections", "0"],
+            vec!["--listen".into(), "nonsense".into()],
+            2,
+            "invalid socket address",
+        ),
+        (
+            vec!["--listen".into(), "10.0.0.300:80".into()],
+            2,
+            "invalid socket address",
+        ),
+        (with(&["--max-connections", "0"]), 2, "must be at least 1"),
+        (with(&["--max-connections", "-5"]), 2, "must be at least 1"),
+        (
+            with(&["--max-connections-per-ip", "0"]),
             2,
             "must be at least 1",
         ),
         (
-            &["--listen", "127.0.0.1:0", "--max-message-bytes", "0"],
+            with(&["--max-message-bytes", "0"]),
             2,
             "--max-message-bytes",
         ),
+        (with(&["--max-queued-bytes", "0"]), 2, "must be at least 1"),
+        (with(&["--slow-consumer", "maybe"]), 2, "--slow-consumer"),
         (
-            &["--listen", "127.0.0.1:0", "--slow-consumer", "maybe"],
+            with(&["--ping-interval", "0s"]),
             2,
-            "--slow-consumer",
+            "must be longer than zero",
+        ),
+        (with(&["--ping-interval", "-1s"]), 2, "must not be negative"),
+        (
+            with(&["--handshake-timeout", "10 parsecs"]),
+            2,
+            "--handshake-timeout",
         ),
         (
-            &["--listen", "127.0.0.1:0", "--path", "ws"],
+            with(&["--ping-interval", "10s", "--idle-timeout", "5s"]),
             1,
-            "path must start with '/'",
+            "idle timeout must be at least",
         ),
-        (&["--listen", &taken], 1, "cannot listen on"),
+        (
+            with(&["--allow-origin", "https://example.com/"]),
+            1,
+            "no path or trailing slash",
+        ),
+        (
+            with(&["--metrics-listen", "localhost"]),
+            2,
+            "--metrics-listen",
+        ),
+        (with(&["--path", "ws"]), 1, "path must start with '/'"),
+        (
+            base.iter()
+                .map(|s| s.to_string())
+                .chain(["--token-file".into(), unreadable.into()])
+                .collect(),
+            1,
+            "cannot read token file",
+        ),
+        (
+            vec!["--listen".into(), taken.clone()],
+            1,
+            "cannot listen on",
+        ),
     ];
     for (args, code, needle) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let args = &args[..];
         let (status, stderr) = run_expecting_failure(args);
         assert_eq!(status, code, "{args:?}: {stderr}");
         assert_eq!(
@@ -125,6 +175,19 @@ fn help_describes_every_flag() {
         "--max-connections",
         "--max-queued-bytes",
         "--slow-consumer",
+        "--ping-interval",
+        "--idle-timeout",
+        "--handshake-timeout",
+        "--close-timeout",
+        "--shutdown-timeout",
+        "--max-connections-per-ip",
+        "--allow-origin",
+        "--token-file",
+        "--metrics-listen",
+        "--stats-interval",
+        "--quiet",
+        "--reuse-port",
+        "--processes",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}");
     }

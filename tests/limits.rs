@@ -193,8 +193,9 @@ fn clients_that_never_read_hold_at_most_their_queue_limit() {
         MESSAGES * SIZE,
         "the reader got all"
     );
-    let m = server.wait_for("drops for every stalled client", |m| {
-        m.broadcasts == MESSAGES as u64 && m.slow_consumer_drops > 0
+    // The reader is gone; the policy keeps every stalled client.
+    let m = server.wait_for("only the stalled clients left", |m| {
+        m.broadcasts == MESSAGES as u64 && m.connections_open == STALLED as u64
     });
     assert!(
         peak > STALLED * LIMIT / 2,
@@ -204,8 +205,6 @@ fn clients_that_never_read_hold_at_most_their_queue_limit() {
         m.slow_consumer_drops >= (STALLED * MESSAGES / 2) as u64,
         "most messages were dropped for the stalled clients: {m:?}"
     );
-    // The reader is gone; the policy kept every stalled client.
-    assert_eq!(m.connections_open, STALLED as u64, "{m:?}");
     drop(stalled);
     let m = server.wait_for("the stalled clients to go", |m| m.connections_open == 0);
     assert_eq!(m.queued_bytes, 0, "their queues were freed");
