@@ -94,8 +94,8 @@ impl Default for Config {
 }
 
 /// The longest idle timeout in ping intervals (connections count silent
-/// intervals in 16 bits).
-pub const MAX_SILENT_INTERVALS: u16 = u16::MAX - 1;
+/// intervals in 15 bits).
+pub const MAX_SILENT_INTERVALS: u16 = crate::heartbeat::MAX_SILENT_VISITS - 1;
 
 /// The largest `max_message_bytes`: frames are tracked with 32-bit offsets.
 pub const MAX_MESSAGE_LIMIT: u64 = (u32::MAX - 16) as u64;

@@ -113,10 +113,7 @@ enum Phase {
     /// Reading the HTTP request; what it may ask for depends on the listener.
     Handshake(Endpoints),
     /// Upgraded: frames flow both ways.
-    Open {
-        decoder: Decoder,
-        liveness: Liveness,
-    },
+    Open(Decoder),
     /// The server sent a close frame; client frames are read (data
     /// discarded) until the client's close arrives.
     CloseSent {
@@ -165,6 +162,8 @@ pub struct Conn {
     writable_interest: bool,
     /// Reading stopped because output backed up (echo backpressure).
     read_paused: bool,
+    /// Heartbeat state while open (two bytes that fit in padding).
+    liveness: Liveness,
     target: RequestTarget,
 }
 
@@ -186,6 +185,7 @@ impl Conn {
             deadline: Deadline::default(),
             writable_interest: false,
             read_paused: false,
+            liveness: Liveness::default(),
             target: RequestTarget::default(),
         };
         conn.arm(key, ctx.config.handshake_timeout, ctx);
@@ -205,7 +205,7 @@ impl Conn {
 
     /// Whether the connection is upgraded and not closing.
     pub fn is_open(&self) -> bool {
-        matches!(self.phase, Phase::Open { .. })
+        matches!(self.phase, Phase::Open(_))
     }
 
     /// Returns `Some(want)` when the writable interest must change to `want`.
@@ -274,9 +274,7 @@ impl Conn {
                 }
             };
             budget = budget.saturating_sub(n);
-            if let Phase::Open { liveness, .. } = &mut self.phase {
-                liveness.heard();
-            }
+            self.liveness.heard();
             if let Verdict::Close(reason) = self.consume(key, &mut scratch[..n], ctx) {
                 return Verdict::Close(reason);
             }
@@ -306,7 +304,7 @@ impl Conn {
             Phase::CloseSent { reason, .. } | Phase::Lingering { reason, .. } => {
                 Verdict::Close(reason)
             }
-            Phase::Open { .. } => Verdict::Keep,
+            Phase::Open(_) => Verdict::Keep,
         }
     }
 
@@ -364,10 +362,10 @@ impl Conn {
         close_after: u16,
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
-        let Phase::Open { liveness, .. } = &mut self.phase else {
+        if !self.is_open() {
             return Verdict::Keep;
-        };
-        match liveness.visit(close_after) {
+        }
+        match self.liveness.visit(close_after) {
             Visit::Skip => return Verdict::Keep,
             Visit::Ping => {}
             Visit::Close => {
@@ -405,7 +403,7 @@ impl Conn {
         reason: CloseReason,
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
-        let Phase::Open { decoder, .. } = self.phase else {
+        let Phase::Open(decoder) = self.phase else {
             return Verdict::Keep;
         };
         self.phase = Phase::CloseSent { decoder, reason };
@@ -449,7 +447,7 @@ impl Conn {
         }
         loop {
             let decoded = match &mut self.phase {
-                Phase::Open { decoder, .. } | Phase::CloseSent { decoder, .. } => {
+                Phase::Open(decoder) | Phase::CloseSent { decoder, .. } => {
                     decoder.decode(&mut bytes[pos..], ctx.config.max_message_bytes)
                 }
                 Phase::Handshake(_) | Phase::Lingering { .. } => {
@@ -495,10 +493,8 @@ impl Conn {
                 let len = http::write_accept_response(&upgrade.accept, &mut response);
                 // The token, if any, is neither kept nor logged.
                 self.target = RequestTarget::from_parts(auth::without_token(upgrade.target));
-                self.phase = Phase::Open {
-                    decoder: Decoder::default(),
-                    liveness: Liveness::default(),
-                };
+                self.phase = Phase::Open(Decoder::default());
+                self.liveness = Liveness::default();
                 self.deadline.clear(ctx.timers);
                 Metrics::incr(&ctx.metrics.upgrades);
                 log::debug!("upgraded {}", self.target());
@@ -729,7 +725,7 @@ impl Conn {
             Phase::Lingering { reason, .. } | Phase::CloseSent { reason, .. } => {
                 Verdict::Close(reason)
             }
-            Phase::Handshake(_) | Phase::Open { .. } => Verdict::Close(CloseReason::Abnormal),
+            Phase::Handshake(_) | Phase::Open(_) => Verdict::Close(CloseReason::Abnormal),
         }
     }
 
@@ -756,7 +752,9 @@ mod tests {
     fn connection_state_is_small() {
         use std::mem::size_of;
         let own = size_of::<Conn>() - size_of::<TcpStream>();
-        assert!(own <= 108, "Conn holds {own} bytes besides its socket");
-        assert!(size_of::<Phase>() <= 32 && size_of::<OutQueue>() <= 24);
+        // Debug builds pad the larger debug socket differently.
+        let budget = if cfg!(debug_assertions) { 104 } else { 100 };
+        assert!(own <= budget, "Conn holds {own} bytes besides its socket");
+        assert!(size_of::<Phase>() <= 28 && size_of::<OutQueue>() <= 24);
     }
 }

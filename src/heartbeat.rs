@@ -4,8 +4,7 @@
 //! The bookkeeping is a sweep over the slab's keys in slices, one slice
 //! per short period, so that each key comes up about once per interval:
 //! O(connections due) per step, no timer per connection, and the only
-//! per-connection state is three bytes of [`Liveness`] inside the open
-//! phase. The ping is one frame encoded once, shared by every connection.
+//! per-connection state is two bytes of [`Liveness`]. The ping is one frame encoded once, shared by every connection.
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -18,6 +17,9 @@ use crate::ws::OpCode;
 const SLICES: u32 = 32;
 const MIN_PERIOD: Duration = Duration::from_millis(10);
 const MAX_PERIOD: Duration = Duration::from_secs(1);
+
+/// The most visits [`Liveness`] counts (15 bits).
+pub const MAX_SILENT_VISITS: u16 = 0x7FFF;
 
 /// The sweep's position and the shared ping.
 #[derive(Debug)]
@@ -42,7 +44,9 @@ impl Heartbeat {
         Heartbeat {
             interval,
             period,
-            close_after: u16::try_from(intervals + 1).unwrap_or(u16::MAX),
+            close_after: u16::try_from(intervals + 1)
+                .unwrap_or(MAX_SILENT_VISITS)
+                .min(MAX_SILENT_VISITS),
             cycle_start: now,
             next_key: 0,
             next_at: now + period,
@@ -102,26 +106,29 @@ pub enum Visit {
     Close,
 }
 
-/// An open connection's heartbeat state.
+/// An open connection's heartbeat state in two bytes (they fit in the
+/// connection's padding): the visits since the client last sent
+/// anything, or since the upgrade, in the low 15 bits, and whether it was
+/// ever visited in the top bit.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Liveness {
-    /// Visits since the client last sent anything (or since the upgrade).
-    silent_visits: u16,
-    visited: bool,
-}
+pub struct Liveness(u16);
 
 impl Liveness {
+    const VISITED: u16 = 1 << 15;
+
     /// The client sent something (data, a pong, anything).
     pub fn heard(&mut self) {
-        self.silent_visits = 0;
+        self.0 &= Liveness::VISITED;
     }
 
     /// A visit of the sweep; `close_after` is [`Heartbeat::close_after`].
     pub fn visit(&mut self, close_after: u16) -> Visit {
-        self.silent_visits = self.silent_visits.saturating_add(1);
-        if self.silent_visits >= close_after {
+        let first = self.0 & Liveness::VISITED == 0;
+        let silent = ((self.0 & MAX_SILENT_VISITS) + 1).min(MAX_SILENT_VISITS);
+        self.0 = Liveness::VISITED | silent;
+        if silent >= close_after {
             Visit::Close
-        } else if !std::mem::replace(&mut self.visited, true) {
+        } else if first {
             Visit::Skip
         } else {
             Visit::Ping
@@ -196,6 +203,13 @@ mod tests {
             talking.heard();
         }
         assert_eq!(talking.visit(3), Visit::Ping);
+
+        let mut long = Liveness::default();
+        let last = (0..MAX_SILENT_VISITS + 10)
+            .map(|_| long.visit(MAX_SILENT_VISITS))
+            .last();
+        assert_eq!(last, Some(Visit::Close), "the count saturates, not wraps");
+        assert_eq!(std::mem::size_of::<Liveness>(), 2);
     }
 
     #[test]
@@ -205,7 +219,7 @@ mod tests {
         assert_eq!(close_after(30_000, 60_000), 3);
         assert_eq!(close_after(30_000, 30_000), 2);
         assert_eq!(close_after(30_000, 45_000), 3);
-        assert_eq!(close_after(1, 1_000_000), u16::MAX);
+        assert_eq!(close_after(1, 1_000_000), MAX_SILENT_VISITS);
         let hb = Heartbeat::new(MS, MS, t0);
         assert_eq!(hb.ping().bytes(), b"\x89\x00");
         assert_eq!(hb.period, MIN_PERIOD);

@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Tick(NonZeroU32);
 
+/// Entries a slot keeps room for once emptied; more is freed.
+const SLOT_KEEP: usize = 64;
+
 /// The timing wheel.
 #[derive(Debug)]
 pub struct TimerWheel {
@@ -71,6 +74,11 @@ impl TimerWheel {
                 }
                 !is_due
             });
+            if slot.is_empty() && slot.capacity() > SLOT_KEEP {
+                // A burst (thousands of handshakes in one tick) is over:
+                // give its memory back rather than keep it for good.
+                *slot = Vec::new();
+            }
         }
         self.next = current + 1;
     }
