@@ -16,6 +16,10 @@
 //! A frame split across reads is the only thing ever buffered per
 //! connection.
 //!
+//! With a ping interval it also writes a pre-encoded ping frame to every
+//! socket once per interval, all at once (pongs are read and dropped): the
+//! physical cost of heartbeats, to compare a server's heartbeat CPU with.
+//!
 //! Standard input is read by a helper thread that hands finished frames to
 //! the loop through a channel and a `Waker`; EOF stops the reading, not the
 //! server. The server runs until it is killed. [`crate::supervisor`] runs
@@ -26,6 +30,7 @@ use std::io::{self, BufRead, Read, Write};
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::thread;
+use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -47,13 +52,20 @@ const OPEN_BASE: usize = 1 << 40;
 /// Size of the buffer every read goes through.
 const READ_BUFFER: usize = 64 * 1024;
 
+/// An unmasked ping frame with no payload.
+const PING_FRAME: [u8; 2] = [0x80 | opcode::PING, 0];
+
 /// Runs the floor server on `listen` (sharing the port with other
-/// processes if `reuse_port`), broadcasting standard input, until the
-/// process is killed.
-pub fn run(listen: SocketAddr, reuse_port: bool) -> io::Result<()> {
+/// processes if `reuse_port`), broadcasting standard input (and pinging
+/// every socket each `ping_interval`, if given), until the process is killed.
+pub fn run(
+    listen: SocketAddr,
+    reuse_port: bool,
+    ping_interval: Option<Duration>,
+) -> io::Result<()> {
     let listener = bind(listen, reuse_port)?;
     eprintln!("floor listening on {}", listener.local_addr()?);
-    serve(listener, io::stdin())
+    serve_pinging(listener, io::stdin(), ping_interval)
 }
 
 /// A non-blocking listener on `addr` with `SO_REUSEADDR` (and
@@ -89,7 +101,16 @@ struct Floor {
 
 /// Serves `listener`, broadcasting each line of `input`; returns only on
 /// an error of the poll itself.
-pub fn serve(mut listener: TcpListener, input: impl Read + Send + 'static) -> io::Result<()> {
+pub fn serve(listener: TcpListener, input: impl Read + Send + 'static) -> io::Result<()> {
+    serve_pinging(listener, input, None)
+}
+
+/// [`serve`], and every `ping_interval` writes a ping to every open socket.
+pub fn serve_pinging(
+    mut listener: TcpListener,
+    input: impl Read + Send + 'static,
+    ping_interval: Option<Duration>,
+) -> io::Result<()> {
     let poll = Poll::new()?;
     poll.registry()
         .register(&mut listener, LISTENER, Interest::READABLE)?;
@@ -108,8 +129,10 @@ pub fn serve(mut listener: TcpListener, input: impl Read + Send + 'static) -> io
         out: Vec::new(),
     };
     let mut events = Events::with_capacity(1024);
+    let mut next_ping = ping_interval.map(|every| Instant::now() + every);
     loop {
-        match floor.poll.poll(&mut events, None) {
+        let timeout = next_ping.map(|at| at.saturating_duration_since(Instant::now()));
+        match floor.poll.poll(&mut events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
@@ -128,6 +151,12 @@ pub fn serve(mut listener: TcpListener, input: impl Read + Send + 'static) -> io
                     }
                 }
                 Token(key) => floor.upgrade(key)?,
+            }
+        }
+        if let (Some(at), Some(every)) = (next_ping, ping_interval) {
+            if Instant::now() >= at {
+                floor.broadcast(&PING_FRAME);
+                next_ping = Some(at + every);
             }
         }
     }

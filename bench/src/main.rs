@@ -105,6 +105,10 @@ enum Command {
         /// wspush), each getting every stdin line.
         #[arg(long, default_value = "1")]
         processes: Processes,
+        /// Write a ping to every socket this often, in milliseconds (the
+        /// bare cost of heartbeats).
+        #[arg(long, value_name = "MS")]
+        ping_interval_ms: Option<u64>,
     },
     /// Open idle connections, measure the server's memory and CPU, then
     /// broadcast messages one at a time: exactly-once delivery, latency
@@ -159,7 +163,8 @@ fn main() -> ExitCode {
             listen,
             reuse_port,
             processes,
-        } => run_floor(listen, reuse_port, processes),
+            ping_interval_ms,
+        } => run_floor(listen, reuse_port, processes, ping_interval_ms),
         Command::Push {
             server,
             options,
@@ -188,11 +193,27 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_floor(listen: SocketAddr, reuse_port: bool, processes: Processes) -> Result<(), Error> {
+fn run_floor(
+    listen: SocketAddr,
+    reuse_port: bool,
+    processes: Processes,
+    ping_interval_ms: Option<u64>,
+) -> Result<(), Error> {
     sys::raise_nofile_limit()?;
+    let ping_interval = ping_interval_ms.map(std::time::Duration::from_millis);
     match processes.count() {
-        1 => Ok(floor::run(listen, reuse_port)?),
-        n => Ok(supervisor::run(&std::env::current_exe()?, listen, n)?),
+        1 => Ok(floor::run(listen, reuse_port, ping_interval)?),
+        n => {
+            let extra: Vec<String> = ping_interval_ms
+                .map(|ms| vec!["--ping-interval-ms".into(), ms.to_string()])
+                .unwrap_or_default();
+            Ok(supervisor::run(
+                &std::env::current_exe()?,
+                listen,
+                n,
+                &extra,
+            )?)
+        }
     }
 }
 

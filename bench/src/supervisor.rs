@@ -51,14 +51,16 @@ impl Processes {
     }
 }
 
-/// Runs `count` instances of `exe floor --reuse-port` on `listen` and feeds
-/// them standard input; returns when one of them exits (an error).
-pub fn run(exe: &Path, listen: SocketAddr, count: usize) -> io::Result<()> {
+/// Runs `count` instances of `exe floor --reuse-port EXTRA_ARGS` on
+/// `listen` and feeds them standard input; returns when one of them exits
+/// (an error).
+pub fn run(exe: &Path, listen: SocketAddr, count: usize, extra_args: &[String]) -> io::Result<()> {
     let mut children: Vec<Child> = Vec::with_capacity(count);
     let mut inputs: Vec<ChildStdin> = Vec::with_capacity(count);
     for _ in 0..count {
         let mut cmd = Command::new(exe);
         cmd.args(["floor", "--reuse-port", "--listen", &listen.to_string()])
+            .args(extra_args)
             .stdin(Stdio::piped());
         sys::die_with_parent(&mut cmd);
         let mut child = cmd.spawn()?;
