@@ -207,30 +207,8 @@ impl LoopMax {
 /// slow), 10 broadcasts, 12000 deliveries, 0 dropped, 0 B queued, 1200
 /// pings, 0 rejected, loop max 0.31 ms`.
 pub fn summary(last: &MetricsSnapshot, now: &MetricsSnapshot, over: Duration) -> String {
-    let closed = |m: &MetricsSnapshot| {
-        m.closed_normal
-            + m.closed_protocol_error
-            + m.closed_invalid_payload
-            + m.closed_message_too_big
-            + m.closed_slow_consumer
-            + m.closed_idle_timeout
-            + m.closed_handshake_timeout
-            + m.closed_rejected
-            + m.closed_http
-            + m.closed_shutdown
-            + m.closed_abnormal
-    };
-    let rejected = |m: &MetricsSnapshot| {
-        m.rejected_400
-            + m.rejected_401
-            + m.rejected_403
-            + m.rejected_404
-            + m.rejected_405
-            + m.rejected_426
-            + m.rejected_429
-            + m.rejected_431
-            + m.rejected_503
-    };
+    let closed = |m: &MetricsSnapshot| m.closed_by_reason().iter().map(|(_, n)| n).sum::<u64>();
+    let rejected = |m: &MetricsSnapshot| m.rejected_by_status().iter().map(|(_, n)| n).sum::<u64>();
     format!(
         "{} open (+{} accepted, -{} closed: {} idle, {} slow) in {}s, {} broadcasts, {} deliveries, \
          {} dropped, {} B queued, {} pings, {} rejected, loop max {:.2} ms",
@@ -319,6 +297,53 @@ impl Metrics {
             503 => &self.rejected_503,
             _ => &self.rejected_400,
         }
+    }
+}
+
+impl MetricsSnapshot {
+    /// Closed connections by reason, as Prometheus label sets (protocol
+    /// errors with their close code).
+    pub fn closed_by_reason(&self) -> [(&'static str, u64); 11] {
+        [
+            ("{reason=\"normal\"}", self.closed_normal),
+            (
+                "{reason=\"protocol_error\",code=\"1002\"}",
+                self.closed_protocol_error,
+            ),
+            (
+                "{reason=\"protocol_error\",code=\"1007\"}",
+                self.closed_invalid_payload,
+            ),
+            (
+                "{reason=\"protocol_error\",code=\"1009\"}",
+                self.closed_message_too_big,
+            ),
+            ("{reason=\"slow_consumer\"}", self.closed_slow_consumer),
+            ("{reason=\"idle_timeout\"}", self.closed_idle_timeout),
+            (
+                "{reason=\"handshake_timeout\"}",
+                self.closed_handshake_timeout,
+            ),
+            ("{reason=\"rejected\"}", self.closed_rejected),
+            ("{reason=\"http\"}", self.closed_http),
+            ("{reason=\"shutdown\"}", self.closed_shutdown),
+            ("{reason=\"abnormal\"}", self.closed_abnormal),
+        ]
+    }
+
+    /// Requests refused before the upgrade by HTTP status, as Prometheus label sets.
+    pub fn rejected_by_status(&self) -> [(&'static str, u64); 9] {
+        [
+            ("{status=\"400\"}", self.rejected_400),
+            ("{status=\"401\"}", self.rejected_401),
+            ("{status=\"403\"}", self.rejected_403),
+            ("{status=\"404\"}", self.rejected_404),
+            ("{status=\"405\"}", self.rejected_405),
+            ("{status=\"426\"}", self.rejected_426),
+            ("{status=\"429\"}", self.rejected_429),
+            ("{status=\"431\"}", self.rejected_431),
+            ("{status=\"503\"}", self.rejected_503),
+        ]
     }
 }
 
@@ -492,51 +517,14 @@ pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &m
         "wspush_connections_closed_total",
         "counter",
         "Connections closed, by reason (and close code for protocol errors).",
-        &labelled(
-            "wspush_connections_closed_total",
-            &[
-                ("{reason=\"normal\"}", m.closed_normal),
-                (
-                    "{reason=\"protocol_error\",code=\"1002\"}",
-                    m.closed_protocol_error,
-                ),
-                (
-                    "{reason=\"protocol_error\",code=\"1007\"}",
-                    m.closed_invalid_payload,
-                ),
-                (
-                    "{reason=\"protocol_error\",code=\"1009\"}",
-                    m.closed_message_too_big,
-                ),
-                ("{reason=\"slow_consumer\"}", m.closed_slow_consumer),
-                ("{reason=\"idle_timeout\"}", m.closed_idle_timeout),
-                ("{reason=\"handshake_timeout\"}", m.closed_handshake_timeout),
-                ("{reason=\"rejected\"}", m.closed_rejected),
-                ("{reason=\"http\"}", m.closed_http),
-                ("{reason=\"shutdown\"}", m.closed_shutdown),
-                ("{reason=\"abnormal\"}", m.closed_abnormal),
-            ],
-        ),
+        &labelled("wspush_connections_closed_total", &m.closed_by_reason()),
     );
     family(
         out,
         "wspush_requests_rejected_total",
         "counter",
         "Requests refused before the upgrade, by HTTP status.",
-        &labelled(
-            "wspush_requests_rejected_total",
-            &[
-                ("{status=\"400\"}", m.rejected_400),
-                ("{status=\"401\"}", m.rejected_401),
-                ("{status=\"403\"}", m.rejected_403),
-                ("{status=\"404\"}", m.rejected_404),
-                ("{status=\"405\"}", m.rejected_405),
-                ("{status=\"426\"}", m.rejected_426),
-                ("{status=\"429\"}", m.rejected_429),
-                ("{status=\"431\"}", m.rejected_431),
-                ("{status=\"503\"}", m.rejected_503),
-            ],
-        ),
+        &labelled("wspush_requests_rejected_total", &m.rejected_by_status()),
     );
     family(
         out,
