@@ -311,6 +311,12 @@ pub struct Observations {
     pub end: Usage,
     /// Length of the setup.
     pub setup: Duration,
+    /// CPU time of the client (this process and its workers) during the setup.
+    pub client_setup_ns: u64,
+    /// Busy CPU time of the machine during the setup.
+    pub machine_setup_ns: u64,
+    /// Of that, interrupt time (softirq: loopback TCP work).
+    pub interrupts_setup_ns: u64,
     /// Length of the idle period.
     pub idle: Duration,
     /// Connections open after the setup.
@@ -348,8 +354,14 @@ impl Run<'_> {
         let baseline = self.settle(settle, "before the connections")?;
 
         let setup_start = self.target.usage()?;
+        let setup_before = CpuMark::take(setup_start.cpu_ns, self.client_cpu_ns()?)?;
         let (setup, ramp) = self.open_connections()?;
         let setup_end = self.target.usage()?;
+        let setup_after = CpuMark::take(setup_end.cpu_ns, self.client_cpu_ns()?)?;
+        self.warn_if_busy(
+            setup_after.others_since(&setup_before),
+            "during the connection setup",
+        );
         let counts = self.fleet.counts();
         eprintln!(
             "[{}] {} of {} connections open in {:.2} s ({} failed)",
@@ -389,6 +401,13 @@ impl Run<'_> {
             idle_end,
             end,
             setup,
+            client_setup_ns: setup_after.client_ns.saturating_sub(setup_before.client_ns),
+            machine_setup_ns: setup_after
+                .machine_ns
+                .saturating_sub(setup_before.machine_ns),
+            interrupts_setup_ns: setup_after
+                .interrupts_ns
+                .saturating_sub(setup_before.interrupts_ns),
             idle,
             open_conns: counts.open,
             ramp,
@@ -611,6 +630,11 @@ pub struct CpuMark {
     pub at: Instant,
     /// Busy time of all CPUs.
     pub machine_ns: u64,
+    /// Of that, interrupts (mostly softirq: on loopback, the TCP work of
+    /// both ends; see [`procfs::MachineCpu`]).
+    pub interrupts_ns: u64,
+    /// Of that, the `ksoftirqd` threads (softirq work the kernel deferred).
+    pub softirq_threads_ns: u64,
     /// CPU time of the client.
     pub client_ns: u64,
     /// CPU time of the server's processes.
@@ -620,17 +644,26 @@ pub struct CpuMark {
 impl CpuMark {
     /// Marks now, given the server's and the client's CPU time so far.
     pub fn take(server_ns: u64, client_ns: u64) -> io::Result<CpuMark> {
+        let machine = procfs::machine_cpu()?;
         Ok(CpuMark {
             at: Instant::now(),
-            machine_ns: procfs::machine_busy_ns()?,
+            machine_ns: machine.busy_ns,
+            interrupts_ns: machine.interrupts_ns,
+            softirq_threads_ns: machine.softirq_threads_ns,
             client_ns,
             server_ns,
         })
     }
 
-    /// Share of one CPU that others used since `earlier`.
+    /// Share of one CPU that other processes used since `earlier`
+    /// (`ksoftirqd` is not counted: it does the network work of whoever
+    /// sends, mostly our own traffic).
     pub fn others_since(&self, earlier: &CpuMark) -> f64 {
-        let machine = self.machine_ns.saturating_sub(earlier.machine_ns);
+        let machine = (self.machine_ns.saturating_sub(self.softirq_threads_ns)).saturating_sub(
+            earlier
+                .machine_ns
+                .saturating_sub(earlier.softirq_threads_ns),
+        );
         let ours =
             (self.client_ns + self.server_ns).saturating_sub(earlier.client_ns + earlier.server_ns);
         let wall = self.at.duration_since(earlier.at).as_nanos().max(1);
