@@ -167,19 +167,51 @@ pub fn listeners(port: u16) -> io::Result<usize> {
     Ok(count)
 }
 
-/// Number of ports in `net.ipv4.ip_local_port_range`: how many connections
-/// one source address can have to one destination.
+/// Number of ports in `net.ipv4.ip_local_port_range` that are not in
+/// `net.ipv4.ip_local_reserved_ports`: how many connections one source
+/// address can have to one destination (`tuning/check.sh` counts the same).
 pub fn local_port_range() -> io::Result<u32> {
-    let text = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")?;
-    parse_port_range(&text)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable port range"))
+    let range = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")?;
+    let (low, high) = parse_port_range(&range)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable port range"))?;
+    let reserved = match fs::read_to_string("/proc/sys/net/ipv4/ip_local_reserved_ports") {
+        Ok(text) => reserved_in_range(&text, low, high).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, "unparsable reserved ports")
+        })?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
+        Err(e) => return Err(e),
+    };
+    Ok((high - low + 1).saturating_sub(reserved))
 }
 
-/// `LOW HIGH` → `HIGH - LOW + 1`.
-fn parse_port_range(text: &str) -> Option<u32> {
+/// `LOW HIGH` → `(LOW, HIGH)`.
+fn parse_port_range(text: &str) -> Option<(u32, u32)> {
     let mut bounds = text.split_whitespace().map(|p| p.parse::<u32>().ok());
     let (low, high) = (bounds.next()??, bounds.next()??);
-    (high >= low).then(|| high - low + 1)
+    (high >= low).then_some((low, high))
+}
+
+/// How many of the ports `low..=high` a reserved-ports list (`8080,9000-9010`)
+/// names.
+fn reserved_in_range(text: &str, low: u32, high: u32) -> Option<u32> {
+    let mut count = 0;
+    for item in text
+        .trim()
+        .split(',')
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+    {
+        let (first, last) = item.split_once('-').unwrap_or((item, item));
+        let (first, last) = (
+            first.trim().parse::<u32>().ok()?,
+            last.trim().parse::<u32>().ok()?,
+        );
+        let (first, last) = (first.max(low), last.min(high));
+        if last >= first {
+            count += last - first + 1;
+        }
+    }
+    Some(count)
 }
 
 /// `root` followed by all its descendants in `stats`.
@@ -323,11 +355,19 @@ mod tests {
 
     #[test]
     fn port_ranges() {
-        assert_eq!(parse_port_range("32768\t60999\n"), Some(28_232));
-        assert_eq!(parse_port_range("1024 65535"), Some(64_512));
+        assert_eq!(parse_port_range("32768\t60999\n"), Some((32_768, 60_999)));
+        assert_eq!(parse_port_range("1024 65535"), Some((1024, 65_535)));
         assert_eq!(parse_port_range("9 8"), None);
         assert_eq!(parse_port_range("x"), None);
         assert!(local_port_range().unwrap() > 0);
+        // Only reserved ports inside the range count.
+        assert_eq!(reserved_in_range("\n", 32_768, 60_999), Some(0));
+        assert_eq!(reserved_in_range("8080,32768", 32_768, 60_999), Some(1));
+        assert_eq!(
+            reserved_in_range("30000-32769, 60990-61000", 32_768, 60_999),
+            Some(12)
+        );
+        assert_eq!(reserved_in_range("80-x", 1, 100), None);
     }
 
     #[test]

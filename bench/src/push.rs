@@ -32,13 +32,14 @@ const CHECK_EVERY: Duration = Duration::from_millis(100);
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 const PROGRESS_LOG_EVERY: Duration = Duration::from_secs(5);
 
-/// Share of the local port range a source address is given at most when
-/// `--sources` is chosen automatically. `connect()` tries even ports first
-/// (odd ones are left to `bind(0)`); once the even half of the range is
-/// taken, every connect scans all of it before finding an odd port, and
-/// the setup rate falls from ~10,000/s to ~500/s (measured here: 14,000
-/// connections from one address in 1.4 s, 15,000 in 2.8 s).
-const PORT_RANGE_USE: f64 = 0.45;
+/// Share of the local port range, in %, a source address is given at most
+/// when `--sources` is chosen automatically (`tuning/check.sh` plans the
+/// same). `connect()` tries even ports first (odd ones are left to
+/// `bind(0)`); once the even half of the range is taken, every connect
+/// scans all of it before finding an odd port, and the setup rate falls
+/// from ~10,000/s to ~500/s (measured here: 14,000 connections from one
+/// address in 1.4 s, 15,000 in 2.8 s).
+const PORT_RANGE_PERCENT: u32 = 45;
 
 /// CPU share (of one CPU) that other processes may use during a phase
 /// before the report warns that the machine was not quiet.
@@ -284,15 +285,20 @@ pub fn measure(
 }
 
 /// Enough source addresses for `conns` connections to use at most
-/// [`PORT_RANGE_USE`] of the local port range of each.
+/// [`PORT_RANGE_PERCENT`] of the local port range of each.
 fn auto_sources(conns: usize) -> Result<u8, Error> {
     let ports = procfs::local_port_range()?;
-    let per_source = (ports as f64 * PORT_RANGE_USE).max(1.0);
-    let needed = (conns as f64 / per_source).ceil().max(1.0);
-    if needed > 250.0 {
-        return Err(format!("{conns} connections need more than 250 source addresses").into());
-    }
-    Ok(needed as u8)
+    sources_for(conns, ports)
+        .ok_or_else(|| format!("{conns} connections need more than 250 source addresses").into())
+}
+
+/// Source addresses for `conns` connections when each may use
+/// [`PORT_RANGE_PERCENT`] of `ports` local ports (`None` beyond 250).
+pub fn sources_for(conns: usize, ports: u32) -> Option<u8> {
+    let per_source = (ports as usize * PORT_RANGE_PERCENT as usize / 100).max(1);
+    u8::try_from(conns.div_ceil(per_source).max(1))
+        .ok()
+        .filter(|&n| n <= 250)
 }
 
 /// Everything a run observed, before it is summarised.
@@ -716,5 +722,22 @@ impl<'a> ProgressLine<'a> {
         if self.drawn {
             eprintln!();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_source_address_gets_at_most_45_percent_of_the_port_range() {
+        // The default range 32768-60999 has 28,232 ports: 12,704 per address.
+        assert_eq!(sources_for(1_000_000, 28_232), Some(79));
+        assert_eq!(sources_for(100_000, 28_232), Some(8));
+        assert_eq!(sources_for(12_704, 28_232), Some(1));
+        assert_eq!(sources_for(12_705, 28_232), Some(2));
+        assert_eq!(sources_for(1, 1), Some(1));
+        assert_eq!(sources_for(1_000_000, 55_536), Some(41));
+        assert_eq!(sources_for(10_000_000, 28_232), None);
     }
 }
