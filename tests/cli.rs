@@ -90,7 +90,7 @@ fn run_expecting_failure(args: &[&str]) -> (i32, String) {
 fn bad_command_lines_fail_with_one_line_and_a_non_zero_exit() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = taken.local_addr().unwrap().to_string();
-    let cases: [(&[&str], i32, &str); 7] = [
+    let cases: [(&[&str], i32, &str); 8] = [
         (&[], 2, "--listen"),
         (&["--listen", "nonsense"], 2, "invalid socket address"),
         (
@@ -114,6 +114,11 @@ fn bad_command_lines_fail_with_one_line_and_a_non_zero_exit() {
             "path must start with '/'",
         ),
         (&["--listen", &taken], 1, "cannot listen on"),
+        (
+            &["--listen", "127.0.0.1:0", "--total-connections", "1000"],
+            2,
+            "--processes",
+        ),
     ];
     for (args, code, needle) in cases {
         let (status, stderr) = run_expecting_failure(args);
@@ -146,6 +151,9 @@ fn help_describes_every_flag() {
         "--max-connections",
         "--max-queued-bytes",
         "--slow-consumer",
+        "--reuse-port",
+        "--processes",
+        "--total-connections",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}");
     }
