@@ -163,14 +163,18 @@ impl Conn {
         let (Some(stream), Phase::Upgrading(head)) = (stream, phase) else {
             unreachable!("read_upgrade outside the upgrading phase");
         };
-        let Some(early) = dial::read_upgrade(stream, head, cx.scratch, id)? else {
+        let Some(upgraded) = dial::read_upgrade(stream, head, cx.scratch, id)? else {
             return Ok(Transition::Same);
         };
         self.phase = Phase::Open;
-        if !early.is_empty() {
-            self.on_bytes(&early, sys::now_ns(), cx.tally, cx.payload_len)?;
+        if !upgraded.early.is_empty() {
+            self.on_bytes(&upgraded.early, sys::now_ns(), cx.tally, cx.payload_len)?;
         }
-        self.read_frames(cx, drain)?;
+        // The socket was registered before the request went out, so data
+        // after this read raises a new edge (see `read_frames`).
+        if drain || !upgraded.emptied {
+            self.read_frames(cx, drain)?;
+        }
         Ok(Transition::Opened)
     }
 

@@ -106,12 +106,12 @@ pub struct Dialed {
 ///
 /// On loopback the whole TCP handshake happens inside `connect()` (the
 /// SYN-ACK is processed before the call returns, although it says
-/// `EINPROGRESS`), so the request can go out right away; that saves the
-/// wake-up for writable readiness and the `getsockopt(SO_ERROR)` and
-/// `getpeername` that would confirm the connect. Then the socket is
-/// registered for `interest` only. If the socket does not take the request
-/// yet, it is registered for reading and writing, and the caller finishes
-/// the connect on the writable event.
+/// `EINPROGRESS`), so the request can go out right away, carrying the ACK
+/// of the handshake too; that saves the wake-up for writable readiness and
+/// the `getsockopt(SO_ERROR)` and `getpeername` that would confirm the
+/// connect. Then the socket is registered for `interest` only. If the
+/// socket does not take the request yet, it is registered for reading and
+/// writing, and the caller finishes the connect on the writable event.
 pub fn dial(
     source: Ipv4Addr,
     server: SocketAddr,
@@ -128,6 +128,11 @@ pub fn dial(
     )
     .map_err(connect_err)?;
     sys::set_bind_address_no_port(socket.as_fd()).map_err(connect_err)?;
+    // On a connecting socket, TCP_DEFER_ACCEPT makes Linux hold back the
+    // bare ACK that completes the handshake (a delayed ACK is armed
+    // instead): the request written next carries it. One packet fewer
+    // per connection, through both ends' TCP stacks.
+    sys::set_tcp_defer_accept(socket.as_fd(), 1).map_err(connect_err)?;
     socket
         .bind(&SocketAddrV4::new(source, 0).into())
         .map_err(connect_err)?;
@@ -190,16 +195,27 @@ pub fn send_request(stream: &mut TcpStream, id: u64, server: SocketAddr) -> Resu
     write_whole(stream, &request(id, server))
 }
 
-/// Reads what has arrived of the upgrade answer into `head`. Once the head
-/// is complete and valid for connection `id`, returns the bytes that
-/// followed it (frames the server sent right after the 101).
+/// A complete, valid upgrade answer.
+#[derive(Debug)]
+pub struct Upgraded {
+    /// The bytes that followed the head (frames the server sent right
+    /// after the 101).
+    pub early: Vec<u8>,
+    /// The last read did not fill the buffer, so the socket is empty now:
+    /// under edge-triggered polling more data raises a new event, and
+    /// reading again would only say `WouldBlock`.
+    pub emptied: bool,
+}
+
+/// Reads what has arrived of the upgrade answer into `head`; returns the
+/// answer once the head is complete and valid for connection `id`.
 pub fn read_upgrade(
     stream: &mut TcpStream,
     head: &mut Vec<u8>,
     scratch: &mut [u8],
     id: u64,
-) -> Result<Option<Vec<u8>>, Failure> {
-    let head_end = loop {
+) -> Result<Option<Upgraded>, Failure> {
+    let (head_end, emptied) = loop {
         let Some(n) = read_some(stream, scratch)? else {
             return Ok(None);
         };
@@ -208,14 +224,17 @@ pub fn read_upgrade(
         }
         head.extend_from_slice(&scratch[..n]);
         if let Some(end) = handshake::head_len(head) {
-            break end;
+            break (end, n < scratch.len());
         }
         if head.len() > handshake::MAX_HEAD {
             return Err(HandshakeError::TooLarge.into());
         }
     };
     handshake::check_response(&head[..head_end], &handshake::client_key(id))?;
-    Ok(Some(head.split_off(head_end)))
+    Ok(Some(Upgraded {
+        early: head.split_off(head_end),
+        emptied,
+    }))
 }
 
 /// One `read()`: `Some(n)` bytes (0 at EOF), `None` when the socket is empty.

@@ -275,14 +275,14 @@ impl Echoers {
         }
         if let Phase::Upgrading(head) = &mut conn.phase {
             let stream = conn.stream.as_mut().expect("live connection has a socket");
-            let Some(early) = dial::read_upgrade(stream, head, &mut self.scratch, id as u64)?
+            let Some(upgraded) = dial::read_upgrade(stream, head, &mut self.scratch, id as u64)?
             else {
                 return Ok(());
             };
             conn.phase = Phase::Open;
             self.pending -= 1;
             self.open += 1;
-            if !early.is_empty() {
+            if !upgraded.early.is_empty() {
                 return Err(Failure::BadEcho);
             }
         }
