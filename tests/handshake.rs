@@ -499,6 +499,24 @@ fn the_server_stays_healthy_after_rejections() {
 }
 
 #[test]
+fn a_client_that_connects_and_sends_nothing_is_closed_by_the_handshake_timeout() {
+    // The listener defers accepting until data arrives (TCP_DEFER_ACCEPT):
+    // a silent client is accepted only once the kernel gives up waiting
+    // (about a second), and then its handshake deadline applies as usual.
+    let server = TestServer::start(Config {
+        handshake_timeout: Duration::from_millis(300),
+        ..echo_config()
+    });
+    let mut silent = util::raw(server.addr);
+    util::expect_eof(&mut silent);
+    let m = server.wait_for("the timeout", |m| m.closed_handshake_timeout == 1);
+    assert_eq!((m.connections_accepted, m.upgrades), (1, 0));
+    // A client that does send its request is not held back by the first.
+    let upgraded = util::connect(server.addr, "/");
+    close_cleanly(upgraded);
+}
+
+#[test]
 fn a_handshake_that_does_not_complete_in_time_is_closed() {
     let server = TestServer::start(Config {
         handshake_timeout: Duration::from_millis(300),
