@@ -172,6 +172,14 @@ impl Ready {
         write: false,
         edge: false,
     };
+    /// The first read of a connection just registered (edge-triggered):
+    /// whatever arrives after the read raises an event, so a short read
+    /// may end it as after an edge (no read that would only say WouldBlock).
+    const REGISTERED: Ready = Ready {
+        read: true,
+        write: false,
+        edge: true,
+    };
 }
 
 /// Shutdown progress.
@@ -569,9 +577,9 @@ impl Server {
         let mut ctx = self.parts(now).ctx;
         let conn = Conn::accepted(stream, key, &mut ctx);
         self.conns.insert(conn);
-        // The request usually arrived with (or right after) the connection:
-        // reading now saves a trip through the poll.
-        self.on_conn_event(key, Ready::RETRY_READ, now);
+        // The request arrived with the connection (the listener defers
+        // accepting until it has): reading now saves a trip through the poll.
+        self.on_conn_event(key, Ready::REGISTERED, now);
     }
 
     fn retry_reads(&mut self, now: Instant) {

@@ -198,6 +198,20 @@ fn a_pipelined_first_frame_is_echoed_right_after_the_101() {
 }
 
 #[test]
+fn a_request_and_the_clients_fin_at_once_are_answered_then_closed() {
+    // The first read after accept stops at a short read: the end of input
+    // that came with the request must still be seen.
+    let server = server();
+    let mut stream = util::raw(server.addr);
+    stream.write_all(request().as_bytes()).unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    assert_switching(&util::read_response(&mut stream));
+    util::expect_eof(&mut stream);
+    let m = server.wait_for("the close", |m| m.connections_open == 0);
+    assert_eq!((m.upgrades, m.closed_abnormal), (1, 1));
+}
+
+#[test]
 fn a_head_completed_in_the_same_segment_as_the_first_frame_is_upgraded() {
     // The first half of the head is held back by the server; the second
     // half arrives together with a frame.
