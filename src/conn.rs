@@ -240,10 +240,12 @@ impl Conn {
     /// budget is used), feeding the bytes to the current phase.
     ///
     /// `edge` says the call answers a readiness event that reported no
-    /// hang-up: then a short read proves the socket drained, because Linux
-    /// epoll reports every later arrival (data or FIN) as a new edge, and
-    /// the read that would only say WouldBlock is skipped (one syscall per
-    /// event). Otherwise reading goes on until WouldBlock.
+    /// hang-up, or is the first read after the socket was registered: then
+    /// a short read proves the socket drained, because Linux epoll reports
+    /// every later arrival (data or FIN) as a new edge (and a registration
+    /// reports what is already there), and the read that would only say
+    /// WouldBlock is skipped (one syscall per event). Otherwise reading
+    /// goes on until WouldBlock.
     pub fn on_readable(
         &mut self,
         key: usize,

@@ -14,7 +14,7 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use socket2::{Domain, Socket, Type};
 use wspush::input::{pump_lines, PumpEnd};
-use wspush::rlimit::{connection_capacity, raise_open_file_limit};
+use wspush::rlimit::{connection_capacity, instances_for, raise_open_file_limit};
 use wspush::supervisor::{Supervisor, INSTANCE_ENV};
 use wspush::{Config, Handle, Server, SlowConsumerPolicy, Tokens, MAX_MESSAGE_LIMIT};
 
@@ -26,7 +26,8 @@ use wspush::{Config, Handle, Server, SlowConsumerPolicy, Tokens, MAX_MESSAGE_LIM
     args_override_self = true,
     allow_negative_numbers = true,
     after_help = "Examples:\n  tail -f feed | wspush --listen 0.0.0.0:8080 --path /ws\n  \
-                  tail -f feed | wspush --listen 0.0.0.0:8080 --processes auto\n\n\
+                  tail -f feed | wspush --listen 0.0.0.0:8080 --processes auto\n  \
+                  tail -f feed | wspush --listen 0.0.0.0:8080 --processes auto --total-connections 1000000\n\n\
                   Standard input: each line (without its \\n or \\r\\n) is one text message; an empty\n\
                   line is an empty message; lines that are not UTF-8 or exceed --max-message-bytes are\n\
                   skipped with a warning. End of input does not stop the server; SIGINT/SIGTERM close\n\
@@ -99,9 +100,16 @@ struct Cli {
     #[arg(long)]
     reuse_port: bool,
     /// Run N single-threaded instances behind SO_REUSEPORT under a small
-    /// supervisor that hands each of them every input line (`auto`: one per core).
+    /// supervisor that hands each of them every input line. `auto`: one per
+    /// core, or as many as --total-connections needs if that is more.
     #[arg(long, value_name = "N|auto")]
     processes: Option<Processes>,
+    /// Connections the whole server should hold, over all its instances.
+    /// With --processes auto, enough instances start for N, each planned at
+    /// 90% of what it may hold (its open-file limit, or --max-connections);
+    /// with --processes N, a warning says if N instances hold fewer.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), requires = "processes")]
+    total_connections: Option<u64>,
 }
 
 /// `--slow-consumer` values.
@@ -113,20 +121,23 @@ enum SlowConsumer {
     Drop,
 }
 
-/// `--processes` value: a count, or one per core.
+/// `--processes` value.
 #[derive(Debug, Clone, Copy)]
-struct Processes(usize);
+enum Processes {
+    /// This many instances.
+    Count(usize),
+    /// One per core, or as many as `--total-connections` needs.
+    Auto,
+}
 
 impl FromStr for Processes {
     type Err = String;
 
     fn from_str(value: &str) -> Result<Self, Self::Err> {
         if value == "auto" {
-            return Ok(Processes(
-                std::thread::available_parallelism().map_or(1, |n| n.get()),
-            ));
+            return Ok(Processes::Auto);
         }
-        positive(value).map(Processes)
+        positive(value).map(Processes::Count)
     }
 }
 
@@ -186,7 +197,7 @@ fn main() -> ExitCode {
     };
     init_logging();
     let result = match cli.processes {
-        Some(Processes(count)) => supervise(&cli, count),
+        Some(processes) => supervise(&cli, processes),
         None => serve(cli),
     };
     match result {
@@ -340,12 +351,30 @@ fn stop_on_signals(handle: Handle) -> Result<(), String> {
         .map_err(|e| format!("cannot start the signal thread: {e}"))
 }
 
-/// `--processes N`: start N instances of this binary with `--reuse-port`
-/// on one address (a port 0 is resolved first so that all share it) and
-/// supervise them.
-fn supervise(cli: &Cli, count: usize) -> Result<(), String> {
+/// `--processes N|auto`: start the instances of this binary with
+/// `--reuse-port` on one address (a port 0 is resolved first so that all
+/// share it) and supervise them.
+fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     // Refuse bad settings once, before starting any instance.
     let config = config(cli)?;
+    // Instances inherit the raised limit (and raise it again themselves).
+    let per_instance = match cli.max_connections {
+        Some(n) => (n as u64).min(open_file_capacity()),
+        None => open_file_capacity(),
+    };
+    let count = match processes {
+        Processes::Count(n) => n,
+        Processes::Auto => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            instances_for(cli.total_connections, per_instance, cores)
+        }
+    };
+    let holds = (count as u64).saturating_mul(per_instance);
+    if let Some(total) = cli.total_connections.filter(|&total| total > holds) {
+        log::warn!(
+            "{count} instances hold at most {holds} connections ({per_instance} each), fewer than --total-connections {total}"
+        );
+    }
     let (listen, _port_hold) = resolve_shared_address(cli.listen)?;
     let program = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let mut args = instance_args(std::env::args_os().skip(1));
@@ -355,7 +384,9 @@ fn supervise(cli: &Cli, count: usize) -> Result<(), String> {
         "--reuse-port".into(),
     ]);
     let supervisor = Supervisor::start(&program, &args, count).map_err(|e| e.to_string())?;
-    log::info!("listening on {listen} with {count} instances");
+    log::info!(
+        "listening on {listen} with {count} instances, up to {per_instance} connections each"
+    );
     // Instances get their shutdown timeout, and some time to exit after it.
     let stop_grace = config.shutdown_timeout + Duration::from_secs(5);
     supervisor
@@ -363,7 +394,10 @@ fn supervise(cli: &Cli, count: usize) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// The command line without `--processes` (an instance must not supervise).
+/// Flags of the supervisor only: an instance must not supervise.
+const SUPERVISOR_FLAGS: [&str; 2] = ["--processes", "--total-connections"];
+
+/// The command line without the supervisor's flags.
 fn instance_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
     let mut out = Vec::new();
     let mut skip_value = false;
@@ -371,9 +405,13 @@ fn instance_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
         if std::mem::take(&mut skip_value) {
             continue;
         }
-        if arg == "--processes" {
+        let text = arg.to_string_lossy();
+        if SUPERVISOR_FLAGS.contains(&&*text) {
             skip_value = true;
-        } else if !arg.to_string_lossy().starts_with("--processes=") {
+        } else if !SUPERVISOR_FLAGS
+            .iter()
+            .any(|flag| text.starts_with(&format!("{flag}=")))
+        {
             out.push(arg);
         }
     }
@@ -414,8 +452,11 @@ mod tests {
             "4",
             "--echo",
             "--processes=auto",
+            "--total-connections",
+            "1000000",
             "--path",
             "/ws",
+            "--total-connections=5",
         ];
         let got = instance_args(args.iter().map(OsString::from));
         let want: Vec<OsString> = ["--listen", "0.0.0.0:1", "--echo", "--path", "/ws"]

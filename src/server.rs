@@ -188,6 +188,14 @@ impl Ready {
         write: false,
         edge: false,
     };
+    /// The first read of a connection just registered (edge-triggered):
+    /// whatever arrives after the read raises an event, so a short read
+    /// may end it as after an edge (no read that would only say WouldBlock).
+    const REGISTERED: Ready = Ready {
+        read: true,
+        write: false,
+        edge: true,
+    };
 }
 
 /// The listener a connection came in through.
@@ -704,9 +712,9 @@ impl Server {
         let conn = Conn::accepted(stream, key, endpoints, &mut ctx);
         self.conns.insert(conn);
         self.key_bound = self.key_bound.max(key + 1);
-        // The request usually arrived with (or right after) the connection:
-        // reading now saves a trip through the poll.
-        self.on_conn_event(key, Ready::RETRY_READ, now);
+        // The request arrived with the connection (the listener defers
+        // accepting until it has): reading now saves a trip through the poll.
+        self.on_conn_event(key, Ready::REGISTERED, now);
     }
 
     fn retry_reads(&mut self, now: Instant) {
@@ -864,8 +872,18 @@ impl Server {
 
 /// A listening socket: `SO_REUSEADDR` (restarts while old connections sit
 /// in TIME_WAIT), `SO_REUSEPORT` when asked, `TCP_NODELAY` (Linux copies it
-/// to every accepted socket, saving a syscall per connection), and a deep
-/// accept queue for connection bursts (the kernel caps it at somaxconn).
+/// to every accepted socket, saving a syscall per connection),
+/// `TCP_DEFER_ACCEPT`, and a deep accept queue for connection bursts (the
+/// kernel caps it at somaxconn).
+///
+/// `TCP_DEFER_ACCEPT`: the kernel hands a connection to `accept()` only
+/// once its first data (the upgrade or HTTP request) arrived, so one
+/// wake-up accepts, reads and answers it, and the handshake's bare ACK
+/// wakes nobody. A client that connects and sends nothing stays half-open
+/// in the kernel (no descriptor, no slab slot) for about
+/// `DEFER_ACCEPT_SECS`; then the kernel resends its SYN-ACK, the client's
+/// answer completes the connection, and it is accepted and given
+/// `handshake_timeout` like any other.
 fn listen(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), None)?;
     socket.set_reuse_address(true)?;
@@ -873,6 +891,24 @@ fn listen(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
         socket.set_reuse_port(true)?;
     }
     socket.set_tcp_nodelay(true)?;
+    const DEFER_ACCEPT_SECS: libc::c_int = 1;
+    let defer = DEFER_ACCEPT_SECS;
+    // SAFETY: the descriptor is open for the duration of the call (`socket`
+    // owns it), and the option value is a live `c_int` whose exact size is
+    // passed along; setsockopt only reads it. Neither socket2 nor rustix
+    // wraps TCP_DEFER_ACCEPT (std's wrapper is unstable).
+    let set = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&socket),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&defer as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if set != 0 {
+        return Err(io::Error::last_os_error());
+    }
     socket.bind(&addr.into())?;
     socket.listen(LISTEN_BACKLOG)?;
     Ok(TcpListener::from_std(socket.into()))

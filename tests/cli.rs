@@ -141,6 +141,7 @@ fn bad_command_lines_fail_with_one_line_and_a_non_zero_exit() {
             1,
             "cannot listen on",
         ),
+        (with(&["--total-connections", "1000"]), 2, "--processes"),
     ];
     for (args, code, needle) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -188,6 +189,7 @@ fn help_describes_every_flag() {
         "--quiet",
         "--reuse-port",
         "--processes",
+        "--total-connections",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}");
     }

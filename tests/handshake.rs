@@ -198,6 +198,20 @@ fn a_pipelined_first_frame_is_echoed_right_after_the_101() {
 }
 
 #[test]
+fn a_request_and_the_clients_fin_at_once_are_answered_then_closed() {
+    // The first read after accept stops at a short read: the end of input
+    // that came with the request must still be seen.
+    let server = server();
+    let mut stream = util::raw(server.addr);
+    stream.write_all(request().as_bytes()).unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    assert_switching(&util::read_response(&mut stream));
+    util::expect_eof(&mut stream);
+    let m = server.wait_for("the close", |m| m.connections_open == 0);
+    assert_eq!((m.upgrades, m.closed_abnormal), (1, 1));
+}
+
+#[test]
 fn a_head_completed_in_the_same_segment_as_the_first_frame_is_upgraded() {
     // The first half of the head is held back by the server; the second
     // half arrives together with a frame.
@@ -496,6 +510,24 @@ fn the_server_stays_healthy_after_rejections() {
         m.upgrades == 1 && m.connections_open == 0 && m.buffers_lent == 0
     });
     assert_eq!((m.messages_echoed, m.closed_normal), (1, 1));
+}
+
+#[test]
+fn a_client_that_connects_and_sends_nothing_is_closed_by_the_handshake_timeout() {
+    // The listener defers accepting until data arrives (TCP_DEFER_ACCEPT):
+    // a silent client is accepted only once the kernel gives up waiting
+    // (about a second), and then its handshake deadline applies as usual.
+    let server = TestServer::start(Config {
+        handshake_timeout: Duration::from_millis(300),
+        ..echo_config()
+    });
+    let mut silent = util::raw(server.addr);
+    util::expect_eof(&mut silent);
+    let m = server.wait_for("the timeout", |m| m.closed_handshake_timeout == 1);
+    assert_eq!((m.connections_accepted, m.upgrades), (1, 0));
+    // A client that does send its request is not held back by the first.
+    let upgraded = util::connect(server.addr, "/");
+    close_cleanly(upgraded);
 }
 
 #[test]

@@ -16,14 +16,16 @@ struct Supervised(Logged);
 
 impl Supervised {
     fn start(instances: usize) -> (Supervised, SocketAddr) {
+        Supervised::start_with(&["--processes", &instances.to_string()], instances)
+    }
+
+    /// Starts `wspush --listen 127.0.0.1:0 ARGS` and waits until the
+    /// supervisor and its `instances` instances listen.
+    fn start_with(args: &[&str], instances: usize) -> (Supervised, SocketAddr) {
         let process = Logged::spawn(
             Command::new(env!("CARGO_BIN_EXE_wspush"))
-                .args([
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--processes",
-                    &instances.to_string(),
-                ])
+                .args(["--listen", "127.0.0.1:0"])
+                .args(args)
                 .env("RUST_LOG", "info,wspush::conn=debug")
                 .stdin(Stdio::piped()),
         );
@@ -32,6 +34,10 @@ impl Supervised {
         while listening < instances || addr.is_none() {
             let line = process.next_line();
             if line.contains(" instances") {
+                assert!(
+                    line.contains(&format!(" with {instances} instances")),
+                    "{line}"
+                );
                 addr = Some(listening_addr(&line));
             } else if line.contains("] listening on ") {
                 listening += 1;
@@ -119,6 +125,58 @@ fn three_instances_share_the_connections_and_each_line_reaches_every_one_once() 
     drop(clients);
     let (code, _) = supervised.wait();
     assert_eq!(code, Some(0), "a requested stop is a success");
+}
+
+#[test]
+fn processes_auto_starts_enough_instances_for_the_total() {
+    // 10 connections per instance, planned at 9: 50 connections need 6
+    // instances (or one per core, if there are more cores).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let expected = cores.max(6);
+    let args = [
+        "--processes",
+        "auto",
+        "--max-connections",
+        "10",
+        "--total-connections",
+        "50",
+    ];
+    let (mut supervised, addr) = Supervised::start_with(&args, expected);
+    assert_eq!(supervised.instance_pids().len(), expected);
+    let mut client = connect(addr, "/");
+    supervised.0.send(b"to all\n");
+    assert_eq!(client.read().unwrap(), Message::text("to all"));
+    drop(client);
+    signal(supervised.0.child.id(), "-TERM");
+    assert_eq!(supervised.wait().0, Some(0));
+}
+
+#[test]
+fn too_few_processes_for_the_total_are_named_in_a_warning() {
+    let args = [
+        "--processes",
+        "2",
+        "--max-connections",
+        "10",
+        "--total-connections",
+        "50",
+    ];
+    let process = Logged::spawn(
+        Command::new(env!("CARGO_BIN_EXE_wspush"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdin(Stdio::piped()),
+    );
+    let warning = process.wait_for("--total-connections");
+    assert!(
+        warning.contains("WARN")
+            && warning.contains("2 instances hold at most 20 connections (10 each)"),
+        "{warning}"
+    );
+    let mut supervised = Supervised(process);
+    supervised.0.wait_for(" with 2 instances");
+    signal(supervised.0.child.id(), "-TERM");
+    assert_eq!(supervised.wait().0, Some(0));
 }
 
 #[test]

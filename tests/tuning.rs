@@ -84,6 +84,44 @@ fn one_source_address_is_short_for_a_million_local_clients() {
 }
 
 #[test]
+fn source_addresses_are_planned_at_45_percent_of_the_port_range() {
+    let check = |sources: &str| {
+        let args = ["1000000", "--both-ends", "--processes", "100"];
+        let args = [
+            &args[..],
+            &["--client-processes", "100", "--source-addrs", sources],
+        ]
+        .concat();
+        let report = stdout(&run("", CHECK, &args));
+        line(&report, "client source addresses").to_string()
+    };
+    let short = check("1");
+    assert!(short.starts_with("SHORT "), "{short}");
+    // "needs A (45% of ports LO-HI per address: P connections ...; at least B)"
+    let number_after = |text: &str, word: &str| -> u64 {
+        let rest = text
+            .split(word)
+            .nth(1)
+            .unwrap_or_else(|| panic!("{word:?} in {text}"));
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits
+            .parse()
+            .unwrap_or_else(|_| panic!("a number after {word:?} in {text}"))
+    };
+    let (needs, per_address, least) = (
+        number_after(&short, "needs "),
+        number_after(&short, "per address: "),
+        number_after(&short, "at least "),
+    );
+    assert_eq!(needs, 1_000_000u64.div_ceil(per_address), "{short}");
+    assert!(least < needs, "{short}");
+    // Enough for the ports but over half of each address's range: a risk.
+    let warn = check(&least.to_string());
+    assert!(warn.starts_with("WARN "), "{warn}");
+    assert!(check(&needs.to_string()).starts_with("OK "));
+}
+
+#[test]
 fn a_hundred_connections_fit_any_normal_linux() {
     for args in [&["100"][..], &["100", "--both-ends"][..]] {
         let output = run("", CHECK, args);

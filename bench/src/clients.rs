@@ -6,7 +6,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use mio::{Events, Poll, Token, Waker};
+use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::conn::{Conn, Context, Transition};
 use crate::dial::{self, Failure};
@@ -83,9 +83,17 @@ impl Clients {
             let index = self.conns.len();
             let id = self.plan.first_id + index as u64;
             let source = self.plan.sources[id as usize % self.plan.sources.len()];
-            match dial::connect(source, self.plan.server, self.poll.registry(), Token(index)) {
-                Ok(stream) => {
-                    self.conns.push(Conn::connecting(stream));
+            let registry = self.poll.registry();
+            match dial::dial(
+                source,
+                self.plan.server,
+                id,
+                registry,
+                Token(index),
+                Interest::READABLE,
+            ) {
+                Ok(dialed) => {
+                    self.conns.push(Conn::dialed(dialed));
                     self.pending_since.push_back((index, now));
                     self.pending += 1;
                 }

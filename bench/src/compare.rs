@@ -195,6 +195,18 @@ fn table_row(row: &Row, rows: &[Row], baseline: &str) -> Vec<(&'static str, Stri
             }),
         ),
         (
+            "setup µs srv/cli/irq/all",
+            push_cell(&|p| {
+                format!(
+                    "{:.0}/{:.0}/{:.0}/{:.0}",
+                    p.cpu.server_setup_us_per_conn,
+                    p.cpu.client_setup_us_per_conn,
+                    p.cpu.interrupts_setup_us_per_conn,
+                    p.cpu.machine_setup_us_per_conn
+                )
+            }),
+        ),
+        (
             "RSS B/conn",
             push_cell(&|p| format!("{:.1}", p.memory.rss_per_conn)),
         ),

@@ -72,11 +72,16 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// A connection whose connect was started on `stream`.
-    pub fn connecting(stream: TcpStream) -> Conn {
+    /// A connection that [`dial::dial`] started: upgrading if its request
+    /// went out already, else still connecting.
+    pub fn dialed(dialed: dial::Dialed) -> Conn {
         Conn {
-            stream: Some(stream),
-            phase: Phase::Connecting,
+            stream: Some(dialed.stream),
+            phase: if dialed.requested {
+                Phase::Upgrading(Vec::new())
+            } else {
+                Phase::Connecting
+            },
             reader: FrameReader::new(),
             next_seq: 1,
         }
@@ -127,14 +132,18 @@ impl Conn {
                     return Ok(Transition::Same);
                 }
                 dial::send_request(self.stream(), id, cx.server)?;
+                // From here on only reads matter (pongs are written whole).
+                cx.registry
+                    .reregister(self.stream(), token, Interest::READABLE)
+                    .map_err(|e| Failure::Io(e.kind()))?;
                 self.phase = Phase::Upgrading(Vec::new());
                 if event.is_readable() {
-                    self.read_upgrade(id, token, cx, drain)
+                    self.read_upgrade(id, cx, drain)
                 } else {
                     Ok(Transition::Same)
                 }
             }
-            Phase::Upgrading(_) => self.read_upgrade(id, token, cx, drain),
+            Phase::Upgrading(_) => self.read_upgrade(id, cx, drain),
             Phase::Open => self.read_frames(cx, drain).map(|()| Transition::Same),
             Phase::Dead => Ok(Transition::Same),
         }
@@ -147,7 +156,6 @@ impl Conn {
     fn read_upgrade(
         &mut self,
         id: u64,
-        token: Token,
         cx: &mut Context<'_>,
         drain: bool,
     ) -> Result<Transition, Failure> {
@@ -155,17 +163,18 @@ impl Conn {
         let (Some(stream), Phase::Upgrading(head)) = (stream, phase) else {
             unreachable!("read_upgrade outside the upgrading phase");
         };
-        let Some(early) = dial::read_upgrade(stream, head, cx.scratch, id)? else {
+        let Some(upgraded) = dial::read_upgrade(stream, head, cx.scratch, id)? else {
             return Ok(Transition::Same);
         };
         self.phase = Phase::Open;
-        cx.registry
-            .reregister(self.stream(), token, Interest::READABLE)
-            .map_err(|e| Failure::Io(e.kind()))?;
-        if !early.is_empty() {
-            self.on_bytes(&early, sys::now_ns(), cx.tally, cx.payload_len)?;
+        if !upgraded.early.is_empty() {
+            self.on_bytes(&upgraded.early, sys::now_ns(), cx.tally, cx.payload_len)?;
         }
-        self.read_frames(cx, drain)?;
+        // The socket was registered before the request went out, so data
+        // after this read raises a new edge (see `read_frames`).
+        if drain || !upgraded.emptied {
+            self.read_frames(cx, drain)?;
+        }
         Ok(Transition::Opened)
     }
 

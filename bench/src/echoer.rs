@@ -12,7 +12,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use mio::event::Event;
 use mio::net::TcpStream;
-use mio::{Events, Poll, Token};
+use mio::{Events, Interest, Poll, Token};
 
 use crate::conn::MASK;
 use crate::dial::{self, Failure};
@@ -115,17 +115,31 @@ impl Echoers {
         for _ in 0..count {
             let id = self.conns.len();
             let source = self.sources[id % self.sources.len()];
-            let (stream, phase) =
-                match dial::connect(source, self.server, self.poll.registry(), Token(id)) {
-                    Ok(stream) => {
-                        self.pending += 1;
-                        (Some(stream), Phase::Connecting)
-                    }
-                    Err(failure) => {
-                        count_failure(&mut self.counts, &failure);
-                        (None, Phase::Dead)
-                    }
-                };
+            let registry = self.poll.registry();
+            // Writable interest stays: a request that did not fit waits for it.
+            let interest = Interest::READABLE | Interest::WRITABLE;
+            let (stream, phase) = match dial::dial(
+                source,
+                self.server,
+                id as u64,
+                registry,
+                Token(id),
+                interest,
+            ) {
+                Ok(dialed) => {
+                    self.pending += 1;
+                    let phase = if dialed.requested {
+                        Phase::Upgrading(Vec::new())
+                    } else {
+                        Phase::Connecting
+                    };
+                    (Some(dialed.stream), phase)
+                }
+                Err(failure) => {
+                    count_failure(&mut self.counts, &failure);
+                    (None, Phase::Dead)
+                }
+            };
             self.conns.push(EchoConn {
                 stream,
                 phase,
@@ -261,14 +275,14 @@ impl Echoers {
         }
         if let Phase::Upgrading(head) = &mut conn.phase {
             let stream = conn.stream.as_mut().expect("live connection has a socket");
-            let Some(early) = dial::read_upgrade(stream, head, &mut self.scratch, id as u64)?
+            let Some(upgraded) = dial::read_upgrade(stream, head, &mut self.scratch, id as u64)?
             else {
                 return Ok(());
             };
             conn.phase = Phase::Open;
             self.pending -= 1;
             self.open += 1;
-            if !early.is_empty() {
+            if !upgraded.early.is_empty() {
                 return Err(Failure::BadEcho);
             }
         }

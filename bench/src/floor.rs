@@ -4,6 +4,11 @@
 //! One thread, one epoll loop (mio). It accepts connections, answers the
 //! upgrade (read the request head, hash the key, write the 101), then keeps
 //! nothing per connection but the socket itself in a slab (16 bytes).
+//! Its listener defers accepting until the request arrived
+//! (`TCP_DEFER_ACCEPT`, as wspush's does), and it answers right after
+//! `accept()`, registering the socket with epoll only afterwards: the
+//! least work a connection can take (accept, read, write, one
+//! `epoll_ctl`).
 //! Each line read from standard input is encoded once as an unmasked text
 //! frame and `write()`n to every socket in a tight loop: no per-connection
 //! WebSocket state, no queues. A socket that cannot take the whole frame at
@@ -28,6 +33,7 @@
 use std::collections::HashMap;
 use std::io::{self, BufRead, Read, Write};
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -38,10 +44,13 @@ use slab::Slab;
 use socket2::{Domain, Socket, Type};
 
 use crate::frame::{self, opcode};
-use crate::handshake;
+use crate::{handshake, sys};
 
 /// Listen backlog; the kernel caps it at `net.core.somaxconn`.
 const BACKLOG: i32 = 4096;
+
+/// `TCP_DEFER_ACCEPT` of the listener, in seconds: the same as wspush's.
+const DEFER_ACCEPT_SECS: u32 = 1;
 
 const LISTENER: Token = Token(usize::MAX);
 const STDIN: Token = Token(usize::MAX - 1);
@@ -69,13 +78,14 @@ pub fn run(
 }
 
 /// A non-blocking listener on `addr` with `SO_REUSEADDR` (and
-/// `SO_REUSEPORT` if asked) and a large backlog.
+/// `SO_REUSEPORT` if asked), `TCP_DEFER_ACCEPT` and a large backlog.
 pub fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), None)?;
     socket.set_reuse_address(true)?;
     if reuse_port {
         socket.set_reuse_port(true)?;
     }
+    sys::set_tcp_defer_accept(socket.as_fd(), DEFER_ACCEPT_SECS)?;
     socket.bind(&addr.into())?;
     socket.listen(BACKLOG)?;
     Ok(TcpListener::from_std(socket.into()))
@@ -163,21 +173,30 @@ pub fn serve_pinging(
 }
 
 impl Floor {
-    /// Accepts every waiting connection.
+    /// Accepts every waiting connection and answers the requests that
+    /// arrived with them; registers each socket afterwards (the
+    /// registration reports whatever arrived in between).
     fn accept(&mut self, listener: &TcpListener) -> io::Result<()> {
         loop {
             match listener.accept() {
-                Ok((mut stream, _)) => {
-                    let entry = self.upgrading.vacant_entry();
-                    self.poll.registry().register(
-                        &mut stream,
-                        Token(entry.key()),
-                        Interest::READABLE,
-                    )?;
-                    entry.insert(Upgrading {
+                Ok((stream, _)) => {
+                    let mut conn = Upgrading {
                         stream,
                         head: Vec::new(),
-                    });
+                    };
+                    match read_upgrade(&mut conn, &mut self.buf) {
+                        Ok(true) => self.add_open(conn.stream)?,
+                        Ok(false) => {
+                            let entry = self.upgrading.vacant_entry();
+                            self.poll.registry().register(
+                                &mut conn.stream,
+                                Token(entry.key()),
+                                Interest::READABLE,
+                            )?;
+                            entry.insert(conn);
+                        }
+                        Err(_) => {} // dropped: closes it
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 // A connection that died in the backlog, or a descriptor
@@ -215,6 +234,18 @@ impl Floor {
                 Ok(())
             }
         }
+    }
+
+    /// Registers an upgraded connection and keeps it among the open ones.
+    fn add_open(&mut self, mut stream: TcpStream) -> io::Result<()> {
+        let entry = self.open.vacant_entry();
+        self.poll.registry().register(
+            &mut stream,
+            Token(OPEN_BASE + entry.key()),
+            Interest::READABLE,
+        )?;
+        entry.insert(stream);
+        Ok(())
     }
 
     /// Writes `frame` to every open socket, closing those that can't take it whole.

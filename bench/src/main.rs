@@ -55,10 +55,7 @@ impl ServerChoice {
         let command = match (&self.spawn, self.connect) {
             (_, Some(_)) => return Ok(None),
             (Some(c), None) if !c.trim().is_empty() => c.trim().to_string(),
-            _ => {
-                let nofile = sys::raise_nofile_limit()?;
-                server::default_wspush(&std::env::current_exe()?, extra, conns, nofile)
-            }
+            _ => server::default_wspush(&std::env::current_exe()?, extra, conns),
         };
         let label = self.label.clone().unwrap_or_else(|| {
             if command.split_whitespace().next() == Some(server::FLOOR) {

@@ -31,6 +31,8 @@ struct Stat {
     ppid: u32,
     /// User plus system time, in clock ticks.
     cpu_ticks: u64,
+    /// A `ksoftirqd/N` kernel thread.
+    softirq_thread: bool,
 }
 
 /// Usage of process `root` and all its descendants (a server started through
@@ -113,13 +115,38 @@ pub fn own_cpu_ns() -> io::Result<u64> {
     Ok(stat.cpu_ticks * (1_000_000_000 / sys::clock_ticks_per_second()))
 }
 
-/// Busy CPU time of the whole machine so far, summed over all CPUs: every
-/// state of the `cpu` line of `/proc/stat` except idle and iowait.
-pub fn machine_busy_ns() -> io::Result<u64> {
+/// CPU time of the whole machine so far, summed over all CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MachineCpu {
+    /// Every state of the `cpu` line of `/proc/stat` except idle and iowait.
+    pub busy_ns: u64,
+    /// Of that, hard and soft interrupts (`/proc/stat`). On loopback this
+    /// is mostly the TCP receive work of both ends. Without
+    /// `CONFIG_IRQ_TIME_ACCOUNTING` it is also part of the CPU time of the
+    /// process it interrupted, or of a `ksoftirqd` thread.
+    pub interrupts_ns: u64,
+    /// The `ksoftirqd/N` threads, where the kernel moves softirq work it
+    /// could not finish right away: work of whoever sends packets, not of
+    /// a process of its own.
+    pub softirq_threads_ns: u64,
+}
+
+/// The machine's CPU time so far (see [`MachineCpu`]).
+pub fn machine_cpu() -> io::Result<MachineCpu> {
     let stat = fs::read_to_string("/proc/stat")?;
-    let ticks = parse_machine_busy(&stat)
+    let (busy, interrupts) = parse_machine_cpu(&stat)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable /proc/stat"))?;
-    Ok(ticks * (1_000_000_000 / sys::clock_ticks_per_second()))
+    let threads: u64 = all_stats()?
+        .values()
+        .filter(|s| s.softirq_thread)
+        .map(|s| s.cpu_ticks)
+        .sum();
+    let ns = 1_000_000_000 / sys::clock_ticks_per_second();
+    Ok(MachineCpu {
+        busy_ns: busy * ns,
+        interrupts_ns: interrupts * ns,
+        softirq_threads_ns: threads * ns,
+    })
 }
 
 /// Sockets in the LISTEN state on `port` (any address, v4 or v6): one per
@@ -140,19 +167,51 @@ pub fn listeners(port: u16) -> io::Result<usize> {
     Ok(count)
 }
 
-/// Number of ports in `net.ipv4.ip_local_port_range`: how many connections
-/// one source address can have to one destination.
+/// Number of ports in `net.ipv4.ip_local_port_range` that are not in
+/// `net.ipv4.ip_local_reserved_ports`: how many connections one source
+/// address can have to one destination (`tuning/check.sh` counts the same).
 pub fn local_port_range() -> io::Result<u32> {
-    let text = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")?;
-    parse_port_range(&text)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable port range"))
+    let range = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")?;
+    let (low, high) = parse_port_range(&range)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable port range"))?;
+    let reserved = match fs::read_to_string("/proc/sys/net/ipv4/ip_local_reserved_ports") {
+        Ok(text) => reserved_in_range(&text, low, high).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, "unparsable reserved ports")
+        })?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
+        Err(e) => return Err(e),
+    };
+    Ok((high - low + 1).saturating_sub(reserved))
 }
 
-/// `LOW HIGH` → `HIGH - LOW + 1`.
-fn parse_port_range(text: &str) -> Option<u32> {
+/// `LOW HIGH` → `(LOW, HIGH)`.
+fn parse_port_range(text: &str) -> Option<(u32, u32)> {
     let mut bounds = text.split_whitespace().map(|p| p.parse::<u32>().ok());
     let (low, high) = (bounds.next()??, bounds.next()??);
-    (high >= low).then(|| high - low + 1)
+    (high >= low).then_some((low, high))
+}
+
+/// How many of the ports `low..=high` a reserved-ports list (`8080,9000-9010`)
+/// names.
+fn reserved_in_range(text: &str, low: u32, high: u32) -> Option<u32> {
+    let mut count = 0;
+    for item in text
+        .trim()
+        .split(',')
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+    {
+        let (first, last) = item.split_once('-').unwrap_or((item, item));
+        let (first, last) = (
+            first.trim().parse::<u32>().ok()?,
+            last.trim().parse::<u32>().ok()?,
+        );
+        let (first, last) = (first.max(low), last.min(high));
+        if last >= first {
+            count += last - first + 1;
+        }
+    }
+    Some(count)
 }
 
 /// `root` followed by all its descendants in `stats`.
@@ -175,7 +234,9 @@ fn tree(root: u32, stats: &HashMap<u32, Stat>) -> Vec<u32> {
 /// Parses `/proc/PID/stat`; the command name may contain spaces and
 /// parentheses, so fields are counted from the last `)`.
 fn parse_stat(text: &str) -> Option<Stat> {
-    let rest = &text[text.rfind(')')? + 1..];
+    let name_end = text.rfind(')')?;
+    let name = &text[text.find('(')? + 1..name_end];
+    let rest = &text[name_end + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // After the name: state(3) ppid(4) ... utime(14) stime(15), 1-based.
     let zombie = *fields.first()? == "Z";
@@ -186,12 +247,14 @@ fn parse_stat(text: &str) -> Option<Stat> {
         zombie,
         ppid,
         cpu_ticks: utime + stime,
+        softirq_thread: name.starts_with("ksoftirqd/"),
     })
 }
 
-/// Busy ticks from the aggregate `cpu` line of `/proc/stat`: user, nice,
-/// system, irq, softirq and steal (guest time is already part of user).
-fn parse_machine_busy(stat: &str) -> Option<u64> {
+/// Busy and interrupt ticks from the aggregate `cpu` line of `/proc/stat`:
+/// busy is user, nice, system, irq, softirq and steal (guest time is
+/// already part of user); interrupts are irq and softirq.
+fn parse_machine_cpu(stat: &str) -> Option<(u64, u64)> {
     let line = stat.lines().find(|l| l.starts_with("cpu "))?;
     let ticks: Vec<u64> = line
         .split_whitespace()
@@ -202,7 +265,7 @@ fn parse_machine_busy(stat: &str) -> Option<u64> {
     let &[user, nice, system, _idle, _iowait, irq, softirq, steal, ..] = ticks.as_slice() else {
         return None;
     };
-    Some(user + nice + system + irq + softirq + steal)
+    Some((user + nice + system + irq + softirq + steal, irq + softirq))
 }
 
 /// A `NAME: N kB` field (`VmRSS:` of `/proc/PID/status`, `Pss:` of
@@ -246,10 +309,13 @@ mod tests {
             Some(Stat {
                 zombie: false,
                 ppid: 17,
-                cpu_ticks: 286
+                cpu_ticks: 286,
+                softirq_thread: false,
             })
         );
         assert_eq!(parse_stat("12 (x) S"), None);
+        let kthread = "14 (ksoftirqd/0) S 2 0 0 0 -1 69238848 0 0 0 0 0 5465 0 0 20 0 1 0 7";
+        assert!(parse_stat(kthread).is_some_and(|s| s.softirq_thread && s.cpu_ticks == 5465));
     }
 
     #[test]
@@ -264,8 +330,8 @@ mod tests {
     #[test]
     fn machine_busy_skips_idle_and_iowait() {
         let stat = "cpu  100 2 30 5000 7 1 4 6 0 0\ncpu0 50 1 15 2500 3 0 2 3 0 0\n";
-        assert_eq!(parse_machine_busy(stat), Some(143));
-        assert_eq!(parse_machine_busy("cpu  1 2 3\n"), None);
+        assert_eq!(parse_machine_cpu(stat), Some((143, 5)));
+        assert_eq!(parse_machine_cpu("cpu  1 2 3\n"), None);
     }
 
     #[test]
@@ -289,11 +355,19 @@ mod tests {
 
     #[test]
     fn port_ranges() {
-        assert_eq!(parse_port_range("32768\t60999\n"), Some(28_232));
-        assert_eq!(parse_port_range("1024 65535"), Some(64_512));
+        assert_eq!(parse_port_range("32768\t60999\n"), Some((32_768, 60_999)));
+        assert_eq!(parse_port_range("1024 65535"), Some((1024, 65_535)));
         assert_eq!(parse_port_range("9 8"), None);
         assert_eq!(parse_port_range("x"), None);
         assert!(local_port_range().unwrap() > 0);
+        // Only reserved ports inside the range count.
+        assert_eq!(reserved_in_range("\n", 32_768, 60_999), Some(0));
+        assert_eq!(reserved_in_range("8080,32768", 32_768, 60_999), Some(1));
+        assert_eq!(
+            reserved_in_range("30000-32769, 60990-61000", 32_768, 60_999),
+            Some(12)
+        );
+        assert_eq!(reserved_in_range("80-x", 1, 100), None);
     }
 
     #[test]
@@ -302,6 +376,7 @@ mod tests {
             zombie: false,
             ppid,
             cpu_ticks: 0,
+            softirq_thread: false,
         };
         let stats = HashMap::from([
             (1, stat(0)),

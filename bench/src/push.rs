@@ -32,13 +32,14 @@ const CHECK_EVERY: Duration = Duration::from_millis(100);
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 const PROGRESS_LOG_EVERY: Duration = Duration::from_secs(5);
 
-/// Share of the local port range a source address is given at most when
-/// `--sources` is chosen automatically. `connect()` tries even ports first
-/// (odd ones are left to `bind(0)`); once the even half of the range is
-/// taken, every connect scans all of it before finding an odd port, and
-/// the setup rate falls from ~10,000/s to ~500/s (measured here: 14,000
-/// connections from one address in 1.4 s, 15,000 in 2.8 s).
-const PORT_RANGE_USE: f64 = 0.45;
+/// Share of the local port range, in %, a source address is given at most
+/// when `--sources` is chosen automatically (`tuning/check.sh` plans the
+/// same). `connect()` tries even ports first (odd ones are left to
+/// `bind(0)`); once the even half of the range is taken, every connect
+/// scans all of it before finding an odd port, and the setup rate falls
+/// from ~10,000/s to ~500/s (measured here: 14,000 connections from one
+/// address in 1.4 s, 15,000 in 2.8 s).
+const PORT_RANGE_PERCENT: u32 = 45;
 
 /// CPU share (of one CPU) that other processes may use during a phase
 /// before the report warns that the machine was not quiet.
@@ -284,15 +285,20 @@ pub fn measure(
 }
 
 /// Enough source addresses for `conns` connections to use at most
-/// [`PORT_RANGE_USE`] of the local port range of each.
+/// [`PORT_RANGE_PERCENT`] of the local port range of each.
 fn auto_sources(conns: usize) -> Result<u8, Error> {
     let ports = procfs::local_port_range()?;
-    let per_source = (ports as f64 * PORT_RANGE_USE).max(1.0);
-    let needed = (conns as f64 / per_source).ceil().max(1.0);
-    if needed > 250.0 {
-        return Err(format!("{conns} connections need more than 250 source addresses").into());
-    }
-    Ok(needed as u8)
+    sources_for(conns, ports)
+        .ok_or_else(|| format!("{conns} connections need more than 250 source addresses").into())
+}
+
+/// Source addresses for `conns` connections when each may use
+/// [`PORT_RANGE_PERCENT`] of `ports` local ports (`None` beyond 250).
+pub fn sources_for(conns: usize, ports: u32) -> Option<u8> {
+    let per_source = (ports as usize * PORT_RANGE_PERCENT as usize / 100).max(1);
+    u8::try_from(conns.div_ceil(per_source).max(1))
+        .ok()
+        .filter(|&n| n <= 250)
 }
 
 /// Everything a run observed, before it is summarised.
@@ -311,6 +317,12 @@ pub struct Observations {
     pub end: Usage,
     /// Length of the setup.
     pub setup: Duration,
+    /// CPU time of the client (this process and its workers) during the setup.
+    pub client_setup_ns: u64,
+    /// Busy CPU time of the machine during the setup.
+    pub machine_setup_ns: u64,
+    /// Of that, interrupt time (softirq: loopback TCP work).
+    pub interrupts_setup_ns: u64,
     /// Length of the idle period.
     pub idle: Duration,
     /// Connections open after the setup.
@@ -348,8 +360,14 @@ impl Run<'_> {
         let baseline = self.settle(settle, "before the connections")?;
 
         let setup_start = self.target.usage()?;
+        let setup_before = CpuMark::take(setup_start.cpu_ns, self.client_cpu_ns()?)?;
         let (setup, ramp) = self.open_connections()?;
         let setup_end = self.target.usage()?;
+        let setup_after = CpuMark::take(setup_end.cpu_ns, self.client_cpu_ns()?)?;
+        self.warn_if_busy(
+            setup_after.others_since(&setup_before),
+            "during the connection setup",
+        );
         let counts = self.fleet.counts();
         eprintln!(
             "[{}] {} of {} connections open in {:.2} s ({} failed)",
@@ -389,6 +407,13 @@ impl Run<'_> {
             idle_end,
             end,
             setup,
+            client_setup_ns: setup_after.client_ns.saturating_sub(setup_before.client_ns),
+            machine_setup_ns: setup_after
+                .machine_ns
+                .saturating_sub(setup_before.machine_ns),
+            interrupts_setup_ns: setup_after
+                .interrupts_ns
+                .saturating_sub(setup_before.interrupts_ns),
             idle,
             open_conns: counts.open,
             ramp,
@@ -611,6 +636,11 @@ pub struct CpuMark {
     pub at: Instant,
     /// Busy time of all CPUs.
     pub machine_ns: u64,
+    /// Of that, interrupts (mostly softirq: on loopback, the TCP work of
+    /// both ends; see [`procfs::MachineCpu`]).
+    pub interrupts_ns: u64,
+    /// Of that, the `ksoftirqd` threads (softirq work the kernel deferred).
+    pub softirq_threads_ns: u64,
     /// CPU time of the client.
     pub client_ns: u64,
     /// CPU time of the server's processes.
@@ -620,17 +650,26 @@ pub struct CpuMark {
 impl CpuMark {
     /// Marks now, given the server's and the client's CPU time so far.
     pub fn take(server_ns: u64, client_ns: u64) -> io::Result<CpuMark> {
+        let machine = procfs::machine_cpu()?;
         Ok(CpuMark {
             at: Instant::now(),
-            machine_ns: procfs::machine_busy_ns()?,
+            machine_ns: machine.busy_ns,
+            interrupts_ns: machine.interrupts_ns,
+            softirq_threads_ns: machine.softirq_threads_ns,
             client_ns,
             server_ns,
         })
     }
 
-    /// Share of one CPU that others used since `earlier`.
+    /// Share of one CPU that other processes used since `earlier`
+    /// (`ksoftirqd` is not counted: it does the network work of whoever
+    /// sends, mostly our own traffic).
     pub fn others_since(&self, earlier: &CpuMark) -> f64 {
-        let machine = self.machine_ns.saturating_sub(earlier.machine_ns);
+        let machine = (self.machine_ns.saturating_sub(self.softirq_threads_ns)).saturating_sub(
+            earlier
+                .machine_ns
+                .saturating_sub(earlier.softirq_threads_ns),
+        );
         let ours =
             (self.client_ns + self.server_ns).saturating_sub(earlier.client_ns + earlier.server_ns);
         let wall = self.at.duration_since(earlier.at).as_nanos().max(1);
@@ -683,5 +722,22 @@ impl<'a> ProgressLine<'a> {
         if self.drawn {
             eprintln!();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_source_address_gets_at_most_45_percent_of_the_port_range() {
+        // The default range 32768-60999 has 28,232 ports: 12,704 per address.
+        assert_eq!(sources_for(1_000_000, 28_232), Some(79));
+        assert_eq!(sources_for(100_000, 28_232), Some(8));
+        assert_eq!(sources_for(12_704, 28_232), Some(1));
+        assert_eq!(sources_for(12_705, 28_232), Some(2));
+        assert_eq!(sources_for(1, 1), Some(1));
+        assert_eq!(sources_for(1_000_000, 55_536), Some(41));
+        assert_eq!(sources_for(10_000_000, 28_232), None);
     }
 }

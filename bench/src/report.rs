@@ -115,6 +115,21 @@ pub struct CpuReport {
     pub server_setup_secs: f64,
     /// `server_setup_secs` over the setup time, in %.
     pub setup_percent: f64,
+    /// Server CPU time during the setup per connection opened, in µs.
+    pub server_setup_us_per_conn: f64,
+    /// The client (this process and its workers) during the setup per
+    /// connection opened, in µs.
+    pub client_setup_us_per_conn: f64,
+    /// Interrupt time (nearly all softirq: the loopback TCP work of both
+    /// ends) during the setup per connection opened, in µs. Not a part of
+    /// its own: without `CONFIG_IRQ_TIME_ACCOUNTING` it is included in the
+    /// CPU time of the process it interrupted (or of `ksoftirqd`).
+    pub interrupts_setup_us_per_conn: f64,
+    /// All CPUs of the machine during the setup per connection opened, in
+    /// µs: server, client, kernel work charged to neither, and anything
+    /// else that ran. On loopback most of the TCP work of both ends runs in
+    /// whichever process sends the packet.
+    pub machine_setup_us_per_conn: f64,
     /// Server, during the idle period.
     pub server_idle_secs: f64,
     /// Length of the idle period.
@@ -367,6 +382,8 @@ pub fn build(
     let rss_growth = o.open.rss_bytes as i64 - o.baseline.rss_bytes as i64;
     let pss_growth = o.open.pss_bytes as i64 - o.baseline.pss_bytes as i64;
     let broadcast_wall = o.broadcast_wall.as_secs_f64();
+    let opened = o.ramp.points().last().map_or(0, |&(_, n)| n).max(1) as f64;
+    let per_conn_us = |ns: u64| ns as f64 / 1e3 / opened;
     RunReport {
         server: info.server,
         round: info.round,
@@ -397,6 +414,10 @@ pub fn build(
         cpu: CpuReport {
             server_setup_secs: secs(setup_ns),
             setup_percent: percent(setup_ns, o.setup.as_secs_f64()),
+            server_setup_us_per_conn: per_conn_us(setup_ns),
+            client_setup_us_per_conn: per_conn_us(o.client_setup_ns),
+            interrupts_setup_us_per_conn: per_conn_us(o.interrupts_setup_ns),
+            machine_setup_us_per_conn: per_conn_us(o.machine_setup_ns),
             server_idle_secs: secs(idle_ns),
             idle_wall_secs: o.idle.as_secs_f64(),
             idle_percent: percent(idle_ns, o.idle.as_secs_f64()),
@@ -542,6 +563,14 @@ impl RunReport {
             cpu.idle_wall_secs,
             cpu.broadcast_percent,
             cpu.server_us_per_delivery
+        );
+        let _ = writeln!(
+            out,
+            "  setup CPU    per connection: server {:.1} µs, client {:.1} µs, whole machine {:.1} µs (of all that, in softirq {:.1} µs)",
+            cpu.server_setup_us_per_conn,
+            cpu.client_setup_us_per_conn,
+            cpu.machine_setup_us_per_conn,
+            cpu.interrupts_setup_us_per_conn
         );
         let _ = writeln!(
             out,
@@ -693,6 +722,10 @@ pub(crate) fn sample(server: &str, round: u32, per_conn: [f64; 3]) -> RunReport 
         cpu: CpuReport {
             server_setup_secs: 0.1,
             setup_percent: 20.0,
+            server_setup_us_per_conn: 1000.0,
+            client_setup_us_per_conn: 1500.0,
+            interrupts_setup_us_per_conn: 400.0,
+            machine_setup_us_per_conn: 3000.0,
             server_idle_secs: 0.001,
             idle_wall_secs: 10.0,
             idle_percent: 0.01,

@@ -80,41 +80,22 @@ pub fn command_line(template: &str, port: u16, own_exe: &Path) -> String {
     }
 }
 
-/// Share of an instance's open-file limit a server is planned to fill:
-/// the kernel's spread of connections over `SO_REUSEPORT` listeners is
-/// uneven (±1% at a million over 60).
-const INSTANCE_FILL: f64 = 0.85;
-
-/// Descriptors a server instance needs besides its connections.
-const INSTANCE_SPARE_FDS: u64 = 64;
-
-/// Server instances needed for `conns` connections when one process may
-/// hold `nofile` descriptors.
-pub fn instances_for(conns: usize, nofile: u64) -> usize {
-    let per_instance = (nofile.saturating_sub(INSTANCE_SPARE_FDS) as f64 * INSTANCE_FILL).max(1.0);
-    ((conns as f64 / per_instance).ceil() as usize).max(1)
-}
-
 /// The command that runs wspush itself for `conns` connections:
-/// `--processes auto` (one instance per CPU), or more instances if the
-/// connections would not fit into `auto`'s within the open-file limit
-/// `nofile`. The binary is the `wspush` next to this program (cargo builds
-/// both into `target/release`), else `target/release/wspush` under the
-/// current directory. `extra` options are added.
-pub fn default_wspush(own_exe: &Path, extra: &str, conns: usize, nofile: u64) -> String {
+/// `--processes auto --total-connections CONNS`, so wspush starts one
+/// instance per CPU, or as many as the connections need within each
+/// instance's open-file limit. The binary is the `wspush` next to this
+/// program (cargo builds both into `target/release`), else
+/// `target/release/wspush` under the current directory. `extra` options
+/// are added.
+pub fn default_wspush(own_exe: &Path, extra: &str, conns: usize) -> String {
     let beside = own_exe.with_file_name("wspush");
     let exe = if beside.is_file() {
         beside
     } else {
         PathBuf::from("target/release/wspush")
     };
-    let cpus = thread::available_parallelism().map_or(1, |n| n.get());
-    let processes = match instances_for(conns, nofile) {
-        n if n <= cpus => "auto".to_string(),
-        n => n.to_string(),
-    };
     format!(
-        "{} --processes {processes}{extra} --listen 127.0.0.1:{PORT_PLACEHOLDER}",
+        "{} --processes auto --total-connections {conns}{extra} --listen 127.0.0.1:{PORT_PLACEHOLDER}",
         quote(&exe)
     )
 }
@@ -269,22 +250,12 @@ mod tests {
             "'/t/wspush-bench' floor --listen 127.0.0.1:4000 --processes 4"
         );
         assert_eq!(command_line("floorish {port}", 4000, exe), "floorish 4000");
-        let wspush = default_wspush(Path::new("/nowhere/wspush-bench"), " --echo", 1000, 20_000);
+        let wspush = default_wspush(Path::new("/nowhere/wspush-bench"), " --echo", 1000);
         assert_eq!(
             command_line(&wspush, 4000, exe),
-            "'target/release/wspush' --processes auto --echo --listen 127.0.0.1:4000"
+            "'target/release/wspush' --processes auto --total-connections 1000 --echo \
+             --listen 127.0.0.1:4000"
         );
-        let million = default_wspush(Path::new("/nowhere/wspush-bench"), "", 1_000_000, 20_000);
-        assert!(million.contains(" --processes 60 "), "{million}");
-    }
-
-    #[test]
-    fn instances_leave_room_for_an_uneven_spread() {
-        assert_eq!(instances_for(1, 20_000), 1);
-        assert_eq!(instances_for(16_000, 20_000), 1);
-        assert_eq!(instances_for(19_000, 20_000), 2);
-        // 1M at 85% of 19,936 descriptors each.
-        assert_eq!(instances_for(1_000_000, 20_000), 60);
     }
 
     #[test]

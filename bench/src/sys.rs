@@ -70,6 +70,33 @@ pub fn set_bind_address_no_port(socket: BorrowedFd<'_>) -> io::Result<()> {
     }
 }
 
+/// Sets `TCP_DEFER_ACCEPT`. On a listening socket, `accept()` sees a
+/// connection once its first data arrived, or after about `secs` seconds
+/// (then the kernel retransmits its SYN-ACK, and the client's answer
+/// completes the connection without data). On a socket about to connect,
+/// the kernel does not send the bare ACK that ends the handshake: the
+/// first data carries it (or a delayed ACK, if none comes soon).
+pub fn set_tcp_defer_accept(socket: BorrowedFd<'_>, secs: u32) -> io::Result<()> {
+    let secs = libc::c_int::try_from(secs)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "defer period too long"))?;
+    // SAFETY: the descriptor is open for the lifetime of the borrow, and the
+    // option value is a live `c_int` whose exact size is passed along.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&secs as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Clock ticks per second, the unit of the CPU times in `/proc/PID/stat`.
 pub fn clock_ticks_per_second() -> u64 {
     // SAFETY: sysconf has no preconditions; it only reads a system constant.
