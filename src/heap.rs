@@ -13,17 +13,11 @@
 /// the free chunks, so call it after freeing much, not per free.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub fn release_free_memory() {
-    extern "C" {
-        /// glibc, `<malloc.h>`: `int malloc_trim(size_t pad);`
-        fn malloc_trim(pad: usize) -> std::ffi::c_int;
-    }
     // SAFETY: `malloc_trim` takes no pointer, reads and writes only the
     // allocator's own state under the allocator's locks (glibc documents
-    // it MT-Safe), and leaves every live allocation untouched; the
-    // declaration above matches glibc's prototype (`size_t` is `usize` on
-    // every Linux target).
+    // it MT-Safe), and leaves every live allocation untouched.
     unsafe {
-        malloc_trim(0);
+        libc::malloc_trim(0);
     }
 }
 
