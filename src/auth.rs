@@ -11,6 +11,8 @@ use std::path::Path;
 
 use sha1::{Digest, Sha1};
 
+use crate::config::ConfigError;
+
 /// Longest token accepted, in bytes (in a file, a header or a query).
 pub const MAX_TOKEN_LEN: usize = 256;
 
@@ -30,24 +32,13 @@ impl fmt::Debug for Tokens {
     }
 }
 
-/// Why a token list was refused. Never contains a token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenError(pub String);
-
-impl fmt::Display for TokenError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for TokenError {}
-
 impl Tokens {
-    /// Reads a token file: one token per line; blank lines and lines
+    /// Reads a token file (a refusal names the file and line, never a
+    /// token): one token per line; blank lines and lines
     /// starting with `#` are skipped; surrounding whitespace is trimmed.
-    pub fn from_file(path: &Path) -> Result<Tokens, TokenError> {
+    pub fn from_file(path: &Path) -> Result<Tokens, ConfigError> {
         let text = std::fs::read(path)
-            .map_err(|e| TokenError(format!("cannot read token file {}: {e}", path.display())))?;
+            .map_err(|e| ConfigError(format!("cannot read token file {}: {e}", path.display())))?;
         let lines = text
             .split(|&b| b == b'\n')
             .map(<[u8]>::trim_ascii)
@@ -56,25 +47,25 @@ impl Tokens {
         let mut digests = Vec::new();
         for (index, token) in lines {
             check_token(token).map_err(|why| {
-                TokenError(format!("{}: line {}: {why}", path.display(), index + 1))
+                ConfigError(format!("{}: line {}: {why}", path.display(), index + 1))
             })?;
             digests.push(digest(token));
         }
         if digests.is_empty() {
-            return Err(TokenError(format!("no tokens in {}", path.display())));
+            return Err(ConfigError(format!("no tokens in {}", path.display())));
         }
         Ok(Tokens { digests })
     }
 
     /// A token set from tokens given in code.
-    pub fn new<T: AsRef<[u8]>>(tokens: impl IntoIterator<Item = T>) -> Result<Tokens, TokenError> {
+    pub fn new<T: AsRef<[u8]>>(tokens: impl IntoIterator<Item = T>) -> Result<Tokens, ConfigError> {
         let mut digests = Vec::new();
         for token in tokens {
-            check_token(token.as_ref()).map_err(|why| TokenError(why.into()))?;
+            check_token(token.as_ref()).map_err(|why| ConfigError(why.into()))?;
             digests.push(digest(token.as_ref()));
         }
         if digests.is_empty() {
-            return Err(TokenError("no tokens".into()));
+            return Err(ConfigError("no tokens".into()));
         }
         Ok(Tokens { digests })
     }

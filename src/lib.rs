@@ -57,7 +57,7 @@ mod testing;
 mod timer;
 pub mod ws;
 
-pub use auth::{TokenError, Tokens};
+pub use auth::Tokens;
 pub use config::{Config, ConfigError, SlowConsumerPolicy, MAX_MESSAGE_LIMIT};
 pub use metrics::MetricsSnapshot;
 pub use server::{ConnectionInfo, Handle, MessageTooBig, Server, ServerGone};
