@@ -228,7 +228,7 @@ fn rss(pid: u32) -> u64 {
 fn a_ten_thousand_socket_slowloris_is_timed_out_and_its_memory_returned() {
     const SLOW: usize = 10_000;
     wspush::rlimit::raise_open_file_limit().unwrap();
-    let mut server = Binary::start(&["--handshake-timeout", "2s", "--quiet"]);
+    let mut server = Binary::start(&["--handshake-timeout", "3s", "--quiet"]);
     let pid = server.process.child.id();
     let baseline = rss(pid);
 
@@ -240,12 +240,21 @@ fn a_ten_thousand_socket_slowloris_is_timed_out_and_its_memory_returned() {
         })
         .collect();
     let page = |server: &Binary| util::http_get(server.addr, "/metrics", "").body;
+    let timed_out = "wspush_connections_closed_total{reason=\"handshake_timeout\"}";
+    // Until every one has arrived (on a loaded machine the first may time
+    // out before the last connects), noting the highest resident size.
     let deadline = Instant::now() + IO_TIMEOUT;
-    while util::sample(&page(&server), "wspush_buffers_lent") < SLOW as u64 {
-        assert!(Instant::now() < deadline, "{}", page(&server));
+    let mut peak = baseline;
+    loop {
+        let metrics = page(&server);
+        peak = peak.max(rss(pid));
+        let held = util::sample(&metrics, "wspush_buffers_lent");
+        if held + util::sample(&metrics, timed_out) >= SLOW as u64 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{metrics}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let peak = rss(pid);
 
     // Served meanwhile.
     let mut client = connect(server.addr, "/");
@@ -258,10 +267,7 @@ fn a_ten_thousand_socket_slowloris_is_timed_out_and_its_memory_returned() {
     let deadline = Instant::now() + IO_TIMEOUT;
     let metrics = loop {
         let metrics = page(&server);
-        if util::sample(
-            &metrics,
-            "wspush_connections_closed_total{reason=\"handshake_timeout\"}",
-        ) == SLOW as u64
+        if util::sample(&metrics, timed_out) == SLOW as u64
             && util::sample(&metrics, "wspush_buffers_idle") <= 64
         {
             break metrics;
@@ -278,7 +284,7 @@ fn a_ten_thousand_socket_slowloris_is_timed_out_and_its_memory_returned() {
     let after = rss(pid);
     eprintln!("resident memory: baseline {baseline}, peak {peak}, after {after}");
     assert!(
-        peak > baseline + 40_000_000,
+        peak > baseline + 20_000_000,
         "the half-sent heads held their buffers: {baseline} -> {peak}"
     );
     assert!(
