@@ -522,6 +522,8 @@ impl Conn {
             }
             Endpoint::Metrics => {
                 Metrics::incr(&ctx.metrics.http_metrics);
+                // Include what this loop iteration has gathered so far.
+                ctx.metrics.publish(ctx.tally);
                 let mut body = Vec::with_capacity(8 * 1024);
                 metrics::render_prometheus(&ctx.metrics.snapshot(), ctx.loop_histogram, &mut body);
                 let len = http::write_ok_head(
