@@ -118,7 +118,8 @@ pub struct PushOptions {
     #[arg(long, default_value_t = 200)]
     pub nap_us: u64,
     /// Before starting the server, wait up to this many seconds for the
-    /// machine to be quiet (other processes below 10% of a CPU for 1 s).
+    /// machine to be quiet (other processes below 10% of a CPU for 5 s in
+    /// a row).
     #[arg(long, default_value_t = 0)]
     pub wait_quiet: u64,
 }
@@ -608,14 +609,23 @@ impl Run<'_> {
     }
 }
 
-/// Waits until the machine has been quiet for a second, for at most `limit`.
+/// Seconds in a row the machine must be quiet for [`wait_quiet`]. The
+/// kernel goes on working for tens of seconds after a big run ends (closing
+/// its sockets, freeing and handing back their memory), in bursts with
+/// quiet seconds between them.
+const QUIET_STREAK: u32 = 5;
+
+/// Waits until the machine has been quiet for [`QUIET_STREAK`] seconds in
+/// a row, for at most `limit`.
 pub fn wait_quiet(limit: Duration) -> Result<(), Error> {
     let deadline = Instant::now() + limit;
+    let mut streak = 0;
     loop {
         let before = CpuMark::take(0, procfs::own_cpu_ns()?)?;
         thread::sleep(Duration::from_secs(1));
         let share = CpuMark::take(0, procfs::own_cpu_ns()?)?.others_since(&before);
-        if share <= QUIET_SHARE {
+        streak = if share <= QUIET_SHARE { streak + 1 } else { 0 };
+        if streak >= QUIET_STREAK {
             return Ok(());
         }
         if sys::interrupted() {
