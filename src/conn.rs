@@ -357,17 +357,33 @@ impl Conn {
     /// too long is closed with 1001, others get the shared ping unless
     /// their queue has no room for it (they are behind already; the
     /// silence count runs on).
+    ///
+    /// Silence is judged by what the loop has read, and a loaded loop can
+    /// be behind its readiness events (one poll returns at most a few
+    /// thousand): so before closing, the socket is read, and a client
+    /// whose pong was waiting there is kept.
     pub fn on_heartbeat(
         &mut self,
         key: usize,
         ping: &SharedFrame,
         close_after: u16,
+        scratch: &mut [u8],
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
         if !self.is_open() {
             return Verdict::Keep;
         }
-        match self.liveness.visit(close_after) {
+        let mut visit = self.liveness.visit(close_after);
+        if visit == Visit::Close {
+            let verdict = self.on_readable(key, false, scratch, ctx);
+            if verdict != Verdict::Keep || !self.is_open() {
+                return verdict;
+            }
+            if self.liveness.heard_since_visit() {
+                visit = self.liveness.visit(close_after);
+            }
+        }
+        match visit {
             Visit::Skip => return Verdict::Keep,
             Visit::Ping => {}
             Visit::Close => {
@@ -748,6 +764,144 @@ impl Conn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+
+    /// One upgraded connection over a loopback pair, with the loop's parts
+    /// it needs, driven by hand (no poll): so a test decides when the loop
+    /// reads.
+    struct Rig {
+        conn: Conn,
+        client: std::net::TcpStream,
+        config: Config,
+        pool: BufferPool,
+        timers: TimerWheel,
+        metrics: Metrics,
+        histogram: LoopHistogram,
+        tally: Tally,
+        scratch: Vec<u8>,
+    }
+
+    impl Rig {
+        fn upgraded() -> Rig {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (accepted, _) = listener.accept().unwrap();
+            accepted.set_nonblocking(true).unwrap();
+            let now = Instant::now();
+            let config = Config::default();
+            let mut rig = Rig {
+                pool: BufferPool::new(config.max_head_bytes, 0, 4),
+                timers: TimerWheel::new(Duration::from_millis(100), 16, now),
+                metrics: Metrics::default(),
+                histogram: LoopHistogram::default(),
+                tally: Tally::default(),
+                scratch: vec![0; 64 * 1024],
+                conn: Conn {
+                    stream: TcpStream::from_std(accepted),
+                    phase: Phase::Handshake(Endpoints {
+                        websocket: true,
+                        metrics: false,
+                    }),
+                    out: OutQueue::default(),
+                    input: None,
+                    message: None,
+                    deadline: Deadline::default(),
+                    writable_interest: false,
+                    read_paused: false,
+                    liveness: Liveness::default(),
+                    target: RequestTarget::default(),
+                },
+                config,
+                client,
+            };
+            rig.client
+                .write_all(
+                    b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                      Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+                )
+                .unwrap();
+            assert_eq!(
+                rig.drive(|conn, scratch, ctx| conn.on_readable(0, false, scratch, ctx)),
+                Verdict::Keep
+            );
+            assert!(rig.conn.is_open());
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                head.push(rig.client_byte());
+            }
+            assert!(head.starts_with(b"HTTP/1.1 101"));
+            rig
+        }
+
+        /// Runs `handler` on the connection with a context over the rig's parts.
+        fn drive(
+            &mut self,
+            handler: impl FnOnce(&mut Conn, &mut [u8], &mut Ctx<'_>) -> Verdict,
+        ) -> Verdict {
+            let mut ctx = Ctx {
+                config: &self.config,
+                pool: &mut self.pool,
+                timers: &mut self.timers,
+                metrics: &self.metrics,
+                loop_histogram: &self.histogram,
+                tally: &mut self.tally,
+                now: Instant::now(),
+            };
+            handler(&mut self.conn, &mut self.scratch, &mut ctx)
+        }
+
+        /// A heartbeat visit closing after 3 silent visits (ping interval
+        /// 30 s, idle timeout 60 s).
+        fn visit(&mut self) -> Verdict {
+            let ping = SharedFrame::encode(OpCode::Ping, b"");
+            self.drive(|conn, scratch, ctx| conn.on_heartbeat(0, &ping, 3, scratch, ctx))
+        }
+
+        fn client_byte(&mut self) -> u8 {
+            let mut byte = [0u8];
+            self.client.read_exact(&mut byte).unwrap();
+            byte[0]
+        }
+
+        /// The first two bytes of the next frame the client gets.
+        fn client_frame_start(&mut self) -> [u8; 2] {
+            [self.client_byte(), self.client_byte()]
+        }
+    }
+
+    #[test]
+    fn a_pong_the_loop_has_not_read_yet_keeps_the_connection() {
+        let mut rig = Rig::upgraded();
+        assert_eq!(rig.visit(), Verdict::Keep, "first visit: skipped");
+        assert_eq!(rig.visit(), Verdict::Keep, "second: pinged");
+        assert_eq!(rig.client_frame_start(), [0x89, 0x00]);
+        // The client answers, but the loop is behind and has not read it
+        // when the third visit comes.
+        rig.client.write_all(&[0x8A, 0x80, 1, 2, 3, 4]).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(rig.visit(), Verdict::Keep);
+        assert!(rig.conn.is_open(), "closed although its pong had arrived");
+        assert_eq!(
+            rig.client_frame_start(),
+            [0x89, 0x00],
+            "pinged again instead"
+        );
+    }
+
+    #[test]
+    fn a_client_silent_for_the_idle_timeout_is_closed_with_1001() {
+        let mut rig = Rig::upgraded();
+        for _ in 0..2 {
+            assert_eq!(rig.visit(), Verdict::Keep);
+        }
+        assert_eq!(rig.client_frame_start(), [0x89, 0x00]);
+        rig.visit();
+        assert!(!rig.conn.is_open());
+        assert_eq!(rig.client_frame_start(), [0x88, 2 + 12]);
+        let mut payload = [0u8; 14];
+        rig.client.read_exact(&mut payload).unwrap();
+        assert_eq!(&payload, b"\x03\xe9idle timeout");
+    }
 
     /// The per-connection budget: a slab slot must stay small so that an
     /// idle connection costs ~100 bytes of user space. (mio's `TcpStream`

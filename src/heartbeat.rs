@@ -121,6 +121,11 @@ impl Liveness {
         self.0 &= Liveness::VISITED;
     }
 
+    /// Whether the client sent something since the last visit.
+    pub fn heard_since_visit(&self) -> bool {
+        self.0 & MAX_SILENT_VISITS == 0
+    }
+
     /// A visit of the sweep; `close_after` is [`Heartbeat::close_after`].
     pub fn visit(&mut self, close_after: u16) -> Visit {
         let first = self.0 & Liveness::VISITED == 0;

@@ -758,7 +758,7 @@ impl Server {
             let Some(conn) = parts.conns.get_mut(key) else {
                 continue;
             };
-            let verdict = conn.on_heartbeat(key, &ping, close_after, &mut ctx);
+            let verdict = conn.on_heartbeat(key, &ping, close_after, parts.scratch, &mut ctx);
             self.settle(key, verdict);
         }
     }
