@@ -185,7 +185,7 @@ impl Floor {
                         head: Vec::new(),
                     };
                     match read_upgrade(&mut conn, &mut self.buf) {
-                        Ok(true) => self.add_open(conn.stream)?,
+                        Ok(true) => self.add_open(conn.stream, false)?,
                         Ok(false) => {
                             let entry = self.upgrading.vacant_entry();
                             self.poll.registry().register(
@@ -219,15 +219,8 @@ impl Floor {
         match read_upgrade(conn, &mut self.buf) {
             Ok(false) => Ok(()),
             Ok(true) => {
-                let mut stream = self.upgrading.remove(key).stream;
-                let entry = self.open.vacant_entry();
-                self.poll.registry().reregister(
-                    &mut stream,
-                    Token(OPEN_BASE + entry.key()),
-                    Interest::READABLE,
-                )?;
-                entry.insert(stream);
-                Ok(())
+                let stream = self.upgrading.remove(key).stream;
+                self.add_open(stream, true)
             }
             Err(_) => {
                 drop(self.upgrading.remove(key));
@@ -236,14 +229,17 @@ impl Floor {
         }
     }
 
-    /// Registers an upgraded connection and keeps it among the open ones.
-    fn add_open(&mut self, mut stream: TcpStream) -> io::Result<()> {
+    /// Keeps an upgraded connection among the open ones, under its open
+    /// token (`registered`: it is registered already, as an upgrading one).
+    fn add_open(&mut self, mut stream: TcpStream, registered: bool) -> io::Result<()> {
         let entry = self.open.vacant_entry();
-        self.poll.registry().register(
-            &mut stream,
-            Token(OPEN_BASE + entry.key()),
-            Interest::READABLE,
-        )?;
+        let token = Token(OPEN_BASE + entry.key());
+        let registry = self.poll.registry();
+        if registered {
+            registry.reregister(&mut stream, token, Interest::READABLE)?;
+        } else {
+            registry.register(&mut stream, token, Interest::READABLE)?;
+        }
         entry.insert(stream);
         Ok(())
     }

@@ -83,7 +83,7 @@ fn worker_processes_report_through_pipes() {
 fn a_setup_cut_short_leaves_idle_workers_that_do_not_hold_up_broadcasts() {
     let mut server = Embedded::start(false);
     let addr = server.addr;
-    // 200 connections a second for at most 1 s, filled one worker at a
+    // 150 connections a second for at most 1 s, filled one worker at a
     // time: the first of three workers gets them all.
     let options = push_options(&[
         "--conns",
@@ -98,6 +98,8 @@ fn a_setup_cut_short_leaves_idle_workers_that_do_not_hold_up_broadcasts() {
         "1",
         "--messages",
         "3",
+        "--message-timeout",
+        "20",
     ]);
     let report = push::measure(
         &mut server,
@@ -107,13 +109,16 @@ fn a_setup_cut_short_leaves_idle_workers_that_do_not_hold_up_broadcasts() {
         info("wspush"),
     )
     .unwrap();
+    // Some opened (fewer on a loaded machine), all in the first worker.
     let open = report.connections.open;
-    assert!(open > 100 && open <= 200, "{open}");
+    assert!((1..=200).contains(&open), "{open}");
     assert_eq!(report.broadcast.complete, 3);
     assert_eq!(report.delivery.lost, 0);
-    // Each message completes in well under its 10 s timeout.
+    // Had the idle workers been waited for, each message would have taken
+    // its whole timeout: 60 s for the three. Done, they take well under
+    // a second (the bound leaves room for a machine busy with other work).
     assert!(
-        report.cpu.broadcast_wall_secs < 3.0,
+        report.cpu.broadcast_wall_secs < 20.0,
         "{}",
         report.cpu.broadcast_wall_secs
     );
