@@ -359,9 +359,9 @@ impl Conn {
     /// silence count runs on).
     ///
     /// Silence is judged by what the loop has read, and a loaded loop can
-    /// be behind its readiness events (one poll returns at most a few
-    /// thousand): so before closing, the socket is read, and a client
-    /// whose pong was waiting there is kept.
+    /// be behind its readiness events (one poll hands over at most 1,024):
+    /// so before closing, the socket is read, and a client whose pong was
+    /// waiting there is kept.
     pub fn on_heartbeat(
         &mut self,
         key: usize,
@@ -787,32 +787,38 @@ mod tests {
             let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
             let (accepted, _) = listener.accept().unwrap();
             accepted.set_nonblocking(true).unwrap();
-            let now = Instant::now();
             let config = Config::default();
-            let mut rig = Rig {
-                pool: BufferPool::new(config.max_head_bytes, 0, 4),
-                timers: TimerWheel::new(Duration::from_millis(100), 16, now),
-                metrics: Metrics::default(),
-                histogram: LoopHistogram::default(),
-                tally: Tally::default(),
-                scratch: vec![0; 64 * 1024],
-                conn: Conn {
-                    stream: TcpStream::from_std(accepted),
-                    phase: Phase::Handshake(Endpoints {
-                        websocket: true,
-                        metrics: false,
-                    }),
-                    out: OutQueue::default(),
-                    input: None,
-                    message: None,
-                    deadline: Deadline::default(),
-                    writable_interest: false,
-                    read_paused: false,
-                    liveness: Liveness::default(),
-                    target: RequestTarget::default(),
+            let mut pool = BufferPool::new(config.max_head_bytes, 0, 4);
+            let mut timers = TimerWheel::new(Duration::from_millis(100), 16, Instant::now());
+            let (metrics, histogram, mut tally) = Default::default();
+            let endpoints = Endpoints {
+                websocket: true,
+                metrics: false,
+            };
+            let conn = Conn::accepted(
+                TcpStream::from_std(accepted),
+                0,
+                endpoints,
+                &mut Ctx {
+                    config: &config,
+                    pool: &mut pool,
+                    timers: &mut timers,
+                    metrics: &metrics,
+                    loop_histogram: &histogram,
+                    tally: &mut tally,
+                    now: Instant::now(),
                 },
-                config,
+            );
+            let mut rig = Rig {
+                conn,
                 client,
+                config,
+                pool,
+                timers,
+                metrics,
+                histogram,
+                tally,
+                scratch: vec![0; 64 * 1024],
             };
             rig.client
                 .write_all(
