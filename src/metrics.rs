@@ -126,9 +126,6 @@ counters! {
     accept_errors,
     /// Times accepting was paused because file descriptors ran out.
     accept_pauses,
-    /// Times new connections waited for the next batch of accepts
-    /// (connections streaming in faster than one per batch interval).
-    accept_batches_deferred,
     /// Loop iterations (one poll and everything it woke up).
     loop_iterations,
     /// Time spent in loop iterations, not counting the wait, in nanoseconds.
@@ -384,7 +381,7 @@ pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &m
             })
             .collect()
     };
-    let simple: [(&str, &str, &str, u64); 22] = [
+    let simple: [(&str, &str, &str, u64); 21] = [
         (
             "wspush_connections_open",
             "gauge",
@@ -510,12 +507,6 @@ pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &m
             "counter",
             "Times accepting paused because file descriptors ran out (EMFILE/ENFILE).",
             m.accept_pauses,
-        ),
-        (
-            "wspush_accept_batches_deferred_total",
-            "counter",
-            "Times new connections waited up to 5 ms for the next batch of accepts (they were streaming in).",
-            m.accept_batches_deferred,
         ),
     ];
     for (name, kind, help, value) in &simple {

@@ -51,13 +51,6 @@ const COMMANDS_PER_ITERATION: usize = 64;
 const COMMAND_QUEUE: usize = 4096;
 /// How long accepting pauses when file descriptors run out.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
-/// While connections stream in, the main listener's new arrivals are
-/// accepted at most this often, several per wake-up instead of one wake-up
-/// each (at a million connections over 60 instances: 10-15% less server
-/// CPU per connection, measured on the bare loop). A connection that comes
-/// after a quiet spell is accepted at once; during a stream one waits at
-/// most this long.
-const ACCEPT_BATCH_INTERVAL: Duration = Duration::from_millis(5);
 /// Timer wheel resolution and size (100 ms × 1024 = 102 s per rotation).
 const TIMER_RESOLUTION: Duration = Duration::from_millis(100);
 const TIMER_SLOTS: usize = 1024;
@@ -276,10 +269,6 @@ pub struct Server {
     accept_again: [bool; 2],
     /// Accepting is paused (file descriptors ran out) until then.
     accept_paused_until: Option<Instant>,
-    /// When the main listener last began a batch of accepts, and when the
-    /// batch its newest arrivals wait for is due (see [`ACCEPT_BATCH_INTERVAL`]).
-    last_accept_batch: Option<Instant>,
-    accept_batch_due: Option<Instant>,
     last_accept_warning: Option<Instant>,
     /// Reused buffers for deadlines due and closes found during a broadcast.
     expired: Vec<(usize, Tick)>,
@@ -368,8 +357,6 @@ impl Server {
             read_again: Vec::new(),
             accept_again: [false; 2],
             accept_paused_until: None,
-            last_accept_batch: None,
-            accept_batch_due: None,
             last_accept_warning: None,
             expired: Vec::new(),
             failed: Vec::new(),
@@ -451,7 +438,7 @@ impl Server {
         let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
         for event in events.iter() {
             match event.token() {
-                LISTENER => self.on_arrivals(now),
+                LISTENER => self.accept(Door::Main, now),
                 METRICS_LISTENER => self.accept(Door::Metrics, now),
                 WAKER => self.commands_pending = true,
                 Token(key) => {
@@ -539,7 +526,6 @@ impl Server {
         };
         let time_events = [
             self.accept_paused_until,
-            self.accept_batch_due,
             lifecycle_deadline,
             heartbeat,
             self.next_trim,
@@ -626,32 +612,10 @@ impl Server {
 
     /// Accepts until the backlog is empty, the per-wake cap is reached, or
     /// file descriptors run out (then pauses instead of spinning).
-    /// New connections wait on the main listener: accept them now, or with
-    /// the next batch when the last one began less than
-    /// [`ACCEPT_BATCH_INTERVAL`] ago.
-    fn on_arrivals(&mut self, now: Instant) {
-        let next_batch = self
-            .last_accept_batch
-            .map(|last| last + ACCEPT_BATCH_INTERVAL)
-            .filter(|&at| now < at && self.accept_paused_until.is_none());
-        match next_batch {
-            Some(at) => {
-                if self.accept_batch_due.is_none() {
-                    Metrics::incr(&self.shared.metrics.accept_batches_deferred);
-                }
-                self.accept_batch_due = Some(at);
-            }
-            None => self.accept(Door::Main, now),
-        }
-    }
-
     fn accept(&mut self, door: Door, now: Instant) {
         self.accept_again[door as usize] = false;
         if self.accept_paused_until.is_some() || self.lifecycle != Lifecycle::Running {
             return;
-        }
-        if door == Door::Main {
-            self.last_accept_batch = Some(now);
         }
         for _ in 0..ACCEPTS_PER_WAKE {
             let accepted = match (door, &self.metrics_listener) {
@@ -676,8 +640,6 @@ impl Server {
     fn pause_accepting(&mut self, error: &io::Error, now: Instant) {
         Metrics::incr(&self.shared.metrics.accept_pauses);
         self.accept_paused_until = Some(now + ACCEPT_PAUSE);
-        // The end of the pause accepts everything waiting.
-        self.accept_batch_due = None;
         if self
             .last_accept_warning
             .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1))
@@ -694,10 +656,6 @@ impl Server {
         if self.accept_paused_until.is_some_and(|until| now >= until) {
             self.accept_paused_until = None;
             self.accept_again = [true; 2];
-        }
-        if self.accept_batch_due.is_some_and(|due| now >= due) {
-            self.accept_batch_due = None;
-            self.accept_again[Door::Main as usize] = true;
         }
         if self.accept_paused_until.is_none() {
             for door in [Door::Main, Door::Metrics] {
