@@ -37,6 +37,7 @@
 #![deny(missing_docs)]
 
 mod auth;
+mod batching;
 mod broadcast;
 mod config;
 mod conn;
@@ -58,7 +59,10 @@ mod timer;
 pub mod ws;
 
 pub use auth::Tokens;
-pub use config::{Config, ConfigError, SlowConsumerPolicy, MAX_MESSAGE_LIMIT};
+pub use config::{
+    Config, ConfigError, SlowConsumerPolicy, DEFAULT_BATCH_DELAY, MAX_BATCH_DELAY,
+    MAX_MESSAGE_LIMIT,
+};
 pub use metrics::MetricsSnapshot;
 pub use server::{ConnectionInfo, Handle, MessageTooBig, Server, ServerGone};
 pub use ws::MessageKind;

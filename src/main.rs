@@ -96,6 +96,11 @@ struct Cli {
     /// No periodic stats line.
     #[arg(long)]
     quiet: bool,
+    /// Under load (a poll found several events at once), wait this long
+    /// before polling again, so one wake-up handles what arrives meanwhile:
+    /// less CPU per message, at most this much added latency. 0: never wait.
+    #[arg(long, value_name = "DURATION", default_value = "500us", value_parser = duration_or_zero, allow_hyphen_values = true)]
+    batch_delay: Duration,
     /// Bind with SO_REUSEPORT so several processes can share the address.
     #[arg(long)]
     reuse_port: bool,
@@ -141,9 +146,17 @@ impl FromStr for Processes {
     }
 }
 
-/// A duration: a number with `ms`, `s`, `m` or `h`, or a bare number of
+/// A duration: a number with `us`, `ms`, `s`, `m` or `h`, or a bare number of
 /// seconds; zero is refused.
 fn duration(value: &str) -> Result<Duration, String> {
+    match duration_or_zero(value)? {
+        d if d.is_zero() => Err("must be longer than zero".into()),
+        d => Ok(d),
+    }
+}
+
+/// A duration as for [`duration`], zero allowed.
+fn duration_or_zero(value: &str) -> Result<Duration, String> {
     if value.starts_with('-') {
         return Err("must not be negative".into());
     }
@@ -155,17 +168,14 @@ fn duration(value: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("{value:?} is not a duration like 30s or 500ms"))?;
     let seconds = match unit {
+        "us" | "µs" => number / 1e6,
         "ms" => number / 1000.0,
         "" | "s" => number,
         "m" => number * 60.0,
         "h" => number * 3600.0,
-        _ => return Err(format!("unknown unit {unit:?} (use ms, s, m or h)")),
+        _ => return Err(format!("unknown unit {unit:?} (use us, ms, s, m or h)")),
     };
-    match Duration::try_from_secs_f64(seconds) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err("must be longer than zero".into()),
-        Err(_) => Err(format!("{value:?} is out of range")),
-    }
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{value:?} is out of range"))
 }
 
 fn positive(value: &str) -> Result<usize, String> {
@@ -256,6 +266,7 @@ fn config(cli: &Cli) -> Result<Config, String> {
         tokens,
         metrics_listen: cli.metrics_listen.map(instance_metrics_address),
         stats_interval: (!cli.quiet).then_some(cli.stats_interval),
+        batch_delay: cli.batch_delay,
         ..Config::default()
     };
     config
@@ -476,12 +487,17 @@ mod tests {
             ("1.5s", ms(1500)),
             ("2m", ms(120_000)),
             ("1h", ms(3_600_000)),
+            ("250us", Duration::from_micros(250)),
+            ("250µs", Duration::from_micros(250)),
         ] {
             assert_eq!(duration(text), Ok(want), "{text}");
         }
         for bad in ["0", "0s", "-1s", "", "s", "10x", "1e999"] {
             assert!(duration(bad).is_err(), "{bad}");
         }
+        assert_eq!(duration_or_zero("0"), Ok(Duration::ZERO));
+        assert_eq!(duration_or_zero("0us"), Ok(Duration::ZERO));
+        assert!(duration_or_zero("-1us").is_err());
     }
 
     #[test]

@@ -132,6 +132,9 @@ counters! {
     loop_busy_ns,
     /// The longest loop iteration in the last 10 to 20 seconds, in nanoseconds.
     loop_max_ns,
+    /// Polls put off by the batch delay because the poll before them found
+    /// several events.
+    loop_batch_waits,
 }
 
 /// Upper bounds of the loop iteration time histogram, in microseconds.
@@ -381,7 +384,7 @@ pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &m
             })
             .collect()
     };
-    let simple: [(&str, &str, &str, u64); 21] = [
+    let simple: [(&str, &str, &str, u64); 22] = [
         (
             "wspush_connections_open",
             "gauge",
@@ -507,6 +510,12 @@ pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &m
             "counter",
             "Times accepting paused because file descriptors ran out (EMFILE/ENFILE).",
             m.accept_pauses,
+        ),
+        (
+            "wspush_loop_batch_waits_total",
+            "counter",
+            "Polls put off by the batch delay because the poll before found several events.",
+            m.loop_batch_waits,
         ),
     ];
     for (name, kind, help, value) in &simple {

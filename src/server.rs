@@ -21,6 +21,7 @@ use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use slab::Slab;
 use socket2::{Domain, Socket, Type};
 
+use crate::batching::Batching;
 use crate::broadcast::SharedFrame;
 use crate::config::Config;
 use crate::conn::{CloseReason, Conn, Ctx, Delivery, Verdict};
@@ -282,6 +283,7 @@ pub struct Server {
     /// The pool's count of freed buffers when the allocator last returned memory.
     released_at_last_return: u64,
     stats: Option<StatsLine>,
+    batching: Batching,
 }
 
 /// The parts of a server a connection handler works with, borrowed apart.
@@ -331,6 +333,7 @@ impl Server {
         });
         let (command_sender, commands) = mpsc::sync_channel(COMMAND_QUEUE);
         let now = Instant::now();
+        let batching = Batching::new(config.batch_delay);
         Ok(Server {
             poll,
             events: Events::with_capacity(EVENTS_CAPACITY),
@@ -365,6 +368,7 @@ impl Server {
             loop_max: LoopMax::default(),
             next_trim: None,
             released_at_last_return: 0,
+            batching,
         })
     }
 
@@ -427,6 +431,7 @@ impl Server {
     /// handles every event, due deadline and queued command.
     pub fn poll_once(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         let timeout = self.poll_timeout(timeout, Instant::now());
+        let timeout = self.wait_for_batch(timeout);
         if let Err(e) = self.poll.poll(&mut self.events, timeout) {
             return if e.kind() == io::ErrorKind::Interrupted {
                 Ok(())
@@ -436,6 +441,7 @@ impl Server {
         }
         let now = Instant::now();
         let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
+        self.batching.observe(events.iter().count());
         for event in events.iter() {
             match event.token() {
                 LISTENER => self.accept(Door::Main, now),
@@ -509,6 +515,19 @@ impl Server {
         }
         self.failed = failed;
         Ok(())
+    }
+
+    /// After a poll that found several events, waits the batch delay
+    /// (within `timeout`) so that the next poll collects what arrives
+    /// meanwhile; returns what is left of `timeout`.
+    fn wait_for_batch(&mut self, timeout: Option<Duration>) -> Option<Duration> {
+        let wait = self.batching.wait_before_poll(timeout);
+        if wait.is_zero() {
+            return timeout;
+        }
+        std::thread::sleep(wait);
+        Metrics::incr(&self.shared.metrics.loop_batch_waits);
+        timeout.map(|t| t - wait)
     }
 
     /// How long the next poll may wait.

@@ -3,11 +3,12 @@
 
 mod util;
 
+use std::io::Write;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use tungstenite::Message;
-use util::{connect, IO_TIMEOUT};
+use util::{client_frame, connect, raw, read_frame, read_response, upgrade_request, IO_TIMEOUT};
 use wspush::{Config, MessageKind, Server, ServerGone};
 
 /// Polls the server until `done` holds.
@@ -115,4 +116,68 @@ fn broadcasts_over_the_message_limit_are_refused_and_counted() {
     assert!(server.broadcast(MessageKind::Text, b"1234").is_ok());
     let metrics = server.metrics();
     assert_eq!((metrics.broadcasts, metrics.broadcasts_rejected), (1, 1));
+}
+
+/// Upgrades two raw clients on a stepped server with `batch_delay`, then
+/// has both send a ping at once and polls three times: the poll that finds
+/// both pings, the one after it, and one more. Returns the batch waits
+/// counted before each of the last two polls and after them.
+fn batch_waits_around_two_pings(batch_delay: Duration) -> [u64; 3] {
+    let mut server = Server::bind(Config {
+        batch_delay,
+        ..Config::default()
+    })
+    .unwrap();
+    let addr = server.local_addr();
+    let mut clients = [raw(addr), raw(addr)];
+    for client in &mut clients {
+        client.write_all(upgrade_request("/").as_bytes()).unwrap();
+    }
+    poll_until(&mut server, "both upgrades", |s| s.metrics().upgrades == 2);
+    for client in &mut clients {
+        assert_eq!(read_response(client).status, 101);
+    }
+    // Two polls that find nothing leave the loop idle.
+    for _ in 0..2 {
+        server.poll_once(Some(Duration::from_millis(1))).unwrap();
+    }
+
+    // A loopback write is in the server's socket when `write` returns.
+    for client in &mut clients {
+        client.write_all(&client_frame(0x89, b"now")).unwrap();
+    }
+    let mut waits = [0; 3];
+    for count in &mut waits[..2] {
+        *count = server.metrics().loop_batch_waits;
+        server.poll_once(Some(Duration::from_millis(20))).unwrap();
+    }
+    waits[2] = server.metrics().loop_batch_waits;
+    server.poll_once(Some(Duration::from_millis(1))).unwrap();
+    assert_eq!(
+        server.metrics().loop_batch_waits,
+        waits[2],
+        "a poll after one that found nothing does not wait"
+    );
+    for client in &mut clients {
+        let pong = read_frame(client).expect("a pong");
+        assert_eq!((pong.opcode, &pong.payload[..]), (0xA, &b"now"[..]));
+    }
+    waits
+}
+
+#[test]
+fn a_poll_after_one_that_found_several_events_waits_the_batch_delay() {
+    let [before_first, before_second, after] =
+        batch_waits_around_two_pings(Duration::from_millis(2));
+    assert_eq!(
+        before_second, before_first,
+        "the first poll was not put off"
+    );
+    assert_eq!(after, before_second + 1, "the poll after two events waited");
+}
+
+#[test]
+fn a_zero_batch_delay_never_waits() {
+    let [before_first, _, after] = batch_waits_around_two_pings(Duration::ZERO);
+    assert_eq!(after, before_first);
 }
