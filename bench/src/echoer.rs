@@ -73,9 +73,10 @@ pub struct Echoers {
     events: Events,
     conns: Vec<EchoConn>,
     scratch: Box<[u8]>,
-    /// Reused buffers for one request's payload and frame.
+    /// Reused buffer for one request's payload.
     payload: Vec<u8>,
-    frame: Vec<u8>,
+    /// Reused list of the last poll's readiness, by connection.
+    ready: Vec<(usize, Readiness)>,
     server: SocketAddr,
     sources: Vec<Ipv4Addr>,
     payload_len: usize,
@@ -98,7 +99,7 @@ impl Echoers {
             conns: Vec::new(),
             scratch: vec![0; SCRATCH_BYTES].into_boxed_slice(),
             payload: Vec::new(),
-            frame: Vec::new(),
+            ready: Vec::with_capacity(EVENTS_PER_POLL),
             server,
             sources,
             payload_len,
@@ -226,12 +227,11 @@ impl Echoers {
             message::encode_echo(stamp, self.payload_len, &mut self.payload),
             "payload size checked up front"
         );
-        self.frame.clear();
-        frame::encode(&mut self.frame, opcode::TEXT, &self.payload, Some(MASK));
+        let queued = conn.outbox.len();
+        frame::encode(&mut conn.outbox, opcode::TEXT, &self.payload, Some(MASK));
         conn.next_send += 1;
         self.counts.sent += 1;
-        self.counts.bytes_up += self.frame.len() as u64;
-        conn.outbox.extend_from_slice(&self.frame);
+        self.counts.bytes_up += (conn.outbox.len() - queued) as u64;
         flush(conn)
     }
 
@@ -243,23 +243,24 @@ impl Echoers {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(0),
             Err(e) => return Err(e),
         }
-        let ready: Vec<(usize, bool, bool)> = self
-            .events
-            .iter()
-            .map(|e: &Event| {
-                let hangup = e.is_read_closed() || e.is_error();
-                (e.token().0, e.is_readable() || hangup, e.is_writable())
-            })
-            .collect();
-        for &(id, readable, writable) in &ready {
-            if let Err(failure) = self.on_event(id, readable, writable) {
+        let mut ready = std::mem::take(&mut self.ready);
+        ready.extend(
+            self.events
+                .iter()
+                .map(|e: &Event| (e.token().0, Readiness::of(e))),
+        );
+        for &(id, readiness) in &ready {
+            if let Err(failure) = self.on_event(id, readiness) {
                 self.fail(id, failure);
             }
         }
-        Ok(ready.len())
+        let events = ready.len();
+        ready.clear();
+        self.ready = ready;
+        Ok(events)
     }
 
-    fn on_event(&mut self, id: usize, readable: bool, writable: bool) -> Result<(), Failure> {
+    fn on_event(&mut self, id: usize, readiness: Readiness) -> Result<(), Failure> {
         let conn = &mut self.conns[id];
         match conn.phase {
             Phase::Dead => return Ok(()),
@@ -286,17 +287,21 @@ impl Echoers {
                 return Err(Failure::BadEcho);
             }
         }
-        if writable {
+        if readiness.writable {
             flush(conn)?;
         }
-        if readable {
-            self.read_echoes(id)?;
+        if readiness.readable || readiness.hangup {
+            self.read_echoes(id, readiness.hangup)?;
         }
         Ok(())
     }
 
     /// Reads and checks every echo that has arrived on connection `id`.
-    fn read_echoes(&mut self, id: usize) -> Result<(), Failure> {
+    /// Without a hang-up, a read that leaves room in the buffer drained
+    /// the socket (edge-triggered: later data raises a new event), so the
+    /// read that would only say `WouldBlock` is skipped; after a hang-up it
+    /// reads to the end.
+    fn read_echoes(&mut self, id: usize, hangup: bool) -> Result<(), Failure> {
         let conn = &mut self.conns[id];
         let Some(stream) = conn.stream.as_mut() else {
             return Ok(());
@@ -330,6 +335,9 @@ impl Echoers {
                 opcode::CLOSE => Err(Failure::CloseFrame),
                 other => Err(Failure::UnknownOpcode(other)),
             })?;
+            if !hangup && n < self.scratch.len() {
+                return Ok(());
+            }
         }
     }
 
@@ -346,6 +354,25 @@ impl Echoers {
         conn.phase = Phase::Dead;
         conn.outbox = Vec::new();
         count_failure(&mut self.counts, &failure);
+    }
+}
+
+/// What one readiness event reported for a connection.
+#[derive(Debug, Clone, Copy)]
+struct Readiness {
+    readable: bool,
+    writable: bool,
+    /// The peer closed or the socket failed: read to the end.
+    hangup: bool,
+}
+
+impl Readiness {
+    fn of(event: &Event) -> Readiness {
+        Readiness {
+            readable: event.is_readable(),
+            writable: event.is_writable(),
+            hangup: event.is_read_closed() || event.is_error(),
+        }
     }
 }
 
