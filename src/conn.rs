@@ -142,6 +142,12 @@ pub struct Ctx<'a> {
     pub loop_histogram: &'a LoopHistogram,
     /// Counts gathered during this loop iteration.
     pub tally: &'a mut Tally,
+    /// Frames of a connection's own that answer what one read brought
+    /// (echoes, pongs), gathered to go out in one `write()` once the read
+    /// is processed: a read holding many messages costs one system call,
+    /// not one per message. Empty between reads; its capacity is the
+    /// loop's, allocated once.
+    pub replies: &'a mut Vec<u8>,
     /// The time this loop iteration started.
     pub now: Instant,
 }
@@ -426,12 +432,23 @@ impl Conn {
         };
         self.phase = Phase::CloseSent { decoder, reason };
         self.arm(key, ctx.config.close_timeout, ctx);
-        self.send_close(code, why, ctx.tally)
+        self.send_close(code, why, ctx)
     }
 
     /// Feeds freshly read bytes (held back partial input first) to the
     /// current phase, and keeps what it could not consume yet.
     fn consume(&mut self, key: usize, fresh: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
+        let verdict = self.consume_gathering(key, fresh, ctx);
+        let flushed = self.flush_replies(ctx);
+        match verdict {
+            Verdict::Close(_) => verdict,
+            _ if flushed != Verdict::Keep => flushed,
+            _ => verdict,
+        }
+    }
+
+    /// [`Conn::consume`] up to the write of the gathered replies.
+    fn consume_gathering(&mut self, key: usize, fresh: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
         let Some(mut held) = self.input.take() else {
             let (used, verdict) = self.process(key, fresh, ctx);
             if used < fresh.len() && !matches!(verdict, Verdict::Close(_)) {
@@ -516,7 +533,7 @@ impl Conn {
                 self.deadline.clear(ctx.timers);
                 Metrics::incr(&ctx.metrics.upgrades);
                 log::debug!("upgraded {}", self.target());
-                (head_len, self.send_bytes(&[&response[..len]], ctx.tally))
+                (head_len, self.send_bytes(&[&response[..len]], ctx))
             }
             Ok(HeadStatus::Endpoint(endpoint, head_len)) => {
                 (head_len, self.answer(key, endpoint, ctx))
@@ -534,7 +551,7 @@ impl Conn {
                 Metrics::incr(&ctx.metrics.http_healthz);
                 let body = b"ok\n";
                 let len = http::write_ok_head("text/plain", body.len(), &mut head);
-                self.send_bytes(&[&head[..len], body], ctx.tally)
+                self.send_bytes(&[&head[..len], body], ctx)
             }
             Endpoint::Metrics => {
                 Metrics::incr(&ctx.metrics.http_metrics);
@@ -547,7 +564,7 @@ impl Conn {
                     body.len(),
                     &mut head,
                 );
-                self.send_bytes(&[&head[..len], &body], ctx.tally)
+                self.send_bytes(&[&head[..len], &body], ctx)
             }
         }
     }
@@ -559,7 +576,7 @@ impl Conn {
         let mut response = [0u8; MAX_RESPONSE_LEN];
         let len = rejection.write_response(&mut response);
         self.linger(key, CloseReason::Rejected, ctx);
-        self.send_bytes(&[&response[..len]], ctx.tally)
+        self.send_bytes(&[&response[..len]], ctx)
     }
 
     /// Acts on one event from the client.
@@ -581,7 +598,7 @@ impl Conn {
             }
             Event::Ping(payload) if !closing => {
                 Metrics::incr(&ctx.metrics.pings_received);
-                self.send_frame(OpCode::Pong, payload, ctx.tally)
+                self.reply_frame(OpCode::Pong, payload, ctx)
             }
             Event::Ping(_) | Event::Pong(_) => Verdict::Keep,
             Event::Close(frame) => {
@@ -596,11 +613,7 @@ impl Conn {
                 }
                 // Echo the status code (§5.5.1); no code in, no code out.
                 let code = frame.map(|f| f.code.0.to_be_bytes());
-                self.send_frame(
-                    OpCode::Close,
-                    code.as_ref().map_or(&[], |c| &c[..]),
-                    ctx.tally,
-                )
+                self.send_frame(OpCode::Close, code.as_ref().map_or(&[], |c| &c[..]), ctx)
             }
         }
     }
@@ -616,7 +629,7 @@ impl Conn {
     ) -> Verdict {
         if last && self.message.is_none() {
             Metrics::incr(&ctx.metrics.messages_echoed);
-            return self.send_frame(kind.opcode(), payload, ctx.tally);
+            return self.reply_frame(kind.opcode(), payload, ctx);
         }
         let message = self.message.get_or_insert_with(|| ctx.pool.lend());
         message.extend_from_slice(payload);
@@ -625,7 +638,7 @@ impl Conn {
         }
         let message = self.message.take().expect("just inserted");
         Metrics::incr(&ctx.metrics.messages_echoed);
-        let verdict = self.send_frame(kind.opcode(), &message, ctx.tally);
+        let verdict = self.reply_frame(kind.opcode(), &message, ctx);
         ctx.pool.give_back(message);
         verdict
     }
@@ -639,7 +652,7 @@ impl Conn {
         if already_closing {
             return self.half_close_when_flushed();
         }
-        self.send_close(code, error.reason(), ctx.tally)
+        self.send_close(code, error.reason(), ctx)
     }
 
     /// Enters the lingering phase with its deadline; drops a half-built message.
@@ -654,23 +667,72 @@ impl Conn {
         self.arm(key, ctx.config.close_timeout, ctx);
     }
 
-    fn send_close(&mut self, code: CloseCode, why: &str, tally: &mut Tally) -> Verdict {
+    fn send_close(&mut self, code: CloseCode, why: &str, ctx: &mut Ctx<'_>) -> Verdict {
         let mut payload = [0u8; 2 + 123];
         payload[..2].copy_from_slice(&code.0.to_be_bytes());
         let why = &why.as_bytes()[..why.len().min(123)];
         payload[2..2 + why.len()].copy_from_slice(why);
-        self.send_frame(OpCode::Close, &payload[..2 + why.len()], tally)
+        self.send_frame(OpCode::Close, &payload[..2 + why.len()], ctx)
     }
 
-    /// Sends one unmasked, final frame of this connection's own.
-    fn send_frame(&mut self, opcode: OpCode, payload: &[u8], tally: &mut Tally) -> Verdict {
+    /// Sends one unmasked, final frame of this connection's own, after
+    /// the gathered replies.
+    fn send_frame(&mut self, opcode: OpCode, payload: &[u8], ctx: &mut Ctx<'_>) -> Verdict {
         let mut header = [0u8; MAX_HEADER_LEN];
         let len = FrameHeader::server(opcode, payload.len() as u64).encode(&mut header);
-        tally.frames_sent += 1;
-        self.send_bytes(&[&header[..len], payload], tally)
+        ctx.tally.frames_sent += 1;
+        self.send_bytes(&[&header[..len], payload], ctx)
     }
 
-    fn send_bytes(&mut self, parts: &[&[u8]], tally: &mut Tally) -> Verdict {
+    /// Adds a reply frame (echo, pong) to the gathered replies, which go
+    /// out when the read is processed (or sooner, when they fill up or
+    /// another frame must follow them). A frame larger than the gathering
+    /// buffer goes out at once, without the copy.
+    fn reply_frame(&mut self, opcode: OpCode, payload: &[u8], ctx: &mut Ctx<'_>) -> Verdict {
+        let mut header = [0u8; MAX_HEADER_LEN];
+        let len = FrameHeader::server(opcode, payload.len() as u64).encode(&mut header);
+        let frame_len = len + payload.len();
+        if frame_len > ctx.replies.capacity() - ctx.replies.len() {
+            let verdict = self.flush_replies(ctx);
+            if verdict != Verdict::Keep {
+                return verdict;
+            }
+            if frame_len > ctx.replies.capacity() {
+                return self.send_frame(opcode, payload, ctx);
+            }
+        }
+        ctx.tally.frames_sent += 1;
+        ctx.replies.extend_from_slice(&header[..len]);
+        ctx.replies.extend_from_slice(payload);
+        Verdict::Keep
+    }
+
+    /// Writes the gathered replies (see [`Ctx::replies`]) and empties them.
+    fn flush_replies(&mut self, ctx: &mut Ctx<'_>) -> Verdict {
+        if ctx.replies.is_empty() {
+            return Verdict::Keep;
+        }
+        let verdict = self.write_own(&[&ctx.replies[..]], ctx.tally);
+        ctx.replies.clear();
+        verdict
+    }
+
+    /// Sends bytes of this connection's own after the gathered replies;
+    /// a lingering connection half-closes once they are all written.
+    fn send_bytes(&mut self, parts: &[&[u8]], ctx: &mut Ctx<'_>) -> Verdict {
+        match self.flush_replies(ctx) {
+            Verdict::Keep => {}
+            verdict => return verdict,
+        }
+        match self.write_own(parts, ctx.tally) {
+            Verdict::Keep => self.half_close_when_flushed(),
+            verdict => verdict,
+        }
+    }
+
+    /// Writes bytes of this connection's own, queueing what the socket
+    /// does not take (no half-close: more may follow).
+    fn write_own(&mut self, parts: &[&[u8]], tally: &mut Tally) -> Verdict {
         let before = self.out.queued_bytes();
         if let Err(e) = self.out.send_private(parts, &mut self.stream) {
             log::debug!("write failed: {e}");
@@ -678,7 +740,7 @@ impl Conn {
         }
         let offered: usize = parts.iter().map(|p| p.len()).sum();
         self.tally_queue(tally, before, offered);
-        self.half_close_when_flushed()
+        Verdict::Keep
     }
 
     /// Offers a shared frame to the queue (see [`OutQueue::send_shared`]),
@@ -779,6 +841,7 @@ mod tests {
         histogram: LoopHistogram,
         tally: Tally,
         scratch: Vec<u8>,
+        replies: Vec<u8>,
     }
 
     impl Rig {
@@ -806,6 +869,7 @@ mod tests {
                     metrics: &metrics,
                     loop_histogram: &histogram,
                     tally: &mut tally,
+                    replies: &mut Vec::new(),
                     now: Instant::now(),
                 },
             );
@@ -819,6 +883,7 @@ mod tests {
                 histogram,
                 tally,
                 scratch: vec![0; 64 * 1024],
+                replies: Vec::with_capacity(64 * 1024),
             };
             rig.client
                 .write_all(
@@ -851,6 +916,7 @@ mod tests {
                 metrics: &self.metrics,
                 loop_histogram: &self.histogram,
                 tally: &mut self.tally,
+                replies: &mut self.replies,
                 now: Instant::now(),
             };
             handler(&mut self.conn, &mut self.scratch, &mut ctx)
@@ -907,6 +973,48 @@ mod tests {
         let mut payload = [0u8; 14];
         rig.client.read_exact(&mut payload).unwrap();
         assert_eq!(&payload, b"\x03\xe9idle timeout");
+    }
+
+    /// A masked client frame (mask 1 2 3 4) with a payload under 126 bytes.
+    fn client_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
+        let mask = [1u8, 2, 3, 4];
+        let mut frame = vec![0x80 | opcode, 0x80 | payload.len() as u8];
+        frame.extend_from_slice(&mask);
+        frame.extend(payload.iter().zip(mask.iter().cycle()).map(|(b, m)| b ^ m));
+        frame
+    }
+
+    #[test]
+    fn replies_to_one_read_go_out_in_order_and_before_the_close() {
+        let mut rig = Rig::upgraded();
+        // Room for one 22-byte pong at a time: the gathered replies are
+        // written when the next does not fit, and a pong larger than the
+        // room goes out on its own, all in order.
+        rig.replies = Vec::with_capacity(40);
+        let payloads: Vec<Vec<u8>> = [20, 20, 20, 125, 3, 0]
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| vec![b'a' + i as u8; len])
+            .collect();
+        let mut wire: Vec<u8> = payloads.iter().flat_map(|p| client_frame(0x9, p)).collect();
+        wire.extend(client_frame(0x8, &1000u16.to_be_bytes()));
+        rig.client.write_all(&wire).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        rig.drive(|conn, scratch, ctx| conn.on_readable(0, false, scratch, ctx));
+        assert!(rig.replies.is_empty(), "the replies were written");
+        for payload in &payloads {
+            assert_eq!(rig.client_frame_start(), [0x8A, payload.len() as u8]);
+            let mut got = vec![0u8; payload.len()];
+            rig.client.read_exact(&mut got).unwrap();
+            assert_eq!(&got, payload);
+        }
+        assert_eq!(rig.client_frame_start(), [0x88, 2], "the close comes last");
+        let mut code = [0u8; 2];
+        rig.client.read_exact(&mut code).unwrap();
+        assert_eq!(u16::from_be_bytes(code), 1000);
+        let mut rest = Vec::new();
+        rig.client.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "then the half-close: {rest:?}");
     }
 
     /// The per-connection budget: a slab slot must stay small so that an

@@ -256,6 +256,8 @@ pub struct Server {
     per_ip: Option<PerIpLimit>,
     pool: BufferPool,
     scratch: Box<[u8]>,
+    /// See [`Ctx::replies`].
+    replies: Vec<u8>,
     timers: TimerWheel,
     config: Config,
     shared: Arc<Shared>,
@@ -346,6 +348,7 @@ impl Server {
             per_ip: config.max_connections_per_ip.map(PerIpLimit::new),
             pool: BufferPool::new(config.max_head_bytes, POOL_PREALLOCATED, POOL_MAX_IDLE),
             scratch: vec![0; SCRATCH_BYTES.max(config.max_head_bytes)].into_boxed_slice(),
+            replies: Vec::with_capacity(SCRATCH_BYTES),
             timers: TimerWheel::new(TIMER_RESOLUTION, TIMER_SLOTS, now),
             stats: config.stats_interval.map(|every| StatsLine {
                 every,
@@ -571,6 +574,7 @@ impl Server {
                 metrics: &self.shared.metrics,
                 loop_histogram: &self.shared.loop_histogram,
                 tally: &mut self.tally,
+                replies: &mut self.replies,
                 now,
             },
         }
