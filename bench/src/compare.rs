@@ -1,5 +1,11 @@
 //! `compare`: `push` and `echo` over several servers, alternating, for a
 //! number of rounds; one table with a column per headline number.
+//!
+//! Every other round runs the servers in reverse order, so that no server
+//! always has the same place: on this VM the first setup after a pause
+//! tends to be the fastest (memory freed by the previous run's sockets is
+//! slow to touch again once the host has taken it back), and with a fixed
+//! order the first server would get that place in every round.
 
 use serde::Serialize;
 
@@ -17,7 +23,8 @@ pub struct CompareOptions {
     /// `--echo`; the floor and the peers always do).
     #[arg(long = "server", required = true)]
     pub servers: Vec<ServerSpec>,
-    /// How many times to measure every server, alternating between them.
+    /// How many times to measure every server, alternating between them
+    /// (in reverse order every other round).
     #[arg(long, default_value_t = 1)]
     pub rounds: u32,
     /// Server whose fan-out the `×base` column divides by.
@@ -103,7 +110,7 @@ pub fn run(options: &CompareOptions, push: &PushOptions) -> Result<(Vec<Row>, us
     let mut rows = Vec::new();
     let mut failed = 0;
     for round in 1..=options.rounds {
-        for spec in &options.servers {
+        for spec in round_order(&options.servers, round) {
             let mut row = Row {
                 server: spec.label.clone(),
                 round,
@@ -150,8 +157,19 @@ pub fn run(options: &CompareOptions, push: &PushOptions) -> Result<(Vec<Row>, us
     Ok((rows, failed))
 }
 
-/// The comparison table; the `×base` column divides each row's median
-/// fan-out per connection by that of the `baseline` server in the same round.
+/// The servers in the order round `round` (from 1) runs them: as given in
+/// odd rounds, reversed in even ones.
+fn round_order<T>(servers: &[T], round: u32) -> Vec<&T> {
+    let mut order: Vec<&T> = servers.iter().collect();
+    if round % 2 == 0 {
+        order.reverse();
+    }
+    order
+}
+
+/// The comparison table; the `×base` columns divide each row's median
+/// setup rate and median fan-out per connection by those of the `baseline`
+/// server in the same round.
 pub fn render_table(rows: &[Row], baseline: &str) -> String {
     let cells: Vec<Vec<(&str, String)>> =
         rows.iter().map(|r| table_row(r, rows, baseline)).collect();
@@ -161,14 +179,19 @@ pub fn render_table(rows: &[Row], baseline: &str) -> String {
 fn table_row(row: &Row, rows: &[Row], baseline: &str) -> Vec<(&'static str, String)> {
     let dash = || "-".to_string();
     let fanout = |r: &Row| r.push.as_ref().and_then(|p| p.broadcast.per_conn_us);
+    let setup_rate = |r: &Row| r.push.as_ref().map(|p| p.connections.rate.average);
     let base = rows
         .iter()
-        .find(|r| r.server == baseline && r.round == row.round)
-        .and_then(fanout);
-    let ratio = match (fanout(row), base) {
-        (Some(s), Some(b)) if b.median > 0.0 => format!("{:.2}", s.median / b.median),
+        .find(|r| r.server == baseline && r.round == row.round);
+    let ratio = |value: Option<f64>, base: Option<f64>| match (value, base) {
+        (Some(v), Some(b)) if b > 0.0 => format!("{:.2}", v / b),
         _ => dash(),
     };
+    let fanout_ratio = ratio(
+        fanout(row).map(|s| s.median),
+        base.and_then(fanout).map(|s| s.median),
+    );
+    let setup_ratio = ratio(setup_rate(row), base.and_then(setup_rate));
     let p = row.push.as_ref();
     let push_cell = |f: &dyn Fn(&RunReport) -> String| p.map_or_else(dash, f);
     let echo = match &row.echo {
@@ -185,6 +208,7 @@ fn table_row(row: &Row, rows: &[Row], baseline: &str) -> Vec<(&'static str, Stri
             "setup/s",
             push_cell(&|p| format!("{:.0}", p.connections.rate.average)),
         ),
+        ("setup ×base", setup_ratio),
         (
             "slowest s",
             push_cell(&|p| {
@@ -218,7 +242,7 @@ fn table_row(row: &Row, rows: &[Row], baseline: &str) -> Vec<(&'static str, Stri
             "fan-out µs/conn",
             fanout(row).map_or_else(dash, |s| format!("{:.2}", s.median)),
         ),
-        ("×base", ratio),
+        ("×base", fanout_ratio),
         (
             "cpu µs/deliv",
             push_cell(&|p| format!("{:.2}", p.cpu.server_us_per_delivery)),
@@ -268,11 +292,13 @@ fn table_row(row: &Row, rows: &[Row], baseline: &str) -> Vec<(&'static str, Stri
 mod tests {
     use super::*;
 
-    fn row(server: &str, round: u32, per_conn: f64) -> Row {
+    fn row(server: &str, round: u32, per_conn: f64, setup_rate: f64) -> Row {
+        let mut push = report::sample(server, round, [per_conn; 3]);
+        push.connections.rate.average = setup_rate;
         Row {
             server: server.into(),
             round,
-            push: Some(report::sample(server, round, [per_conn; 3])),
+            push: Some(push),
             echo: None,
             max_rate: None,
         }
@@ -281,30 +307,47 @@ mod tests {
     #[test]
     fn ratios_use_the_baseline_of_the_same_round() {
         let rows = [
-            row("wspush", 1, 12.0),
-            row("floor", 1, 10.0),
-            row("wspush", 2, 30.0),
-            row("floor", 2, 20.0),
+            row("wspush", 1, 12.0, 900.0),
+            row("floor", 1, 10.0, 1000.0),
+            row("floor", 2, 20.0, 400.0),
+            row("wspush", 2, 30.0, 500.0),
         ];
         let table = render_table(&rows, "floor");
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 5);
         assert!(
-            lines[0].starts_with("server  round  open  failed  setup/s"),
+            lines[0].starts_with("server  round  open  failed  setup/s  setup ×base"),
             "{table}"
         );
         let header: Vec<&str> = lines[0].split("  ").filter(|c| !c.is_empty()).collect();
-        let col = header.iter().position(|h| h.trim() == "×base").unwrap();
-        let ratio = |line: &str| line.split_whitespace().nth(col).unwrap().to_string();
-        assert_eq!(ratio(lines[1]), "1.20");
-        assert_eq!(ratio(lines[2]), "1.00");
-        assert_eq!(ratio(lines[3]), "1.50");
-        assert_eq!(ratio(lines[4]), "1.00");
+        let column = |name: &str| {
+            let col = header.iter().position(|h| h.trim() == name).unwrap();
+            move |line: &str| line.split_whitespace().nth(col).unwrap().to_string()
+        };
+        let (fanout, setup) = (column("×base"), column("setup ×base"));
+        let fanouts: Vec<String> = lines[1..].iter().map(|l| fanout(l)).collect();
+        assert_eq!(fanouts, ["1.20", "1.00", "1.00", "1.50"], "{table}");
+        let setups: Vec<String> = lines[1..].iter().map(|l| setup(l)).collect();
+        assert_eq!(setups, ["0.90", "1.00", "1.00", "1.25"], "{table}");
         let last3: Vec<&str> = lines[1].split_whitespace().rev().take(3).collect();
         assert_eq!(last3, ["-", "-", "-"], "no echo columns: {table}");
-        assert_eq!(
-            render_table(&rows[..1], "floor").lines().nth(1).map(ratio),
-            Some("-".into())
-        );
+        let alone = render_table(&rows[..1], "floor");
+        assert_eq!(alone.lines().nth(1).map(&fanout), Some("-".into()));
+        assert_eq!(alone.lines().nth(1).map(&setup), Some("-".into()));
+    }
+
+    #[test]
+    fn every_other_round_runs_the_servers_in_reverse() {
+        let servers = ["floor", "wspush", "peer"];
+        let order = |round| {
+            round_order(&servers, round)
+                .into_iter()
+                .copied()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(order(1), ["floor", "wspush", "peer"]);
+        assert_eq!(order(2), ["peer", "wspush", "floor"]);
+        assert_eq!(order(3), order(1));
+        assert!(round_order(&[] as &[&str], 2).is_empty());
     }
 }
