@@ -3,9 +3,9 @@
 //!
 //! Every other round runs the servers in reverse order, so that no server
 //! always has the same place: on this VM the first setup after a pause
-//! tends to be the fastest (memory freed by the previous run's sockets is
-//! slow to touch again once the host has taken it back), and with a fixed
-//! order the first server would get that place in every round.
+//! tended to be the fastest (probably because memory freed by the previous
+//! run's sockets is slow to touch again once the host has taken it back),
+//! and with a fixed order the first server got that place in every round.
 
 use serde::Serialize;
 
@@ -27,7 +27,7 @@ pub struct CompareOptions {
     /// (in reverse order every other round).
     #[arg(long, default_value_t = 1)]
     pub rounds: u32,
-    /// Server whose fan-out the `×base` column divides by.
+    /// Server whose setup rate and fan-out the `×base` columns divide by.
     #[arg(long, default_value = crate::server::FLOOR)]
     pub baseline: String,
     /// Skip the echo measurement.
@@ -167,7 +167,7 @@ fn round_order<T>(servers: &[T], round: u32) -> Vec<&T> {
     order
 }
 
-/// The comparison table; the `×base` columns divide each row's median
+/// The comparison table; the `×base` columns divide each row's average
 /// setup rate and median fan-out per connection by those of the `baseline`
 /// server in the same round.
 pub fn render_table(rows: &[Row], baseline: &str) -> String {
