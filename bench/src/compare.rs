@@ -3,9 +3,9 @@
 //!
 //! Every other round runs the servers in reverse order, so that no server
 //! always has the same place: on this VM the first setup after a pause
-//! tended to be the fastest (probably because memory freed by the previous
-//! run's sockets is slow to touch again once the host has taken it back),
-//! and with a fixed order the first server got that place in every round.
+//! tended to be the fastest (cause unknown: the VM handing freed memory
+//! back to its host was ruled out, README), and with a fixed order the
+//! first server got that place in every round.
 
 use serde::Serialize;
 
