@@ -175,14 +175,10 @@ pub struct Conn {
 
 impl Conn {
     /// A freshly accepted connection, waiting for its request; `endpoints`
-    /// says what the listener it came from serves.
-    pub fn accepted(
-        stream: TcpStream,
-        key: usize,
-        endpoints: Endpoints,
-        ctx: &mut Ctx<'_>,
-    ) -> Conn {
-        let mut conn = Conn {
+    /// says what the listener it came from serves. It has no deadline
+    /// until [`Conn::on_accepted`] finds the request incomplete.
+    pub fn accepted(stream: TcpStream, endpoints: Endpoints) -> Conn {
+        Conn {
             stream,
             phase: Phase::Handshake(endpoints),
             out: OutQueue::default(),
@@ -193,9 +189,22 @@ impl Conn {
             read_paused: false,
             liveness: Liveness::default(),
             target: RequestTarget::default(),
-        };
-        conn.arm(key, ctx.config.handshake_timeout, ctx);
-        conn
+        }
+    }
+
+    /// The first read, right after the socket was accepted and registered:
+    /// the request usually came with the connection (the listener defers
+    /// accepting until data arrives), and only a connection still waiting
+    /// for it gets the handshake deadline, so most never touch the timer
+    /// wheel. A short read ends it, as after an edge: whatever arrives
+    /// after the registration raises an event.
+    pub fn on_accepted(&mut self, key: usize, scratch: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
+        let verdict = self.on_readable(key, true, scratch, ctx);
+        let waiting = matches!(self.phase, Phase::Handshake(_));
+        if waiting && !matches!(verdict, Verdict::Close(_)) {
+            self.arm(key, ctx.config.handshake_timeout, ctx);
+        }
+        verdict
     }
 
     /// The socket, for (re)registration.
@@ -844,8 +853,12 @@ mod tests {
         replies: Vec<u8>,
     }
 
+    const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+
     impl Rig {
-        fn upgraded() -> Rig {
+        /// A connection just accepted; nothing read yet.
+        fn accepted() -> Rig {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
             let (accepted, _) = listener.accept().unwrap();
@@ -858,22 +871,8 @@ mod tests {
                 websocket: true,
                 metrics: false,
             };
-            let conn = Conn::accepted(
-                TcpStream::from_std(accepted),
-                0,
-                endpoints,
-                &mut Ctx {
-                    config: &config,
-                    pool: &mut pool,
-                    timers: &mut timers,
-                    metrics: &metrics,
-                    loop_histogram: &histogram,
-                    tally: &mut tally,
-                    replies: &mut Vec::new(),
-                    now: Instant::now(),
-                },
-            );
-            let mut rig = Rig {
+            let conn = Conn::accepted(TcpStream::from_std(accepted), endpoints);
+            Rig {
                 conn,
                 client,
                 config,
@@ -884,13 +883,13 @@ mod tests {
                 tally,
                 scratch: vec![0; 64 * 1024],
                 replies: Vec::with_capacity(64 * 1024),
-            };
-            rig.client
-                .write_all(
-                    b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-                      Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
-                )
-                .unwrap();
+            }
+        }
+
+        /// A connection that sent its request and got the 101.
+        fn upgraded() -> Rig {
+            let mut rig = Rig::accepted();
+            rig.client.write_all(REQUEST).unwrap();
             assert_eq!(
                 rig.drive(|conn, scratch, ctx| conn.on_readable(0, false, scratch, ctx)),
                 Verdict::Keep
@@ -939,6 +938,26 @@ mod tests {
         fn client_frame_start(&mut self) -> [u8; 2] {
             [self.client_byte(), self.client_byte()]
         }
+    }
+
+    #[test]
+    fn only_a_connection_still_waiting_for_its_request_gets_a_deadline() {
+        let mut rig = Rig::accepted();
+        rig.client.write_all(&REQUEST[..20]).unwrap();
+        let verdict = rig.drive(|conn, scratch, ctx| conn.on_accepted(0, scratch, ctx));
+        assert_eq!(verdict, Verdict::Keep);
+        assert!(!rig.conn.is_open());
+        assert!(rig.timers.next_timeout(Instant::now()).is_some());
+
+        let mut rig = Rig::accepted();
+        rig.client.write_all(REQUEST).unwrap();
+        while rig.conn.stream.peek(&mut [0]).is_err() {
+            std::thread::yield_now(); // Until the request is there, as at accept.
+        }
+        let verdict = rig.drive(|conn, scratch, ctx| conn.on_accepted(0, scratch, ctx));
+        assert_eq!(verdict, Verdict::Keep);
+        assert!(rig.conn.is_open());
+        assert_eq!(rig.timers.next_timeout(Instant::now()), None);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! request is [`HeadStatus::Partial`], not an error.
 
 use std::io::Write;
+use std::mem::MaybeUninit;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
@@ -129,15 +130,18 @@ impl Rejection {
     }
 }
 
-/// Writes the `101 Switching Protocols` response into `out`.
+/// Writes the `101 Switching Protocols` response into `out`. Plain byte
+/// copies: this runs once per connection, and formatting cost more than
+/// the rest of the response together.
 pub fn write_accept_response(accept: &[u8; 28], out: &mut [u8; MAX_RESPONSE_LEN]) -> usize {
-    let accept = std::str::from_utf8(accept).expect("bug: base64 is ASCII");
-    write_into(
-        out,
-        format_args!(
-            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
-        ),
-    )
+    const HEAD: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ";
+    const TAIL: &[u8] = b"\r\n\r\n";
+    let mut len = 0;
+    for part in [HEAD, accept, TAIL] {
+        out[len..len + part.len()].copy_from_slice(part);
+        len += part.len();
+    }
+    len
 }
 
 /// Writes the head of a `200 OK` response whose body of `body_len` bytes
@@ -225,9 +229,9 @@ pub fn parse_request<'a>(
     buf: &'a [u8],
     rules: &HandshakeRules<'_>,
 ) -> Result<HeadStatus<'a>, Rejection> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut request = httparse::Request::new(&mut headers);
-    let head_len = match request.parse(buf) {
+    let mut headers = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut []);
+    let head_len = match request.parse_with_uninit_headers(buf, &mut headers) {
         Ok(httparse::Status::Complete(len)) if len <= rules.max_head_bytes => len,
         Ok(httparse::Status::Partial) if buf.len() < rules.max_head_bytes => {
             return Ok(HeadStatus::Partial)
@@ -242,22 +246,16 @@ pub fn parse_request<'a>(
         return Err(Rejection::BadRequest("HTTP/1.1 required"));
     }
     let target = request.path.unwrap_or("/");
-    let path = target.split('?').next().unwrap_or(target);
-    let header = |name: &str| {
-        request
-            .headers
-            .iter()
-            .find(|h| h.name.eq_ignore_ascii_case(name))
-            .map(|h| h.value)
-    };
+    let path = target.split_once('?').map_or(target, |(path, _)| path);
+    let headers = KnownHeaders::of(request.headers);
     let authorized = || {
         let mut scratch = [0; MAX_TOKEN_LEN];
         rules.tokens.is_none_or(|tokens| {
-            auth::presented_token(header("Authorization"), target, &mut scratch)
+            auth::presented_token(headers.authorization, target, &mut scratch)
                 .is_some_and(|token| tokens.contains(token))
         })
     };
-    if header("Upgrade").is_none() {
+    if headers.upgrade.is_none() {
         match path {
             "/healthz" => return Ok(HeadStatus::Endpoint(Endpoint::Health, head_len)),
             "/metrics" if rules.endpoints.metrics => {
@@ -273,19 +271,20 @@ pub fn parse_request<'a>(
     if !rules.endpoints.websocket || rules.path.is_some_and(|served| path != served) {
         return Err(Rejection::NotFound);
     }
-    if header("Host").is_none() {
+    if headers.host.is_none() {
         return Err(Rejection::BadRequest("missing Host header"));
     }
-    if !header("Upgrade").is_some_and(|v| has_token(v, "websocket")) {
+    if !headers.upgrade.is_some_and(|v| has_token(v, "websocket")) {
         return Err(Rejection::BadRequest("missing Upgrade: websocket header"));
     }
-    if !header("Connection").is_some_and(|v| has_token(v, "upgrade")) {
+    if !headers.connection.is_some_and(|v| has_token(v, "upgrade")) {
         return Err(Rejection::BadRequest("missing Connection: upgrade header"));
     }
-    if header("Sec-WebSocket-Version").map(trim) != Some(b"13") {
+    if headers.version.map(trim) != Some(b"13") {
         return Err(Rejection::UpgradeRequired);
     }
-    let key = header("Sec-WebSocket-Key")
+    let key = headers
+        .key
         .map(trim)
         .ok_or(Rejection::BadRequest("missing Sec-WebSocket-Key header"))?;
     if !is_valid_key(key) {
@@ -293,7 +292,7 @@ pub fn parse_request<'a>(
             "Sec-WebSocket-Key is not base64 of 16 bytes",
         ));
     }
-    if !auth::origin_allowed(header("Origin"), rules.origins) {
+    if !auth::origin_allowed(headers.origin, rules.origins) {
         return Err(Rejection::Forbidden);
     }
     if !authorized() {
@@ -306,6 +305,40 @@ pub fn parse_request<'a>(
         },
         head_len,
     ))
+}
+
+/// The request headers the handshake reads: the value of the first header
+/// of each name (names compare case-insensitively), found in one pass.
+#[derive(Debug, Default)]
+struct KnownHeaders<'a> {
+    host: Option<&'a [u8]>,
+    upgrade: Option<&'a [u8]>,
+    connection: Option<&'a [u8]>,
+    version: Option<&'a [u8]>,
+    key: Option<&'a [u8]>,
+    origin: Option<&'a [u8]>,
+    authorization: Option<&'a [u8]>,
+}
+
+impl<'a> KnownHeaders<'a> {
+    fn of(headers: &[httparse::Header<'a>]) -> KnownHeaders<'a> {
+        let mut known = KnownHeaders::default();
+        for header in headers {
+            let name = header.name.as_bytes();
+            let slot = match name.len() {
+                4 if name.eq_ignore_ascii_case(b"Host") => &mut known.host,
+                6 if name.eq_ignore_ascii_case(b"Origin") => &mut known.origin,
+                7 if name.eq_ignore_ascii_case(b"Upgrade") => &mut known.upgrade,
+                10 if name.eq_ignore_ascii_case(b"Connection") => &mut known.connection,
+                13 if name.eq_ignore_ascii_case(b"Authorization") => &mut known.authorization,
+                17 if name.eq_ignore_ascii_case(b"Sec-WebSocket-Key") => &mut known.key,
+                21 if name.eq_ignore_ascii_case(b"Sec-WebSocket-Version") => &mut known.version,
+                _ => continue,
+            };
+            slot.get_or_insert(header.value);
+        }
+        known
+    }
 }
 
 /// Whether a comma-separated header value lists `token` (case-insensitive).
@@ -391,6 +424,20 @@ mod tests {
             .replace("Upgrade: websocket", "upgrade: h2c, WebSocket")
             .replace("Connection: Upgrade", "CONNECTION: keep-alive, upgrade");
         assert!(matches!(parse(&req), Ok(HeadStatus::Upgrade(..))));
+    }
+
+    #[test]
+    fn the_first_header_of_a_name_counts() {
+        let first_good = GOOD.replace(
+            "Sec-WebSocket-Version: 13",
+            "sec-websocket-version: 13\r\nSec-WebSocket-Version: 8",
+        );
+        assert!(matches!(parse(&first_good), Ok(HeadStatus::Upgrade(..))));
+        let first_bad = GOOD.replace(
+            "Sec-WebSocket-Version: 13",
+            "Sec-WebSocket-Version: 8\r\nSec-WebSocket-Version: 13",
+        );
+        assert_eq!(parse(&first_bad), Err(Rejection::UpgradeRequired));
     }
 
     #[test]

@@ -189,14 +189,6 @@ impl Ready {
         write: false,
         edge: false,
     };
-    /// The first read of a connection just registered (edge-triggered):
-    /// whatever arrives after the read raises an event, so a short read
-    /// may end it as after an edge (no read that would only say WouldBlock).
-    const REGISTERED: Ready = Ready {
-        read: true,
-        write: false,
-        edge: true,
-    };
 }
 
 /// The listener a connection came in through.
@@ -279,6 +271,8 @@ pub struct Server {
     lifecycle: Lifecycle,
     tally: Tally,
     loop_max: LoopMax,
+    /// When the last poll returned, until its iteration is counted.
+    busy_since: Option<Instant>,
     /// When the pool next gives back buffers that sat unused (only while
     /// it has surplus, or freed buffers the allocator still holds).
     next_trim: Option<Instant>,
@@ -369,6 +363,7 @@ impl Server {
             lifecycle: Lifecycle::Running,
             tally: Tally::default(),
             loop_max: LoopMax::default(),
+            busy_since: None,
             next_trim: None,
             released_at_last_return: 0,
             batching,
@@ -433,7 +428,9 @@ impl Server {
     /// the next deadline; `None` waits as long as nothing is due), then
     /// handles every event, due deadline and queued command.
     pub fn poll_once(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        let timeout = self.poll_timeout(timeout, Instant::now());
+        let before_poll = Instant::now();
+        self.record_iteration(before_poll);
+        let timeout = self.poll_timeout(timeout, before_poll);
         let timeout = self.wait_for_batch(timeout);
         if let Err(e) = self.poll.poll(&mut self.events, timeout) {
             return if e.kind() == io::ErrorKind::Interrupted {
@@ -443,6 +440,7 @@ impl Server {
             };
         }
         let now = Instant::now();
+        self.busy_since = Some(now);
         let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
         self.batching.observe(events.iter().count());
         for event in events.iter() {
@@ -470,7 +468,6 @@ impl Server {
             self.drain_commands(now);
         }
         self.housekeeping(now);
-        self.record_iteration(now);
         Ok(())
     }
 
@@ -731,13 +728,14 @@ impl Server {
                 metrics: true,
             },
         };
-        let mut ctx = self.parts(now).ctx;
-        let conn = Conn::accepted(stream, key, endpoints, &mut ctx);
-        self.conns.insert(conn);
+        self.conns.insert(Conn::accepted(stream, endpoints));
         self.key_bound = self.key_bound.max(key + 1);
         // The request arrived with the connection (the listener defers
         // accepting until it has): reading now saves a trip through the poll.
-        self.on_conn_event(key, Ready::REGISTERED, now);
+        let parts = self.parts(now);
+        let mut ctx = parts.ctx;
+        let verdict = parts.conns[key].on_accepted(key, parts.scratch, &mut ctx);
+        self.settle(key, verdict);
     }
 
     fn retry_reads(&mut self, now: Instant) {
@@ -827,10 +825,13 @@ impl Server {
         self.pool.released() - self.released_at_last_return
     }
 
-    /// Counts one loop iteration that began at `started`.
-    fn record_iteration(&mut self, started: Instant) {
-        let busy = started.elapsed();
-        let ns = u64::try_from(busy.as_nanos()).unwrap_or(u64::MAX);
+    /// Counts the last loop iteration, busy from its poll's return until
+    /// `now` (the next poll: one clock reading serves both).
+    fn record_iteration(&mut self, now: Instant) {
+        let Some(started) = self.busy_since.take() else {
+            return;
+        };
+        let ns = u64::try_from(now.duration_since(started).as_nanos()).unwrap_or(u64::MAX);
         let metrics = &self.shared.metrics;
         Metrics::incr(&metrics.loop_iterations);
         Metrics::add(&metrics.loop_busy_ns, ns);
