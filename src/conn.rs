@@ -864,9 +864,9 @@ mod tests {
             let (accepted, _) = listener.accept().unwrap();
             accepted.set_nonblocking(true).unwrap();
             let config = Config::default();
-            let mut pool = BufferPool::new(config.max_head_bytes, 0, 4);
-            let mut timers = TimerWheel::new(Duration::from_millis(100), 16, Instant::now());
-            let (metrics, histogram, mut tally) = Default::default();
+            let pool = BufferPool::new(config.max_head_bytes, 0, 4);
+            let timers = TimerWheel::new(Duration::from_millis(100), 16, Instant::now());
+            let (metrics, histogram, tally) = Default::default();
             let endpoints = Endpoints {
                 websocket: true,
                 metrics: false,
