@@ -36,6 +36,7 @@
 //! can be used on its own.
 #![deny(missing_docs)]
 
+mod alarm;
 mod auth;
 mod batching;
 mod broadcast;

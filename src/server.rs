@@ -21,6 +21,7 @@ use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use slab::Slab;
 use socket2::{Domain, Socket, Type};
 
+use crate::alarm::Alarm;
 use crate::batching::Batching;
 use crate::broadcast::SharedFrame;
 use crate::config::Config;
@@ -37,6 +38,7 @@ use crate::ws::{CloseCode, MessageKind};
 const LISTENER: Token = Token(usize::MAX);
 const WAKER: Token = Token(usize::MAX - 1);
 const METRICS_LISTENER: Token = Token(usize::MAX - 2);
+const ALARM: Token = Token(usize::MAX - 3);
 
 /// Accept queue length asked of the kernel (capped by net.core.somaxconn).
 const LISTEN_BACKLOG: i32 = 65_535;
@@ -237,6 +239,8 @@ enum Lifecycle {
 #[derive(Debug)]
 pub struct Server {
     poll: Poll,
+    /// Rings for the next time event.
+    alarm: Alarm,
     events: Events,
     listener: TcpListener,
     local_addr: SocketAddr,
@@ -331,6 +335,7 @@ impl Server {
         let now = Instant::now();
         let batching = Batching::new(config.batch_delay);
         Ok(Server {
+            alarm: Alarm::new(poll.registry(), ALARM)?,
             poll,
             events: Events::with_capacity(EVENTS_CAPACITY),
             listener,
@@ -430,7 +435,7 @@ impl Server {
     pub fn poll_once(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         let before_poll = Instant::now();
         self.record_iteration(before_poll);
-        let timeout = self.poll_timeout(timeout, before_poll);
+        let timeout = self.poll_timeout(timeout, before_poll)?;
         let timeout = self.wait_for_batch(timeout);
         if let Err(e) = self.poll.poll(&mut self.events, timeout) {
             return if e.kind() == io::ErrorKind::Interrupted {
@@ -448,6 +453,7 @@ impl Server {
                 LISTENER => self.accept(Door::Main, now),
                 METRICS_LISTENER => self.accept(Door::Metrics, now),
                 WAKER => self.commands_pending = true,
+                ALARM => self.alarm.rang(),
                 Token(key) => {
                     let hangup = event.is_read_closed() || event.is_error();
                     let ready = Ready {
@@ -530,12 +536,28 @@ impl Server {
         timeout.map(|t| t - wait)
     }
 
-    /// How long the next poll may wait.
-    fn poll_timeout(&self, requested: Option<Duration>, now: Instant) -> Option<Duration> {
+    /// How long the next poll may wait: not at all when work is pending,
+    /// else as long as the caller allows; the alarm is set for the next
+    /// time event, and its ring ends the wait.
+    fn poll_timeout(
+        &mut self,
+        requested: Option<Duration>,
+        now: Instant,
+    ) -> io::Result<Option<Duration>> {
         if self.commands_pending || self.accept_again.contains(&true) || !self.read_again.is_empty()
         {
-            return Some(Duration::ZERO);
+            return Ok(Some(Duration::ZERO));
         }
+        if let Some(at) = self.next_time_event() {
+            self.alarm.ring_by(at, now)?;
+        }
+        Ok(requested)
+    }
+
+    /// The earliest time event: a connection's deadline, the heartbeat
+    /// sweep, the end of an accept pause or of the shutdown, the pool's
+    /// trim or the stats line.
+    fn next_time_event(&self) -> Option<Instant> {
         let (lifecycle_deadline, heartbeat) = match self.lifecycle {
             Lifecycle::Draining { deadline } => (Some(deadline), None),
             Lifecycle::Running => (
@@ -543,18 +565,17 @@ impl Server {
                 (!self.conns.is_empty()).then(|| self.heartbeat.next_at()),
             ),
         };
-        let time_events = [
+        [
+            self.timers.next_at(),
             self.accept_paused_until,
             lifecycle_deadline,
             heartbeat,
             self.next_trim,
             self.stats.as_ref().map(|s| s.next_at),
-        ];
-        [requested, self.timers.next_timeout(now)]
-            .into_iter()
-            .chain(time_events.map(|at| at.map(|at| at.saturating_duration_since(now))))
-            .flatten()
-            .min()
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Borrows the loop's parts apart so a connection can be handled while

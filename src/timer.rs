@@ -58,12 +58,12 @@ impl TimerWheel {
     /// Moves every entry due at `now` (deadline tick at or before the
     /// current one) into `due`.
     pub fn expire(&mut self, now: Instant, due: &mut Vec<(usize, Tick)>) {
+        if now < self.tick_start(self.next) {
+            return; // The common case, without a division.
+        }
         let elapsed =
             now.saturating_duration_since(self.start).as_nanos() / self.resolution.as_nanos();
         let current = elapsed.min(u32::MAX as u128 - 1) as u32;
-        if current < self.next {
-            return;
-        }
         let last = current.min(self.next.saturating_add(self.slots.len() as u32 - 1));
         for tick in self.next..=last {
             let slot = &mut self.slots[tick as usize % self.slots.len()];
@@ -83,13 +83,14 @@ impl TimerWheel {
         self.next = current + 1;
     }
 
-    /// How long until the next unexpired tick begins, for the poll timeout;
-    /// `None` when no deadline is armed.
-    pub fn next_timeout(&self, now: Instant) -> Option<Duration> {
-        (self.armed > 0).then(|| {
-            let next_at = self.start + self.resolution * self.next;
-            next_at.saturating_duration_since(now)
-        })
+    /// When the next unexpired tick begins, for the loop's alarm; `None`
+    /// when no deadline is armed.
+    pub fn next_at(&self) -> Option<Instant> {
+        (self.armed > 0).then(|| self.tick_start(self.next))
+    }
+
+    fn tick_start(&self, tick: u32) -> Instant {
+        self.start + self.resolution * tick
     }
 }
 
@@ -148,11 +149,11 @@ mod tests {
         assert_eq!(expire(&mut wheel, t0 + 29 * MS), Vec::<usize>::new());
         assert_eq!(expire(&mut wheel, t0 + 31 * MS), vec![1]);
         assert!(
-            wheel.next_timeout(t0).is_some(),
+            wheel.next_at().is_some(),
             "the owner has not cleared it yet"
         );
         one.clear(&mut wheel);
-        assert_eq!(wheel.next_timeout(t0), None, "nothing armed");
+        assert_eq!(wheel.next_at(), None, "nothing armed");
     }
 
     #[test]
@@ -192,11 +193,7 @@ mod tests {
         deadline.arm(&mut wheel, 7, second);
         assert!(!deadline.is(first) && deadline.is(second));
         deadline.clear(&mut wheel);
-        assert_eq!(
-            wheel.next_timeout(t0),
-            None,
-            "two stale entries, nothing armed"
-        );
+        assert_eq!(wheel.next_at(), None, "two stale entries, nothing armed");
         assert_eq!(
             expire(&mut wheel, t0 + 100 * MS),
             vec![7, 7],
