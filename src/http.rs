@@ -325,14 +325,14 @@ impl<'a> KnownHeaders<'a> {
         let mut known = KnownHeaders::default();
         for header in headers {
             let name = header.name.as_bytes();
-            let slot = match name.len() {
-                4 if name.eq_ignore_ascii_case(b"Host") => &mut known.host,
-                6 if name.eq_ignore_ascii_case(b"Origin") => &mut known.origin,
-                7 if name.eq_ignore_ascii_case(b"Upgrade") => &mut known.upgrade,
-                10 if name.eq_ignore_ascii_case(b"Connection") => &mut known.connection,
-                13 if name.eq_ignore_ascii_case(b"Authorization") => &mut known.authorization,
-                17 if name.eq_ignore_ascii_case(b"Sec-WebSocket-Key") => &mut known.key,
-                21 if name.eq_ignore_ascii_case(b"Sec-WebSocket-Version") => &mut known.version,
+            let slot = match name {
+                _ if name.eq_ignore_ascii_case(b"Host") => &mut known.host,
+                _ if name.eq_ignore_ascii_case(b"Upgrade") => &mut known.upgrade,
+                _ if name.eq_ignore_ascii_case(b"Connection") => &mut known.connection,
+                _ if name.eq_ignore_ascii_case(b"Sec-WebSocket-Version") => &mut known.version,
+                _ if name.eq_ignore_ascii_case(b"Sec-WebSocket-Key") => &mut known.key,
+                _ if name.eq_ignore_ascii_case(b"Origin") => &mut known.origin,
+                _ if name.eq_ignore_ascii_case(b"Authorization") => &mut known.authorization,
                 _ => continue,
             };
             slot.get_or_insert(header.value);
