@@ -951,8 +951,11 @@ mod tests {
 
         let mut rig = Rig::accepted();
         rig.client.write_all(REQUEST).unwrap();
+        let give_up = Instant::now() + Duration::from_secs(5);
         while rig.conn.stream.peek(&mut [0]).is_err() {
-            std::thread::yield_now(); // Until the request is there, as at accept.
+            // Until the request is there, as at accept.
+            assert!(Instant::now() < give_up, "the request never arrived");
+            std::thread::yield_now();
         }
         let verdict = rig.drive(|conn, scratch, ctx| conn.on_accepted(0, scratch, ctx));
         assert_eq!(verdict, Verdict::Keep);
