@@ -66,8 +66,9 @@ pub struct Config {
     /// Log a line with the key counters this often (`None`: never).
     pub stats_interval: Option<Duration>,
     /// After a poll that found several events (they arrive faster than the
-    /// loop sleeps and wakes for each), wait this long before the next
-    /// poll, so that one poll collects what arrives meanwhile: fewer
+    /// loop sleeps and wakes for each), poll again no sooner than this
+    /// after that poll returned (handling its events counts towards it),
+    /// so that one poll collects what arrives meanwhile: fewer
     /// wake-ups and system calls per message under load, for at most this
     /// much added latency. Zero polls at once. At most [`MAX_BATCH_DELAY`].
     pub batch_delay: Duration,

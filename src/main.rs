@@ -96,9 +96,10 @@ struct Cli {
     /// No periodic stats line.
     #[arg(long)]
     quiet: bool,
-    /// Under load (a poll found several events at once), wait this long
-    /// before polling again, so one wake-up handles what arrives meanwhile:
-    /// less CPU per message, at most this much added latency. 0: never wait.
+    /// Under load (a poll found several events at once), poll again no
+    /// sooner than this after that poll returned (handling its events
+    /// counts), so one wake-up handles what arrives meanwhile: less CPU per
+    /// message, at most this much added latency. 0: never wait.
     #[arg(long, value_name = "DURATION", default_value = "500us", value_parser = duration_or_zero, allow_hyphen_values = true)]
     batch_delay: Duration,
     /// Bind with SO_REUSEPORT so several processes can share the address.

@@ -434,9 +434,9 @@ impl Server {
     /// handles every event, due deadline and queued command.
     pub fn poll_once(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         let before_poll = Instant::now();
-        self.record_iteration(before_poll);
+        let handled = self.record_iteration(before_poll);
         let timeout = self.poll_timeout(timeout, before_poll)?;
-        let timeout = self.wait_for_batch(timeout);
+        let timeout = self.wait_for_batch(timeout, handled);
         if let Err(e) = self.poll.poll(&mut self.events, timeout) {
             return if e.kind() == io::ErrorKind::Interrupted {
                 Ok(())
@@ -523,11 +523,12 @@ impl Server {
         Ok(())
     }
 
-    /// After a poll that found several events, waits the batch delay
-    /// (within `timeout`) so that the next poll collects what arrives
-    /// meanwhile; returns what is left of `timeout`.
-    fn wait_for_batch(&mut self, timeout: Option<Duration>) -> Option<Duration> {
-        let wait = self.batching.wait_before_poll(timeout);
+    /// After a poll that found several events, whose handling took
+    /// `handled`, waits what is left of the batch delay (within `timeout`)
+    /// so that the next poll collects what arrives meanwhile; returns what
+    /// is left of `timeout`.
+    fn wait_for_batch(&mut self, timeout: Option<Duration>, handled: Duration) -> Option<Duration> {
+        let wait = self.batching.wait_before_poll(timeout, handled);
         if wait.is_zero() {
             return timeout;
         }
@@ -847,12 +848,14 @@ impl Server {
     }
 
     /// Counts the last loop iteration, busy from its poll's return until
-    /// `now` (the next poll: one clock reading serves both).
-    fn record_iteration(&mut self, now: Instant) {
+    /// `now` (the next poll: one clock reading serves both); returns how
+    /// long it was busy (zero before the first poll).
+    fn record_iteration(&mut self, now: Instant) -> Duration {
         let Some(started) = self.busy_since.take() else {
-            return;
+            return Duration::ZERO;
         };
-        let ns = u64::try_from(now.duration_since(started).as_nanos()).unwrap_or(u64::MAX);
+        let busy = now.duration_since(started);
+        let ns = u64::try_from(busy.as_nanos()).unwrap_or(u64::MAX);
         let metrics = &self.shared.metrics;
         Metrics::incr(&metrics.loop_iterations);
         Metrics::add(&metrics.loop_busy_ns, ns);
@@ -860,6 +863,7 @@ impl Server {
         if let Some(max) = self.loop_max.record(ns, started) {
             Metrics::set(&metrics.loop_max_ns, max);
         }
+        busy
     }
 
     fn drain_commands(&mut self, now: Instant) {
