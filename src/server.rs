@@ -133,7 +133,10 @@ impl Handle {
         self.send(Command::Shutdown)
     }
 
-    /// The server's counters now.
+    /// The server's counters now, read one by one while the loop runs. Byte
+    /// and frame counts (`bytes_written`, `frames_sent`, `queued_bytes`)
+    /// are published once per loop iteration, so they may lag the
+    /// connection counts by that iteration's work.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.shared.metrics.snapshot()
     }
@@ -395,7 +398,10 @@ impl Server {
         }
     }
 
-    /// The server's counters now.
+    /// The server's counters now, read one by one while the loop runs. Byte
+    /// and frame counts (`bytes_written`, `frames_sent`, `queued_bytes`)
+    /// are published once per loop iteration, so they may lag the
+    /// connection counts by that iteration's work.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.shared.metrics.snapshot()
     }
