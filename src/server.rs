@@ -432,6 +432,8 @@ impl Server {
             self.poll_once(None)?;
         }
         self.close_all(CloseReason::Shutdown);
+        // Uncount what the last closes left queued.
+        self.shared.metrics.publish(&mut self.tally);
         Ok(())
     }
 

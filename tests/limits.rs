@@ -156,18 +156,7 @@ fn clients_that_never_read_hold_at_most_their_queue_limit() {
         slow_consumer: wspush::SlowConsumerPolicy::Drop,
         ..Config::default()
     });
-    let stalled: Vec<_> = (0..STALLED)
-        .map(|_| {
-            let socket =
-                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-            socket.set_recv_buffer_size(4096).unwrap();
-            socket.connect(&server.addr.into()).unwrap();
-            let mut stream: std::net::TcpStream = socket.into();
-            stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-            assert_eq!(upgrade(&mut stream), 101);
-            stream
-        })
-        .collect();
+    let stalled: Vec<_> = (0..STALLED).map(|_| stalled_client(server.addr)).collect();
     let addr = server.addr;
     let reader = std::thread::spawn(move || {
         let mut client = connect(addr, "/");
@@ -212,6 +201,57 @@ fn clients_that_never_read_hold_at_most_their_queue_limit() {
         "the stalled clients to go and their queues to be freed",
         |m| m.connections_open == 0 && m.queued_bytes == 0,
     );
+}
+
+/// A shutdown that gives up on a client that never reads closes it and
+/// uncounts its queue: once `run` returns, the metrics show nothing open
+/// and nothing queued.
+#[test]
+fn a_shutdown_that_gives_up_on_a_stalled_client_uncounts_its_queue() {
+    let mut server = wspush::Server::bind(Config {
+        shutdown_timeout: Duration::from_millis(200),
+        max_queued_bytes: 64 * 1024,
+        slow_consumer: wspush::SlowConsumerPolicy::Drop,
+        ..Config::default()
+    })
+    .unwrap();
+    let addr = server.local_addr();
+    let handle = server.handle();
+    let running = std::thread::spawn(move || server.run());
+    let _stalled = stalled_client(addr);
+    // More than the kernel's buffers hold between the two ends.
+    let payload = "x".repeat(16 * 1024);
+    let deadline = Instant::now() + IO_TIMEOUT;
+    while handle.metrics().queued_bytes == 0 {
+        handle.broadcast_text(payload.clone()).unwrap();
+        assert!(
+            Instant::now() < deadline,
+            "nothing queued: {:?}",
+            handle.metrics()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    handle.shutdown().unwrap();
+    running.join().unwrap().unwrap();
+    let m = handle.metrics();
+    assert_eq!(
+        (m.connections_open, m.closed_shutdown, m.queued_bytes),
+        (0, 1, 0),
+        "{m:?}"
+    );
+}
+
+/// A client whose receive buffer is small and which never reads after
+/// its upgrade, so the server's output to it queues up.
+fn stalled_client(addr: std::net::SocketAddr) -> std::net::TcpStream {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&addr.into()).unwrap();
+    let mut stream: std::net::TcpStream = socket.into();
+    stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    assert_eq!(upgrade(&mut stream), 101);
+    stream
 }
 
 /// Resident memory of a process, in bytes.
