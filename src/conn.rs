@@ -483,6 +483,11 @@ impl Conn {
         let mut pos = 0;
         if let Phase::Handshake(endpoints) = self.phase {
             let (used, verdict) = self.handshake(key, endpoints, bytes, ctx);
+            if matches!(self.phase, Phase::Lingering { .. }) {
+                // Answered: whatever the client sent after the head is read
+                // and discarded until it goes, never held.
+                return (bytes.len(), verdict);
+            }
             if verdict != Verdict::Keep || !self.is_open() {
                 return (used, verdict);
             }
@@ -938,6 +943,23 @@ mod tests {
         fn client_frame_start(&mut self) -> [u8; 2] {
             [self.client_byte(), self.client_byte()]
         }
+    }
+
+    #[test]
+    fn bytes_pipelined_after_an_answered_request_are_discarded_not_held() {
+        let mut rig = Rig::accepted();
+        let mut request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
+        let head_len = request.len();
+        request.resize(head_len + 20_000, b'x');
+        rig.client.write_all(&request).unwrap();
+        for _ in 0..2 {
+            let verdict = rig.drive(|conn, scratch, ctx| conn.on_readable(0, false, scratch, ctx));
+            assert_eq!(verdict, Verdict::Keep);
+            assert!(rig.conn.input.is_none(), "nothing held after the answer");
+        }
+        let mut answer = [0u8; 15];
+        rig.client.read_exact(&mut answer).unwrap();
+        assert_eq!(&answer, b"HTTP/1.1 200 OK");
     }
 
     #[test]
