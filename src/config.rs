@@ -107,6 +107,10 @@ pub const DEFAULT_BATCH_DELAY: Duration = Duration::from_micros(500);
 /// The longest [`Config::batch_delay`].
 pub const MAX_BATCH_DELAY: Duration = Duration::from_millis(10);
 
+/// Longest timeout or interval a setting may have: one year. Deadlines are
+/// instants this far ahead, which must not overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// The longest idle timeout in ping intervals (connections count silent
 /// intervals in 15 bits).
 pub const MAX_SILENT_INTERVALS: u16 = crate::heartbeat::MAX_SILENT_VISITS - 1;
@@ -158,6 +162,14 @@ impl Config {
         ];
         if let Some((name, _)) = durations.iter().find(|(_, d)| d.is_zero()) {
             return fail(format!("{name} must be longer than zero"));
+        }
+        let stats = ("stats interval", self.stats_interval.unwrap_or_default());
+        if let Some((name, _)) = durations
+            .iter()
+            .chain([&stats])
+            .find(|(_, d)| *d > MAX_DURATION)
+        {
+            return fail(format!("{name} must be at most 365 days"));
         }
         if self.idle_timeout < self.ping_interval {
             return fail(
@@ -238,6 +250,14 @@ mod tests {
             },
             Config {
                 batch_delay: MAX_BATCH_DELAY + Duration::from_nanos(1),
+                ..Config::default()
+            },
+            Config {
+                shutdown_timeout: MAX_DURATION + Duration::from_nanos(1),
+                ..Config::default()
+            },
+            Config {
+                stats_interval: Some(MAX_DURATION + Duration::from_secs(1)),
                 ..Config::default()
             },
         ];

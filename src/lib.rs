@@ -61,7 +61,7 @@ pub mod ws;
 
 pub use auth::Tokens;
 pub use config::{
-    Config, ConfigError, SlowConsumerPolicy, DEFAULT_BATCH_DELAY, MAX_BATCH_DELAY,
+    Config, ConfigError, SlowConsumerPolicy, DEFAULT_BATCH_DELAY, MAX_BATCH_DELAY, MAX_DURATION,
     MAX_MESSAGE_LIMIT,
 };
 pub use metrics::MetricsSnapshot;

@@ -16,7 +16,7 @@ use socket2::{Domain, Socket, Type};
 use wspush::input::{pump_lines, PumpEnd};
 use wspush::rlimit::{connection_capacity, instances_for, raise_open_file_limit};
 use wspush::supervisor::{Supervisor, INSTANCE_ENV};
-use wspush::{Config, Handle, Server, SlowConsumerPolicy, Tokens, MAX_MESSAGE_LIMIT};
+use wspush::{Config, Handle, Server, SlowConsumerPolicy, Tokens, MAX_DURATION, MAX_MESSAGE_LIMIT};
 
 /// A WebSocket push server: every line on standard input is broadcast as
 /// one text message to every connected client.
@@ -148,7 +148,7 @@ impl FromStr for Processes {
 }
 
 /// A duration: a number with `us`, `ms`, `s`, `m` or `h`, or a bare number of
-/// seconds; zero is refused.
+/// seconds, at most [`MAX_DURATION`]; zero is refused.
 fn duration(value: &str) -> Result<Duration, String> {
     match duration_or_zero(value)? {
         d if d.is_zero() => Err("must be longer than zero".into()),
@@ -176,7 +176,10 @@ fn duration_or_zero(value: &str) -> Result<Duration, String> {
         "h" => number * 3600.0,
         _ => return Err(format!("unknown unit {unit:?} (use us, ms, s, m or h)")),
     };
-    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{value:?} is out of range"))
+    match Duration::try_from_secs_f64(seconds) {
+        Ok(d) if d <= MAX_DURATION => Ok(d),
+        _ => Err(format!("{value:?} is longer than 365 days")),
+    }
 }
 
 fn positive(value: &str) -> Result<usize, String> {

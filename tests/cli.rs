@@ -108,6 +108,11 @@ fn bad_command_lines_fail_with_one_line_and_a_non_zero_exit() {
         ),
         (with(&["--ping-interval", "-1s"]), 2, "must not be negative"),
         (
+            with(&["--stats-interval", "10000000000000000000"]),
+            2,
+            "longer than 365 days",
+        ),
+        (
             with(&["--handshake-timeout", "10 parsecs"]),
             2,
             "--handshake-timeout",
