@@ -67,6 +67,11 @@ impl OutQueue {
         self.head.is_none()
     }
 
+    /// Frames not written whole yet (a partly written head counts).
+    pub fn queued_frames(&self) -> usize {
+        usize::from(self.head.is_some()) + self.backlog.as_ref().map_or(0, |b| b.frames.len())
+    }
+
     /// Bytes waiting to be written.
     pub fn queued_bytes(&self) -> usize {
         let head = self

@@ -101,7 +101,8 @@ pub enum Delivery {
     Queued,
     /// Skipped for this connection: its queue was full (policy `drop`).
     Dropped,
-    /// Its queue was full; it is being closed with 1008 (policy `close`).
+    /// Its queue was full; it is being closed with 1008 (policy `close`)
+    /// and does not get this frame.
     SlowConsumer,
     /// Drop the connection now (its socket failed).
     Close(CloseReason),
@@ -239,10 +240,21 @@ impl Conn {
     }
 
     /// Returns its buffers to the pool, clears its deadline and uncounts
-    /// its queued output before the connection is dropped.
-    pub fn release(&mut self, pool: &mut BufferPool, timers: &mut TimerWheel, tally: &mut Tally) {
+    /// its queued output (counting the frames discarded) before the
+    /// connection is dropped.
+    pub fn release(
+        &mut self,
+        pool: &mut BufferPool,
+        timers: &mut TimerWheel,
+        tally: &mut Tally,
+        metrics: &Metrics,
+    ) {
         self.deadline.clear(timers);
         tally.wrote(0, self.out.queued_bytes(), 0);
+        let discarded = self.out.queued_frames();
+        if discarded > 0 {
+            Metrics::add(&metrics.frames_discarded, discarded as u64);
+        }
         for buf in [self.input.take(), self.message.take()]
             .into_iter()
             .flatten()
@@ -349,6 +361,7 @@ impl Conn {
                     let before = self.out.queued_bytes();
                     let dropped = self.out.drop_unstarted();
                     ctx.tally.wrote(0, before, self.out.queued_bytes());
+                    Metrics::add(&ctx.metrics.frames_discarded, dropped as u64);
                     log::debug!(
                         "slow consumer: {} bytes queued, {dropped} frames dropped, closing",
                         self.out.queued_bytes()

@@ -96,8 +96,13 @@ counters! {
     /// Broadcast frames handed to connections (written or queued).
     broadcast_deliveries,
     /// Broadcast frames a connection did not get because its queue was full
-    /// (slow-consumer policy `drop`).
+    /// (policy `drop`: each one skipped; policy `close`: the one that
+    /// overflowed it, as the connection is closed).
     slow_consumer_drops,
+    /// Frames queued for a connection and never written whole: dropped
+    /// when it was closed as a slow consumer, or still pending when it
+    /// closed (the peer went, or a close or shutdown timed out).
+    frames_discarded,
     /// Frames handed to sockets: broadcasts, pings and each connection's own.
     frames_sent,
     /// Bytes the kernel took from the server's writes.
@@ -207,14 +212,14 @@ impl LoopMax {
 
 /// The periodic info line: connections, traffic and trouble since `last`
 /// (`over` ago), e.g. `1200 open (+40 accepted, -3 closed: 1 idle, 0
-/// slow), 10 broadcasts, 12000 deliveries, 0 dropped, 0 B queued, 1200
+/// slow), 10 broadcasts, 12000 deliveries, 0 dropped, 0 discarded, 0 B queued, 1200
 /// pings, 0 rejected, loop max 0.31 ms`.
 pub fn summary(last: &MetricsSnapshot, now: &MetricsSnapshot, over: Duration) -> String {
     let closed = |m: &MetricsSnapshot| m.closed_by_reason().iter().map(|(_, n)| n).sum::<u64>();
     let rejected = |m: &MetricsSnapshot| m.rejected_by_status().iter().map(|(_, n)| n).sum::<u64>();
     format!(
         "{} open (+{} accepted, -{} closed: {} idle, {} slow) in {}s, {} broadcasts, {} deliveries, \
-         {} dropped, {} B queued, {} pings, {} rejected, loop max {:.2} ms",
+         {} dropped, {} discarded, {} B queued, {} pings, {} rejected, loop max {:.2} ms",
         now.connections_open,
         now.connections_accepted - last.connections_accepted,
         closed(now) - closed(last),
@@ -224,6 +229,7 @@ pub fn summary(last: &MetricsSnapshot, now: &MetricsSnapshot, over: Duration) ->
         now.broadcasts - last.broadcasts,
         now.broadcast_deliveries - last.broadcast_deliveries,
         now.slow_consumer_drops - last.slow_consumer_drops,
+        now.frames_discarded - last.frames_discarded,
         now.queued_bytes,
         now.pings_sent - last.pings_sent,
         rejected(now) - rejected(last),
@@ -384,7 +390,7 @@ pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &m
             })
             .collect()
     };
-    let simple: [(&str, &str, &str, u64); 22] = [
+    let simple: [(&str, &str, &str, u64); 23] = [
         (
             "wspush_connections_open",
             "gauge",
@@ -432,6 +438,12 @@ pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &m
             "counter",
             "Broadcasts skipped for a connection whose queue was full.",
             m.slow_consumer_drops,
+        ),
+        (
+            "wspush_frames_discarded_total",
+            "counter",
+            "Queued frames never written whole (slow consumer closed, or pending at close).",
+            m.frames_discarded,
         ),
         (
             "wspush_frames_sent_total",

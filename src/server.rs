@@ -507,14 +507,17 @@ impl Server {
         let mut ctx = parts.ctx;
         for (key, conn) in parts.conns.iter_mut() {
             match conn.deliver(key, &frame, &mut ctx) {
-                Delivery::Skipped | Delivery::SlowConsumer => {}
+                Delivery::Skipped => {}
                 Delivery::Written => delivered += 1,
                 Delivery::Queued => {
                     delivered += 1;
                     queued += 1;
                 }
-                Delivery::Dropped => dropped += 1,
-                Delivery::Close(reason) => failed.push((key, reason)),
+                Delivery::Dropped | Delivery::SlowConsumer => dropped += 1,
+                Delivery::Close(reason) => {
+                    dropped += u64::from(reason == CloseReason::SlowConsumer);
+                    failed.push((key, reason));
+                }
             }
             if !sync_interest(parts.registry, key, conn) {
                 failed.push((key, CloseReason::Abnormal));
@@ -643,11 +646,11 @@ impl Server {
         let Some(mut conn) = self.conns.try_remove(key) else {
             return;
         };
-        conn.release(&mut self.pool, &mut self.timers, &mut self.tally);
+        let metrics = &self.shared.metrics;
+        conn.release(&mut self.pool, &mut self.timers, &mut self.tally, metrics);
         if let Some(per_ip) = &mut self.per_ip {
             per_ip.release(key);
         }
-        let metrics = &self.shared.metrics;
         Metrics::incr(reason.counter(metrics));
         Metrics::decr(&metrics.connections_open);
         log::debug!("connection {key} closed: {reason:?}");

@@ -242,6 +242,66 @@ fn a_shutdown_that_gives_up_on_a_stalled_client_uncounts_its_queue() {
     );
 }
 
+/// With `--slow-consumer close`, nothing meant for the stalled client goes
+/// uncounted: the broadcast that overflowed its queue is a drop, and every
+/// frame queued for it is either received whole or counted as discarded.
+#[test]
+fn a_slow_consumer_closed_has_every_frame_meant_for_it_accounted_for() {
+    let server = TestServer::start(Config {
+        max_queued_bytes: 64 * 1024,
+        close_timeout: Duration::from_millis(200),
+        ..Config::default()
+    });
+    let mut stalled = stalled_client(server.addr);
+    let payload = "x".repeat(16 * 1024);
+    let mut sent = 0;
+    while server.handle.metrics().slow_consumer_drops == 0 {
+        assert!(sent < 1000, "never over its queue limit");
+        server.handle.broadcast_text(payload.clone()).unwrap();
+        sent += 1;
+        server.wait_for("the broadcast", |m| m.broadcasts == sent);
+    }
+    let m = server.wait_for("the close to time out", |m| m.connections_open == 0);
+    assert_eq!((m.closed_slow_consumer, m.slow_consumer_drops), (1, 1));
+    assert_eq!(m.broadcast_deliveries, sent - 1, "{m:?}");
+
+    let mut received = Vec::new();
+    std::io::Read::read_to_end(&mut stalled, &mut received).unwrap();
+    let (broadcasts, closes) = whole_frames(&received);
+    assert_eq!(
+        broadcasts + closes + m.frames_discarded,
+        m.broadcast_deliveries + 1,
+        "received {broadcasts} broadcasts and {closes} close frames whole: {m:?}"
+    );
+}
+
+/// Whole text and close frames in a server's byte stream; a cut-off frame
+/// at the end is not counted.
+fn whole_frames(mut bytes: &[u8]) -> (u64, u64) {
+    let (mut texts, mut closes) = (0, 0);
+    while bytes.len() >= 2 {
+        let (len, header) = match bytes[1] {
+            126 if bytes.len() >= 4 => (u16::from_be_bytes([bytes[2], bytes[3]]) as usize, 4),
+            127 if bytes.len() >= 10 => (
+                u64::from_be_bytes(bytes[2..10].try_into().unwrap()) as usize,
+                10,
+            ),
+            126 | 127 => break,
+            n => (n as usize, 2),
+        };
+        if bytes.len() < header + len {
+            break;
+        }
+        match bytes[0] {
+            0x81 => texts += 1,
+            0x88 => closes += 1,
+            other => panic!("unexpected frame {other:#x}"),
+        }
+        bytes = &bytes[header + len..];
+    }
+    (texts, closes)
+}
+
 /// A client whose receive buffer is small and which never reads after
 /// its upgrade, so the server's output to it queues up.
 fn stalled_client(addr: std::net::SocketAddr) -> std::net::TcpStream {
