@@ -91,6 +91,10 @@ counters! {
     broadcasts,
     /// Broadcast messages refused (larger than the message limit).
     broadcasts_rejected,
+    /// Broadcasts a handle queued that were not sent because a shutdown
+    /// came first (the loop was behind), or that came after it (once the
+    /// server is dropped, a handle's snapshot counts what was left queued).
+    broadcasts_abandoned,
     /// Input lines not broadcast (invalid UTF-8, or over the message limit).
     input_lines_rejected,
     /// Broadcast frames handed to connections (written or queued).
@@ -390,7 +394,7 @@ pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &m
             })
             .collect()
     };
-    let simple: [(&str, &str, &str, u64); 23] = [
+    let simple: [(&str, &str, &str, u64); 24] = [
         (
             "wspush_connections_open",
             "gauge",
@@ -420,6 +424,12 @@ pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &m
             "counter",
             "Broadcasts refused as larger than the message limit.",
             m.broadcasts_rejected,
+        ),
+        (
+            "wspush_broadcasts_abandoned_total",
+            "counter",
+            "Queued broadcasts not sent because the server shut down.",
+            m.broadcasts_abandoned,
         ),
         (
             "wspush_input_lines_rejected_total",

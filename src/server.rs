@@ -11,7 +11,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -75,16 +75,23 @@ struct Shared {
     waker: Waker,
     /// A wake-up is on its way; further senders need not wake again.
     wake_pending: AtomicBool,
+    /// Broadcasts handles have queued so far (counted as a send begins).
+    broadcasts_queued: AtomicU64,
+    /// Broadcasts the loop took from the queue, as of its drop.
+    broadcasts_taken: AtomicU64,
+    /// How many queued broadcasts go out before the shutdown a handle asked
+    /// for (`u64::MAX`: none asked). Kept beside the queue, so that asking
+    /// never blocks behind a full one.
+    shutdown_after: AtomicU64,
+    /// The server was dropped: nothing will read the queue any more.
+    gone: AtomicBool,
     metrics: Metrics,
     loop_histogram: LoopHistogram,
 }
 
-/// What a [`Handle`] asks the loop to do.
+/// A broadcast a [`Handle`] queued for the loop.
 #[derive(Debug)]
-enum Command {
-    Broadcast(MessageKind, Vec<u8>),
-    Shutdown,
-}
+struct Command(MessageKind, Vec<u8>);
 
 /// The server's loop has ended; nothing can be sent to it any more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,30 +122,46 @@ impl Handle {
     /// loop is thousands of messages behind (backpressure), so do not call
     /// it from the loop's own thread; use [`Server::broadcast`] there.
     pub fn broadcast_text(&self, text: impl Into<String>) -> Result<(), ServerGone> {
-        self.send(Command::Broadcast(
-            MessageKind::Text,
-            text.into().into_bytes(),
-        ))
+        self.send(Command(MessageKind::Text, text.into().into_bytes()))
     }
 
     /// Queues a binary message for every open connection (see [`Handle::broadcast_text`]).
     pub fn broadcast_binary(&self, bytes: impl Into<Vec<u8>>) -> Result<(), ServerGone> {
-        self.send(Command::Broadcast(MessageKind::Binary, bytes.into()))
+        self.send(Command(MessageKind::Binary, bytes.into()))
     }
 
     /// Asks the loop to shut down: stop accepting, close every connection
     /// with 1001 after what is already queued for it, and let
-    /// [`Server::run`] return once they are closed or the close timeout passed.
+    /// [`Server::run`] return once they are closed or the shutdown timeout
+    /// passed. Broadcasts queued before it still go out first, for at most
+    /// half the shutdown timeout (the loop may be far behind); the rest,
+    /// and any queued after it, are counted in `broadcasts_abandoned`.
+    /// Never blocks.
     pub fn shutdown(&self) -> Result<(), ServerGone> {
-        self.send(Command::Shutdown)
+        if self.shared.gone.load(Ordering::Acquire) {
+            return Err(ServerGone);
+        }
+        let queued = self.shared.broadcasts_queued.load(Ordering::Acquire);
+        self.shared
+            .shutdown_after
+            .fetch_min(queued, Ordering::AcqRel);
+        self.wake()
     }
 
     /// The server's counters now, read one by one while the loop runs. Byte
     /// and frame counts (`bytes_written`, `frames_sent`, `queued_bytes`)
     /// are published once per loop iteration, so they may lag the
-    /// connection counts by that iteration's work.
+    /// connection counts by that iteration's work. Once the server is
+    /// dropped, `broadcasts_abandoned` also counts what was still queued.
     pub fn metrics(&self) -> MetricsSnapshot {
-        self.shared.metrics.snapshot()
+        let shared = &self.shared;
+        let mut metrics = shared.metrics.snapshot();
+        if shared.gone.load(Ordering::Acquire) {
+            let queued = shared.broadcasts_queued.load(Ordering::Acquire);
+            let taken = shared.broadcasts_taken.load(Ordering::Relaxed);
+            metrics.broadcasts_abandoned = queued - taken;
+        }
+        metrics
     }
 
     /// The live counters, for code in this crate that counts on the loop's behalf.
@@ -147,7 +170,16 @@ impl Handle {
     }
 
     fn send(&self, command: Command) -> Result<(), ServerGone> {
-        self.commands.send(command).map_err(|_| ServerGone)?;
+        let queued = &self.shared.broadcasts_queued;
+        queued.fetch_add(1, Ordering::AcqRel);
+        if self.commands.send(command).is_err() {
+            queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(ServerGone);
+        }
+        self.wake()
+    }
+
+    fn wake(&self) -> Result<(), ServerGone> {
         if !self.shared.wake_pending.swap(true, Ordering::AcqRel) {
             self.shared.waker.wake().map_err(|_| ServerGone)?;
         }
@@ -264,6 +296,10 @@ pub struct Server {
     command_sender: SyncSender<Command>,
     /// Commands may be waiting (the waker fired, or the last drain stopped at its cap).
     commands_pending: bool,
+    /// Broadcasts taken from the queue so far.
+    commands_taken: u64,
+    /// When the loop saw a handle's shutdown request.
+    shutdown_seen: Option<Instant>,
     /// Connections that used their read budget with input left.
     read_again: Vec<usize>,
     /// Accepting stopped at its cap with connections left in the backlog
@@ -287,6 +323,18 @@ pub struct Server {
     released_at_last_return: u64,
     stats: Option<StatsLine>,
     batching: Batching,
+}
+
+impl Drop for Server {
+    /// Tells the handles that their requests have no one to go to, and
+    /// how many broadcasts it took from them (the rest were abandoned).
+    fn drop(&mut self) {
+        let shared = &self.shared;
+        shared
+            .broadcasts_taken
+            .store(self.commands_taken, Ordering::Relaxed);
+        shared.gone.store(true, Ordering::Release);
+    }
 }
 
 /// The parts of a server a connection handler works with, borrowed apart.
@@ -331,6 +379,10 @@ impl Server {
         let shared = Arc::new(Shared {
             waker: Waker::new(poll.registry(), WAKER)?,
             wake_pending: AtomicBool::new(false),
+            broadcasts_queued: AtomicU64::new(0),
+            broadcasts_taken: AtomicU64::new(0),
+            shutdown_after: AtomicU64::new(u64::MAX),
+            gone: AtomicBool::new(false),
             metrics: Metrics::default(),
             loop_histogram: LoopHistogram::default(),
         });
@@ -362,6 +414,8 @@ impl Server {
             commands,
             command_sender,
             commands_pending: false,
+            commands_taken: 0,
+            shutdown_seen: None,
             read_again: Vec::new(),
             accept_again: [false; 2],
             accept_paused_until: None,
@@ -880,26 +934,46 @@ impl Server {
     fn drain_commands(&mut self, now: Instant) {
         self.shared.wake_pending.store(false, Ordering::Release);
         self.commands_pending = false;
+        if self.lifecycle != Lifecycle::Running {
+            return self.abandon_commands();
+        }
+        let shutdown_after = self.shared.shutdown_after.load(Ordering::Acquire);
+        let seen = (shutdown_after != u64::MAX).then(|| *self.shutdown_seen.get_or_insert(now));
+        let flush_until = seen.map(|seen| seen + self.config.shutdown_timeout / 2);
         for _ in 0..COMMANDS_PER_ITERATION {
+            if self.commands_taken >= shutdown_after || flush_until.is_some_and(|t| now >= t) {
+                self.abandon_commands();
+                return self.begin_shutdown(now);
+            }
             match self.commands.try_recv() {
-                Ok(Command::Broadcast(kind, payload)) => {
+                Ok(Command(kind, payload)) => {
+                    self.commands_taken += 1;
                     let _ = self.broadcast(kind, &payload);
                 }
-                Ok(Command::Shutdown) => self.begin_shutdown(now),
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => return,
             }
         }
         self.commands_pending = true;
     }
 
-    /// Stops accepting and starts closing every connection with 1001.
+    /// Empties the queue without sending: counts and logs what it held.
+    fn abandon_commands(&mut self) {
+        let abandoned = self.commands.try_iter().count();
+        if abandoned > 0 {
+            Metrics::add(&self.shared.metrics.broadcasts_abandoned, abandoned as u64);
+            log::warn!("{abandoned} queued broadcasts not sent: the server is shutting down");
+        }
+    }
+
+    /// Stops accepting and starts closing every connection with 1001; gives
+    /// up on them the shutdown timeout after the request was seen.
     fn begin_shutdown(&mut self, now: Instant) {
         if self.lifecycle != Lifecycle::Running {
             return;
         }
         log::info!("shutting down: closing {} connections", self.conns.len());
         self.lifecycle = Lifecycle::Draining {
-            deadline: now + self.config.shutdown_timeout,
+            deadline: self.shutdown_seen.unwrap_or(now) + self.config.shutdown_timeout,
         };
         let registry = self.poll.registry();
         for listener in std::iter::once(&mut self.listener).chain(&mut self.metrics_listener) {

@@ -4,12 +4,14 @@
 mod util;
 
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use tungstenite::Message;
 use util::{client_frame, connect, raw, read_frame, read_response, upgrade_request, IO_TIMEOUT};
-use wspush::{Config, MessageKind, Server, ServerGone};
+use wspush::{Config, Handle, MessageKind, Server, ServerGone};
 
 /// Polls the server until `done` holds.
 fn poll_until(server: &mut Server, what: &str, mut done: impl FnMut(&Server) -> bool) {
@@ -180,4 +182,118 @@ fn a_poll_after_one_that_found_several_events_waits_the_batch_delay() {
 fn a_zero_batch_delay_never_waits() {
     let [before_first, _, after] = batch_waits_around_two_pings(Duration::ZERO);
     assert_eq!(after, before_first);
+}
+
+/// A client that counts text messages until the server's close, and
+/// answers the close; returns the count and the close code.
+fn count_until_close(addr: std::net::SocketAddr) -> thread::JoinHandle<(u64, Option<u16>)> {
+    thread::spawn(move || {
+        let mut client = connect(addr, "/");
+        let mut got = 0;
+        loop {
+            match client.read() {
+                Ok(Message::Text(_)) => got += 1,
+                Ok(Message::Close(frame)) => {
+                    while client.read().is_ok() {}
+                    return (got, frame.map(|f| u16::from(f.code)));
+                }
+                Ok(other) => panic!("unexpected {other:?}"),
+                Err(_) => return (got, None),
+            }
+        }
+    })
+}
+
+/// A producer far ahead of the loop: it broadcasts `total` messages and
+/// counts those the queue took; the loop is not polled meanwhile, so it
+/// blocks once the queue is full. Returns when it has blocked.
+fn fill_the_queue(handle: &Handle, total: u64) -> (thread::JoinHandle<()>, Arc<AtomicU64>) {
+    let sent = Arc::new(AtomicU64::new(0));
+    let producer = {
+        let (handle, sent) = (handle.clone(), Arc::clone(&sent));
+        thread::spawn(move || {
+            for _ in 0..total {
+                if handle.broadcast_text("m").is_err() {
+                    return;
+                }
+                sent.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    let mut last = 0;
+    loop {
+        thread::sleep(Duration::from_millis(100));
+        let now = sent.load(Ordering::SeqCst);
+        if now > 0 && now == last {
+            return (producer, sent);
+        }
+        last = now;
+    }
+}
+
+/// Calls `shutdown` on another thread and fails unless it returns at once.
+fn shut_down_without_blocking(handle: &Handle) {
+    let (done, returned) = std::sync::mpsc::channel();
+    let handle = handle.clone();
+    thread::spawn(move || done.send(handle.shutdown()));
+    assert_eq!(
+        returned.recv_timeout(IO_TIMEOUT),
+        Ok(Ok(())),
+        "shutdown blocked behind the full queue"
+    );
+}
+
+#[test]
+fn a_shutdown_behind_a_full_queue_returns_at_once_and_sends_what_came_before_it() {
+    const TOTAL: u64 = 6000;
+    let mut server = Server::bind(Config::default()).unwrap();
+    let handle = server.handle();
+    let client = count_until_close(server.local_addr());
+    poll_until(&mut server, "the upgrade", |s| s.connections().count() == 1);
+    let (producer, sent) = fill_the_queue(&handle, TOTAL);
+    let before = sent.load(Ordering::SeqCst);
+    assert!(before < TOTAL, "the queue took everything");
+
+    shut_down_without_blocking(&handle);
+    poll_until(&mut server, "the shutdown", |s| s.is_finished());
+    // The producer's send that was waiting for room began before the
+    // shutdown, so its message goes out too.
+    let before = before + 1;
+    assert_eq!(client.join().unwrap(), (before, Some(1001)));
+    producer.join().unwrap();
+    drop(server);
+    let m = handle.metrics();
+    assert_eq!(
+        (m.broadcasts, m.broadcasts_abandoned),
+        (before, TOTAL - before),
+        "{m:?}"
+    );
+    assert_eq!(handle.shutdown(), Err(ServerGone));
+}
+
+#[test]
+fn a_shutdown_gives_queued_broadcasts_half_its_timeout_then_abandons_the_rest() {
+    let mut server = Server::bind(Config {
+        shutdown_timeout: Duration::from_nanos(2),
+        ..Config::default()
+    })
+    .unwrap();
+    let handle = server.handle();
+    let client = count_until_close(server.local_addr());
+    poll_until(&mut server, "the upgrade", |s| s.connections().count() == 1);
+    let (producer, sent) = fill_the_queue(&handle, u64::MAX);
+
+    shut_down_without_blocking(&handle);
+    poll_until(&mut server, "the shutdown", |s| s.is_finished());
+    drop(server);
+    producer.join().unwrap();
+    let m = handle.metrics();
+    let (got, _) = client.join().unwrap();
+    assert!(m.broadcasts > 0 && m.broadcasts_abandoned > 0, "{m:?}");
+    assert_eq!(got, m.broadcasts, "the client got what was sent");
+    assert_eq!(
+        m.broadcasts + m.broadcasts_abandoned,
+        sent.load(Ordering::SeqCst),
+        "every queued broadcast was sent or counted as abandoned"
+    );
 }
