@@ -610,8 +610,9 @@ impl Server {
         requested: Option<Duration>,
         now: Instant,
     ) -> io::Result<Option<Duration>> {
-        if self.commands_pending || self.accept_again.contains(&true) || !self.read_again.is_empty()
-        {
+        let accept_pending =
+            self.accept_again.contains(&true) && self.accept_paused_until.is_none();
+        if self.commands_pending || accept_pending || !self.read_again.is_empty() {
             return Ok(Some(Duration::ZERO));
         }
         if let Some(at) = self.next_time_event() {
@@ -1086,4 +1087,25 @@ fn refuse(mut stream: TcpStream, rejection: Rejection, scratch: &mut [u8]) {
     let len = rejection.write_response(&mut response);
     let _ = stream.write(&response[..len]);
     let _ = stream.shutdown(Shutdown::Write);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_left_over_while_accepting_is_paused_do_not_keep_the_loop_awake() {
+        let mut server = Server::bind(Config::default()).unwrap();
+        let now = Instant::now();
+        // One listener hit its per-wake cap, then the other ran out of
+        // file descriptors in the same turn.
+        server.accept_again = [true, false];
+        server.accept_paused_until = Some(now + ACCEPT_PAUSE);
+        assert_eq!(server.poll_timeout(None, now).unwrap(), None);
+        server.accept_paused_until = None;
+        assert_eq!(
+            server.poll_timeout(None, now).unwrap(),
+            Some(Duration::ZERO)
+        );
+    }
 }
