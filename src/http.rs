@@ -219,7 +219,8 @@ pub struct HandshakeRules<'a> {
 /// upgrade, or a plain `GET` of one of the [`Endpoint`]s.
 ///
 /// Checks, in order: well-formed HTTP (400) within the size limit (431),
-/// `GET` (405), `HTTP/1.1` (400); then a request without `Upgrade` for
+/// `GET` (405), `HTTP/1.1` (400), no header repeated that must come once
+/// (400); then a request without `Upgrade` for
 /// `/healthz` or `/metrics` is an endpoint (`/metrics` needs the token
 /// when tokens are set: 401; where it has a listener of its own: 404). For an upgrade: the path (404), `Host`,
 /// `Upgrade: websocket` and `Connection: upgrade` (400),
@@ -248,6 +249,9 @@ pub fn parse_request<'a>(
     let target = request.path.unwrap_or("/");
     let path = target.split_once('?').map_or(target, |(path, _)| path);
     let headers = KnownHeaders::of(request.headers);
+    if let Some(repeated) = headers.repeated {
+        return Err(Rejection::BadRequest(repeated));
+    }
     let authorized = || {
         let mut scratch = [0; MAX_TOKEN_LEN];
         rules.tokens.is_none_or(|tokens| {
@@ -255,7 +259,7 @@ pub fn parse_request<'a>(
                 .is_some_and(|token| tokens.contains(token))
         })
     };
-    if headers.upgrade.is_none() {
+    if !headers.upgrade {
         match path {
             "/healthz" => return Ok(HeadStatus::Endpoint(Endpoint::Health, head_len)),
             "/metrics" if rules.endpoints.metrics => {
@@ -274,10 +278,10 @@ pub fn parse_request<'a>(
     if headers.host.is_none() {
         return Err(Rejection::BadRequest("missing Host header"));
     }
-    if !headers.upgrade.is_some_and(|v| has_token(v, "websocket")) {
+    if !headers.upgrade_websocket {
         return Err(Rejection::BadRequest("missing Upgrade: websocket header"));
     }
-    if !headers.connection.is_some_and(|v| has_token(v, "upgrade")) {
+    if !headers.connection_upgrade {
         return Err(Rejection::BadRequest("missing Connection: upgrade header"));
     }
     if headers.version.map(trim) != Some(b"13") {
@@ -307,17 +311,26 @@ pub fn parse_request<'a>(
     ))
 }
 
-/// The request headers the handshake reads: the value of the first header
-/// of each name (names compare case-insensitively), found in one pass.
+/// The request headers the handshake reads, found in one pass (names
+/// compare case-insensitively). `Upgrade` and `Connection` are lists, which
+/// may be split over several lines (RFC 7230 §3.2.2); the others must come
+/// once (RFC 7230 §5.4 for `Host`, RFC 6455 §11.3 for the `Sec-WebSocket-`
+/// ones, and `Origin` and `Authorization` are not lists either).
 #[derive(Debug, Default)]
 struct KnownHeaders<'a> {
     host: Option<&'a [u8]>,
-    upgrade: Option<&'a [u8]>,
-    connection: Option<&'a [u8]>,
+    /// Any `Upgrade` header came.
+    upgrade: bool,
+    /// An `Upgrade` header lists `websocket`.
+    upgrade_websocket: bool,
+    /// A `Connection` header lists `upgrade`.
+    connection_upgrade: bool,
     version: Option<&'a [u8]>,
     key: Option<&'a [u8]>,
     origin: Option<&'a [u8]>,
     authorization: Option<&'a [u8]>,
+    /// The rejection for the first header that came twice but may come once.
+    repeated: Option<&'static str>,
 }
 
 impl<'a> KnownHeaders<'a> {
@@ -325,17 +338,36 @@ impl<'a> KnownHeaders<'a> {
         let mut known = KnownHeaders::default();
         for header in headers {
             let name = header.name.as_bytes();
-            let slot = match name {
-                _ if name.eq_ignore_ascii_case(b"Host") => &mut known.host,
-                _ if name.eq_ignore_ascii_case(b"Upgrade") => &mut known.upgrade,
-                _ if name.eq_ignore_ascii_case(b"Connection") => &mut known.connection,
-                _ if name.eq_ignore_ascii_case(b"Sec-WebSocket-Version") => &mut known.version,
-                _ if name.eq_ignore_ascii_case(b"Sec-WebSocket-Key") => &mut known.key,
-                _ if name.eq_ignore_ascii_case(b"Origin") => &mut known.origin,
-                _ if name.eq_ignore_ascii_case(b"Authorization") => &mut known.authorization,
+            let (slot, repeated) = match name {
+                _ if name.eq_ignore_ascii_case(b"Upgrade") => {
+                    known.upgrade = true;
+                    known.upgrade_websocket |= has_token(header.value, "websocket");
+                    continue;
+                }
+                _ if name.eq_ignore_ascii_case(b"Connection") => {
+                    known.connection_upgrade |= has_token(header.value, "upgrade");
+                    continue;
+                }
+                _ if name.eq_ignore_ascii_case(b"Host") => {
+                    (&mut known.host, "Host header repeated")
+                }
+                _ if name.eq_ignore_ascii_case(b"Sec-WebSocket-Version") => {
+                    (&mut known.version, "Sec-WebSocket-Version header repeated")
+                }
+                _ if name.eq_ignore_ascii_case(b"Sec-WebSocket-Key") => {
+                    (&mut known.key, "Sec-WebSocket-Key header repeated")
+                }
+                _ if name.eq_ignore_ascii_case(b"Origin") => {
+                    (&mut known.origin, "Origin header repeated")
+                }
+                _ if name.eq_ignore_ascii_case(b"Authorization") => {
+                    (&mut known.authorization, "Authorization header repeated")
+                }
                 _ => continue,
             };
-            slot.get_or_insert(header.value);
+            if slot.replace(header.value).is_some() {
+                known.repeated.get_or_insert(repeated);
+            }
         }
         known
     }
@@ -427,17 +459,39 @@ mod tests {
     }
 
     #[test]
-    fn the_first_header_of_a_name_counts() {
-        let first_good = GOOD.replace(
-            "Sec-WebSocket-Version: 13",
-            "sec-websocket-version: 13\r\nSec-WebSocket-Version: 8",
-        );
-        assert!(matches!(parse(&first_good), Ok(HeadStatus::Upgrade(..))));
-        let first_bad = GOOD.replace(
-            "Sec-WebSocket-Version: 13",
-            "Sec-WebSocket-Version: 8\r\nSec-WebSocket-Version: 13",
-        );
-        assert_eq!(parse(&first_bad), Err(Rejection::UpgradeRequired));
+    fn list_headers_may_be_split_over_several_lines() {
+        let req = GOOD
+            .replace("Upgrade: websocket", "Upgrade: h2c\r\nupgrade: websocket")
+            .replace(
+                "Connection: Upgrade",
+                "Connection: keep-alive\r\nConnection: Upgrade",
+            );
+        assert!(matches!(parse(&req), Ok(HeadStatus::Upgrade(..))));
+    }
+
+    #[test]
+    fn a_header_that_must_come_once_is_400_when_repeated() {
+        for (header, twice) in [
+            ("Host: example.com", "Host: example.com\r\nhost: other.example"),
+            (
+                "Sec-WebSocket-Version: 13",
+                "Sec-WebSocket-Version: 13\r\nsec-websocket-version: 13",
+            ),
+            (
+                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Key: AQIDBAUGBwgJCgsMDQ4PEA==",
+            ),
+            (
+                "Host: example.com",
+                "Host: example.com\r\nOrigin: https://a.example\r\nOrigin: https://b.example",
+            ),
+        ] {
+            let req = GOOD.replace(header, twice);
+            assert!(
+                matches!(parse(&req), Err(Rejection::BadRequest(why)) if why.ends_with("repeated")),
+                "{req}"
+            );
+        }
     }
 
     #[test]
