@@ -10,7 +10,7 @@ use std::thread;
 use std::time::Instant;
 
 use tungstenite::Message;
-use util::{connect, raw_upgraded, read_frame, TestServer};
+use util::{connect, need_open_files, raw_upgraded, read_frame, TestServer};
 use wspush::{Config, SlowConsumerPolicy};
 
 fn text(client: &mut util::Client) -> String {
@@ -27,6 +27,8 @@ fn text(client: &mut util::Client) -> String {
 fn a_thousand_clients_get_a_hundred_broadcasts_exactly_once_in_order() {
     const CLIENTS: usize = 1000;
     const MESSAGES: usize = 100;
+    // Both ends of every connection, and the rest.
+    need_open_files(2 * CLIENTS as u64 + 64);
     let server = TestServer::start(Config::default());
     let mut clients: Vec<_> = (0..CLIENTS)
         .map(|i| connect(server.addr, &format!("/ws?id={i}")))

@@ -22,6 +22,63 @@ fn stdout(output: &Output) -> String {
     String::from_utf8(output.stdout.clone()).unwrap()
 }
 
+/// Runs the shell `script` in a new network namespace, where every `net.*`
+/// value is the kernel's default whatever the host was tuned to: as root
+/// with `unshare -n`, otherwise in a user namespace as well (`unshare -rn`).
+/// `None` when this machine allows neither (a container without
+/// CAP_SYS_ADMIN, user namespaces disabled); `.ci/run` sets
+/// `WSPUSH_TEST_NETNS=required` so that there this is a failure instead.
+fn in_fresh_netns(script: &str) -> Option<Output> {
+    for flags in ["-n", "-rn"] {
+        let output = Command::new("unshare")
+            .args([flags, "sh", "-c", script])
+            .output();
+        match output {
+            Ok(output) if !is_unshare_error(&output) => return Some(output),
+            _ => continue,
+        }
+    }
+    let why = "no new network namespace here (unshare -n and unshare -rn both failed)";
+    assert!(
+        std::env::var("WSPUSH_TEST_NETNS").as_deref() != Ok("required"),
+        "{why}"
+    );
+    eprintln!("skipped: {why}");
+    None
+}
+
+/// Whether `unshare` itself failed, before it ran the script.
+fn is_unshare_error(output: &Output) -> bool {
+    String::from_utf8_lossy(&output.stderr).starts_with("unshare: ")
+}
+
+/// The summary line of a report (`summary: OK: ...` / `summary: SHORT: ...`).
+fn summary(report: &str) -> &str {
+    report
+        .lines()
+        .find(|l| l.starts_with("summary: "))
+        .unwrap_or_else(|| panic!("no summary in:\n{report}"))
+}
+
+/// The one line after the summary, naming apply.sh, is there exactly when
+/// a sysctl (`net.*`, `fs.*`) is short: a shell limit is not apply.sh's.
+fn assert_apply_hint_iff_a_sysctl_is_short(report: &str) {
+    let sysctl_short = report
+        .lines()
+        .any(|l| l.starts_with("SHORT  net.") || l.starts_with("SHORT  fs."));
+    let after: Vec<&str> = report
+        .lines()
+        .skip_while(|l| !l.starts_with("summary: "))
+        .skip(1)
+        .collect();
+    if sysctl_short {
+        assert_eq!(after.len(), 1, "{report}");
+        assert!(after[0].contains("/apply.sh "), "{report}");
+    } else {
+        assert!(after.is_empty(), "{report}");
+    }
+}
+
 /// The report line of one limit (`OK     label: ...`, `SHORT  label: ...`).
 fn line<'a>(report: &'a str, label: &str) -> &'a str {
     report
@@ -52,12 +109,14 @@ fn too_few_open_files_per_process_is_short_and_exits_1() {
     // The fix names the process count that fits the limit: 100000 / (256 - 64).
     assert!(report.contains("--processes 521"), "{report}");
 
-    let summary = report.lines().last().unwrap_or_default();
+    // Whatever else this machine is short of for 100,000 connections.
+    let summary = summary(&report);
     assert!(summary.starts_with("summary: SHORT"), "{summary}");
     assert!(
         summary.contains("open files per server process"),
         "{summary}"
     );
+    assert_apply_hint_iff_a_sysctl_is_short(&report);
 }
 
 #[test]
@@ -121,29 +180,99 @@ fn source_addresses_are_planned_at_45_percent_of_the_port_range() {
     assert!(check(&needs.to_string()).starts_with("OK "));
 }
 
+/// A hundred connections fit: exit 0, nothing short, every limit reported
+/// (tracked connections even when not loaded), one summary line last.
+fn assert_a_hundred_fit(output: &Output, what: &str) {
+    let report = stdout(output);
+    assert_eq!(output.status.code(), Some(0), "{what}:\n{report}");
+    assert!(!report.lines().any(|l| l.starts_with("SHORT")), "{report}");
+    for label in [
+        "open files per server process",
+        "fs.nr_open",
+        "fs.file-max",
+        "net.core.somaxconn",
+        "net.ipv4.tcp_max_syn_backlog",
+        "net.ipv4.tcp_mem",
+        "net.core.netdev_max_backlog",
+        "net.netfilter.nf_conntrack_max",
+        "net.ipv4.tcp_max_orphans",
+    ] {
+        line(&report, label);
+    }
+    assert_eq!(report.lines().last(), Some(summary(&report)), "{report}");
+    assert!(summary(&report).starts_with("summary: OK"), "{report}");
+}
+
 #[test]
 fn a_hundred_connections_fit_any_normal_linux() {
     for args in [&["100"][..], &["100", "--both-ends"][..]] {
-        let output = run("", CHECK, args);
-        let report = stdout(&output);
-        assert_eq!(output.status.code(), Some(0), "{args:?}:\n{report}");
-        assert!(!report.lines().any(|l| l.starts_with("SHORT")), "{report}");
-        // Every limit is reported, tracked connections even when not loaded.
-        for label in [
-            "open files per server process",
-            "fs.nr_open",
-            "fs.file-max",
-            "net.core.somaxconn",
-            "net.ipv4.tcp_max_syn_backlog",
-            "net.ipv4.tcp_mem",
-            "net.core.netdev_max_backlog",
-            "net.netfilter.nf_conntrack_max",
-        ] {
-            line(&report, label);
-        }
-        let summary = report.lines().last().unwrap_or_default();
-        assert!(summary.starts_with("summary: OK"), "{summary}");
+        assert_a_hundred_fit(&run("", CHECK, args), &format!("{args:?}"));
     }
+}
+
+#[test]
+fn a_hundred_connections_fit_a_fresh_network_namespace() {
+    // The kernel's defaults for every net.* value, however the host was
+    // tuned; the host-wide ones are not visible there, and say so.
+    let script = format!("exec {CHECK} 100 --both-ends");
+    let Some(output) = in_fresh_netns(&script) else {
+        return;
+    };
+    assert_a_hundred_fit(&output, "a fresh network namespace");
+    let report = stdout(&output);
+    for host_wide in [
+        "net.ipv4.tcp_mem",
+        "net.core.netdev_max_backlog",
+        "net.ipv4.tcp_max_orphans",
+    ] {
+        let warn = line(&report, host_wide);
+        assert!(warn.starts_with("WARN "), "{warn}");
+        assert!(
+            warn.contains("not visible in this network namespace"),
+            "{warn}"
+        );
+    }
+}
+
+#[test]
+fn a_short_accept_queue_is_found_then_raised_by_apply_sh() {
+    // The state is built here, in a namespace of its own: both queues at
+    // 128, too small for 10,000 connections arriving at once.
+    let script = format!(
+        "echo 128 > /proc/sys/net/core/somaxconn\n\
+         echo 128 > /proc/sys/net/ipv4/tcp_max_syn_backlog\n\
+         {CHECK} 10000; echo \"check exit $?\"\n\
+         {APPLY} 10000; echo \"apply exit $?\"\n\
+         {CHECK} 10000"
+    );
+    let Some(output) = in_fresh_netns(&script) else {
+        return;
+    };
+    let out = stdout(&output);
+    let (before, rest) = out
+        .split_once("check exit ")
+        .unwrap_or_else(|| panic!("{out}"));
+    let (applied, after) = rest
+        .split_once("apply exit ")
+        .unwrap_or_else(|| panic!("{out}"));
+
+    for label in ["net.core.somaxconn", "net.ipv4.tcp_max_syn_backlog"] {
+        let short = line(before, label);
+        assert!(short.starts_with("SHORT "), "{short}");
+        assert!(short.contains("has 128"), "{short}");
+        assert!(
+            applied.contains(&format!("raised      {label}: 128 -> 10000")),
+            "{applied}"
+        );
+        let ok = line(after, label);
+        assert!(ok.starts_with("OK "), "{ok}");
+        assert!(ok.contains("has 10000"), "{ok}");
+    }
+    assert!(applied.starts_with("1\n"), "check.sh exits 1: {out}");
+    assert!(summary(before).starts_with("summary: SHORT"), "{before}");
+    assert_apply_hint_iff_a_sysctl_is_short(before);
+    // What a namespace cannot change is named, not failed: apply.sh exits 0.
+    assert!(after.starts_with("0\n"), "apply.sh exits 0: {out}");
 }
 
 #[test]

@@ -133,16 +133,26 @@ set_sysctl() {
   fi
 }
 
+# Why a key may be missing: tcp_mem, netdev_max_backlog and tcp_max_orphans
+# belong to the host's first network namespace; a container or `unshare -n`
+# does not show them (and shows nf_conntrack_max read-only), but the host's
+# values apply there too.
+absent="not in this kernel, or a host-wide value this network namespace does not show: raise it on the host"
+
 # raise KEY NEED TARGET WHY: a single-number sysctl; kept when it is at
 # least NEED, else raised to TARGET (NEED rounded up to a round number).
 raise() {
   local key=$1 need=$2 target=$3 why=$4 old
   if ! old=$(read_sysctl "$key"); then
-    printf '%-11s %s: not present (%s)\n' "skip" "$key" "$why"
+    printf '%-11s %s: not present (%s): %s\n' "skip" "$key" "$why" "$absent"
     return
   fi
   if ((old >= need)); then
     printf '%-11s %s: %s (needs %s: %s)\n' "keep" "$key" "$old" "$need" "$why"
+  elif [[ $(stat -c %A "$(sysctl_path "$key")") != *w* ]]; then
+    # nf_conntrack_max, in any network namespace but the host's first one.
+    printf '%-11s %s: %s, needs %s (%s): read-only here, a host-wide value: raise it on the host\n' \
+      "skip" "$key" "$old" "$need" "$why"
   else
     set_sysctl "$key" "$old" "$target"
   fi
@@ -164,23 +174,27 @@ fi
 # tcp_mem is three numbers of pages (min pressure max): raise pressure and
 # max field by field, never past 3/4 of the RAM (a TCP limit above the RAM
 # turns memory pressure into the OOM killer).
-read -r mem_min mem_pressure mem_max <<<"$(read_sysctl net.ipv4.tcp_mem)"
-ram_pages=$(($(meminfo_bytes MemTotal) / PAGE_BYTES))
-cap=$((ram_pages * 3 / 4))
-want_pressure=$(min "$NEED_TCP_MEM_PRESSURE" "$cap")
-want_max=$(min "$NEED_TCP_MEM_MAX" "$cap")
-new_pressure=$(max "$mem_pressure" "$want_pressure")
-new_max=$(max "$mem_max" "$want_max")
-new_min=$(min "$mem_min" "$new_pressure")
-if ((new_pressure == mem_pressure && new_max == mem_max)); then
-  printf '%-11s %s: %s %s %s (needs pressure %s, max %s pages)\n' "keep" "net.ipv4.tcp_mem" \
-    "$mem_min" "$mem_pressure" "$mem_max" "$NEED_TCP_MEM_PRESSURE" "$NEED_TCP_MEM_MAX"
+if ! tcp_mem=$(read_sysctl net.ipv4.tcp_mem); then
+  printf '%-11s %s: not present: %s\n' "skip" "net.ipv4.tcp_mem" "$absent"
 else
-  set_sysctl net.ipv4.tcp_mem "$mem_min $mem_pressure $mem_max" "$new_min $new_pressure $new_max"
-fi
-if ((want_max < NEED_TCP_MEM_MAX)); then
-  printf '%-11s %s: capped at 3/4 of the RAM (%s pages); %s connections need %s pages at most\n' \
-    "WARNING" "net.ipv4.tcp_mem" "$cap" "$n" "$NEED_TCP_MEM_MAX"
+  read -r mem_min mem_pressure mem_max <<<"$tcp_mem"
+  ram_pages=$(($(meminfo_bytes MemTotal) / PAGE_BYTES))
+  cap=$((ram_pages * 3 / 4))
+  want_pressure=$(min "$NEED_TCP_MEM_PRESSURE" "$cap")
+  want_max=$(min "$NEED_TCP_MEM_MAX" "$cap")
+  new_pressure=$(max "$mem_pressure" "$want_pressure")
+  new_max=$(max "$mem_max" "$want_max")
+  new_min=$(min "$mem_min" "$new_pressure")
+  if ((new_pressure == mem_pressure && new_max == mem_max)); then
+    printf '%-11s %s: %s %s %s (needs pressure %s, max %s pages)\n' "keep" "net.ipv4.tcp_mem" \
+      "$mem_min" "$mem_pressure" "$mem_max" "$NEED_TCP_MEM_PRESSURE" "$NEED_TCP_MEM_MAX"
+  else
+    set_sysctl net.ipv4.tcp_mem "$mem_min $mem_pressure $mem_max" "$new_min $new_pressure $new_max"
+  fi
+  if ((want_max < NEED_TCP_MEM_MAX)); then
+    printf '%-11s %s: capped at 3/4 of the RAM (%s pages); %s connections need %s pages at most\n' \
+      "WARNING" "net.ipv4.tcp_mem" "$cap" "$n" "$NEED_TCP_MEM_MAX"
+  fi
 fi
 
 # The listen port: reserved if it lies in the ephemeral range, so that no

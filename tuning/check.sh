@@ -125,6 +125,19 @@ sysctl_value() {
   }
 }
 
+# host_wide KEY: reads into $value a limit that only the host's first network
+# namespace shows (tcp_mem, netdev_max_backlog, tcp_max_orphans). In any
+# other one (a container, `unshare -n`) the key is absent, though the host's
+# value still applies: that is reported as a WARN, and host_wide fails.
+host_wide() {
+  if value=$(read_sysctl "$1"); then
+    return 0
+  fi
+  report WARN "$1" "not visible in this network namespace: a host-wide value (a container or unshare -n shows only its own net.* values)" \
+    "check it on the host: tuning/check.sh $n there"
+  return 1
+}
+
 # --- header -------------------------------------------------------------------
 
 if ((both_ends)); then
@@ -298,32 +311,36 @@ fi
 
 # --- TCP memory -------------------------------------------------------------------
 
-read -r mem_min mem_pressure mem_max <<<"$(sysctl_value net.ipv4.tcp_mem)"
-pressures=$(net_counter TcpExt TCPMemoryPressures)
-aborts=$(net_counter TcpExt TCPAbortOnMemory)
-detail="needs pressure >= $NEED_TCP_MEM_PRESSURE, max >= $NEED_TCP_MEM_MAX pages (1-2 pages of $PAGE_BYTES bytes per connection: $(human_bytes $((NEED_TCP_MEM_MAX * PAGE_BYTES)))), has $mem_min $mem_pressure $mem_max"
-evidence="memory pressure episodes since boot: ${pressures:-?}, sockets aborted for memory: ${aborts:-?}"
-if ((mem_pressure >= NEED_TCP_MEM_PRESSURE && mem_max >= NEED_TCP_MEM_MAX)); then
-  report OK "net.ipv4.tcp_mem" "$detail" "$evidence"
-else
-  new_pressure=$(max "$mem_pressure" "$NEED_TCP_MEM_PRESSURE")
-  new_max=$(max "$mem_max" "$NEED_TCP_MEM_MAX")
-  report SHORT "net.ipv4.tcp_mem" "$detail" "$evidence" \
-    "without it: a broadcast to slow readers puts TCP under memory pressure (buffers shrink, sends stall);" \
-    "     at max, dmesg \"TCP: out of memory -- consider tuning tcp_mem\" and sockets are reset" \
-    "fix: sysctl -w net.ipv4.tcp_mem=\"$(min "$mem_min" "$new_pressure") $new_pressure $new_max\""
+if host_wide net.ipv4.tcp_mem; then
+  read -r mem_min mem_pressure mem_max <<<"$value"
+  pressures=$(net_counter TcpExt TCPMemoryPressures)
+  aborts=$(net_counter TcpExt TCPAbortOnMemory)
+  detail="needs pressure >= $NEED_TCP_MEM_PRESSURE, max >= $NEED_TCP_MEM_MAX pages (1-2 pages of $PAGE_BYTES bytes per connection: $(human_bytes $((NEED_TCP_MEM_MAX * PAGE_BYTES)))), has $mem_min $mem_pressure $mem_max"
+  evidence="memory pressure episodes since boot: ${pressures:-?}, sockets aborted for memory: ${aborts:-?}"
+  if ((mem_pressure >= NEED_TCP_MEM_PRESSURE && mem_max >= NEED_TCP_MEM_MAX)); then
+    report OK "net.ipv4.tcp_mem" "$detail" "$evidence"
+  else
+    new_pressure=$(max "$mem_pressure" "$NEED_TCP_MEM_PRESSURE")
+    new_max=$(max "$mem_max" "$NEED_TCP_MEM_MAX")
+    report SHORT "net.ipv4.tcp_mem" "$detail" "$evidence" \
+      "without it: a broadcast to slow readers puts TCP under memory pressure (buffers shrink, sends stall);" \
+      "     at max, dmesg \"TCP: out of memory -- consider tuning tcp_mem\" and sockets are reset" \
+      "fix: sysctl -w net.ipv4.tcp_mem=\"$(min "$mem_min" "$new_pressure") $new_pressure $new_max\""
+  fi
 fi
 
 # --- input backlog ---------------------------------------------------------------
 
-netdev=$(sysctl_value net.core.netdev_max_backlog)
-detail="needs $NEED_NETDEV (a broadcast sends one packet per connection at once), has $netdev (packets dropped for it since boot: $(softnet_drops))"
-if ((netdev >= NEED_NETDEV)); then
-  report OK "net.core.netdev_max_backlog" "$detail"
-else
-  report SHORT "net.core.netdev_max_backlog" "$detail" \
-    "without it: packets dropped on input (2nd column of /proc/net/softnet_stat grows), retransmits, late deliveries" \
-    "fix: sysctl -w net.core.netdev_max_backlog=$(pow2_at_least "$NEED_NETDEV")"
+if host_wide net.core.netdev_max_backlog; then
+  netdev=$value
+  detail="needs $NEED_NETDEV (a broadcast sends one packet per connection at once), has $netdev (packets dropped for it since boot: $(softnet_drops))"
+  if ((netdev >= NEED_NETDEV)); then
+    report OK "net.core.netdev_max_backlog" "$detail"
+  else
+    report SHORT "net.core.netdev_max_backlog" "$detail" \
+      "without it: packets dropped on input (2nd column of /proc/net/softnet_stat grows), retransmits, late deliveries" \
+      "fix: sysctl -w net.core.netdev_max_backlog=$(pow2_at_least "$NEED_NETDEV")"
+  fi
 fi
 
 # --- connection tracking -------------------------------------------------------------
@@ -351,14 +368,16 @@ fi
 
 # --- mass close -------------------------------------------------------------------------
 
-orphans=$(sysctl_value net.ipv4.tcp_max_orphans)
-detail="needs $NEED_ORPHANS (every connection closed at once: shutdown, restart), has $orphans"
-if ((orphans >= NEED_ORPHANS)); then
-  report OK "net.ipv4.tcp_max_orphans" "$detail"
-else
-  report SHORT "net.ipv4.tcp_max_orphans" "$detail" \
-    "without it: dmesg \"TCP: too many orphaned sockets\", the rest are reset instead of closed" \
-    "fix: sysctl -w net.ipv4.tcp_max_orphans=$(round_up "$NEED_ORPHANS" 65536)"
+if host_wide net.ipv4.tcp_max_orphans; then
+  orphans=$value
+  detail="needs $NEED_ORPHANS (every connection closed at once: shutdown, restart), has $orphans"
+  if ((orphans >= NEED_ORPHANS)); then
+    report OK "net.ipv4.tcp_max_orphans" "$detail"
+  else
+    report SHORT "net.ipv4.tcp_max_orphans" "$detail" \
+      "without it: dmesg \"TCP: too many orphaned sockets\", the rest are reset instead of closed" \
+      "fix: sysctl -w net.ipv4.tcp_max_orphans=$(round_up "$NEED_ORPHANS" 65536)"
+  fi
 fi
 
 # --- memory --------------------------------------------------------------------------------

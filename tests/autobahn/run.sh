@@ -219,9 +219,13 @@ ensure_suite() {
   mkdir -p "$ab_home"
   exec 9>"$ab_home/.lock"
   flock 9
-  if [[ -f "$marker" && "$(cat "$marker")" == "$stamp" && -x "$py2" ]]; then
+  # The cache counts only when it still runs: a half-deleted one, or one
+  # whose system libraries were removed since, is installed again.
+  if [[ -f "$marker" && "$(cat "$marker")" == "$stamp" && -x "$py2" ]] &&
+    "$py2" "$wstest" --help >/dev/null 2>&1; then
     log "using cached Autobahn|Testsuite in $ab_home"
   else
+    [[ -f "$marker" ]] && log "the cache in $ab_home is stale or broken: installing again"
     local t0=$SECONDS
     (install_suite) # a subshell: its CFLAGS/PIP_* exports stay there
     log "install took $((SECONDS - t0)) s"

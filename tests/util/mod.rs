@@ -18,6 +18,19 @@ use wspush::{Config, Handle, Server};
 /// instead of hanging.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Makes room for `files` descriptors in this test process (its clients,
+/// and an embedded server's sockets too): raises the soft limit to the hard
+/// one, as wspush does when it starts (a fresh login's soft limit is often
+/// 1,024), and fails with the fix when even the hard limit is lower.
+pub fn need_open_files(files: u64) {
+    let limit = wspush::rlimit::raise_open_file_limit().expect("raise RLIMIT_NOFILE");
+    assert!(
+        limit >= files,
+        "this test needs {files} open files and the hard limit is {limit}: \
+         raise it (as root: ulimit -Hn {files}; see tuning/README.md)"
+    );
+}
+
 /// An embedded server running `run()` on its own thread; shut down on drop.
 pub struct TestServer {
     pub addr: SocketAddr,
