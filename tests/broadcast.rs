@@ -171,7 +171,12 @@ fn the_drop_policy_skips_messages_for_a_slow_client_and_counts_each_one() {
     for seq in 0..MESSAGES {
         server.handle.broadcast_text(numbered(seq, SIZE)).unwrap();
     }
-    let metrics = server.wait_for("every broadcast", |m| m.broadcasts == MESSAGES as u64);
+    // A broadcast is counted as it starts, its deliveries and drops once
+    // its fan-out is done: wait for those of the last one.
+    server.wait_for("every broadcast", |m| m.broadcasts == MESSAGES as u64);
+    let metrics = server.wait_for("every fan-out", |m| {
+        m.broadcast_deliveries + m.slow_consumer_drops >= MESSAGES as u64
+    });
     let dropped = metrics.slow_consumer_drops as usize;
     assert!(
         dropped > 0,
