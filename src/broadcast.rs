@@ -1,10 +1,13 @@
-//! Broadcast buffers: a frame encoded once into one shared buffer, and the
-//! per-connection output queue that holds references to such frames.
+//! Broadcast buffers: frames encoded once into one shared buffer, and the
+//! per-connection output queue that holds references to such buffers.
 //!
-//! A connection whose socket takes a frame whole keeps nothing. One that
-//! takes part of it keeps a reference and an offset; frames that arrive
+//! A connection whose socket takes a buffer whole keeps nothing. One that
+//! takes part of it keeps a reference and an offset; buffers that arrive
 //! while it is behind are queued as references. Payload bytes are never
 //! copied per connection.
+//!
+//! A buffer may hold several frames back to back (a batch of broadcasts
+//! queued together): a socket then takes all of them with one `write`.
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
@@ -14,47 +17,97 @@ use crate::io::{write_until_blocked, MAX_IOV};
 use crate::ws::header::MAX_HEADER_LEN;
 use crate::ws::{FrameHeader, OpCode};
 
-/// An encoded frame shared by every queue it is in (a thin pointer, so a
-/// queued reference costs 8 bytes).
+/// Whole frames encoded once, shared by every queue they are in (a thin
+/// pointer, so a queued reference costs 8 bytes).
 #[derive(Debug, Clone)]
-pub struct SharedFrame(Arc<Box<[u8]>>);
+pub struct SharedFrames(Arc<Frames>);
 
-impl SharedFrame {
+#[derive(Debug)]
+struct Frames {
+    /// How many frames `bytes` holds (1 for bytes of a connection's own).
+    count: u32,
+    bytes: Box<[u8]>,
+}
+
+impl SharedFrames {
     /// Encodes one unmasked, final frame: header and payload in one buffer.
-    pub fn encode(opcode: OpCode, payload: &[u8]) -> SharedFrame {
-        let mut header = [0u8; MAX_HEADER_LEN];
-        let header_len = FrameHeader::server(opcode, payload.len() as u64).encode(&mut header);
-        SharedFrame::from_parts(&[&header[..header_len], payload])
+    pub fn encode(opcode: OpCode, payload: &[u8]) -> SharedFrames {
+        SharedFrames::encode_all([(opcode, payload)])
     }
 
-    /// A frame (or the unwritten rest of one) from bytes already encoded.
-    pub fn from_parts(parts: &[&[u8]]) -> SharedFrame {
-        SharedFrame(Arc::new(parts.concat().into_boxed_slice()))
+    /// Encodes unmasked, final frames back to back into one buffer, sized
+    /// first and allocated once.
+    pub fn encode_all<'a, I>(frames: I) -> SharedFrames
+    where
+        I: IntoIterator<Item = (OpCode, &'a [u8])>,
+        I::IntoIter: Clone,
+    {
+        let frames = frames.into_iter();
+        let size = frames.clone().map(|(_, p)| encoded_len(p.len())).sum();
+        let mut bytes = Vec::with_capacity(size);
+        let mut header = [0u8; MAX_HEADER_LEN];
+        let mut count = 0u32;
+        for (opcode, payload) in frames {
+            let len = FrameHeader::server(opcode, payload.len() as u64).encode(&mut header);
+            bytes.extend_from_slice(&header[..len]);
+            bytes.extend_from_slice(payload);
+            count += 1;
+        }
+        debug_assert_eq!(bytes.len(), size);
+        SharedFrames(Arc::new(Frames {
+            count,
+            bytes: bytes.into_boxed_slice(),
+        }))
+    }
+
+    /// Bytes already encoded (one frame, or the unwritten rest of one).
+    pub fn from_parts(parts: &[&[u8]]) -> SharedFrames {
+        SharedFrames(Arc::new(Frames {
+            count: 1,
+            bytes: parts.concat().into_boxed_slice(),
+        }))
     }
 
     /// The encoded bytes.
     pub fn bytes(&self) -> &[u8] {
-        &self.0
+        &self.0.bytes
     }
+
+    /// How many frames the bytes hold.
+    pub fn count(&self) -> usize {
+        self.0.count as usize
+    }
+}
+
+/// The encoded size of a server frame with a `payload_len`-byte payload.
+pub fn encoded_len(payload_len: usize) -> usize {
+    let header = match payload_len {
+        0..=125 => 2,
+        126..=0xFFFF => 4,
+        _ => 10,
+    };
+    header + payload_len
 }
 
 /// Refused by [`OutQueue::send_shared`]: the queue holds too many bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueFull;
 
-/// Frames queued behind the head, allocated only while a connection is
-/// more than one frame behind.
+/// Buffers queued behind the head, allocated only while a connection is
+/// more than one buffer behind.
 #[derive(Debug, Default)]
 struct Backlog {
-    frames: VecDeque<SharedFrame>,
+    buffers: VecDeque<SharedFrames>,
     bytes: usize,
+    /// Frames in `buffers`.
+    frames: usize,
 }
 
-/// A connection's pending output: the frame being written with how much of
-/// it went out, then the frames behind it. Empty, it owns no heap memory.
+/// A connection's pending output: the buffer being written with how much of
+/// it went out, then the buffers behind it. Empty, it owns no heap memory.
 #[derive(Debug, Default)]
 pub struct OutQueue {
-    head: Option<SharedFrame>,
+    head: Option<SharedFrames>,
     /// Bytes of `head` already written (frames are under 4 GiB, see
     /// [`MAX_MESSAGE_LIMIT`](crate::MAX_MESSAGE_LIMIT)).
     written: u32,
@@ -67,9 +120,10 @@ impl OutQueue {
         self.head.is_none()
     }
 
-    /// Frames not written whole yet (a partly written head counts).
+    /// Frames not written whole yet (those of a partly written head count).
     pub fn queued_frames(&self) -> usize {
-        usize::from(self.head.is_some()) + self.backlog.as_ref().map_or(0, |b| b.frames.len())
+        self.head.as_ref().map_or(0, SharedFrames::count)
+            + self.backlog.as_ref().map_or(0, |b| b.frames)
     }
 
     /// Bytes waiting to be written.
@@ -81,12 +135,12 @@ impl OutQueue {
         head + self.backlog.as_ref().map_or(0, |b| b.bytes)
     }
 
-    /// Sends a shared frame: written straight away when nothing is queued,
+    /// Sends shared frames: written straight away when nothing is queued,
     /// else queued by reference. Refused when the queue is not empty and
-    /// would exceed `limit` bytes with it.
+    /// would exceed `limit` bytes with them.
     pub fn send_shared(
         &mut self,
-        frame: &SharedFrame,
+        frame: &SharedFrames,
         limit: usize,
         w: &mut impl Write,
     ) -> io::Result<Result<(), QueueFull>> {
@@ -110,14 +164,14 @@ impl OutQueue {
     /// only what the socket did not take is copied into the queue.
     pub fn send_private(&mut self, parts: &[&[u8]], w: &mut impl Write) -> io::Result<()> {
         if !self.is_empty() {
-            self.push(SharedFrame::from_parts(parts));
+            self.push(SharedFrames::from_parts(parts));
             return Ok(());
         }
         let n = write_until_blocked(w, parts)?;
         let total: usize = parts.iter().map(|p| p.len()).sum();
         if n < total {
             let rest = unwritten(parts, n);
-            self.head = Some(SharedFrame::from_parts(&rest[..]));
+            self.head = Some(SharedFrames::from_parts(&rest[..]));
         }
         Ok(())
     }
@@ -130,8 +184,8 @@ impl OutQueue {
             parts[0] = &head.bytes()[self.written as usize..];
             let mut count = 1;
             if let Some(backlog) = &self.backlog {
-                for (part, frame) in parts[1..].iter_mut().zip(&backlog.frames) {
-                    *part = frame.bytes();
+                for (part, buffer) in parts[1..].iter_mut().zip(&backlog.buffers) {
+                    *part = buffer.bytes();
                     count += 1;
                 }
             }
@@ -145,17 +199,18 @@ impl OutQueue {
         Ok(true)
     }
 
-    /// Drops every frame not yet started, keeping a partly written head so
-    /// the stream stays a sequence of whole frames. Returns the frames dropped.
+    /// Drops every buffer not yet started, keeping a partly written head
+    /// so the stream stays a sequence of whole frames (its frames are all
+    /// sent). Returns the frames dropped.
     pub fn drop_unstarted(&mut self) -> usize {
-        let dropped = self.backlog.take().map_or(0, |b| b.frames.len());
-        if self.written == 0 && self.head.take().is_some() {
-            return dropped + 1;
+        let dropped = self.backlog.take().map_or(0, |b| b.frames);
+        if self.written > 0 {
+            return dropped;
         }
-        dropped
+        dropped + self.head.take().map_or(0, |head| head.count())
     }
 
-    fn push(&mut self, frame: SharedFrame) {
+    fn push(&mut self, frame: SharedFrames) {
         if self.head.is_none() {
             self.head = Some(frame);
             self.written = 0;
@@ -163,10 +218,11 @@ impl OutQueue {
         }
         let backlog = self.backlog.get_or_insert_with(Default::default);
         backlog.bytes += frame.bytes().len();
-        backlog.frames.push_back(frame);
+        backlog.frames += frame.count();
+        backlog.buffers.push_back(frame);
     }
 
-    /// Marks `n` more bytes as written, moving past finished frames.
+    /// Marks `n` more bytes as written, moving past finished buffers.
     fn advance(&mut self, mut n: usize) {
         while let Some(head) = &self.head {
             let left = head.bytes().len() - self.written as usize;
@@ -176,11 +232,12 @@ impl OutQueue {
             }
             n -= left;
             self.written = 0;
-            self.head = self.backlog.as_mut().and_then(|b| b.frames.pop_front());
+            self.head = self.backlog.as_mut().and_then(|b| b.buffers.pop_front());
             if let (Some(next), Some(backlog)) = (&self.head, &mut self.backlog) {
                 backlog.bytes -= next.bytes().len();
+                backlog.frames -= next.count();
             }
-            if self.backlog.as_ref().is_some_and(|b| b.frames.is_empty()) {
+            if self.backlog.as_ref().is_some_and(|b| b.buffers.is_empty()) {
                 self.backlog = None;
             }
         }
@@ -213,15 +270,55 @@ mod tests {
 
     #[test]
     fn encodes_header_and_payload_once() {
-        let frame = SharedFrame::encode(OpCode::Text, b"hello");
+        let frame = SharedFrames::encode(OpCode::Text, b"hello");
         assert_eq!(frame.bytes(), b"\x81\x05hello");
-        let big = SharedFrame::encode(OpCode::Binary, &[0; 300]);
+        assert_eq!(frame.count(), 1);
+        let big = SharedFrames::encode(OpCode::Binary, &[0; 300]);
         assert_eq!(&big.bytes()[..4], &[0x82, 126, 1, 44]);
     }
 
     #[test]
+    fn a_batch_is_its_frames_back_to_back() {
+        let long = [7u8; 70_000];
+        let batch = SharedFrames::encode_all([
+            (OpCode::Text, &b"a"[..]),
+            (OpCode::Binary, &[0; 300]),
+            (OpCode::Text, b""),
+            (OpCode::Binary, &long),
+        ]);
+        assert_eq!(batch.count(), 4);
+        let mut expected = b"\x81\x01a\x82\x7e\x01\x2c".to_vec();
+        expected.extend_from_slice(&[0; 300]);
+        expected.extend_from_slice(b"\x81\x00\x82\x7f");
+        expected.extend_from_slice(&70_000u64.to_be_bytes());
+        expected.extend_from_slice(&long);
+        assert_eq!(batch.bytes(), &expected[..]);
+        for len in [0, 125, 126, 65_535, 65_536] {
+            let one = SharedFrames::encode(OpCode::Text, &vec![b'x'; len]);
+            assert_eq!(encoded_len(len), one.bytes().len(), "{len}");
+        }
+    }
+
+    #[test]
+    fn batches_count_their_frames_queued_and_dropped() {
+        let batch = SharedFrames::encode_all([(OpCode::Text, &b"ab"[..]), (OpCode::Text, b"cd")]);
+        let mut q = OutQueue::default();
+        let mut w = writer(3);
+        q.send_shared(&batch, 100, &mut w).unwrap().unwrap();
+        q.send_shared(&batch, 100, &mut w).unwrap().unwrap();
+        q.send_shared(&batch, 100, &mut w).unwrap().unwrap();
+        assert_eq!(q.queued_frames(), 6, "a partly written head counts whole");
+        assert_eq!(q.queued_bytes(), 3 * 8 - 3);
+        assert_eq!(q.drop_unstarted(), 4, "the two batches behind the head");
+        assert_eq!(q.queued_frames(), 2);
+        w.budget = 100;
+        assert!(q.flush(&mut w).unwrap());
+        assert_eq!(w.written, b"\x81\x02ab\x81\x02cd");
+    }
+
+    #[test]
     fn a_writable_socket_takes_the_frame_and_nothing_is_kept() {
-        let frame = SharedFrame::encode(OpCode::Text, b"hi");
+        let frame = SharedFrames::encode(OpCode::Text, b"hi");
         let mut q = OutQueue::default();
         let mut w = writer(100);
         q.send_shared(&frame, 10, &mut w).unwrap().unwrap();
@@ -232,7 +329,7 @@ mod tests {
 
     #[test]
     fn a_partial_write_keeps_a_reference_and_an_offset() {
-        let frame = SharedFrame::encode(OpCode::Text, b"0123456789");
+        let frame = SharedFrames::encode(OpCode::Text, b"0123456789");
         let mut queues: Vec<OutQueue> = (0..3).map(|_| OutQueue::default()).collect();
         let mut writers: Vec<ThrottledWriter> = (0..3).map(|_| writer(5)).collect();
         for (q, w) in queues.iter_mut().zip(&mut writers) {
@@ -254,8 +351,8 @@ mod tests {
 
     #[test]
     fn queued_frames_and_private_bytes_keep_their_order_and_limit() {
-        let a = SharedFrame::encode(OpCode::Text, b"aaaa");
-        let b = SharedFrame::encode(OpCode::Text, b"bbbb");
+        let a = SharedFrames::encode(OpCode::Text, b"aaaa");
+        let b = SharedFrames::encode(OpCode::Text, b"bbbb");
         let mut q = OutQueue::default();
         let mut w = writer(3);
         q.send_shared(&a, 12, &mut w).unwrap().unwrap();
@@ -285,7 +382,7 @@ mod tests {
 
     #[test]
     fn dropping_unstarted_frames_keeps_a_partly_written_head() {
-        let frame = SharedFrame::encode(OpCode::Text, b"abcdef");
+        let frame = SharedFrames::encode(OpCode::Text, b"abcdef");
         let mut q = OutQueue::default();
         let mut w = writer(2);
         for _ in 0..3 {

@@ -72,6 +72,16 @@ pub struct Config {
     /// wake-ups and system calls per message under load, for at most this
     /// much added latency. Zero polls at once. At most [`MAX_BATCH_DELAY`].
     pub batch_delay: Duration,
+    /// Bytes of broadcasts queued for the loop and not yet sent, at most
+    /// (each message counts its payload and 64 bytes): a producer this far
+    /// ahead waits in [`Handle::broadcast_text`](crate::Handle::broadcast_text),
+    /// and the binary stops reading its input meanwhile. Nothing is dropped.
+    pub max_pending_bytes: usize,
+    /// Connections a fan-out offers a batch to per loop iteration before
+    /// the loop serves its other events again: a fan-out to many
+    /// connections goes on over several iterations, and accepts, reads,
+    /// pongs and timers are served in between.
+    pub fanout_budget: usize,
 }
 
 impl Default for Config {
@@ -97,6 +107,8 @@ impl Default for Config {
             metrics_listen: None,
             stats_interval: Some(Duration::from_secs(10)),
             batch_delay: DEFAULT_BATCH_DELAY,
+            max_pending_bytes: 16 << 20,
+            fanout_budget: 1024,
         }
     }
 }
@@ -152,6 +164,12 @@ impl Config {
         }
         if self.max_queued_bytes == 0 {
             return fail("max queued bytes must be at least 1".into());
+        }
+        if self.max_pending_bytes == 0 {
+            return fail("max pending bytes must be at least 1".into());
+        }
+        if self.fanout_budget == 0 {
+            return fail("fan-out budget must be at least 1 connection".into());
         }
         let durations = [
             ("handshake timeout", self.handshake_timeout),

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use mio::net::TcpStream;
 
 use crate::auth;
-use crate::broadcast::{OutQueue, QueueFull, SharedFrame};
+use crate::broadcast::{OutQueue, QueueFull, SharedFrames};
 use crate::config::{Config, SlowConsumerPolicy};
 use crate::heartbeat::{Liveness, Visit};
 use crate::http::{
@@ -169,6 +169,8 @@ pub struct Conn {
     writable_interest: bool,
     /// Reading stopped because output backed up (echo backpressure).
     read_paused: bool,
+    /// It upgraded after the fan-out under way began: that one is not for it.
+    sits_out: bool,
     /// Heartbeat state while open (two bytes that fit in padding).
     liveness: Liveness,
     target: RequestTarget,
@@ -188,6 +190,7 @@ impl Conn {
             deadline: Deadline::default(),
             writable_interest: false,
             read_paused: false,
+            sits_out: false,
             liveness: Liveness::default(),
             target: RequestTarget::default(),
         }
@@ -337,9 +340,17 @@ impl Conn {
         }
     }
 
-    /// Offers a broadcast frame to this connection.
-    pub fn deliver(&mut self, key: usize, frame: &SharedFrame, ctx: &mut Ctx<'_>) -> Delivery {
-        if !self.is_open() {
+    /// Skips the fan-out under way (see [`Conn::deliver`]): the connection
+    /// upgraded after it began.
+    pub fn sit_out_fanout(&mut self) {
+        self.sits_out = true;
+    }
+
+    /// Offers a batch of broadcast frames to this connection: all of it,
+    /// or (its queue being full) none. A connection sitting this fan-out
+    /// out is skipped, and takes part in the next.
+    pub fn deliver(&mut self, key: usize, frame: &SharedFrames, ctx: &mut Ctx<'_>) -> Delivery {
+        if std::mem::take(&mut self.sits_out) || !self.is_open() {
             return Delivery::Skipped;
         }
         match self.send_shared(frame, ctx) {
@@ -352,8 +363,9 @@ impl Conn {
             Ok(Err(QueueFull)) => match ctx.config.slow_consumer {
                 SlowConsumerPolicy::Drop => {
                     log::debug!(
-                        "slow consumer {key}: {} bytes queued, broadcast dropped for it",
-                        self.out.queued_bytes()
+                        "slow consumer {key}: {} bytes queued, {} broadcasts dropped for it",
+                        self.out.queued_bytes(),
+                        frame.count()
                     );
                     Delivery::Dropped
                 }
@@ -393,7 +405,7 @@ impl Conn {
     pub fn on_heartbeat(
         &mut self,
         key: usize,
-        ping: &SharedFrame,
+        ping: &SharedFrames,
         close_after: u16,
         scratch: &mut [u8],
         ctx: &mut Ctx<'_>,
@@ -774,7 +786,7 @@ impl Conn {
     /// counting it when taken.
     fn send_shared(
         &mut self,
-        frame: &SharedFrame,
+        frame: &SharedFrames,
         ctx: &mut Ctx<'_>,
     ) -> std::io::Result<Result<(), QueueFull>> {
         let before = self.out.queued_bytes();
@@ -782,7 +794,7 @@ impl Conn {
             .out
             .send_shared(frame, ctx.config.max_queued_bytes, &mut self.stream)?;
         if sent.is_ok() {
-            ctx.tally.frames_sent += 1;
+            ctx.tally.frames_sent += frame.count() as u64;
             self.tally_queue(ctx.tally, before, frame.bytes().len());
         }
         Ok(sent)
@@ -942,7 +954,7 @@ mod tests {
         /// A heartbeat visit closing after 3 silent visits (ping interval
         /// 30 s, idle timeout 60 s).
         fn visit(&mut self) -> Verdict {
-            let ping = SharedFrame::encode(OpCode::Ping, b"");
+            let ping = SharedFrames::encode(OpCode::Ping, b"");
             self.drive(|conn, scratch, ctx| conn.on_heartbeat(0, &ping, 3, scratch, ctx))
         }
 

@@ -9,7 +9,7 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use crate::broadcast::SharedFrame;
+use crate::broadcast::SharedFrames;
 use crate::ws::OpCode;
 
 /// Slices per interval: the sweep runs this often per interval, but at
@@ -32,7 +32,7 @@ pub struct Heartbeat {
     /// The first key not visited in the current pass.
     next_key: usize,
     next_at: Instant,
-    ping: SharedFrame,
+    ping: SharedFrames,
 }
 
 impl Heartbeat {
@@ -50,7 +50,7 @@ impl Heartbeat {
             cycle_start: now,
             next_key: 0,
             next_at: now + period,
-            ping: SharedFrame::encode(OpCode::Ping, b""),
+            ping: SharedFrames::encode(OpCode::Ping, b""),
         }
     }
 
@@ -60,7 +60,7 @@ impl Heartbeat {
     }
 
     /// The pre-encoded ping every connection is sent.
-    pub fn ping(&self) -> &SharedFrame {
+    pub fn ping(&self) -> &SharedFrames {
         &self.ping
     }
 

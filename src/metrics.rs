@@ -89,12 +89,21 @@ counters! {
     closed_abnormal,
     /// Broadcast messages encoded (each once).
     broadcasts,
+    /// Batches fanned out: broadcasts queued together are framed into one
+    /// batch, which each connection takes in one write.
+    broadcast_batches,
     /// Broadcast messages refused (larger than the message limit).
     broadcasts_rejected,
     /// Broadcasts a handle queued that were not sent because a shutdown
     /// came first (the loop was behind), or that came after it (once the
     /// server is dropped, a handle's snapshot counts what was left queued).
     broadcasts_abandoned,
+    /// Bytes of broadcasts queued for the loop and not yet sent (payloads
+    /// plus 64 bytes each; bounded by `max_pending_bytes`).
+    broadcast_queue_bytes,
+    /// How long the oldest broadcast not yet sent has waited, in
+    /// microseconds (0 when none waits).
+    broadcast_queue_age_us,
     /// Input lines not broadcast (invalid UTF-8, or over the message limit).
     input_lines_rejected,
     /// Broadcast frames handed to connections (written or queued).
@@ -394,7 +403,7 @@ pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &m
             })
             .collect()
     };
-    let simple: [(&str, &str, &str, u64); 24] = [
+    let simple: [(&str, &str, &str, u64); 27] = [
         (
             "wspush_connections_open",
             "gauge",
@@ -418,6 +427,24 @@ pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &m
             "counter",
             "Broadcast messages encoded (each once).",
             m.broadcasts,
+        ),
+        (
+            "wspush_broadcast_batches_total",
+            "counter",
+            "Batches of broadcasts fanned out (each written to a connection at once).",
+            m.broadcast_batches,
+        ),
+        (
+            "wspush_broadcast_queue_bytes",
+            "gauge",
+            "Bytes of broadcasts queued and not yet sent.",
+            m.broadcast_queue_bytes,
+        ),
+        (
+            "wspush_broadcast_queue_age_microseconds",
+            "gauge",
+            "Age of the oldest broadcast not yet sent.",
+            m.broadcast_queue_age_us,
         ),
         (
             "wspush_broadcasts_rejected_total",

@@ -12,7 +12,7 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
+use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,7 +23,8 @@ use socket2::{Domain, Socket, Type};
 
 use crate::alarm::Alarm;
 use crate::batching::Batching;
-use crate::broadcast::SharedFrame;
+use crate::broadcast::SharedFrames;
+use crate::feed::{self, Command, Feed, Gate};
 use crate::config::Config;
 use crate::conn::{CloseReason, Conn, Ctx, Delivery, Verdict};
 use crate::heap;
@@ -48,10 +49,13 @@ const EVENTS_CAPACITY: usize = 1024;
 const SCRATCH_BYTES: usize = 64 * 1024;
 /// Connections accepted per wake-up before the loop serves the others.
 const ACCEPTS_PER_WAKE: usize = 256;
-/// Commands (broadcasts) handled per loop iteration.
-const COMMANDS_PER_ITERATION: usize = 64;
-/// Commands a [`Handle`] can queue before `broadcast` blocks.
-const COMMAND_QUEUE: usize = 4096;
+/// Frames in one broadcast batch, at most (a single larger message goes
+/// alone): about what a loopback socket takes in one write, so a batch
+/// usually costs each connection one system call.
+const MAX_BATCH_BYTES: usize = 64 * 1024;
+/// Bytes one slice of a fan-out offers, at most, before the loop serves
+/// other events again (besides [`Config::fanout_budget`] connections).
+const FANOUT_SLICE_BYTES: usize = 8 << 20;
 /// How long accepting pauses when file descriptors run out.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 /// Timer wheel resolution and size (100 ms × 1024 = 102 s per rotation).
@@ -75,10 +79,15 @@ struct Shared {
     waker: Waker,
     /// A wake-up is on its way; further senders need not wake again.
     wake_pending: AtomicBool,
-    /// Broadcasts handles have queued so far (counted as a send begins).
+    /// Broadcasts queued so far (by handles, counted as a send begins,
+    /// and by the loop itself).
     broadcasts_queued: AtomicU64,
-    /// Broadcasts the loop took from the queue, as of its drop.
+    /// Broadcasts the loop sent (framed into a batch), as of its drop.
     broadcasts_taken: AtomicU64,
+    /// The byte bound on broadcasts queued and not yet framed.
+    gate: Gate,
+    /// Broadcasts over this many bytes are refused as they are queued.
+    max_message_bytes: u64,
     /// How many queued broadcasts go out before the shutdown a handle asked
     /// for (`u64::MAX`: none asked). Kept beside the queue, so that asking
     /// never blocks behind a full one.
@@ -88,10 +97,6 @@ struct Shared {
     metrics: Metrics,
     loop_histogram: LoopHistogram,
 }
-
-/// A broadcast a [`Handle`] queued for the loop.
-#[derive(Debug)]
-struct Command(MessageKind, Vec<u8>);
 
 /// The server's loop has ended; nothing can be sent to it any more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,21 +118,23 @@ pub struct MessageTooBig;
 /// metrics. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Handle {
-    commands: SyncSender<Command>,
+    commands: Sender<Command>,
     shared: Arc<Shared>,
 }
 
 impl Handle {
     /// Queues a text message for every open connection. Blocks while the
-    /// loop is thousands of messages behind (backpressure), so do not call
-    /// it from the loop's own thread; use [`Server::broadcast`] there.
+    /// loop is `max_pending_bytes` behind (backpressure), so do not call it
+    /// from the loop's own thread; use [`Server::broadcast`] there. A
+    /// message over `max_message_bytes` is not queued: it is counted in
+    /// `broadcasts_rejected` and logged.
     pub fn broadcast_text(&self, text: impl Into<String>) -> Result<(), ServerGone> {
-        self.send(Command(MessageKind::Text, text.into().into_bytes()))
+        self.send(MessageKind::Text, text.into().into_bytes())
     }
 
     /// Queues a binary message for every open connection (see [`Handle::broadcast_text`]).
     pub fn broadcast_binary(&self, bytes: impl Into<Vec<u8>>) -> Result<(), ServerGone> {
-        self.send(Command(MessageKind::Binary, bytes.into()))
+        self.send(MessageKind::Binary, bytes.into())
     }
 
     /// Asks the loop to shut down: stop accepting, close every connection
@@ -169,10 +176,25 @@ impl Handle {
         &self.shared.metrics
     }
 
-    fn send(&self, command: Command) -> Result<(), ServerGone> {
-        let queued = &self.shared.broadcasts_queued;
+    fn send(&self, kind: MessageKind, payload: Vec<u8>) -> Result<(), ServerGone> {
+        let shared = &self.shared;
+        if !fits_message_limit(&payload, shared.max_message_bytes, &shared.metrics) {
+            return Ok(());
+        }
+        let queued = &shared.broadcasts_queued;
         queued.fetch_add(1, Ordering::AcqRel);
+        let cost = feed::cost(payload.len());
+        if shared.gate.acquire(cost).is_err() {
+            queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(ServerGone);
+        }
+        let command = Command {
+            kind,
+            payload,
+            queued_at: Instant::now(),
+        };
         if self.commands.send(command).is_err() {
+            shared.gate.release(cost);
             queued.fetch_sub(1, Ordering::AcqRel);
             return Err(ServerGone);
         }
@@ -292,12 +314,15 @@ pub struct Server {
     timers: TimerWheel,
     config: Config,
     shared: Arc<Shared>,
-    commands: Receiver<Command>,
-    command_sender: SyncSender<Command>,
-    /// Commands may be waiting (the waker fired, or the last drain stopped at its cap).
+    /// Broadcasts queued for the loop.
+    feed: Feed,
+    command_sender: Sender<Command>,
+    /// Broadcasts may have arrived on the channel (the waker fired).
     commands_pending: bool,
-    /// Broadcasts taken from the queue so far.
-    commands_taken: u64,
+    /// Broadcasts framed into batches so far.
+    broadcasts_sent: u64,
+    /// The batch on its way to every connection, if any.
+    fanout: Option<FanOut>,
     /// When the loop saw a handle's shutdown request.
     shutdown_seen: Option<Instant>,
     /// Connections that used their read budget with input left.
@@ -332,8 +357,9 @@ impl Drop for Server {
         let shared = &self.shared;
         shared
             .broadcasts_taken
-            .store(self.commands_taken, Ordering::Relaxed);
+            .store(self.broadcasts_sent, Ordering::Relaxed);
         shared.gone.store(true, Ordering::Release);
+        shared.gate.close();
     }
 }
 
@@ -381,12 +407,14 @@ impl Server {
             wake_pending: AtomicBool::new(false),
             broadcasts_queued: AtomicU64::new(0),
             broadcasts_taken: AtomicU64::new(0),
+            gate: Gate::new(config.max_pending_bytes),
+            max_message_bytes: config.max_message_bytes,
             shutdown_after: AtomicU64::new(u64::MAX),
             gone: AtomicBool::new(false),
             metrics: Metrics::default(),
             loop_histogram: LoopHistogram::default(),
         });
-        let (command_sender, commands) = mpsc::sync_channel(COMMAND_QUEUE);
+        let (command_sender, commands) = mpsc::channel();
         let now = Instant::now();
         let batching = Batching::new(config.batch_delay);
         Ok(Server {
@@ -411,10 +439,11 @@ impl Server {
             }),
             config,
             shared,
-            commands,
+            feed: Feed::new(commands),
             command_sender,
             commands_pending: false,
-            commands_taken: 0,
+            broadcasts_sent: 0,
+            fanout: None,
             shutdown_seen: None,
             read_again: Vec::new(),
             accept_again: [false; 2],
@@ -533,34 +562,102 @@ impl Server {
         self.sweep_heartbeats(now);
         self.resume_accepting(now);
         if self.commands_pending {
-            self.drain_commands(now);
+            self.shared.wake_pending.store(false, Ordering::Release);
+            self.commands_pending = false;
+            self.feed.take_arrivals();
         }
+        self.advance_broadcasts(now);
         self.housekeeping(now);
         Ok(())
     }
 
-    /// Encodes a message once and offers it to every open connection.
-    /// Refused (and counted) when larger than `max_message_bytes`.
+    /// Queues a message for every open connection, from the loop's own
+    /// thread. It is framed with whatever else is waiting and fanned out
+    /// at once when no other fan-out is under way (a fan-out over more
+    /// than [`Config::fanout_budget`] connections goes on in the next
+    /// [`Server::poll_once`] calls). Refused (and counted) when larger
+    /// than `max_message_bytes`.
     pub fn broadcast(&mut self, kind: MessageKind, payload: &[u8]) -> Result<(), MessageTooBig> {
-        let shared = Arc::clone(&self.shared);
-        let metrics = &shared.metrics;
-        if payload.len() as u64 > self.config.max_message_bytes {
-            Metrics::incr(&metrics.broadcasts_rejected);
-            log::warn!(
-                "broadcast of {} bytes refused: over the {}-byte message limit",
-                payload.len(),
-                self.config.max_message_bytes
-            );
+        let shared = &self.shared;
+        if !fits_message_limit(payload, shared.max_message_bytes, &shared.metrics) {
             return Err(MessageTooBig);
         }
-        Metrics::incr(&metrics.broadcasts);
-        let frame = SharedFrame::encode(kind.opcode(), payload);
+        shared.broadcasts_queued.fetch_add(1, Ordering::AcqRel);
+        shared.gate.force_acquire(feed::cost(payload.len()));
+        let now = Instant::now();
+        self.feed.push(Command {
+            kind,
+            payload: payload.to_vec(),
+            queued_at: now,
+        });
+        if self.fanout.is_none() {
+            self.advance_broadcasts(now);
+        }
+        Ok(())
+    }
+
+    /// Moves the broadcasts along, one step per loop iteration: resumes
+    /// the fan-out under way for one slice, or frames what is waiting into
+    /// the next batch and starts its fan-out. Once a handle asked for a
+    /// shutdown, sends what was queued before it (for at most half the
+    /// shutdown timeout), then begins the shutdown.
+    fn advance_broadcasts(&mut self, now: Instant) {
+        if self.lifecycle != Lifecycle::Running {
+            return self.abandon_commands();
+        }
+        if self.fanout.is_some() {
+            return self.fan_out_slice(now);
+        }
+        let shutdown_after = self.shared.shutdown_after.load(Ordering::Acquire);
+        if shutdown_after != u64::MAX {
+            let seen = *self.shutdown_seen.get_or_insert(now);
+            let flush_until = seen + self.config.shutdown_timeout / 2;
+            if self.broadcasts_sent >= shutdown_after || now >= flush_until {
+                self.abandon_commands();
+                return self.begin_shutdown(now);
+            }
+        }
+        let allowed = shutdown_after.saturating_sub(self.broadcasts_sent);
+        let Some(batch) = self.feed.next_batch(MAX_BATCH_BYTES, allowed) else {
+            return;
+        };
+        self.shared.gate.release(batch.cost);
+        let count = batch.frames.count() as u64;
+        self.broadcasts_sent += count;
+        let metrics = &self.shared.metrics;
+        Metrics::add(&metrics.broadcasts, count);
+        Metrics::incr(&metrics.broadcast_batches);
+        self.fanout = Some(FanOut {
+            frames: batch.frames,
+            next_key: 0,
+            end_key: self.key_bound,
+        });
+        self.fan_out_slice(now);
+    }
+
+    /// Offers the batch under way to the next connections, at most
+    /// [`Config::fanout_budget`] of them (and [`FANOUT_SLICE_BYTES`]).
+    fn fan_out_slice(&mut self, now: Instant) {
+        let Some(mut fanout) = self.fanout.take() else {
+            return;
+        };
+        let shared = Arc::clone(&self.shared);
+        let metrics = &shared.metrics;
+        let size = fanout.frames.bytes().len();
+        let budget = self.config.fanout_budget;
         let mut failed = std::mem::take(&mut self.failed);
+        let (mut visited, mut offered) = (0, 0);
         let (mut delivered, mut queued, mut dropped) = (0, 0, 0);
-        let parts = self.parts(Instant::now());
+        let parts = self.parts(now);
         let mut ctx = parts.ctx;
-        for (key, conn) in parts.conns.iter_mut() {
-            match conn.deliver(key, &frame, &mut ctx) {
+        let mut key = fanout.next_key;
+        while key < fanout.end_key && visited < budget && offered < FANOUT_SLICE_BYTES {
+            let Some(conn) = parts.conns.get_mut(key) else {
+                key += 1;
+                continue;
+            };
+            visited += 1;
+            match conn.deliver(key, &fanout.frames, &mut ctx) {
                 Delivery::Skipped => {}
                 Delivery::Written => delivered += 1,
                 Delivery::Queued => {
@@ -573,19 +670,39 @@ impl Server {
                     failed.push((key, reason));
                 }
             }
+            offered += size;
             if !sync_interest(parts.registry, key, conn) {
                 failed.push((key, CloseReason::Abnormal));
             }
+            key += 1;
         }
-        Metrics::add(&metrics.broadcast_deliveries, delivered);
+        fanout.next_key = key;
+        let messages = fanout.frames.count() as u64;
+        Metrics::add(&metrics.broadcast_deliveries, delivered * messages);
         Metrics::add(&metrics.write_would_block, queued);
-        Metrics::add(&metrics.slow_consumer_drops, dropped);
+        Metrics::add(&metrics.slow_consumer_drops, dropped * messages);
         metrics.publish(&mut self.tally);
         for (key, reason) in failed.drain(..) {
             self.close(key, reason);
         }
         self.failed = failed;
-        Ok(())
+        if key < fanout.end_key {
+            self.fanout = Some(fanout);
+        }
+    }
+
+    /// A connection just upgraded: it sits out the fan-out under way, if
+    /// that has yet to reach it. So every connection gets exactly the
+    /// broadcasts whose fan-out started after its upgrade.
+    fn on_upgraded(&mut self, key: usize) {
+        let Some(fanout) = &self.fanout else {
+            return;
+        };
+        if (fanout.next_key..fanout.end_key).contains(&key) {
+            if let Some(conn) = self.conns.get_mut(key) {
+                conn.sit_out_fanout();
+            }
+        }
     }
 
     /// After a poll that found several events, whose handling took
@@ -612,7 +729,9 @@ impl Server {
     ) -> io::Result<Option<Duration>> {
         let accept_pending =
             self.accept_again.contains(&true) && self.accept_paused_until.is_none();
-        if self.commands_pending || accept_pending || !self.read_again.is_empty() {
+        let broadcasting = self.fanout.is_some() || !self.feed.is_empty();
+        if self.commands_pending || broadcasting || accept_pending || !self.read_again.is_empty()
+        {
             return Ok(Some(Duration::ZERO));
         }
         if let Some(at) = self.next_time_event() {
@@ -671,12 +790,16 @@ impl Server {
         let Some(conn) = parts.conns.get_mut(key) else {
             return; // A spurious event for a connection already closed.
         };
+        let was_open = conn.is_open();
         let mut verdict = Verdict::Keep;
         if ready.write {
             verdict = conn.on_writable(key, parts.scratch, &mut ctx);
         }
         if ready.read && verdict == Verdict::Keep {
             verdict = conn.on_readable(key, ready.edge, parts.scratch, &mut ctx);
+        }
+        if !was_open && conn.is_open() {
+            self.on_upgraded(key);
         }
         self.settle(key, verdict);
     }
@@ -822,7 +945,11 @@ impl Server {
         // accepting until it has): reading now saves a trip through the poll.
         let parts = self.parts(now);
         let mut ctx = parts.ctx;
-        let verdict = parts.conns[key].on_accepted(key, parts.scratch, &mut ctx);
+        let conn = &mut parts.conns[key];
+        let verdict = conn.on_accepted(key, parts.scratch, &mut ctx);
+        if conn.is_open() {
+            self.on_upgraded(key);
+        }
         self.settle(key, verdict);
     }
 
@@ -881,6 +1008,9 @@ impl Server {
         Metrics::set(&metrics.buffers_lent, self.pool.lent() as u64);
         Metrics::set(&metrics.buffers_idle, self.pool.idle() as u64);
         Metrics::set(&metrics.buffers_released, self.pool.released());
+        Metrics::set(&metrics.broadcast_queue_bytes, self.shared.gate.bytes() as u64);
+        let age = self.feed.oldest_age(now).as_micros();
+        Metrics::set(&metrics.broadcast_queue_age_us, age.try_into().unwrap_or(u64::MAX));
         if let Some(stats) = self.stats.as_mut().filter(|s| now >= s.next_at) {
             let current = metrics.snapshot();
             log::info!("{}", metrics::summary(&stats.last, &current, stats.every));
@@ -932,36 +1062,12 @@ impl Server {
         busy
     }
 
-    fn drain_commands(&mut self, now: Instant) {
-        self.shared.wake_pending.store(false, Ordering::Release);
-        self.commands_pending = false;
-        if self.lifecycle != Lifecycle::Running {
-            return self.abandon_commands();
-        }
-        let shutdown_after = self.shared.shutdown_after.load(Ordering::Acquire);
-        let seen = (shutdown_after != u64::MAX).then(|| *self.shutdown_seen.get_or_insert(now));
-        let flush_until = seen.map(|seen| seen + self.config.shutdown_timeout / 2);
-        for _ in 0..COMMANDS_PER_ITERATION {
-            if self.commands_taken >= shutdown_after || flush_until.is_some_and(|t| now >= t) {
-                self.abandon_commands();
-                return self.begin_shutdown(now);
-            }
-            match self.commands.try_recv() {
-                Ok(Command(kind, payload)) => {
-                    self.commands_taken += 1;
-                    let _ = self.broadcast(kind, &payload);
-                }
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return,
-            }
-        }
-        self.commands_pending = true;
-    }
-
     /// Empties the queue without sending: counts and logs what it held.
     fn abandon_commands(&mut self) {
-        let abandoned = self.commands.try_iter().count();
+        let (abandoned, cost) = self.feed.discard_all();
+        self.shared.gate.release(cost);
         if abandoned > 0 {
-            Metrics::add(&self.shared.metrics.broadcasts_abandoned, abandoned as u64);
+            Metrics::add(&self.shared.metrics.broadcasts_abandoned, abandoned);
             log::warn!("{abandoned} queued broadcasts not sent: the server is shutting down");
         }
     }
@@ -1003,6 +1109,33 @@ impl Server {
             self.settle(key, verdict);
         }
     }
+}
+
+/// A batch of broadcasts on its way to every open connection, offered in
+/// slices of the slab's keys (one slice per loop iteration) so that the
+/// loop keeps serving everything else meanwhile.
+#[derive(Debug)]
+struct FanOut {
+    frames: SharedFrames,
+    /// The first key not offered the batch yet.
+    next_key: usize,
+    /// The key bound when the fan-out began: a key past it was taken
+    /// later, by a connection that sits this fan-out out.
+    end_key: usize,
+}
+
+/// Whether a broadcast fits the message limit; one that does not is
+/// counted and logged.
+fn fits_message_limit(payload: &[u8], limit: u64, metrics: &Metrics) -> bool {
+    if payload.len() as u64 <= limit {
+        return true;
+    }
+    Metrics::incr(&metrics.broadcasts_rejected);
+    log::warn!(
+        "broadcast of {} bytes refused: over the {limit}-byte message limit",
+        payload.len()
+    );
+    false
 }
 
 /// A listening socket: `SO_REUSEADDR` (restarts while old connections sit

@@ -1,0 +1,318 @@
+//! Broadcasts on their way into the loop: [`Handle`](crate::Handle)s queue
+//! them from any thread, the loop takes them in order and frames whatever
+//! is waiting into one batch.
+//!
+//! The queue is bounded by bytes ([`Gate`]): a producer that gets
+//! `max_pending_bytes` ahead of the loop waits for room, so a feed faster
+//! than the fan-out slows down its source (standard input stops being
+//! read) instead of growing memory or dropping anything. The loop never
+//! waits on the gate; it only gives room back.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::broadcast::{encoded_len, SharedFrames};
+use crate::ws::MessageKind;
+
+/// Bytes a queued broadcast is charged besides its payload: its slot in
+/// the channel and the loop's queue, its `Vec` and its time stamp. So even
+/// empty messages cannot queue without bound.
+pub const COMMAND_OVERHEAD: usize = 64;
+
+/// A broadcast a handle queued for the loop.
+#[derive(Debug)]
+pub struct Command {
+    /// Text or binary.
+    pub kind: MessageKind,
+    /// The message.
+    pub payload: Vec<u8>,
+    /// When it was queued (for the age of the oldest pending broadcast).
+    pub queued_at: Instant,
+}
+
+impl Command {
+    /// What it is charged against the byte bound.
+    pub fn cost(&self) -> usize {
+        cost(self.payload.len())
+    }
+}
+
+/// What a broadcast of `payload_len` bytes is charged against the bound.
+pub fn cost(payload_len: usize) -> usize {
+    payload_len + COMMAND_OVERHEAD
+}
+
+/// The queue was closed: the server is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Closed;
+
+/// The byte bound on broadcasts queued but not yet framed, shared by the
+/// handles (which take room, waiting for it) and the loop (which gives it
+/// back). Waiting uses a condition variable, and the loop touches its lock
+/// only when a producer is waiting.
+#[derive(Debug)]
+pub struct Gate {
+    limit: usize,
+    bytes: AtomicUsize,
+    /// Producers waiting for room (or about to).
+    waiters: AtomicUsize,
+    closed: AtomicBool,
+    lock: Mutex<()>,
+    room: Condvar,
+}
+
+impl Gate {
+    /// A gate letting at most `limit` bytes wait.
+    pub fn new(limit: usize) -> Gate {
+        Gate {
+            limit,
+            bytes: AtomicUsize::new(0),
+            waiters: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            lock: Mutex::new(()),
+            room: Condvar::new(),
+        }
+    }
+
+    /// Takes `cost` bytes of room, waiting while there is not enough. An
+    /// empty queue always has room, so one broadcast larger than the bound
+    /// still goes (alone).
+    pub fn acquire(&self, cost: usize) -> Result<(), Closed> {
+        if self.try_acquire(cost)? {
+            return Ok(());
+        }
+        let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let taken = loop {
+            match self.try_acquire(cost) {
+                Ok(false) => {}
+                done => break done,
+            }
+            guard = self.room.wait(guard).unwrap_or_else(|e| e.into_inner());
+        };
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        taken.map(|_| ())
+    }
+
+    /// Takes `cost` bytes whatever the bound (the loop's own broadcasts:
+    /// the loop cannot wait for itself).
+    pub fn force_acquire(&self, cost: usize) {
+        self.bytes.fetch_add(cost, Ordering::SeqCst);
+    }
+
+    /// Gives back `cost` bytes, waking the producers waiting for room.
+    pub fn release(&self, cost: usize) {
+        if cost == 0 {
+            return;
+        }
+        self.bytes.fetch_sub(cost, Ordering::SeqCst);
+        self.wake_waiters();
+    }
+
+    /// Refuses every later `acquire`, and wakes those waiting.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.wake_waiters();
+    }
+
+    /// Bytes queued now.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    fn try_acquire(&self, cost: usize) -> Result<bool, Closed> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(Closed);
+        }
+        let fits = |bytes: usize| bytes == 0 || bytes + cost <= self.limit;
+        let update = |bytes: usize| fits(bytes).then_some(bytes + cost);
+        Ok(self
+            .bytes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, update)
+            .is_ok())
+    }
+
+    /// A waiter registers (under the lock) before its last check, so one
+    /// that checked too early is already counted here and is woken.
+    fn wake_waiters(&self) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.room.notify_all();
+        }
+    }
+}
+
+/// A batch framed from the front of the queue.
+#[derive(Debug)]
+pub struct Batch {
+    /// The messages' frames, back to back.
+    pub frames: SharedFrames,
+    /// Bytes given back to the gate for them.
+    pub cost: usize,
+}
+
+/// The loop's side: broadcasts taken from the channel, oldest first.
+#[derive(Debug)]
+pub struct Feed {
+    receiver: Receiver<Command>,
+    queue: VecDeque<Command>,
+}
+
+impl Feed {
+    /// The loop's end of the channel the handles send on.
+    pub fn new(receiver: Receiver<Command>) -> Feed {
+        Feed {
+            receiver,
+            queue: VecDeque::new(),
+        }
+    }
+
+    /// Moves what arrived on the channel into the queue.
+    pub fn take_arrivals(&mut self) {
+        self.queue.extend(self.receiver.try_iter());
+    }
+
+    /// Queues a broadcast of the loop's own.
+    pub fn push(&mut self, command: Command) {
+        self.queue.push_back(command);
+    }
+
+    /// Nothing is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// How long the oldest waiting broadcast has waited.
+    pub fn oldest_age(&self, now: Instant) -> Duration {
+        self.queue
+            .front()
+            .map_or(Duration::ZERO, |c| now.saturating_duration_since(c.queued_at))
+    }
+
+    /// Frames the broadcasts at the front into one batch: as many as fit in
+    /// `max_bytes` of frames (at least one) and at most `max_count`. `None`
+    /// when nothing is waiting or `max_count` is 0.
+    pub fn next_batch(&mut self, max_bytes: usize, max_count: u64) -> Option<Batch> {
+        let mut count = 0;
+        let mut size = 0;
+        for command in self.queue.iter().take(max_count.try_into().unwrap_or(usize::MAX)) {
+            size += encoded_len(command.payload.len());
+            if count > 0 && size > max_bytes {
+                break;
+            }
+            count += 1;
+        }
+        if count == 0 {
+            return None;
+        }
+        let taken = self.queue.range(..count);
+        let frames = SharedFrames::encode_all(taken.map(|c| (c.kind.opcode(), &c.payload[..])));
+        let cost = self.queue.drain(..count).map(|c| c.cost()).sum();
+        Some(Batch { frames, cost })
+    }
+
+    /// Empties the queue and the channel without sending; returns how many
+    /// broadcasts and bytes were thrown away.
+    pub fn discard_all(&mut self) -> (u64, usize) {
+        self.take_arrivals();
+        let count = self.queue.len() as u64;
+        let cost = self.queue.drain(..).map(|c| c.cost()).sum();
+        (count, cost)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::sync::Arc;
+
+    fn text(payload: &str) -> Command {
+        Command {
+            kind: MessageKind::Text,
+            payload: payload.as_bytes().to_vec(),
+            queued_at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn batches_take_what_fits_in_order_and_at_least_one() {
+        let (sender, receiver) = mpsc::channel();
+        let mut feed = Feed::new(receiver);
+        for payload in ["a", "bb", "ccc", &"d".repeat(200)] {
+            sender.send(text(payload)).unwrap();
+        }
+        assert!(feed.next_batch(1 << 20, u64::MAX).is_none(), "not taken yet");
+        feed.take_arrivals();
+        // 3 + 4 + 5 = 12 bytes of frames fit in 12; the 204-byte one does not.
+        let batch = feed.next_batch(12, u64::MAX).unwrap();
+        assert_eq!(batch.frames.bytes(), b"\x81\x01a\x81\x02bb\x81\x03ccc");
+        assert_eq!(batch.cost, 6 + 3 * COMMAND_OVERHEAD);
+        // Alone, a batch may be larger than the bound.
+        let big = feed.next_batch(12, u64::MAX).unwrap();
+        assert_eq!((big.frames.count(), big.frames.bytes().len()), (1, 204));
+        assert!(feed.next_batch(12, u64::MAX).is_none());
+    }
+
+    #[test]
+    fn a_batch_stops_at_the_count_it_is_allowed() {
+        let (sender, receiver) = mpsc::channel();
+        let mut feed = Feed::new(receiver);
+        for _ in 0..5 {
+            sender.send(text("x")).unwrap();
+        }
+        feed.take_arrivals();
+        assert!(feed.next_batch(1 << 20, 0).is_none());
+        assert_eq!(feed.next_batch(1 << 20, 2).unwrap().frames.count(), 2);
+        assert_eq!(feed.discard_all(), (3, 3 * cost(1)));
+        assert!(feed.is_empty());
+    }
+
+    #[test]
+    fn a_full_gate_holds_a_producer_until_room_is_given_back() {
+        let gate = Arc::new(Gate::new(100));
+        gate.acquire(60).unwrap();
+        gate.acquire(40).unwrap();
+        let waiting = {
+            let gate = Arc::clone(&gate);
+            std::thread::spawn(move || gate.acquire(50))
+        };
+        while gate.waiters.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        assert_eq!(gate.bytes(), 100, "the waiting producer took nothing");
+        gate.release(40);
+        assert_eq!(gate.bytes(), 60, "60 + 50 is over the bound: still waiting");
+        gate.release(60);
+        waiting.join().unwrap().unwrap();
+        assert_eq!(gate.bytes(), 50);
+    }
+
+    #[test]
+    fn an_empty_gate_takes_one_broadcast_over_the_bound() {
+        let gate = Gate::new(10);
+        gate.acquire(1000).unwrap();
+        assert_eq!(gate.bytes(), 1000);
+        gate.release(1000);
+        assert_eq!(gate.bytes(), 0);
+    }
+
+    #[test]
+    fn closing_the_gate_wakes_and_refuses_producers() {
+        let gate = Arc::new(Gate::new(10));
+        gate.acquire(10).unwrap();
+        let waiting = {
+            let gate = Arc::clone(&gate);
+            std::thread::spawn(move || gate.acquire(5))
+        };
+        while gate.waiters.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        gate.close();
+        assert_eq!(waiting.join().unwrap(), Err(Closed));
+        assert_eq!(gate.acquire(1), Err(Closed));
+    }
+}
