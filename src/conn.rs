@@ -169,8 +169,6 @@ pub struct Conn {
     writable_interest: bool,
     /// Reading stopped because output backed up (echo backpressure).
     read_paused: bool,
-    /// It upgraded after the fan-out under way began: that one is not for it.
-    sits_out: bool,
     /// Heartbeat state while open (two bytes that fit in padding).
     liveness: Liveness,
     target: RequestTarget,
@@ -190,7 +188,6 @@ impl Conn {
             deadline: Deadline::default(),
             writable_interest: false,
             read_paused: false,
-            sits_out: false,
             liveness: Liveness::default(),
             target: RequestTarget::default(),
         }
@@ -340,17 +337,10 @@ impl Conn {
         }
     }
 
-    /// Skips the fan-out under way (see [`Conn::deliver`]): the connection
-    /// upgraded after it began.
-    pub fn sit_out_fanout(&mut self) {
-        self.sits_out = true;
-    }
-
     /// Offers a batch of broadcast frames to this connection: all of it,
-    /// or (its queue being full) none. A connection sitting this fan-out
-    /// out is skipped, and takes part in the next.
+    /// or (its queue being full) none.
     pub fn deliver(&mut self, key: usize, frame: &SharedFrames, ctx: &mut Ctx<'_>) -> Delivery {
-        if std::mem::take(&mut self.sits_out) || !self.is_open() {
+        if !self.is_open() {
             return Delivery::Skipped;
         }
         match self.send_shared(frame, ctx) {

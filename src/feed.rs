@@ -187,9 +187,9 @@ impl Feed {
 
     /// How long the oldest waiting broadcast has waited.
     pub fn oldest_age(&self, now: Instant) -> Duration {
-        self.queue
-            .front()
-            .map_or(Duration::ZERO, |c| now.saturating_duration_since(c.queued_at))
+        self.queue.front().map_or(Duration::ZERO, |c| {
+            now.saturating_duration_since(c.queued_at)
+        })
     }
 
     /// Frames the broadcasts at the front into one batch: as many as fit in
@@ -198,7 +198,11 @@ impl Feed {
     pub fn next_batch(&mut self, max_bytes: usize, max_count: u64) -> Option<Batch> {
         let mut count = 0;
         let mut size = 0;
-        for command in self.queue.iter().take(max_count.try_into().unwrap_or(usize::MAX)) {
+        for command in self
+            .queue
+            .iter()
+            .take(max_count.try_into().unwrap_or(usize::MAX))
+        {
             size += encoded_len(command.payload.len());
             if count > 0 && size > max_bytes {
                 break;
@@ -245,7 +249,10 @@ mod tests {
         for payload in ["a", "bb", "ccc", &"d".repeat(200)] {
             sender.send(text(payload)).unwrap();
         }
-        assert!(feed.next_batch(1 << 20, u64::MAX).is_none(), "not taken yet");
+        assert!(
+            feed.next_batch(1 << 20, u64::MAX).is_none(),
+            "not taken yet"
+        );
         feed.take_arrivals();
         // 3 + 4 + 5 = 12 bytes of frames fit in 12; the 204-byte one does not.
         let batch = feed.next_batch(12, u64::MAX).unwrap();

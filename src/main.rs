@@ -56,6 +56,10 @@ struct Cli {
     /// Output a connection may have queued before the slow-consumer policy applies, in bytes.
     #[arg(long, value_name = "N", default_value_t = 1 << 20, value_parser = positive)]
     max_queued_bytes: usize,
+    /// Input read ahead of the broadcasts sent, in bytes (64 more per line): a
+    /// feed this far ahead is not read until the fan-out catches up.
+    #[arg(long, value_name = "N", default_value_t = 16 << 20, value_parser = positive)]
+    max_pending_bytes: usize,
     /// What a connection whose queue is full gets instead of a broadcast.
     #[arg(long, value_name = "POLICY", default_value = "close")]
     slow_consumer: SlowConsumer,
@@ -256,6 +260,7 @@ fn config(cli: &Cli) -> Result<Config, String> {
         echo: cli.echo,
         max_message_bytes: cli.max_message_bytes,
         max_queued_bytes: cli.max_queued_bytes,
+        max_pending_bytes: cli.max_pending_bytes,
         slow_consumer: match cli.slow_consumer {
             SlowConsumer::Close => SlowConsumerPolicy::Close,
             SlowConsumer::Drop => SlowConsumerPolicy::Drop,

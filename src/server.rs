@@ -9,6 +9,8 @@
 //! and the periodic stats line. The nearest one sets the poll timeout;
 //! with none pending the loop sleeps until a socket or a command wakes it.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,9 +26,9 @@ use socket2::{Domain, Socket, Type};
 use crate::alarm::Alarm;
 use crate::batching::Batching;
 use crate::broadcast::SharedFrames;
-use crate::feed::{self, Command, Feed, Gate};
 use crate::config::Config;
 use crate::conn::{CloseReason, Conn, Ctx, Delivery, Verdict};
+use crate::feed::{self, Command, Feed, Gate};
 use crate::heap;
 use crate::heartbeat::Heartbeat;
 use crate::http::{Endpoints, Rejection, MAX_RESPONSE_LEN};
@@ -631,6 +633,7 @@ impl Server {
             frames: batch.frames,
             next_key: 0,
             end_key: self.key_bound,
+            sitting_out: BinaryHeap::new(),
         });
         self.fan_out_slice(now);
     }
@@ -657,6 +660,10 @@ impl Server {
                 continue;
             };
             visited += 1;
+            if fanout.sits_out(key) {
+                key += 1;
+                continue;
+            }
             match conn.deliver(key, &fanout.frames, &mut ctx) {
                 Delivery::Skipped => {}
                 Delivery::Written => delivered += 1,
@@ -695,13 +702,8 @@ impl Server {
     /// that has yet to reach it. So every connection gets exactly the
     /// broadcasts whose fan-out started after its upgrade.
     fn on_upgraded(&mut self, key: usize) {
-        let Some(fanout) = &self.fanout else {
-            return;
-        };
-        if (fanout.next_key..fanout.end_key).contains(&key) {
-            if let Some(conn) = self.conns.get_mut(key) {
-                conn.sit_out_fanout();
-            }
+        if let Some(fanout) = &mut self.fanout {
+            fanout.sit_out(key);
         }
     }
 
@@ -730,8 +732,7 @@ impl Server {
         let accept_pending =
             self.accept_again.contains(&true) && self.accept_paused_until.is_none();
         let broadcasting = self.fanout.is_some() || !self.feed.is_empty();
-        if self.commands_pending || broadcasting || accept_pending || !self.read_again.is_empty()
-        {
+        if self.commands_pending || broadcasting || accept_pending || !self.read_again.is_empty() {
             return Ok(Some(Duration::ZERO));
         }
         if let Some(at) = self.next_time_event() {
@@ -1008,9 +1009,15 @@ impl Server {
         Metrics::set(&metrics.buffers_lent, self.pool.lent() as u64);
         Metrics::set(&metrics.buffers_idle, self.pool.idle() as u64);
         Metrics::set(&metrics.buffers_released, self.pool.released());
-        Metrics::set(&metrics.broadcast_queue_bytes, self.shared.gate.bytes() as u64);
+        Metrics::set(
+            &metrics.broadcast_queue_bytes,
+            self.shared.gate.bytes() as u64,
+        );
         let age = self.feed.oldest_age(now).as_micros();
-        Metrics::set(&metrics.broadcast_queue_age_us, age.try_into().unwrap_or(u64::MAX));
+        Metrics::set(
+            &metrics.broadcast_queue_age_us,
+            age.try_into().unwrap_or(u64::MAX),
+        );
         if let Some(stats) = self.stats.as_mut().filter(|s| now >= s.next_at) {
             let current = metrics.snapshot();
             log::info!("{}", metrics::summary(&stats.last, &current, stats.every));
@@ -1122,6 +1129,33 @@ struct FanOut {
     /// The key bound when the fan-out began: a key past it was taken
     /// later, by a connection that sits this fan-out out.
     end_key: usize,
+    /// Keys ahead of the cursor whose connection upgraded after the
+    /// fan-out began, nearest first (the loop keeps this, not each
+    /// connection: it costs nothing while no one upgrades).
+    sitting_out: BinaryHeap<Reverse<usize>>,
+}
+
+impl FanOut {
+    /// The connection at `key` upgraded now: it sits this fan-out out if
+    /// the fan-out has yet to reach it.
+    fn sit_out(&mut self, key: usize) {
+        if (self.next_key..self.end_key).contains(&key) {
+            self.sitting_out.push(Reverse(key));
+        }
+    }
+
+    /// Whether the connection at `key`, the cursor's, sits this one out.
+    fn sits_out(&mut self, key: usize) -> bool {
+        let mut found = false;
+        while let Some(&Reverse(next)) = self.sitting_out.peek() {
+            if next > key {
+                break;
+            }
+            found |= next == key;
+            self.sitting_out.pop();
+        }
+        found
+    }
 }
 
 /// Whether a broadcast fits the message limit; one that does not is
@@ -1225,6 +1259,22 @@ fn refuse(mut stream: TcpStream, rejection: Rejection, scratch: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connections_upgraded_ahead_of_the_cursor_sit_the_fan_out_out_once() {
+        let mut fanout = FanOut {
+            frames: SharedFrames::encode(crate::ws::OpCode::Text, b"x"),
+            next_key: 10,
+            end_key: 100,
+            sitting_out: BinaryHeap::new(),
+        };
+        for key in [50, 5, 12, 100, 12, 70] {
+            fanout.sit_out(key); // 5 is behind the cursor, 100 past the end
+        }
+        let sitting: Vec<usize> = (10..100).filter(|&key| fanout.sits_out(key)).collect();
+        assert_eq!(sitting, [12, 50, 70]);
+        assert!(fanout.sitting_out.is_empty());
+    }
 
     #[test]
     fn accepts_left_over_while_accepting_is_paused_do_not_keep_the_loop_awake() {

@@ -24,9 +24,9 @@ fn text(client: &mut util::Client) -> String {
 }
 
 #[test]
-fn a_thousand_clients_get_a_hundred_broadcasts_exactly_once_in_order() {
+fn a_thousand_clients_get_a_burst_of_two_thousand_lines_exactly_once_in_order() {
     const CLIENTS: usize = 1000;
-    const MESSAGES: usize = 100;
+    const MESSAGES: usize = 2000;
     // Both ends of every connection, and the rest.
     need_open_files(2 * CLIENTS as u64 + 64);
     let server = TestServer::start(Config::default());

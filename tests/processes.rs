@@ -128,6 +128,32 @@ fn three_instances_share_the_connections_and_each_line_reaches_every_one_once() 
 }
 
 #[test]
+fn three_instances_give_every_connection_every_line_of_a_burst_once() {
+    const LINES: usize = 2000;
+    let (mut supervised, addr) = Supervised::start(3);
+    let mut clients: Vec<_> = (0..30)
+        .map(|i| connect(addr, &format!("/?id={i}")))
+        .collect();
+    supervised.upgrades(30);
+    let burst: String = (0..LINES).map(|i| format!("line {i}\n")).collect();
+    supervised.0.send(burst.as_bytes());
+    supervised.0.send(b"end\n");
+    for client in &mut clients {
+        for i in 0..LINES {
+            assert_eq!(client.read().unwrap(), Message::text(format!("line {i}")));
+        }
+        assert_eq!(
+            client.read().unwrap(),
+            Message::text("end"),
+            "nothing twice"
+        );
+    }
+    drop(clients);
+    signal(supervised.0.child.id(), "-TERM");
+    assert_eq!(supervised.wait().0, Some(0));
+}
+
+#[test]
 fn processes_auto_starts_enough_instances_for_the_total() {
     // 10 connections per instance, planned at 9: 50 connections need 6
     // instances (or one per core, if there are more cores).

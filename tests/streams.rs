@@ -1,0 +1,348 @@
+//! Broadcast streams: messages queued together go out as one batch, each
+//! exactly once and in order; a fan-out leaves the loop serving everyone
+//! else; slow consumers are counted per message; the queue from the
+//! producer is bounded by bytes.
+
+mod util;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use util::{client_frame, raw_upgraded, read_frame, TestServer, IO_TIMEOUT, PING};
+use wspush::{Config, MessageKind, Server, SlowConsumerPolicy};
+
+/// Polls the server until `done` holds.
+fn poll_until(server: &mut Server, what: &str, mut done: impl FnMut(&Server) -> bool) {
+    let deadline = Instant::now() + IO_TIMEOUT;
+    while !done(server) {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        server.poll_once(Some(Duration::from_millis(10))).unwrap();
+    }
+}
+
+/// `count` raw clients upgraded against a server polled meanwhile.
+fn upgraded_clients(server: &mut Server, count: usize) -> Vec<TcpStream> {
+    let addr = server.local_addr();
+    let before = server.connections().count();
+    let clients = thread::spawn(move || (0..count).map(|_| raw_upgraded(addr)).collect());
+    poll_until(server, "the upgrades", |s| {
+        s.connections().count() == before + count
+    });
+    clients.join().unwrap()
+}
+
+/// The next data frame's text (pings skipped).
+fn next_text(stream: &mut TcpStream) -> String {
+    loop {
+        let frame = read_frame(stream).expect("a frame");
+        match frame.opcode {
+            0x1 => return String::from_utf8(frame.payload).unwrap(),
+            0x9 => continue,
+            other => panic!("unexpected opcode {other}: {frame:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_burst_queued_together_goes_out_as_one_batch_in_order() {
+    const CLIENTS: usize = 20;
+    const LINES: usize = 200;
+    let mut server = Server::bind(Config::default()).unwrap();
+    let mut clients = upgraded_clients(&mut server, CLIENTS);
+    let handle = server.handle();
+    let before = server.metrics();
+    for i in 0..LINES {
+        handle.broadcast_text(format!("line {i}")).unwrap();
+    }
+    poll_until(&mut server, "every delivery", |s| {
+        s.metrics().broadcast_deliveries == (CLIENTS * LINES) as u64
+    });
+    let after = server.metrics();
+    assert_eq!(after.broadcasts - before.broadcasts, LINES as u64);
+    assert_eq!(
+        after.broadcast_batches - before.broadcast_batches,
+        1,
+        "one batch"
+    );
+    let batch: usize = (0..LINES).map(|i| 2 + format!("line {i}").len()).sum();
+    assert_eq!(
+        after.bytes_written - before.bytes_written,
+        (CLIENTS * batch) as u64,
+        "each frame written once to each client"
+    );
+    for client in &mut clients {
+        for i in 0..LINES {
+            assert_eq!(next_text(client), format!("line {i}"));
+        }
+    }
+}
+
+#[test]
+fn a_connection_that_upgrades_during_a_fan_out_gets_the_broadcasts_begun_after_it() {
+    // One connection per loop iteration: a fan-out to 40 takes 40 of them.
+    let mut server = Server::bind(Config {
+        fanout_budget: 1,
+        ..Config::default()
+    })
+    .unwrap();
+    let addr = server.local_addr();
+    let mut clients = upgraded_clients(&mut server, 40);
+    // Free a slot inside the key range, for the late client to take.
+    drop(clients.remove(30));
+    poll_until(&mut server, "the close", |s| s.connections().count() == 39);
+
+    server.broadcast(MessageKind::Text, b"A").unwrap();
+    assert_eq!(server.metrics().broadcast_deliveries, 1, "one slice so far");
+    // A client the fan-out has not reached sends a ping; a new client's
+    // request waits in the kernel; one iteration serves both.
+    clients[20]
+        .write_all(&client_frame(PING, b"are you there"))
+        .unwrap();
+    let late = thread::spawn(move || raw_upgraded(addr));
+    thread::sleep(Duration::from_millis(100));
+    server.poll_once(Some(Duration::ZERO)).unwrap();
+    let late_upgraded_at = server.metrics().broadcast_deliveries;
+    poll_until(&mut server, "the late upgrade", |_| late.is_finished());
+    let mut late = late.join().unwrap();
+    assert!(
+        late_upgraded_at < 39,
+        "upgraded during the fan-out ({late_upgraded_at} of 39 delivered)"
+    );
+    let pong = read_frame(&mut clients[20]).unwrap();
+    assert_eq!(
+        (pong.opcode, &pong.payload[..]),
+        (0xA, &b"are you there"[..]),
+        "the pong came before the fan-out reached this client"
+    );
+
+    poll_until(&mut server, "the fan-out", |s| {
+        s.metrics().broadcast_deliveries == 39
+    });
+    server.broadcast(MessageKind::Text, b"B").unwrap();
+    poll_until(&mut server, "the second fan-out", |s| {
+        s.metrics().broadcast_deliveries == 39 + 40
+    });
+    assert_eq!(next_text(&mut late), "B", "A began before its upgrade");
+    for client in &mut clients {
+        assert_eq!(next_text(client), "A");
+        assert_eq!(next_text(client), "B");
+    }
+}
+
+/// A producer thread broadcasting `lines` numbered lines as fast as the
+/// queue takes them, with a pause after every `burst` of them.
+fn produce(
+    handle: wspush::Handle,
+    lines: usize,
+    burst: usize,
+    size: usize,
+) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        for i in 0..lines {
+            handle.broadcast_text(numbered(i, size)).unwrap();
+            if (i + 1) % burst == 0 {
+                thread::sleep(Duration::from_millis(5));
+            }
+        }
+    })
+}
+
+/// Line `i`: its number, padded with `x` to at least `size` bytes.
+fn numbered(i: usize, size: usize) -> String {
+    format!("{i:08}{}", "x".repeat(size.saturating_sub(8)))
+}
+
+fn number_of(text: &str) -> usize {
+    text[..8].parse().unwrap()
+}
+
+#[test]
+fn bursts_mixed_with_lone_lines_keep_their_order() {
+    let server = TestServer::start(Config::default());
+    let mut clients: Vec<_> = (0..10).map(|_| raw_upgraded(server.addr)).collect();
+    server.wait_for("the upgrades", |m| m.upgrades == 10);
+    // Bursts of 1, 2, 3 ... 40 lines with pauses between them.
+    let handle = server.handle.clone();
+    let producer = thread::spawn(move || {
+        let mut i = 0;
+        for burst in 1..=40 {
+            for _ in 0..burst {
+                handle.broadcast_text(numbered(i, 8)).unwrap();
+                i += 1;
+            }
+            thread::sleep(Duration::from_millis(2));
+        }
+    });
+    let total = (1..=40).sum::<usize>();
+    for client in &mut clients {
+        for i in 0..total {
+            assert_eq!(number_of(&next_text(client)), i);
+        }
+    }
+    producer.join().unwrap();
+    let m = server.wait_for("every delivery", |m| {
+        m.broadcast_deliveries == 10 * total as u64
+    });
+    assert_eq!(m.broadcasts, total as u64);
+}
+
+/// Reads a stalled client's frames after the fact: the numbers of the
+/// lines it got, and the close code if a close frame ended them.
+fn drain(stream: &mut TcpStream) -> (Vec<usize>, Option<u16>) {
+    let mut got = Vec::new();
+    loop {
+        let Some(frame) = read_frame(stream) else {
+            return (got, None);
+        };
+        match frame.opcode {
+            0x1 => got.push(number_of(std::str::from_utf8(&frame.payload).unwrap())),
+            0x8 => return (got, frame.close_code()),
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn a_stalled_client_under_bursts_misses_lines_that_are_each_counted() {
+    const LINES: usize = 20_000;
+    let server = TestServer::start(Config {
+        max_queued_bytes: 16 * 1024,
+        slow_consumer: SlowConsumerPolicy::Drop,
+        ..Config::default()
+    });
+    let mut stalled = raw_upgraded(server.addr);
+    let mut reader = raw_upgraded(server.addr);
+    server.wait_for("the upgrades", |m| m.upgrades == 2);
+    let producer = produce(server.handle.clone(), LINES, 500, 1000);
+    for i in 0..LINES {
+        assert_eq!(number_of(&next_text(&mut reader)), i, "the reader gets all");
+    }
+    producer.join().unwrap();
+    let m = server.wait_for("every line offered to both", |m| {
+        m.broadcast_deliveries + m.slow_consumer_drops == 2 * LINES as u64
+    });
+    let dropped = m.slow_consumer_drops as usize;
+    assert!(
+        dropped > 0,
+        "20 MB do not fit in the stalled client's buffers"
+    );
+    assert!(
+        m.broadcast_batches < m.broadcasts,
+        "bursts were batched: {m:?}"
+    );
+
+    stalled
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut got = Vec::new();
+    while let Some(line) = read_one(&mut stalled) {
+        got.push(line);
+    }
+    assert_eq!(
+        got.len() + dropped,
+        LINES,
+        "each line received or counted as dropped"
+    );
+    assert!(got.windows(2).all(|w| w[0] < w[1]), "in order, once each");
+    assert_eq!(server.handle.metrics().closed_slow_consumer, 0);
+}
+
+/// The next line number on a stream, or `None` once nothing more comes.
+fn read_one(stream: &mut TcpStream) -> Option<usize> {
+    let mut first = [0u8; 1];
+    match stream.read(&mut first) {
+        Ok(1) => {}
+        _ => return None,
+    }
+    let mut rest = [0u8; 3];
+    stream.read_exact(&mut rest).unwrap();
+    assert_eq!(
+        (first[0], rest[0]),
+        (0x81, 126),
+        "a text frame of 1000 bytes"
+    );
+    let len = u16::from_be_bytes([rest[1], rest[2]]) as usize;
+    let mut payload = vec![0u8; len];
+    stream.read_exact(&mut payload).unwrap();
+    Some(number_of(std::str::from_utf8(&payload).unwrap()))
+}
+
+#[test]
+fn a_stalled_client_under_bursts_is_closed_with_1008_and_the_others_get_all() {
+    const LINES: usize = 20_000;
+    let server = TestServer::start(Config {
+        max_queued_bytes: 16 * 1024,
+        slow_consumer: SlowConsumerPolicy::Close,
+        ..Config::default()
+    });
+    let mut stalled = raw_upgraded(server.addr);
+    let mut reader = raw_upgraded(server.addr);
+    server.wait_for("the upgrades", |m| m.upgrades == 2);
+    let producer = produce(server.handle.clone(), LINES, 500, 1000);
+    for i in 0..LINES {
+        assert_eq!(number_of(&next_text(&mut reader)), i);
+    }
+    producer.join().unwrap();
+    let (got, code) = drain(&mut stalled);
+    assert_eq!(code, Some(1008));
+    assert!(got.len() < LINES);
+    assert!(
+        got.iter().enumerate().all(|(i, &n)| i == n),
+        "a prefix, in order"
+    );
+    let m = server.wait_for("the close", |m| m.closed_slow_consumer == 1);
+    assert_eq!(m.closed_slow_consumer, 1);
+}
+
+#[test]
+fn a_producer_faster_than_the_fan_out_waits_and_loses_nothing() {
+    const LINES: usize = 20_000;
+    const BOUND: usize = 32 * 1024;
+    let server = TestServer::start(Config {
+        max_pending_bytes: BOUND,
+        ..Config::default()
+    });
+    let mut clients: Vec<_> = (0..20).map(|_| raw_upgraded(server.addr)).collect();
+    server.wait_for("the upgrades", |m| m.upgrades == 20);
+
+    let done = Arc::new(AtomicBool::new(false));
+    let highest = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let (handle, done, highest) = (server.handle.clone(), done.clone(), highest.clone());
+        thread::spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                let queued = handle.metrics().broadcast_queue_bytes;
+                highest.fetch_max(queued, Ordering::SeqCst);
+                thread::sleep(Duration::from_micros(200));
+            }
+        })
+    };
+    let producer = produce(server.handle.clone(), LINES, LINES, 200);
+    let readers: Vec<_> = clients
+        .drain(..)
+        .map(|mut client| {
+            thread::spawn(move || {
+                for i in 0..LINES {
+                    assert_eq!(number_of(&next_text(&mut client)), i);
+                }
+            })
+        })
+        .collect();
+    for reader in readers {
+        reader.join().unwrap();
+    }
+    producer.join().unwrap();
+    done.store(true, Ordering::SeqCst);
+    sampler.join().unwrap();
+    let m = server.handle.metrics();
+    assert_eq!(m.broadcasts, LINES as u64);
+    assert_eq!(m.broadcast_deliveries, 20 * LINES as u64);
+    assert_eq!(m.slow_consumer_drops + m.frames_discarded, 0);
+    let highest = highest.load(Ordering::SeqCst) as usize;
+    assert!(highest <= BOUND, "{highest} bytes pending");
+    assert!(highest > BOUND / 2, "the queue filled: {highest} bytes");
+}
