@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::echo::{self, EchoOptions, EchoOutcome};
 use crate::push::{self, PushOptions};
-use crate::report::{self, RunReport};
+use crate::report::{self, RunReport, StreamReport};
 use crate::server::ServerSpec;
 use crate::{sys, Error};
 
@@ -273,6 +273,7 @@ fn table_row(row: &Row, rows: &[Row], baseline: &str) -> Vec<(&'static str, Stri
             echo_cell(&|e| format!("{:.2}", e.rtt.p99_us / 1e3)),
         ),
     ];
+    cells.extend(stream_cells(row, rows, base));
     if let Some(EchoOutcome::MaxRate(m)) = &row.max_rate {
         cells.push((
             "max msg/s/conn",
@@ -284,6 +285,74 @@ fn table_row(row: &Row, rows: &[Row], baseline: &str) -> Vec<(&'static str, Stri
         ));
     } else if rows.iter().any(|r| r.max_rate.is_some()) {
         cells.push(("max msg/s/conn", dash()));
+    }
+    cells
+}
+
+/// The stream columns, where any row has streams: the burst's completion
+/// time (and over the baseline's), deliveries a second and p99; the feed's
+/// p99; the highest feed rate found.
+fn stream_cells(row: &Row, rows: &[Row], base: Option<&Row>) -> Vec<(&'static str, String)> {
+    let stream = |r: &Row, kind: &str| {
+        r.push
+            .as_ref()
+            .and_then(|p| p.streams.iter().find(|s| s.kind == kind).cloned())
+    };
+    let any = |kind: &str| rows.iter().any(|r| stream(r, kind).is_some());
+    let dash = || "-".to_string();
+    let mut cells = Vec::new();
+    if any("burst") {
+        let burst = stream(row, "burst");
+        let base = base.and_then(|b| stream(b, "burst"));
+        let cell = |f: &dyn Fn(&StreamReport) -> String| burst.as_ref().map_or_else(dash, f);
+        cells.push(("burst s", cell(&|b| format!("{:.3}", b.completion_secs))));
+        cells.push((
+            "burst ×base",
+            match (&burst, &base) {
+                (Some(b), Some(x)) if x.completion_secs > 0.0 => {
+                    format!("{:.2}", b.completion_secs / x.completion_secs)
+                }
+                _ => dash(),
+            },
+        ));
+        cells.push((
+            "burst deliv/s",
+            cell(&|b| format!("{:.0}", b.deliveries_per_sec)),
+        ));
+        cells.push((
+            "burst p50/p99 ms",
+            cell(&|b| {
+                format!(
+                    "{:.1}/{:.1}",
+                    b.latency.p50_us / 1e3,
+                    b.latency.p99_us / 1e3
+                )
+            }),
+        ));
+    }
+    if any("feed") {
+        let feed = stream(row, "feed");
+        let cell = |f: &dyn Fn(&StreamReport) -> String| feed.as_ref().map_or_else(dash, f);
+        cells.push((
+            "feed lines/s",
+            cell(&|f| format!("{:.0}", f.rate.unwrap_or_default())),
+        ));
+        cells.push((
+            "feed p99 ms",
+            cell(&|f| format!("{:.1}", f.latency.p99_us / 1e3)),
+        ));
+    }
+    if rows
+        .iter()
+        .any(|r| r.push.as_ref().is_some_and(|p| !p.feed_search.is_empty()))
+    {
+        cells.push((
+            "max feed/s",
+            row.push
+                .as_ref()
+                .and_then(|p| p.max_feed_rate)
+                .map_or_else(dash, |r| format!("{r:.0}")),
+        ));
     }
     cells
 }
@@ -334,6 +403,49 @@ mod tests {
         let alone = render_table(&rows[..1], "floor");
         assert_eq!(alone.lines().nth(1).map(&fanout), Some("-".into()));
         assert_eq!(alone.lines().nth(1).map(&setup), Some("-".into()));
+    }
+
+    #[test]
+    fn stream_columns_appear_with_streams_and_divide_by_the_baseline() {
+        let mut rows = vec![
+            row("floor", 1, 10.0, 1000.0),
+            row("wspush", 1, 10.0, 1000.0),
+        ];
+        let bursts = [0.4, 0.1];
+        for (r, secs) in rows.iter_mut().zip(bursts) {
+            let push = r.push.as_mut().unwrap();
+            push.streams.push(report::sample_stream("burst", 200, secs));
+        }
+        rows[1].push.as_mut().unwrap().feed_search = vec![report::sample_stream("feed", 500, 5.0)];
+        rows[1].push.as_mut().unwrap().max_feed_rate = Some(640.0);
+        let table = render_table(&rows, "floor");
+        let header: Vec<&str> = table
+            .lines()
+            .next()
+            .unwrap()
+            .split("  ")
+            .filter(|c| !c.is_empty())
+            .collect();
+        let cell = |line: usize, name: &str| {
+            let col = header.iter().position(|h| h.trim() == name).unwrap();
+            table
+                .lines()
+                .nth(line)
+                .unwrap()
+                .split_whitespace()
+                .nth(col)
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(cell(1, "burst s"), "0.400", "{table}");
+        assert_eq!(cell(2, "burst ×base"), "0.25", "{table}");
+        assert_eq!(cell(2, "burst deliv/s"), "200000", "{table}");
+        assert_eq!(cell(1, "max feed/s"), "-", "{table}");
+        assert_eq!(cell(2, "max feed/s"), "640", "{table}");
+        assert!(
+            !table.contains("feed p99"),
+            "no row has a plain feed: {table}"
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::pacing;
 use crate::protocol::{self, Command, Counts, Plan, Report};
-use crate::stats::Observed;
+use crate::stats::{Observed, StreamReceipts};
 use crate::{sys, worker, Error};
 
 /// How long workers get to answer `Arm` and `Finish`.
@@ -227,6 +227,42 @@ impl Fleet {
             _ => false,
         })?;
         Ok(expected.into_iter().map(|e| e.unwrap_or(0)).collect())
+    }
+
+    /// Announces a stream of `count` messages from `first` to every worker
+    /// (see [`Fleet::arm`]); returns, per worker, the connections expected
+    /// to receive each of them.
+    pub fn arm_stream(&mut self, first: u32, count: u32, nap_us: u64) -> Result<Vec<u32>, Error> {
+        self.broadcast(&Command::ArmStream {
+            first,
+            count,
+            nap_us,
+        })?;
+        let mut expected: Vec<Option<u32>> = vec![None; self.len()];
+        self.collect(|index, report| match report {
+            Report::Armed { seq, open } if seq == first && expected[index].is_none() => {
+                expected[index] = Some(open);
+                expected.iter().all(Option::is_some)
+            }
+            _ => false,
+        })?;
+        Ok(expected.into_iter().map(|e| e.unwrap_or(0)).collect())
+    }
+
+    /// Ends the armed stream in every worker and merges what they saw of it.
+    pub fn end_stream(&mut self, first: u32) -> Result<StreamReceipts, Error> {
+        self.broadcast(&Command::EndStream)?;
+        let mut done = vec![false; self.len()];
+        let mut merged = StreamReceipts::default();
+        self.collect(|index, report| match report {
+            Report::StreamEnded { first: f, receipts } if f == first && !done[index] => {
+                merged.merge(&receipts);
+                done[index] = true;
+                done.iter().all(|&d| d)
+            }
+            _ => false,
+        })?;
+        Ok(merged)
     }
 
     /// Stops the workers and merges what they observed.

@@ -11,8 +11,11 @@
 //! `epoll_ctl`).
 //! Each line read from standard input is encoded once as an unmasked text
 //! frame and `write()`n to every socket in a tight loop: no per-connection
-//! WebSocket state, no queues. A socket that cannot take the whole frame at
-//! once (its peer stopped reading, or is gone) is closed.
+//! WebSocket state, no queues. Lines that are waiting together when the
+//! loop gets to them are sent as one batch, their frames back to back (up
+//! to [`MAX_BATCH_BYTES`]): one `write()` per socket per batch, the least
+//! a stream of messages can cost. A socket that cannot take a whole batch
+//! at once (its peer stopped reading, or is gone) is closed.
 //!
 //! It also echoes, so that the echo measurement has the same reference:
 //! each complete client data frame is unmasked in the read buffer and
@@ -60,6 +63,9 @@ const OPEN_BASE: usize = 1 << 40;
 
 /// Size of the buffer every read goes through.
 const READ_BUFFER: usize = 64 * 1024;
+
+/// Frames sent together in one batch, at most (as wspush).
+pub const MAX_BATCH_BYTES: usize = 64 * 1024;
 
 /// An unmasked ping frame with no payload.
 const PING_FRAME: [u8; 2] = [0x80 | opcode::PING, 0];
@@ -151,8 +157,16 @@ pub fn serve_pinging(
             match event.token() {
                 LISTENER => floor.accept(&listener)?,
                 STDIN => {
+                    let mut batch = Vec::new();
                     for frame in frames.try_iter() {
-                        floor.broadcast(&frame);
+                        if !batch.is_empty() && batch.len() + frame.len() > MAX_BATCH_BYTES {
+                            floor.broadcast(&batch);
+                            batch.clear();
+                        }
+                        batch.extend_from_slice(&frame);
+                    }
+                    if !batch.is_empty() {
+                        floor.broadcast(&batch);
                     }
                 }
                 Token(t) if t >= OPEN_BASE => {
@@ -244,7 +258,8 @@ impl Floor {
         Ok(())
     }
 
-    /// Writes `frame` to every open socket, closing those that can't take it whole.
+    /// Writes `frame` (or a batch of frames) to every open socket, closing
+    /// those that can't take it whole.
     fn broadcast(&mut self, frame: &[u8]) {
         let before = self.open.len();
         self.open

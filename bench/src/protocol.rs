@@ -4,7 +4,10 @@
 //! A worker gets its [`Plan`] first, then `Open` grants during the setup,
 //! one `Arm` before each broadcast (answered with `Armed` and, once the
 //! message has reached all its connections, `Received { done: true }`),
-//! and finally `Finish`, answered with everything it observed.
+//! for a stream of messages one `ArmStream` (answered with `Armed`, then
+//! `StreamProgress` until `done`) and an `EndStream` (answered with
+//! `StreamEnded`), and finally `Finish`, answered with everything it
+//! observed.
 
 use std::io::{self, Write};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -12,7 +15,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::stats::{Observed, Receipts};
+use crate::stats::{Observed, Receipts, StreamReceipts};
 
 /// What one worker connects to, and how.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -50,6 +53,19 @@ pub enum Command {
         /// Nap between non-blocking polls, in µs (0: block in `epoll_wait`).
         nap_us: u64,
     },
+    /// Messages `first .. first + count` are about to be sent without
+    /// waiting for each other: answer with the connections expected to
+    /// receive them, then report the stream's progress, napping as for `Arm`.
+    ArmStream {
+        /// Sequence number of the first.
+        first: u32,
+        /// How many.
+        count: u32,
+        /// Nap between non-blocking polls, in µs (0: block in `epoll_wait`).
+        nap_us: u64,
+    },
+    /// Stop watching the stream and report what it observed of it.
+    EndStream,
     /// Report everything observed and exit.
     Finish,
 }
@@ -101,6 +117,23 @@ pub enum Report {
         receipts: Receipts,
         /// Whether the worker expects no more receipts of it.
         done: bool,
+    },
+    /// Deliveries of the armed stream so far; `done` once every connection
+    /// still open has every message of it.
+    StreamProgress {
+        /// Its first sequence number.
+        first: u32,
+        /// Deliveries so far.
+        received: u64,
+        /// Whether the worker expects no more of it.
+        done: bool,
+    },
+    /// Answer to `EndStream`.
+    StreamEnded {
+        /// Its first sequence number.
+        first: u32,
+        /// What the worker's connections observed of it.
+        receipts: StreamReceipts,
     },
     /// Answer to `Finish`.
     Final(Box<Observed>),

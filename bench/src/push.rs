@@ -1,6 +1,9 @@
 //! The `push` measurement: open N idle connections through worker
 //! processes, sample the server's memory and CPU, watch it idle, then
-//! broadcast K messages one at a time and check and time every delivery.
+//! broadcast K messages one at a time and check and time every delivery;
+//! optionally then streams: a burst of lines written back to back, a feed
+//! at a steady rate, or a search for the highest rate a feed can have
+//! with its p99 latency under a limit.
 
 use std::io::{self, IsTerminal, Write};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -13,7 +16,7 @@ use crate::pacing::{self, Schedule};
 use crate::procfs::{self, Usage};
 use crate::protocol::{Plan, Report};
 use crate::ramp::Ramp;
-use crate::report::{self, RunReport};
+use crate::report::{self, LatencyReport, RunReport, StreamReport};
 use crate::server::{self, Server, ServerSpec};
 use crate::target::Target;
 use crate::{sys, Error};
@@ -40,6 +43,13 @@ const PROGRESS_LOG_EVERY: Duration = Duration::from_secs(5);
 /// from ~10,000/s to ~500/s (measured here: 14,000 connections from one
 /// address in 1.4 s, 15,000 in 2.8 s).
 const PORT_RANGE_PERCENT: u32 = 45;
+
+/// Steps of the feed rate search at most.
+const MAX_SEARCH_STEPS: u32 = 12;
+
+/// The search stops once the lowest failing rate is within this factor of
+/// the highest passing one.
+const SEARCH_PRECISION: f64 = 1.1;
 
 /// CPU share (of one CPU) that other processes may use during a phase
 /// before the report warns that the machine was not quiet.
@@ -122,6 +132,29 @@ pub struct PushOptions {
     /// a row).
     #[arg(long, default_value_t = 0)]
     pub wait_quiet: u64,
+    /// After the broadcasts one at a time: a burst of this many lines
+    /// written back to back (one write), timed until every connection has
+    /// every one of them.
+    #[arg(long, value_name = "LINES")]
+    pub burst: Option<u32>,
+    /// Then a feed of this many lines a second for `--feed-secs`.
+    #[arg(long, value_name = "LINES_PER_SEC")]
+    pub feed_rate: Option<f64>,
+    /// Seconds of the feed.
+    #[arg(long, default_value_t = 30)]
+    pub feed_secs: u64,
+    /// Instead of one feed: search the highest feed rate with p99 latency
+    /// under `--feed-max-p99-ms` and every line delivered (steps of
+    /// `--feed-search-secs` from `--feed-rate` or 100/s, doubling, then
+    /// halving the interval), then hold the rate found for `--feed-secs`.
+    #[arg(long)]
+    pub find_max_feed_rate: bool,
+    /// The p99 latency limit of the feed rate search, in ms.
+    #[arg(long, default_value_t = 100.0)]
+    pub feed_max_p99_ms: f64,
+    /// Seconds of each step of the feed rate search.
+    #[arg(long, default_value_t = 5)]
+    pub feed_search_secs: u64,
 }
 
 impl PushOptions {
@@ -151,9 +184,19 @@ impl PushOptions {
                     .into(),
             );
         }
+        if self.burst == Some(0)
+            || self.feed_rate.is_some_and(|r| !(r > 0.0 && r.is_finite()))
+            || self.feed_secs == 0
+            || self.feed_search_secs == 0
+        {
+            return Err(
+                "--burst, --feed-rate, --feed-secs and --feed-search-secs must be positive".into(),
+            );
+        }
         // The widest stamp: the last sequence number with a 20-digit time.
+        let streams = self.burst.is_some() || self.feed_rate.is_some() || self.find_max_feed_rate;
         let widest = Stamp {
-            seq: self.messages,
+            seq: if streams { u32::MAX } else { self.messages },
             sent_ns: u64::MAX,
         };
         if message::encode(widest, self.payload_bytes).is_none() {
@@ -342,6 +385,12 @@ pub struct Observations {
     pub machine_broadcast_ns: u64,
     /// Memory of the worker processes with the connections open (none for threads).
     pub client: Option<Usage>,
+    /// The streams after the broadcasts one at a time, in order.
+    pub streams: Vec<StreamReport>,
+    /// The steps of the feed rate search, in order.
+    pub feed_search: Vec<StreamReport>,
+    /// The highest feed rate the search found, held for `--feed-secs`.
+    pub max_feed_rate: Option<f64>,
     /// What the connections observed.
     pub observed: crate::stats::Observed,
 }
@@ -400,6 +449,24 @@ impl Run<'_> {
         let end = self.target.usage()?;
         let after = CpuMark::take(end.cpu_ns, self.client_cpu_ns()?)?;
         self.warn_if_busy(after.others_since(&before), "during the broadcasts");
+
+        let mut first = o.messages + 1;
+        let (mut streams, mut feed_search, mut max_feed_rate) = (Vec::new(), Vec::new(), None);
+        if let Some(lines) = o.burst {
+            self.pump(Duration::from_millis(o.gap_ms))?;
+            streams.push(self.stream("burst", &mut first, lines, None)?);
+        }
+        if o.find_max_feed_rate {
+            let (found, steps) = self.find_max_feed_rate(&mut first)?;
+            feed_search = steps;
+            if let Some(rate) = found {
+                let held = self.feed(&mut first, rate, o.feed_secs)?;
+                max_feed_rate = is_held(&held, o.feed_max_p99_ms).then_some(rate);
+                streams.push(held);
+            }
+        } else if let Some(rate) = o.feed_rate {
+            streams.push(self.feed(&mut first, rate, o.feed_secs)?);
+        }
         let observed = self.fleet.finish()?;
 
         Ok(Observations {
@@ -425,7 +492,157 @@ impl Run<'_> {
             client_broadcast_ns: after.client_ns.saturating_sub(before.client_ns),
             machine_broadcast_ns: after.machine_ns.saturating_sub(before.machine_ns),
             client,
+            streams,
+            feed_search,
+            max_feed_rate,
             observed,
+        })
+    }
+
+    /// A feed of `rate` lines a second for `secs` seconds.
+    fn feed(&mut self, first: &mut u32, rate: f64, secs: u64) -> Result<StreamReport, Error> {
+        self.pump(Duration::from_millis(self.options.gap_ms))?;
+        let lines = (rate * secs as f64).round().max(1.0) as u32;
+        self.stream("feed", first, lines, Some(rate))
+    }
+
+    /// Feeds at rising rates (doubling from `--feed-rate`, then halving
+    /// the gap between the highest that held and the lowest that did not)
+    /// until the two are within [`SEARCH_PRECISION`]; returns the highest
+    /// rate that held and every step.
+    fn find_max_feed_rate(
+        &mut self,
+        first: &mut u32,
+    ) -> Result<(Option<f64>, Vec<StreamReport>), Error> {
+        let o = self.options;
+        let mut rate = o.feed_rate.unwrap_or(100.0);
+        let (mut held, mut failed): (Option<f64>, Option<f64>) = (None, None);
+        let mut steps = Vec::new();
+        for _ in 0..MAX_SEARCH_STEPS {
+            let step = self.feed(first, rate, o.feed_search_secs)?;
+            let ok = is_held(&step, o.feed_max_p99_ms);
+            eprintln!(
+                "[{}] feed search: {rate:.0} lines/s: p99 {}, {} of {} delivered: {}",
+                self.label,
+                report::duration_us(step.latency.p99_us),
+                step.received,
+                step.expected,
+                if ok { "held" } else { "not held" }
+            );
+            steps.push(step);
+            if ok {
+                held = Some(rate);
+            } else {
+                failed = Some(rate);
+            }
+            rate = match (held, failed) {
+                (Some(h), None) => h * 2.0,
+                (None, Some(f)) => f / 2.0,
+                (Some(h), Some(f)) if f / h > SEARCH_PRECISION => (h + f) / 2.0,
+                _ => break,
+            };
+        }
+        Ok((held, steps))
+    }
+
+    /// Sends `count` lines from sequence number `*first`, all at once
+    /// (`rate` `None`) or paced at `rate` a second, and waits until every
+    /// connection has every one of them or the message timeout passes
+    /// after the last was sent; advances `*first` past them.
+    fn stream(
+        &mut self,
+        kind: &str,
+        first: &mut u32,
+        count: u32,
+        rate: Option<f64>,
+    ) -> Result<StreamReport, Error> {
+        let o = self.options;
+        let start_seq = *first;
+        *first += count;
+        let nap_us = o.nap_us * self.fleet.len() as u64;
+        let expected = self.fleet.arm_stream(start_seq, count, nap_us)?;
+        let connections: u64 = expected.iter().map(|&e| u64::from(e)).sum();
+        let mut done: Vec<bool> = expected.iter().map(|&e| e == 0).collect();
+        let before = CpuMark::take(self.target.usage()?.cpu_ns, self.client_cpu_ns()?)?;
+        let start = Instant::now();
+        let start_ns = sys::now_ns();
+        let mut sent = 0u32;
+        let mut lines = Vec::new();
+        let mut deadline = None;
+        let mut checked = start;
+        let mut complete = false;
+        loop {
+            let now = Instant::now();
+            let due = match rate {
+                None => count,
+                Some(r) => (((now - start).as_secs_f64() * r) as u32 + 1).min(count),
+            };
+            if sent < due {
+                lines.clear();
+                let sent_ns = sys::now_ns();
+                for seq in start_seq + sent..start_seq + due {
+                    let line = message::encode(Stamp { seq, sent_ns }, o.payload_bytes)
+                        .expect("payload size checked up front");
+                    lines.extend_from_slice(&line);
+                    lines.push(b'\n');
+                }
+                self.target.send_lines(&lines)?;
+                sent = due;
+                if sent == count {
+                    deadline = Some(Instant::now() + o.message_timeout());
+                }
+            }
+            if sent == count && done.iter().all(|&d| d) {
+                complete = true;
+                break;
+            }
+            if deadline.is_some_and(|d| now >= d) {
+                eprintln!(
+                    "[{}] {kind} of {count} lines: not every connection had every line before the timeout",
+                    self.label
+                );
+                break;
+            }
+            if now >= checked + CHECK_EVERY {
+                self.check()?;
+                checked = now;
+            }
+            let wait = match rate {
+                Some(r) if sent < count => {
+                    let next_due = start + Duration::from_secs_f64(f64::from(sent) / r);
+                    next_due.saturating_duration_since(Instant::now())
+                }
+                _ => CHECK_EVERY,
+            };
+            if let Some((
+                index,
+                Report::StreamProgress {
+                    first: f, done: d, ..
+                },
+            )) = self.fleet.next_report(wait)?
+            {
+                if f == start_seq && d {
+                    done[index] = true;
+                }
+            }
+        }
+        let after = CpuMark::take(self.target.usage()?.cpu_ns, self.client_cpu_ns()?)?;
+        self.warn_if_busy(after.others_since(&before), &format!("during the {kind}"));
+        let receipts = self.fleet.end_stream(start_seq)?;
+        let completion = receipts.last_ns.saturating_sub(start_ns) as f64 / 1e9;
+        Ok(StreamReport {
+            kind: kind.into(),
+            lines: count,
+            payload_bytes: o.payload_bytes,
+            rate,
+            connections,
+            expected: connections * u64::from(count),
+            received: receipts.received,
+            complete,
+            completion_secs: completion,
+            deliveries_per_sec: receipts.received as f64 / completion.max(1e-9),
+            latency: LatencyReport::from_histogram(&receipts.histogram()),
+            server_cpu_secs: after.server_ns.saturating_sub(before.server_ns) as f64 / 1e9,
         })
     }
 
@@ -607,6 +824,12 @@ impl Run<'_> {
         }
         Ok(self.target.check_alive()?)
     }
+}
+
+/// Whether a feed held: every line reached every connection, with p99
+/// latency at most `max_p99_ms`.
+fn is_held(feed: &StreamReport, max_p99_ms: f64) -> bool {
+    feed.complete && feed.received >= feed.expected && feed.latency.p99_us <= max_p99_ms * 1e3
 }
 
 /// Seconds in a row the machine must be quiet for [`wait_quiet`]. The

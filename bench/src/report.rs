@@ -35,10 +35,72 @@ pub struct RunReport {
     pub broadcast: BroadcastReport,
     /// Send-to-receipt latency over all deliveries.
     pub latency: LatencyReport,
-    /// Delivery anomalies.
+    /// Delivery anomalies (of every message, streams included).
     pub delivery: DeliveryReport,
+    /// Streams after the broadcasts one at a time: a burst, a feed.
+    pub streams: Vec<StreamReport>,
+    /// The steps of the feed rate search.
+    pub feed_search: Vec<StreamReport>,
+    /// The highest feed rate whose p99 stayed under the limit, held for
+    /// the whole feed (`None`: not searched, or nothing held).
+    pub max_feed_rate: Option<f64>,
     /// Conditions that make the numbers less trustworthy.
     pub warnings: Vec<String>,
+}
+
+/// A stream of lines sent without waiting for each other: a burst written
+/// at once, or a feed at a steady rate.
+#[derive(Debug, Clone, Serialize)]
+pub struct StreamReport {
+    /// `burst` or `feed`.
+    pub kind: String,
+    /// Lines sent.
+    pub lines: u32,
+    /// Payload size of each.
+    pub payload_bytes: usize,
+    /// Lines per second offered (a feed), `None` for a burst.
+    pub rate: Option<f64>,
+    /// Connections open when it began (each expected every line).
+    pub connections: u64,
+    /// Deliveries expected: connections × lines.
+    pub expected: u64,
+    /// Deliveries made.
+    pub received: u64,
+    /// Every connection had every line before the message timeout.
+    pub complete: bool,
+    /// From the first line written to the last delivery, in seconds.
+    pub completion_secs: f64,
+    /// `received / completion_secs`.
+    pub deliveries_per_sec: f64,
+    /// Write-to-receipt latency of its deliveries.
+    pub latency: LatencyReport,
+    /// Server CPU time over it, in seconds.
+    pub server_cpu_secs: f64,
+}
+
+impl StreamReport {
+    /// One line: what was sent, how long it took, how fast, how late.
+    pub fn render(&self) -> String {
+        let what = match self.rate {
+            Some(rate) => format!("feed of {rate:.0} lines/s"),
+            None => "burst".to_string(),
+        };
+        format!(
+            "{what}: {} lines of {} B to {} connections, {} of {} delivered{} in {:.3} s, {}/s; latency p50 {} p99 {} max {}; server CPU {:.2} s",
+            grouped(self.lines.into()),
+            self.payload_bytes,
+            grouped(self.connections),
+            grouped(self.received),
+            grouped(self.expected),
+            if self.complete { "" } else { " (timed out)" },
+            self.completion_secs,
+            grouped(self.deliveries_per_sec.round() as u64),
+            duration_us(self.latency.p50_us),
+            duration_us(self.latency.p99_us),
+            duration_us(self.latency.max_us),
+            self.server_cpu_secs,
+        )
+    }
 }
 
 /// Connection setup.
@@ -374,9 +436,11 @@ pub fn build(
     let setup_ns = o.setup_end.cpu_ns.saturating_sub(o.setup_start.cpu_ns);
     let idle_ns = o.idle_end.cpu_ns.saturating_sub(o.open.cpu_ns);
     let broadcast_ns = o.end.cpu_ns.saturating_sub(o.idle_end.cpu_ns);
+    // The messages sent one at a time (streams follow them).
     let expected: u64 = observed
         .messages
         .iter()
+        .take(o.sent_ns.len())
         .map(|m| u64::from(m.expected))
         .sum();
     let rss_growth = o.open.rss_bytes as i64 - o.baseline.rss_bytes as i64;
@@ -436,6 +500,9 @@ pub fn build(
             out_of_order: observed.out_of_order,
             corrupt: observed.corrupt,
         },
+        streams: o.streams,
+        feed_search: o.feed_search,
+        max_feed_rate: o.max_feed_rate,
         warnings,
     }
 }
@@ -622,6 +689,18 @@ impl RunReport {
             })
             .collect();
         out.push_str(&render_columns(&rows));
+        for stream in &self.streams {
+            let _ = writeln!(out, "  stream       {}", stream.render());
+        }
+        for step in &self.feed_search {
+            let _ = writeln!(out, "  search step  {}", step.render());
+        }
+        if !self.feed_search.is_empty() {
+            let found = self
+                .max_feed_rate
+                .map_or("none held".into(), |r| format!("{r:.0} lines/s"));
+            let _ = writeln!(out, "  max feed     {found}");
+        }
         for warning in &self.warnings {
             let _ = writeln!(out, "  WARNING      {warning}");
         }
@@ -744,7 +823,31 @@ pub(crate) fn sample(server: &str, round: u32, per_conn: [f64; 3]) -> RunReport 
             out_of_order: 0,
             corrupt: 0,
         },
+        streams: vec![],
+        feed_search: vec![],
+        max_feed_rate: None,
         warnings: vec!["machine busy".into()],
+    }
+}
+
+/// A stream of `lines` lines to 100 connections, done in `secs`, for tests.
+#[cfg(test)]
+pub(crate) fn sample_stream(kind: &str, lines: u32, secs: f64) -> StreamReport {
+    let mut h = crate::stats::new_histogram();
+    h.record(20_000_000).unwrap();
+    StreamReport {
+        kind: kind.into(),
+        lines,
+        payload_bytes: 64,
+        rate: (kind == "feed").then_some(100.0),
+        connections: 100,
+        expected: 100 * u64::from(lines),
+        received: 100 * u64::from(lines),
+        complete: true,
+        completion_secs: secs,
+        deliveries_per_sec: 100.0 * f64::from(lines) / secs,
+        latency: LatencyReport::from_histogram(&h),
+        server_cpu_secs: secs / 2.0,
     }
 }
 

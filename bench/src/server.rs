@@ -193,6 +193,15 @@ impl Target for Server {
         target::write_line(stdin, line)
     }
 
+    /// Writes the lines to the server's standard input at once.
+    fn send_lines(&mut self, lines: &[u8]) -> io::Result<()> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| io::Error::other("server stdin closed"))?;
+        io::Write::write_all(stdin, lines)
+    }
+
     /// Memory and CPU time of the server's process tree.
     fn usage(&self) -> io::Result<Usage> {
         procfs::tree_usage(self.pid())

@@ -101,11 +101,7 @@ impl Observed {
 
     /// The latency histogram (ns).
     pub fn histogram(&self) -> Histogram<u64> {
-        let mut h = new_histogram();
-        for &(value, count) in &self.latency {
-            h.saturating_record_n(value, count);
-        }
-        h
+        histogram_of(&self.latency)
     }
 
     /// Deliveries that never happened: for every message, the connections
@@ -123,11 +119,66 @@ impl Observed {
     }
 }
 
+/// A stream being collected: messages `first .. first + count`, sent
+/// without waiting for each other; their deliveries and latencies are
+/// counted apart from the messages sent one at a time.
+#[derive(Debug)]
+struct Stream {
+    first: u32,
+    count: u32,
+    received: u64,
+    last_ns: u64,
+    latency: Histogram<u64>,
+}
+
+/// What the connections of a worker saw of a stream.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamReceipts {
+    /// Deliveries of the stream's messages.
+    pub received: u64,
+    /// Time of the latest of them ([`crate::sys::now_ns`]), 0 if none.
+    pub last_ns: u64,
+    /// Their latency histogram as `(value ns, count)` pairs.
+    pub latency: Vec<(u64, u64)>,
+}
+
+impl StreamReceipts {
+    /// Adds another worker's receipts of the same stream.
+    pub fn merge(&mut self, other: &StreamReceipts) {
+        self.received += other.received;
+        self.last_ns = self.last_ns.max(other.last_ns);
+        self.latency.extend_from_slice(&other.latency);
+    }
+
+    /// The latency histogram (ns).
+    pub fn histogram(&self) -> Histogram<u64> {
+        histogram_of(&self.latency)
+    }
+}
+
+/// A histogram from `(value, count)` pairs.
+fn histogram_of(pairs: &[(u64, u64)]) -> Histogram<u64> {
+    let mut h = new_histogram();
+    for &(value, count) in pairs {
+        h.saturating_record_n(value, count);
+    }
+    h
+}
+
+/// A histogram as `(value, count)` pairs.
+fn pairs_of(h: &Histogram<u64>) -> Vec<(u64, u64)> {
+    h.iter_recorded()
+        .map(|v| (v.value_iterated_to(), v.count_at_value()))
+        .collect()
+}
+
 /// What one set of connections observes while messages arrive.
 #[derive(Debug)]
 pub struct Tally {
     messages: Vec<Receipts>,
+    /// Latency of the messages sent one at a time.
     latency: Histogram<u64>,
+    stream: Option<Stream>,
     duplicates: u64,
     out_of_order: u64,
     corrupt: u64,
@@ -146,6 +197,7 @@ impl Tally {
         Tally {
             messages: Vec::new(),
             latency: new_histogram(),
+            stream: None,
             duplicates: 0,
             out_of_order: 0,
             corrupt: 0,
@@ -165,6 +217,43 @@ impl Tally {
             expected,
             ..Receipts::default()
         });
+    }
+
+    /// Announces a stream of `count` messages from `first` (the next one),
+    /// about to be sent to `expected` open connections without waiting for
+    /// each other. Their latencies go to the stream's own histogram.
+    pub fn arm_stream(&mut self, first: u32, count: u32, expected: u32) {
+        for seq in first..first + count {
+            self.arm(seq, expected);
+        }
+        self.stream = Some(Stream {
+            first,
+            count,
+            received: 0,
+            last_ns: 0,
+            latency: new_histogram(),
+        });
+    }
+
+    /// The first sequence number of the stream, if one was armed.
+    pub fn stream_first(&self) -> Option<u32> {
+        self.stream.as_ref().map(|s| s.first)
+    }
+
+    /// Deliveries of the stream's messages so far (0 without a stream).
+    pub fn stream_received(&self) -> u64 {
+        self.stream.as_ref().map_or(0, |s| s.received)
+    }
+
+    /// Everything observed of the stream; it stays armed.
+    pub fn stream_receipts(&self) -> StreamReceipts {
+        self.stream
+            .as_ref()
+            .map_or_else(StreamReceipts::default, |s| StreamReceipts {
+                received: s.received,
+                last_ns: s.last_ns,
+                latency: pairs_of(&s.latency),
+            })
     }
 
     /// Receipts of message `seq` (from 1), if it was announced.
@@ -194,7 +283,14 @@ impl Tally {
         let latency = received_ns
             .saturating_sub(stamp.sent_ns)
             .clamp(1, MAX_LATENCY_NS);
-        self.latency.saturating_record(latency);
+        match &mut self.stream {
+            Some(s) if (s.first..s.first + s.count).contains(&stamp.seq) => {
+                s.received += 1;
+                s.last_ns = s.last_ns.max(received_ns);
+                s.latency.saturating_record(latency);
+            }
+            _ => self.latency.saturating_record(latency),
+        }
         true
     }
 
@@ -217,11 +313,7 @@ impl Tally {
     pub fn observed(&self) -> Observed {
         Observed {
             messages: self.messages.clone(),
-            latency: self
-                .latency
-                .iter_recorded()
-                .map(|v| (v.value_iterated_to(), v.count_at_value()))
-                .collect(),
+            latency: pairs_of(&self.latency),
             duplicates: self.duplicates,
             out_of_order: self.out_of_order,
             corrupt: self.corrupt,
@@ -268,6 +360,34 @@ mod tests {
         assert_eq!(o.messages[1].received, 1);
         assert!(tally.receipts(0).is_none());
         assert_eq!(o.lost(), 1);
+    }
+
+    #[test]
+    fn a_stream_keeps_its_own_receipts_and_latency() {
+        let mut tally = Tally::new();
+        tally.arm(1, 2);
+        tally.delivered(stamp(1, 100), Order::Next, 200);
+        tally.arm_stream(2, 3, 2);
+        for seq in 2..=4 {
+            tally.delivered(stamp(seq, 1_000), Order::Next, 1_000 + 10 * u64::from(seq));
+        }
+        // A late delivery of the message sent alone is not the stream's.
+        tally.delivered(stamp(1, 100), Order::Next, 5_000);
+        let stream = tally.stream_receipts();
+        assert_eq!((stream.received, stream.last_ns), (3, 1_040));
+        assert_eq!(stream.histogram().len(), 3);
+        assert_eq!(stream.histogram().max(), 40);
+        assert_eq!(tally.observed().histogram().len(), 2, "the lone ones");
+        assert_eq!(tally.observed().messages.len(), 4);
+        assert_eq!(
+            tally.observed().lost(),
+            3,
+            "one connection got none of the stream"
+        );
+        let mut merged = StreamReceipts::default();
+        merged.merge(&stream);
+        merged.merge(&stream);
+        assert_eq!((merged.received, merged.histogram().len()), (6, 6));
     }
 
     #[test]

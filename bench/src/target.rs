@@ -13,6 +13,13 @@ use crate::procfs::{self, Usage};
 pub trait Target {
     /// Sends one broadcast line (`line` has no newline).
     fn send_line(&mut self, line: &[u8]) -> io::Result<()>;
+    /// Sends several lines back to back, each ending in `\n`: one
+    /// `write()` where the lines go through a pipe.
+    fn send_lines(&mut self, lines: &[u8]) -> io::Result<()> {
+        lines
+            .split_inclusive(|&b| b == b'\n')
+            .try_for_each(|line| self.send_line(line.strip_suffix(b"\n").unwrap_or(line)))
+    }
     /// Memory and CPU time of the server's processes.
     fn usage(&self) -> io::Result<Usage>;
     /// An error if the server has gone away.
@@ -53,6 +60,14 @@ impl Target for External {
             .as_mut()
             .ok_or_else(|| io::Error::other("no FIFO to send broadcasts through (--fifo)"))?;
         write_line(fifo, line)
+    }
+
+    fn send_lines(&mut self, lines: &[u8]) -> io::Result<()> {
+        let fifo = self
+            .fifo
+            .as_mut()
+            .ok_or_else(|| io::Error::other("no FIFO to send broadcasts through (--fifo)"))?;
+        fifo.write_all(lines)
     }
 
     fn usage(&self) -> io::Result<Usage> {

@@ -27,15 +27,28 @@ const RECEIVED_EVERY: Duration = Duration::from_millis(50);
 /// Longest a worker blocks in `epoll_wait` when nothing is happening.
 const IDLE_POLL: Duration = Duration::from_millis(100);
 
-/// The broadcast a worker is currently collecting.
+/// What a worker is collecting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Watch {
+    /// One broadcast.
+    Message,
+    /// A stream of `count` messages from the armed `seq`, each expected
+    /// by the `expected` connections open when it was armed.
+    Stream { count: u32, expected: u32 },
+}
+
+/// The broadcast (or stream) a worker is currently collecting.
 struct Armed {
     seq: u32,
+    watch: Watch,
     nap: Duration,
     /// Whether receipts have started arriving: from then on the worker
     /// polls without blocking and naps in between, until it is done.
     napping: bool,
     last_report: Instant,
     reported: Receipts,
+    /// Stream deliveries last reported.
+    stream_reported: u64,
 }
 
 /// Runs a worker: reads commands from `input`, writes reports to `output`,
@@ -116,11 +129,40 @@ fn serve(
                     protocol::send(output, &Report::Armed { seq, open })?;
                     armed = Some(Armed {
                         seq,
+                        watch: Watch::Message,
                         nap: Duration::from_micros(nap_us),
                         napping: false,
                         last_report: Instant::now(),
                         reported: Receipts::default(),
+                        stream_reported: 0,
                     });
+                }
+                Command::ArmStream {
+                    first,
+                    count,
+                    nap_us,
+                } => {
+                    let open = clients.open() as u32;
+                    clients.tally_mut().arm_stream(first, count, open);
+                    protocol::send(output, &Report::Armed { seq: first, open })?;
+                    armed = Some(Armed {
+                        seq: first,
+                        watch: Watch::Stream {
+                            count,
+                            expected: open,
+                        },
+                        nap: Duration::from_micros(nap_us),
+                        napping: false,
+                        last_report: Instant::now(),
+                        reported: Receipts::default(),
+                        stream_reported: 0,
+                    });
+                }
+                Command::EndStream => {
+                    armed = None;
+                    let receipts = clients.tally().stream_receipts();
+                    let first = clients.tally().stream_first().unwrap_or(0);
+                    protocol::send(output, &Report::StreamEnded { first, receipts })?;
                 }
                 Command::Finish => {
                     let observed = clients.tally().observed();
@@ -160,13 +202,17 @@ fn serve(
     }
 }
 
-/// Reports the receipts of the armed message when it is complete here, or
-/// now and then while it is not; returns whether it is complete.
+/// Reports the receipts of the armed message (or stream) when it is
+/// complete here, or now and then while it is not; returns whether it is
+/// complete.
 fn report_receipts(
     clients: &Clients,
     armed: &mut Armed,
     output: &mut impl Write,
 ) -> Result<bool, Error> {
+    if let Watch::Stream { count, expected } = armed.watch {
+        return report_stream(clients, armed, count, expected, output);
+    }
     let receipts = *clients
         .tally()
         .receipts(armed.seq)
@@ -184,6 +230,35 @@ fn report_receipts(
             },
         )?;
         armed.reported = receipts;
+        armed.last_report = now;
+    }
+    Ok(done)
+}
+
+/// [`report_receipts`] for a stream: done once every connection still
+/// open (of those expected) has every message of it.
+fn report_stream(
+    clients: &Clients,
+    armed: &mut Armed,
+    count: u32,
+    expected: u32,
+    output: &mut impl Write,
+) -> Result<bool, Error> {
+    let received = clients.tally().stream_received();
+    let wanted = u64::from(count) * clients.open().min(expected as usize) as u64;
+    let done = received >= wanted;
+    let now = Instant::now();
+    let changed = armed.stream_reported != received;
+    if done || (changed && now >= armed.last_report + RECEIVED_EVERY) {
+        protocol::send(
+            output,
+            &Report::StreamProgress {
+                first: armed.seq,
+                received,
+                done,
+            },
+        )?;
+        armed.stream_reported = received;
         armed.last_report = now;
     }
     Ok(done)

@@ -1,0 +1,113 @@
+//! The stream mode against wspush embedded in the test process: a burst
+//! written at once and a feed at a steady rate reach every connection
+//! exactly once, in order, and the feed search reports its steps.
+
+mod common;
+
+use common::{info, push_options, Embedded};
+use wspush_bench::fleet::Launch;
+use wspush_bench::push;
+
+#[test]
+fn a_burst_and_a_feed_reach_every_connection_once() {
+    let mut server = Embedded::start(false);
+    let addr = server.addr;
+    let options = push_options(&[
+        "--conns",
+        "300",
+        "--per-worker",
+        "150",
+        "--messages",
+        "2",
+        "--payload-bytes",
+        "64",
+        "--burst",
+        "200",
+        "--feed-rate",
+        "400",
+        "--feed-secs",
+        "1",
+    ]);
+    let report = push::measure(
+        &mut server,
+        addr,
+        &options,
+        &Launch::Threads,
+        info("wspush"),
+    )
+    .unwrap();
+
+    assert_eq!(report.streams.len(), 2);
+    let (burst, feed) = (&report.streams[0], &report.streams[1]);
+    assert_eq!(
+        (burst.kind.as_str(), burst.lines, burst.rate),
+        ("burst", 200, None)
+    );
+    assert_eq!(
+        (feed.kind.as_str(), feed.lines, feed.rate),
+        ("feed", 400, Some(400.0))
+    );
+    for stream in &report.streams {
+        assert!(stream.complete, "{}", stream.render());
+        assert_eq!(stream.connections, 300);
+        assert_eq!(stream.received, stream.expected);
+        assert_eq!(stream.latency.count, stream.expected);
+        assert!(stream.completion_secs > 0.0 && stream.deliveries_per_sec > 0.0);
+    }
+    assert!(
+        feed.completion_secs >= 0.99,
+        "paced over a second: {}",
+        feed.render()
+    );
+    // Streams are counted apart from the messages sent one at a time ...
+    assert_eq!(report.latency.count, 2 * 300);
+    // ... and checked with them: every message once, in order.
+    let d = &report.delivery;
+    assert_eq!(
+        (d.lost, d.duplicates, d.out_of_order, d.corrupt),
+        (0, 0, 0, 0)
+    );
+    let m = server.metrics();
+    assert_eq!(m.broadcasts, 2 + 200 + 400);
+    assert!(
+        m.broadcast_batches < m.broadcasts,
+        "the burst was batched: {m:?}"
+    );
+    assert!(report
+        .render_text()
+        .contains("stream       burst: 200 lines of 64 B"));
+}
+
+#[test]
+fn the_feed_search_halves_the_rate_while_none_holds() {
+    let mut server = Embedded::start(false);
+    let addr = server.addr;
+    // A p99 limit of 1 ns: no rate holds, so the search halves from 64/s
+    // and ends with nothing found.
+    let options = push_options(&[
+        "--conns",
+        "20",
+        "--messages",
+        "1",
+        "--find-max-feed-rate",
+        "--feed-rate",
+        "64",
+        "--feed-search-secs",
+        "1",
+        "--feed-max-p99-ms",
+        "0.000001",
+    ]);
+    let report = push::measure(
+        &mut server,
+        addr,
+        &options,
+        &Launch::Threads,
+        info("wspush"),
+    )
+    .unwrap();
+    let rates: Vec<f64> = report.feed_search.iter().map(|s| s.rate.unwrap()).collect();
+    assert_eq!(&rates[..3], [64.0, 32.0, 16.0]);
+    assert_eq!(report.max_feed_rate, None);
+    assert!(report.streams.is_empty(), "nothing held, nothing to hold");
+    assert_eq!(report.delivery.lost, 0);
+}
