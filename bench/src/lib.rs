@@ -31,6 +31,7 @@ pub mod handshake;
 pub mod message;
 pub mod pacing;
 pub mod plot;
+pub mod probe;
 pub mod procfs;
 pub mod protocol;
 pub mod push;

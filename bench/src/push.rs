@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use crate::fleet::{Fleet, Launch};
 use crate::message::{self, Stamp};
 use crate::pacing::{self, Schedule};
+use crate::probe::Probes;
 use crate::procfs::{self, Usage};
 use crate::protocol::{Plan, Report};
 use crate::ramp::Ramp;
@@ -155,6 +156,12 @@ pub struct PushOptions {
     /// Seconds of each step of the feed rate search.
     #[arg(long, default_value_t = 5)]
     pub feed_search_secs: u64,
+    /// During each stream, probe the server's responsiveness every this
+    /// many milliseconds: a new connection's upgrade time, and the ping
+    /// round trip of a connected client (one more connection, besides
+    /// `--conns`, that gets the stream too).
+    #[arg(long, value_name = "MS")]
+    pub probe_ms: Option<u64>,
 }
 
 impl PushOptions {
@@ -311,6 +318,7 @@ pub fn measure(
     let fleet = Fleet::launch(launch, &plan, &shares)?;
     let label = info.server.clone();
     let mut run = Run {
+        addr,
         target,
         fleet,
         options,
@@ -397,6 +405,7 @@ pub struct Observations {
 
 /// One measurement in progress.
 struct Run<'a> {
+    addr: SocketAddr,
     target: &'a mut dyn Target,
     fleet: Fleet,
     options: &'a PushOptions,
@@ -563,6 +572,10 @@ impl Run<'_> {
         let expected = self.fleet.arm_stream(start_seq, count, nap_us)?;
         let connections: u64 = expected.iter().map(|&e| u64::from(e)).sum();
         let mut done: Vec<bool> = expected.iter().map(|&e| e == 0).collect();
+        let probes = match o.probe_ms {
+            Some(ms) => Some(Probes::start(self.addr, Duration::from_millis(ms))?),
+            None => None,
+        };
         let before = CpuMark::take(self.target.usage()?.cpu_ns, self.client_cpu_ns()?)?;
         let start = Instant::now();
         let start_ns = sys::now_ns();
@@ -627,6 +640,7 @@ impl Run<'_> {
             }
         }
         let after = CpuMark::take(self.target.usage()?.cpu_ns, self.client_cpu_ns()?)?;
+        let probes = probes.map(Probes::finish).transpose()?;
         self.warn_if_busy(after.others_since(&before), &format!("during the {kind}"));
         let receipts = self.fleet.end_stream(start_seq)?;
         let completion = receipts.last_ns.saturating_sub(start_ns) as f64 / 1e9;
@@ -643,6 +657,7 @@ impl Run<'_> {
             deliveries_per_sec: receipts.received as f64 / completion.max(1e-9),
             latency: LatencyReport::from_histogram(&receipts.histogram()),
             server_cpu_secs: after.server_ns.saturating_sub(before.server_ns) as f64 / 1e9,
+            probes,
         })
     }
 

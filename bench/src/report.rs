@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::probe::ProbeReport;
 use crate::push::{Observations, PushOptions, RunInfo};
 use crate::ramp::RampSummary;
 use crate::stats::Receipts;
@@ -76,6 +77,8 @@ pub struct StreamReport {
     pub latency: LatencyReport,
     /// Server CPU time over it, in seconds.
     pub server_cpu_secs: f64,
+    /// What the responsiveness probes measured meanwhile (`--probe-ms`).
+    pub probes: Option<ProbeReport>,
 }
 
 impl StreamReport {
@@ -85,8 +88,19 @@ impl StreamReport {
             Some(rate) => format!("feed of {rate:.0} lines/s"),
             None => "burst".to_string(),
         };
+        let probes = self.probes.as_ref().map_or(String::new(), |p| {
+            format!(
+                "; meanwhile upgrade p50 {} p99 {} ({} probes), ping p50 {} p99 {} ({} probes)",
+                duration_us(p.upgrade.p50_us),
+                duration_us(p.upgrade.p99_us),
+                p.upgrade.count,
+                duration_us(p.ping.p50_us),
+                duration_us(p.ping.p99_us),
+                p.ping.count
+            )
+        });
         format!(
-            "{what}: {} lines of {} B to {} connections, {} of {} delivered{} in {:.3} s, {}/s; latency p50 {} p99 {} max {}; server CPU {:.2} s",
+            "{what}: {} lines of {} B to {} connections, {} of {} delivered{} in {:.3} s, {}/s; latency p50 {} p99 {} max {}; server CPU {:.2} s{probes}",
             grouped(self.lines.into()),
             self.payload_bytes,
             grouped(self.connections),
@@ -848,6 +862,7 @@ pub(crate) fn sample_stream(kind: &str, lines: u32, secs: f64) -> StreamReport {
         deliveries_per_sec: 100.0 * f64::from(lines) / secs,
         latency: LatencyReport::from_histogram(&h),
         server_cpu_secs: secs / 2.0,
+        probes: None,
     }
 }
 

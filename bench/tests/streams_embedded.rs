@@ -27,6 +27,8 @@ fn a_burst_and_a_feed_reach_every_connection_once() {
         "400",
         "--feed-secs",
         "1",
+        "--probe-ms",
+        "20",
     ]);
     let report = push::measure(
         &mut server,
@@ -59,6 +61,20 @@ fn a_burst_and_a_feed_reach_every_connection_once() {
         "paced over a second: {}",
         feed.render()
     );
+    for stream in &report.streams {
+        let probes = stream.probes.as_ref().expect("probed");
+        assert!(
+            probes.upgrade.count >= 1 && probes.ping.count >= 1,
+            "{}",
+            stream.render()
+        );
+    }
+    let probes = feed.probes.as_ref().unwrap();
+    assert!(
+        probes.ping.count >= 10,
+        "a sample every 20 ms for a second: {}",
+        feed.render()
+    );
     // Streams are counted apart from the messages sent one at a time ...
     assert_eq!(report.latency.count, 2 * 300);
     // ... and checked with them: every message once, in order.
@@ -69,6 +85,10 @@ fn a_burst_and_a_feed_reach_every_connection_once() {
     );
     let m = server.metrics();
     assert_eq!(m.broadcasts, 2 + 200 + 400);
+    assert!(
+        m.upgrades > 300,
+        "the upgrade probe's connections too: {m:?}"
+    );
     assert!(
         m.broadcast_batches < m.broadcasts,
         "the burst was batched: {m:?}"
