@@ -657,6 +657,8 @@ impl Run<'_> {
             deliveries_per_sec: receipts.received as f64 / completion.max(1e-9),
             latency: LatencyReport::from_histogram(&receipts.histogram()),
             server_cpu_secs: after.server_ns.saturating_sub(before.server_ns) as f64 / 1e9,
+            client_cpu_secs: after.client_ns.saturating_sub(before.client_ns) as f64 / 1e9,
+            machine_cpu_secs: after.machine_ns.saturating_sub(before.machine_ns) as f64 / 1e9,
             probes,
         })
     }

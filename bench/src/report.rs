@@ -77,6 +77,10 @@ pub struct StreamReport {
     pub latency: LatencyReport,
     /// Server CPU time over it, in seconds.
     pub server_cpu_secs: f64,
+    /// The client's (this process and its workers) over it, in seconds.
+    pub client_cpu_secs: f64,
+    /// All CPUs of the machine over it, in seconds.
+    pub machine_cpu_secs: f64,
     /// What the responsiveness probes measured meanwhile (`--probe-ms`).
     pub probes: Option<ProbeReport>,
 }
@@ -100,7 +104,7 @@ impl StreamReport {
             )
         });
         format!(
-            "{what}: {} lines of {} B to {} connections, {} of {} delivered{} in {:.3} s, {}/s; latency p50 {} p99 {} max {}; server CPU {:.2} s{probes}",
+            "{what}: {} lines of {} B to {} connections, {} of {} delivered{} in {:.3} s, {}/s; latency p50 {} p99 {} max {}; CPU server {:.2} s, client {:.2} s, machine {:.2} s{probes}",
             grouped(self.lines.into()),
             self.payload_bytes,
             grouped(self.connections),
@@ -113,6 +117,8 @@ impl StreamReport {
             duration_us(self.latency.p99_us),
             duration_us(self.latency.max_us),
             self.server_cpu_secs,
+            self.client_cpu_secs,
+            self.machine_cpu_secs,
         )
     }
 }
@@ -862,6 +868,8 @@ pub(crate) fn sample_stream(kind: &str, lines: u32, secs: f64) -> StreamReport {
         deliveries_per_sec: 100.0 * f64::from(lines) / secs,
         latency: LatencyReport::from_histogram(&h),
         server_cpu_secs: secs / 2.0,
+        client_cpu_secs: secs / 2.0,
+        machine_cpu_secs: secs,
         probes: None,
     }
 }
