@@ -13,6 +13,7 @@ use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::sync::Arc;
 
+use crate::fanout::Seq;
 use crate::io::{write_until_blocked, MAX_IOV};
 use crate::ws::header::MAX_HEADER_LEN;
 use crate::ws::{FrameHeader, OpCode};
@@ -111,10 +112,23 @@ pub struct OutQueue {
     /// Bytes of `head` already written (frames are under 4 GiB, see
     /// [`MAX_MESSAGE_LIMIT`](crate::MAX_MESSAGE_LIMIT)).
     written: u32,
+    /// The first broadcast batch of the loop's stream this connection has
+    /// not been offered yet (in the 4 bytes `written` leaves free).
+    next_batch: Seq,
     backlog: Option<Box<Backlog>>,
 }
 
 impl OutQueue {
+    /// The first broadcast batch not offered to this queue yet.
+    pub fn next_batch(&self) -> Seq {
+        self.next_batch
+    }
+
+    /// Records that every batch before `next` was offered.
+    pub fn set_next_batch(&mut self, next: Seq) {
+        self.next_batch = next;
+    }
+
     /// Nothing is waiting to be written.
     pub fn is_empty(&self) -> bool {
         self.head.is_none()
@@ -135,26 +149,50 @@ impl OutQueue {
         head + self.backlog.as_ref().map_or(0, |b| b.bytes)
     }
 
-    /// Sends shared frames: written straight away when nothing is queued,
-    /// else queued by reference. Refused when the queue is not empty and
-    /// would exceed `limit` bytes with them.
+    /// Sends shared buffers, in order: written straight away (one `writev`
+    /// for up to [`MAX_IOV`] of them) when nothing is queued, else queued
+    /// by reference; what the socket does not take is queued by reference
+    /// too. Refused, all of them, when the queue is not empty and would
+    /// exceed `limit` bytes with them.
     pub fn send_shared(
         &mut self,
-        frame: &SharedFrames,
+        frames: &[SharedFrames],
         limit: usize,
         w: &mut impl Write,
     ) -> io::Result<Result<(), QueueFull>> {
         if !self.is_empty() {
-            if self.queued_bytes() + frame.bytes().len() > limit {
+            let bytes: usize = frames.iter().map(|f| f.bytes().len()).sum();
+            if self.queued_bytes() + bytes > limit {
                 return Ok(Err(QueueFull));
             }
-            self.push(frame.clone());
+            frames.iter().for_each(|f| self.push(f.clone()));
             return Ok(Ok(()));
         }
-        let n = write_until_blocked(w, &[frame.bytes()])?;
-        if n < frame.bytes().len() {
-            self.head = Some(frame.clone());
-            self.written = n as u32;
+        let mut rest = frames;
+        while !rest.is_empty() {
+            let chunk = &rest[..rest.len().min(MAX_IOV)];
+            let mut parts: [&[u8]; MAX_IOV] = [&[]; MAX_IOV];
+            for (part, frame) in parts.iter_mut().zip(chunk) {
+                *part = frame.bytes();
+            }
+            let mut left = write_until_blocked(w, &parts[..chunk.len()])?;
+            let mut whole = 0;
+            for frame in chunk {
+                let len = frame.bytes().len();
+                if left < len {
+                    break;
+                }
+                left -= len;
+                whole += 1;
+            }
+            if whole < chunk.len() {
+                // The first one not written whole, and all after it, are queued.
+                self.head = Some(rest[whole].clone());
+                self.written = left as u32;
+                rest[whole + 1..].iter().for_each(|f| self.push(f.clone()));
+                return Ok(Ok(()));
+            }
+            rest = &rest[chunk.len()..];
         }
         Ok(Ok(()))
     }
@@ -304,9 +342,15 @@ mod tests {
         let batch = SharedFrames::encode_all([(OpCode::Text, &b"ab"[..]), (OpCode::Text, b"cd")]);
         let mut q = OutQueue::default();
         let mut w = writer(3);
-        q.send_shared(&batch, 100, &mut w).unwrap().unwrap();
-        q.send_shared(&batch, 100, &mut w).unwrap().unwrap();
-        q.send_shared(&batch, 100, &mut w).unwrap().unwrap();
+        q.send_shared(std::slice::from_ref(&batch), 100, &mut w)
+            .unwrap()
+            .unwrap();
+        q.send_shared(std::slice::from_ref(&batch), 100, &mut w)
+            .unwrap()
+            .unwrap();
+        q.send_shared(std::slice::from_ref(&batch), 100, &mut w)
+            .unwrap()
+            .unwrap();
         assert_eq!(q.queued_frames(), 6, "a partly written head counts whole");
         assert_eq!(q.queued_bytes(), 3 * 8 - 3);
         assert_eq!(q.drop_unstarted(), 4, "the two batches behind the head");
@@ -321,7 +365,9 @@ mod tests {
         let frame = SharedFrames::encode(OpCode::Text, b"hi");
         let mut q = OutQueue::default();
         let mut w = writer(100);
-        q.send_shared(&frame, 10, &mut w).unwrap().unwrap();
+        q.send_shared(std::slice::from_ref(&frame), 10, &mut w)
+            .unwrap()
+            .unwrap();
         assert!(q.is_empty());
         assert_eq!(w.written, frame.bytes());
         assert_eq!(Arc::strong_count(&frame.0), 1, "no reference kept");
@@ -333,7 +379,9 @@ mod tests {
         let mut queues: Vec<OutQueue> = (0..3).map(|_| OutQueue::default()).collect();
         let mut writers: Vec<ThrottledWriter> = (0..3).map(|_| writer(5)).collect();
         for (q, w) in queues.iter_mut().zip(&mut writers) {
-            q.send_shared(&frame, 1000, w).unwrap().unwrap();
+            q.send_shared(std::slice::from_ref(&frame), 1000, w)
+                .unwrap()
+                .unwrap();
             assert_eq!(q.queued_bytes(), 7);
             assert!(
                 Arc::ptr_eq(&q.head.as_ref().unwrap().0, &frame.0),
@@ -355,11 +403,18 @@ mod tests {
         let b = SharedFrames::encode(OpCode::Text, b"bbbb");
         let mut q = OutQueue::default();
         let mut w = writer(3);
-        q.send_shared(&a, 12, &mut w).unwrap().unwrap();
+        q.send_shared(std::slice::from_ref(&a), 12, &mut w)
+            .unwrap()
+            .unwrap();
         q.send_private(&[b"\x8a", b"\x00"], &mut w).unwrap();
-        q.send_shared(&b, 12, &mut w).unwrap().unwrap();
+        q.send_shared(std::slice::from_ref(&b), 12, &mut w)
+            .unwrap()
+            .unwrap();
         assert_eq!(q.queued_bytes(), 3 + 2 + 6);
-        assert_eq!(q.send_shared(&b, 12, &mut w).unwrap(), Err(QueueFull));
+        assert_eq!(
+            q.send_shared(std::slice::from_ref(&b), 12, &mut w).unwrap(),
+            Err(QueueFull)
+        );
         for budget in [1, 2, 3, 0, 100] {
             w.budget = budget;
             let drained = q.flush(&mut w).unwrap();
@@ -367,6 +422,34 @@ mod tests {
         }
         assert_eq!(w.written, b"\x81\x04aaaa\x8a\x00\x81\x04bbbb");
         assert!(q.backlog.is_none(), "the backlog is freed once drained");
+    }
+
+    #[test]
+    fn several_buffers_go_out_in_one_write_and_the_rest_is_queued_by_reference() {
+        let frames: Vec<SharedFrames> = (0..40u8)
+            .map(|i| SharedFrames::encode(OpCode::Text, &[b'a' + i % 26]))
+            .collect();
+        let mut q = OutQueue::default();
+        // 40 buffers of 3 bytes: the first 32 in one writev, then 8; the
+        // socket takes 100 bytes, so buffer 33 is split.
+        let mut w = writer(100);
+        q.send_shared(&frames, 1, &mut w).unwrap().unwrap();
+        assert_eq!(w.written.len(), 100);
+        assert_eq!(q.queued_bytes(), 40 * 3 - 100);
+        assert_eq!(q.queued_frames(), 7, "the split one and the 6 after it");
+        assert!(
+            Arc::ptr_eq(&q.head.as_ref().unwrap().0, &frames[33].0),
+            "by reference"
+        );
+        w.budget = 1000;
+        assert!(q.flush(&mut w).unwrap());
+        let expected: Vec<u8> = frames.iter().flat_map(|f| f.bytes().to_vec()).collect();
+        assert_eq!(w.written, expected);
+        // Behind a backlog, all of them or none.
+        let mut w = writer(1);
+        q.send_shared(&frames[..1], 100, &mut w).unwrap().unwrap();
+        assert_eq!(q.send_shared(&frames, 100, &mut w).unwrap(), Err(QueueFull));
+        assert_eq!(q.queued_bytes(), 2);
     }
 
     #[test]
@@ -386,7 +469,9 @@ mod tests {
         let mut q = OutQueue::default();
         let mut w = writer(2);
         for _ in 0..3 {
-            q.send_shared(&frame, 100, &mut w).unwrap().unwrap();
+            q.send_shared(std::slice::from_ref(&frame), 100, &mut w)
+                .unwrap()
+                .unwrap();
         }
         assert_eq!(q.drop_unstarted(), 2);
         assert_eq!(q.queued_bytes(), 6);

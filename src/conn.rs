@@ -20,6 +20,7 @@ use mio::net::TcpStream;
 use crate::auth;
 use crate::broadcast::{OutQueue, QueueFull, SharedFrames};
 use crate::config::{Config, SlowConsumerPolicy};
+use crate::fanout::Seq;
 use crate::heartbeat::{Liveness, Visit};
 use crate::http::{
     self, Endpoint, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
@@ -151,6 +152,9 @@ pub struct Ctx<'a> {
     pub replies: &'a mut Vec<u8>,
     /// The time this loop iteration started.
     pub now: Instant,
+    /// The broadcast batch the loop frames next: where a connection that
+    /// upgrades now starts.
+    pub next_batch: Seq,
 }
 
 /// One client connection.
@@ -222,6 +226,11 @@ impl Conn {
     /// Whether the connection is upgraded and not closing.
     pub fn is_open(&self) -> bool {
         matches!(self.phase, Phase::Open(_))
+    }
+
+    /// The first broadcast batch it has not had yet, if it is open.
+    pub fn next_batch(&self) -> Option<Seq> {
+        self.is_open().then(|| self.out.next_batch())
     }
 
     /// Returns `Some(want)` when the writable interest must change to `want`.
@@ -337,13 +346,21 @@ impl Conn {
         }
     }
 
-    /// Offers a batch of broadcast frames to this connection: all of it,
-    /// or (its queue being full) none.
-    pub fn deliver(&mut self, key: usize, frame: &SharedFrames, ctx: &mut Ctx<'_>) -> Delivery {
+    /// Offers this connection the broadcast batches it is owed (`owed`,
+    /// oldest first; after them it is owed nothing before `up_to`): all of
+    /// them, with one `writev`, or (its queue being full) none.
+    pub fn deliver(
+        &mut self,
+        key: usize,
+        owed: &[SharedFrames],
+        up_to: Seq,
+        ctx: &mut Ctx<'_>,
+    ) -> Delivery {
         if !self.is_open() {
             return Delivery::Skipped;
         }
-        match self.send_shared(frame, ctx) {
+        self.out.set_next_batch(up_to);
+        match self.send_shared(owed, ctx) {
             Err(e) => {
                 log::debug!("write failed: {e}");
                 Delivery::Close(CloseReason::Abnormal)
@@ -355,7 +372,7 @@ impl Conn {
                     log::debug!(
                         "slow consumer {key}: {} bytes queued, {} broadcasts dropped for it",
                         self.out.queued_bytes(),
-                        frame.count()
+                        owed.iter().map(SharedFrames::count).sum::<usize>()
                     );
                     Delivery::Dropped
                 }
@@ -427,7 +444,7 @@ impl Conn {
                 );
             }
         }
-        match self.send_shared(ping, ctx) {
+        match self.send_shared(std::slice::from_ref(ping), ctx) {
             Err(e) => {
                 log::debug!("write failed: {e}");
                 Verdict::Close(CloseReason::Abnormal)
@@ -558,6 +575,7 @@ impl Conn {
                 // The token, if any, is neither kept nor logged.
                 self.target = RequestTarget::from_parts(auth::without_token(upgrade.target));
                 self.phase = Phase::Open(Decoder::default());
+                self.out.set_next_batch(ctx.next_batch);
                 self.liveness = Liveness::default();
                 self.deadline.clear(ctx.timers);
                 Metrics::incr(&ctx.metrics.upgrades);
@@ -772,20 +790,22 @@ impl Conn {
         Verdict::Keep
     }
 
-    /// Offers a shared frame to the queue (see [`OutQueue::send_shared`]),
-    /// counting it when taken.
+    /// Offers shared buffers to the queue (see [`OutQueue::send_shared`]),
+    /// counting their frames when taken.
     fn send_shared(
         &mut self,
-        frame: &SharedFrames,
+        frames: &[SharedFrames],
         ctx: &mut Ctx<'_>,
     ) -> std::io::Result<Result<(), QueueFull>> {
         let before = self.out.queued_bytes();
         let sent = self
             .out
-            .send_shared(frame, ctx.config.max_queued_bytes, &mut self.stream)?;
+            .send_shared(frames, ctx.config.max_queued_bytes, &mut self.stream)?;
         if sent.is_ok() {
-            ctx.tally.frames_sent += frame.count() as u64;
-            self.tally_queue(ctx.tally, before, frame.bytes().len());
+            let count: usize = frames.iter().map(SharedFrames::count).sum();
+            let bytes: usize = frames.iter().map(|f| f.bytes().len()).sum();
+            ctx.tally.frames_sent += count as u64;
+            self.tally_queue(ctx.tally, before, bytes);
         }
         Ok(sent)
     }
@@ -937,6 +957,7 @@ mod tests {
                 tally: &mut self.tally,
                 replies: &mut self.replies,
                 now: Instant::now(),
+                next_batch: 0,
             };
             handler(&mut self.conn, &mut self.scratch, &mut ctx)
         }

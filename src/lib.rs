@@ -42,6 +42,7 @@ mod batching;
 mod broadcast;
 mod config;
 mod conn;
+mod fanout;
 mod feed;
 mod heap;
 mod heartbeat;

@@ -9,8 +9,6 @@
 //! and the periodic stats line. The nearest one sets the poll timeout;
 //! with none pending the loop sleeps until a socket or a command wakes it.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,9 +23,9 @@ use socket2::{Domain, Socket, Type};
 
 use crate::alarm::Alarm;
 use crate::batching::Batching;
-use crate::broadcast::SharedFrames;
 use crate::config::Config;
 use crate::conn::{CloseReason, Conn, Ctx, Delivery, Verdict};
+use crate::fanout::Stream;
 use crate::feed::{self, Command, Feed, Gate};
 use crate::heap;
 use crate::heartbeat::Heartbeat;
@@ -52,10 +50,9 @@ const SCRATCH_BYTES: usize = 64 * 1024;
 /// Connections accepted per wake-up before the loop serves the others.
 const ACCEPTS_PER_WAKE: usize = 256;
 /// Frames in one broadcast batch, at most (a single larger message goes
-/// alone): about what a loopback socket takes in one write, so a batch
-/// usually costs each connection one system call.
+/// alone): about what a loopback socket takes in one write.
 const MAX_BATCH_BYTES: usize = 64 * 1024;
-/// Bytes one slice of a fan-out offers, at most, before the loop serves
+/// Bytes one slice of a pass offers, at most, before the loop serves
 /// other events again (besides [`Config::fanout_budget`] connections).
 const FANOUT_SLICE_BYTES: usize = 8 << 20;
 /// How long accepting pauses when file descriptors run out.
@@ -323,8 +320,8 @@ pub struct Server {
     commands_pending: bool,
     /// Broadcasts framed into batches so far.
     broadcasts_sent: u64,
-    /// The batch on its way to every connection, if any.
-    fanout: Option<FanOut>,
+    /// The broadcast batches, and the pass carrying them to the connections.
+    stream: Stream,
     /// When the loop saw a handle's shutdown request.
     shutdown_seen: Option<Instant>,
     /// Connections that used their read budget with input left.
@@ -445,7 +442,7 @@ impl Server {
             command_sender,
             commands_pending: false,
             broadcasts_sent: 0,
-            fanout: None,
+            stream: Stream::default(),
             shutdown_seen: None,
             read_again: Vec::new(),
             accept_again: [false; 2],
@@ -574,9 +571,9 @@ impl Server {
     }
 
     /// Queues a message for every open connection, from the loop's own
-    /// thread. It is framed with whatever else is waiting and fanned out
-    /// at once when no other fan-out is under way (a fan-out over more
-    /// than [`Config::fanout_budget`] connections goes on in the next
+    /// thread. It is framed with whatever else is waiting, and a pass over
+    /// the connections starts at once if none is under way (a pass over
+    /// more than [`Config::fanout_budget`] connections goes on in the next
     /// [`Server::poll_once`] calls). Refused (and counted) when larger
     /// than `max_message_bytes`.
     pub fn broadcast(&mut self, kind: MessageKind, payload: &[u8]) -> Result<(), MessageTooBig> {
@@ -592,119 +589,125 @@ impl Server {
             payload: payload.to_vec(),
             queued_at: now,
         });
-        if self.fanout.is_none() {
+        if self.stream.pass().is_none() {
             self.advance_broadcasts(now);
+        } else {
+            self.frame_waiting();
         }
         Ok(())
     }
 
-    /// Moves the broadcasts along, one step per loop iteration: resumes
-    /// the fan-out under way for one slice, or frames what is waiting into
-    /// the next batch and starts its fan-out. Once a handle asked for a
-    /// shutdown, sends what was queued before it (for at most half the
-    /// shutdown timeout), then begins the shutdown.
+    /// Moves the broadcasts along, one step per loop iteration: frames
+    /// what is waiting into a batch, and carries the batches one slice
+    /// further (starting a pass if a connection may be owed one). Once a
+    /// handle asked for a shutdown, sends what was queued before it (for
+    /// at most half the shutdown timeout), then begins the shutdown.
     fn advance_broadcasts(&mut self, now: Instant) {
         if self.lifecycle != Lifecycle::Running {
             return self.abandon_commands();
-        }
-        if self.fanout.is_some() {
-            return self.fan_out_slice(now);
         }
         let shutdown_after = self.shared.shutdown_after.load(Ordering::Acquire);
         if shutdown_after != u64::MAX {
             let seen = *self.shutdown_seen.get_or_insert(now);
             let flush_until = seen + self.config.shutdown_timeout / 2;
             if self.broadcasts_sent >= shutdown_after || now >= flush_until {
+                // Nothing more is framed; what was goes out first.
                 self.abandon_commands();
-                return self.begin_shutdown(now);
+                if !self.stream.is_busy() {
+                    return self.begin_shutdown(now);
+                }
+                return self.fan_out_slice(now);
             }
         }
-        let allowed = shutdown_after.saturating_sub(self.broadcasts_sent);
-        let Some(batch) = self.feed.next_batch(MAX_BATCH_BYTES, allowed) else {
-            return;
-        };
-        self.shared.gate.release(batch.cost);
-        let count = batch.frames.count() as u64;
-        self.broadcasts_sent += count;
-        let metrics = &self.shared.metrics;
-        Metrics::add(&metrics.broadcasts, count);
-        Metrics::incr(&metrics.broadcast_batches);
-        self.fanout = Some(FanOut {
-            frames: batch.frames,
-            next_key: 0,
-            end_key: self.key_bound,
-            sitting_out: BinaryHeap::new(),
-        });
+        self.frame_waiting();
         self.fan_out_slice(now);
     }
 
-    /// Offers the batch under way to the next connections, at most
-    /// [`Config::fanout_budget`] of them (and [`FANOUT_SLICE_BYTES`]).
+    /// Frames the broadcasts waiting (up to those queued before a
+    /// shutdown, if one was asked for) into batches at the end of the stream.
+    fn frame_waiting(&mut self) {
+        let shutdown_after = self.shared.shutdown_after.load(Ordering::Acquire);
+        loop {
+            let allowed = shutdown_after.saturating_sub(self.broadcasts_sent);
+            let Some(batch) = self.feed.next_batch(MAX_BATCH_BYTES, allowed) else {
+                return;
+            };
+            self.shared.gate.release(batch.cost);
+            let count = batch.frames.count() as u64;
+            self.broadcasts_sent += count;
+            let metrics = &self.shared.metrics;
+            Metrics::add(&metrics.broadcasts, count);
+            Metrics::incr(&metrics.broadcast_batches);
+            self.stream.push(batch.frames);
+        }
+    }
+
+    /// Carries the pass one slice further (starting one if a connection
+    /// may be owed a batch): at most [`Config::fanout_budget`]
+    /// connections, and [`FANOUT_SLICE_BYTES`], each given every batch it
+    /// is owed with one write.
     fn fan_out_slice(&mut self, now: Instant) {
-        let Some(mut fanout) = self.fanout.take() else {
+        let Some(pass) = self.stream.begin_pass() else {
             return;
         };
+        let stream = std::mem::take(&mut self.stream);
+        let next_seq = stream.next_seq();
         let shared = Arc::clone(&self.shared);
         let metrics = &shared.metrics;
-        let size = fanout.frames.bytes().len();
         let budget = self.config.fanout_budget;
+        let key_bound = self.key_bound;
         let mut failed = std::mem::take(&mut self.failed);
         let (mut visited, mut offered) = (0, 0);
         let (mut delivered, mut queued, mut dropped) = (0, 0, 0);
         let parts = self.parts(now);
         let mut ctx = parts.ctx;
-        let mut key = fanout.next_key;
-        while key < fanout.end_key && visited < budget && offered < FANOUT_SLICE_BYTES {
+        ctx.next_batch = next_seq;
+        let mut key = pass.cursor;
+        while key < key_bound && visited < budget && offered < FANOUT_SLICE_BYTES {
             let Some(conn) = parts.conns.get_mut(key) else {
                 key += 1;
                 continue;
             };
             visited += 1;
-            if fanout.sits_out(key) {
-                key += 1;
+            key += 1;
+            let Some(next) = conn.next_batch().filter(|&next| next != next_seq) else {
                 continue;
-            }
-            match conn.deliver(key, &fanout.frames, &mut ctx) {
+            };
+            let owed = stream.owed(next);
+            let messages: u64 = owed.iter().map(|f| f.count() as u64).sum();
+            offered += owed.iter().map(|f| f.bytes().len()).sum::<usize>();
+            match conn.deliver(key - 1, owed, next_seq, &mut ctx) {
                 Delivery::Skipped => {}
-                Delivery::Written => delivered += 1,
+                Delivery::Written => delivered += messages,
                 Delivery::Queued => {
-                    delivered += 1;
+                    delivered += messages;
                     queued += 1;
                 }
-                Delivery::Dropped | Delivery::SlowConsumer => dropped += 1,
+                Delivery::Dropped | Delivery::SlowConsumer => dropped += messages,
                 Delivery::Close(reason) => {
-                    dropped += u64::from(reason == CloseReason::SlowConsumer);
-                    failed.push((key, reason));
+                    if reason == CloseReason::SlowConsumer {
+                        dropped += messages;
+                    }
+                    failed.push((key - 1, reason));
                 }
             }
-            offered += size;
-            if !sync_interest(parts.registry, key, conn) {
-                failed.push((key, CloseReason::Abnormal));
+            if !sync_interest(parts.registry, key - 1, conn) {
+                failed.push((key - 1, CloseReason::Abnormal));
             }
-            key += 1;
         }
-        fanout.next_key = key;
-        let messages = fanout.frames.count() as u64;
-        Metrics::add(&metrics.broadcast_deliveries, delivered * messages);
+        self.stream = stream;
+        self.stream.advance(key);
+        if key >= key_bound {
+            self.stream.end_pass();
+        }
+        Metrics::add(&metrics.broadcast_deliveries, delivered);
         Metrics::add(&metrics.write_would_block, queued);
-        Metrics::add(&metrics.slow_consumer_drops, dropped * messages);
+        Metrics::add(&metrics.slow_consumer_drops, dropped);
         metrics.publish(&mut self.tally);
         for (key, reason) in failed.drain(..) {
             self.close(key, reason);
         }
         self.failed = failed;
-        if key < fanout.end_key {
-            self.fanout = Some(fanout);
-        }
-    }
-
-    /// A connection just upgraded: it sits out the fan-out under way, if
-    /// that has yet to reach it. So every connection gets exactly the
-    /// broadcasts whose fan-out started after its upgrade.
-    fn on_upgraded(&mut self, key: usize) {
-        if let Some(fanout) = &mut self.fanout {
-            fanout.sit_out(key);
-        }
     }
 
     /// After a poll that found several events, whose handling took
@@ -731,7 +734,7 @@ impl Server {
     ) -> io::Result<Option<Duration>> {
         let accept_pending =
             self.accept_again.contains(&true) && self.accept_paused_until.is_none();
-        let broadcasting = self.fanout.is_some() || !self.feed.is_empty();
+        let broadcasting = self.stream.is_busy() || !self.feed.is_empty();
         if self.commands_pending || broadcasting || accept_pending || !self.read_again.is_empty() {
             return Ok(Some(Duration::ZERO));
         }
@@ -781,6 +784,7 @@ impl Server {
                 tally: &mut self.tally,
                 replies: &mut self.replies,
                 now,
+                next_batch: self.stream.next_seq(),
             },
         }
     }
@@ -791,16 +795,12 @@ impl Server {
         let Some(conn) = parts.conns.get_mut(key) else {
             return; // A spurious event for a connection already closed.
         };
-        let was_open = conn.is_open();
         let mut verdict = Verdict::Keep;
         if ready.write {
             verdict = conn.on_writable(key, parts.scratch, &mut ctx);
         }
         if ready.read && verdict == Verdict::Keep {
             verdict = conn.on_readable(key, ready.edge, parts.scratch, &mut ctx);
-        }
-        if !was_open && conn.is_open() {
-            self.on_upgraded(key);
         }
         self.settle(key, verdict);
     }
@@ -946,11 +946,7 @@ impl Server {
         // accepting until it has): reading now saves a trip through the poll.
         let parts = self.parts(now);
         let mut ctx = parts.ctx;
-        let conn = &mut parts.conns[key];
-        let verdict = conn.on_accepted(key, parts.scratch, &mut ctx);
-        if conn.is_open() {
-            self.on_upgraded(key);
-        }
+        let verdict = parts.conns[key].on_accepted(key, parts.scratch, &mut ctx);
         self.settle(key, verdict);
     }
 
@@ -1118,46 +1114,6 @@ impl Server {
     }
 }
 
-/// A batch of broadcasts on its way to every open connection, offered in
-/// slices of the slab's keys (one slice per loop iteration) so that the
-/// loop keeps serving everything else meanwhile.
-#[derive(Debug)]
-struct FanOut {
-    frames: SharedFrames,
-    /// The first key not offered the batch yet.
-    next_key: usize,
-    /// The key bound when the fan-out began: a key past it was taken
-    /// later, by a connection that sits this fan-out out.
-    end_key: usize,
-    /// Keys ahead of the cursor whose connection upgraded after the
-    /// fan-out began, nearest first (the loop keeps this, not each
-    /// connection: it costs nothing while no one upgrades).
-    sitting_out: BinaryHeap<Reverse<usize>>,
-}
-
-impl FanOut {
-    /// The connection at `key` upgraded now: it sits this fan-out out if
-    /// the fan-out has yet to reach it.
-    fn sit_out(&mut self, key: usize) {
-        if (self.next_key..self.end_key).contains(&key) {
-            self.sitting_out.push(Reverse(key));
-        }
-    }
-
-    /// Whether the connection at `key`, the cursor's, sits this one out.
-    fn sits_out(&mut self, key: usize) -> bool {
-        let mut found = false;
-        while let Some(&Reverse(next)) = self.sitting_out.peek() {
-            if next > key {
-                break;
-            }
-            found |= next == key;
-            self.sitting_out.pop();
-        }
-        found
-    }
-}
-
 /// Whether a broadcast fits the message limit; one that does not is
 /// counted and logged.
 fn fits_message_limit(payload: &[u8], limit: u64, metrics: &Metrics) -> bool {
@@ -1259,22 +1215,6 @@ fn refuse(mut stream: TcpStream, rejection: Rejection, scratch: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn connections_upgraded_ahead_of_the_cursor_sit_the_fan_out_out_once() {
-        let mut fanout = FanOut {
-            frames: SharedFrames::encode(crate::ws::OpCode::Text, b"x"),
-            next_key: 10,
-            end_key: 100,
-            sitting_out: BinaryHeap::new(),
-        };
-        for key in [50, 5, 12, 100, 12, 70] {
-            fanout.sit_out(key); // 5 is behind the cursor, 100 past the end
-        }
-        let sitting: Vec<usize> = (10..100).filter(|&key| fanout.sits_out(key)).collect();
-        assert_eq!(sitting, [12, 50, 70]);
-        assert!(fanout.sitting_out.is_empty());
-    }
 
     #[test]
     fn accepts_left_over_while_accepting_is_paused_do_not_keep_the_loop_awake() {

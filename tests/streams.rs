@@ -1,7 +1,8 @@
 //! Broadcast streams: messages queued together go out as one batch, each
-//! exactly once and in order; a fan-out leaves the loop serving everyone
-//! else; slow consumers are counted per message; the queue from the
-//! producer is bounded by bytes.
+//! exactly once and in order; a pass over the connections gives each one
+//! everything it is owed and leaves the loop serving everyone else; slow
+//! consumers are counted per message; the queue from the producer is
+//! bounded by bytes.
 
 mod util;
 
@@ -82,7 +83,7 @@ fn a_burst_queued_together_goes_out_as_one_batch_in_order() {
 }
 
 #[test]
-fn a_connection_that_upgrades_during_a_fan_out_gets_the_broadcasts_begun_after_it() {
+fn a_connection_that_upgrades_during_a_pass_gets_exactly_the_lines_taken_after_it() {
     // One connection per loop iteration: a fan-out to 40 takes 40 of them.
     let mut server = Server::bind(Config {
         fanout_budget: 1,
@@ -127,6 +128,33 @@ fn a_connection_that_upgrades_during_a_fan_out_gets_the_broadcasts_begun_after_i
         s.metrics().broadcast_deliveries == 39 + 40
     });
     assert_eq!(next_text(&mut late), "B", "A began before its upgrade");
+    for client in &mut clients {
+        assert_eq!(next_text(client), "A");
+        assert_eq!(next_text(client), "B");
+    }
+}
+
+#[test]
+fn a_line_framed_during_a_pass_reaches_the_connections_ahead_in_that_pass() {
+    let mut server = Server::bind(Config {
+        fanout_budget: 1,
+        ..Config::default()
+    })
+    .unwrap();
+    let mut clients = upgraded_clients(&mut server, 10);
+    server.broadcast(MessageKind::Text, b"A").unwrap();
+    assert_eq!(server.metrics().broadcast_deliveries, 1, "client 0 has A");
+    server.broadcast(MessageKind::Text, b"B").unwrap();
+    assert_eq!(server.metrics().broadcast_batches, 2);
+    server.poll_once(Some(Duration::ZERO)).unwrap();
+    assert_eq!(
+        server.metrics().broadcast_deliveries,
+        1 + 2,
+        "client 1 got A and B at once, not B only after A's fan-out"
+    );
+    poll_until(&mut server, "both everywhere", |s| {
+        s.metrics().broadcast_deliveries == 2 * 10
+    });
     for client in &mut clients {
         assert_eq!(next_text(client), "A");
         assert_eq!(next_text(client), "B");

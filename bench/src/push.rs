@@ -546,6 +546,8 @@ impl Run<'_> {
             }
             rate = match (held, failed) {
                 (Some(h), None) => h * 2.0,
+                // Below a line a second there is nothing left to find.
+                (None, Some(f)) if f / 2.0 < 1.0 => break,
                 (None, Some(f)) => f / 2.0,
                 (Some(h), Some(f)) if f / h > SEARCH_PRECISION => (h + f) / 2.0,
                 _ => break,
