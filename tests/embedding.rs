@@ -10,17 +10,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use tungstenite::Message;
-use util::{client_frame, connect, raw, read_frame, read_response, upgrade_request, IO_TIMEOUT};
+use util::{
+    client_frame, connect, poll_until, raw, read_frame, read_response, upgrade_request, IO_TIMEOUT,
+};
 use wspush::{Config, Handle, MessageKind, Server, ServerGone};
-
-/// Polls the server until `done` holds.
-fn poll_until(server: &mut Server, what: &str, mut done: impl FnMut(&Server) -> bool) {
-    let deadline = Instant::now() + IO_TIMEOUT;
-    while !done(server) {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        server.poll_once(Some(Duration::from_millis(10))).unwrap();
-    }
-}
 
 #[test]
 fn a_server_stepped_with_poll_once_upgrades_and_broadcasts() {

@@ -11,19 +11,10 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use util::{client_frame, raw_upgraded, read_frame, TestServer, IO_TIMEOUT, PING};
+use util::{client_frame, poll_until, raw_upgraded, read_frame, TestServer, PING};
 use wspush::{Config, MessageKind, Server, SlowConsumerPolicy};
-
-/// Polls the server until `done` holds.
-fn poll_until(server: &mut Server, what: &str, mut done: impl FnMut(&Server) -> bool) {
-    let deadline = Instant::now() + IO_TIMEOUT;
-    while !done(server) {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        server.poll_once(Some(Duration::from_millis(10))).unwrap();
-    }
-}
 
 /// `count` raw clients upgraded against a server polled meanwhile.
 fn upgraded_clients(server: &mut Server, count: usize) -> Vec<TcpStream> {
@@ -234,22 +225,35 @@ fn drain(stream: &mut TcpStream) -> (Vec<usize>, Option<u16>) {
     }
 }
 
-#[test]
-fn a_stalled_client_under_bursts_misses_lines_that_are_each_counted() {
-    const LINES: usize = 20_000;
+/// Lines a stalled client is sent in bursts: 20 MB, more than its socket
+/// buffers hold.
+const STALLED_LINES: usize = 20_000;
+
+/// A server with a 16 KiB queue limit and `policy`, a client that reads
+/// nothing until the end and one that reads everything: bursts of 500
+/// lines of 1,000 bytes are sent until the reader has every line. Returns
+/// the server and the stalled client, unread.
+fn stalled_under_bursts(policy: SlowConsumerPolicy) -> (TestServer, TcpStream) {
     let server = TestServer::start(Config {
         max_queued_bytes: 16 * 1024,
-        slow_consumer: SlowConsumerPolicy::Drop,
+        slow_consumer: policy,
         ..Config::default()
     });
-    let mut stalled = raw_upgraded(server.addr);
+    let stalled = raw_upgraded(server.addr);
     let mut reader = raw_upgraded(server.addr);
     server.wait_for("the upgrades", |m| m.upgrades == 2);
-    let producer = produce(server.handle.clone(), LINES, 500, 1000);
-    for i in 0..LINES {
+    let producer = produce(server.handle.clone(), STALLED_LINES, 500, 1000);
+    for i in 0..STALLED_LINES {
         assert_eq!(number_of(&next_text(&mut reader)), i, "the reader gets all");
     }
     producer.join().unwrap();
+    (server, stalled)
+}
+
+#[test]
+fn a_stalled_client_under_bursts_misses_lines_that_are_each_counted() {
+    const LINES: usize = STALLED_LINES;
+    let (server, mut stalled) = stalled_under_bursts(SlowConsumerPolicy::Drop);
     let m = server.wait_for("every line offered to both", |m| {
         m.broadcast_deliveries + m.slow_consumer_drops == 2 * LINES as u64
     });
@@ -301,23 +305,10 @@ fn read_one(stream: &mut TcpStream) -> Option<usize> {
 
 #[test]
 fn a_stalled_client_under_bursts_is_closed_with_1008_and_the_others_get_all() {
-    const LINES: usize = 20_000;
-    let server = TestServer::start(Config {
-        max_queued_bytes: 16 * 1024,
-        slow_consumer: SlowConsumerPolicy::Close,
-        ..Config::default()
-    });
-    let mut stalled = raw_upgraded(server.addr);
-    let mut reader = raw_upgraded(server.addr);
-    server.wait_for("the upgrades", |m| m.upgrades == 2);
-    let producer = produce(server.handle.clone(), LINES, 500, 1000);
-    for i in 0..LINES {
-        assert_eq!(number_of(&next_text(&mut reader)), i);
-    }
-    producer.join().unwrap();
+    let (server, mut stalled) = stalled_under_bursts(SlowConsumerPolicy::Close);
     let (got, code) = drain(&mut stalled);
     assert_eq!(code, Some(1008));
-    assert!(got.len() < LINES);
+    assert!(got.len() < STALLED_LINES);
     assert!(
         got.iter().enumerate().all(|(i, &n)| i == n),
         "a prefix, in order"

@@ -30,13 +30,19 @@ pub struct ProbeReport {
     pub upgrade: LatencyReport,
     /// From a ping written on a connected client to its pong read.
     pub ping: LatencyReport,
+    /// Why a probe stopped early (no answer within 30 s, or an error):
+    /// the server did not answer it at all.
+    pub stopped: Vec<String>,
 }
+
+/// What one probe thread measured, and why it stopped early, if it did.
+type Samples = (Histogram<u64>, Option<String>);
 
 /// The probes running against one server.
 pub struct Probes {
     stop: Arc<AtomicBool>,
-    upgrade: JoinHandle<io::Result<Histogram<u64>>>,
-    ping: JoinHandle<io::Result<Histogram<u64>>>,
+    upgrade: JoinHandle<Samples>,
+    ping: JoinHandle<Samples>,
 }
 
 impl Probes {
@@ -68,37 +74,42 @@ impl Probes {
     /// Stops the probes and summarises what they measured.
     pub fn finish(self) -> Result<ProbeReport, Error> {
         self.stop.store(true, Ordering::SeqCst);
-        let join = |h: JoinHandle<io::Result<Histogram<u64>>>, what: &str| {
-            h.join()
-                .map_err(|_| format!("the {what} probe panicked"))?
-                .map_err(|e| Error::from(format!("the {what} probe failed: {e}")))
+        let mut stopped = Vec::new();
+        let mut join = |h: JoinHandle<Samples>, what: &str| -> Result<Histogram<u64>, Error> {
+            let (histogram, why) = h.join().map_err(|_| format!("the {what} probe panicked"))?;
+            stopped.extend(why.map(|e| format!("{what}: {e}")));
+            Ok(histogram)
         };
         let upgrade = join(self.upgrade, "upgrade")?;
         let ping = join(self.ping, "ping")?;
         Ok(ProbeReport {
             upgrade: LatencyReport::from_histogram(&upgrade),
             ping: LatencyReport::from_histogram(&ping),
+            stopped,
         })
     }
 }
 
-/// Calls `probe` (with a sample number) every `every` until `stop`;
-/// records what each call took.
+/// Calls `probe` (with a sample number) every `every` until `stop`, or
+/// until a call fails; records what each call took.
 fn sample(
     stop: &AtomicBool,
     every: Duration,
     mut probe: impl FnMut(u64) -> io::Result<Duration>,
-) -> io::Result<Histogram<u64>> {
+) -> Samples {
     let mut histogram = new_histogram();
     let mut n = 0;
     while !stop.load(Ordering::SeqCst) {
-        let took = probe(n)?;
+        let took = match probe(n) {
+            Ok(took) => took,
+            Err(e) => return (histogram, Some(e.to_string())),
+        };
         let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         histogram.saturating_record(ns.clamp(1, MAX_LATENCY_NS));
         n += 1;
         thread::sleep(every);
     }
-    Ok(histogram)
+    (histogram, None)
 }
 
 /// A new upgraded connection (as client `id`), and how long it took from

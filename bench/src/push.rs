@@ -48,6 +48,10 @@ const PORT_RANGE_PERCENT: u32 = 45;
 /// Steps of the feed rate search at most.
 const MAX_SEARCH_STEPS: u32 = 12;
 
+/// Feeds of `--feed-secs` tried at most to hold the rate the search found
+/// (each 10% below the one before).
+const HOLD_TRIES: u32 = 3;
+
 /// The search stops once the lowest failing rate is within this factor of
 /// the highest passing one.
 const SEARCH_PRECISION: f64 = 1.1;
@@ -468,10 +472,19 @@ impl Run<'_> {
         if o.find_max_feed_rate {
             let (found, steps) = self.find_max_feed_rate(&mut first)?;
             feed_search = steps;
-            if let Some(rate) = found {
-                let held = self.feed(&mut first, rate, o.feed_secs)?;
-                max_feed_rate = is_held(&held, o.feed_max_p99_ms).then_some(rate);
+            // A rate that held for a short step may not hold for the whole
+            // feed: then 10% less, at most HOLD_TRIES times.
+            let mut rate = found;
+            for _ in 0..HOLD_TRIES {
+                let Some(r) = rate else { break };
+                let held = self.feed(&mut first, r, o.feed_secs)?;
+                let ok = is_held(&held, o.feed_max_p99_ms);
                 streams.push(held);
+                if ok {
+                    max_feed_rate = Some(r);
+                    break;
+                }
+                rate = Some((r * 0.9).floor()).filter(|&r| r >= 1.0);
             }
         } else if let Some(rate) = o.feed_rate {
             streams.push(self.feed(&mut first, rate, o.feed_secs)?);

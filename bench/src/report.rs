@@ -93,8 +93,13 @@ impl StreamReport {
             None => "burst".to_string(),
         };
         let probes = self.probes.as_ref().map_or(String::new(), |p| {
+            let stopped = if p.stopped.is_empty() {
+                String::new()
+            } else {
+                format!(" (stopped: {})", p.stopped.join("; "))
+            };
             format!(
-                "; meanwhile upgrade p50 {} p99 {} ({} probes), ping p50 {} p99 {} ({} probes)",
+                "; meanwhile upgrade p50 {} p99 {} ({} probes), ping p50 {} p99 {} ({} probes){stopped}",
                 duration_us(p.upgrade.p50_us),
                 duration_us(p.upgrade.p99_us),
                 p.upgrade.count,

@@ -5,15 +5,13 @@
 
 mod common;
 
-use common::{info, push_options, Embedded};
+use common::{info, measure_embedded, push_options, Embedded};
 use wspush_bench::fleet::Launch;
 use wspush_bench::push;
 
 #[test]
 fn two_thousand_connections_over_four_sources_get_every_broadcast_once() {
-    let mut server = Embedded::start(false);
-    let addr = server.addr;
-    let options = push_options(&[
+    let (server, report) = measure_embedded(&[
         "--conns",
         "2000",
         "--sources",
@@ -23,14 +21,6 @@ fn two_thousand_connections_over_four_sources_get_every_broadcast_once() {
         "--messages",
         "5",
     ]);
-    let report = push::measure(
-        &mut server,
-        addr,
-        &options,
-        &Launch::Threads,
-        info("wspush"),
-    )
-    .unwrap();
 
     let c = &report.connections;
     assert_eq!((c.open, c.failed), (2000, 0), "{:?}", c.failures);
@@ -81,11 +71,9 @@ fn worker_processes_report_through_pipes() {
 
 #[test]
 fn a_setup_cut_short_leaves_idle_workers_that_do_not_hold_up_broadcasts() {
-    let mut server = Embedded::start(false);
-    let addr = server.addr;
     // 150 connections a second for at most 1 s, filled one worker at a
     // time: the first of three workers gets them all.
-    let options = push_options(&[
+    let (_server, report) = measure_embedded(&[
         "--conns",
         "600",
         "--per-worker",
@@ -101,14 +89,6 @@ fn a_setup_cut_short_leaves_idle_workers_that_do_not_hold_up_broadcasts() {
         "--message-timeout",
         "20",
     ]);
-    let report = push::measure(
-        &mut server,
-        addr,
-        &options,
-        &Launch::Threads,
-        info("wspush"),
-    )
-    .unwrap();
     // Some opened (fewer on a loaded machine), all in the first worker.
     let open = report.connections.open;
     assert!((1..=200).contains(&open), "{open}");

@@ -4,15 +4,11 @@
 
 mod common;
 
-use common::{info, push_options, Embedded};
-use wspush_bench::fleet::Launch;
-use wspush_bench::push;
+use common::measure_embedded;
 
 #[test]
 fn a_burst_and_a_feed_reach_every_connection_once() {
-    let mut server = Embedded::start(false);
-    let addr = server.addr;
-    let options = push_options(&[
+    let (server, report) = measure_embedded(&[
         "--conns",
         "300",
         "--per-worker",
@@ -30,14 +26,6 @@ fn a_burst_and_a_feed_reach_every_connection_once() {
         "--probe-ms",
         "20",
     ]);
-    let report = push::measure(
-        &mut server,
-        addr,
-        &options,
-        &Launch::Threads,
-        info("wspush"),
-    )
-    .unwrap();
 
     assert_eq!(report.streams.len(), 2);
     let (burst, feed) = (&report.streams[0], &report.streams[1]);
@@ -100,11 +88,9 @@ fn a_burst_and_a_feed_reach_every_connection_once() {
 
 #[test]
 fn the_feed_search_halves_the_rate_while_none_holds() {
-    let mut server = Embedded::start(false);
-    let addr = server.addr;
     // A p99 limit of 1 ns: no rate holds, so the search halves from 64/s
     // down to a line a second and ends with nothing found.
-    let options = push_options(&[
+    let (_server, report) = measure_embedded(&[
         "--conns",
         "20",
         "--messages",
@@ -117,14 +103,6 @@ fn the_feed_search_halves_the_rate_while_none_holds() {
         "--feed-max-p99-ms",
         "0.000001",
     ]);
-    let report = push::measure(
-        &mut server,
-        addr,
-        &options,
-        &Launch::Threads,
-        info("wspush"),
-    )
-    .unwrap();
     let rates: Vec<f64> = report.feed_search.iter().map(|s| s.rate.unwrap()).collect();
     assert_eq!(rates, [64.0, 32.0, 16.0, 8.0, 4.0, 2.0, 1.0], "down to 1/s");
     assert_eq!(report.max_feed_rate, None);

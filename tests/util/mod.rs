@@ -31,6 +31,19 @@ pub fn need_open_files(files: u64) {
     );
 }
 
+/// Steps a server driven by hand with `poll_once` until `done` holds;
+/// panics after `IO_TIMEOUT`.
+pub fn poll_until(server: &mut Server, what: &str, mut done: impl FnMut(&Server) -> bool) {
+    let deadline = std::time::Instant::now() + IO_TIMEOUT;
+    while !done(server) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        server.poll_once(Some(Duration::from_millis(10))).unwrap();
+    }
+}
+
 /// An embedded server running `run()` on its own thread; shut down on drop.
 pub struct TestServer {
     pub addr: SocketAddr,

@@ -11,8 +11,10 @@ use std::process::Command;
 use std::thread::{self, JoinHandle};
 
 use clap::Parser;
+use wspush_bench::fleet::Launch;
 use wspush_bench::procfs::{self, Usage};
-use wspush_bench::push::{PushOptions, RunInfo};
+use wspush_bench::push::{self, PushOptions, RunInfo};
+use wspush_bench::report::RunReport;
 use wspush_bench::target::Target;
 
 /// wspush running on a thread of this process, driven through its `Handle`.
@@ -110,6 +112,23 @@ pub fn push_options(args: &[&str]) -> PushOptions {
         .flatten();
     let argv = ["push"].iter().chain(unset).chain(args);
     Wrapper::parse_from(argv).options
+}
+
+/// Runs `push` with `args` (thread workers) against a wspush embedded in
+/// this process; returns the server (for its counters) and the report.
+pub fn measure_embedded(args: &[&str]) -> (Embedded, RunReport) {
+    let mut server = Embedded::start(false);
+    let addr = server.addr;
+    let options = push_options(args);
+    let report = push::measure(
+        &mut server,
+        addr,
+        &options,
+        &Launch::Threads,
+        info("wspush"),
+    )
+    .expect("the push run");
+    (server, report)
 }
 
 /// How a test run is named in its report.
