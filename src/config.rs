@@ -77,10 +77,11 @@ pub struct Config {
     /// ahead waits in [`Handle::broadcast_text`](crate::Handle::broadcast_text),
     /// and the binary stops reading its input meanwhile. Nothing is dropped.
     pub max_pending_bytes: usize,
-    /// Connections a fan-out offers a batch to per loop iteration before
-    /// the loop serves its other events again: a fan-out to many
-    /// connections goes on over several iterations, and accepts, reads,
-    /// pongs and timers are served in between.
+    /// Connections a pass visits per loop iteration (each getting the
+    /// broadcast batches it is owed) before the loop serves its other
+    /// events again: a pass over many connections goes on over several
+    /// iterations, and accepts, reads, pongs and timers are served in
+    /// between.
     pub fanout_budget: usize,
 }
 
