@@ -668,6 +668,7 @@ impl Server {
                 key += 1;
                 continue;
             };
+            let this = key;
             visited += 1;
             key += 1;
             let Some(next) = conn.next_batch().filter(|&next| next != next_seq) else {
@@ -676,7 +677,7 @@ impl Server {
             let owed = stream.owed(next);
             let messages: u64 = owed.iter().map(|f| f.count() as u64).sum();
             offered += owed.iter().map(|f| f.bytes().len()).sum::<usize>();
-            match conn.deliver(key - 1, owed, next_seq, &mut ctx) {
+            match conn.deliver(this, owed, next_seq, &mut ctx) {
                 Delivery::Skipped => {}
                 Delivery::Written => delivered += messages,
                 Delivery::Queued => {
@@ -688,11 +689,11 @@ impl Server {
                     if reason == CloseReason::SlowConsumer {
                         dropped += messages;
                     }
-                    failed.push((key - 1, reason));
+                    failed.push((this, reason));
                 }
             }
-            if !sync_interest(parts.registry, key - 1, conn) {
-                failed.push((key - 1, CloseReason::Abnormal));
+            if !sync_interest(parts.registry, this, conn) {
+                failed.push((this, CloseReason::Abnormal));
             }
         }
         self.stream = stream;

@@ -27,38 +27,8 @@ fn upgraded_clients(server: &mut Server, count: usize) -> Vec<TcpStream> {
     clients.join().unwrap()
 }
 
-/// The next text frame's payload from a buffered stream (pings skipped):
-/// fewer system calls than [`next_text`], for a client that must keep up
-/// with a burst.
-fn next_text_buffered(reader: &mut std::io::BufReader<TcpStream>) -> String {
-    loop {
-        let mut head = [0u8; 2];
-        reader.read_exact(&mut head).expect("a frame header");
-        let len = match head[1] & 0x7F {
-            126 => {
-                let mut b = [0u8; 2];
-                reader.read_exact(&mut b).unwrap();
-                u16::from_be_bytes(b) as usize
-            }
-            127 => {
-                let mut b = [0u8; 8];
-                reader.read_exact(&mut b).unwrap();
-                u64::from_be_bytes(b) as usize
-            }
-            n => n as usize,
-        };
-        let mut payload = vec![0u8; len];
-        reader.read_exact(&mut payload).unwrap();
-        match head[0] & 0x0F {
-            0x1 => return String::from_utf8(payload).unwrap(),
-            0x9 => continue,
-            other => panic!("unexpected opcode {other}: {payload:?}"),
-        }
-    }
-}
-
 /// The next data frame's text (pings skipped).
-fn next_text(stream: &mut TcpStream) -> String {
+fn next_text(stream: &mut impl Read) -> String {
     loop {
         let frame = read_frame(stream).expect("a frame");
         match frame.opcode {
@@ -276,7 +246,7 @@ fn stalled_under_bursts(policy: SlowConsumerPolicy) -> (TestServer, TcpStream) {
     server.wait_for("the upgrades", |m| m.upgrades == 2);
     let producer = produce(server.handle.clone(), STALLED_LINES, 200, 1000);
     for i in 0..STALLED_LINES {
-        let line = next_text_buffered(&mut reader);
+        let line = next_text(&mut reader);
         assert_eq!(number_of(&line), i, "the reader gets all");
     }
     producer.join().unwrap();

@@ -264,7 +264,7 @@ impl ServerFrame {
 
 /// Reads one frame; `None` at EOF before a frame starts. Server frames
 /// must not be masked.
-pub fn read_frame(stream: &mut TcpStream) -> Option<ServerFrame> {
+pub fn read_frame(stream: &mut impl Read) -> Option<ServerFrame> {
     let mut head = [0u8; 2];
     match stream.read(&mut head[..1]) {
         Ok(0) => return None,
