@@ -228,6 +228,12 @@ impl Conn {
         matches!(self.phase, Phase::Open(_))
     }
 
+    /// Whether the connection was upgraded (open or closing): it is a
+    /// WebSocket connection, counted as such until it is closed.
+    pub fn is_websocket(&self) -> bool {
+        matches!(self.phase, Phase::Open(_) | Phase::CloseSent { .. })
+    }
+
     /// The first broadcast batch it has not had yet, if it is open.
     pub fn next_batch(&self) -> Option<Seq> {
         self.is_open().then(|| self.out.next_batch())
@@ -491,7 +497,7 @@ impl Conn {
     /// [`Conn::consume`] up to the write of the gathered replies.
     fn consume_gathering(&mut self, key: usize, fresh: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
         let Some(mut held) = self.input.take() else {
-            let (used, verdict) = self.process(key, fresh, ctx);
+            let (used, verdict) = self.process(key, fresh, 0, ctx);
             if used < fresh.len() && !matches!(verdict, Verdict::Close(_)) {
                 let mut held = ctx.pool.lend();
                 held.extend_from_slice(&fresh[used..]);
@@ -499,8 +505,9 @@ impl Conn {
             }
             return verdict;
         };
+        let seen = held.len();
         held.extend_from_slice(fresh);
-        let (used, verdict) = self.process(key, &mut held, ctx);
+        let (used, verdict) = self.process(key, &mut held, seen, ctx);
         held.drain(..used);
         if held.is_empty() || matches!(verdict, Verdict::Close(_)) {
             ctx.pool.give_back(held);
@@ -510,11 +517,18 @@ impl Conn {
         verdict
     }
 
-    /// Runs the current phase over `bytes`; returns how many were consumed.
-    fn process(&mut self, key: usize, bytes: &mut [u8], ctx: &mut Ctx<'_>) -> (usize, Verdict) {
+    /// Runs the current phase over `bytes`, of which the first `seen` were
+    /// held over from earlier reads; returns how many were consumed.
+    fn process(
+        &mut self,
+        key: usize,
+        bytes: &mut [u8],
+        seen: usize,
+        ctx: &mut Ctx<'_>,
+    ) -> (usize, Verdict) {
         let mut pos = 0;
         if let Phase::Handshake(endpoints) = self.phase {
-            let (used, verdict) = self.handshake(key, endpoints, bytes, ctx);
+            let (used, verdict) = self.handshake(key, endpoints, bytes, seen, ctx);
             if matches!(self.phase, Phase::Lingering { .. }) {
                 // Answered: whatever the client sent after the head is read
                 // and discarded until it goes, never held.
@@ -550,13 +564,15 @@ impl Conn {
         }
     }
 
-    /// Parses the request; answers it with 101, an endpoint's response or
-    /// an HTTP error.
+    /// Parses the request (of which `bytes[..seen]` was found partial
+    /// before); answers it with 101, an endpoint's response or an HTTP
+    /// error.
     fn handshake(
         &mut self,
         key: usize,
         endpoints: Endpoints,
         bytes: &[u8],
+        seen: usize,
         ctx: &mut Ctx<'_>,
     ) -> (usize, Verdict) {
         let config = ctx.config;
@@ -568,7 +584,7 @@ impl Conn {
             endpoints,
         };
         let mut response = [0u8; MAX_RESPONSE_LEN];
-        match http::parse_request(bytes, &rules) {
+        match http::parse_request_after(bytes, seen, &rules) {
             Ok(HeadStatus::Partial) => (0, Verdict::Keep),
             Ok(HeadStatus::Upgrade(upgrade, head_len)) => {
                 let len = http::write_accept_response(&upgrade.accept, &mut response);
@@ -579,6 +595,8 @@ impl Conn {
                 self.liveness = Liveness::default();
                 self.deadline.clear(ctx.timers);
                 Metrics::incr(&ctx.metrics.upgrades);
+                Metrics::decr(&ctx.metrics.connections_http);
+                Metrics::incr(&ctx.metrics.connections_open);
                 log::debug!("upgraded {}", self.target());
                 (head_len, self.send_bytes(&[&response[..len]], ctx))
             }

@@ -17,8 +17,9 @@ use crate::auth::{self, Tokens, MAX_TOKEN_LEN};
 /// The GUID every server appends to the client's key (§1.3).
 const WEBSOCKET_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
-/// How many request headers fit in the parser's stack storage; more is 431.
-pub const MAX_HEADERS: usize = 64;
+/// How many request header lines a head may have (hyper allows 100); more
+/// is 431. They are parsed into stack storage of this many entries.
+pub const MAX_HEADERS: usize = 128;
 
 /// The longest response this module writes.
 pub const MAX_RESPONSE_LEN: usize = 256;
@@ -60,8 +61,10 @@ pub enum Rejection {
     Forbidden,
     /// 426: missing or unsupported `Sec-WebSocket-Version`.
     UpgradeRequired,
-    /// 431: the request head is larger than the limit.
-    HeadTooLarge,
+    /// 431: the request head is larger than this many bytes (the limit).
+    HeadTooLarge(usize),
+    /// 431: the request head has more than [`MAX_HEADERS`] header lines.
+    TooManyHeaders,
     /// 429: the client's IP address holds its maximum number of connections.
     TooManyRequests,
     /// 503: the server holds its maximum number of connections.
@@ -78,7 +81,7 @@ impl Rejection {
             Rejection::NotFound => 404,
             Rejection::MethodNotAllowed => 405,
             Rejection::UpgradeRequired => 426,
-            Rejection::HeadTooLarge => 431,
+            Rejection::HeadTooLarge(_) | Rejection::TooManyHeaders => 431,
             Rejection::TooManyRequests => 429,
             Rejection::ServiceUnavailable => 503,
         }
@@ -86,6 +89,7 @@ impl Rejection {
 
     /// The reason phrase and the one-line explanation sent as the body.
     fn text(self) -> (&'static str, &'static str) {
+        const TOO_LARGE: &str = "Request Header Fields Too Large";
         match self {
             Rejection::BadRequest(why) => ("Bad Request", why),
             Rejection::Unauthorized => ("Unauthorized", "a valid token is required"),
@@ -97,9 +101,9 @@ impl Rejection {
             Rejection::UpgradeRequired => {
                 ("Upgrade Required", "only WebSocket version 13 is supported")
             }
-            Rejection::HeadTooLarge => {
-                ("Request Header Fields Too Large", "request head too large")
-            }
+            // `write_response` follows these two with the limit's figure.
+            Rejection::HeadTooLarge(_) => (TOO_LARGE, "request head larger than the limit"),
+            Rejection::TooManyHeaders => (TOO_LARGE, "more header lines than the limit"),
             Rejection::TooManyRequests => (
                 "Too Many Requests",
                 "too many connections from this address",
@@ -112,21 +116,32 @@ impl Rejection {
 
     /// Writes the complete response into `out` and returns its length.
     pub fn write_response(self, out: &mut [u8; MAX_RESPONSE_LEN]) -> usize {
-        let (phrase, body) = self.text();
+        let (phrase, text) = self.text();
         let extra = match self {
             Rejection::UpgradeRequired => "Sec-WebSocket-Version: 13\r\n",
             Rejection::MethodNotAllowed => "Allow: GET\r\n",
             Rejection::Unauthorized => "WWW-Authenticate: Bearer\r\n",
             _ => "",
         };
-        write_into(
+        let mut body = [0u8; MAX_RESPONSE_LEN];
+        let body_len = match self {
+            Rejection::HeadTooLarge(limit) => {
+                write_into(&mut body, format_args!("{text}: {limit} bytes\n"))
+            }
+            Rejection::TooManyHeaders => {
+                write_into(&mut body, format_args!("{text}: {MAX_HEADERS}\n"))
+            }
+            _ => write_into(&mut body, format_args!("{text}\n")),
+        };
+        let head = write_into(
             out,
             format_args!(
-                "HTTP/1.1 {} {phrase}\r\n{extra}Connection: close\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}\n",
+                "HTTP/1.1 {} {phrase}\r\n{extra}Connection: close\r\nContent-Type: text/plain\r\nContent-Length: {body_len}\r\n\r\n",
                 self.status(),
-                body.len() + 1
             ),
-        )
+        );
+        out[head..head + body_len].copy_from_slice(&body[..body_len]);
+        head + body_len
     }
 }
 
@@ -230,6 +245,27 @@ pub fn parse_request<'a>(
     buf: &'a [u8],
     rules: &HandshakeRules<'_>,
 ) -> Result<HeadStatus<'a>, Rejection> {
+    parse_request_after(buf, 0, rules)
+}
+
+/// [`parse_request`] for a head that grows: `buf[..seen]` was given to an
+/// earlier call that found it [`HeadStatus::Partial`]. Until the blank
+/// line that ends the head arrives, only the new bytes are looked at, for
+/// it, and the head is parsed once, when it is complete: a head that comes
+/// a byte at a time costs linear time, not quadratic.
+pub fn parse_request_after<'a>(
+    buf: &'a [u8],
+    seen: usize,
+    rules: &HandshakeRules<'_>,
+) -> Result<HeadStatus<'a>, Rejection> {
+    let too_large = Rejection::HeadTooLarge(rules.max_head_bytes);
+    if !has_blank_line(buf, seen) {
+        return if buf.len() < rules.max_head_bytes {
+            Ok(HeadStatus::Partial)
+        } else {
+            Err(too_large)
+        };
+    }
     let mut headers = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut []);
     let head_len = match request.parse_with_uninit_headers(buf, &mut headers) {
@@ -237,7 +273,8 @@ pub fn parse_request<'a>(
         Ok(httparse::Status::Partial) if buf.len() < rules.max_head_bytes => {
             return Ok(HeadStatus::Partial)
         }
-        Ok(_) | Err(httparse::Error::TooManyHeaders) => return Err(Rejection::HeadTooLarge),
+        Ok(_) => return Err(too_large),
+        Err(httparse::Error::TooManyHeaders) => return Err(Rejection::TooManyHeaders),
         Err(_) => return Err(Rejection::BadRequest("malformed HTTP request")),
     };
     if request.method != Some("GET") {
@@ -309,6 +346,18 @@ pub fn parse_request<'a>(
         },
         head_len,
     ))
+}
+
+/// Whether `buf` has an empty line (`\n\n` or `\n\r\n`, the end of an
+/// HTTP head; httparse accepts both) that is not wholly inside
+/// `buf[..seen]`.
+fn has_blank_line(buf: &[u8], seen: usize) -> bool {
+    let from = seen.saturating_sub(2).min(buf.len());
+    buf[from..]
+        .iter()
+        .enumerate()
+        .filter(|&(_, &b)| b == b'\n')
+        .any(|(i, _)| matches!(&buf[from + i + 1..], [b'\n', ..] | [b'\r', b'\n', ..]))
 }
 
 /// The request headers the handshake reads, found in one pass (names
@@ -642,13 +691,79 @@ mod tests {
     #[test]
     fn oversized_heads_fail_without_waiting_for_the_end() {
         let endless = format!("GET / HTTP/1.1\r\nX-Pad: {}", "a".repeat(8200));
-        assert_eq!(status(&endless, &RULES), 431);
-        let many: String = (0..MAX_HEADERS + 1)
+        assert_eq!(parse(&endless), Err(Rejection::HeadTooLarge(8192)));
+        let many: String = (0..MAX_HEADERS - 5)
             .map(|i| format!("X-{i}: v\r\n"))
             .collect();
         assert_eq!(
-            status(&GOOD.replace("Host", &format!("{many}Host")), &RULES),
-            431
+            parse(&GOOD.replace("Host", &format!("{many}X-Last: v\r\nHost"))),
+            Err(Rejection::TooManyHeaders)
+        );
+    }
+
+    /// A legal head of 106 header lines and 6,338 bytes (a browser behind
+    /// a few proxies sends such) is an upgrade; up to `MAX_HEADERS` lines
+    /// are.
+    #[test]
+    fn heads_with_many_headers_within_the_byte_limit_are_accepted() {
+        let lines = |n: usize, value: &str| -> String {
+            (0..n)
+                .map(|i| format!("X-Proxy-{i}: {value}\r\n"))
+                .collect()
+        };
+        let big = GOOD
+            .replace("/ws?id=01", &format!("/ws?id=01&p={}", "x".repeat(25)))
+            .replace("Host", &format!("{}Host", lines(101, &"v".repeat(47))));
+        assert_eq!((big.len(), big.lines().count() - 2), (6338, 106));
+        assert!(matches!(parse(&big), Ok(HeadStatus::Upgrade(..))));
+        let most = GOOD.replace("Host", &format!("{}Host", lines(MAX_HEADERS - 6, "v")));
+        assert!(matches!(parse(&most), Ok(HeadStatus::Upgrade(..))));
+    }
+
+    #[test]
+    fn the_431_body_names_the_limit_that_was_hit() {
+        let body = |rejection: Rejection| {
+            let mut out = [0u8; MAX_RESPONSE_LEN];
+            let len = rejection.write_response(&mut out);
+            let text = std::str::from_utf8(&out[..len]).unwrap().to_string();
+            let (head, body) = text.split_once("\r\n\r\n").unwrap();
+            assert!(head.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"));
+            assert!(head.ends_with(&format!("Content-Length: {}", body.len())));
+            body.to_string()
+        };
+        assert_eq!(
+            body(Rejection::HeadTooLarge(8192)),
+            "request head larger than the limit: 8192 bytes\n"
+        );
+        assert_eq!(
+            body(Rejection::TooManyHeaders),
+            format!("more header lines than the limit: {MAX_HEADERS}\n")
+        );
+    }
+
+    /// Fed a byte at a time, with `seen` the bytes already given, a head
+    /// is partial until its last byte and then the same upgrade as when
+    /// parsed whole; the blank line is found across the split, with bare
+    /// `\n` line ends too.
+    #[test]
+    fn a_head_fed_a_byte_at_a_time_is_parsed_once_complete() {
+        let lf = GOOD.replace("\r\n", "\n");
+        for req in [GOOD, lf.as_str()] {
+            let bytes = req.as_bytes();
+            let whole = parse_request(bytes, &RULES).unwrap();
+            for end in 1..bytes.len() {
+                let got = parse_request_after(&bytes[..end], end - 1, &RULES);
+                assert_eq!(got, Ok(HeadStatus::Partial), "{end}");
+            }
+            let last = parse_request_after(bytes, bytes.len() - 1, &RULES);
+            assert_eq!(last, Ok(whole));
+        }
+        assert!(!has_blank_line(b"GET / HTTP/1.1\r\n\r\n", 19));
+        assert!(has_blank_line(b"GET / HTTP/1.1\r\n\r\n", 16));
+        let endless = format!("GET / HTTP/1.1\r\nX-Pad: {}", "a".repeat(8200));
+        assert_eq!(
+            parse_request_after(endless.as_bytes(), 8000, &RULES),
+            Err(Rejection::HeadTooLarge(8192))
         );
     }
 

@@ -15,7 +15,7 @@ use signal_hook::iterator::Signals;
 use socket2::{Domain, Socket, Type};
 use wspush::input::{pump_lines, PumpEnd};
 use wspush::rlimit::{connection_capacity, instances_for, raise_open_file_limit};
-use wspush::supervisor::{Supervisor, INSTANCE_ENV};
+use wspush::supervisor::{OnExit, Policy, Supervisor, INSTANCE_ENV};
 use wspush::{Config, Handle, Server, SlowConsumerPolicy, Tokens, MAX_DURATION, MAX_MESSAGE_LIMIT};
 
 /// A WebSocket push server: every line on standard input is broadcast as
@@ -120,6 +120,35 @@ struct Cli {
     /// with --processes N, a warning says if N instances hold fewer.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), requires = "processes")]
     total_connections: Option<u64>,
+    /// With --processes: what an instance that exits unasked gets. `restart`:
+    /// started again with backoff (its clients reconnect, the others keep
+    /// theirs; 5 deaths in a row within 5 s of starting stop the server);
+    /// `stop`: every instance is stopped and the server exits 1.
+    #[arg(
+        long,
+        value_name = "POLICY",
+        default_value = "restart",
+        requires = "processes"
+    )]
+    on_instance_exit: InstanceExit,
+    /// With --processes: input an instance that does not take it (stopped,
+    /// or far behind) may have waiting, in bytes; past it the instance is
+    /// killed and started again. The others are never held back.
+    #[arg(long, value_name = "N", default_value_t = 64 << 20, value_parser = positive, requires = "processes")]
+    instance_backlog: usize,
+    /// With --processes: an instance that takes no input this long while
+    /// some waits for it is killed and started again.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration, requires = "processes")]
+    instance_stall_timeout: Duration,
+}
+
+/// `--on-instance-exit` values.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum InstanceExit {
+    /// Start it again, with backoff.
+    Restart,
+    /// Stop every instance and exit 1.
+    Stop,
 }
 
 /// `--slow-consumer` values.
@@ -403,19 +432,32 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
         listen.to_string().into(),
         "--reuse-port".into(),
     ]);
-    let supervisor = Supervisor::start(&program, &args, count).map_err(|e| e.to_string())?;
+    let policy = Policy {
+        on_exit: match cli.on_instance_exit {
+            InstanceExit::Restart => OnExit::Restart,
+            InstanceExit::Stop => OnExit::Stop,
+        },
+        max_backlog: cli.instance_backlog,
+        stall_timeout: cli.instance_stall_timeout,
+        // Instances get their shutdown timeout, and some time to exit after it.
+        stop_grace: config.shutdown_timeout + Duration::from_secs(5),
+    };
+    let supervisor =
+        Supervisor::start(&program, &args, count, policy).map_err(|e| e.to_string())?;
     log::info!(
         "listening on {listen} with {count} instances, up to {per_instance} connections each"
     );
-    // Instances get their shutdown timeout, and some time to exit after it.
-    let stop_grace = config.shutdown_timeout + Duration::from_secs(5);
-    supervisor
-        .run(io::stdin(), stop_grace)
-        .map_err(|e| e.to_string())
+    supervisor.run(io::stdin()).map_err(|e| e.to_string())
 }
 
 /// Flags of the supervisor only: an instance must not supervise.
-const SUPERVISOR_FLAGS: [&str; 2] = ["--processes", "--total-connections"];
+const SUPERVISOR_FLAGS: [&str; 5] = [
+    "--processes",
+    "--total-connections",
+    "--on-instance-exit",
+    "--instance-backlog",
+    "--instance-stall-timeout",
+];
 
 /// The command line without the supervisor's flags.
 fn instance_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {

@@ -39,8 +39,11 @@ macro_rules! counters {
 counters! {
     /// TCP connections accepted.
     connections_accepted,
-    /// Connections currently held (any phase).
+    /// WebSocket connections open now (upgraded, until closed).
     connections_open,
+    /// Connections not upgraded, held now: reading a request head, or
+    /// answering a plain HTTP request or an error.
+    connections_http,
     /// Handshakes completed with `101 Switching Protocols`.
     upgrades,
     /// Plain requests for `/healthz` answered.
@@ -403,12 +406,18 @@ pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &m
             })
             .collect()
     };
-    let simple: [(&str, &str, &str, u64); 27] = [
+    let simple: [(&str, &str, &str, u64); 28] = [
         (
             "wspush_connections_open",
             "gauge",
-            "Connections held now (any phase).",
+            "WebSocket connections open now (upgraded, until closed).",
             m.connections_open,
+        ),
+        (
+            "wspush_connections_http",
+            "gauge",
+            "Connections not upgraded, held now: reading a request head, or answering a plain HTTP request or an error.",
+            m.connections_http,
         ),
         (
             "wspush_connections_accepted_total",

@@ -832,7 +832,11 @@ impl Server {
             per_ip.release(key);
         }
         Metrics::incr(reason.counter(metrics));
-        Metrics::decr(&metrics.connections_open);
+        Metrics::decr(if conn.is_websocket() {
+            &metrics.connections_open
+        } else {
+            &metrics.connections_http
+        });
         log::debug!("connection {key} closed: {reason:?}");
     }
 
@@ -930,7 +934,7 @@ impl Server {
             }
             return;
         }
-        Metrics::incr(&metrics.connections_open);
+        Metrics::incr(&metrics.connections_http);
         let endpoints = match door {
             Door::Main => Endpoints {
                 websocket: true,

@@ -89,6 +89,36 @@ fn a_metrics_listener_serves_metrics_and_nothing_else() {
     assert_eq!(http_get(server.addr, "/healthz", "").status, 200);
 }
 
+/// `wspush_connections_open` counts WebSocket connections only: not the
+/// scrape that reads it, nor a client still sending its request head;
+/// those are `wspush_connections_http`, on either listener.
+#[test]
+fn the_open_gauge_counts_websocket_connections_only() {
+    for metrics_listen in [None, Some(SocketAddr::from(([127, 0, 0, 1], 0)))] {
+        let server = TestServer::start(Config {
+            metrics_listen,
+            ..Config::default()
+        });
+        let scrape_at = server.metrics_addr.unwrap_or(server.addr);
+        let gauges = || {
+            let page = http_get(scrape_at, "/metrics", "").body;
+            let open = sample(&page, "wspush_connections_open");
+            (open, sample(&page, "wspush_connections_http"))
+        };
+        assert_eq!(gauges(), (0, 1), "the scrape alone, {metrics_listen:?}");
+        let _clients: Vec<_> = (0..3).map(|_| connect(server.addr, "/")).collect();
+        let mut half = raw(server.addr);
+        std::io::Write::write_all(&mut half, b"GET / HTTP/1.1\r\nHost: x\r\n").unwrap();
+        server.wait_for("the half head in and the first scrape gone", |m| {
+            m.connections_accepted == 5 && m.connections_http == 1
+        });
+        assert_eq!(gauges(), (3, 2), "3 clients, a half head and the scrape");
+        drop(half);
+        let m = server.wait_for("the half head to go", |m| m.connections_http == 0);
+        assert_eq!((m.connections_open, m.upgrades), (3, 3));
+    }
+}
+
 #[test]
 fn a_stats_line_is_logged_periodically_unless_quiet() {
     let server = Binary::start(&["--stats-interval", "200ms"]);

@@ -57,6 +57,35 @@ impl Supervised {
             .collect()
     }
 
+    /// For each upgrade logged, until `count` are seen: the instance
+    /// number and the client's `?id=`.
+    fn upgrades_by_id(&self, count: usize) -> Vec<(usize, usize)> {
+        (0..count)
+            .map(|_| {
+                let line = self.0.wait_for("upgraded /?id=");
+                let tag = line.split("wspush#").nth(1).unwrap();
+                let instance = tag.split(']').next().unwrap().parse().unwrap();
+                let id = line.rsplit("?id=").next().unwrap().trim().parse().unwrap();
+                (instance, id)
+            })
+            .collect()
+    }
+
+    /// The process id of instance `number` (from its environment).
+    fn instance_pid(&self, number: usize) -> u32 {
+        let wanted = format!("WSPUSH_INSTANCE={number}");
+        *self
+            .instance_pids()
+            .iter()
+            .find(|pid| {
+                std::fs::read(format!("/proc/{pid}/environ"))
+                    .unwrap_or_default()
+                    .split(|&b| b == 0)
+                    .any(|var| var == wanted.as_bytes())
+            })
+            .unwrap_or_else(|| panic!("no instance {number}"))
+    }
+
     /// The supervisor's children (its instances).
     fn instance_pids(&self) -> Vec<u32> {
         let pid = self.0.child.id();
@@ -206,8 +235,9 @@ fn too_few_processes_for_the_total_are_named_in_a_warning() {
 }
 
 #[test]
-fn a_dying_instance_stops_the_supervisor_with_a_clear_error() {
-    let (mut supervised, _) = Supervised::start(2);
+fn with_on_instance_exit_stop_a_dying_instance_stops_the_supervisor_with_a_clear_error() {
+    let (mut supervised, _) =
+        Supervised::start_with(&["--processes", "2", "--on-instance-exit", "stop"], 2);
     let victim = supervised.instance_pids()[0];
     signal(victim, "-KILL");
     let (code, log) = supervised.wait();
@@ -253,4 +283,135 @@ fn two_servers_share_one_port_with_reuse_port() {
         a > 0 && b > 0,
         "the kernel spreads connections over both: {a} + {b}"
     );
+}
+
+/// `clients[id]` connected with `?id=ID`, and which instance holds each.
+fn connect_spread(
+    supervised: &Supervised,
+    addr: SocketAddr,
+    ids: std::ops::Range<usize>,
+) -> Vec<(usize, util::Client)> {
+    let clients: Vec<_> = ids
+        .clone()
+        .map(|i| connect(addr, &format!("/?id={i}")))
+        .collect();
+    let mut on = vec![0; ids.end];
+    for (instance, id) in supervised.upgrades_by_id(ids.len()) {
+        on[id] = instance;
+    }
+    ids.zip(clients).map(|(id, c)| (on[id], c)).collect()
+}
+
+/// Every client not on `victim` reads `line` next; every one on it has
+/// lost its connection.
+fn only_the_victims_clients_are_gone(
+    clients: &mut [(usize, util::Client)],
+    victim: usize,
+    line: &str,
+) {
+    for (instance, client) in clients.iter_mut() {
+        if *instance == victim {
+            assert!(
+                !matches!(client.read(), Ok(Message::Text(_))),
+                "a client of the dead instance got a message"
+            );
+        } else {
+            assert_eq!(client.read().unwrap(), Message::text(line));
+        }
+    }
+}
+
+/// A new process of `victim` serves again: of 30 new clients, some land
+/// on it, and all of them get the next line.
+fn the_victim_serves_again(supervised: &mut Supervised, addr: SocketAddr, victim: usize) {
+    let mut fresh = connect_spread(supervised, addr, 100..130);
+    assert!(
+        fresh.iter().any(|(instance, _)| *instance == victim),
+        "none of 30 new connections reached instance {victim}"
+    );
+    supervised.0.send(b"again\n");
+    for (_, client) in &mut fresh {
+        // An instance may frame the line before ("after") once it has
+        // upgraded a new client: that is the upgrade rule.
+        let mut got = client.read().unwrap();
+        if got == Message::text("after") {
+            got = client.read().unwrap();
+        }
+        assert_eq!(got, Message::text("again"));
+    }
+    drop(fresh);
+    signal(supervised.0.child.id(), "-TERM");
+    assert_eq!(
+        supervised.wait().0,
+        Some(0),
+        "a requested stop is a success"
+    );
+}
+
+#[test]
+fn a_killed_instance_is_started_again_and_the_others_keep_their_clients() {
+    let (mut supervised, addr) = Supervised::start(3);
+    let mut clients = connect_spread(&supervised, addr, 0..45);
+    let victim = clients[0].0;
+    let pid = supervised.instance_pid(victim);
+    signal(pid, "-KILL");
+    let died = supervised.0.wait_for(&format!(
+        "instance {victim} (pid {pid}) was killed by signal 9"
+    ));
+    assert!(died.contains("starting it again in 100ms"), "{died}");
+    let again = supervised
+        .0
+        .wait_for(&format!("instance {victim} started again"));
+    assert!(again.contains("restart 1 of it, 1 in all"), "{again}");
+
+    supervised.0.send(b"after\n");
+    only_the_victims_clients_are_gone(&mut clients, victim, "after");
+    assert_ne!(supervised.instance_pid(victim), pid);
+    the_victim_serves_again(&mut supervised, addr, victim);
+}
+
+/// A stopped instance's input waits in the supervisor; the others get
+/// the feed on time, in order. Past the stall timeout, or past the backlog
+/// bound, the stopped one is replaced by a new process.
+#[test]
+fn a_stopped_instance_holds_nobody_back_and_is_replaced() {
+    let bounds = [
+        (["--instance-stall-timeout", "1s"], "has taken no input for"),
+        (
+            ["--instance-backlog", "200000"],
+            "bytes of input waiting (the bound is 200000)",
+        ),
+    ];
+    for (flags, why) in bounds {
+        let mut args = vec!["--processes", "3"];
+        args.extend(flags);
+        let (mut supervised, addr) = Supervised::start_with(&args, 3);
+        let mut clients = connect_spread(&supervised, addr, 0..45);
+        let victim = clients[0].0;
+        let pid = supervised.instance_pid(victim);
+        signal(pid, "-STOP");
+        // 300 lines of 1 KiB: several times what the stopped one's pipe holds.
+        let pad = "x".repeat(1024);
+        for i in 0..300 {
+            supervised.0.send(format!("{i} {pad}\n").as_bytes());
+            if i % 50 == 49 {
+                for (instance, client) in clients.iter_mut().filter(|(n, _)| *n != victim) {
+                    for j in i - 49..=i {
+                        let got = client.read().unwrap();
+                        assert_eq!(got, Message::text(format!("{j} {pad}")), "on {instance}");
+                    }
+                }
+            }
+        }
+        let stuck = supervised
+            .0
+            .wait_for(&format!("instance {victim} (pid {pid}) is stuck"));
+        assert!(stuck.contains(why), "{stuck}");
+        supervised
+            .0
+            .wait_for(&format!("instance {victim} started again"));
+        supervised.0.send(b"after\n");
+        only_the_victims_clients_are_gone(&mut clients, victim, "after");
+        the_victim_serves_again(&mut supervised, addr, victim);
+    }
 }

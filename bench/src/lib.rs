@@ -42,6 +42,7 @@ pub mod stats;
 pub mod supervisor;
 pub mod sys;
 pub mod target;
+pub mod trickle;
 pub mod worker;
 
 /// The error type of every fallible step of a run.

@@ -14,6 +14,7 @@ use wspush_bench::report::RunReport;
 use wspush_bench::server::{self, ServerSpec};
 use wspush_bench::supervisor::{self, Processes};
 use wspush_bench::target::External;
+use wspush_bench::trickle::{self, TrickleOptions};
 use wspush_bench::{floor, plot, sys, worker, Error};
 
 #[derive(Debug, Parser)]
@@ -147,6 +148,17 @@ enum Command {
         #[arg(long, value_name = "FILE.svg")]
         plot: Option<PathBuf>,
     },
+    /// Clients send their upgrade requests one byte at a time, all in step:
+    /// the server's CPU per connection for partial request heads.
+    Trickle {
+        #[command(flatten)]
+        server: ServerChoice,
+        #[command(flatten)]
+        options: TrickleOptions,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// (Internal) a client worker process of `push`, driven through its
     /// standard input and output.
     #[command(hide = true)]
@@ -179,6 +191,11 @@ fn main() -> ExitCode {
             json,
             plot,
         } => run_compare(&compare, &options, json, plot.as_deref()),
+        Command::Trickle {
+            server,
+            options,
+            json,
+        } => run_trickle(&server, &options, json),
         Command::Worker => worker::run(std::io::stdin(), std::io::stdout().lock()),
     };
     match result {
@@ -188,6 +205,19 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn run_trickle(server: &ServerChoice, options: &TrickleOptions, json: bool) -> Result<(), Error> {
+    let Some(spec) = server.spec("", options.conns)? else {
+        return Err("trickle spawns its server: --connect is not supported".into());
+    };
+    let report = trickle::run(&spec, options)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.render_text());
+    }
+    Ok(())
 }
 
 fn run_floor(

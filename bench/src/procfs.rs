@@ -19,6 +19,8 @@ pub struct Usage {
     pub pss_bytes: u64,
     /// User plus system CPU time consumed so far by the live processes.
     pub cpu_ns: u64,
+    /// The user part of `cpu_ns` (the processes' own code, not the kernel's).
+    pub user_ns: u64,
     /// Processes measured.
     pub processes: u32,
 }
@@ -31,6 +33,8 @@ struct Stat {
     ppid: u32,
     /// User plus system time, in clock ticks.
     cpu_ticks: u64,
+    /// User time alone, in clock ticks.
+    user_ticks: u64,
     /// A `ksoftirqd/N` kernel thread.
     softirq_thread: bool,
 }
@@ -102,6 +106,7 @@ fn usage_of(pids: &[u32], stats: &HashMap<u32, Stat>) -> Usage {
             usage.pss_bytes += parse_kib_field(&rollup, "Pss:").unwrap_or(0);
         }
         usage.cpu_ns += stats[&pid].cpu_ticks * ticks_ns;
+        usage.user_ns += stats[&pid].user_ticks * ticks_ns;
         usage.processes += 1;
     }
     usage
@@ -247,6 +252,7 @@ fn parse_stat(text: &str) -> Option<Stat> {
         zombie,
         ppid,
         cpu_ticks: utime + stime,
+        user_ticks: utime,
         softirq_thread: name.starts_with("ksoftirqd/"),
     })
 }
@@ -310,6 +316,7 @@ mod tests {
                 zombie: false,
                 ppid: 17,
                 cpu_ticks: 286,
+                user_ticks: 250,
                 softirq_thread: false,
             })
         );
@@ -376,6 +383,7 @@ mod tests {
             zombie: false,
             ppid,
             cpu_ticks: 0,
+            user_ticks: 0,
             softirq_thread: false,
         };
         let stats = HashMap::from([
