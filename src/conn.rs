@@ -127,6 +127,9 @@ enum Phase {
     Lingering {
         reason: CloseReason,
         write_shut: bool,
+        /// It was a WebSocket connection (it is counted as one until it
+        /// closes), not a plain HTTP request.
+        upgraded: bool,
     },
 }
 
@@ -231,7 +234,10 @@ impl Conn {
     /// Whether the connection was upgraded (open or closing): it is a
     /// WebSocket connection, counted as such until it is closed.
     pub fn is_websocket(&self) -> bool {
-        matches!(self.phase, Phase::Open(_) | Phase::CloseSent { .. })
+        matches!(
+            self.phase,
+            Phase::Open(_) | Phase::CloseSent { .. } | Phase::Lingering { upgraded: true, .. }
+        )
     }
 
     /// The first broadcast batch it has not had yet, if it is open.
@@ -728,6 +734,7 @@ impl Conn {
         self.phase = Phase::Lingering {
             reason,
             write_shut: false,
+            upgraded: self.is_websocket(),
         };
         self.arm(key, ctx.config.close_timeout, ctx);
     }
@@ -856,7 +863,10 @@ impl Conn {
     /// Lingering with everything written: send FIN (the server closes the
     /// TCP connection first, RFC 6455 §7.1.1) and wait for the client's.
     fn half_close_when_flushed(&mut self) -> Verdict {
-        if let Phase::Lingering { reason, write_shut } = &mut self.phase {
+        if let Phase::Lingering {
+            reason, write_shut, ..
+        } = &mut self.phase
+        {
             if !*write_shut && self.out.is_empty() {
                 *write_shut = true;
                 if let Err(e) = self.stream.shutdown(Shutdown::Write) {
