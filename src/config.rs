@@ -27,6 +27,10 @@ pub struct Config {
     /// Serve WebSocket upgrades only on this path (query ignored); other
     /// paths get 404. `None` serves every path.
     pub path: Option<String>,
+    /// Serve a demo page on a plain `GET /` (an upgrade on `/` is still
+    /// one): it opens a WebSocket back to the server on `/` and lists what
+    /// arrives. Needs `path` unset or `/`.
+    pub demo: bool,
     /// Echo every client message back with the same opcode (conformance
     /// testing); otherwise client data messages are counted and discarded.
     pub echo: bool,
@@ -91,6 +95,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             reuse_port: false,
             path: None,
+            demo: false,
             echo: false,
             max_message_bytes: 1 << 20,
             max_connections: 1_000_000,
@@ -151,6 +156,13 @@ impl Config {
             if !path.starts_with('/') || path.contains('?') {
                 return fail(format!(
                     "path must start with '/' and have no query: {path:?}"
+                ));
+            }
+        }
+        if let (true, Some(path)) = (self.demo, &self.path) {
+            if path != "/" {
+                return fail(format!(
+                    "the demo page connects to /, so the demo needs path / or none, not {path:?}"
                 ));
             }
         }
@@ -234,6 +246,11 @@ mod tests {
                 ..Config::default()
             },
             Config {
+                demo: true,
+                path: Some("/ws".into()),
+                ..Config::default()
+            },
+            Config {
                 max_message_bytes: 0,
                 ..Config::default()
             },
@@ -282,6 +299,14 @@ mod tests {
         ];
         for config in bad {
             assert!(config.validate().is_err(), "{config:?}");
+        }
+        for path in [None, Some("/".to_string())] {
+            let demo = Config {
+                demo: true,
+                path,
+                ..Config::default()
+            };
+            assert_eq!(demo.validate(), Ok(()), "{demo:?}");
         }
     }
 }

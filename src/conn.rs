@@ -6,8 +6,8 @@
 //! Handshake ──101──▶ Open ──server closes (1001/1008)──▶ CloseSent
 //!     │               │                                     │
 //!     │ 4xx, or a     │ client close / protocol error       │ client close
-//!     │ /healthz or   │                                     │
-//!     │ /metrics answer                                     │
+//!     │ /healthz,     │                                     │
+//!     │ /metrics or demo page answer                        │
 //!     ▼               ▼                                     ▼
 //!   Lingering: flush what is queued, half-close (FIN), read until EOF ──▶ closed
 //! ```
@@ -52,7 +52,7 @@ pub enum CloseReason {
     HandshakeTimeout,
     /// The upgrade request was refused with an HTTP error.
     Rejected,
-    /// A plain HTTP request (`/healthz`, `/metrics`) was answered.
+    /// A plain HTTP request (`/healthz`, `/metrics`, the demo page) was answered.
     Http,
     /// The server is shutting down (1001).
     Shutdown,
@@ -613,7 +613,8 @@ impl Conn {
         }
     }
 
-    /// Answers `/healthz` or `/metrics` and lingers until the client goes.
+    /// Answers `/healthz`, `/metrics` or the demo page and lingers until
+    /// the client goes.
     fn answer(&mut self, key: usize, endpoint: Endpoint, ctx: &mut Ctx<'_>) -> Verdict {
         let mut head = [0u8; MAX_RESPONSE_LEN];
         self.linger(key, CloseReason::Http, ctx);
@@ -622,6 +623,12 @@ impl Conn {
                 Metrics::incr(&ctx.metrics.http_healthz);
                 let body = b"ok\n";
                 let len = http::write_ok_head("text/plain", body.len(), &mut head);
+                self.send_bytes(&[&head[..len], body], ctx)
+            }
+            Endpoint::Demo => {
+                Metrics::incr(&ctx.metrics.http_demo);
+                let body = http::DEMO_PAGE.as_bytes();
+                let len = http::write_ok_head("text/html; charset=utf-8", body.len(), &mut head);
                 self.send_bytes(&[&head[..len], body], ctx)
             }
             Endpoint::Metrics => {
@@ -938,6 +945,7 @@ mod tests {
             let endpoints = Endpoints {
                 websocket: true,
                 metrics: false,
+                demo: false,
             };
             let conn = Conn::accepted(TcpStream::from_std(accepted), endpoints);
             Rig {

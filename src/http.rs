@@ -204,7 +204,14 @@ pub struct Endpoints {
     pub websocket: bool,
     /// `GET /metrics` is served. `GET /healthz` always is.
     pub metrics: bool,
+    /// A plain `GET /` gets the [`DEMO_PAGE`] (`--demo`).
+    pub demo: bool,
 }
+
+/// The demo page: self-contained HTML that opens a WebSocket back to the
+/// host and port it came from, on `/` with the page's own query (so
+/// `/?token=…` passes a token on), and lists what arrives.
+pub const DEMO_PAGE: &str = include_str!("demo.html");
 
 /// A plain HTTP request the server answers itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,6 +220,8 @@ pub enum Endpoint {
     Health,
     /// `GET /metrics`: the counters in Prometheus text format.
     Metrics,
+    /// `GET /` where the demo is on: the [`DEMO_PAGE`].
+    Demo,
 }
 
 /// What the server accepts, as the handshake parser needs it.
@@ -236,8 +245,9 @@ pub struct HandshakeRules<'a> {
 /// Checks, in order: well-formed HTTP (400) within the size limit (431),
 /// `GET` (405), `HTTP/1.1` (400), no header repeated that must come once
 /// (400); then a request without `Upgrade` for
-/// `/healthz` or `/metrics` is an endpoint (`/metrics` needs the token
-/// when tokens are set: 401; where it has a listener of its own: 404). For an upgrade: the path (404), `Host`,
+/// `/healthz` or `/metrics`, or for `/` with the demo on, is an endpoint
+/// (`/metrics` needs the token when tokens are set: 401; where it has a
+/// listener of its own: 404). For an upgrade: the path (404), `Host`,
 /// `Upgrade: websocket` and `Connection: upgrade` (400),
 /// `Sec-WebSocket-Version: 13` (426), a `Sec-WebSocket-Key` that is base64
 /// of 16 bytes (400), the `Origin` (403), and the token (401).
@@ -306,6 +316,9 @@ pub fn parse_request_after<'a>(
                 return Ok(HeadStatus::Endpoint(Endpoint::Metrics, head_len));
             }
             "/metrics" => return Err(Rejection::NotFound),
+            "/" if rules.endpoints.demo => {
+                return Ok(HeadStatus::Endpoint(Endpoint::Demo, head_len))
+            }
             _ => {}
         }
     }
@@ -451,6 +464,7 @@ mod tests {
         endpoints: Endpoints {
             websocket: true,
             metrics: true,
+            demo: false,
         },
     };
 
@@ -667,8 +681,8 @@ mod tests {
         assert_eq!(endpoint(&get("/healthz"), &guarded), Ok(Endpoint::Health));
         let elsewhere = HandshakeRules {
             endpoints: Endpoints {
-                websocket: true,
                 metrics: false,
+                ..RULES.endpoints
             },
             ..RULES
         };
@@ -676,7 +690,7 @@ mod tests {
         let metrics_only = HandshakeRules {
             endpoints: Endpoints {
                 websocket: false,
-                metrics: true,
+                ..RULES.endpoints
             },
             ..RULES
         };
@@ -686,6 +700,67 @@ mod tests {
         );
         assert_eq!(status(GOOD, &metrics_only), 404);
         assert_eq!(status(&get("/other"), &RULES), 400);
+    }
+
+    #[test]
+    fn with_the_demo_on_a_plain_get_of_the_root_is_the_page_and_an_upgrade_stays_one() {
+        let tokens = Tokens::new(["t0ken"]).unwrap();
+        let origins = ["https://app.example".to_string()];
+        let demo = HandshakeRules {
+            endpoints: Endpoints {
+                demo: true,
+                ..RULES.endpoints
+            },
+            ..RULES
+        };
+        let guarded = HandshakeRules {
+            tokens: Some(&tokens),
+            origins: &origins,
+            ..demo
+        };
+        let get = |target: &str| format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n");
+        for (req, rules) in [
+            (get("/"), &demo),
+            (get("/?token=t0ken"), &demo),
+            // The page holds no data: it needs neither token nor origin.
+            (get("/"), &guarded),
+            (
+                get("/").replace("Host: x", "Host: x\r\nOrigin: https://evil.example"),
+                &guarded,
+            ),
+        ] {
+            assert_eq!(
+                parse_request(req.as_bytes(), rules),
+                Ok(HeadStatus::Endpoint(Endpoint::Demo, req.len())),
+                "{req}"
+            );
+        }
+        let upgrade = GOOD.replace("/ws?id=01", "/");
+        assert!(matches!(
+            parse_request(upgrade.as_bytes(), &demo),
+            Ok(HeadStatus::Upgrade(Upgrade { target: "/", .. }, _))
+        ));
+        // The upgrade on / is still guarded.
+        assert_eq!(status(&upgrade, &guarded), 401);
+        assert_eq!(status(&get("/other"), &demo), 400);
+        assert_eq!(
+            parse_request(get("/healthz").as_bytes(), &demo),
+            Ok(HeadStatus::Endpoint(
+                Endpoint::Health,
+                get("/healthz").len()
+            ))
+        );
+        // Without the demo, / is what it always was: an upgrade without
+        // its headers.
+        assert_eq!(status(&get("/"), &RULES), 400);
+        let metrics_only = HandshakeRules {
+            endpoints: Endpoints {
+                websocket: false,
+                ..RULES.endpoints
+            },
+            ..RULES
+        };
+        assert_eq!(status(&get("/"), &metrics_only), 404);
     }
 
     #[test]

@@ -43,6 +43,10 @@ struct Cli {
     /// Serve WebSocket upgrades only on this path (other paths get 404).
     #[arg(long, value_name = "PATH")]
     path: Option<String>,
+    /// Serve a demo page on GET / (a WebSocket upgrade on / still is one)
+    /// that connects back and shows what is broadcast.
+    #[arg(long)]
+    demo: bool,
     /// Echo every client message back (conformance testing) instead of discarding it.
     #[arg(long)]
     echo: bool,
@@ -286,6 +290,7 @@ fn config(cli: &Cli) -> Result<Config, String> {
         listen: cli.listen,
         reuse_port: cli.reuse_port,
         path: cli.path.clone(),
+        demo: cli.demo,
         echo: cli.echo,
         max_message_bytes: cli.max_message_bytes,
         max_queued_bytes: cli.max_queued_bytes,

@@ -50,6 +50,8 @@ counters! {
     http_healthz,
     /// Plain requests for `/metrics` answered.
     http_metrics,
+    /// Plain requests for the demo page (`/` with `--demo`) answered.
+    http_demo,
     /// Requests answered with 400.
     rejected_400,
     /// Requests answered with 401 (missing or wrong token).
@@ -84,7 +86,8 @@ counters! {
     closed_handshake_timeout,
     /// Closed after an HTTP rejection was sent.
     closed_rejected,
-    /// Closed after a plain HTTP request (`/healthz`, `/metrics`) was answered.
+    /// Closed after a plain HTTP request (`/healthz`, `/metrics`, the demo
+    /// page) was answered.
     closed_http,
     /// Closed during server shutdown (1001).
     closed_shutdown,
@@ -603,6 +606,7 @@ pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &m
             &[
                 ("{path=\"/healthz\"}", m.http_healthz),
                 ("{path=\"/metrics\"}", m.http_metrics),
+                ("{path=\"/\"}", m.http_demo),
             ],
         ),
     );

@@ -252,8 +252,8 @@ impl Ready {
 /// The listener a connection came in through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Door {
-    /// The main listener: WebSocket upgrades (and `/healthz`, and
-    /// `/metrics` unless it has a listener of its own).
+    /// The main listener: WebSocket upgrades (and `/healthz`, the demo
+    /// page if on, and `/metrics` unless it has a listener of its own).
     Main,
     /// `metrics_listen`: `/metrics` and `/healthz` only.
     Metrics,
@@ -939,10 +939,12 @@ impl Server {
             Door::Main => Endpoints {
                 websocket: true,
                 metrics: self.metrics_listener.is_none(),
+                demo: self.config.demo,
             },
             Door::Metrics => Endpoints {
                 websocket: false,
                 metrics: true,
+                demo: false,
             },
         };
         self.conns.insert(Conn::accepted(stream, endpoints));

@@ -134,6 +134,11 @@ fn bad_command_lines_fail_with_one_line_and_a_non_zero_exit() {
         ),
         (with(&["--path", "ws"]), 1, "path must start with '/'"),
         (
+            with(&["--demo", "--path", "/ws"]),
+            1,
+            "the demo page connects to /",
+        ),
+        (
             base.iter()
                 .map(|s| s.to_string())
                 .chain(["--token-file".into(), unreadable.into()])
@@ -176,6 +181,7 @@ fn help_describes_every_flag() {
     for flag in [
         "--listen",
         "--path",
+        "--demo",
         "--echo",
         "--max-message-bytes",
         "--max-connections",

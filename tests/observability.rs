@@ -1,5 +1,5 @@
 //! `/healthz`, `/metrics` in Prometheus format (on the main listener or
-//! one of its own), and the periodic stats line.
+//! one of its own), the `--demo` page, and the periodic stats line.
 
 mod util;
 
@@ -115,6 +115,40 @@ fn the_open_gauge_counts_websocket_connections_only() {
         let m = server.wait_for("the half head to go", |m| m.connections_http == 0);
         assert_eq!((m.connections_open, m.upgrades), (3, 3));
     }
+}
+
+#[test]
+fn with_demo_a_plain_get_of_the_root_is_the_page_and_the_upgrade_still_works() {
+    let mut server = Binary::start(&["--demo"]);
+    let page = http_get(server.addr, "/", "");
+    assert_eq!(page.status, 200);
+    assert_eq!(
+        page.header("Content-Type"),
+        Some("text/html; charset=utf-8")
+    );
+    assert_eq!(page.body, wspush::http::DEMO_PAGE);
+    assert!(
+        page.body.starts_with("<!doctype html>")
+            && page.body.contains("new WebSocket(url)")
+            && page.body.contains("location.host + \"/\""),
+        "{}",
+        page.body
+    );
+    let mut client = connect(server.addr, "/");
+    server.process.send(b"to the page\n");
+    assert_eq!(client.read().unwrap(), Message::text("to the page"));
+    let metrics = http_get(server.addr, "/metrics", "").body;
+    assert_eq!(
+        sample(&metrics, "wspush_http_requests_total{path=\"/\"}"),
+        1
+    );
+    assert_eq!(sample(&metrics, "wspush_upgrades_total"), 1);
+
+    // Without --demo, / answers as it always has: an upgrade is expected.
+    let plain = Binary::start(&[]);
+    let answer = http_get(plain.addr, "/", "");
+    assert_eq!(answer.status, 400);
+    assert_eq!(answer.body, "missing Upgrade: websocket header\n");
 }
 
 #[test]

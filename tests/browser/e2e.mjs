@@ -1,0 +1,406 @@
+// wspush in a real browser: headless Chromium, driven by playwright-core,
+// against wspush servers on 127.0.0.1 (each check starts its own on a free
+// port). Every check prints PASS or FAIL with its name; the last line is
+// "N passed, N failed" and the exit status is 1 if any failed.
+//
+// Run by run.sh, which passes in the environment:
+//   WSPUSH_BIN              the wspush binary
+//   WSPUSH_BROWSER_MODULES  a node_modules directory holding playwright-core
+//   WSPUSH_CHROMIUM         the Chromium executable
+
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import { createRequire } from "node:module";
+import net from "node:net";
+import os from "node:os";
+import path from "node:path";
+import { isDeepStrictEqual } from "node:util";
+
+const need = (name) => process.env[name] || die(`${name} is not set (run tests/browser/run.sh)`);
+const BIN = need("WSPUSH_BIN");
+const CHROMIUM = need("WSPUSH_CHROMIUM");
+const { chromium } = createRequire(path.join(need("WSPUSH_BROWSER_MODULES"), "x.js"))("playwright-core");
+
+/** The longest any one check may take, and the whole run. */
+const CHECK_TIMEOUT_MS = 30_000;
+const RUN_TIMEOUT_MS = 100_000;
+/** The longest any single wait inside a check may take. */
+const WAIT_MS = 10_000;
+
+function die(message) {
+  console.error(`FAIL browser e2e: ${message}`);
+  cleanUp();
+  process.exit(1);
+}
+
+// ------------------------------------------------------------ processes --
+
+/** Every wspush started, to end by PID whatever happens. */
+const children = new Set();
+/** Chromium's process (whose PID this script holds) and the client to it. */
+let chromiumServer;
+let browser;
+let tmp;
+
+/** Ends what this script started: synchronous, so it also runs on exit. */
+function cleanUp() {
+  for (const child of children) {
+    if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+  }
+  const chrome = chromiumServer?.process();
+  if (chrome && chrome.exitCode === null && chrome.signalCode === null) chrome.kill("SIGKILL");
+  if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
+}
+process.on("exit", cleanUp);
+for (const signal of ["SIGINT", "SIGTERM"]) {
+  process.on(signal, () => die(`stopped by ${signal}`));
+}
+setTimeout(() => die(`the run took over ${RUN_TIMEOUT_MS / 1000} s`), RUN_TIMEOUT_MS).unref();
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Polls `probe` until it returns something truthy; fails after `ms`. */
+async function waitUntil(what, probe, ms = WAIT_MS) {
+  const deadline = Date.now() + ms;
+  let last;
+  for (;;) {
+    last = await probe();
+    if (last) return last;
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    await sleep(50);
+  }
+}
+
+function assertEqual(got, want, what) {
+  if (!isDeepStrictEqual(got, want)) {
+    throw new Error(`${what}: got ${JSON.stringify(got)}, want ${JSON.stringify(want)}`);
+  }
+}
+
+/** A wspush process on 127.0.0.1, port 0, with its stdin piped. */
+class Wspush {
+  constructor(args) {
+    this.child = spawn(BIN, ["--listen", "127.0.0.1:0", "--quiet", ...args], {
+      stdio: ["pipe", "ignore", "pipe"],
+      env: { ...process.env, RUST_LOG: "info" },
+    });
+    children.add(this.child);
+    this.log = "";
+    this.child.stderr.on("data", (chunk) => (this.log += chunk));
+    this.exited = new Promise((resolve) => this.child.on("exit", (code, signal) => resolve({ code, signal })));
+    this.child.stdin.on("error", () => {}); // a server that went is reported by the check
+  }
+
+  /** Starts one and waits for its `listening on ADDR` line. */
+  static async start(args) {
+    const server = new Wspush(args);
+    const found = await waitUntil(`wspush ${args.join(" ")} to listen (log: ${server.log})`, () => {
+      if (server.child.exitCode !== null) throw new Error(`wspush ${args.join(" ")} exited: ${server.log}`);
+      return /listening on (127\.0\.0\.1:\d+) /.exec(server.log);
+    });
+    server.addr = found[1];
+    return server;
+  }
+
+  url(target = "/") {
+    return `http://${this.addr}${target}`;
+  }
+
+  /** Broadcasts: one line each on standard input, in one write. */
+  feed(lines) {
+    this.child.stdin.write(lines.map((line) => `${line}\n`).join(""));
+  }
+
+  /** `/metrics` as a map from series (name and labels) to value. */
+  async metrics(query = "") {
+    const response = await fetch(this.url(`/metrics${query}`), { signal: AbortSignal.timeout(WAIT_MS) });
+    if (response.status !== 200) throw new Error(`/metrics answered ${response.status}`);
+    const samples = new Map();
+    for (const line of (await response.text()).split("\n")) {
+      const [series, value] = line.split(" ");
+      if (line && !line.startsWith("#")) samples.set(series, Number(value));
+    }
+    return samples;
+  }
+
+  /** SIGTERM, then SIGKILL if it has not exited within 10 s. */
+  async stop() {
+    if (this.child.exitCode !== null || this.child.signalCode !== null) return this.exited;
+    this.child.kill("SIGTERM");
+    const timer = setTimeout(() => this.child.kill("SIGKILL"), 10_000);
+    const status = await this.exited;
+    clearTimeout(timer);
+    return status;
+  }
+}
+
+// ---------------------------------------------------------------- pages --
+
+/** What the demo page shows: its state, close details and messages in arrival order. */
+function shown(page) {
+  return page.evaluate(() => {
+    const state = document.getElementById("state");
+    return {
+      state: state.textContent,
+      code: state.dataset.code,
+      reason: state.dataset.reason,
+      clean: state.dataset.clean,
+      count: Number(document.getElementById("count").textContent),
+      messages: [...document.querySelectorAll("#messages li")].map((li) => li.textContent).reverse(),
+    };
+  });
+}
+
+async function waitForState(page, state) {
+  return waitUntil(`the page at ${page.url()} to be ${state}`, async () => {
+    const now = await shown(page);
+    return now.state === state && now;
+  });
+}
+
+/**
+ * Opens a WebSocket from inside `page` (so with the page's origin) and
+ * says how it went: `{ open: true }`, or how it closed.
+ */
+function connectFrom(page, url) {
+  return page.evaluate(
+    ([url, ms]) =>
+      new Promise((resolve) => {
+        const ws = new WebSocket(url);
+        ws.onopen = () => resolve({ open: true });
+        ws.onclose = (e) => resolve({ open: false, code: e.code, clean: e.wasClean });
+        setTimeout(() => resolve({ open: false, timedOut: true }), ms);
+      }),
+    [url, WAIT_MS],
+  );
+}
+
+/**
+ * A raw client that upgrades and then sends nothing, not even a pong: once
+ * the server's close for the idle timeout came, it ends the connection.
+ */
+function silentClient(addr) {
+  const [host, port] = addr.split(":");
+  const client = { closed: false, response: "" };
+  const idleClose = "\x88\x0e\x03\xe9idle timeout";
+  client.socket = net.connect({ host, port: Number(port) }, () =>
+    client.socket.write(
+      "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+    ),
+  );
+  client.socket.on("data", (chunk) => {
+    client.response += chunk.toString("latin1");
+    if (client.response.endsWith(idleClose)) client.socket.end();
+  });
+  client.socket.on("close", () => (client.closed = true));
+  client.socket.on("error", () => {});
+  return client;
+}
+
+// --------------------------------------------------------------- checks --
+
+/** The resources of one check, released when it ends. */
+class Scope {
+  constructor() {
+    this.servers = [];
+    this.contexts = [];
+    this.sockets = [];
+  }
+
+  async server(args) {
+    const server = await Wspush.start(args);
+    this.servers.push(server);
+    return server;
+  }
+
+  /** A new page (a tab) in this check's browser context, at `url` if given. */
+  async page(url) {
+    if (this.contexts.length === 0) this.contexts.push(await browser.newContext());
+    const page = await this.contexts[0].newPage();
+    page.setDefaultTimeout(WAIT_MS);
+    if (url) await page.goto(url);
+    return page;
+  }
+
+  async release() {
+    for (const socket of this.sockets) socket.destroy();
+    await Promise.all(this.contexts.map((context) => context.close()));
+    await Promise.all(this.servers.map((server) => server.stop()));
+  }
+}
+
+const results = [];
+
+async function check(name, body) {
+  const started = Date.now();
+  const scope = new Scope();
+  let timer;
+  try {
+    await Promise.race([
+      body(scope),
+      new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`over ${CHECK_TIMEOUT_MS / 1000} s`)), CHECK_TIMEOUT_MS);
+      }),
+    ]);
+    results.push(true);
+    console.log(`PASS ${name} (${((Date.now() - started) / 1000).toFixed(1)} s)`);
+  } catch (error) {
+    results.push(false);
+    console.log(`FAIL ${name}: ${error.message}`);
+    for (const server of scope.servers) {
+      if (server.log) console.log(`  wspush ${server.addr} logged:\n    ${server.log.trim().split("\n").join("\n    ")}`);
+    }
+  } finally {
+    clearTimeout(timer);
+    await scope.release().catch((error) => console.log(`  (cleaning up: ${error.message})`));
+  }
+}
+
+try {
+  // launchServer, not launch: it hands over the browser's process.
+  chromiumServer = await chromium.launchServer({
+    executablePath: CHROMIUM,
+    headless: true,
+    host: "127.0.0.1",
+    args: [
+      "--no-sandbox",
+      "--disable-gpu",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+      "--no-first-run",
+    ],
+    timeout: 30_000,
+  });
+  browser = await chromium.connect(chromiumServer.wsEndpoint(), { timeout: 30_000 });
+} catch (error) {
+  die(`cannot start Chromium (${CHROMIUM}): ${error.message}`);
+}
+console.log(`Chromium ${browser.version()}, wspush ${BIN}`);
+tmp = fs.mkdtempSync(path.join(os.tmpdir(), "wspush-browser-"));
+
+await check("the --demo page shows the lines fed on standard input", async (scope) => {
+  const server = await scope.server(["--demo"]);
+  const page = await scope.page();
+  const requests = [];
+  const errors = [];
+  page.on("request", (request) => requests.push(request.url()));
+  page.on("console", (message) => message.type() === "error" && errors.push(message.text()));
+  page.on("pageerror", (error) => errors.push(error.message));
+  await page.goto(server.url("/"));
+  await waitForState(page, "open");
+  const lines = ["hello from stdin", "<b>text, not markup</b>", "", "ünïcødé ✓"];
+  server.feed(lines);
+  const now = await waitUntil("4 messages on the page", async () => {
+    const now = await shown(page);
+    return now.count === lines.length && now;
+  });
+  assertEqual(now.messages, lines, "messages shown");
+  assertEqual(await page.locator("#messages b").count(), 0, "elements made from a message");
+  assertEqual(requests, [server.url("/")], "requests the page made (nothing from elsewhere)");
+  assertEqual(errors, [], "console errors");
+});
+
+await check("three tabs each get all 50 lines in order", async (scope) => {
+  const server = await scope.server(["--demo"]);
+  const tabs = [];
+  for (let i = 0; i < 3; i++) tabs.push(await scope.page(server.url("/")));
+  await Promise.all(tabs.map((tab) => waitForState(tab, "open")));
+  await waitUntil("the server to count 3 upgrades", async () => (await server.metrics()).get("wspush_upgrades_total") === 3);
+  const lines = Array.from({ length: 50 }, (_, i) => `line ${i + 1} of 50`);
+  server.feed(lines);
+  for (const [i, tab] of tabs.entries()) {
+    const now = await waitUntil(`tab ${i + 1} to have 50 messages`, async () => {
+      const now = await shown(tab);
+      return now.count >= 50 && now;
+    });
+    assertEqual(now.messages, lines, `tab ${i + 1}'s messages`);
+  }
+  assertEqual((await server.metrics()).get("wspush_broadcast_deliveries_total"), 150, "deliveries");
+});
+
+await check("SIGTERM closes the page with 1001, cleanly", async (scope) => {
+  const server = await scope.server(["--demo"]);
+  const page = await scope.page(server.url("/"));
+  await waitForState(page, "open");
+  server.child.kill("SIGTERM");
+  const now = await waitForState(page, "closed");
+  assertEqual(
+    { code: now.code, clean: now.clean, reason: now.reason },
+    { code: "1001", clean: "true", reason: "server shutting down" },
+    "the close the page saw",
+  );
+  const exit = await Promise.race([server.exited, sleep(WAIT_MS).then(() => "still running")]);
+  assertEqual(exit, { code: 0, signal: null }, "wspush's exit");
+});
+
+await check("--allow-origin: the allowed origin connects, another is refused (403)", async (scope) => {
+  const other = await scope.server(["--demo"]);
+  const allowed = `http://${other.addr}`;
+  const guarded = await scope.server(["--demo", "--allow-origin", allowed]);
+  // A page of the allowed origin, connecting across to the guarded server.
+  const fromAllowed = await scope.page(other.url("/"));
+  assertEqual(await connectFrom(fromAllowed, `ws://${guarded.addr}/`), { open: true }, `from ${allowed}`);
+  // The guarded server's own page: its origin is not the one allowed.
+  const own = await scope.page(guarded.url("/"));
+  const now = await waitForState(own, "closed");
+  assertEqual({ code: now.code, clean: now.clean }, { code: "1006", clean: "false" }, `from http://${guarded.addr}`);
+  const metrics = await guarded.metrics();
+  assertEqual(
+    [metrics.get("wspush_upgrades_total"), metrics.get('wspush_requests_rejected_total{status="403"}')],
+    [1, 1],
+    "upgrades and 403s counted",
+  );
+});
+
+await check("--token-file: the right token connects, a wrong or missing one is refused (401)", async (scope) => {
+  const tokens = path.join(tmp, "tokens");
+  fs.writeFileSync(tokens, "# the browser test's token\nright-token\n");
+  const server = await scope.server(["--demo", "--token-file", tokens]);
+  // The page passes its own query on: /?token=… connects with that token.
+  const right = await scope.page(server.url("/?token=right-token"));
+  await waitForState(right, "open");
+  for (const query of ["/?token=wrong-token", "/"]) {
+    const now = await waitForState(await scope.page(server.url(query)), "closed");
+    assertEqual({ code: now.code, clean: now.clean }, { code: "1006", clean: "false" }, `with ${query}`);
+  }
+  server.feed(["for token holders"]);
+  await waitUntil("the message on the page with the token", async () => (await shown(right)).count === 1);
+  const metrics = await server.metrics("?token=right-token");
+  assertEqual(
+    [metrics.get("wspush_upgrades_total"), metrics.get('wspush_requests_rejected_total{status="401"}')],
+    [1, 2],
+    "upgrades and 401s counted",
+  );
+});
+
+await check("--ping-interval 1s: the browser answers pings and stays connected (idle timeout 3s)", async (scope) => {
+  const flags = ["--demo", "--ping-interval", "1s", "--idle-timeout", "3s"];
+  const server = await scope.server(flags);
+  const page = await scope.page(server.url("/"));
+  await waitForState(page, "open");
+  const opened = Date.now();
+  // Meanwhile, on a server of its own, a client that never answers: the
+  // same settings do close that one.
+  const control = await scope.server(flags);
+  const silent = silentClient(control.addr);
+  scope.sockets.push(silent.socket);
+  await waitUntil("the silent client to be closed for the idle timeout", () => silent.closed, 8_000);
+  const closed = (await control.metrics()).get('wspush_connections_closed_total{reason="idle_timeout"}');
+  assertEqual(closed, 1, "the silent client's close, counted");
+  await sleep(Math.max(0, 5_500 - (Date.now() - opened)));
+  assertEqual((await shown(page)).state, "open", "the page's state after 5.5 s");
+  const metrics = await server.metrics();
+  const pings = metrics.get("wspush_pings_sent_total");
+  if (!(pings >= 3)) throw new Error(`the browser got only ${pings} pings in 5.5 s`);
+  assertEqual(metrics.get('wspush_connections_closed_total{reason="idle_timeout"}'), 0, "idle closes");
+  server.feed(["still here"]);
+  await waitUntil("a message on the page after the pings", async () => (await shown(page)).count === 1);
+});
+
+await browser.close();
+await chromiumServer.close();
+const passed = results.filter(Boolean).length;
+console.log(`${passed} passed, ${results.length - passed} failed`);
+process.exit(passed === results.length ? 0 : 1);
