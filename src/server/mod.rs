@@ -9,24 +9,26 @@
 //! and the periodic stats line. The nearest one sets the poll timeout;
 //! with none pending the loop sleeps until a socket or a command wakes it.
 
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr};
+use std::io;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mio::net::{TcpListener, TcpStream};
+use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use slab::Slab;
-use socket2::{Domain, Socket, Type};
 
+mod accept;
 mod alarm;
 mod batching;
 pub(crate) mod conn;
 mod fanout;
 mod feed;
+mod handle;
 mod heartbeat;
+mod housekeeping;
 mod nonblocking;
 pub(crate) mod output;
 mod per_ip;
@@ -34,10 +36,13 @@ mod pool;
 mod timer;
 
 use crate::config::Config;
-use crate::ops::metrics::{self, LoopHistogram, LoopMax, Metrics, MetricsSnapshot, Tally};
-use crate::ops::sys;
-use crate::protocol::http::{Endpoints, Rejection, MAX_RESPONSE_LEN};
+use crate::ops::metrics::{LoopHistogram, LoopMax, Metrics, MetricsSnapshot, Tally};
 use crate::protocol::ws::{CloseCode, MessageKind};
+use accept::{listen, Door};
+use handle::Shared;
+pub use handle::{Handle, MessageTooBig, ServerGone};
+use housekeeping::StatsLine;
+
 use crate::server::alarm::Alarm;
 use crate::server::batching::Batching;
 use crate::server::conn::{CloseReason, Conn, Ctx, Delivery, Verdict};
@@ -53,22 +58,16 @@ const WAKER: Token = Token(usize::MAX - 1);
 const METRICS_LISTENER: Token = Token(usize::MAX - 2);
 const ALARM: Token = Token(usize::MAX - 3);
 
-/// Accept queue length asked of the kernel (capped by net.core.somaxconn).
-const LISTEN_BACKLOG: i32 = 65_535;
 /// Readiness events taken per poll.
 const EVENTS_CAPACITY: usize = 1024;
 /// Size of the loop's one read buffer; every connection reads into it.
 const SCRATCH_BYTES: usize = 64 * 1024;
-/// Connections accepted per wake-up before the loop serves the others.
-const ACCEPTS_PER_WAKE: usize = 256;
 /// Frames in one broadcast batch, at most (a single larger message goes
 /// alone): about what a loopback socket takes in one write.
 const MAX_BATCH_BYTES: usize = 64 * 1024;
 /// Bytes one slice of a pass offers, at most, before the loop serves
 /// other events again (besides [`Config::fanout_budget`] connections).
 const FANOUT_SLICE_BYTES: usize = 8 << 20;
-/// How long accepting pauses when file descriptors run out.
-const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 /// Timer wheel resolution and size (100 ms × 1024 = 102 s per rotation).
 const TIMER_RESOLUTION: Duration = Duration::from_millis(100);
 const TIMER_SLOTS: usize = 1024;
@@ -78,147 +77,6 @@ const SLAB_RESERVE: usize = 1 << 20;
 /// Input buffers allocated at start, and kept idle at most.
 const POOL_PREALLOCATED: usize = 64;
 const POOL_MAX_IDLE: usize = 1024;
-/// How often free pool buffers unused for that long are given back.
-const POOL_TRIM_PERIOD: Duration = Duration::from_secs(1);
-/// Buffers freed (2 MiB worth) before the allocator is asked to hand the
-/// memory back to the kernel (see [`sys`]).
-const RELEASE_AFTER_BUFFERS: u64 = 256;
-
-/// State shared between the loop and its handles.
-#[derive(Debug)]
-struct Shared {
-    waker: Waker,
-    /// A wake-up is on its way; further senders need not wake again.
-    wake_pending: AtomicBool,
-    /// Broadcasts queued so far (by handles, counted as a send begins,
-    /// and by the loop itself).
-    broadcasts_queued: AtomicU64,
-    /// Broadcasts the loop sent (framed into a batch), as of its drop.
-    broadcasts_taken: AtomicU64,
-    /// The byte bound on broadcasts queued and not yet framed.
-    gate: Gate,
-    /// Broadcasts over this many bytes are refused as they are queued.
-    max_message_bytes: u64,
-    /// How many queued broadcasts go out before the shutdown a handle asked
-    /// for (`u64::MAX`: none asked). Kept beside the queue, so that asking
-    /// never blocks behind a full one.
-    shutdown_after: AtomicU64,
-    /// The server was dropped: nothing will read the queue any more.
-    gone: AtomicBool,
-    metrics: Metrics,
-    loop_histogram: LoopHistogram,
-}
-
-/// The server's loop has ended; nothing can be sent to it any more.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ServerGone;
-
-impl std::fmt::Display for ServerGone {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the wspush server loop has stopped")
-    }
-}
-
-impl std::error::Error for ServerGone {}
-
-/// A broadcast larger than `max_message_bytes`; it was not sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MessageTooBig;
-
-/// Talks to a running server from any thread: broadcast, shut down, read
-/// metrics. Cheap to clone.
-#[derive(Debug, Clone)]
-pub struct Handle {
-    commands: Sender<Command>,
-    shared: Arc<Shared>,
-}
-
-impl Handle {
-    /// Queues a text message for every open connection. Blocks while the
-    /// loop is `max_pending_bytes` behind (backpressure), so do not call it
-    /// from the loop's own thread; use [`Server::broadcast`] there. A
-    /// message over `max_message_bytes` is not queued: it is counted in
-    /// `broadcasts_rejected` and logged.
-    pub fn broadcast_text(&self, text: impl Into<String>) -> Result<(), ServerGone> {
-        self.send(MessageKind::Text, text.into().into_bytes())
-    }
-
-    /// Queues a binary message for every open connection (see [`Handle::broadcast_text`]).
-    pub fn broadcast_binary(&self, bytes: impl Into<Vec<u8>>) -> Result<(), ServerGone> {
-        self.send(MessageKind::Binary, bytes.into())
-    }
-
-    /// Asks the loop to shut down: stop accepting, close every connection
-    /// with 1001 after what is already queued for it, and let
-    /// [`Server::run`] return once they are closed or the shutdown timeout
-    /// passed. Broadcasts queued before it still go out first, for at most
-    /// half the shutdown timeout (the loop may be far behind); the rest,
-    /// and any queued after it, are counted in `broadcasts_abandoned`.
-    /// Never blocks.
-    pub fn shutdown(&self) -> Result<(), ServerGone> {
-        if self.shared.gone.load(Ordering::Acquire) {
-            return Err(ServerGone);
-        }
-        let queued = self.shared.broadcasts_queued.load(Ordering::Acquire);
-        self.shared
-            .shutdown_after
-            .fetch_min(queued, Ordering::AcqRel);
-        self.wake()
-    }
-
-    /// The server's counters now, read one by one while the loop runs. Byte
-    /// and frame counts (`bytes_written`, `frames_sent`, `queued_bytes`)
-    /// are published once per loop iteration, so they may lag the
-    /// connection counts by that iteration's work. Once the server is
-    /// dropped, `broadcasts_abandoned` also counts what was still queued.
-    pub fn metrics(&self) -> MetricsSnapshot {
-        let shared = &self.shared;
-        let mut metrics = shared.metrics.snapshot();
-        if shared.gone.load(Ordering::Acquire) {
-            let queued = shared.broadcasts_queued.load(Ordering::Acquire);
-            let taken = shared.broadcasts_taken.load(Ordering::Relaxed);
-            metrics.broadcasts_abandoned = queued - taken;
-        }
-        metrics
-    }
-
-    /// The live counters, for code in this crate that counts on the loop's behalf.
-    pub(crate) fn metrics_ref(&self) -> &Metrics {
-        &self.shared.metrics
-    }
-
-    fn send(&self, kind: MessageKind, payload: Vec<u8>) -> Result<(), ServerGone> {
-        let shared = &self.shared;
-        if !fits_message_limit(&payload, shared.max_message_bytes, &shared.metrics) {
-            return Ok(());
-        }
-        let queued = &shared.broadcasts_queued;
-        queued.fetch_add(1, Ordering::AcqRel);
-        let cost = feed::cost(payload.len());
-        if shared.gate.acquire(cost).is_err() {
-            queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(ServerGone);
-        }
-        let command = Command {
-            kind,
-            payload,
-            queued_at: Instant::now(),
-        };
-        if self.commands.send(command).is_err() {
-            shared.gate.release(cost);
-            queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(ServerGone);
-        }
-        self.wake()
-    }
-
-    fn wake(&self) -> Result<(), ServerGone> {
-        if !self.shared.wake_pending.swap(true, Ordering::AcqRel) {
-            self.shared.waker.wake().map_err(|_| ServerGone)?;
-        }
-        Ok(())
-    }
-}
 
 /// An open WebSocket connection, as seen from the embedding program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -259,24 +117,6 @@ impl Ready {
         write: false,
         edge: false,
     };
-}
-
-/// The listener a connection came in through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Door {
-    /// The main listener: WebSocket upgrades (and `/healthz`, the demo
-    /// page if on, and `/metrics` unless it has a listener of its own).
-    Main,
-    /// `metrics_listen`: `/metrics` and `/healthz` only.
-    Metrics,
-}
-
-/// The periodic info line with the key counters.
-#[derive(Debug)]
-struct StatsLine {
-    every: Duration,
-    next_at: Instant,
-    last: MetricsSnapshot,
 }
 
 /// Shutdown progress.
@@ -859,116 +699,6 @@ impl Server {
         }
     }
 
-    /// Accepts until the backlog is empty, the per-wake cap is reached, or
-    /// file descriptors run out (then pauses instead of spinning).
-    fn accept(&mut self, door: Door, now: Instant) {
-        self.accept_again[door as usize] = false;
-        if self.accept_paused_until.is_some() || self.lifecycle != Lifecycle::Running {
-            return;
-        }
-        for _ in 0..ACCEPTS_PER_WAKE {
-            let accepted = match (door, &self.metrics_listener) {
-                (Door::Main, _) => self.listener.accept(),
-                (Door::Metrics, Some(listener)) => listener.accept(),
-                (Door::Metrics, None) => return,
-            };
-            match accepted {
-                Ok((stream, peer)) => self.admit(stream, peer, door, now),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if is_resource_exhaustion(&e) => return self.pause_accepting(&e, now),
-                Err(e) => {
-                    Metrics::incr(&self.shared.metrics.accept_errors);
-                    log::debug!("accept failed: {e}");
-                }
-            }
-        }
-        self.accept_again[door as usize] = true;
-    }
-
-    fn pause_accepting(&mut self, error: &io::Error, now: Instant) {
-        Metrics::incr(&self.shared.metrics.accept_pauses);
-        self.accept_paused_until = Some(now + ACCEPT_PAUSE);
-        if self
-            .last_accept_warning
-            .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1))
-        {
-            self.last_accept_warning = Some(now);
-            log::warn!(
-                "accept paused for {ACCEPT_PAUSE:?}: {error} ({} connections open; raise the open-file limit or --max-connections)",
-                self.conns.len()
-            );
-        }
-    }
-
-    fn resume_accepting(&mut self, now: Instant) {
-        if self.accept_paused_until.is_some_and(|until| now >= until) {
-            self.accept_paused_until = None;
-            self.accept_again = [true; 2];
-        }
-        if self.accept_paused_until.is_none() {
-            for door in [Door::Main, Door::Metrics] {
-                if self.accept_again[door as usize] {
-                    self.accept(door, now);
-                }
-            }
-        }
-    }
-
-    /// Takes a new TCP connection into the slab, or refuses it with 503
-    /// when the server is full or 429 when its address is.
-    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, door: Door, now: Instant) {
-        let metrics = &self.shared.metrics;
-        Metrics::incr(&metrics.connections_accepted);
-        if self.conns.len() >= self.config.max_connections {
-            Metrics::incr(&metrics.rejected_503);
-            refuse(stream, Rejection::ServiceUnavailable, &mut self.scratch);
-            return;
-        }
-        let key = self.conns.vacant_key();
-        if let (Door::Main, Some(per_ip)) = (door, &mut self.per_ip) {
-            if per_ip.admit(key, peer.ip()).is_err() {
-                Metrics::incr(&metrics.rejected_429);
-                log::debug!("{} holds its maximum of connections: 429", peer.ip());
-                refuse(stream, Rejection::TooManyRequests, &mut self.scratch);
-                return;
-            }
-        }
-        if let Err(e) = self
-            .poll
-            .registry()
-            .register(&mut stream, Token(key), Interest::READABLE)
-        {
-            Metrics::incr(&metrics.accept_errors);
-            log::warn!("register failed: {e}");
-            if let Some(per_ip) = &mut self.per_ip {
-                per_ip.release(key);
-            }
-            return;
-        }
-        Metrics::incr(&metrics.connections_http);
-        let endpoints = match door {
-            Door::Main => Endpoints {
-                websocket: true,
-                metrics: self.metrics_listener.is_none(),
-                demo: self.config.demo,
-            },
-            Door::Metrics => Endpoints {
-                websocket: false,
-                metrics: true,
-                demo: false,
-            },
-        };
-        self.conns.insert(Conn::accepted(stream, endpoints));
-        self.key_bound = self.key_bound.max(key + 1);
-        // The request arrived with the connection (the listener defers
-        // accepting until it has): reading now saves a trip through the poll.
-        let parts = self.parts(now);
-        let mut ctx = parts.ctx;
-        let verdict = parts.conns[key].on_accepted(key, parts.scratch, &mut ctx);
-        self.settle(key, verdict);
-    }
-
     fn retry_reads(&mut self, now: Instant) {
         let mut keys = std::mem::take(&mut self.read_again);
         for key in keys.drain(..) {
@@ -977,111 +707,6 @@ impl Server {
         if self.read_again.is_empty() {
             self.read_again = keys;
         }
-    }
-
-    fn expire_deadlines(&mut self, now: Instant) {
-        let mut due = std::mem::take(&mut self.expired);
-        self.timers.expire(now, &mut due);
-        for (key, tick) in due.drain(..) {
-            let Some(conn) = self.conns.get_mut(key).filter(|conn| conn.is_due(tick)) else {
-                continue; // Stale: re-armed, cleared, or the slot was reused.
-            };
-            let verdict = conn.on_deadline(&mut self.timers);
-            self.settle(key, verdict);
-        }
-        self.expired = due;
-    }
-
-    /// Runs the heartbeat slice that is due: pings, and closes connections
-    /// silent for the idle timeout.
-    fn sweep_heartbeats(&mut self, now: Instant) {
-        if self.conns.is_empty()
-            || now < self.heartbeat.next_at()
-            || self.lifecycle != Lifecycle::Running
-        {
-            return;
-        }
-        let due = self.heartbeat.due(now, self.key_bound);
-        let ping = self.heartbeat.ping().clone();
-        let close_after = self.heartbeat.close_after();
-        for key in due {
-            let parts = self.parts(now);
-            let mut ctx = parts.ctx;
-            let Some(conn) = parts.conns.get_mut(key) else {
-                continue;
-            };
-            let verdict = conn.on_heartbeat(key, &ping, close_after, parts.scratch, &mut ctx);
-            self.settle(key, verdict);
-        }
-    }
-
-    /// The slow time events: publish gauges, give idle pool buffers back,
-    /// and log the stats line.
-    fn housekeeping(&mut self, now: Instant) {
-        self.trim_pool(now);
-        let metrics = &self.shared.metrics;
-        metrics.publish(&mut self.tally);
-        Metrics::set(&metrics.buffers_lent, self.pool.lent() as u64);
-        Metrics::set(&metrics.buffers_idle, self.pool.idle() as u64);
-        Metrics::set(&metrics.buffers_released, self.pool.released());
-        Metrics::set(
-            &metrics.broadcast_queue_bytes,
-            self.shared.gate.bytes() as u64,
-        );
-        let age = self.feed.oldest_age(now).as_micros();
-        Metrics::set(
-            &metrics.broadcast_queue_age_us,
-            age.try_into().unwrap_or(u64::MAX),
-        );
-        if let Some(stats) = self.stats.as_mut().filter(|s| now >= s.next_at) {
-            let current = metrics.snapshot();
-            log::info!("{}", metrics::summary(&stats.last, &current, stats.every));
-            stats.last = current;
-            stats.next_at = now + stats.every;
-        }
-    }
-
-    /// Once a second while the pool has surplus: frees the buffers unused
-    /// for that long, and asks the allocator to return freed memory to the
-    /// kernel once enough was freed.
-    fn trim_pool(&mut self, now: Instant) {
-        if self.next_trim.is_some_and(|at| now >= at) {
-            self.pool.trim();
-            self.next_trim = None;
-            if self.unreturned_buffers() >= RELEASE_AFTER_BUFFERS {
-                sys::release_free_memory();
-                self.released_at_last_return = self.pool.released();
-            }
-        }
-        if self.next_trim.is_none()
-            && (self.pool.has_surplus() || self.unreturned_buffers() >= RELEASE_AFTER_BUFFERS)
-        {
-            self.next_trim = Some(now + POOL_TRIM_PERIOD);
-        }
-    }
-
-    /// Buffers freed since the allocator last returned memory.
-    fn unreturned_buffers(&self) -> u64 {
-        self.pool.released() - self.released_at_last_return
-    }
-
-    /// Counts the last loop iteration, busy from its poll's return until
-    /// `now` (the next poll: one clock reading serves both); returns how
-    /// long it was busy (zero before the first poll).
-    fn record_iteration(&mut self, now: Instant) -> Duration {
-        let Some(started) = self.busy_since.take() else {
-            return Duration::ZERO;
-        };
-        let busy = now.duration_since(started);
-        let ns = u64::try_from(busy.as_nanos()).unwrap_or(u64::MAX);
-        let metrics = &self.shared.metrics;
-        Metrics::incr(&metrics.loop_iterations);
-        Metrics::add(&metrics.loop_busy_ns, ns);
-        self.shared.loop_histogram.record(ns);
-        if let Some(max) = self.loop_max.record(ns, started) {
-            Metrics::set(&metrics.loop_max_ns, max);
-        }
-        busy
     }
 
     /// Empties the queue without sending: counts and logs what it held.
@@ -1135,7 +760,7 @@ impl Server {
 
 /// Whether a broadcast fits the message limit; one that does not is
 /// counted and logged.
-fn fits_message_limit(payload: &[u8], limit: u64, metrics: &Metrics) -> bool {
+pub(super) fn fits_message_limit(payload: &[u8], limit: u64, metrics: &Metrics) -> bool {
     if payload.len() as u64 <= limit {
         return true;
     }
@@ -1145,34 +770,6 @@ fn fits_message_limit(payload: &[u8], limit: u64, metrics: &Metrics) -> bool {
         payload.len()
     );
     false
-}
-
-/// A listening socket: `SO_REUSEADDR` (restarts while old connections sit
-/// in TIME_WAIT), `SO_REUSEPORT` when asked, `TCP_NODELAY` (Linux copies it
-/// to every accepted socket, saving a syscall per connection),
-/// `TCP_DEFER_ACCEPT`, and a deep accept queue for connection bursts (the
-/// kernel caps it at somaxconn).
-///
-/// `TCP_DEFER_ACCEPT`: the kernel hands a connection to `accept()` only
-/// once its first data (the upgrade or HTTP request) arrived, so one
-/// wake-up accepts, reads and answers it, and the handshake's bare ACK
-/// wakes nobody. A client that connects and sends nothing stays half-open
-/// in the kernel (no descriptor, no slab slot) for about
-/// `DEFER_ACCEPT_SECS`; then the kernel resends its SYN-ACK, the client's
-/// answer completes the connection, and it is accepted and given
-/// `handshake_timeout` like any other.
-fn listen(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
-    const DEFER_ACCEPT_SECS: u32 = 1;
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), None)?;
-    socket.set_reuse_address(true)?;
-    if reuse_port {
-        socket.set_reuse_port(true)?;
-    }
-    socket.set_tcp_nodelay(true)?;
-    sys::set_tcp_defer_accept(&socket, DEFER_ACCEPT_SECS)?;
-    socket.bind(&addr.into())?;
-    socket.listen(LISTEN_BACKLOG)?;
-    Ok(TcpListener::from_std(socket.into()))
 }
 
 /// Registers or drops writable interest when the connection's output
@@ -1195,26 +792,6 @@ fn sync_interest(registry: &Registry, key: usize, conn: &mut Conn) -> bool {
     }
 }
 
-/// Out of file descriptors or kernel memory: retrying at once would spin.
-fn is_resource_exhaustion(e: &io::Error) -> bool {
-    const ENFILE: i32 = 23;
-    const EMFILE: i32 = 24;
-    const ENOBUFS: i32 = 105;
-    const ENOMEM: i32 = 12;
-    matches!(e.raw_os_error(), Some(ENFILE | EMFILE | ENOBUFS | ENOMEM))
-}
-
-/// Best effort 503 or 429 for a connection over a limit, without taking a
-/// slot: read what the client sent (so closing does not reset the
-/// response away), answer, close.
-fn refuse(mut stream: TcpStream, rejection: Rejection, scratch: &mut [u8]) {
-    let _ = stream.read(scratch);
-    let mut response = [0u8; MAX_RESPONSE_LEN];
-    let len = rejection.write_response(&mut response);
-    let _ = stream.write(&response[..len]);
-    let _ = stream.shutdown(Shutdown::Write);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1226,7 +803,7 @@ mod tests {
         // One listener hit its per-wake cap, then the other ran out of
         // file descriptors in the same turn.
         server.accept_again = [true, false];
-        server.accept_paused_until = Some(now + ACCEPT_PAUSE);
+        server.accept_paused_until = Some(now + accept::ACCEPT_PAUSE);
         assert_eq!(server.poll_timeout(None, now).unwrap(), None);
         server.accept_paused_until = None;
         assert_eq!(

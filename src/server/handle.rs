@@ -1,0 +1,150 @@
+//! The handle: how other threads talk to a running loop (broadcast, shut
+//! down, read metrics), and the state the loop shares with them.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::Instant;
+
+use mio::Waker;
+
+use crate::ops::metrics::{LoopHistogram, Metrics, MetricsSnapshot};
+use crate::protocol::ws::MessageKind;
+use crate::server::feed::{self, Command, Gate};
+use crate::server::fits_message_limit;
+
+/// State shared between the loop and its handles.
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub(super) waker: Waker,
+    /// A wake-up is on its way; further senders need not wake again.
+    pub(super) wake_pending: AtomicBool,
+    /// Broadcasts queued so far (by handles, counted as a send begins,
+    /// and by the loop itself).
+    pub(super) broadcasts_queued: AtomicU64,
+    /// Broadcasts the loop sent (framed into a batch), as of its drop.
+    pub(super) broadcasts_taken: AtomicU64,
+    /// The byte bound on broadcasts queued and not yet framed.
+    pub(super) gate: Gate,
+    /// Broadcasts over this many bytes are refused as they are queued.
+    pub(super) max_message_bytes: u64,
+    /// How many queued broadcasts go out before the shutdown a handle asked
+    /// for (`u64::MAX`: none asked). Kept beside the queue, so that asking
+    /// never blocks behind a full one.
+    pub(super) shutdown_after: AtomicU64,
+    /// The server was dropped: nothing will read the queue any more.
+    pub(super) gone: AtomicBool,
+    pub(super) metrics: Metrics,
+    pub(super) loop_histogram: LoopHistogram,
+}
+
+/// The server's loop has ended; nothing can be sent to it any more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerGone;
+
+impl std::fmt::Display for ServerGone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the wspush server loop has stopped")
+    }
+}
+
+impl std::error::Error for ServerGone {}
+
+/// A broadcast larger than `max_message_bytes`; it was not sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageTooBig;
+
+/// Talks to a running server from any thread: broadcast, shut down, read
+/// metrics. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Handle {
+    pub(super) commands: Sender<Command>,
+    pub(super) shared: Arc<Shared>,
+}
+
+impl Handle {
+    /// Queues a text message for every open connection. Blocks while the
+    /// loop is `max_pending_bytes` behind (backpressure), so do not call it
+    /// from the loop's own thread; use [`Server::broadcast`] there. A
+    /// message over `max_message_bytes` is not queued: it is counted in
+    /// `broadcasts_rejected` and logged.
+    pub fn broadcast_text(&self, text: impl Into<String>) -> Result<(), ServerGone> {
+        self.send(MessageKind::Text, text.into().into_bytes())
+    }
+
+    /// Queues a binary message for every open connection (see [`Handle::broadcast_text`]).
+    pub fn broadcast_binary(&self, bytes: impl Into<Vec<u8>>) -> Result<(), ServerGone> {
+        self.send(MessageKind::Binary, bytes.into())
+    }
+
+    /// Asks the loop to shut down: stop accepting, close every connection
+    /// with 1001 after what is already queued for it, and let
+    /// [`Server::run`] return once they are closed or the shutdown timeout
+    /// passed. Broadcasts queued before it still go out first, for at most
+    /// half the shutdown timeout (the loop may be far behind); the rest,
+    /// and any queued after it, are counted in `broadcasts_abandoned`.
+    /// Never blocks.
+    pub fn shutdown(&self) -> Result<(), ServerGone> {
+        if self.shared.gone.load(Ordering::Acquire) {
+            return Err(ServerGone);
+        }
+        let queued = self.shared.broadcasts_queued.load(Ordering::Acquire);
+        self.shared
+            .shutdown_after
+            .fetch_min(queued, Ordering::AcqRel);
+        self.wake()
+    }
+
+    /// The server's counters now, read one by one while the loop runs. Byte
+    /// and frame counts (`bytes_written`, `frames_sent`, `queued_bytes`)
+    /// are published once per loop iteration, so they may lag the
+    /// connection counts by that iteration's work. Once the server is
+    /// dropped, `broadcasts_abandoned` also counts what was still queued.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        let shared = &self.shared;
+        let mut metrics = shared.metrics.snapshot();
+        if shared.gone.load(Ordering::Acquire) {
+            let queued = shared.broadcasts_queued.load(Ordering::Acquire);
+            let taken = shared.broadcasts_taken.load(Ordering::Relaxed);
+            metrics.broadcasts_abandoned = queued - taken;
+        }
+        metrics
+    }
+
+    /// The live counters, for code in this crate that counts on the loop's behalf.
+    pub(crate) fn metrics_ref(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    fn send(&self, kind: MessageKind, payload: Vec<u8>) -> Result<(), ServerGone> {
+        let shared = &self.shared;
+        if !fits_message_limit(&payload, shared.max_message_bytes, &shared.metrics) {
+            return Ok(());
+        }
+        let queued = &shared.broadcasts_queued;
+        queued.fetch_add(1, Ordering::AcqRel);
+        let cost = feed::cost(payload.len());
+        if shared.gate.acquire(cost).is_err() {
+            queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(ServerGone);
+        }
+        let command = Command {
+            kind,
+            payload,
+            queued_at: Instant::now(),
+        };
+        if self.commands.send(command).is_err() {
+            shared.gate.release(cost);
+            queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(ServerGone);
+        }
+        self.wake()
+    }
+
+    fn wake(&self) -> Result<(), ServerGone> {
+        if !self.shared.wake_pending.swap(true, Ordering::AcqRel) {
+            self.shared.waker.wake().map_err(|_| ServerGone)?;
+        }
+        Ok(())
+    }
+}
