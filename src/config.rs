@@ -4,7 +4,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::auth::{self, Tokens};
+use crate::protocol::auth::{self, Tokens};
 
 /// What to do with a broadcast for a connection whose output queue is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,7 +131,7 @@ pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The longest idle timeout in ping intervals (connections count silent
 /// intervals in 15 bits).
-pub const MAX_SILENT_INTERVALS: u16 = crate::heartbeat::MAX_SILENT_VISITS - 1;
+pub const MAX_SILENT_INTERVALS: u16 = 0x7FFE;
 
 /// The largest `max_message_bytes`: frames are tracked with 32-bit offsets.
 pub const MAX_MESSAGE_LIMIT: u64 = (u32::MAX - 16) as u64;

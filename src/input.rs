@@ -15,7 +15,7 @@
 
 use std::io::{self, BufRead};
 
-use crate::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 use crate::server::{Handle, ServerGone};
 
 /// How reading the input ended.

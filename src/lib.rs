@@ -32,40 +32,37 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The protocol layer ([`ws`], [`http`]) is pure code over byte slices and
-//! can be used on its own.
+//! The crate is layered, and each layer uses only those below it:
+//!
+//! - [`protocol`]: pure code over byte slices, no I/O: the WebSocket codec
+//!   ([`ws`]), the HTTP upgrade ([`http`]), tokens and origins, request
+//!   targets. It can be used on its own.
+//! - the loop (`server`): the poll loop, the connection state machine, the
+//!   output queues, the buffer pool, time events, heartbeats and the
+//!   fan-out of broadcasts: [`Server`], [`Handle`] and [`Config`].
+//! - operations (`ops`): metrics ([`MetricsSnapshot`]) and the OS calls
+//!   ([`sys`], the crate's only `unsafe` code).
+//!
+//! The `wspush` binary (`src/bin/wspush/`) adds the command line, the
+//! standard-input reader and the `--processes` supervisor.
 #![deny(missing_docs)]
 
-mod alarm;
-mod auth;
-mod batching;
-mod broadcast;
 mod config;
-mod conn;
-mod fanout;
-mod feed;
-mod heap;
-mod heartbeat;
-pub mod http;
 pub mod input;
-mod io;
-mod metrics;
-mod per_ip;
-mod pool;
-pub mod rlimit;
+mod ops;
+pub mod protocol;
 mod server;
-pub mod supervisor;
-mod target;
 #[cfg(test)]
 mod testing;
-mod timer;
-pub mod ws;
 
-pub use auth::Tokens;
+pub use ops::sys;
+pub use protocol::{http, ws};
+
 pub use config::{
     Config, ConfigError, SlowConsumerPolicy, DEFAULT_BATCH_DELAY, MAX_BATCH_DELAY, MAX_DURATION,
     MAX_MESSAGE_LIMIT,
 };
-pub use metrics::MetricsSnapshot;
+pub use ops::metrics::MetricsSnapshot;
+pub use protocol::auth::{TokenError, Tokens};
+pub use protocol::ws::MessageKind;
 pub use server::{ConnectionInfo, Handle, MessageTooBig, Server, ServerGone};
-pub use ws::MessageKind;

@@ -35,7 +35,10 @@ fn metrics_count_what_happened() {
     let m = &page.body;
     // Two clients; the 404 one possibly still lingering, and this request.
     assert_eq!(sample(m, "wspush_connections_open"), 2, "{m}");
-    assert!((1..=2).contains(&sample(m, "wspush_connections_http")), "{m}");
+    assert!(
+        (1..=2).contains(&sample(m, "wspush_connections_http")),
+        "{m}"
+    );
     assert_eq!(sample(m, "wspush_upgrades_total"), 2);
     assert_eq!(sample(m, "wspush_broadcasts_total"), 1);
     assert_eq!(sample(m, "wspush_broadcast_deliveries_total"), 2);

@@ -26,7 +26,7 @@ impl Supervised {
             Command::new(env!("CARGO_BIN_EXE_wspush"))
                 .args(["--listen", "127.0.0.1:0"])
                 .args(args)
-                .env("RUST_LOG", "info,wspush::conn=debug")
+                .env("RUST_LOG", "info,wspush::server::conn=debug")
                 .stdin(Stdio::piped()),
         );
         let mut addr = None;

@@ -234,7 +234,7 @@ pub struct ClientHeader {
 }
 
 /// Parses the header of a client frame at the start of `buf`; `None` if
-/// more bytes are needed. Checks what [`parse_header`] checks, and that
+/// more bytes are needed. Checks what `parse_header` checks, and that
 /// the frame is masked.
 pub fn parse_client_header(buf: &[u8]) -> Result<Option<ClientHeader>, FrameError> {
     let [first, second, ..] = *buf else {

@@ -351,7 +351,7 @@ fn auto_sources(conns: usize) -> Result<u8, Error> {
 }
 
 /// Source addresses for `conns` connections when each may use
-/// [`PORT_RANGE_PERCENT`] of `ports` local ports (`None` beyond 250).
+/// `PORT_RANGE_PERCENT` of `ports` local ports (`None` beyond 250).
 pub fn sources_for(conns: usize, ports: u32) -> Option<u8> {
     let per_source = (ports as usize * PORT_RANGE_PERCENT as usize / 100).max(1);
     u8::try_from(conns.div_ceil(per_source).max(1))
@@ -870,7 +870,7 @@ fn is_held(feed: &StreamReport, max_p99_ms: f64) -> bool {
 /// quiet seconds between them.
 const QUIET_STREAK: u32 = 5;
 
-/// Waits until the machine has been quiet for [`QUIET_STREAK`] seconds in
+/// Waits until the machine has been quiet for `QUIET_STREAK` seconds in
 /// a row, for at most `limit`.
 pub fn wait_quiet(limit: Duration) -> Result<(), Error> {
     let deadline = Instant::now() + limit;

@@ -1,6 +1,6 @@
 //! A worker: one process (or, in tests, one thread) holding a share of a
 //! push run's connections, driven by the coordinator through the
-//! [`protocol`](crate::protocol): it opens connections when granted, counts
+//! [`protocol`]: it opens connections when granted, counts
 //! the receipts of each broadcast, and reports.
 //!
 //! Commands arrive on a helper thread that wakes the epoll loop through a

@@ -23,7 +23,7 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// one, as wspush does when it starts (a fresh login's soft limit is often
 /// 1,024), and fails with the fix when even the hard limit is lower.
 pub fn need_open_files(files: u64) {
-    let limit = wspush::rlimit::raise_open_file_limit().expect("raise RLIMIT_NOFILE");
+    let limit = wspush::sys::raise_open_file_limit().expect("raise RLIMIT_NOFILE");
     assert!(
         limit >= files,
         "this test needs {files} open files and the hard limit is {limit}: \
@@ -358,10 +358,17 @@ impl Logged {
             .expect("a log line in time")
     }
 
-    /// Skips lines until one contains `needle`, and returns it.
+    /// Skips lines until one contains `needle`, and returns it; panics
+    /// after [`IO_TIMEOUT`] in all (other lines, such as the periodic
+    /// stats, do not extend it).
     pub fn wait_for(&self, needle: &str) -> String {
+        let deadline = std::time::Instant::now() + IO_TIMEOUT;
         loop {
-            let line = self.next_line();
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = self
+                .log
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no log line with {needle:?} in time"));
             if line.contains(needle) {
                 return line;
             }

@@ -21,20 +21,32 @@ use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use slab::Slab;
 use socket2::{Domain, Socket, Type};
 
-use crate::alarm::Alarm;
-use crate::batching::Batching;
+mod alarm;
+mod batching;
+pub(crate) mod conn;
+mod fanout;
+mod feed;
+mod heartbeat;
+mod nonblocking;
+pub(crate) mod output;
+mod per_ip;
+mod pool;
+mod timer;
+
 use crate::config::Config;
-use crate::conn::{CloseReason, Conn, Ctx, Delivery, Verdict};
-use crate::fanout::Stream;
-use crate::feed::{self, Command, Feed, Gate};
-use crate::heap;
-use crate::heartbeat::Heartbeat;
-use crate::http::{Endpoints, Rejection, MAX_RESPONSE_LEN};
-use crate::metrics::{self, LoopHistogram, LoopMax, Metrics, MetricsSnapshot, Tally};
-use crate::per_ip::PerIpLimit;
-use crate::pool::BufferPool;
-use crate::timer::{Tick, TimerWheel};
-use crate::ws::{CloseCode, MessageKind};
+use crate::ops::metrics::{self, LoopHistogram, LoopMax, Metrics, MetricsSnapshot, Tally};
+use crate::ops::sys;
+use crate::protocol::http::{Endpoints, Rejection, MAX_RESPONSE_LEN};
+use crate::protocol::ws::{CloseCode, MessageKind};
+use crate::server::alarm::Alarm;
+use crate::server::batching::Batching;
+use crate::server::conn::{CloseReason, Conn, Ctx, Delivery, Verdict};
+use crate::server::fanout::Stream;
+use crate::server::feed::{Command, Feed, Gate};
+use crate::server::heartbeat::Heartbeat;
+use crate::server::per_ip::PerIpLimit;
+use crate::server::pool::BufferPool;
+use crate::server::timer::{Tick, TimerWheel};
 
 const LISTENER: Token = Token(usize::MAX);
 const WAKER: Token = Token(usize::MAX - 1);
@@ -69,7 +81,7 @@ const POOL_MAX_IDLE: usize = 1024;
 /// How often free pool buffers unused for that long are given back.
 const POOL_TRIM_PERIOD: Duration = Duration::from_secs(1);
 /// Buffers freed (2 MiB worth) before the allocator is asked to hand the
-/// memory back to the kernel (see [`heap`]).
+/// memory back to the kernel (see [`sys`]).
 const RELEASE_AFTER_BUFFERS: u64 = 256;
 
 /// State shared between the loop and its handles.
@@ -1037,7 +1049,7 @@ impl Server {
             self.pool.trim();
             self.next_trim = None;
             if self.unreturned_buffers() >= RELEASE_AFTER_BUFFERS {
-                heap::release_free_memory();
+                sys::release_free_memory();
                 self.released_at_last_return = self.pool.released();
             }
         }
@@ -1150,30 +1162,14 @@ fn fits_message_limit(payload: &[u8], limit: u64, metrics: &Metrics) -> bool {
 /// answer completes the connection, and it is accepted and given
 /// `handshake_timeout` like any other.
 fn listen(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
+    const DEFER_ACCEPT_SECS: u32 = 1;
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), None)?;
     socket.set_reuse_address(true)?;
     if reuse_port {
         socket.set_reuse_port(true)?;
     }
     socket.set_tcp_nodelay(true)?;
-    const DEFER_ACCEPT_SECS: libc::c_int = 1;
-    let defer = DEFER_ACCEPT_SECS;
-    // SAFETY: the descriptor is open for the duration of the call (`socket`
-    // owns it), and the option value is a live `c_int` whose exact size is
-    // passed along; setsockopt only reads it. Neither socket2 nor rustix
-    // wraps TCP_DEFER_ACCEPT (std's wrapper is unstable).
-    let set = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&socket),
-            libc::IPPROTO_TCP,
-            libc::TCP_DEFER_ACCEPT,
-            (&defer as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if set != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    sys::set_tcp_defer_accept(&socket, DEFER_ACCEPT_SECS)?;
     socket.bind(&addr.into())?;
     socket.listen(LISTEN_BACKLOG)?;
     Ok(TcpListener::from_std(socket.into()))

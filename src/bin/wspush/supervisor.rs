@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use mio::net::UnixStream;
 use mio::unix::pipe::Sender;
 use mio::{Events, Interest, Poll, Token, Waker};
-use rustix::process::{kill_process, set_parent_process_death_signal, Pid, Signal};
+use rustix::process::{kill_process, Pid, Signal};
 use signal_hook::consts::{SIGCHLD, SIGINT, SIGTERM};
 
 /// The environment variable that tells an instance its number (1-based).
@@ -278,14 +278,7 @@ impl Program {
                 Stdio::null()
             })
             .process_group(0);
-        // SAFETY: the closure runs in the forked child before exec. It
-        // makes one async-signal-safe system call (prctl) and neither
-        // allocates nor touches locks, which is all that is allowed there.
-        unsafe {
-            command.pre_exec(|| {
-                set_parent_process_death_signal(Some(Signal::TERM)).map_err(io::Error::from)
-            });
-        }
+        wspush::sys::die_with_parent(&mut command);
         let mut child = command.spawn()?;
         let input = child.stdin.take().map(Sender::from);
         if let Some(input) = &input {

@@ -13,7 +13,7 @@
 //! A connection that upgrades starts at the next batch to be framed: it
 //! gets exactly the broadcasts the loop takes after its upgrade.
 
-use crate::broadcast::SharedFrames;
+use crate::server::output::SharedFrames;
 
 /// A batch's number. Numbers wrap around; a connection is never owed more
 /// than the batches kept, so distances stay small.
@@ -113,7 +113,7 @@ impl Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ws::OpCode;
+    use crate::protocol::ws::OpCode;
 
     fn batch(text: &str) -> SharedFrames {
         SharedFrames::encode(OpCode::Text, text.as_bytes())

@@ -12,7 +12,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use sha1::{Digest, Sha1};
 
-use crate::auth::{self, Tokens, MAX_TOKEN_LEN};
+use crate::protocol::auth::{self, Tokens, MAX_TOKEN_LEN};
 
 /// The GUID every server appends to the client's key (§1.3).
 const WEBSOCKET_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -33,7 +33,7 @@ pub struct Upgrade<'a> {
     pub accept: [u8; 28],
 }
 
-/// What [`parse_upgrade`] found.
+/// What [`parse_request`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeadStatus<'a> {
     /// The request head is not complete yet.

@@ -13,10 +13,10 @@ use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::sync::Arc;
 
-use crate::fanout::Seq;
-use crate::io::{write_until_blocked, MAX_IOV};
-use crate::ws::header::MAX_HEADER_LEN;
-use crate::ws::{FrameHeader, OpCode};
+use crate::protocol::ws::header::MAX_HEADER_LEN;
+use crate::protocol::ws::{FrameHeader, OpCode};
+use crate::server::fanout::Seq;
+use crate::server::nonblocking::{write_until_blocked, MAX_IOV};
 
 /// Whole frames encoded once, shared by every queue they are in (a thin
 /// pointer, so a queued reference costs 8 bytes).

@@ -17,21 +17,23 @@ use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
 
-use crate::auth;
-use crate::broadcast::{OutQueue, QueueFull, SharedFrames};
 use crate::config::{Config, SlowConsumerPolicy};
-use crate::fanout::Seq;
-use crate::heartbeat::{Liveness, Visit};
-use crate::http::{
+use crate::ops::metrics::{self, LoopHistogram, Metrics, Tally};
+use crate::protocol::auth;
+use crate::protocol::http::{
     self, Endpoint, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
 };
-use crate::io::{read_some, Progress};
-use crate::metrics::{self, LoopHistogram, Metrics, Tally};
-use crate::pool::{BufferPool, PooledBuf};
-use crate::target::RequestTarget;
-use crate::timer::{Deadline, Tick, TimerWheel};
-use crate::ws::header::MAX_HEADER_LEN;
-use crate::ws::{CloseCode, Decoder, Event, FrameHeader, MessageKind, OpCode, ProtocolError};
+use crate::protocol::target::RequestTarget;
+use crate::protocol::ws::header::MAX_HEADER_LEN;
+use crate::protocol::ws::{
+    CloseCode, Decoder, Event, FrameHeader, MessageKind, OpCode, ProtocolError,
+};
+use crate::server::fanout::Seq;
+use crate::server::heartbeat::{Liveness, Visit};
+use crate::server::nonblocking::{read_some, Progress};
+use crate::server::output::{OutQueue, QueueFull, SharedFrames};
+use crate::server::pool::{BufferPool, PooledBuf};
+use crate::server::timer::{Deadline, Tick, TimerWheel};
 
 /// Bytes read from one connection per readiness event before the loop
 /// serves the others (the rest is read on the next iteration).

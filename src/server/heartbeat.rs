@@ -9,8 +9,9 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use crate::broadcast::SharedFrames;
-use crate::ws::OpCode;
+use crate::config::MAX_SILENT_INTERVALS;
+use crate::protocol::ws::OpCode;
+use crate::server::output::SharedFrames;
 
 /// Slices per interval: the sweep runs this often per interval, but at
 /// most every [`MIN_PERIOD`]. (A long interval means long sleeps: with
@@ -18,8 +19,10 @@ use crate::ws::OpCode;
 const SLICES: u32 = 32;
 const MIN_PERIOD: Duration = Duration::from_millis(10);
 
-/// The most visits [`Liveness`] counts (15 bits).
-pub const MAX_SILENT_VISITS: u16 = 0x7FFF;
+/// The most visits [`Liveness`] counts (15 bits): one more than the
+/// longest idle timeout allows in intervals.
+pub const MAX_SILENT_VISITS: u16 = MAX_SILENT_INTERVALS + 1;
+const _: () = assert!(MAX_SILENT_VISITS == 0x7FFF, "Liveness keeps 15 bits");
 
 /// The sweep's position and the shared ping.
 #[derive(Debug)]

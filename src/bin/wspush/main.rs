@@ -14,9 +14,16 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use socket2::{Domain, Socket, Type};
 use wspush::input::{pump_lines, PumpEnd};
-use wspush::rlimit::{connection_capacity, instances_for, raise_open_file_limit};
-use wspush::supervisor::{OnExit, Policy, Supervisor, INSTANCE_ENV};
-use wspush::{Config, Handle, Server, SlowConsumerPolicy, Tokens, MAX_DURATION, MAX_MESSAGE_LIMIT};
+use wspush::sys::raise_open_file_limit;
+
+use rlimit::{connection_capacity, instances_for};
+use supervisor::{OnExit, Policy, Supervisor, INSTANCE_ENV};
+
+mod rlimit;
+mod supervisor;
+use wspush::{
+    Config, Handle, Server, SlowConsumerPolicy, TokenError, Tokens, MAX_DURATION, MAX_MESSAGE_LIMIT,
+};
 
 /// A WebSocket push server: every line on standard input is broadcast as
 /// one text message to every connected client.
@@ -283,7 +290,15 @@ fn init_logging() {
 /// limit, which depends on the open-file limit), validated.
 fn config(cli: &Cli) -> Result<Config, String> {
     let tokens = match &cli.token_file {
-        Some(path) => Some(Tokens::from_file(path).map_err(|e| e.to_string())?),
+        Some(path) => {
+            let text = std::fs::read(path)
+                .map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
+            let tokens = Tokens::parse(&text).map_err(|e| match e {
+                TokenError::Empty => format!("no tokens in {}", path.display()),
+                TokenError::Invalid { .. } => format!("{}: {e}", path.display()),
+            })?;
+            Some(tokens)
+        }
         None => None,
     };
     let config = Config {

@@ -14,8 +14,8 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::broadcast::{encoded_len, SharedFrames};
-use crate::ws::MessageKind;
+use crate::protocol::ws::MessageKind;
+use crate::server::output::{encoded_len, SharedFrames};
 
 /// Bytes a queued broadcast is charged besides its payload: its slot in
 /// the channel and the loop's queue, its `Vec` and its time stamp. So even

@@ -7,11 +7,8 @@
 //! never contain one.
 
 use std::fmt;
-use std::path::Path;
 
 use sha1::{Digest, Sha1};
-
-use crate::config::ConfigError;
 
 /// Longest token accepted, in bytes (in a file, a header or a query).
 pub const MAX_TOKEN_LEN: usize = 256;
@@ -32,40 +29,61 @@ impl fmt::Debug for Tokens {
     }
 }
 
+/// Why a token list was refused; it never contains a token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenError {
+    /// A token is not acceptable; `line` is its 1-based line in a token
+    /// file's text, or its position in a list given in code.
+    Invalid {
+        /// Where it is.
+        line: usize,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// There is no token at all.
+    Empty,
+}
+
+impl fmt::Display for TokenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TokenError::Invalid { line, why } => write!(f, "line {line}: {why}"),
+            TokenError::Empty => f.write_str("no tokens"),
+        }
+    }
+}
+
+impl std::error::Error for TokenError {}
+
 impl Tokens {
-    /// Reads a token file (a refusal names the file and line, never a
-    /// token): one token per line; blank lines and lines
-    /// starting with `#` are skipped; surrounding whitespace is trimmed.
-    pub fn from_file(path: &Path) -> Result<Tokens, ConfigError> {
-        let text = std::fs::read(path)
-            .map_err(|e| ConfigError(format!("cannot read token file {}: {e}", path.display())))?;
+    /// Parses a token file's text: one token per line; blank lines and
+    /// lines starting with `#` are skipped; surrounding whitespace is
+    /// trimmed. (Reading the file is the caller's.)
+    pub fn parse(text: &[u8]) -> Result<Tokens, TokenError> {
         let lines = text
             .split(|&b| b == b'\n')
             .map(<[u8]>::trim_ascii)
             .enumerate()
             .filter(|(_, line)| !line.is_empty() && !line.starts_with(b"#"));
-        let mut digests = Vec::new();
-        for (index, token) in lines {
-            check_token(token).map_err(|why| {
-                ConfigError(format!("{}: line {}: {why}", path.display(), index + 1))
-            })?;
-            digests.push(digest(token));
-        }
-        if digests.is_empty() {
-            return Err(ConfigError(format!("no tokens in {}", path.display())));
-        }
-        Ok(Tokens { digests })
+        Tokens::from_numbered(lines.map(|(index, token)| (index + 1, token)))
     }
 
     /// A token set from tokens given in code.
-    pub fn new<T: AsRef<[u8]>>(tokens: impl IntoIterator<Item = T>) -> Result<Tokens, ConfigError> {
+    pub fn new<T: AsRef<[u8]>>(tokens: impl IntoIterator<Item = T>) -> Result<Tokens, TokenError> {
+        let tokens: Vec<T> = tokens.into_iter().collect();
+        Tokens::from_numbered(tokens.iter().enumerate().map(|(i, t)| (i + 1, t.as_ref())))
+    }
+
+    fn from_numbered<'a>(
+        tokens: impl Iterator<Item = (usize, &'a [u8])>,
+    ) -> Result<Tokens, TokenError> {
         let mut digests = Vec::new();
-        for token in tokens {
-            check_token(token.as_ref()).map_err(|why| ConfigError(why.into()))?;
-            digests.push(digest(token.as_ref()));
+        for (line, token) in tokens {
+            check_token(token).map_err(|why| TokenError::Invalid { line, why })?;
+            digests.push(digest(token));
         }
         if digests.is_empty() {
-            return Err(ConfigError("no tokens".into()));
+            return Err(TokenError::Empty);
         }
         Ok(Tokens { digests })
     }
@@ -232,33 +250,23 @@ mod tests {
 
     #[test]
     fn token_files_skip_comments_and_name_bad_lines_without_the_token() {
-        let dir = std::env::temp_dir().join(format!("wspush-auth-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let good = dir.join("good");
-        std::fs::write(&good, "# clients\n\n  alpha  \r\nbeta\n").unwrap();
-        let tokens = Tokens::from_file(&good).unwrap();
+        let tokens = Tokens::parse(b"# clients\n\n  alpha  \r\nbeta\n").unwrap();
         assert!(tokens.contains(b"alpha") && tokens.contains(b"beta"));
         assert!(!tokens.contains(b"# clients"));
 
-        let bad = dir.join("bad");
-        std::fs::write(&bad, "alpha\nsecret with space\n").unwrap();
-        let error = Tokens::from_file(&bad).unwrap_err().0;
-        assert!(
-            error.contains("line 2") && !error.contains("secret"),
-            "{error}"
+        let error = Tokens::parse(b"alpha\nsecret with space\n").unwrap_err();
+        assert_eq!(
+            error,
+            TokenError::Invalid {
+                line: 2,
+                why: "a token must be visible ASCII without spaces"
+            }
         );
-
-        let empty = dir.join("empty");
-        std::fs::write(&empty, "# nothing\n").unwrap();
-        assert!(Tokens::from_file(&empty)
-            .unwrap_err()
-            .0
-            .contains("no tokens"));
-        assert!(Tokens::from_file(&dir.join("missing"))
-            .unwrap_err()
-            .0
-            .contains("cannot read token file"));
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(!error.to_string().contains("secret"), "{error}");
+        assert_eq!(
+            Tokens::parse(b"# nothing\n").unwrap_err(),
+            TokenError::Empty
+        );
     }
 
     #[test]

@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-macro_rules! counters {
-    ($( $(#[$doc:meta])* $name:ident, )*) => {
+macro_rules! metrics {
+    ($( $(#[$doc:meta])* $name:ident: $kind:ident $prom:literal $labels:literal $help:literal, )*) => {
         /// Live counters. Only the loop thread writes them (relaxed atomics,
         /// uncontended); other threads take a [`MetricsSnapshot`].
         #[derive(Debug, Default)]
@@ -20,145 +20,196 @@ macro_rules! counters {
             $( $(#[$doc])* pub $name: u64, )*
         }
 
+        /// How each counter is exported, in table order.
+        const EXPORTS: &[Export] = &[
+            $( Export { name: $prom, labels: $labels, kind: Kind::$kind, help: $help }, )*
+        ];
+
         impl Metrics {
             /// Reads every counter.
             pub fn snapshot(&self) -> MetricsSnapshot {
                 MetricsSnapshot { $( $name: self.$name.load(Ordering::Relaxed), )* }
             }
+
+            /// Every counter, in table order.
+            fn all(&self) -> [&AtomicU64; EXPORTS.len()] {
+                [ $( &self.$name, )* ]
+            }
         }
 
         impl MetricsSnapshot {
-            /// Every counter as `(name, value)`, in declaration order.
-            pub fn fields(&self) -> Vec<(&'static str, u64)> {
-                vec![ $( (stringify!($name), self.$name), )* ]
+            /// Every value, in table order.
+            fn values(&self) -> [u64; EXPORTS.len()] {
+                [ $( self.$name, )* ]
             }
         }
     };
 }
 
-counters! {
+/// How a counter is exported in the Prometheus format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A `counter`: only ever grows.
+    Counter,
+    /// A `gauge`: a level now.
+    Gauge,
+    /// Rendered apart, in another shape (the loop time histogram and
+    /// maximum, in seconds).
+    Apart,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Apart => "untyped",
+        }
+    }
+}
+
+/// One row of the metrics table: a counter, its exported name and label
+/// set (rows of one name, adjacent, form one family), kind and help (the
+/// family's, given on its first row).
+#[derive(Debug)]
+struct Export {
+    name: &'static str,
+    labels: &'static str,
+    kind: Kind,
+    help: &'static str,
+}
+
+/// The family of connections closed, by reason.
+const CLOSED: &str = "wspush_connections_closed_total";
+/// The family of requests refused before the upgrade, by status.
+const REJECTED: &str = "wspush_requests_rejected_total";
+
+// The one table of metrics: field (with its doc), kind, exported name,
+// labels, help. The Prometheus text, the stats line's sums and the
+// rejection counter lookup are all generated from it.
+metrics! {
     /// TCP connections accepted.
-    connections_accepted,
+    connections_accepted: Counter "wspush_connections_accepted_total" "" "TCP connections accepted.",
     /// WebSocket connections open now (upgraded, until closed).
-    connections_open,
+    connections_open: Gauge "wspush_connections_open" "" "WebSocket connections open now (upgraded, until closed).",
     /// Connections not upgraded, held now: reading a request head, or
     /// answering a plain HTTP request or an error.
-    connections_http,
+    connections_http: Gauge "wspush_connections_http" "" "Connections not upgraded, held now: reading a request head, or answering a plain HTTP request or an error.",
     /// Handshakes completed with `101 Switching Protocols`.
-    upgrades,
+    upgrades: Counter "wspush_upgrades_total" "" "WebSocket handshakes completed.",
     /// Plain requests for `/healthz` answered.
-    http_healthz,
+    http_healthz: Counter "wspush_http_requests_total" "{path=\"/healthz\"}" "Plain HTTP requests answered, by path.",
     /// Plain requests for `/metrics` answered.
-    http_metrics,
+    http_metrics: Counter "wspush_http_requests_total" "{path=\"/metrics\"}" "",
     /// Plain requests for the demo page (`/` with `--demo`) answered.
-    http_demo,
+    http_demo: Counter "wspush_http_requests_total" "{path=\"/\"}" "",
     /// Requests answered with 400.
-    rejected_400,
+    rejected_400: Counter "wspush_requests_rejected_total" "{status=\"400\"}" "Requests refused before the upgrade, by HTTP status.",
     /// Requests answered with 401 (missing or wrong token).
-    rejected_401,
+    rejected_401: Counter "wspush_requests_rejected_total" "{status=\"401\"}" "",
     /// Requests answered with 403 (origin not allowed).
-    rejected_403,
+    rejected_403: Counter "wspush_requests_rejected_total" "{status=\"403\"}" "",
     /// Requests answered with 404.
-    rejected_404,
+    rejected_404: Counter "wspush_requests_rejected_total" "{status=\"404\"}" "",
     /// Requests answered with 405.
-    rejected_405,
+    rejected_405: Counter "wspush_requests_rejected_total" "{status=\"405\"}" "",
     /// Requests answered with 426.
-    rejected_426,
+    rejected_426: Counter "wspush_requests_rejected_total" "{status=\"426\"}" "",
     /// Connections refused because their IP address held its maximum (429).
-    rejected_429,
+    rejected_429: Counter "wspush_requests_rejected_total" "{status=\"429\"}" "",
     /// Requests answered with 431.
-    rejected_431,
+    rejected_431: Counter "wspush_requests_rejected_total" "{status=\"431\"}" "",
     /// Connections refused at accept because `max_connections` was reached (503).
-    rejected_503,
+    rejected_503: Counter "wspush_requests_rejected_total" "{status=\"503\"}" "",
     /// Closed after a completed close handshake (either side began it).
-    closed_normal,
+    closed_normal: Counter "wspush_connections_closed_total" "{reason=\"normal\"}" "Connections closed, by reason (and close code for protocol errors).",
     /// Closed after the server failed the connection for a protocol error (1002).
-    closed_protocol_error,
+    closed_protocol_error: Counter "wspush_connections_closed_total" "{reason=\"protocol_error\",code=\"1002\"}" "",
     /// Closed after invalid UTF-8 (1007).
-    closed_invalid_payload,
+    closed_invalid_payload: Counter "wspush_connections_closed_total" "{reason=\"protocol_error\",code=\"1007\"}" "",
     /// Closed after a message over the size limit (1009).
-    closed_message_too_big,
+    closed_message_too_big: Counter "wspush_connections_closed_total" "{reason=\"protocol_error\",code=\"1009\"}" "",
     /// Closed because the output queue was over its limit (1008).
-    closed_slow_consumer,
+    closed_slow_consumer: Counter "wspush_connections_closed_total" "{reason=\"slow_consumer\"}" "",
     /// Closed because nothing was heard from the client for the idle timeout (1001).
-    closed_idle_timeout,
+    closed_idle_timeout: Counter "wspush_connections_closed_total" "{reason=\"idle_timeout\"}" "",
     /// Closed because a handshake did not complete in time.
-    closed_handshake_timeout,
+    closed_handshake_timeout: Counter "wspush_connections_closed_total" "{reason=\"handshake_timeout\"}" "",
     /// Closed after an HTTP rejection was sent.
-    closed_rejected,
+    closed_rejected: Counter "wspush_connections_closed_total" "{reason=\"rejected\"}" "",
     /// Closed after a plain HTTP request (`/healthz`, `/metrics`, the demo
     /// page) was answered.
-    closed_http,
+    closed_http: Counter "wspush_connections_closed_total" "{reason=\"http\"}" "",
     /// Closed during server shutdown (1001).
-    closed_shutdown,
+    closed_shutdown: Counter "wspush_connections_closed_total" "{reason=\"shutdown\"}" "",
     /// The peer vanished without a close handshake (EOF, reset or I/O error).
-    closed_abnormal,
+    closed_abnormal: Counter "wspush_connections_closed_total" "{reason=\"abnormal\"}" "",
     /// Broadcast messages encoded (each once).
-    broadcasts,
+    broadcasts: Counter "wspush_broadcasts_total" "" "Broadcast messages encoded (each once).",
     /// Batches fanned out: broadcasts queued together are framed into one
     /// batch, which each connection takes in one write.
-    broadcast_batches,
+    broadcast_batches: Counter "wspush_broadcast_batches_total" "" "Batches of broadcasts fanned out (each written to a connection at once).",
     /// Broadcast messages refused (larger than the message limit).
-    broadcasts_rejected,
+    broadcasts_rejected: Counter "wspush_broadcasts_rejected_total" "" "Broadcasts refused as larger than the message limit.",
     /// Broadcasts a handle queued that were not sent because a shutdown
     /// came first (the loop was behind), or that came after it (once the
     /// server is dropped, a handle's snapshot counts what was left queued).
-    broadcasts_abandoned,
+    broadcasts_abandoned: Counter "wspush_broadcasts_abandoned_total" "" "Queued broadcasts not sent because the server shut down.",
     /// Bytes of broadcasts queued for the loop and not yet sent (payloads
     /// plus 64 bytes each; bounded by `max_pending_bytes`).
-    broadcast_queue_bytes,
+    broadcast_queue_bytes: Gauge "wspush_broadcast_queue_bytes" "" "Bytes of broadcasts queued and not yet sent.",
     /// How long the oldest broadcast not yet sent has waited, in
     /// microseconds (0 when none waits).
-    broadcast_queue_age_us,
+    broadcast_queue_age_us: Gauge "wspush_broadcast_queue_age_microseconds" "" "Age of the oldest broadcast not yet sent.",
     /// Input lines not broadcast (invalid UTF-8, or over the message limit).
-    input_lines_rejected,
+    input_lines_rejected: Counter "wspush_input_lines_rejected_total" "" "Input lines skipped (invalid UTF-8 or too long).",
     /// Broadcast frames handed to connections (written or queued).
-    broadcast_deliveries,
+    broadcast_deliveries: Counter "wspush_broadcast_deliveries_total" "" "Broadcast frames handed to connections.",
     /// Broadcast frames a connection did not get because its queue was full
     /// (policy `drop`: each one skipped; policy `close`: the one that
     /// overflowed it, as the connection is closed).
-    slow_consumer_drops,
+    slow_consumer_drops: Counter "wspush_slow_consumer_drops_total" "" "Broadcasts skipped for a connection whose queue was full.",
     /// Frames queued for a connection and never written whole: dropped
     /// when it was closed as a slow consumer, or still pending when it
     /// closed (the peer went, or a close or shutdown timed out).
-    frames_discarded,
+    frames_discarded: Counter "wspush_frames_discarded_total" "" "Queued frames never written whole (slow consumer closed, or pending at close).",
     /// Frames handed to sockets: broadcasts, pings and each connection's own.
-    frames_sent,
+    frames_sent: Counter "wspush_frames_sent_total" "" "Frames handed to sockets.",
     /// Bytes the kernel took from the server's writes.
-    bytes_written,
+    bytes_written: Counter "wspush_bytes_written_total" "" "Bytes written to sockets.",
     /// Frames that could not be written whole at once and were queued.
-    write_would_block,
+    write_would_block: Counter "wspush_write_would_block_total" "" "Frames not written whole at once and queued.",
     /// Output bytes queued now over all connections, shared frames counted
     /// by their size (bounded by connections × `max_queued_bytes`).
-    queued_bytes,
+    queued_bytes: Gauge "wspush_queued_bytes" "" "Output bytes queued over all connections.",
     /// Data messages received from clients.
-    messages_received,
+    messages_received: Counter "wspush_messages_received_total" "" "Data messages received from clients.",
     /// Messages echoed back (echo mode).
-    messages_echoed,
+    messages_echoed: Counter "wspush_messages_echoed_total" "" "Messages echoed back (echo mode).",
     /// Heartbeat pings sent.
-    pings_sent,
+    pings_sent: Counter "wspush_pings_sent_total" "" "Heartbeat pings sent.",
     /// Pings from clients, answered with a pong.
-    pings_received,
+    pings_received: Counter "wspush_pings_received_total" "" "Pings received from clients and answered.",
     /// Buffers lent from the pool right now (partial input, echo messages).
-    buffers_lent,
+    buffers_lent: Gauge "wspush_buffers_lent" "" "Pool buffers lent to connections now.",
     /// Free buffers the pool holds for reuse right now.
-    buffers_idle,
+    buffers_idle: Gauge "wspush_buffers_idle" "" "Free pool buffers kept for reuse now.",
     /// Pool buffers given back to the system (over the idle limit, grown
     /// for an echo message, or unused for a whole trim period).
-    buffers_released,
+    buffers_released: Counter "wspush_buffers_released_total" "" "Pool buffers given back to the system.",
     /// Accept errors other than running out of file descriptors.
-    accept_errors,
+    accept_errors: Counter "wspush_accept_errors_total" "" "Accept errors other than running out of file descriptors.",
     /// Times accepting was paused because file descriptors ran out.
-    accept_pauses,
+    accept_pauses: Counter "wspush_accept_pauses_total" "" "Times accepting paused because file descriptors ran out (EMFILE/ENFILE).",
     /// Loop iterations (one poll and everything it woke up).
-    loop_iterations,
+    loop_iterations: Apart "" "" "",
     /// Time spent in loop iterations, not counting the wait, in nanoseconds.
-    loop_busy_ns,
+    loop_busy_ns: Apart "" "" "",
     /// The longest loop iteration in the last 10 to 20 seconds, in nanoseconds.
-    loop_max_ns,
+    loop_max_ns: Apart "" "" "",
     /// Polls put off by the batch delay because the poll before them found
     /// several events.
-    loop_batch_waits,
+    loop_batch_waits: Counter "wspush_loop_batch_waits_total" "" "Polls put off by the batch delay because the poll before found several events.",
 }
 
 /// Upper bounds of the loop iteration time histogram, in microseconds.
@@ -234,8 +285,8 @@ impl LoopMax {
 /// slow), 10 broadcasts, 12000 deliveries, 0 dropped, 0 discarded, 0 B queued, 1200
 /// pings, 0 rejected, loop max 0.31 ms`.
 pub fn summary(last: &MetricsSnapshot, now: &MetricsSnapshot, over: Duration) -> String {
-    let closed = |m: &MetricsSnapshot| m.closed_by_reason().iter().map(|(_, n)| n).sum::<u64>();
-    let rejected = |m: &MetricsSnapshot| m.rejected_by_status().iter().map(|(_, n)| n).sum::<u64>();
+    let closed = |m: &MetricsSnapshot| m.family_total(CLOSED);
+    let rejected = |m: &MetricsSnapshot| m.family_total(REJECTED);
     format!(
         "{} open (+{} accepted, -{} closed: {} idle, {} slow) in {}s, {} broadcasts, {} deliveries, \
          {} dropped, {} discarded, {} B queued, {} pings, {} rejected, loop max {:.2} ms",
@@ -312,304 +363,52 @@ impl Metrics {
         }
     }
 
-    /// The counter for a request rejected with `status`.
+    /// The counter for a request rejected with `status` (400's for a
+    /// status the table has no row for).
     pub fn rejected(&self, status: u16) -> &AtomicU64 {
-        match status {
-            401 => &self.rejected_401,
-            403 => &self.rejected_403,
-            404 => &self.rejected_404,
-            405 => &self.rejected_405,
-            426 => &self.rejected_426,
-            429 => &self.rejected_429,
-            431 => &self.rejected_431,
-            503 => &self.rejected_503,
-            _ => &self.rejected_400,
-        }
+        let row = |status: u16| {
+            EXPORTS.iter().position(|e| {
+                e.name == REJECTED
+                    && e.labels
+                        .strip_prefix("{status=\"")
+                        .and_then(|l| l.strip_suffix("\"}"))
+                        .and_then(|l| l.parse::<u16>().ok())
+                        == Some(status)
+            })
+        };
+        let index = row(status).or_else(|| row(400)).expect("bug: a 400 row");
+        self.all()[index]
     }
 }
 
 impl MetricsSnapshot {
-    /// Closed connections by reason, as Prometheus label sets (protocol
-    /// errors with their close code).
-    pub fn closed_by_reason(&self) -> [(&'static str, u64); 11] {
-        [
-            ("{reason=\"normal\"}", self.closed_normal),
-            (
-                "{reason=\"protocol_error\",code=\"1002\"}",
-                self.closed_protocol_error,
-            ),
-            (
-                "{reason=\"protocol_error\",code=\"1007\"}",
-                self.closed_invalid_payload,
-            ),
-            (
-                "{reason=\"protocol_error\",code=\"1009\"}",
-                self.closed_message_too_big,
-            ),
-            ("{reason=\"slow_consumer\"}", self.closed_slow_consumer),
-            ("{reason=\"idle_timeout\"}", self.closed_idle_timeout),
-            (
-                "{reason=\"handshake_timeout\"}",
-                self.closed_handshake_timeout,
-            ),
-            ("{reason=\"rejected\"}", self.closed_rejected),
-            ("{reason=\"http\"}", self.closed_http),
-            ("{reason=\"shutdown\"}", self.closed_shutdown),
-            ("{reason=\"abnormal\"}", self.closed_abnormal),
-        ]
+    /// The sum of a family's rows.
+    fn family_total(&self, family: &str) -> u64 {
+        EXPORTS
+            .iter()
+            .zip(self.values())
+            .filter(|(e, _)| e.name == family)
+            .map(|(_, value)| value)
+            .sum()
     }
-
-    /// Requests refused before the upgrade by HTTP status, as Prometheus label sets.
-    pub fn rejected_by_status(&self) -> [(&'static str, u64); 9] {
-        [
-            ("{status=\"400\"}", self.rejected_400),
-            ("{status=\"401\"}", self.rejected_401),
-            ("{status=\"403\"}", self.rejected_403),
-            ("{status=\"404\"}", self.rejected_404),
-            ("{status=\"405\"}", self.rejected_405),
-            ("{status=\"426\"}", self.rejected_426),
-            ("{status=\"429\"}", self.rejected_429),
-            ("{status=\"431\"}", self.rejected_431),
-            ("{status=\"503\"}", self.rejected_503),
-        ]
-    }
-}
-
-/// One exported sample: metric name, label set and value.
-struct Series {
-    name: &'static str,
-    labels: &'static str,
-    value: u64,
 }
 
 /// Renders every counter in the Prometheus text exposition format
 /// (version 0.0.4), with `# HELP` and `# TYPE` once per metric family.
 pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &mut Vec<u8>) {
     use std::io::Write;
-    let family = |out: &mut Vec<u8>, name: &str, kind: &str, help: &str, series: &[Series]| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for s in series {
-            let _ = writeln!(out, "{}{} {}", s.name, s.labels, s.value);
+    let mut family = "";
+    for (export, value) in EXPORTS.iter().zip(m.values()) {
+        if export.kind == Kind::Apart {
+            continue;
         }
-    };
-    let one = |name, value| {
-        [Series {
-            name,
-            labels: "",
-            value,
-        }]
-    };
-    let labelled = |name, pairs: &[(&'static str, u64)]| -> Vec<Series> {
-        pairs
-            .iter()
-            .map(|&(labels, value)| Series {
-                name,
-                labels,
-                value,
-            })
-            .collect()
-    };
-    let simple: [(&str, &str, &str, u64); 28] = [
-        (
-            "wspush_connections_open",
-            "gauge",
-            "WebSocket connections open now (upgraded, until closed).",
-            m.connections_open,
-        ),
-        (
-            "wspush_connections_http",
-            "gauge",
-            "Connections not upgraded, held now: reading a request head, or answering a plain HTTP request or an error.",
-            m.connections_http,
-        ),
-        (
-            "wspush_connections_accepted_total",
-            "counter",
-            "TCP connections accepted.",
-            m.connections_accepted,
-        ),
-        (
-            "wspush_upgrades_total",
-            "counter",
-            "WebSocket handshakes completed.",
-            m.upgrades,
-        ),
-        (
-            "wspush_broadcasts_total",
-            "counter",
-            "Broadcast messages encoded (each once).",
-            m.broadcasts,
-        ),
-        (
-            "wspush_broadcast_batches_total",
-            "counter",
-            "Batches of broadcasts fanned out (each written to a connection at once).",
-            m.broadcast_batches,
-        ),
-        (
-            "wspush_broadcast_queue_bytes",
-            "gauge",
-            "Bytes of broadcasts queued and not yet sent.",
-            m.broadcast_queue_bytes,
-        ),
-        (
-            "wspush_broadcast_queue_age_microseconds",
-            "gauge",
-            "Age of the oldest broadcast not yet sent.",
-            m.broadcast_queue_age_us,
-        ),
-        (
-            "wspush_broadcasts_rejected_total",
-            "counter",
-            "Broadcasts refused as larger than the message limit.",
-            m.broadcasts_rejected,
-        ),
-        (
-            "wspush_broadcasts_abandoned_total",
-            "counter",
-            "Queued broadcasts not sent because the server shut down.",
-            m.broadcasts_abandoned,
-        ),
-        (
-            "wspush_input_lines_rejected_total",
-            "counter",
-            "Input lines skipped (invalid UTF-8 or too long).",
-            m.input_lines_rejected,
-        ),
-        (
-            "wspush_broadcast_deliveries_total",
-            "counter",
-            "Broadcast frames handed to connections.",
-            m.broadcast_deliveries,
-        ),
-        (
-            "wspush_slow_consumer_drops_total",
-            "counter",
-            "Broadcasts skipped for a connection whose queue was full.",
-            m.slow_consumer_drops,
-        ),
-        (
-            "wspush_frames_discarded_total",
-            "counter",
-            "Queued frames never written whole (slow consumer closed, or pending at close).",
-            m.frames_discarded,
-        ),
-        (
-            "wspush_frames_sent_total",
-            "counter",
-            "Frames handed to sockets.",
-            m.frames_sent,
-        ),
-        (
-            "wspush_bytes_written_total",
-            "counter",
-            "Bytes written to sockets.",
-            m.bytes_written,
-        ),
-        (
-            "wspush_write_would_block_total",
-            "counter",
-            "Frames not written whole at once and queued.",
-            m.write_would_block,
-        ),
-        (
-            "wspush_queued_bytes",
-            "gauge",
-            "Output bytes queued over all connections.",
-            m.queued_bytes,
-        ),
-        (
-            "wspush_messages_received_total",
-            "counter",
-            "Data messages received from clients.",
-            m.messages_received,
-        ),
-        (
-            "wspush_messages_echoed_total",
-            "counter",
-            "Messages echoed back (echo mode).",
-            m.messages_echoed,
-        ),
-        (
-            "wspush_pings_sent_total",
-            "counter",
-            "Heartbeat pings sent.",
-            m.pings_sent,
-        ),
-        (
-            "wspush_pings_received_total",
-            "counter",
-            "Pings received from clients and answered.",
-            m.pings_received,
-        ),
-        (
-            "wspush_buffers_lent",
-            "gauge",
-            "Pool buffers lent to connections now.",
-            m.buffers_lent,
-        ),
-        (
-            "wspush_buffers_idle",
-            "gauge",
-            "Free pool buffers kept for reuse now.",
-            m.buffers_idle,
-        ),
-        (
-            "wspush_buffers_released_total",
-            "counter",
-            "Pool buffers given back to the system.",
-            m.buffers_released,
-        ),
-        (
-            "wspush_accept_errors_total",
-            "counter",
-            "Accept errors other than running out of file descriptors.",
-            m.accept_errors,
-        ),
-        (
-            "wspush_accept_pauses_total",
-            "counter",
-            "Times accepting paused because file descriptors ran out (EMFILE/ENFILE).",
-            m.accept_pauses,
-        ),
-        (
-            "wspush_loop_batch_waits_total",
-            "counter",
-            "Polls put off by the batch delay because the poll before found several events.",
-            m.loop_batch_waits,
-        ),
-    ];
-    for (name, kind, help, value) in &simple {
-        family(out, name, kind, help, &one(name, *value));
+        if export.name != family {
+            family = export.name;
+            let (name, help, kind) = (export.name, export.help, export.kind.as_str());
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        }
+        let _ = writeln!(out, "{}{} {value}", export.name, export.labels);
     }
-    family(
-        out,
-        "wspush_connections_closed_total",
-        "counter",
-        "Connections closed, by reason (and close code for protocol errors).",
-        &labelled("wspush_connections_closed_total", &m.closed_by_reason()),
-    );
-    family(
-        out,
-        "wspush_requests_rejected_total",
-        "counter",
-        "Requests refused before the upgrade, by HTTP status.",
-        &labelled("wspush_requests_rejected_total", &m.rejected_by_status()),
-    );
-    family(
-        out,
-        "wspush_http_requests_total",
-        "counter",
-        "Plain HTTP requests answered, by path.",
-        &labelled(
-            "wspush_http_requests_total",
-            &[
-                ("{path=\"/healthz\"}", m.http_healthz),
-                ("{path=\"/metrics\"}", m.http_metrics),
-                ("{path=\"/\"}", m.http_demo),
-            ],
-        ),
-    );
     let _ = writeln!(
         out,
         "# HELP wspush_loop_iteration_seconds Time the loop spent per iteration, not counting the wait.\n\
@@ -643,6 +442,31 @@ pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &m
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The table's families are adjacent rows, each named, typed and
+    /// explained once; the lookups find their rows.
+    #[test]
+    fn the_table_is_well_formed() {
+        let mut seen = Vec::new();
+        let mut family = "";
+        for export in EXPORTS.iter().filter(|e| e.kind != Kind::Apart) {
+            assert!(export.name.starts_with("wspush_"), "{export:?}");
+            if export.name != family {
+                assert!(!seen.contains(&export.name), "{} is split", export.name);
+                assert!(!export.help.is_empty(), "{export:?}");
+                family = export.name;
+                seen.push(family);
+            } else {
+                assert!(export.help.is_empty(), "help twice: {export:?}");
+                assert!(!export.labels.is_empty(), "{export:?}");
+            }
+        }
+        assert!(seen.contains(&CLOSED) && seen.contains(&REJECTED));
+        let m = Metrics::default();
+        assert!(std::ptr::eq(m.rejected(431), &m.rejected_431));
+        assert!(std::ptr::eq(m.rejected(503), &m.rejected_503));
+        assert!(std::ptr::eq(m.rejected(418), &m.rejected_400));
+    }
 
     #[test]
     fn prometheus_text_has_one_type_per_family_and_every_sample_parses() {

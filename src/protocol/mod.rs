@@ -1,0 +1,8 @@
+//! The protocol layer: pure code over byte slices, no I/O. Parsers return
+//! a status (incomplete input is not an error) and small error enums that
+//! map to one HTTP status or one close code.
+
+pub mod auth;
+pub mod http;
+pub(crate) mod target;
+pub mod ws;
