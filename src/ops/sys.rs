@@ -8,7 +8,7 @@
 //! half-sent requests, each holding an 8 KiB pool buffer) the freed
 //! buffers sit among live allocations, so the process keeps the burst's
 //! resident size for good: measured here, 6.7 MB before a 10,000-socket
-//! slowloris, 49.7 MB at its peak and still 49.8 MB once every buffer was
+//! slowloris, 49.8 MB at its peak and still 49.8 MB once every buffer was
 //! freed. `malloc_trim(0)` also releases the whole free pages inside the
 //! heap (`MADV_DONTNEED`), which brings it back to the baseline.
 

@@ -1,13 +1,15 @@
 //! The loop as a value: one `mio::Poll`, the listener (and an optional
 //! metrics listener), a `Slab` of connections, the buffer pool, the timer
 //! wheel, the heartbeat sweep and the command channel.
-//! [`Server::poll_once`] is one non-blocking step; [`Server::run`] loops
-//! until shutdown. A [`Handle`] broadcasts and shuts down from any thread.
+//! [`Server::poll_once`] is one step, waiting at most the caller's
+//! timeout; [`Server::run`] loops until shutdown. A [`Handle`] broadcasts
+//! and shuts down from any thread.
 //!
 //! Like Redis' `ae`, the loop has file events (sockets) and time events:
 //! connection deadlines on the wheel, the heartbeat slices, the pool trim
-//! and the periodic stats line. The nearest one sets the poll timeout;
-//! with none pending the loop sleeps until a socket or a command wakes it.
+//! and the periodic stats line. The nearest one sets the alarm (a timerfd
+//! in the poll, see `alarm`); with none pending the loop sleeps until a
+//! socket or a command wakes it.
 
 use std::io;
 use std::net::SocketAddr;
