@@ -31,32 +31,25 @@ pub enum PumpEnd {
 
 /// Reads `input` to its end, broadcasting each line through `handle` in
 /// order; lines longer than `max_line_bytes` are skipped.
-pub fn pump_lines(mut input: impl BufRead, handle: &Handle, max_line_bytes: usize) -> PumpEnd {
-    let mut line = Vec::new();
-    let mut number = 0u64;
+pub fn pump_lines(input: impl BufRead, handle: &Handle, max_line_bytes: usize) -> PumpEnd {
+    let mut lines = Lines::new(input, max_line_bytes);
     loop {
-        line.clear();
-        number += 1;
-        let complete = match read_line(&mut input, &mut line, max_line_bytes) {
+        let text = match lines.next_line() {
             Ok(None) => return PumpEnd::Eof,
-            Ok(Some(complete)) => complete,
-            Err(e) => return PumpEnd::Failed(e),
-        };
-        let text = match (complete, String::from_utf8(std::mem::take(&mut line))) {
-            (true, Ok(text)) => text,
-            (false, _) => {
+            Ok(Some(Line::Text(text))) => text,
+            Ok(Some(Line::TooLong)) => {
                 reject(
                     handle,
-                    number,
+                    lines.number(),
                     &format!("longer than the {max_line_bytes}-byte message limit"),
                 );
                 continue;
             }
-            (true, Err(e)) => {
-                line = e.into_bytes();
-                reject(handle, number, "not valid UTF-8");
+            Ok(Some(Line::NotUtf8)) => {
+                reject(handle, lines.number(), "not valid UTF-8");
                 continue;
             }
+            Err(e) => return PumpEnd::Failed(e),
         };
         if let Err(ServerGone) = handle.broadcast_text(text) {
             return PumpEnd::ServerGone;
@@ -67,6 +60,70 @@ pub fn pump_lines(mut input: impl BufRead, handle: &Handle, max_line_bytes: usiz
 fn reject(handle: &Handle, number: u64, why: &str) {
     Metrics::incr(&handle.metrics_ref().input_lines_rejected);
     log::warn!("input line {number} skipped: {why}");
+}
+
+/// One line of the input, judged by the rules above.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Line {
+    /// A line to broadcast, without its ending.
+    Text(String),
+    /// A line longer than the limit, skipped (never held whole).
+    TooLong,
+    /// A line that is not valid UTF-8, skipped.
+    NotUtf8,
+}
+
+/// Splits a byte stream into [`Line`]s, the pure half of [`pump_lines`].
+/// Holds at most one byte more than the limit of a line, however long
+/// the line is.
+#[derive(Debug)]
+pub struct Lines<R> {
+    input: R,
+    max_line_bytes: usize,
+    /// The line being read; kept for the next one when it was skipped.
+    line: Vec<u8>,
+    number: u64,
+}
+
+impl<R: BufRead> Lines<R> {
+    /// The lines of `input`; a line longer than `max_line_bytes` is
+    /// [`Line::TooLong`].
+    pub fn new(input: R, max_line_bytes: usize) -> Lines<R> {
+        Lines {
+            input,
+            max_line_bytes,
+            line: Vec::new(),
+            number: 0,
+        }
+    }
+
+    /// The next line; `Ok(None)` at end of input. A read interrupted by a
+    /// signal is retried; any other read error is returned.
+    pub fn next_line(&mut self) -> io::Result<Option<Line>> {
+        self.line.clear();
+        let Some(complete) = read_line(&mut self.input, &mut self.line, self.max_line_bytes)?
+        else {
+            return Ok(None);
+        };
+        self.number += 1;
+        if !complete {
+            return Ok(Some(Line::TooLong));
+        }
+        Ok(Some(
+            match String::from_utf8(std::mem::take(&mut self.line)) {
+                Ok(text) => Line::Text(text),
+                Err(e) => {
+                    self.line = e.into_bytes();
+                    Line::NotUtf8
+                }
+            },
+        ))
+    }
+
+    /// The number of the line [`Lines::next_line`] returned last, from 1.
+    pub fn number(&self) -> u64 {
+        self.number
+    }
 }
 
 /// Reads one line into `line` without its ending. `Ok(None)` at end of
@@ -113,27 +170,24 @@ fn read_line(input: &mut impl BufRead, line: &mut Vec<u8>, max: usize) -> io::Re
 mod tests {
     use super::*;
 
-    fn lines(input: &[u8], max: usize) -> Vec<Option<Vec<u8>>> {
-        let mut reader = io::BufReader::with_capacity(3, input);
+    fn lines(input: &[u8], max: usize) -> Vec<Line> {
+        let mut lines = Lines::new(io::BufReader::with_capacity(3, input), max);
         let mut out = Vec::new();
-        let mut line = Vec::new();
-        while let Some(complete) = read_line(&mut reader, &mut line, max).unwrap() {
-            out.push(complete.then(|| line.clone()));
-            line.clear();
+        while let Some(line) = lines.next_line().unwrap() {
+            out.push(line);
+            assert_eq!(lines.number(), out.len() as u64);
         }
         out
+    }
+
+    fn text(line: &str) -> Line {
+        Line::Text(line.to_string())
     }
 
     #[test]
     fn splits_lines_and_strips_their_endings() {
         let got = lines(b"one\r\n\ntwo\nlast", 10);
-        let want: Vec<Option<Vec<u8>>> = vec![
-            Some(b"one".to_vec()),
-            Some(vec![]),
-            Some(b"two".to_vec()),
-            Some(b"last".to_vec()),
-        ];
-        assert_eq!(got, want);
+        assert_eq!(got, [text("one"), text(""), text("two"), text("last")]);
         assert!(lines(b"", 10).is_empty());
     }
 
@@ -142,17 +196,18 @@ mod tests {
         let got = lines(b"12345\n123456\n1234\r\nok\n", 5);
         assert_eq!(
             got,
-            vec![
-                Some(b"12345".to_vec()),
-                None,
-                Some(b"1234".to_vec()),
-                Some(b"ok".to_vec())
-            ]
+            [text("12345"), Line::TooLong, text("1234"), text("ok")]
         );
         assert_eq!(
             lines(b"12345\r\n", 5),
-            vec![Some(b"12345".to_vec())],
+            [text("12345")],
             "the \\r does not count"
         );
+    }
+
+    #[test]
+    fn lines_that_are_not_utf8_are_refused_and_counted() {
+        let got = lines(b"caf\xc3\xa9\n\xff\xfe\r\nok", 10);
+        assert_eq!(got, [text("caf\u{e9}"), Line::NotUtf8, text("ok")]);
     }
 }

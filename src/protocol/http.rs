@@ -363,9 +363,14 @@ pub fn parse_request_after<'a>(
 
 /// Whether `buf` has an empty line (`\n\n` or `\n\r\n`, the end of an
 /// HTTP head; httparse accepts both) that is not wholly inside
-/// `buf[..seen]`.
+/// `buf[..seen]`. Empty lines before the request line end nothing
+/// (httparse skips them), so only a line end after its first byte counts;
+/// finding that byte scans just the line ends before it.
 fn has_blank_line(buf: &[u8], seen: usize) -> bool {
-    let from = seen.saturating_sub(2).min(buf.len());
+    let Some(start) = buf.iter().position(|&b| b != b'\r' && b != b'\n') else {
+        return false;
+    };
+    let from = seen.saturating_sub(2).max(start).min(buf.len());
     buf[from..]
         .iter()
         .enumerate()
@@ -840,6 +845,34 @@ mod tests {
             parse_request_after(endless.as_bytes(), 8000, &RULES),
             Err(Rejection::HeadTooLarge(8192))
         );
+    }
+
+    /// Empty lines before the request line (httparse skips them) end no
+    /// head: fed a byte at a time after them, a request is answered as
+    /// when parsed whole, at the same byte.
+    #[test]
+    fn empty_lines_before_the_request_line_end_no_head() {
+        let malformed: &[u8] = b"\n\r\nU\x82gr Socket-\nT\r\n\r\n";
+        let good = format!("\r\n\n{GOOD}");
+        for req in [malformed, good.as_bytes()] {
+            for end in 1..=req.len() {
+                let whole = parse_request(&req[..end], &RULES);
+                let fed = parse_request_after(&req[..end], end - 1, &RULES);
+                assert_eq!(fed, whole, "{end}");
+                if whole != Ok(HeadStatus::Partial) {
+                    assert_eq!(end, req.len(), "answered before the head ended");
+                    break;
+                }
+            }
+        }
+        assert_eq!(
+            parse_request(malformed, &RULES),
+            Err(Rejection::BadRequest("malformed HTTP request"))
+        );
+        assert!(matches!(
+            parse_request(good.as_bytes(), &RULES),
+            Ok(HeadStatus::Upgrade(_, len)) if len == good.len()
+        ));
     }
 
     #[test]
