@@ -36,7 +36,7 @@
 //!
 //! - [`protocol`]: pure code over byte slices, no I/O: the WebSocket codec
 //!   ([`ws`]), the HTTP upgrade ([`http`]), tokens and origins, request
-//!   targets. It can be used on its own.
+//!   targets, the input line rules. It can be used on its own.
 //! - the loop (`server`): the poll loop, the connection state machine, the
 //!   output queues, the buffer pool, time events, heartbeats and the
 //!   fan-out of broadcasts: [`Server`], [`Handle`] and [`Config`].
@@ -48,7 +48,6 @@
 #![deny(missing_docs)]
 
 mod config;
-pub mod input;
 mod ops;
 pub mod protocol;
 mod server;

@@ -16,7 +16,7 @@ use std::io::{self, BufRead, Read};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use libfuzzer_sys::fuzz_target;
-use wspush::input::{Line, Lines};
+use wspush::protocol::lines::{Line, Lines};
 
 /// The system allocator, noting the largest allocation while `WATCHING`.
 struct Watched;

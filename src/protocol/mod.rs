@@ -4,5 +4,6 @@
 
 pub mod auth;
 pub mod http;
+pub mod lines;
 pub(crate) mod target;
 pub mod ws;

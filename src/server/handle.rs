@@ -65,7 +65,7 @@ pub struct Handle {
 impl Handle {
     /// Queues a text message for every open connection. Blocks while the
     /// loop is `max_pending_bytes` behind (backpressure), so do not call it
-    /// from the loop's own thread; use [`Server::broadcast`] there. A
+    /// from the loop's own thread; use [`Server::broadcast`](crate::Server::broadcast) there. A
     /// message over `max_message_bytes` is not queued: it is counted in
     /// `broadcasts_rejected` and logged.
     pub fn broadcast_text(&self, text: impl Into<String>) -> Result<(), ServerGone> {
@@ -79,7 +79,7 @@ impl Handle {
 
     /// Asks the loop to shut down: stop accepting, close every connection
     /// with 1001 after what is already queued for it, and let
-    /// [`Server::run`] return once they are closed or the shutdown timeout
+    /// [`Server::run`](crate::Server::run) return once they are closed or the shutdown timeout
     /// passed. Broadcasts queued before it still go out first, for at most
     /// half the shutdown timeout (the loop may be far behind); the rest,
     /// and any queued after it, are counted in `broadcasts_abandoned`.
@@ -111,9 +111,11 @@ impl Handle {
         metrics
     }
 
-    /// The live counters, for code in this crate that counts on the loop's behalf.
-    pub(crate) fn metrics_ref(&self) -> &Metrics {
-        &self.shared.metrics
+    /// Counts an input line the caller skipped instead of broadcasting it
+    /// (not UTF-8, or too long), in `input_lines_rejected`: nothing is
+    /// dropped uncounted.
+    pub fn count_rejected_input(&self) {
+        Metrics::incr(&self.shared.metrics.input_lines_rejected);
     }
 
     fn send(&self, kind: MessageKind, payload: Vec<u8>) -> Result<(), ServerGone> {

@@ -13,12 +13,13 @@ use clap::{Parser, ValueEnum};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use socket2::{Domain, Socket, Type};
-use wspush::input::{pump_lines, PumpEnd};
 use wspush::sys::raise_open_file_limit;
 
+use input::{pump_lines, PumpEnd};
 use rlimit::{connection_capacity, instances_for};
 use supervisor::{OnExit, Policy, Supervisor, INSTANCE_ENV};
 
+mod input;
 mod rlimit;
 mod supervisor;
 use wspush::{

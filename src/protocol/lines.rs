@@ -1,4 +1,4 @@
-//! Broadcast input: each line of a byte stream (the binary's standard
+//! The input line rules: each line of a byte stream (the binary's standard
 //! input) becomes one text message.
 //!
 //! Rules, in order:
@@ -10,57 +10,10 @@
 //! - a line that is not valid UTF-8 is skipped (a text message must be
 //!   UTF-8), with a warning naming its line number.
 //!
-//! Skipped lines are counted in `input_lines_rejected`. End of input ends
-//! the pump, not the server.
+//! Pure: [`Lines`] reads any `BufRead` and judges each line; the binary
+//! broadcasts and counts them.
 
 use std::io::{self, BufRead};
-
-use crate::ops::metrics::Metrics;
-use crate::server::{Handle, ServerGone};
-
-/// How reading the input ended.
-#[derive(Debug)]
-pub enum PumpEnd {
-    /// End of input.
-    Eof,
-    /// The server loop stopped.
-    ServerGone,
-    /// Reading failed.
-    Failed(io::Error),
-}
-
-/// Reads `input` to its end, broadcasting each line through `handle` in
-/// order; lines longer than `max_line_bytes` are skipped.
-pub fn pump_lines(input: impl BufRead, handle: &Handle, max_line_bytes: usize) -> PumpEnd {
-    let mut lines = Lines::new(input, max_line_bytes);
-    loop {
-        let text = match lines.next_line() {
-            Ok(None) => return PumpEnd::Eof,
-            Ok(Some(Line::Text(text))) => text,
-            Ok(Some(Line::TooLong)) => {
-                reject(
-                    handle,
-                    lines.number(),
-                    &format!("longer than the {max_line_bytes}-byte message limit"),
-                );
-                continue;
-            }
-            Ok(Some(Line::NotUtf8)) => {
-                reject(handle, lines.number(), "not valid UTF-8");
-                continue;
-            }
-            Err(e) => return PumpEnd::Failed(e),
-        };
-        if let Err(ServerGone) = handle.broadcast_text(text) {
-            return PumpEnd::ServerGone;
-        }
-    }
-}
-
-fn reject(handle: &Handle, number: u64, why: &str) {
-    Metrics::incr(&handle.metrics_ref().input_lines_rejected);
-    log::warn!("input line {number} skipped: {why}");
-}
 
 /// One line of the input, judged by the rules above.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,7 +26,7 @@ pub enum Line {
     NotUtf8,
 }
 
-/// Splits a byte stream into [`Line`]s, the pure half of [`pump_lines`].
+/// Splits a byte stream into [`Line`]s.
 /// Holds at most one byte more than the limit of a line, however long
 /// the line is.
 #[derive(Debug)]
