@@ -22,13 +22,13 @@
 //! # let _ = addr;
 //! // Deterministic tests drive the loop one step at a time ...
 //! server.poll_once(Some(Duration::from_millis(10)))?;
-//! server.broadcast(MessageKind::Text, b"tick").unwrap();
+//! server.broadcast(MessageKind::Text, b"tick")?;
 //! // ... or hand it a thread and talk to it through a Handle.
 //! let handle = server.handle();
 //! let loop_thread = std::thread::spawn(move || server.run());
 //! handle.broadcast_text("hello")?;
 //! handle.shutdown()?;
-//! loop_thread.join().unwrap()?;
+//! loop_thread.join().map_err(|_| "the loop thread panicked")??;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -64,4 +64,6 @@ pub use config::{
 pub use ops::metrics::MetricsSnapshot;
 pub use protocol::auth::{TokenError, Tokens};
 pub use protocol::ws::MessageKind;
-pub use server::{ConnectionInfo, Handle, MessageTooBig, Server, ServerGone};
+pub use server::{
+    BindError, BroadcastError, ConnectionInfo, Handle, MessageTooBig, Server, ServerGone,
+};

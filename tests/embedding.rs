@@ -13,7 +13,9 @@ use tungstenite::Message;
 use util::{
     client_frame, connect, poll_until, raw, read_frame, read_response, upgrade_request, IO_TIMEOUT,
 };
-use wspush::{Config, Handle, MessageKind, Server, ServerGone};
+use wspush::{
+    BindError, BroadcastError, Config, Handle, MessageKind, MessageTooBig, Server, ServerGone,
+};
 
 #[test]
 fn a_server_stepped_with_poll_once_upgrades_and_broadcasts() {
@@ -75,7 +77,10 @@ fn a_handle_broadcasts_and_shuts_down_from_other_threads() {
     drop(client);
     loop_thread.join().unwrap().unwrap();
     assert_eq!(handle.metrics().closed_shutdown, 1);
-    assert_eq!(handle.broadcast_text("too late"), Err(ServerGone));
+    assert_eq!(
+        handle.broadcast_text("too late"),
+        Err(BroadcastError::Gone(ServerGone))
+    );
 }
 
 #[test]
@@ -84,20 +89,20 @@ fn bind_refuses_invalid_settings_and_taken_ports() {
         max_connections: 0,
         ..Config::default()
     };
-    assert_eq!(
-        Server::bind(bad).unwrap_err().kind(),
-        std::io::ErrorKind::InvalidInput
-    );
+    match Server::bind(bad).unwrap_err() {
+        BindError::Config(e) => assert!(e.to_string().contains("max_connections"), "{e}"),
+        other => panic!("{other}"),
+    }
 
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let config = Config {
         listen: taken.local_addr().unwrap(),
         ..Config::default()
     };
-    assert_eq!(
-        Server::bind(config).unwrap_err().kind(),
-        std::io::ErrorKind::AddrInUse
-    );
+    match Server::bind(config).unwrap_err() {
+        BindError::Io(e) => assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse),
+        other => panic!("{other}"),
+    }
 }
 
 #[test]
@@ -107,10 +112,21 @@ fn broadcasts_over_the_message_limit_are_refused_and_counted() {
         ..Config::default()
     })
     .unwrap();
-    assert!(server.broadcast(MessageKind::Text, b"12345").is_err());
+    let too_big = MessageTooBig { len: 5, limit: 4 };
+    assert_eq!(server.broadcast(MessageKind::Text, b"12345"), Err(too_big));
     assert!(server.broadcast(MessageKind::Text, b"1234").is_ok());
+    // A handle says so too, from any thread.
+    let handle = server.handle();
+    assert_eq!(
+        handle.broadcast_binary(vec![0; 5]),
+        Err(BroadcastError::TooBig(too_big))
+    );
+    assert_eq!(
+        BroadcastError::TooBig(too_big).to_string(),
+        "a broadcast of 5 bytes is over the 4-byte message limit"
+    );
     let metrics = server.metrics();
-    assert_eq!((metrics.broadcasts, metrics.broadcasts_rejected), (1, 1));
+    assert_eq!((metrics.broadcasts, metrics.broadcasts_rejected), (1, 2));
 }
 
 /// Upgrades two raw clients on a stepped server with `batch_delay`, then

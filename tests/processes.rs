@@ -265,11 +265,16 @@ fn two_servers_share_one_port_with_reuse_port() {
         listen: first.addr,
         ..Config::default()
     });
-    assert_eq!(
-        without.unwrap_err().kind(),
-        std::io::ErrorKind::AddrInUse,
-        "sharing needs the option"
-    );
+    match without.unwrap_err() {
+        wspush::BindError::Io(e) => {
+            assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::AddrInUse,
+                "sharing needs the option"
+            )
+        }
+        other => panic!("{other}"),
+    }
 
     let _clients: Vec<_> = (0..40)
         .map(|i| connect(first.addr, &format!("/?id={i}")))

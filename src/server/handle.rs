@@ -10,8 +10,8 @@ use mio::Waker;
 
 use crate::ops::metrics::{LoopHistogram, Metrics, MetricsSnapshot};
 use crate::protocol::ws::MessageKind;
+use crate::server::check_message_limit;
 use crate::server::feed::{self, Command, Gate};
-use crate::server::fits_message_limit;
 
 /// State shared between the loop and its handles.
 #[derive(Debug)]
@@ -50,9 +50,59 @@ impl std::fmt::Display for ServerGone {
 
 impl std::error::Error for ServerGone {}
 
-/// A broadcast larger than `max_message_bytes`; it was not sent.
+/// A broadcast larger than `max_message_bytes`; it was not sent (and was
+/// counted in `broadcasts_rejected`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MessageTooBig;
+pub struct MessageTooBig {
+    /// The message's size, in bytes.
+    pub len: usize,
+    /// The limit it is over.
+    pub limit: u64,
+}
+
+impl std::fmt::Display for MessageTooBig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a broadcast of {} bytes is over the {}-byte message limit",
+            self.len, self.limit
+        )
+    }
+}
+
+impl std::error::Error for MessageTooBig {}
+
+/// Why a handle's broadcast was not queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BroadcastError {
+    /// It is over the message limit.
+    TooBig(MessageTooBig),
+    /// The loop has stopped.
+    Gone(ServerGone),
+}
+
+impl std::fmt::Display for BroadcastError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BroadcastError::TooBig(e) => e.fmt(f),
+            BroadcastError::Gone(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for BroadcastError {}
+
+impl From<MessageTooBig> for BroadcastError {
+    fn from(e: MessageTooBig) -> Self {
+        BroadcastError::TooBig(e)
+    }
+}
+
+impl From<ServerGone> for BroadcastError {
+    fn from(e: ServerGone) -> Self {
+        BroadcastError::Gone(e)
+    }
+}
 
 /// Talks to a running server from any thread: broadcast, shut down, read
 /// metrics. Cheap to clone.
@@ -67,13 +117,13 @@ impl Handle {
     /// loop is `max_pending_bytes` behind (backpressure), so do not call it
     /// from the loop's own thread; use [`Server::broadcast`](crate::Server::broadcast) there. A
     /// message over `max_message_bytes` is not queued: it is counted in
-    /// `broadcasts_rejected` and logged.
-    pub fn broadcast_text(&self, text: impl Into<String>) -> Result<(), ServerGone> {
+    /// `broadcasts_rejected`, logged, and [`BroadcastError::TooBig`].
+    pub fn broadcast_text(&self, text: impl Into<String>) -> Result<(), BroadcastError> {
         self.send(MessageKind::Text, text.into().into_bytes())
     }
 
     /// Queues a binary message for every open connection (see [`Handle::broadcast_text`]).
-    pub fn broadcast_binary(&self, bytes: impl Into<Vec<u8>>) -> Result<(), ServerGone> {
+    pub fn broadcast_binary(&self, bytes: impl Into<Vec<u8>>) -> Result<(), BroadcastError> {
         self.send(MessageKind::Binary, bytes.into())
     }
 
@@ -118,17 +168,15 @@ impl Handle {
         Metrics::incr(&self.shared.metrics.input_lines_rejected);
     }
 
-    fn send(&self, kind: MessageKind, payload: Vec<u8>) -> Result<(), ServerGone> {
+    fn send(&self, kind: MessageKind, payload: Vec<u8>) -> Result<(), BroadcastError> {
         let shared = &self.shared;
-        if !fits_message_limit(&payload, shared.max_message_bytes, &shared.metrics) {
-            return Ok(());
-        }
+        check_message_limit(&payload, shared.max_message_bytes, &shared.metrics)?;
         let queued = &shared.broadcasts_queued;
         queued.fetch_add(1, Ordering::AcqRel);
         let cost = feed::cost(payload.len());
         if shared.gate.acquire(cost).is_err() {
             queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(ServerGone);
+            return Err(ServerGone.into());
         }
         let command = Command {
             kind,
@@ -138,9 +186,9 @@ impl Handle {
         if self.commands.send(command).is_err() {
             shared.gate.release(cost);
             queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(ServerGone);
+            return Err(ServerGone.into());
         }
-        self.wake()
+        Ok(self.wake()?)
     }
 
     fn wake(&self) -> Result<(), ServerGone> {

@@ -37,12 +37,12 @@ mod per_ip;
 mod pool;
 mod timer;
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::ops::metrics::{LoopHistogram, LoopMax, Metrics, MetricsSnapshot, Tally};
 use crate::protocol::ws::{CloseCode, MessageKind};
 use accept::{listen, Door};
 use handle::Shared;
-pub use handle::{Handle, MessageTooBig, ServerGone};
+pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone};
 use housekeeping::StatsLine;
 
 use crate::server::alarm::Alarm;
@@ -131,6 +131,34 @@ enum Lifecycle {
     },
 }
 
+/// Why [`Server::bind`] failed.
+#[derive(Debug)]
+pub enum BindError {
+    /// A setting is out of range.
+    Config(ConfigError),
+    /// Listening, or setting up the poll, failed (the message names the
+    /// address).
+    Io(io::Error),
+}
+
+impl std::fmt::Display for BindError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BindError::Config(e) => e.fmt(f),
+            BindError::Io(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for BindError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BindError::Config(e) => Some(e),
+            BindError::Io(e) => Some(e),
+        }
+    }
+}
+
 /// A WebSocket push server: one thread, one poll loop.
 ///
 /// ```no_run
@@ -139,12 +167,12 @@ enum Lifecycle {
 /// let mut server = Server::bind(Config::default())?;
 /// println!("listening on {}", server.local_addr());
 /// let handle = server.handle();
-/// std::thread::spawn(move || {
-///     handle.broadcast_text("hello, everyone").unwrap();
-///     handle.shutdown().unwrap();
+/// std::thread::spawn(move || -> Result<(), wspush::BroadcastError> {
+///     handle.broadcast_text("hello, everyone")?;
+///     Ok(handle.shutdown()?)
 /// });
 /// server.run()?;
-/// # Ok::<(), std::io::Error>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
 pub struct Server {
@@ -227,10 +255,13 @@ struct Parts<'a> {
 impl Server {
     /// Validates `config`, binds its listen address (and its metrics
     /// address, if any) and sets up the loop.
-    pub fn bind(config: Config) -> io::Result<Server> {
-        config
-            .validate()
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    pub fn bind(config: Config) -> Result<Server, BindError> {
+        config.validate().map_err(BindError::Config)?;
+        Server::open(config).map_err(BindError::Io)
+    }
+
+    /// [`Server::bind`] once the configuration is known to be valid.
+    fn open(config: Config) -> io::Result<Server> {
         let poll = Poll::new()?;
         let mut listener = listen(config.listen, config.reuse_port).map_err(|e| {
             io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen))
@@ -432,9 +463,7 @@ impl Server {
     /// than `max_message_bytes`.
     pub fn broadcast(&mut self, kind: MessageKind, payload: &[u8]) -> Result<(), MessageTooBig> {
         let shared = &self.shared;
-        if !fits_message_limit(payload, shared.max_message_bytes, &shared.metrics) {
-            return Err(MessageTooBig);
-        }
+        check_message_limit(payload, shared.max_message_bytes, &shared.metrics)?;
         shared.broadcasts_queued.fetch_add(1, Ordering::AcqRel);
         shared.gate.force_acquire(feed::cost(payload.len()));
         let now = Instant::now();
@@ -762,16 +791,21 @@ impl Server {
 
 /// Whether a broadcast fits the message limit; one that does not is
 /// counted and logged.
-pub(super) fn fits_message_limit(payload: &[u8], limit: u64, metrics: &Metrics) -> bool {
+pub(super) fn check_message_limit(
+    payload: &[u8],
+    limit: u64,
+    metrics: &Metrics,
+) -> Result<(), MessageTooBig> {
     if payload.len() as u64 <= limit {
-        return true;
+        return Ok(());
     }
     Metrics::incr(&metrics.broadcasts_rejected);
-    log::warn!(
-        "broadcast of {} bytes refused: over the {limit}-byte message limit",
-        payload.len()
-    );
-    false
+    let refused = MessageTooBig {
+        len: payload.len(),
+        limit,
+    };
+    log::warn!("broadcast refused: {refused}");
+    Err(refused)
 }
 
 /// Registers or drops writable interest when the connection's output

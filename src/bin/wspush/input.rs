@@ -6,7 +6,7 @@
 use std::io::{self, BufRead};
 
 use wspush::protocol::lines::{Line, Lines};
-use wspush::{Handle, ServerGone};
+use wspush::{BroadcastError, Handle, ServerGone};
 
 /// How reading the input ended.
 #[derive(Debug)]
@@ -41,8 +41,12 @@ pub fn pump_lines(input: impl BufRead, handle: &Handle, max_line_bytes: usize) -
             }
             Err(e) => return PumpEnd::Failed(e),
         };
-        if let Err(ServerGone) = handle.broadcast_text(text) {
-            return PumpEnd::ServerGone;
+        match handle.broadcast_text(text) {
+            Ok(()) => {}
+            Err(BroadcastError::Gone(ServerGone)) => return PumpEnd::ServerGone,
+            // Longer lines were skipped above; counted and logged by the
+            // handle if the limits ever differ.
+            Err(BroadcastError::TooBig(_)) => {}
         }
     }
 }
