@@ -8,12 +8,13 @@ mod util;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use util::{client_frame, poll_until, raw_upgraded, read_frame, TestServer, PING};
+use util::{
+    client_frame, poll_until, raw, raw_upgraded, read_frame, read_response, upgrade_request,
+    TestServer, PING,
+};
 use wspush::{Config, MessageKind, Server, SlowConsumerPolicy};
 
 /// `count` raw clients upgraded against a server polled meanwhile.
@@ -94,8 +95,13 @@ fn a_connection_that_upgrades_during_a_pass_gets_exactly_the_lines_taken_after_i
     clients[20]
         .write_all(&client_frame(PING, b"are you there"))
         .unwrap();
-    let late = thread::spawn(move || raw_upgraded(addr));
-    thread::sleep(Duration::from_millis(100));
+    // On loopback the request is in the server's queue once write returns.
+    let mut late = raw(addr);
+    late.write_all(upgrade_request("/").as_bytes()).unwrap();
+    let late = thread::spawn(move || {
+        assert_eq!(read_response(&mut late).status, 101);
+        late
+    });
     server.poll_once(Some(Duration::ZERO)).unwrap();
     let late_upgraded_at = server.metrics().broadcast_deliveries;
     poll_until(&mut server, "the late upgrade", |_| late.is_finished());
@@ -324,28 +330,28 @@ fn a_stalled_client_under_bursts_is_closed_with_1008_and_the_others_get_all() {
 fn a_producer_faster_than_the_fan_out_waits_and_loses_nothing() {
     const LINES: usize = 20_000;
     const BOUND: usize = 32 * 1024;
-    let server = TestServer::start(Config {
+    let mut server = Server::bind(Config {
         max_pending_bytes: BOUND,
         ..Config::default()
-    });
-    let mut clients: Vec<_> = (0..20).map(|_| raw_upgraded(server.addr)).collect();
-    server.wait_for("the upgrades", |m| m.upgrades == 20);
+    })
+    .unwrap();
+    let addr = server.local_addr();
+    let connecting: Vec<_> = (0..20)
+        .map(|_| thread::spawn(move || raw_upgraded(addr)))
+        .collect();
+    poll_until(&mut server, "the upgrades", |s| s.metrics().upgrades == 20);
+    let clients: Vec<_> = connecting.into_iter().map(|c| c.join().unwrap()).collect();
 
-    let done = Arc::new(AtomicBool::new(false));
-    let highest = Arc::new(AtomicU64::new(0));
-    let sampler = {
-        let (handle, done, highest) = (server.handle.clone(), done.clone(), highest.clone());
-        thread::spawn(move || {
-            while !done.load(Ordering::SeqCst) {
-                let queued = handle.metrics().broadcast_queue_bytes;
-                highest.fetch_max(queued, Ordering::SeqCst);
-                thread::sleep(Duration::from_micros(200));
-            }
-        })
-    };
-    let producer = produce(server.handle.clone(), LINES, LINES, 200);
+    // The loop stands still (this thread steps it): the producer fills the
+    // queue to its bound and waits there.
+    let producer = produce(server.handle(), LINES, LINES, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.metrics().broadcast_queue_bytes <= (BOUND / 2) as u64 {
+        assert!(Instant::now() < deadline, "the queue never filled");
+        thread::sleep(Duration::from_millis(1));
+    }
     let readers: Vec<_> = clients
-        .drain(..)
+        .into_iter()
         .map(|mut client| {
             thread::spawn(move || {
                 for i in 0..LINES {
@@ -354,17 +360,22 @@ fn a_producer_faster_than_the_fan_out_waits_and_loses_nothing() {
             })
         })
         .collect();
+    let mut highest = 0;
+    poll_until(&mut server, "every delivery", |s| {
+        let m = s.metrics();
+        highest = highest.max(m.broadcast_queue_bytes);
+        m.broadcast_deliveries == 20 * LINES as u64
+    });
+    producer.join().unwrap();
     for reader in readers {
         reader.join().unwrap();
     }
-    producer.join().unwrap();
-    done.store(true, Ordering::SeqCst);
-    sampler.join().unwrap();
-    let m = server.handle.metrics();
+    let m = server.metrics();
     assert_eq!(m.broadcasts, LINES as u64);
-    assert_eq!(m.broadcast_deliveries, 20 * LINES as u64);
     assert_eq!(m.slow_consumer_drops + m.frames_discarded, 0);
-    let highest = highest.load(Ordering::SeqCst) as usize;
-    assert!(highest <= BOUND, "{highest} bytes pending");
-    assert!(highest > BOUND / 2, "the queue filled: {highest} bytes");
+    assert!(highest as usize <= BOUND, "{highest} bytes pending");
+    assert!(
+        highest as usize > BOUND / 2,
+        "the queue filled: {highest} bytes"
+    );
 }

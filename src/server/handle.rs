@@ -38,6 +38,22 @@ pub(super) struct Shared {
     pub(super) loop_histogram: LoopHistogram,
 }
 
+impl Shared {
+    /// Every counter now; the broadcast queue's bytes as they are this
+    /// moment (the loop publishes the gauge only when it runs), and once
+    /// the server is dropped, what was left queued as abandoned.
+    pub(super) fn snapshot(&self) -> MetricsSnapshot {
+        let mut metrics = self.metrics.snapshot();
+        metrics.broadcast_queue_bytes = self.gate.bytes() as u64;
+        if self.gone.load(Ordering::Acquire) {
+            let queued = self.broadcasts_queued.load(Ordering::Acquire);
+            let taken = self.broadcasts_taken.load(Ordering::Relaxed);
+            metrics.broadcasts_abandoned = queued - taken;
+        }
+        metrics
+    }
+}
+
 /// The server's loop has ended; nothing can be sent to it any more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServerGone;
@@ -151,14 +167,7 @@ impl Handle {
     /// connection counts by that iteration's work. Once the server is
     /// dropped, `broadcasts_abandoned` also counts what was still queued.
     pub fn metrics(&self) -> MetricsSnapshot {
-        let shared = &self.shared;
-        let mut metrics = shared.metrics.snapshot();
-        if shared.gone.load(Ordering::Acquire) {
-            let queued = shared.broadcasts_queued.load(Ordering::Acquire);
-            let taken = shared.broadcasts_taken.load(Ordering::Relaxed);
-            metrics.broadcasts_abandoned = queued - taken;
-        }
-        metrics
+        self.shared.snapshot()
     }
 
     /// Counts an input line the caller skipped instead of broadcasting it

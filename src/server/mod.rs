@@ -370,7 +370,7 @@ impl Server {
     /// are published once per loop iteration, so they may lag the
     /// connection counts by that iteration's work.
     pub fn metrics(&self) -> MetricsSnapshot {
-        self.shared.metrics.snapshot()
+        self.shared.snapshot()
     }
 
     /// The open WebSocket connections.
