@@ -13,6 +13,7 @@ use crate::ops::metrics::Metrics;
 use crate::ops::sys;
 use crate::protocol::http::{Endpoints, Rejection, MAX_RESPONSE_LEN};
 use crate::server::conn::Conn;
+use crate::server::nonblocking::attempt;
 use crate::server::{Lifecycle, Server};
 
 /// Accept queue length asked of the kernel (capped by net.core.somaxconn).
@@ -89,15 +90,14 @@ impl Server {
             return;
         }
         for _ in 0..ACCEPTS_PER_WAKE {
-            let accepted = match (door, &self.metrics_listener) {
-                (Door::Main, _) => self.listener.accept(),
-                (Door::Metrics, Some(listener)) => listener.accept(),
+            let listener = match (door, &self.metrics_listener) {
+                (Door::Main, _) => &self.listener,
+                (Door::Metrics, Some(listener)) => listener,
                 (Door::Metrics, None) => return,
             };
-            match accepted {
-                Ok((stream, peer)) => self.admit(stream, peer, door, now),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            match attempt(|| listener.accept()) {
+                Ok(Some((stream, peer))) => self.admit(stream, peer, door, now),
+                Ok(None) => return,
                 Err(e) if is_resource_exhaustion(&e) => return self.pause_accepting(&e, now),
                 Err(e) => {
                     Metrics::incr(&self.shared.metrics.accept_errors);

@@ -1,6 +1,13 @@
-//! The only place that sorts `WouldBlock` and `Interrupted` from real I/O
-//! errors, following mio's edge-triggered contract: operate until the socket
-//! would block.
+//! The one place where the loop's socket calls sort `WouldBlock` and
+//! `Interrupted` from real I/O errors: reads, writes and accepts go
+//! through these helpers. (The poll's own `EINTR` is an empty wake-up,
+//! which the loop handles where it polls.)
+//!
+//! The edge-triggered rule itself is kept by the callers: writes and
+//! accepts go on until the socket would block (or a per-wake-up budget is
+//! spent, and the loop comes back); reads stop at a short read when the
+//! read answers an edge, because Linux reports every later arrival as a
+//! new edge (see `Conn::on_readable`).
 
 use std::io::{self, IoSlice, Read, Write};
 
@@ -15,17 +22,26 @@ pub enum Progress {
     WouldBlock,
 }
 
-/// Reads once into `buf`, retrying on `EINTR`.
-pub fn read_some(r: &mut impl Read, buf: &mut [u8]) -> io::Result<Progress> {
+/// Runs `op` until it does not fail with `EINTR`; `Ok(None)` when the
+/// socket would block.
+pub fn attempt<T>(mut op: impl FnMut() -> io::Result<T>) -> io::Result<Option<T>> {
     loop {
-        match r.read(buf) {
-            Ok(0) => return Ok(Progress::Eof),
-            Ok(n) => return Ok(Progress::Done(n)),
+        match op() {
+            Ok(value) => return Ok(Some(value)),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Progress::WouldBlock),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Reads once into `buf`, retrying on `EINTR`.
+pub fn read_some(r: &mut impl Read, buf: &mut [u8]) -> io::Result<Progress> {
+    Ok(match attempt(|| r.read(buf))? {
+        Some(0) => Progress::Eof,
+        Some(n) => Progress::Done(n),
+        None => Progress::WouldBlock,
+    })
 }
 
 /// Writes `parts` in order until all are written or the socket would
@@ -65,12 +81,10 @@ pub fn write_until_blocked(w: &mut impl Write, parts: &[&[u8]]) -> io::Result<us
 fn write_loop(mut write: impl FnMut() -> io::Result<usize>, total: usize) -> io::Result<usize> {
     let mut written = 0;
     while written < total {
-        match write() {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => written += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) => return Err(e),
+        match attempt(&mut write)? {
+            Some(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Some(n) => written += n,
+            None => break,
         }
     }
     Ok(written)
