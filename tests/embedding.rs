@@ -90,7 +90,7 @@ fn bind_refuses_invalid_settings_and_taken_ports() {
         ..Config::default()
     };
     match Server::bind(bad).unwrap_err() {
-        BindError::Config(e) => assert!(e.to_string().contains("max_connections"), "{e}"),
+        BindError::Config(e) => assert!(e.to_string().contains("max connections"), "{e}"),
         other => panic!("{other}"),
     }
 

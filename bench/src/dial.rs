@@ -132,7 +132,7 @@ pub fn dial(
     // bare ACK that completes the handshake (a delayed ACK is armed
     // instead): the request written next carries it. One packet fewer
     // per connection, through both ends' TCP stacks.
-    sys::set_tcp_defer_accept(socket.as_fd(), 1).map_err(connect_err)?;
+    wspush::sys::set_tcp_defer_accept(&socket, 1).map_err(connect_err)?;
     socket
         .bind(&SocketAddrV4::new(source, 0).into())
         .map_err(connect_err)?;

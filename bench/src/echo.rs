@@ -431,7 +431,7 @@ pub fn measure(
     info: &RunInfo,
 ) -> Result<EchoReport, Error> {
     options.check()?;
-    let nofile = sys::raise_nofile_limit()? as usize;
+    let nofile = wspush::sys::raise_open_file_limit()? as usize;
     if options.conns + SPARE_FDS > nofile {
         return Err(format!(
             "{} echo connections need more than the {nofile} open files one process may have",

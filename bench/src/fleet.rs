@@ -14,6 +14,7 @@ use std::process::{Child, Command as Process, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant};
+use wspush::sys::ParentDeath;
 
 use crate::pacing;
 use crate::protocol::{self, Command, Counts, Plan, Report};
@@ -82,7 +83,7 @@ impl Fleet {
                         .stdin(Stdio::piped())
                         .stdout(Stdio::piped())
                         .stderr(Stdio::inherit());
-                    sys::die_with_parent(&mut cmd);
+                    wspush::sys::die_with_parent(&mut cmd, ParentDeath::Kill);
                     let mut child = cmd.spawn()?;
                     let stdin = child.stdin.take().expect("piped");
                     let stdout = child.stdout.take().expect("piped");

@@ -36,7 +36,6 @@
 use std::collections::HashMap;
 use std::io::{self, BufRead, Read, Write};
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -47,7 +46,7 @@ use slab::Slab;
 use socket2::{Domain, Socket, Type};
 
 use crate::frame::{self, opcode};
-use crate::{handshake, sys};
+use crate::handshake;
 
 /// Listen backlog; the kernel caps it at `net.core.somaxconn`.
 const BACKLOG: i32 = 4096;
@@ -91,7 +90,7 @@ pub fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
     if reuse_port {
         socket.set_reuse_port(true)?;
     }
-    sys::set_tcp_defer_accept(socket.as_fd(), DEFER_ACCEPT_SECS)?;
+    wspush::sys::set_tcp_defer_accept(&socket, DEFER_ACCEPT_SECS)?;
     socket.bind(&addr.into())?;
     socket.listen(BACKLOG)?;
     Ok(TcpListener::from_std(socket.into()))

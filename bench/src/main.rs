@@ -226,7 +226,7 @@ fn run_floor(
     processes: Processes,
     ping_interval_ms: Option<u64>,
 ) -> Result<(), Error> {
-    sys::raise_nofile_limit()?;
+    wspush::sys::raise_open_file_limit()?;
     let ping_interval = ping_interval_ms.map(std::time::Duration::from_millis);
     match processes.count() {
         1 => Ok(floor::run(listen, reuse_port, ping_interval)?),

@@ -292,7 +292,7 @@ pub fn measure(
     info: RunInfo,
 ) -> Result<RunReport, Error> {
     options.check()?;
-    let nofile = sys::raise_nofile_limit()? as usize;
+    let nofile = wspush::sys::raise_open_file_limit()? as usize;
     let workers = options.conns.div_ceil(options.per_worker);
     let per_process = match launch {
         Launch::Processes { .. } => options.per_worker.min(options.conns),

@@ -11,6 +11,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::str::FromStr;
 use std::thread;
 use std::time::{Duration, Instant};
+use wspush::sys::ParentDeath;
 
 use crate::procfs::{self, Usage};
 use crate::sys;
@@ -132,7 +133,7 @@ impl Server {
             .stdout(Stdio::from(io::stderr().as_fd().try_clone_to_owned()?))
             .stderr(Stdio::inherit())
             .process_group(0);
-        sys::die_with_parent(&mut cmd);
+        wspush::sys::die_with_parent(&mut cmd, ParentDeath::Kill);
         let mut child = cmd.spawn()?;
         let stdin = child.stdin.take();
         Ok(Server { child, stdin })

@@ -15,8 +15,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::str::FromStr;
 use std::thread;
 use std::time::Duration;
-
-use crate::sys;
+use wspush::sys::ParentDeath;
 
 /// How many instances to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +61,7 @@ pub fn run(exe: &Path, listen: SocketAddr, count: usize, extra_args: &[String]) 
         cmd.args(["floor", "--reuse-port", "--listen", &listen.to_string()])
             .args(extra_args)
             .stdin(Stdio::piped());
-        sys::die_with_parent(&mut cmd);
+        wspush::sys::die_with_parent(&mut cmd, ParentDeath::Kill);
         let mut child = cmd.spawn()?;
         inputs.push(child.stdin.take().expect("piped"));
         children.push(child);

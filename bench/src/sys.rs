@@ -1,11 +1,11 @@
 //! The handful of Linux calls that neither std nor mio wrap.
 //!
-//! Every `unsafe` block of the crate lives in this module.
+//! Every `unsafe` block of the crate lives in this module. The OS calls
+//! the server makes too (the open-file limit, `TCP_DEFER_ACCEPT`, the
+//! parent-death signal) are the server's own, from `wspush::sys`.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::os::unix::process::CommandExt;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Nanoseconds on `CLOCK_MONOTONIC`.
@@ -26,26 +26,6 @@ pub fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Raises the soft open-file limit to the hard limit and returns the new soft limit.
-pub fn raise_nofile_limit() -> io::Result<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `limit` is a valid, writable `rlimit`.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if limit.rlim_cur < limit.rlim_max {
-        limit.rlim_cur = limit.rlim_max;
-        // SAFETY: `limit` is a valid `rlimit` that only reads are made from.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(limit.rlim_cur)
-}
-
 /// Sets `IP_BIND_ADDRESS_NO_PORT` on a socket: a later `bind(addr, 0)` then
 /// leaves the choice of the source port to `connect()`, which only needs the
 /// 4-tuple to be unique. Without it every bound socket reserves a port for
@@ -60,33 +40,6 @@ pub fn set_bind_address_no_port(socket: BorrowedFd<'_>) -> io::Result<()> {
             libc::IPPROTO_IP,
             libc::IP_BIND_ADDRESS_NO_PORT,
             (&enable as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// Sets `TCP_DEFER_ACCEPT`. On a listening socket, `accept()` sees a
-/// connection once its first data arrived, or after about `secs` seconds
-/// (then the kernel retransmits its SYN-ACK, and the client's answer
-/// completes the connection without data). On a socket about to connect,
-/// the kernel does not send the bare ACK that ends the handshake: the
-/// first data carries it (or a delayed ACK, if none comes soon).
-pub fn set_tcp_defer_accept(socket: BorrowedFd<'_>, secs: u32) -> io::Result<()> {
-    let secs = libc::c_int::try_from(secs)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "defer period too long"))?;
-    // SAFETY: the descriptor is open for the lifetime of the borrow, and the
-    // option value is a live `c_int` whose exact size is passed along.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_DEFER_ACCEPT,
-            (&secs as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
@@ -114,27 +67,6 @@ pub fn signal_group(pgid: u32, signal: libc::c_int) -> io::Result<()> {
         Ok(())
     } else {
         Err(io::Error::last_os_error())
-    }
-}
-
-/// Makes the kernel SIGKILL the process `command` starts as soon as this
-/// process dies, so that a spawned server never outlives a benchmark that
-/// was killed without a chance to clean up. The setting survives `exec`.
-pub fn die_with_parent(command: &mut Command) {
-    let hook = || {
-        // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag of the calling
-        // process and is async-signal-safe.
-        if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    };
-    // SAFETY: the hook runs in the forked child before exec and calls only
-    // prctl and errno access, both async-signal-safe; it allocates nothing
-    // and touches no lock.
-    unsafe {
-        command.pre_exec(hook);
     }
 }
 

@@ -61,15 +61,29 @@ pub fn set_tcp_defer_accept(socket: &impl AsFd, secs: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Makes the process `command` starts receive SIGTERM when its parent
-/// dies (`PR_SET_PDEATHSIG`): no orphans if the supervisor is killed.
-pub fn die_with_parent(command: &mut Command) {
+/// The signal a child gets when its parent dies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParentDeath {
+    /// SIGTERM: it may shut down cleanly (a supervisor's instances).
+    Term,
+    /// SIGKILL: it ends at once (a benchmark's server and workers).
+    Kill,
+}
+
+/// Makes the process `command` starts receive `signal` when its parent
+/// dies (`PR_SET_PDEATHSIG`, kept across `exec`): no orphans if the parent
+/// is killed.
+pub fn die_with_parent(command: &mut Command, signal: ParentDeath) {
+    let signal = match signal {
+        ParentDeath::Term => Signal::TERM,
+        ParentDeath::Kill => Signal::KILL,
+    };
     // SAFETY: the closure runs in the forked child before exec. It makes
     // one async-signal-safe system call (prctl) and neither allocates nor
     // touches locks, which is all that is allowed there.
     unsafe {
-        command.pre_exec(|| {
-            set_parent_process_death_signal(Some(Signal::TERM)).map_err(io::Error::from)
+        command.pre_exec(move || {
+            set_parent_process_death_signal(Some(signal)).map_err(io::Error::from)
         });
     }
 }

@@ -278,7 +278,7 @@ impl Program {
                 Stdio::null()
             })
             .process_group(0);
-        wspush::sys::die_with_parent(&mut command);
+        wspush::sys::die_with_parent(&mut command, wspush::sys::ParentDeath::Term);
         let mut child = command.spawn()?;
         let input = child.stdin.take().map(Sender::from);
         if let Some(input) = &input {
