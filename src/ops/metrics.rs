@@ -317,6 +317,15 @@ pub struct Tally {
     pub bytes_written: u64,
     /// Change of the bytes queued over all connections.
     pub queued_bytes: i64,
+    /// Broadcast messages handed to connections (written or queued).
+    pub broadcast_deliveries: u64,
+    /// Deliveries a socket could not take whole at once (queued).
+    pub write_would_block: u64,
+    /// Broadcast messages a connection missed because its queue was full.
+    pub slow_consumer_drops: u64,
+    /// Queued frames thrown away (a slow consumer closed, or a connection
+    /// gone with output pending).
+    pub frames_discarded: u64,
 }
 
 impl Tally {
@@ -360,6 +369,16 @@ impl Metrics {
         if tally.queued_bytes != 0 {
             // Two's complement: adding the wrapped value subtracts.
             Metrics::add(&self.queued_bytes, tally.queued_bytes as u64);
+        }
+        for (counter, n) in [
+            (&self.broadcast_deliveries, tally.broadcast_deliveries),
+            (&self.write_would_block, tally.write_would_block),
+            (&self.slow_consumer_drops, tally.slow_consumer_drops),
+            (&self.frames_discarded, tally.frames_discarded),
+        ] {
+            if n > 0 {
+                Metrics::add(counter, n);
+            }
         }
     }
 

@@ -265,19 +265,10 @@ impl Conn {
     /// Returns its buffers to the pool, clears its deadline and uncounts
     /// its queued output (counting the frames discarded) before the
     /// connection is dropped.
-    pub fn release(
-        &mut self,
-        pool: &mut BufferPool,
-        timers: &mut TimerWheel,
-        tally: &mut Tally,
-        metrics: &Metrics,
-    ) {
+    pub fn release(&mut self, pool: &mut BufferPool, timers: &mut TimerWheel, tally: &mut Tally) {
         self.deadline.clear(timers);
         tally.wrote(0, self.out.queued_bytes(), 0);
-        let discarded = self.out.queued_frames();
-        if discarded > 0 {
-            Metrics::add(&metrics.frames_discarded, discarded as u64);
-        }
+        tally.frames_discarded += self.out.queued_frames() as u64;
         for buf in [self.input.take(), self.message.take()]
             .into_iter()
             .flatten()
@@ -362,7 +353,8 @@ impl Conn {
 
     /// Offers this connection the broadcast batches it is owed (`owed`,
     /// oldest first; after them it is owed nothing before `up_to`): all of
-    /// them, with one `writev`, or (its queue being full) none.
+    /// them, with one `writev`, or (its queue being full) none. Counts
+    /// what became of their messages: delivered, or missed.
     pub fn deliver(
         &mut self,
         key: usize,
@@ -374,27 +366,36 @@ impl Conn {
             return Delivery::Skipped;
         }
         self.out.set_next_batch(up_to);
+        let messages = owed.iter().map(|f| f.count() as u64).sum::<u64>();
         match self.send_shared(owed, ctx) {
             Err(e) => {
                 log::debug!("write failed: {e}");
                 Delivery::Close(CloseReason::Abnormal)
             }
-            Ok(Ok(())) if self.out.is_empty() => Delivery::Written,
-            Ok(Ok(())) => Delivery::Queued,
+            Ok(Ok(())) => {
+                ctx.tally.broadcast_deliveries += messages;
+                if self.out.is_empty() {
+                    Delivery::Written
+                } else {
+                    ctx.tally.write_would_block += 1;
+                    Delivery::Queued
+                }
+            }
             Ok(Err(QueueFull)) => match ctx.config.slow_consumer {
                 SlowConsumerPolicy::Drop => {
+                    ctx.tally.slow_consumer_drops += messages;
                     log::debug!(
-                        "slow consumer {key}: {} bytes queued, {} broadcasts dropped for it",
+                        "slow consumer {key}: {} bytes queued, {messages} broadcasts dropped for it",
                         self.out.queued_bytes(),
-                        owed.iter().map(SharedFrames::count).sum::<usize>()
                     );
                     Delivery::Dropped
                 }
                 SlowConsumerPolicy::Close => {
+                    ctx.tally.slow_consumer_drops += messages;
                     let before = self.out.queued_bytes();
                     let dropped = self.out.drop_unstarted();
                     ctx.tally.wrote(0, before, self.out.queued_bytes());
-                    Metrics::add(&ctx.metrics.frames_discarded, dropped as u64);
+                    ctx.tally.frames_discarded += dropped as u64;
                     log::debug!(
                         "slow consumer: {} bytes queued, {dropped} frames dropped, closing",
                         self.out.queued_bytes()

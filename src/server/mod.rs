@@ -541,7 +541,6 @@ impl Server {
         let key_bound = self.key_bound;
         let mut failed = std::mem::take(&mut self.failed);
         let (mut visited, mut offered) = (0, 0);
-        let (mut delivered, mut queued, mut dropped) = (0, 0, 0);
         let parts = self.parts(now);
         let mut ctx = parts.ctx;
         ctx.next_batch = next_seq;
@@ -558,22 +557,9 @@ impl Server {
                 continue;
             };
             let owed = stream.owed(next);
-            let messages: u64 = owed.iter().map(|f| f.count() as u64).sum();
             offered += owed.iter().map(|f| f.bytes().len()).sum::<usize>();
-            match conn.deliver(this, owed, next_seq, &mut ctx) {
-                Delivery::Skipped => {}
-                Delivery::Written => delivered += messages,
-                Delivery::Queued => {
-                    delivered += messages;
-                    queued += 1;
-                }
-                Delivery::Dropped | Delivery::SlowConsumer => dropped += messages,
-                Delivery::Close(reason) => {
-                    if reason == CloseReason::SlowConsumer {
-                        dropped += messages;
-                    }
-                    failed.push((this, reason));
-                }
+            if let Delivery::Close(reason) = conn.deliver(this, owed, next_seq, &mut ctx) {
+                failed.push((this, reason));
             }
             if !sync_interest(parts.registry, this, conn) {
                 failed.push((this, CloseReason::Abnormal));
@@ -584,9 +570,6 @@ impl Server {
         if key >= key_bound {
             self.stream.end_pass();
         }
-        Metrics::add(&metrics.broadcast_deliveries, delivered);
-        Metrics::add(&metrics.write_would_block, queued);
-        Metrics::add(&metrics.slow_consumer_drops, dropped);
         metrics.publish(&mut self.tally);
         for (key, reason) in failed.drain(..) {
             self.close(key, reason);
@@ -710,7 +693,7 @@ impl Server {
             return;
         };
         let metrics = &self.shared.metrics;
-        conn.release(&mut self.pool, &mut self.timers, &mut self.tally, metrics);
+        conn.release(&mut self.pool, &mut self.timers, &mut self.tally);
         if let Some(per_ip) = &mut self.per_ip {
             per_ip.release(key);
         }
