@@ -14,7 +14,7 @@ use crate::ops::sys;
 use crate::protocol::http::{Endpoints, Rejection, MAX_RESPONSE_LEN};
 use crate::server::conn::Conn;
 use crate::server::nonblocking::attempt;
-use crate::server::{Lifecycle, Server};
+use crate::server::{ConnKey, Lifecycle, Server};
 
 /// Accept queue length asked of the kernel (capped by net.core.somaxconn).
 const LISTEN_BACKLOG: i32 = 65_535;
@@ -149,7 +149,7 @@ impl Server {
         }
         let key = self.conns.vacant_key();
         if let (Door::Main, Some(per_ip)) = (door, &mut self.per_ip) {
-            if per_ip.admit(key, peer.ip()).is_err() {
+            if per_ip.admit(ConnKey(key), peer.ip()).is_err() {
                 Metrics::incr(&metrics.rejected_429);
                 log::debug!("{} holds its maximum of connections: 429", peer.ip());
                 refuse(stream, Rejection::TooManyRequests, &mut self.scratch);
@@ -164,7 +164,7 @@ impl Server {
             Metrics::incr(&metrics.accept_errors);
             log::warn!("register failed: {e}");
             if let Some(per_ip) = &mut self.per_ip {
-                per_ip.release(key);
+                per_ip.release(ConnKey(key));
             }
             return;
         }
@@ -187,7 +187,7 @@ impl Server {
         // accepting until it has): reading now saves a trip through the poll.
         let parts = self.parts(now);
         let mut ctx = parts.ctx;
-        let verdict = parts.conns[key].on_accepted(key, parts.scratch, &mut ctx);
-        self.settle(key, verdict);
+        let verdict = parts.conns[key].on_accepted(ConnKey(key), parts.scratch, &mut ctx);
+        self.settle(ConnKey(key), verdict);
     }
 }

@@ -12,6 +12,7 @@
 //!   Lingering: flush what is queued, half-close (FIN), read until EOF ──▶ closed
 //! ```
 
+use crate::server::ConnKey;
 use std::net::Shutdown;
 use std::time::{Duration, Instant};
 
@@ -208,7 +209,7 @@ impl Conn {
     /// for it gets the handshake deadline, so most never touch the timer
     /// wheel. A short read ends it, as after an edge: whatever arrives
     /// after the registration raises an event.
-    pub fn on_accepted(&mut self, key: usize, scratch: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
+    pub fn on_accepted(&mut self, key: ConnKey, scratch: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
         let verdict = self.on_readable(key, true, scratch, ctx);
         let waiting = matches!(self.phase, Phase::Handshake(_));
         if waiting && !matches!(verdict, Verdict::Close(_)) {
@@ -289,7 +290,7 @@ impl Conn {
     /// goes on until WouldBlock.
     pub fn on_readable(
         &mut self,
-        key: usize,
+        key: ConnKey,
         edge: bool,
         scratch: &mut [u8],
         ctx: &mut Ctx<'_>,
@@ -330,7 +331,7 @@ impl Conn {
 
     /// The socket is writable: flush the queue; a drained queue may let
     /// the connection half-close or resume reading.
-    pub fn on_writable(&mut self, key: usize, scratch: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
+    pub fn on_writable(&mut self, key: ConnKey, scratch: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
         match self.flush(ctx.tally) {
             Err(reason) => Verdict::Close(reason),
             Ok(false) => Verdict::Keep,
@@ -357,7 +358,7 @@ impl Conn {
     /// what became of their messages: delivered, or missed.
     pub fn deliver(
         &mut self,
-        key: usize,
+        key: ConnKey,
         owed: &[SharedFrames],
         up_to: Seq,
         ctx: &mut Ctx<'_>,
@@ -426,7 +427,7 @@ impl Conn {
     /// waiting there is kept.
     pub fn on_heartbeat(
         &mut self,
-        key: usize,
+        key: ConnKey,
         ping: &SharedFrames,
         close_after: u16,
         scratch: &mut [u8],
@@ -477,7 +478,7 @@ impl Conn {
     /// client's close.
     pub fn begin_close(
         &mut self,
-        key: usize,
+        key: ConnKey,
         code: CloseCode,
         why: &str,
         reason: CloseReason,
@@ -493,7 +494,7 @@ impl Conn {
 
     /// Feeds freshly read bytes (held back partial input first) to the
     /// current phase, and keeps what it could not consume yet.
-    fn consume(&mut self, key: usize, fresh: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
+    fn consume(&mut self, key: ConnKey, fresh: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
         let verdict = self.consume_gathering(key, fresh, ctx);
         let flushed = self.flush_replies(ctx);
         match verdict {
@@ -504,7 +505,7 @@ impl Conn {
     }
 
     /// [`Conn::consume`] up to the write of the gathered replies.
-    fn consume_gathering(&mut self, key: usize, fresh: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
+    fn consume_gathering(&mut self, key: ConnKey, fresh: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
         let Some(mut held) = self.input.take() else {
             let (used, verdict) = self.process(key, fresh, 0, ctx);
             if used < fresh.len() && !matches!(verdict, Verdict::Close(_)) {
@@ -530,7 +531,7 @@ impl Conn {
     /// held over from earlier reads; returns how many were consumed.
     fn process(
         &mut self,
-        key: usize,
+        key: ConnKey,
         bytes: &mut [u8],
         seen: usize,
         ctx: &mut Ctx<'_>,
@@ -578,7 +579,7 @@ impl Conn {
     /// error.
     fn handshake(
         &mut self,
-        key: usize,
+        key: ConnKey,
         endpoints: Endpoints,
         bytes: &[u8],
         seen: usize,
@@ -618,7 +619,7 @@ impl Conn {
 
     /// Answers `/healthz`, `/metrics` or the demo page and lingers until
     /// the client goes.
-    fn answer(&mut self, key: usize, endpoint: Endpoint, ctx: &mut Ctx<'_>) -> Verdict {
+    fn answer(&mut self, key: ConnKey, endpoint: Endpoint, ctx: &mut Ctx<'_>) -> Verdict {
         let mut head = [0u8; MAX_RESPONSE_LEN];
         self.linger(key, CloseReason::Http, ctx);
         match endpoint {
@@ -651,7 +652,7 @@ impl Conn {
     }
 
     /// Answers with an HTTP error and lingers until the client goes.
-    fn reject(&mut self, key: usize, rejection: Rejection, ctx: &mut Ctx<'_>) -> Verdict {
+    fn reject(&mut self, key: ConnKey, rejection: Rejection, ctx: &mut Ctx<'_>) -> Verdict {
         Metrics::incr(ctx.metrics.rejected(rejection.status()));
         log::debug!("handshake rejected: {rejection:?}");
         let mut response = [0u8; MAX_RESPONSE_LEN];
@@ -661,7 +662,7 @@ impl Conn {
     }
 
     /// Acts on one event from the client.
-    fn on_event(&mut self, key: usize, event: Event<'_>, ctx: &mut Ctx<'_>) -> Verdict {
+    fn on_event(&mut self, key: ConnKey, event: Event<'_>, ctx: &mut Ctx<'_>) -> Verdict {
         let closing = !self.is_open();
         match event {
             Event::Data {
@@ -725,7 +726,7 @@ impl Conn {
     }
 
     /// Fails the connection: a close frame with the error's code, then linger.
-    fn fail(&mut self, key: usize, error: ProtocolError, ctx: &mut Ctx<'_>) -> Verdict {
+    fn fail(&mut self, key: ConnKey, error: ProtocolError, ctx: &mut Ctx<'_>) -> Verdict {
         log::debug!("protocol error from {}: {error:?}", self.target());
         let code = error.close_code();
         let already_closing = !self.is_open();
@@ -737,7 +738,7 @@ impl Conn {
     }
 
     /// Enters the lingering phase with its deadline; drops a half-built message.
-    fn linger(&mut self, key: usize, reason: CloseReason, ctx: &mut Ctx<'_>) {
+    fn linger(&mut self, key: ConnKey, reason: CloseReason, ctx: &mut Ctx<'_>) {
         if let Some(message) = self.message.take() {
             ctx.pool.give_back(message);
         }
@@ -904,7 +905,7 @@ impl Conn {
         self.out.queued_bytes() > config.max_queued_bytes
     }
 
-    fn arm(&mut self, key: usize, after: Duration, ctx: &mut Ctx<'_>) {
+    fn arm(&mut self, key: ConnKey, after: Duration, ctx: &mut Ctx<'_>) {
         let tick = ctx.timers.tick_at(ctx.now + after);
         self.deadline.arm(ctx.timers, key, tick);
     }
@@ -970,7 +971,7 @@ mod tests {
             let mut rig = Rig::accepted();
             rig.client.write_all(REQUEST).unwrap();
             assert_eq!(
-                rig.drive(|conn, scratch, ctx| conn.on_readable(0, false, scratch, ctx)),
+                rig.drive(|conn, scratch, ctx| conn.on_readable(ConnKey(0), false, scratch, ctx)),
                 Verdict::Keep
             );
             assert!(rig.conn.is_open());
@@ -1005,7 +1006,7 @@ mod tests {
         /// 30 s, idle timeout 60 s).
         fn visit(&mut self) -> Verdict {
             let ping = SharedFrames::encode(OpCode::Ping, b"");
-            self.drive(|conn, scratch, ctx| conn.on_heartbeat(0, &ping, 3, scratch, ctx))
+            self.drive(|conn, scratch, ctx| conn.on_heartbeat(ConnKey(0), &ping, 3, scratch, ctx))
         }
 
         fn client_byte(&mut self) -> u8 {
@@ -1028,7 +1029,8 @@ mod tests {
         request.resize(head_len + 20_000, b'x');
         rig.client.write_all(&request).unwrap();
         for _ in 0..2 {
-            let verdict = rig.drive(|conn, scratch, ctx| conn.on_readable(0, false, scratch, ctx));
+            let verdict =
+                rig.drive(|conn, scratch, ctx| conn.on_readable(ConnKey(0), false, scratch, ctx));
             assert_eq!(verdict, Verdict::Keep);
             assert!(rig.conn.input.is_none(), "nothing held after the answer");
         }
@@ -1041,7 +1043,7 @@ mod tests {
     fn only_a_connection_still_waiting_for_its_request_gets_a_deadline() {
         let mut rig = Rig::accepted();
         rig.client.write_all(&REQUEST[..20]).unwrap();
-        let verdict = rig.drive(|conn, scratch, ctx| conn.on_accepted(0, scratch, ctx));
+        let verdict = rig.drive(|conn, scratch, ctx| conn.on_accepted(ConnKey(0), scratch, ctx));
         assert_eq!(verdict, Verdict::Keep);
         assert!(!rig.conn.is_open());
         assert!(rig.timers.next_at().is_some());
@@ -1054,7 +1056,7 @@ mod tests {
             assert!(Instant::now() < give_up, "the request never arrived");
             std::thread::yield_now();
         }
-        let verdict = rig.drive(|conn, scratch, ctx| conn.on_accepted(0, scratch, ctx));
+        let verdict = rig.drive(|conn, scratch, ctx| conn.on_accepted(ConnKey(0), scratch, ctx));
         assert_eq!(verdict, Verdict::Keep);
         assert!(rig.conn.is_open());
         assert_eq!(rig.timers.next_at(), None);
@@ -1119,7 +1121,7 @@ mod tests {
         wire.extend(client_frame(0x8, &1000u16.to_be_bytes()));
         rig.client.write_all(&wire).unwrap();
         std::thread::sleep(Duration::from_millis(20));
-        rig.drive(|conn, scratch, ctx| conn.on_readable(0, false, scratch, ctx));
+        rig.drive(|conn, scratch, ctx| conn.on_readable(ConnKey(0), false, scratch, ctx));
         assert!(rig.replies.is_empty(), "the replies were written");
         for payload in &payloads {
             assert_eq!(rig.client_frame_start(), [0x8A, payload.len() as u8]);

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::ops::metrics::{self, Metrics, MetricsSnapshot};
 use crate::ops::sys;
-use crate::server::{Lifecycle, Server};
+use crate::server::{ConnKey, Lifecycle, Server};
 
 /// How often free pool buffers unused for that long are given back.
 const POOL_TRIM_PERIOD: Duration = Duration::from_secs(1);
@@ -26,7 +26,7 @@ impl Server {
         let mut due = std::mem::take(&mut self.expired);
         self.timers.expire(now, &mut due);
         for (key, tick) in due.drain(..) {
-            let Some(conn) = self.conns.get_mut(key).filter(|conn| conn.is_due(tick)) else {
+            let Some(conn) = self.conns.get_mut(key.0).filter(|conn| conn.is_due(tick)) else {
                 continue; // Stale: re-armed, cleared, or the slot was reused.
             };
             let verdict = conn.on_deadline(&mut self.timers);
@@ -53,8 +53,9 @@ impl Server {
             let Some(conn) = parts.conns.get_mut(key) else {
                 continue;
             };
-            let verdict = conn.on_heartbeat(key, &ping, close_after, parts.scratch, &mut ctx);
-            self.settle(key, verdict);
+            let verdict =
+                conn.on_heartbeat(ConnKey(key), &ping, close_after, parts.scratch, &mut ctx);
+            self.settle(ConnKey(key), verdict);
         }
     }
 

@@ -131,6 +131,22 @@ enum Lifecycle {
     },
 }
 
+/// A connection's key: its slot in the slab and its token in the poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct ConnKey(pub(crate) usize);
+
+impl std::fmt::Display for ConnKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl From<ConnKey> for Token {
+    fn from(key: ConnKey) -> Token {
+        Token(key.0)
+    }
+}
+
 /// Why [`Server::bind`] failed.
 #[derive(Debug)]
 pub enum BindError {
@@ -207,7 +223,7 @@ pub struct Server {
     /// When the loop saw a handle's shutdown request.
     shutdown_seen: Option<Instant>,
     /// Connections that used their read budget with input left.
-    read_again: Vec<usize>,
+    read_again: Vec<ConnKey>,
     /// Accepting stopped at its cap with connections left in the backlog
     /// (per [`Door`]).
     accept_again: [bool; 2],
@@ -215,8 +231,8 @@ pub struct Server {
     accept_paused_until: Option<Instant>,
     last_accept_warning: Option<Instant>,
     /// Reused buffers for deadlines due and closes found during a broadcast.
-    expired: Vec<(usize, Tick)>,
-    failed: Vec<(usize, CloseReason)>,
+    expired: Vec<(ConnKey, Tick)>,
+    failed: Vec<(ConnKey, CloseReason)>,
     lifecycle: Lifecycle,
     tally: Tally,
     loop_max: LoopMax,
@@ -436,7 +452,7 @@ impl Server {
                         write: event.is_writable() || event.is_write_closed(),
                         edge: !hangup,
                     };
-                    self.on_conn_event(key, ready, now);
+                    self.on_conn_event(ConnKey(key), ready, now);
                 }
             }
         }
@@ -550,7 +566,7 @@ impl Server {
                 key += 1;
                 continue;
             };
-            let this = key;
+            let this = ConnKey(key);
             visited += 1;
             key += 1;
             let Some(next) = conn.next_batch().filter(|&next| next != next_seq) else {
@@ -656,10 +672,10 @@ impl Server {
         }
     }
 
-    fn on_conn_event(&mut self, key: usize, ready: Ready, now: Instant) {
+    fn on_conn_event(&mut self, key: ConnKey, ready: Ready, now: Instant) {
         let parts = self.parts(now);
         let mut ctx = parts.ctx;
-        let Some(conn) = parts.conns.get_mut(key) else {
+        let Some(conn) = parts.conns.get_mut(key.0) else {
             return; // A spurious event for a connection already closed.
         };
         let mut verdict = Verdict::Keep;
@@ -674,22 +690,22 @@ impl Server {
 
     /// Acts on a handler's verdict: close, schedule another read, and keep
     /// the writable interest in step with the output queue.
-    fn settle(&mut self, key: usize, verdict: Verdict) {
+    fn settle(&mut self, key: ConnKey, verdict: Verdict) {
         match verdict {
             Verdict::Close(reason) => return self.close(key, reason),
             Verdict::ReadAgain => self.read_again.push(key),
             Verdict::Keep => {}
         }
         let registry = self.poll.registry();
-        if let Some(conn) = self.conns.get_mut(key) {
+        if let Some(conn) = self.conns.get_mut(key.0) {
             if !sync_interest(registry, key, conn) {
                 self.close(key, CloseReason::Abnormal);
             }
         }
     }
 
-    fn close(&mut self, key: usize, reason: CloseReason) {
-        let Some(mut conn) = self.conns.try_remove(key) else {
+    fn close(&mut self, key: ConnKey, reason: CloseReason) {
+        let Some(mut conn) = self.conns.try_remove(key.0) else {
             return;
         };
         let metrics = &self.shared.metrics;
@@ -709,7 +725,7 @@ impl Server {
     fn close_all(&mut self, reason: CloseReason) {
         let keys: Vec<usize> = self.conns.iter().map(|(key, _)| key).collect();
         for key in keys {
-            self.close(key, reason);
+            self.close(ConnKey(key), reason);
         }
     }
 
@@ -755,7 +771,7 @@ impl Server {
         for (key, conn) in parts.conns.iter_mut() {
             let verdict = if conn.is_open() {
                 conn.begin_close(
-                    key,
+                    ConnKey(key),
                     CloseCode::GOING_AWAY,
                     "server shutting down",
                     CloseReason::Shutdown,
@@ -767,7 +783,7 @@ impl Server {
             closing.push((key, verdict));
         }
         for (key, verdict) in closing {
-            self.settle(key, verdict);
+            self.settle(ConnKey(key), verdict);
         }
     }
 }
@@ -793,7 +809,7 @@ pub(super) fn check_message_limit(
 
 /// Registers or drops writable interest when the connection's output
 /// queue changed between empty and not; `false` if the registry failed.
-fn sync_interest(registry: &Registry, key: usize, conn: &mut Conn) -> bool {
+fn sync_interest(registry: &Registry, key: ConnKey, conn: &mut Conn) -> bool {
     let Some(want_writable) = conn.interest_change() else {
         return true;
     };
@@ -802,7 +818,7 @@ fn sync_interest(registry: &Registry, key: usize, conn: &mut Conn) -> bool {
     } else {
         Interest::READABLE
     };
-    match registry.reregister(conn.stream_mut(), Token(key), interest) {
+    match registry.reregister(conn.stream_mut(), key.into(), interest) {
         Ok(()) => true,
         Err(e) => {
             log::debug!("reregister failed: {e}");

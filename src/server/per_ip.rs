@@ -2,6 +2,7 @@
 //! holds. Kept beside the slab (indexed by connection key) rather than in
 //! each connection, so a server without the limit pays nothing for it.
 
+use crate::server::ConnKey;
 use std::collections::HashMap;
 use std::net::IpAddr;
 
@@ -29,23 +30,27 @@ impl PerIpLimit {
     }
 
     /// Counts connection `key` from `ip`, unless `ip` is at the limit.
-    pub fn admit(&mut self, key: usize, ip: IpAddr) -> Result<(), OverLimit> {
+    pub fn admit(&mut self, key: ConnKey, ip: IpAddr) -> Result<(), OverLimit> {
         let count = self.counts.entry(ip).or_insert(0);
         if *count >= self.limit {
             return Err(OverLimit);
         }
         *count += 1;
-        if self.by_key.len() <= key {
-            self.by_key.resize(key + 1, None);
+        let index = key.0;
+        if self.by_key.len() <= index {
+            self.by_key.resize(index + 1, None);
         }
-        debug_assert!(self.by_key[key].is_none(), "bug: key {key} admitted twice");
-        self.by_key[key] = Some(ip);
+        debug_assert!(
+            self.by_key[index].is_none(),
+            "bug: key {key} admitted twice"
+        );
+        self.by_key[index] = Some(ip);
         Ok(())
     }
 
     /// Forgets connection `key` (a key never admitted is ignored).
-    pub fn release(&mut self, key: usize) {
-        let Some(ip) = self.by_key.get_mut(key).and_then(Option::take) else {
+    pub fn release(&mut self, key: ConnKey) {
+        let Some(ip) = self.by_key.get_mut(key.0).and_then(Option::take) else {
             return;
         };
         if let Some(count) = self.counts.get_mut(&ip) {
@@ -65,18 +70,18 @@ mod tests {
     fn counts_per_address_up_to_the_limit_and_forgets_on_release() {
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "::1".parse().unwrap());
         let mut limit = PerIpLimit::new(2);
-        assert_eq!(limit.admit(0, a), Ok(()));
-        assert_eq!(limit.admit(5, a), Ok(()));
-        assert_eq!(limit.admit(1, a), Err(OverLimit));
-        assert_eq!(limit.admit(1, b), Ok(()));
+        assert_eq!(limit.admit(ConnKey(0), a), Ok(()));
+        assert_eq!(limit.admit(ConnKey(5), a), Ok(()));
+        assert_eq!(limit.admit(ConnKey(1), a), Err(OverLimit));
+        assert_eq!(limit.admit(ConnKey(1), b), Ok(()));
         assert_eq!((limit.counts[&a], limit.counts[&b]), (2, 1));
-        limit.release(0);
-        limit.release(0);
-        limit.release(99);
+        limit.release(ConnKey(0));
+        limit.release(ConnKey(0));
+        limit.release(ConnKey(99));
         assert_eq!(limit.counts[&a], 1);
-        assert_eq!(limit.admit(0, a), Ok(()));
+        assert_eq!(limit.admit(ConnKey(0), a), Ok(()));
         for key in [0, 1, 5] {
-            limit.release(key);
+            limit.release(ConnKey(key));
         }
         assert!(
             limit.counts.is_empty(),

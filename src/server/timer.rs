@@ -3,6 +3,7 @@
 //! holds `(key, deadline)` entries that are checked against it when due, so
 //! re-arming or closing needs no removal (stale entries are skipped).
 
+use crate::server::ConnKey;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,7 @@ const SLOT_KEEP: usize = 64;
 /// The timing wheel.
 #[derive(Debug)]
 pub struct TimerWheel {
-    slots: Box<[Vec<(usize, Tick)>]>,
+    slots: Box<[Vec<(ConnKey, Tick)>]>,
     resolution: Duration,
     start: Instant,
     /// The next tick whose slot has not been expired yet.
@@ -49,7 +50,7 @@ impl TimerWheel {
     }
 
     /// Arms an entry for `key` at `deadline`.
-    pub fn schedule(&mut self, key: usize, deadline: Tick) {
+    pub fn schedule(&mut self, key: ConnKey, deadline: Tick) {
         let deadline = deadline.max(Tick(NonZeroU32::new(self.next).expect("next starts at 1")));
         let slot = deadline.0.get() as usize % self.slots.len();
         self.slots[slot].push((key, deadline));
@@ -57,7 +58,7 @@ impl TimerWheel {
 
     /// Moves every entry due at `now` (deadline tick at or before the
     /// current one) into `due`.
-    pub fn expire(&mut self, now: Instant, due: &mut Vec<(usize, Tick)>) {
+    pub fn expire(&mut self, now: Instant, due: &mut Vec<(ConnKey, Tick)>) {
         if now < self.tick_start(self.next) {
             return; // The common case, without a division.
         }
@@ -102,7 +103,7 @@ pub struct Deadline(Option<Tick>);
 
 impl Deadline {
     /// Arms (or moves) the deadline to `at` for the owner `key`.
-    pub fn arm(&mut self, wheel: &mut TimerWheel, key: usize, at: Tick) {
+    pub fn arm(&mut self, wheel: &mut TimerWheel, key: ConnKey, at: Tick) {
         if self.0.is_none() {
             wheel.armed += 1;
         }
@@ -132,7 +133,7 @@ mod tests {
     fn expire(wheel: &mut TimerWheel, at: Instant) -> Vec<usize> {
         let mut due = Vec::new();
         wheel.expire(at, &mut due);
-        due.into_iter().map(|(key, _)| key).collect()
+        due.into_iter().map(|(key, _)| key.0).collect()
     }
 
     #[test]
@@ -141,8 +142,8 @@ mod tests {
         let mut wheel = TimerWheel::new(10 * MS, 8, t0);
         let (mut one, mut two) = (Deadline::default(), Deadline::default());
         let (at_one, at_two) = (wheel.tick_at(t0 + 25 * MS), wheel.tick_at(t0 + 5 * MS));
-        one.arm(&mut wheel, 1, at_one);
-        two.arm(&mut wheel, 2, at_two);
+        one.arm(&mut wheel, ConnKey(1), at_one);
+        two.arm(&mut wheel, ConnKey(2), at_two);
         assert_eq!(expire(&mut wheel, t0 + 9 * MS), Vec::<usize>::new());
         assert_eq!(expire(&mut wheel, t0 + 15 * MS), vec![2]);
         two.clear(&mut wheel);
@@ -160,7 +161,7 @@ mod tests {
     fn deadlines_beyond_one_rotation_wait_for_their_own_turn() {
         let t0 = Instant::now();
         let mut wheel = TimerWheel::new(10 * MS, 4, t0);
-        wheel.schedule(7, wheel.tick_at(t0 + 100 * MS));
+        wheel.schedule(ConnKey(7), wheel.tick_at(t0 + 100 * MS));
         for step in 1..10 {
             assert!(
                 expire(&mut wheel, t0 + step * 10 * MS).is_empty(),
@@ -175,7 +176,7 @@ mod tests {
         let t0 = Instant::now();
         let mut wheel = TimerWheel::new(10 * MS, 4, t0);
         for key in 0..10 {
-            wheel.schedule(key, wheel.tick_at(t0 + (key as u32 * 10 + 5) * MS));
+            wheel.schedule(ConnKey(key), wheel.tick_at(t0 + (key as u32 * 10 + 5) * MS));
         }
         let mut keys = expire(&mut wheel, t0 + 500 * MS);
         keys.sort();
@@ -188,9 +189,9 @@ mod tests {
         let mut wheel = TimerWheel::new(10 * MS, 8, t0);
         let mut deadline = Deadline::default();
         let first = wheel.tick_at(t0 + 20 * MS);
-        deadline.arm(&mut wheel, 7, first);
+        deadline.arm(&mut wheel, ConnKey(7), first);
         let second = wheel.tick_at(t0 + 50 * MS);
-        deadline.arm(&mut wheel, 7, second);
+        deadline.arm(&mut wheel, ConnKey(7), second);
         assert!(!deadline.is(first) && deadline.is(second));
         deadline.clear(&mut wheel);
         assert_eq!(wheel.next_at(), None, "two stale entries, nothing armed");
