@@ -48,7 +48,7 @@ for target in $("${fuzz[@]}" list --fuzz-dir "$fuzz_dir"); do
     echo "fuzz/run.sh: $target wrote a new input to fuzz/artifacts/$target/" >&2
     exit 1
   fi
-  grep -E '^#[0-9]+ +DONE|stat::number_of_executed_units|stat::average_exec_per_sec' \
+  grep -E '^#[0-9]+[[:space:]]+DONE|stat::number_of_executed_units|stat::average_exec_per_sec' \
     "$work/$target.log" || true
 done
 echo "fuzz/run.sh: every target ran ${seconds} s without a failure"

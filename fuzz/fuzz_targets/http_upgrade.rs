@@ -2,9 +2,9 @@
 //!
 //! Input: `[flags, n, size_1 .. size_n, request ..]`. `flags` picks the
 //! rules (bit 0: path `/ws`; bit 1: tokens; bit 2: allowed origins; bit 3:
-//! no `/metrics`; bit 4: no WebSocket; bits 5-7: the head limit); the
-//! request is fed in chunks of `size_i + 1` bytes, cycling, or whole when
-//! `n % 8` is 0.
+//! no `/metrics`; bit 4: no WebSocket; bits 5-7: the head limit), and so
+//! does bit 3 of `n` (the demo page at `/`); the request is fed in chunks
+//! of `size_i + 1` bytes, cycling, or whole when `n % 8` is 0.
 
 #![no_main]
 
@@ -27,6 +27,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&[flags, count], rest)) = data.split_first_chunk::<2>() else {
         return;
     };
+    let demo = count & 8 != 0;
     let count = usize::from(count % 8);
     if rest.len() < count {
         return;
@@ -45,6 +46,7 @@ fuzz_target!(|data: &[u8]| {
         endpoints: Endpoints {
             websocket: flags & 16 == 0,
             metrics: flags & 8 == 0,
+            demo,
         },
     };
     check_incremental(request, sizes, &rules);
@@ -107,7 +109,12 @@ fn check_result(buf: &[u8], result: Result<HeadStatus<'_>, Rejection>, rules: &H
         }
         Ok(HeadStatus::Endpoint(endpoint, head_len)) => {
             check_head(buf, head_len, result, rules);
-            assert!(endpoint == Endpoint::Health || rules.endpoints.metrics);
+            let served = match endpoint {
+                Endpoint::Health => true,
+                Endpoint::Metrics => rules.endpoints.metrics,
+                Endpoint::Demo => rules.endpoints.demo,
+            };
+            assert!(served, "{endpoint:?} is not served");
         }
         Err(rejection) => {
             let mut out = [0u8; MAX_RESPONSE_LEN];
