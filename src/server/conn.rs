@@ -262,10 +262,19 @@ impl Conn {
         self.deadline.is(tick)
     }
 
-    /// Returns its buffers to the pool, clears its deadline and uncounts
-    /// its queued output (counting the frames discarded) before the
-    /// connection is dropped.
-    pub fn release(&mut self, pool: &mut BufferPool, timers: &mut TimerWheel, tally: &mut Tally) {
+    /// Ends the connection (the loop has taken it out of the slab): clears
+    /// its deadline, returns its buffers to the pool, uncounts its queued
+    /// output (counting the frames discarded), counts the close by
+    /// `reason` and takes it off its gauge. The socket closes as it drops.
+    pub fn close(
+        mut self,
+        key: ConnKey,
+        reason: CloseReason,
+        pool: &mut BufferPool,
+        timers: &mut TimerWheel,
+        tally: &mut Tally,
+        metrics: &Metrics,
+    ) {
         self.deadline.clear(timers);
         tally.wrote(0, self.out.queued_bytes(), 0);
         tally.frames_discarded += self.out.queued_frames() as u64;
@@ -275,6 +284,13 @@ impl Conn {
         {
             pool.give_back(buf);
         }
+        Metrics::incr(reason.counter(metrics));
+        Metrics::decr(if self.is_websocket() {
+            &metrics.connections_open
+        } else {
+            &metrics.connections_http
+        });
+        log::debug!("connection {key} closed: {reason:?}");
     }
 
     /// The socket is readable: read until it is drained (or the read

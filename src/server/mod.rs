@@ -705,21 +705,21 @@ impl Server {
     }
 
     fn close(&mut self, key: ConnKey, reason: CloseReason) {
-        let Some(mut conn) = self.conns.try_remove(key.0) else {
+        let Some(conn) = self.conns.try_remove(key.0) else {
             return;
         };
-        let metrics = &self.shared.metrics;
-        conn.release(&mut self.pool, &mut self.timers, &mut self.tally);
         if let Some(per_ip) = &mut self.per_ip {
             per_ip.release(key);
         }
-        Metrics::incr(reason.counter(metrics));
-        Metrics::decr(if conn.is_websocket() {
-            &metrics.connections_open
-        } else {
-            &metrics.connections_http
-        });
-        log::debug!("connection {key} closed: {reason:?}");
+        let metrics = &self.shared.metrics;
+        conn.close(
+            key,
+            reason,
+            &mut self.pool,
+            &mut self.timers,
+            &mut self.tally,
+            metrics,
+        );
     }
 
     fn close_all(&mut self, reason: CloseReason) {
