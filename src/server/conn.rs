@@ -1,6 +1,8 @@
 //! One client connection: a state machine over its phases, driven by
 //! readiness events, broadcasts and its deadline. Every handler returns a
-//! [`Verdict`] that the loop acts on in one place.
+//! [`Verdict`] that the loop acts on in one place, and every byte the
+//! connection writes goes through one output path, [`Conn::send`], which
+//! answers with one [`Sent`].
 //!
 //! ```text
 //! Handshake ──101──▶ Open ──server closes (1001/1008)──▶ CloseSent
@@ -18,8 +20,8 @@ use std::time::{Duration, Instant};
 use mio::net::TcpStream;
 
 use crate::config::{Config, SlowConsumerPolicy};
-use crate::ops::metrics::{LoopHistogram, Metrics, Tally};
-use crate::protocol::http::Endpoints;
+use crate::ops::metrics::{Metrics, Tally};
+use crate::protocol::http::{self, Endpoint, Endpoints, MAX_RESPONSE_LEN};
 use crate::protocol::target::RequestTarget;
 use crate::protocol::ws::header::MAX_HEADER_LEN;
 use crate::protocol::ws::{
@@ -28,7 +30,7 @@ use crate::protocol::ws::{
 use crate::server::fanout::Seq;
 use crate::server::heartbeat::{Liveness, Visit};
 use crate::server::nonblocking::{read_some, Progress};
-use crate::server::output::{OutQueue, QueueFull, SharedFrames};
+use crate::server::output::{OutQueue, Sent, SharedFrames};
 use crate::server::pool::{BufferPool, PooledBuf};
 use crate::server::timer::{Deadline, Tick, TimerWheel};
 use crate::server::ConnKey;
@@ -89,26 +91,42 @@ pub enum Verdict {
     /// Keep it, and run its read handler again soon: it used its read
     /// budget with more input waiting.
     ReadAgain,
+    /// It asked for this plain HTTP endpoint and is lingering: the loop,
+    /// which holds what the answer reports, renders it and hands it to
+    /// [`Conn::respond`].
+    Serve(Endpoint),
     /// Drop the TCP connection now.
     Close(CloseReason),
 }
 
-/// What became of one broadcast for one connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Delivery {
-    /// Not an open WebSocket connection (handshaking or closing).
-    Skipped,
-    /// Written whole.
-    Written,
-    /// Partly written or queued behind earlier output.
+impl Verdict {
+    /// The verdict after a send: close if the socket failed, else keep.
+    fn after(sent: Result<Sent, CloseReason>) -> Verdict {
+        match sent {
+            Ok(_) => Verdict::Keep,
+            Err(reason) => Verdict::Close(reason),
+        }
+    }
+}
+
+/// Everything a connection writes, each through [`Conn::send`].
+#[derive(Debug, Clone, Copy)]
+enum Outgoing<'a> {
+    /// A frame answering what the current read brought (a pong, an echo):
+    /// gathered with the others in [`Ctx::replies`], written once the read
+    /// is processed.
+    Reply(OpCode, &'a [u8]),
+    /// A frame of its own that goes out now (a close).
+    Frame(OpCode, &'a [u8]),
+    /// An HTTP response: head and body.
+    Response(&'a [u8], &'a [u8]),
+    /// Broadcast batches or the ping, shared with other connections:
+    /// [`Sent::Dropped`] when the queue would go over its limit.
+    Shared(&'a [SharedFrames]),
+    /// The gathered replies, at the end of a read.
+    Replies,
+    /// What is queued, now that the socket is writable.
     Queued,
-    /// Skipped for this connection: its queue was full (policy `drop`).
-    Dropped,
-    /// Its queue was full; it is being closed with 1008 (policy `close`)
-    /// and does not get this frame.
-    SlowConsumer,
-    /// Drop the connection now (its socket failed).
-    Close(CloseReason),
 }
 
 /// The phases of a connection, each with only its own data.
@@ -145,8 +163,6 @@ pub struct Ctx<'a> {
     pub timers: &'a mut TimerWheel,
     /// Counters.
     pub metrics: &'a Metrics,
-    /// Loop iteration times, for `/metrics`.
-    pub loop_histogram: &'a LoopHistogram,
     /// Counts gathered during this loop iteration.
     pub tally: &'a mut Tally,
     /// Frames of a connection's own that answer what one read brought
@@ -276,8 +292,7 @@ impl Conn {
         metrics: &Metrics,
     ) {
         self.deadline.clear(timers);
-        tally.wrote(0, self.out.queued_bytes(), 0);
-        tally.frames_discarded += self.out.queued_frames() as u64;
+        self.discard_output(true, tally);
         for buf in [self.input.take(), self.message.take()]
             .into_iter()
             .flatten()
@@ -334,8 +349,9 @@ impl Conn {
             };
             budget = budget.saturating_sub(n);
             self.liveness.heard();
-            if let Verdict::Close(reason) = self.consume(key, &mut scratch[..n], ctx) {
-                return Verdict::Close(reason);
+            let verdict = self.consume(key, &mut scratch[..n], ctx);
+            if verdict != Verdict::Keep {
+                return verdict;
             }
             if edge && n < room {
                 return Verdict::Keep;
@@ -347,11 +363,33 @@ impl Conn {
     /// The socket is writable: flush the queue; a drained queue may let
     /// the connection half-close or resume reading.
     pub fn on_writable(&mut self, key: ConnKey, scratch: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
-        match self.flush(ctx.tally) {
+        match self.send(Outgoing::Queued, ctx) {
             Err(reason) => Verdict::Close(reason),
-            Ok(false) => Verdict::Keep,
-            Ok(true) if self.read_paused => self.on_readable(key, false, scratch, ctx),
-            Ok(true) => Verdict::Keep,
+            Ok(Sent::Written) if self.read_paused => self.on_readable(key, false, scratch, ctx),
+            Ok(_) => Verdict::Keep,
+        }
+    }
+
+    /// Answers the endpoint it asked for (see [`Verdict::Serve`]) with
+    /// `200 OK` and `body`, then reads on, discarding, until the client
+    /// goes.
+    pub fn respond(&mut self, content_type: &str, body: &[u8], ctx: &mut Ctx<'_>) -> Verdict {
+        debug_assert!(
+            matches!(
+                self.phase,
+                Phase::Lingering {
+                    reason: CloseReason::Http,
+                    ..
+                }
+            ),
+            "bug: only a plain HTTP request is answered with a body"
+        );
+        let mut head = [0u8; MAX_RESPONSE_LEN];
+        let len = http::write_ok_head(content_type, body.len(), &mut head);
+        match self.send(Outgoing::Response(&head[..len], body), ctx) {
+            // Reading stopped at the request to let the loop answer it.
+            Ok(_) => Verdict::ReadAgain,
+            Err(reason) => Verdict::Close(reason),
         }
     }
 
@@ -377,57 +415,53 @@ impl Conn {
         owed: &[SharedFrames],
         up_to: Seq,
         ctx: &mut Ctx<'_>,
-    ) -> Delivery {
+    ) -> Verdict {
         if !self.is_open() {
-            return Delivery::Skipped;
+            return Verdict::Keep;
         }
         self.out.set_next_batch(up_to);
         let messages = owed.iter().map(|f| f.count() as u64).sum::<u64>();
-        match self.send_shared(owed, ctx) {
-            Err(e) => {
-                log::debug!("write failed: {e}");
-                Delivery::Close(CloseReason::Abnormal)
-            }
-            Ok(Ok(())) => {
+        match self.send(Outgoing::Shared(owed), ctx) {
+            Err(reason) => return Verdict::Close(reason),
+            Ok(Sent::Written) => ctx.tally.broadcast_deliveries += messages,
+            Ok(Sent::Queued) => {
                 ctx.tally.broadcast_deliveries += messages;
-                if self.out.is_empty() {
-                    Delivery::Written
-                } else {
-                    ctx.tally.write_would_block += 1;
-                    Delivery::Queued
-                }
+                ctx.tally.write_would_block += 1;
             }
-            Ok(Err(QueueFull)) => match ctx.config.slow_consumer {
-                SlowConsumerPolicy::Drop => {
-                    ctx.tally.slow_consumer_drops += messages;
-                    log::debug!(
-                        "slow consumer {key}: {} bytes queued, {messages} broadcasts dropped for it",
-                        self.out.queued_bytes(),
-                    );
-                    Delivery::Dropped
-                }
-                SlowConsumerPolicy::Close => {
-                    ctx.tally.slow_consumer_drops += messages;
-                    let before = self.out.queued_bytes();
-                    let dropped = self.out.drop_unstarted();
-                    ctx.tally.wrote(0, before, self.out.queued_bytes());
-                    ctx.tally.frames_discarded += dropped as u64;
-                    log::debug!(
-                        "slow consumer: {} bytes queued, {dropped} frames dropped, closing",
-                        self.out.queued_bytes()
-                    );
-                    match self.begin_close(
-                        key,
-                        CloseCode::POLICY_VIOLATION,
-                        "slow consumer",
-                        CloseReason::SlowConsumer,
-                        ctx,
-                    ) {
-                        Verdict::Close(_) => Delivery::Close(CloseReason::SlowConsumer),
-                        _ => Delivery::SlowConsumer,
-                    }
-                }
-            },
+            Ok(Sent::Dropped) => {
+                ctx.tally.slow_consumer_drops += messages;
+                return self.on_slow_consumer(key, messages, ctx);
+            }
+        }
+        Verdict::Keep
+    }
+
+    /// Broadcasts found its queue full: under policy `drop` it misses
+    /// them; under `close` its output not started yet is discarded and it
+    /// is closed with 1008.
+    fn on_slow_consumer(&mut self, key: ConnKey, missed: u64, ctx: &mut Ctx<'_>) -> Verdict {
+        match ctx.config.slow_consumer {
+            SlowConsumerPolicy::Drop => {
+                log::debug!(
+                    "slow consumer {key}: {} bytes queued, {missed} broadcasts dropped for it",
+                    self.out.queued_bytes(),
+                );
+                Verdict::Keep
+            }
+            SlowConsumerPolicy::Close => {
+                let dropped = self.discard_output(false, ctx.tally);
+                log::debug!(
+                    "slow consumer {key}: {} bytes queued, {dropped} frames dropped, closing",
+                    self.out.queued_bytes()
+                );
+                self.begin_close(
+                    key,
+                    CloseCode::POLICY_VIOLATION,
+                    "slow consumer",
+                    CloseReason::SlowConsumer,
+                    ctx,
+                )
+            }
         }
     }
 
@@ -475,16 +509,13 @@ impl Conn {
                 );
             }
         }
-        match self.send_shared(std::slice::from_ref(ping), ctx) {
-            Err(e) => {
-                log::debug!("write failed: {e}");
-                Verdict::Close(CloseReason::Abnormal)
-            }
-            Ok(Ok(())) => {
+        match self.send(Outgoing::Shared(std::slice::from_ref(ping)), ctx) {
+            Err(reason) => Verdict::Close(reason),
+            Ok(Sent::Dropped) => Verdict::Keep,
+            Ok(Sent::Written | Sent::Queued) => {
                 Metrics::incr(&ctx.metrics.pings_sent);
                 Verdict::Keep
             }
-            Ok(Err(QueueFull)) => Verdict::Keep,
         }
     }
 
@@ -511,11 +542,10 @@ impl Conn {
     /// current phase, and keeps what it could not consume yet.
     fn consume(&mut self, key: ConnKey, fresh: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
         let verdict = self.consume_gathering(key, fresh, ctx);
-        let flushed = self.flush_replies(ctx);
-        match verdict {
-            Verdict::Close(_) => verdict,
-            _ if flushed != Verdict::Keep => flushed,
-            _ => verdict,
+        match (verdict, self.send(Outgoing::Replies, ctx)) {
+            (Verdict::Close(_), _) => verdict,
+            (_, Err(reason)) => Verdict::Close(reason),
+            (_, Ok(_)) => verdict,
         }
     }
 
@@ -608,7 +638,7 @@ impl Conn {
             }
             Event::Ping(payload) if !closing => {
                 Metrics::incr(&ctx.metrics.pings_received);
-                self.reply_frame(OpCode::Pong, payload, ctx)
+                Verdict::after(self.send(Outgoing::Reply(OpCode::Pong, payload), ctx))
             }
             Event::Ping(_) | Event::Pong(_) => Verdict::Keep,
             Event::Close(frame) => {
@@ -619,11 +649,12 @@ impl Conn {
                 self.linger(key, reason, ctx);
                 if closing {
                     // Our close went out before; nothing more to send.
-                    return self.half_close_when_flushed();
+                    return Verdict::after(self.send(Outgoing::Queued, ctx));
                 }
                 // Echo the status code (§5.5.1); no code in, no code out.
                 let code = frame.map(|f| f.code.0.to_be_bytes());
-                self.send_frame(OpCode::Close, code.as_ref().map_or(&[], |c| &c[..]), ctx)
+                let payload = code.as_ref().map_or(&[][..], |c| &c[..]);
+                Verdict::after(self.send(Outgoing::Frame(OpCode::Close, payload), ctx))
             }
         }
     }
@@ -639,7 +670,7 @@ impl Conn {
     ) -> Verdict {
         if last && self.message.is_none() {
             Metrics::incr(&ctx.metrics.messages_echoed);
-            return self.reply_frame(kind.opcode(), payload, ctx);
+            return Verdict::after(self.send(Outgoing::Reply(kind.opcode(), payload), ctx));
         }
         let message = self.message.get_or_insert_with(|| ctx.pool.lend());
         message.extend_from_slice(payload);
@@ -648,9 +679,9 @@ impl Conn {
         }
         let message = self.message.take().expect("just inserted");
         Metrics::incr(&ctx.metrics.messages_echoed);
-        let verdict = self.reply_frame(kind.opcode(), &message, ctx);
+        let sent = self.send(Outgoing::Reply(kind.opcode(), &message), ctx);
         ctx.pool.give_back(message);
-        verdict
+        Verdict::after(sent)
     }
 
     /// Fails the connection: a close frame with the error's code, then linger.
@@ -660,7 +691,7 @@ impl Conn {
         let already_closing = !self.is_open();
         self.linger(key, CloseReason::Failed(code), ctx);
         if already_closing {
-            return self.half_close_when_flushed();
+            return Verdict::after(self.send(Outgoing::Queued, ctx));
         }
         self.send_close(code, error.reason(), ctx)
     }
@@ -683,125 +714,122 @@ impl Conn {
         payload[..2].copy_from_slice(&code.0.to_be_bytes());
         let why = &why.as_bytes()[..why.len().min(123)];
         payload[2..2 + why.len()].copy_from_slice(why);
-        self.send_frame(OpCode::Close, &payload[..2 + why.len()], ctx)
+        let close = Outgoing::Frame(OpCode::Close, &payload[..2 + why.len()]);
+        Verdict::after(self.send(close, ctx))
     }
 
-    /// Sends one unmasked, final frame of this connection's own, after
-    /// the gathered replies.
-    fn send_frame(&mut self, opcode: OpCode, payload: &[u8], ctx: &mut Ctx<'_>) -> Verdict {
+    /// The connection's one output path: writes `out` after whatever was
+    /// gathered and queued before it (so replies to a read go out before
+    /// any frame that follows them, in the same `writev`), counts what it
+    /// wrote and queued, and, lingering with nothing left to write,
+    /// half-closes. A failed socket is `Err` with the reason to close.
+    fn send(&mut self, out: Outgoing<'_>, ctx: &mut Ctx<'_>) -> Result<Sent, CloseReason> {
         let mut header = [0u8; MAX_HEADER_LEN];
-        let len = FrameHeader::server(opcode, payload.len() as u64).encode(&mut header);
-        ctx.tally.frames_sent += 1;
-        self.send_bytes(&[&header[..len], payload], ctx)
-    }
-
-    /// Adds a reply frame (echo, pong) to the gathered replies, which go
-    /// out when the read is processed (or sooner, when they fill up or
-    /// another frame must follow them). A frame larger than the gathering
-    /// buffer goes out at once, without the copy.
-    fn reply_frame(&mut self, opcode: OpCode, payload: &[u8], ctx: &mut Ctx<'_>) -> Verdict {
-        let mut header = [0u8; MAX_HEADER_LEN];
-        let len = FrameHeader::server(opcode, payload.len() as u64).encode(&mut header);
-        let frame_len = len + payload.len();
-        if frame_len > ctx.replies.capacity() - ctx.replies.len() {
-            let verdict = self.flush_replies(ctx);
-            if verdict != Verdict::Keep {
-                return verdict;
-            }
-            if frame_len > ctx.replies.capacity() {
-                return self.send_frame(opcode, payload, ctx);
+        if let Outgoing::Reply(opcode, payload) = out {
+            let len = FrameHeader::server(opcode, payload.len() as u64).encode(&mut header);
+            if let Some(sent) = self.gather(&[&header[..len], payload], ctx)? {
+                return Ok(sent);
             }
         }
-        ctx.tally.frames_sent += 1;
-        ctx.replies.extend_from_slice(&header[..len]);
-        ctx.replies.extend_from_slice(payload);
-        Verdict::Keep
-    }
-
-    /// Writes the gathered replies (see [`Ctx::replies`]) and empties them.
-    fn flush_replies(&mut self, ctx: &mut Ctx<'_>) -> Verdict {
-        if ctx.replies.is_empty() {
-            return Verdict::Keep;
+        let replies: &[u8] = ctx.replies;
+        if matches!(out, Outgoing::Replies) && replies.is_empty() {
+            return Ok(Sent::taken(&self.out));
         }
-        let verdict = self.write_own(&[&ctx.replies[..]], ctx.tally);
+        let before = self.out.queued_bytes();
+        let (sent, offered, frames) = match out {
+            Outgoing::Reply(opcode, payload) | Outgoing::Frame(opcode, payload) => {
+                let len = FrameHeader::server(opcode, payload.len() as u64).encode(&mut header);
+                let parts = [replies, &header[..len], payload];
+                let sent = self.out.send_private(&parts, &mut self.stream);
+                (sent, total_len(&parts), 1)
+            }
+            Outgoing::Response(head, body) => {
+                let parts = [replies, head, body];
+                let sent = self.out.send_private(&parts, &mut self.stream);
+                (sent, total_len(&parts), 0)
+            }
+            Outgoing::Replies => {
+                let sent = self.out.send_private(&[replies], &mut self.stream);
+                (sent, replies.len(), 0)
+            }
+            Outgoing::Shared(shared) => {
+                let limit = ctx.config.max_queued_bytes;
+                let sent = self
+                    .write_ahead(replies)
+                    .and_then(|()| self.out.send_shared(shared, limit, &mut self.stream));
+                let (offered, frames) = match sent {
+                    Ok(Sent::Dropped) => (replies.len(), 0),
+                    _ => (
+                        replies.len() + shared.iter().map(|f| f.bytes().len()).sum::<usize>(),
+                        shared.iter().map(SharedFrames::count).sum(),
+                    ),
+                };
+                (sent, offered, frames)
+            }
+            Outgoing::Queued => {
+                let sent = self
+                    .write_ahead(replies)
+                    .and_then(|()| self.out.flush(&mut self.stream));
+                (sent, replies.len(), 0)
+            }
+        };
         ctx.replies.clear();
-        verdict
-    }
-
-    /// Sends bytes of this connection's own after the gathered replies;
-    /// a lingering connection half-closes once they are all written.
-    fn send_bytes(&mut self, parts: &[&[u8]], ctx: &mut Ctx<'_>) -> Verdict {
-        match self.flush_replies(ctx) {
-            Verdict::Keep => {}
-            verdict => return verdict,
-        }
-        match self.write_own(parts, ctx.tally) {
-            Verdict::Keep => self.half_close_when_flushed(),
-            verdict => verdict,
-        }
-    }
-
-    /// Writes bytes of this connection's own, queueing what the socket
-    /// does not take (no half-close: more may follow).
-    fn write_own(&mut self, parts: &[&[u8]], tally: &mut Tally) -> Verdict {
-        let before = self.out.queued_bytes();
-        if let Err(e) = self.out.send_private(parts, &mut self.stream) {
+        let sent = sent.map_err(|e| {
             log::debug!("write failed: {e}");
-            return Verdict::Close(CloseReason::Abnormal);
-        }
-        let offered: usize = parts.iter().map(|p| p.len()).sum();
-        self.tally_queue(tally, before, offered);
-        Verdict::Keep
-    }
-
-    /// Offers shared buffers to the queue (see [`OutQueue::send_shared`]),
-    /// counting their frames when taken.
-    fn send_shared(
-        &mut self,
-        frames: &[SharedFrames],
-        ctx: &mut Ctx<'_>,
-    ) -> std::io::Result<Result<(), QueueFull>> {
-        let before = self.out.queued_bytes();
-        let sent = self
-            .out
-            .send_shared(frames, ctx.config.max_queued_bytes, &mut self.stream)?;
-        if sent.is_ok() {
-            let count: usize = frames.iter().map(SharedFrames::count).sum();
-            let bytes: usize = frames.iter().map(|f| f.bytes().len()).sum();
-            ctx.tally.frames_sent += count as u64;
-            self.tally_queue(ctx.tally, before, bytes);
-        }
+            CloseReason::Abnormal
+        })?;
+        ctx.tally.frames_sent += frames as u64;
+        let after = self.out.queued_bytes();
+        ctx.tally.wrote(before + offered - after, before, after);
+        self.half_close_when_flushed()?;
         Ok(sent)
     }
 
-    /// Counts what a send or flush wrote, given the queued bytes before it
-    /// and the bytes it added to the stream.
-    fn tally_queue(&self, tally: &mut Tally, before: usize, offered: usize) {
-        let after = self.out.queued_bytes();
-        tally.wrote(before + offered - after, before, after);
+    /// Writes (or queues) the gathered replies ahead of what [`Conn::send`]
+    /// writes next with a call of its own.
+    fn write_ahead(&mut self, replies: &[u8]) -> std::io::Result<()> {
+        if !replies.is_empty() {
+            self.out.send_private(&[replies], &mut self.stream)?;
+        }
+        Ok(())
     }
 
-    /// Writes what is queued; `Ok(true)` when the queue drained.
-    fn flush(&mut self, tally: &mut Tally) -> Result<bool, CloseReason> {
-        let before = self.out.queued_bytes();
-        let flushed = self.out.flush(&mut self.stream);
-        self.tally_queue(tally, before, 0);
-        match flushed {
-            Ok(true) => match self.half_close_when_flushed() {
-                Verdict::Close(reason) => Err(reason),
-                _ => Ok(true),
-            },
-            Ok(false) => Ok(false),
-            Err(e) => {
-                log::debug!("write failed: {e}");
-                Err(CloseReason::Abnormal)
-            }
+    /// Adds a reply frame to the gathered replies, writing those first
+    /// when it does not fit behind them; `None` when it is larger than the
+    /// gathering buffer and must go out on its own, without the copy.
+    fn gather(&mut self, frame: &[&[u8]], ctx: &mut Ctx<'_>) -> Result<Option<Sent>, CloseReason> {
+        let len = total_len(frame);
+        if len > ctx.replies.capacity() - ctx.replies.len() {
+            self.send(Outgoing::Replies, ctx)?;
         }
+        if len > ctx.replies.capacity() {
+            return Ok(None);
+        }
+        ctx.tally.frames_sent += 1;
+        frame
+            .iter()
+            .for_each(|part| ctx.replies.extend_from_slice(part));
+        Ok(Some(Sent::Queued))
+    }
+
+    /// Discards queued output, what is not started yet or (`all`: the
+    /// connection is going) everything, counting its frames as discarded;
+    /// returns how many.
+    fn discard_output(&mut self, all: bool, tally: &mut Tally) -> usize {
+        let before = self.out.queued_bytes();
+        let dropped = if all {
+            std::mem::take(&mut self.out).queued_frames()
+        } else {
+            self.out.drop_unstarted()
+        };
+        tally.wrote(0, before, self.out.queued_bytes());
+        tally.frames_discarded += dropped as u64;
+        dropped
     }
 
     /// Lingering with everything written: send FIN (the server closes the
     /// TCP connection first, RFC 6455 §7.1.1) and wait for the client's.
-    fn half_close_when_flushed(&mut self) -> Verdict {
+    fn half_close_when_flushed(&mut self) -> Result<(), CloseReason> {
         if let Phase::Lingering {
             reason, write_shut, ..
         } = &mut self.phase
@@ -810,11 +838,11 @@ impl Conn {
                 *write_shut = true;
                 if let Err(e) = self.stream.shutdown(Shutdown::Write) {
                     log::debug!("shutdown failed: {e}");
-                    return Verdict::Close(*reason);
+                    return Err(*reason);
                 }
             }
         }
-        Verdict::Keep
+        Ok(())
     }
 
     /// The client closed its side.
@@ -839,6 +867,11 @@ impl Conn {
     }
 }
 
+/// The bytes in `parts`.
+fn total_len(parts: &[&[u8]]) -> usize {
+    parts.iter().map(|p| p.len()).sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -854,7 +887,6 @@ mod tests {
         pool: BufferPool,
         timers: TimerWheel,
         metrics: Metrics,
-        histogram: LoopHistogram,
         tally: Tally,
         scratch: Vec<u8>,
         replies: Vec<u8>,
@@ -873,7 +905,7 @@ mod tests {
             let config = Config::default();
             let pool = BufferPool::new(config.max_head_bytes, 0, 4);
             let timers = TimerWheel::new(Duration::from_millis(100), 16, Instant::now());
-            let (metrics, histogram, tally) = Default::default();
+            let (metrics, tally) = Default::default();
             let endpoints = Endpoints {
                 websocket: true,
                 metrics: false,
@@ -887,7 +919,6 @@ mod tests {
                 pool,
                 timers,
                 metrics,
-                histogram,
                 tally,
                 scratch: vec![0; 64 * 1024],
                 replies: Vec::with_capacity(64 * 1024),
@@ -921,7 +952,6 @@ mod tests {
                 pool: &mut self.pool,
                 timers: &mut self.timers,
                 metrics: &self.metrics,
-                loop_histogram: &self.histogram,
                 tally: &mut self.tally,
                 replies: &mut self.replies,
                 now: Instant::now(),
@@ -956,15 +986,22 @@ mod tests {
         let head_len = request.len();
         request.resize(head_len + 20_000, b'x');
         rig.client.write_all(&request).unwrap();
+        let read = |rig: &mut Rig| {
+            rig.drive(|conn, scratch, ctx| conn.on_readable(ConnKey(0), false, scratch, ctx))
+        };
+        // The read stops at the request, which goes to the loop to answer.
+        assert_eq!(read(&mut rig), Verdict::Serve(Endpoint::Health));
+        assert!(rig.conn.input.is_none(), "nothing held after the request");
+        let answered = rig.drive(|conn, _, ctx| conn.respond("text/plain", b"ok\n", ctx));
+        assert_eq!(answered, Verdict::ReadAgain, "what follows is read on");
         for _ in 0..2 {
-            let verdict =
-                rig.drive(|conn, scratch, ctx| conn.on_readable(ConnKey(0), false, scratch, ctx));
-            assert_eq!(verdict, Verdict::Keep);
+            assert_eq!(read(&mut rig), Verdict::Keep);
             assert!(rig.conn.input.is_none(), "nothing held after the answer");
         }
-        let mut answer = [0u8; 15];
-        rig.client.read_exact(&mut answer).unwrap();
-        assert_eq!(&answer, b"HTTP/1.1 200 OK");
+        let mut answer = Vec::new();
+        rig.client.read_to_end(&mut answer).unwrap();
+        assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"));
+        assert!(answer.ends_with(b"\r\n\r\nok\n"), "then a half-close");
     }
 
     #[test]

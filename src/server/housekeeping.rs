@@ -59,10 +59,25 @@ impl Server {
         }
     }
 
-    /// The slow time events: publish gauges, give idle pool buffers back,
-    /// and log the stats line.
+    /// The end of every loop iteration: publish the metrics, give idle
+    /// pool buffers back, and log the stats line when it is due.
     pub(super) fn housekeeping(&mut self, now: Instant) {
         self.trim_pool(now);
+        self.publish_metrics(now);
+        let metrics = &self.shared.metrics;
+        if let Some(stats) = self.stats.as_mut().filter(|s| now >= s.next_at) {
+            let current = metrics.snapshot();
+            log::info!("{}", metrics::summary(&stats.last, &current, stats.every));
+            stats.last = current;
+            stats.next_at = now + stats.every;
+        }
+    }
+
+    /// Publishes what the loop counts on its own (the [`Tally`](metrics::Tally)
+    /// of the connections' work, the pool and broadcast-queue gauges) to
+    /// the shared metrics: the one place they are published, at the end
+    /// of every iteration and before `/metrics` is rendered.
+    pub(super) fn publish_metrics(&mut self, now: Instant) {
         let metrics = &self.shared.metrics;
         metrics.publish(&mut self.tally);
         Metrics::set(&metrics.buffers_lent, self.pool.lent() as u64);
@@ -77,12 +92,6 @@ impl Server {
             &metrics.broadcast_queue_age_us,
             age.try_into().unwrap_or(u64::MAX),
         );
-        if let Some(stats) = self.stats.as_mut().filter(|s| now >= s.next_at) {
-            let current = metrics.snapshot();
-            log::info!("{}", metrics::summary(&stats.last, &current, stats.every));
-            stats.last = current;
-            stats.next_at = now + stats.every;
-        }
     }
 
     /// Once a second while the pool has surplus: frees the buffers unused

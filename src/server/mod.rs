@@ -26,6 +26,7 @@ mod accept;
 mod alarm;
 mod batching;
 pub(crate) mod conn;
+mod endpoints;
 mod fanout;
 mod feed;
 mod handle;
@@ -47,7 +48,7 @@ use housekeeping::StatsLine;
 
 use crate::server::alarm::Alarm;
 use crate::server::batching::Batching;
-use crate::server::conn::{CloseReason, Conn, Ctx, Delivery, Verdict};
+use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
 use crate::server::fanout::Stream;
 use crate::server::feed::{Command, Feed, Gate};
 use crate::server::heartbeat::Heartbeat;
@@ -208,6 +209,8 @@ pub struct Server {
     scratch: Box<[u8]>,
     /// See [`Ctx::replies`].
     replies: Vec<u8>,
+    /// The body of the last `/metrics` answer, its capacity kept.
+    page: Vec<u8>,
     timers: TimerWheel,
     config: Config,
     shared: Arc<Shared>,
@@ -331,6 +334,7 @@ impl Server {
             pool: BufferPool::new(config.max_head_bytes, POOL_PREALLOCATED, POOL_MAX_IDLE),
             scratch: vec![0; SCRATCH_BYTES.max(config.max_head_bytes)].into_boxed_slice(),
             replies: Vec::with_capacity(SCRATCH_BYTES),
+            page: Vec::new(),
             timers: TimerWheel::new(TIMER_RESOLUTION, TIMER_SLOTS, now),
             stats: config.stats_interval.map(|every| StatsLine {
                 every,
@@ -416,7 +420,7 @@ impl Server {
         }
         self.close_all(CloseReason::Shutdown);
         // Uncount what the last closes left queued.
-        self.shared.metrics.publish(&mut self.tally);
+        self.publish_metrics(Instant::now());
         Ok(())
     }
 
@@ -493,6 +497,8 @@ impl Server {
         } else {
             self.frame_waiting();
         }
+        // Outside an iteration: what the slice did is published here.
+        self.publish_metrics(now);
         Ok(())
     }
 
@@ -551,8 +557,6 @@ impl Server {
         };
         let stream = std::mem::take(&mut self.stream);
         let next_seq = stream.next_seq();
-        let shared = Arc::clone(&self.shared);
-        let metrics = &shared.metrics;
         let budget = self.config.fanout_budget;
         let key_bound = self.key_bound;
         let mut failed = std::mem::take(&mut self.failed);
@@ -574,7 +578,7 @@ impl Server {
             };
             let owed = stream.owed(next);
             offered += owed.iter().map(|f| f.bytes().len()).sum::<usize>();
-            if let Delivery::Close(reason) = conn.deliver(this, owed, next_seq, &mut ctx) {
+            if let Verdict::Close(reason) = conn.deliver(this, owed, next_seq, &mut ctx) {
                 failed.push((this, reason));
             }
             if !sync_interest(parts.registry, this, conn) {
@@ -586,7 +590,6 @@ impl Server {
         if key >= key_bound {
             self.stream.end_pass();
         }
-        metrics.publish(&mut self.tally);
         for (key, reason) in failed.drain(..) {
             self.close(key, reason);
         }
@@ -663,7 +666,6 @@ impl Server {
                 pool: &mut self.pool,
                 timers: &mut self.timers,
                 metrics: &self.shared.metrics,
-                loop_histogram: &self.shared.loop_histogram,
                 tally: &mut self.tally,
                 replies: &mut self.replies,
                 now,
@@ -693,6 +695,10 @@ impl Server {
     fn settle(&mut self, key: ConnKey, verdict: Verdict) {
         match verdict {
             Verdict::Close(reason) => return self.close(key, reason),
+            Verdict::Serve(endpoint) => {
+                let answered = self.serve(key, endpoint);
+                return self.settle(key, answered);
+            }
             Verdict::ReadAgain => self.read_again.push(key),
             Verdict::Keep => {}
         }

@@ -90,9 +90,30 @@ pub fn encoded_len(payload_len: usize) -> usize {
     header + payload_len
 }
 
-/// Refused by [`OutQueue::send_shared`]: the queue holds too many bytes.
+/// What became of output offered to a queue: every [`OutQueue`] send
+/// and flush answers with one of these (after uWebSockets' `send`,
+/// which answers SUCCESS, BACKPRESSURE or DROPPED).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueFull;
+pub enum Sent {
+    /// The socket took everything; nothing is queued.
+    Written,
+    /// Taken, but not all of it is on the socket yet: the rest waits in
+    /// the queue until the socket is writable (backpressure).
+    Queued,
+    /// Refused whole: the queue would go over its limit with it.
+    Dropped,
+}
+
+impl Sent {
+    /// What a send that `queue` took came to: written, or partly queued.
+    pub fn taken(queue: &OutQueue) -> Sent {
+        if queue.is_empty() {
+            Sent::Written
+        } else {
+            Sent::Queued
+        }
+    }
+}
 
 /// Buffers queued behind the head, allocated only while a connection is
 /// more than one buffer behind.
@@ -152,21 +173,21 @@ impl OutQueue {
     /// Sends shared buffers, in order: written straight away (one `writev`
     /// for up to [`MAX_IOV`] of them) when nothing is queued, else queued
     /// by reference; what the socket does not take is queued by reference
-    /// too. Refused, all of them, when the queue is not empty and would
-    /// exceed `limit` bytes with them.
+    /// too. [`Sent::Dropped`], all of them, when the queue is not empty
+    /// and would exceed `limit` bytes with them.
     pub fn send_shared(
         &mut self,
         frames: &[SharedFrames],
         limit: usize,
         w: &mut impl Write,
-    ) -> io::Result<Result<(), QueueFull>> {
+    ) -> io::Result<Sent> {
         if !self.is_empty() {
             let bytes: usize = frames.iter().map(|f| f.bytes().len()).sum();
             if self.queued_bytes() + bytes > limit {
-                return Ok(Err(QueueFull));
+                return Ok(Sent::Dropped);
             }
             frames.iter().for_each(|f| self.push(f.clone()));
-            return Ok(Ok(()));
+            return Ok(Sent::Queued);
         }
         let mut rest = frames;
         while !rest.is_empty() {
@@ -190,20 +211,22 @@ impl OutQueue {
                 self.head = Some(rest[whole].clone());
                 self.written = left as u32;
                 rest[whole + 1..].iter().for_each(|f| self.push(f.clone()));
-                return Ok(Ok(()));
+                return Ok(Sent::Queued);
             }
             rest = &rest[chunk.len()..];
         }
-        Ok(Ok(()))
+        Ok(Sent::Written)
     }
 
     /// Sends bytes of this connection's own (a handshake response, pong,
     /// close or echo): written straight away when nothing is queued, and
-    /// only what the socket did not take is copied into the queue.
-    pub fn send_private(&mut self, parts: &[&[u8]], w: &mut impl Write) -> io::Result<()> {
+    /// only what the socket did not take is copied into the queue. Never
+    /// [`Sent::Dropped`]: a connection's own bytes answer what it sent, and
+    /// reading stops while its queue is over the limit.
+    pub fn send_private(&mut self, parts: &[&[u8]], w: &mut impl Write) -> io::Result<Sent> {
         if !self.is_empty() {
             self.push(SharedFrames::from_parts(parts));
-            return Ok(());
+            return Ok(Sent::Queued);
         }
         let n = write_until_blocked(w, parts)?;
         let total: usize = parts.iter().map(|p| p.len()).sum();
@@ -211,12 +234,13 @@ impl OutQueue {
             let rest = unwritten(parts, n);
             self.head = Some(SharedFrames::from_parts(&rest[..]));
         }
-        Ok(())
+        Ok(Sent::taken(self))
     }
 
-    /// Writes queued frames until the queue is empty (`true`) or the socket
-    /// would block (`false`), several frames per `writev`.
-    pub fn flush(&mut self, w: &mut impl Write) -> io::Result<bool> {
+    /// Writes queued frames, several per `writev`, until the queue is
+    /// empty ([`Sent::Written`]) or the socket would block
+    /// ([`Sent::Queued`]).
+    pub fn flush(&mut self, w: &mut impl Write) -> io::Result<Sent> {
         while let Some(head) = &self.head {
             let mut parts: [&[u8]; MAX_IOV] = [&[]; MAX_IOV];
             parts[0] = &head.bytes()[self.written as usize..];
@@ -231,10 +255,10 @@ impl OutQueue {
             let n = write_until_blocked(w, &parts[..count])?;
             self.advance(n);
             if n < wanted {
-                return Ok(false);
+                return Ok(Sent::Queued);
             }
         }
-        Ok(true)
+        Ok(Sent::Written)
     }
 
     /// Drops every buffer not yet started, keeping a partly written head
@@ -343,20 +367,17 @@ mod tests {
         let mut q = OutQueue::default();
         let mut w = writer(3);
         q.send_shared(std::slice::from_ref(&batch), 100, &mut w)
-            .unwrap()
             .unwrap();
         q.send_shared(std::slice::from_ref(&batch), 100, &mut w)
-            .unwrap()
             .unwrap();
         q.send_shared(std::slice::from_ref(&batch), 100, &mut w)
-            .unwrap()
             .unwrap();
         assert_eq!(q.queued_frames(), 6, "a partly written head counts whole");
         assert_eq!(q.queued_bytes(), 3 * 8 - 3);
         assert_eq!(q.drop_unstarted(), 4, "the two batches behind the head");
         assert_eq!(q.queued_frames(), 2);
         w.budget = 100;
-        assert!(q.flush(&mut w).unwrap());
+        assert_eq!(q.flush(&mut w).unwrap(), Sent::Written);
         assert_eq!(w.written, b"\x81\x02ab\x81\x02cd");
     }
 
@@ -365,9 +386,8 @@ mod tests {
         let frame = SharedFrames::encode(OpCode::Text, b"hi");
         let mut q = OutQueue::default();
         let mut w = writer(100);
-        q.send_shared(std::slice::from_ref(&frame), 10, &mut w)
-            .unwrap()
-            .unwrap();
+        let sent = q.send_shared(std::slice::from_ref(&frame), 10, &mut w);
+        assert_eq!(sent.unwrap(), Sent::Written);
         assert!(q.is_empty());
         assert_eq!(w.written, frame.bytes());
         assert_eq!(Arc::strong_count(&frame.0), 1, "no reference kept");
@@ -379,9 +399,8 @@ mod tests {
         let mut queues: Vec<OutQueue> = (0..3).map(|_| OutQueue::default()).collect();
         let mut writers: Vec<ThrottledWriter> = (0..3).map(|_| writer(5)).collect();
         for (q, w) in queues.iter_mut().zip(&mut writers) {
-            q.send_shared(std::slice::from_ref(&frame), 1000, w)
-                .unwrap()
-                .unwrap();
+            let sent = q.send_shared(std::slice::from_ref(&frame), 1000, w);
+            assert_eq!(sent.unwrap(), Sent::Queued);
             assert_eq!(q.queued_bytes(), 7);
             assert!(
                 Arc::ptr_eq(&q.head.as_ref().unwrap().0, &frame.0),
@@ -391,7 +410,7 @@ mod tests {
         assert_eq!(Arc::strong_count(&frame.0), 4);
         for (q, w) in queues.iter_mut().zip(&mut writers) {
             w.budget = 100;
-            assert!(q.flush(w).unwrap());
+            assert_eq!(q.flush(w).unwrap(), Sent::Written);
             assert_eq!(w.written, frame.bytes());
         }
         assert_eq!(Arc::strong_count(&frame.0), 1);
@@ -403,21 +422,22 @@ mod tests {
         let b = SharedFrames::encode(OpCode::Text, b"bbbb");
         let mut q = OutQueue::default();
         let mut w = writer(3);
-        q.send_shared(std::slice::from_ref(&a), 12, &mut w)
-            .unwrap()
-            .unwrap();
-        q.send_private(&[b"\x8a", b"\x00"], &mut w).unwrap();
-        q.send_shared(std::slice::from_ref(&b), 12, &mut w)
-            .unwrap()
-            .unwrap();
+        q.send_shared(std::slice::from_ref(&a), 12, &mut w).unwrap();
+        let sent = q.send_private(&[b"\x8a", b"\x00"], &mut w);
+        assert_eq!(
+            sent.unwrap(),
+            Sent::Queued,
+            "behind the partly written frame"
+        );
+        q.send_shared(std::slice::from_ref(&b), 12, &mut w).unwrap();
         assert_eq!(q.queued_bytes(), 3 + 2 + 6);
         assert_eq!(
             q.send_shared(std::slice::from_ref(&b), 12, &mut w).unwrap(),
-            Err(QueueFull)
+            Sent::Dropped
         );
         for budget in [1, 2, 3, 0, 100] {
             w.budget = budget;
-            let drained = q.flush(&mut w).unwrap();
+            let drained = q.flush(&mut w).unwrap() == Sent::Written;
             assert_eq!(drained, q.is_empty());
         }
         assert_eq!(w.written, b"\x81\x04aaaa\x8a\x00\x81\x04bbbb");
@@ -433,7 +453,7 @@ mod tests {
         // 40 buffers of 3 bytes: the first 32 in one writev, then 8; the
         // socket takes 100 bytes, so buffer 33 is split.
         let mut w = writer(100);
-        q.send_shared(&frames, 1, &mut w).unwrap().unwrap();
+        q.send_shared(&frames, 1, &mut w).unwrap();
         assert_eq!(w.written.len(), 100);
         assert_eq!(q.queued_bytes(), 40 * 3 - 100);
         assert_eq!(q.queued_frames(), 7, "the split one and the 6 after it");
@@ -442,13 +462,13 @@ mod tests {
             "by reference"
         );
         w.budget = 1000;
-        assert!(q.flush(&mut w).unwrap());
+        assert_eq!(q.flush(&mut w).unwrap(), Sent::Written);
         let expected: Vec<u8> = frames.iter().flat_map(|f| f.bytes().to_vec()).collect();
         assert_eq!(w.written, expected);
         // Behind a backlog, all of them or none.
         let mut w = writer(1);
-        q.send_shared(&frames[..1], 100, &mut w).unwrap().unwrap();
-        assert_eq!(q.send_shared(&frames, 100, &mut w).unwrap(), Err(QueueFull));
+        q.send_shared(&frames[..1], 100, &mut w).unwrap();
+        assert_eq!(q.send_shared(&frames, 100, &mut w).unwrap(), Sent::Dropped);
         assert_eq!(q.queued_bytes(), 2);
     }
 
@@ -456,10 +476,11 @@ mod tests {
     fn private_bytes_are_copied_only_when_the_socket_is_full() {
         let mut q = OutQueue::default();
         let mut w = writer(4);
-        q.send_private(&[b"HTTP", b"/1.1 101"], &mut w).unwrap();
+        let sent = q.send_private(&[b"HTTP", b"/1.1 101"], &mut w);
+        assert_eq!(sent.unwrap(), Sent::Queued);
         assert_eq!(q.head.as_ref().unwrap().bytes(), b"/1.1 101");
         w.budget = 100;
-        assert!(q.flush(&mut w).unwrap());
+        assert_eq!(q.flush(&mut w).unwrap(), Sent::Written);
         assert_eq!(w.written, b"HTTP/1.1 101");
     }
 
@@ -470,13 +491,12 @@ mod tests {
         let mut w = writer(2);
         for _ in 0..3 {
             q.send_shared(std::slice::from_ref(&frame), 100, &mut w)
-                .unwrap()
                 .unwrap();
         }
         assert_eq!(q.drop_unstarted(), 2);
         assert_eq!(q.queued_bytes(), 6);
         w.budget = 100;
-        assert!(q.flush(&mut w).unwrap());
+        assert_eq!(q.flush(&mut w).unwrap(), Sent::Written);
         assert_eq!(w.written, frame.bytes());
     }
 }

@@ -1,12 +1,12 @@
 //! The handshake phase of a connection: its request head parsed, then
-//! answered with 101, an endpoint's response (`/healthz`, `/metrics`, the
-//! demo page) or an HTTP error.
+//! answered with 101 or an HTTP error, or handed to the loop to answer
+//! (`/healthz`, `/metrics`, the demo page: see [`Verdict::Serve`]).
 
-use super::{CloseReason, Conn, Ctx, Phase, Verdict};
-use crate::ops::metrics::{self, Metrics};
+use super::{CloseReason, Conn, Ctx, Outgoing, Phase, Verdict};
+use crate::ops::metrics::Metrics;
 use crate::protocol::auth;
 use crate::protocol::http::{
-    self, Endpoint, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
+    self, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
 };
 use crate::protocol::target::RequestTarget;
 use crate::protocol::ws::Decoder;
@@ -15,8 +15,8 @@ use crate::server::ConnKey;
 
 impl Conn {
     /// Parses the request (of which `bytes[..seen]` was found partial
-    /// before); answers it with 101, an endpoint's response or an HTTP
-    /// error.
+    /// before); answers it with 101 or an HTTP error, or lingers and asks
+    /// the loop to answer an endpoint.
     pub(super) fn handshake(
         &mut self,
         key: ConnKey,
@@ -48,46 +48,14 @@ impl Conn {
                 Metrics::decr(&ctx.metrics.connections_http);
                 Metrics::incr(&ctx.metrics.connections_open);
                 log::debug!("upgraded {}", self.target());
-                (head_len, self.send_bytes(&[&response[..len]], ctx))
+                let sent = self.send(Outgoing::Response(&response[..len], &[]), ctx);
+                (head_len, Verdict::after(sent))
             }
             Ok(HeadStatus::Endpoint(endpoint, head_len)) => {
-                (head_len, self.answer(key, endpoint, ctx))
+                self.linger(key, CloseReason::Http, ctx);
+                (head_len, Verdict::Serve(endpoint))
             }
             Err(rejection) => (bytes.len(), self.reject(key, rejection, ctx)),
-        }
-    }
-
-    /// Answers `/healthz`, `/metrics` or the demo page and lingers until
-    /// the client goes.
-    fn answer(&mut self, key: ConnKey, endpoint: Endpoint, ctx: &mut Ctx<'_>) -> Verdict {
-        let mut head = [0u8; MAX_RESPONSE_LEN];
-        self.linger(key, CloseReason::Http, ctx);
-        match endpoint {
-            Endpoint::Health => {
-                Metrics::incr(&ctx.metrics.http_healthz);
-                let body = b"ok\n";
-                let len = http::write_ok_head("text/plain", body.len(), &mut head);
-                self.send_bytes(&[&head[..len], body], ctx)
-            }
-            Endpoint::Demo => {
-                Metrics::incr(&ctx.metrics.http_demo);
-                let body = http::DEMO_PAGE.as_bytes();
-                let len = http::write_ok_head("text/html; charset=utf-8", body.len(), &mut head);
-                self.send_bytes(&[&head[..len], body], ctx)
-            }
-            Endpoint::Metrics => {
-                Metrics::incr(&ctx.metrics.http_metrics);
-                // Include what this loop iteration has gathered so far.
-                ctx.metrics.publish(ctx.tally);
-                let mut body = Vec::with_capacity(8 * 1024);
-                metrics::render_prometheus(&ctx.metrics.snapshot(), ctx.loop_histogram, &mut body);
-                let len = http::write_ok_head(
-                    "text/plain; version=0.0.4; charset=utf-8",
-                    body.len(),
-                    &mut head,
-                );
-                self.send_bytes(&[&head[..len], &body], ctx)
-            }
         }
     }
 
@@ -98,6 +66,6 @@ impl Conn {
         let mut response = [0u8; MAX_RESPONSE_LEN];
         let len = rejection.write_response(&mut response);
         self.linger(key, CloseReason::Rejected, ctx);
-        self.send_bytes(&[&response[..len]], ctx)
+        Verdict::after(self.send(Outgoing::Response(&response[..len], &[]), ctx))
     }
 }
