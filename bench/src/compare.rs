@@ -10,8 +10,9 @@
 use serde::Serialize;
 
 use crate::echo::{self, EchoOptions, EchoOutcome};
+use crate::format;
 use crate::push::{self, PushOptions};
-use crate::report::{self, RunReport, StreamReport};
+use crate::report::{RunReport, StreamReport};
 use crate::server::ServerSpec;
 use crate::{sys, Error};
 
@@ -173,7 +174,7 @@ fn round_order<T>(servers: &[T], round: u32) -> Vec<&T> {
 pub fn render_table(rows: &[Row], baseline: &str) -> String {
     let cells: Vec<Vec<(&str, String)>> =
         rows.iter().map(|r| table_row(r, rows, baseline)).collect();
-    report::render_columns(&cells)
+    format::render_columns(&cells)
 }
 
 fn table_row(row: &Row, rows: &[Row], baseline: &str) -> Vec<(&'static str, String)> {
@@ -362,7 +363,7 @@ mod tests {
     use super::*;
 
     fn row(server: &str, round: u32, per_conn: f64, setup_rate: f64) -> Row {
-        let mut push = report::sample(server, round, [per_conn; 3]);
+        let mut push = crate::report::sample(server, round, [per_conn; 3]);
         push.connections.rate.average = setup_rate;
         Row {
             server: server.into(),
@@ -414,9 +415,11 @@ mod tests {
         let bursts = [0.4, 0.1];
         for (r, secs) in rows.iter_mut().zip(bursts) {
             let push = r.push.as_mut().unwrap();
-            push.streams.push(report::sample_stream("burst", 200, secs));
+            push.streams
+                .push(crate::report::sample_stream("burst", 200, secs));
         }
-        rows[1].push.as_mut().unwrap().feed_search = vec![report::sample_stream("feed", 500, 5.0)];
+        rows[1].push.as_mut().unwrap().feed_search =
+            vec![crate::report::sample_stream("feed", 500, 5.0)];
         rows[1].push.as_mut().unwrap().max_feed_rate = Some(640.0);
         let table = render_table(&rows, "floor");
         let header: Vec<&str> = table

@@ -14,11 +14,12 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::echoer::Echoers;
+use crate::format;
+use crate::latency::LatencyReport;
 use crate::message::{self, EchoStamp};
 use crate::pacing::Schedule;
 use crate::procfs;
 use crate::push::RunInfo;
-use crate::report::{self, LatencyReport};
 use crate::server::ServerSpec;
 use crate::target::Target;
 use crate::{sys, Error};
@@ -222,11 +223,11 @@ impl EchoReport {
         let _ = writeln!(
             out,
             "  echoed       {} of {} ({:.0}/s), lost {}; failures: {}",
-            report::grouped(self.echoed),
-            report::grouped(self.sent),
+            format::grouped(self.echoed),
+            format::grouped(self.sent),
             self.echoed_per_sec,
             self.lost,
-            report::failures(&self.failures)
+            format::failures(&self.failures)
         );
         let _ = writeln!(
             out,
@@ -295,7 +296,7 @@ impl MaxRateReport {
             "{}: highest rate with p99 < {} ms and nothing lost\n",
             self.server, self.limit_ms
         );
-        out.push_str(&report::render_columns(&rows));
+        out.push_str(&format::render_columns(&rows));
         let _ = writeln!(
             out,
             "  => {} msg/s per connection{}",
@@ -448,7 +449,7 @@ pub fn measure(
     if open == 0 {
         return Err(format!(
             "no echo connection opened: {}",
-            report::failures(&echoers.counts().failures)
+            format::failures(&echoers.counts().failures)
         )
         .into());
     }

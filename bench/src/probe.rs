@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::conn::MASK;
 use crate::frame::{self, opcode, FrameError, FrameReader};
 use crate::handshake;
-use crate::report::LatencyReport;
+use crate::latency::LatencyReport;
 use crate::stats::{new_histogram, MAX_LATENCY_NS};
 use crate::Error;
 

@@ -11,13 +11,18 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::fleet::{Fleet, Launch};
+use crate::format;
+use crate::latency::LatencyReport;
 use crate::message::{self, Stamp};
 use crate::pacing::{self, Schedule};
 use crate::probe::Probes;
 use crate::procfs::{self, Usage};
 use crate::protocol::{Plan, Report};
 use crate::ramp::Ramp;
-use crate::report::{self, LatencyReport, RunReport, StreamReport};
+use crate::report::{
+    BroadcastReport, ConnectionReport, CpuReport, DeliveryReport, Memory, MemoryReport, RunReport,
+    StreamReport,
+};
 use crate::server::{self, Server, ServerSpec};
 use crate::target::Target;
 use crate::{sys, Error};
@@ -331,7 +336,7 @@ pub fn measure(
     };
     let observations = run.observe()?;
     let listeners = procfs::listeners(addr.port()).unwrap_or(0);
-    Ok(report::build(
+    Ok(summarise(
         info,
         options,
         run.fleet.len(),
@@ -546,7 +551,7 @@ impl Run<'_> {
             eprintln!(
                 "[{}] feed search: {rate:.0} lines/s: p99 {}, {} of {} delivered: {}",
                 self.label,
-                report::duration_us(step.latency.p99_us),
+                format::duration_us(step.latency.p99_us),
                 step.received,
                 step.expected,
                 if ok { "held" } else { "not held" }
@@ -989,6 +994,94 @@ impl<'a> ProgressLine<'a> {
         if self.drawn {
             eprintln!();
         }
+    }
+}
+
+/// Summarises what a run observed.
+fn summarise(
+    info: RunInfo,
+    options: &PushOptions,
+    workers: usize,
+    sources: u8,
+    listeners: usize,
+    o: Observations,
+    warnings: Vec<String>,
+) -> RunReport {
+    let secs = |ns: u64| ns as f64 / 1e9;
+    let percent = |ns: u64, wall: f64| 100.0 * secs(ns) / wall.max(1e-9);
+    let open = o.open_conns as f64;
+    let observed = &o.observed;
+    let setup_ns = o.setup_end.cpu_ns.saturating_sub(o.setup_start.cpu_ns);
+    let idle_ns = o.idle_end.cpu_ns.saturating_sub(o.open.cpu_ns);
+    let broadcast_ns = o.end.cpu_ns.saturating_sub(o.idle_end.cpu_ns);
+    // The messages sent one at a time (streams follow them).
+    let expected: u64 = observed
+        .messages
+        .iter()
+        .take(o.sent_ns.len())
+        .map(|m| u64::from(m.expected))
+        .sum();
+    let rss_growth = o.open.rss_bytes as i64 - o.baseline.rss_bytes as i64;
+    let pss_growth = o.open.pss_bytes as i64 - o.baseline.pss_bytes as i64;
+    let broadcast_wall = o.broadcast_wall.as_secs_f64();
+    let opened = o.ramp.points().last().map_or(0, |&(_, n)| n).max(1) as f64;
+    let per_conn_us = |ns: u64| ns as f64 / 1e3 / opened;
+    RunReport {
+        server: info.server,
+        round: info.round,
+        command: info.command,
+        connections: ConnectionReport {
+            requested: options.conns as u64,
+            open: o.open_conns as u64,
+            failed: observed.failed(),
+            failures: observed.failures.clone(),
+            setup_secs: o.setup.as_secs_f64(),
+            rate: o.ramp.summary(o.setup),
+            workers,
+            sources,
+            ramp: o.ramp.points().to_vec(),
+        },
+        memory: MemoryReport {
+            processes: o.open.processes,
+            listeners,
+            baseline: o.baseline.into(),
+            open: o.open.into(),
+            end: o.end.into(),
+            rss_growth_bytes: rss_growth,
+            pss_growth_bytes: pss_growth,
+            rss_per_conn: rss_growth as f64 / open,
+            pss_per_conn: pss_growth as f64 / open,
+            client: o.client.map(Memory::from),
+        },
+        cpu: CpuReport {
+            server_setup_secs: secs(setup_ns),
+            setup_percent: percent(setup_ns, o.setup.as_secs_f64()),
+            server_setup_us_per_conn: per_conn_us(setup_ns),
+            client_setup_us_per_conn: per_conn_us(o.client_setup_ns),
+            interrupts_setup_us_per_conn: per_conn_us(o.interrupts_setup_ns),
+            machine_setup_us_per_conn: per_conn_us(o.machine_setup_ns),
+            server_idle_secs: secs(idle_ns),
+            idle_wall_secs: o.idle.as_secs_f64(),
+            idle_percent: percent(idle_ns, o.idle.as_secs_f64()),
+            server_broadcast_secs: secs(broadcast_ns),
+            broadcast_wall_secs: broadcast_wall,
+            broadcast_percent: percent(broadcast_ns, broadcast_wall),
+            server_us_per_delivery: broadcast_ns as f64 / 1e3 / expected.max(1) as f64,
+            client_broadcast_secs: secs(o.client_broadcast_ns),
+            machine_broadcast_secs: secs(o.machine_broadcast_ns),
+        },
+        broadcast: BroadcastReport::new(&o.sent_ns, &observed.messages, options.payload_bytes),
+        latency: LatencyReport::from_histogram(&observed.histogram()),
+        delivery: DeliveryReport {
+            lost: observed.lost(),
+            duplicates: observed.duplicates,
+            out_of_order: observed.out_of_order,
+            corrupt: observed.corrupt,
+        },
+        streams: o.streams,
+        feed_search: o.feed_search,
+        max_feed_rate: o.max_feed_rate,
+        warnings,
     }
 }
 

@@ -1,21 +1,16 @@
-//! The results of a push run: summaries computed from what was observed,
-//! rendered as a human-readable report or as JSON (serde); and the column
-//! layout shared by every table the bench prints.
+//! The results of a push run, rendered as a human-readable report or as
+//! JSON (serde).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::format::{bytes, duration_us, failures, grouped, render_columns, us};
+use crate::latency::LatencyReport;
 use crate::probe::ProbeReport;
-use crate::push::{Observations, PushOptions, RunInfo};
 use crate::ramp::RampSummary;
 use crate::stats::Receipts;
-
-/// Quantiles at which the latency CDF is sampled for the plot: every
-/// percent, then the tail.
-const CDF_QUANTILES: [f64; 4] = [0.995, 0.999, 0.9999, 1.0];
 
 /// Everything measured for one server in one run.
 #[derive(Debug, Clone, Serialize)]
@@ -284,36 +279,6 @@ pub struct Spread {
     pub max: f64,
 }
 
-/// Latency distribution in µs, in the reference format (count, min, max,
-/// mean, standard deviation, median, 75/95/98/99/99.9th percentiles).
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct LatencyReport {
-    /// Deliveries measured.
-    pub count: u64,
-    /// Smallest.
-    pub min_us: f64,
-    /// Largest.
-    pub max_us: f64,
-    /// Mean.
-    pub mean_us: f64,
-    /// Standard deviation.
-    pub stddev_us: f64,
-    /// Median.
-    pub p50_us: f64,
-    /// 75th percentile.
-    pub p75_us: f64,
-    /// 95th percentile.
-    pub p95_us: f64,
-    /// 98th percentile.
-    pub p98_us: f64,
-    /// 99th percentile.
-    pub p99_us: f64,
-    /// 99.9th percentile.
-    pub p999_us: f64,
-    /// `(quantile, µs)` points of the distribution, for plotting.
-    pub cdf: Vec<(f64, f64)>,
-}
-
 /// Delivery anomalies over all connections and messages.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeliveryReport {
@@ -389,199 +354,6 @@ impl BroadcastReport {
             per_message,
         }
     }
-}
-
-impl LatencyReport {
-    /// Summarises a histogram of nanoseconds.
-    pub fn from_histogram(h: &Histogram<u64>) -> LatencyReport {
-        let q = |quantile: f64| us(h.value_at_quantile(quantile));
-        let cdf = if h.is_empty() {
-            Vec::new()
-        } else {
-            (0..=99)
-                .map(|p| f64::from(p) / 100.0)
-                .chain(CDF_QUANTILES)
-                .map(|quantile| (quantile, q(quantile)))
-                .collect()
-        };
-        LatencyReport {
-            count: h.len(),
-            min_us: us(h.min()),
-            max_us: us(h.max()),
-            mean_us: h.mean() / 1e3,
-            stddev_us: h.stdev() / 1e3,
-            p50_us: q(0.50),
-            p75_us: q(0.75),
-            p95_us: q(0.95),
-            p98_us: q(0.98),
-            p99_us: q(0.99),
-            p999_us: q(0.999),
-            cdf,
-        }
-    }
-
-    /// The reference format on one line.
-    pub fn render(&self) -> String {
-        format!(
-            "count {}  min {}  max {}  mean {}  stddev {}  median {}  75% {}  95% {}  98% {}  99% {}  99.9% {}",
-            self.count,
-            duration_us(self.min_us),
-            duration_us(self.max_us),
-            duration_us(self.mean_us),
-            duration_us(self.stddev_us),
-            duration_us(self.p50_us),
-            duration_us(self.p75_us),
-            duration_us(self.p95_us),
-            duration_us(self.p98_us),
-            duration_us(self.p99_us),
-            duration_us(self.p999_us),
-        )
-    }
-}
-
-/// Nanoseconds in µs.
-pub fn us(ns: u64) -> f64 {
-    ns as f64 / 1e3
-}
-
-/// Summarises what a run observed.
-pub fn build(
-    info: RunInfo,
-    options: &PushOptions,
-    workers: usize,
-    sources: u8,
-    listeners: usize,
-    o: Observations,
-    warnings: Vec<String>,
-) -> RunReport {
-    let secs = |ns: u64| ns as f64 / 1e9;
-    let percent = |ns: u64, wall: f64| 100.0 * secs(ns) / wall.max(1e-9);
-    let open = o.open_conns as f64;
-    let observed = &o.observed;
-    let setup_ns = o.setup_end.cpu_ns.saturating_sub(o.setup_start.cpu_ns);
-    let idle_ns = o.idle_end.cpu_ns.saturating_sub(o.open.cpu_ns);
-    let broadcast_ns = o.end.cpu_ns.saturating_sub(o.idle_end.cpu_ns);
-    // The messages sent one at a time (streams follow them).
-    let expected: u64 = observed
-        .messages
-        .iter()
-        .take(o.sent_ns.len())
-        .map(|m| u64::from(m.expected))
-        .sum();
-    let rss_growth = o.open.rss_bytes as i64 - o.baseline.rss_bytes as i64;
-    let pss_growth = o.open.pss_bytes as i64 - o.baseline.pss_bytes as i64;
-    let broadcast_wall = o.broadcast_wall.as_secs_f64();
-    let opened = o.ramp.points().last().map_or(0, |&(_, n)| n).max(1) as f64;
-    let per_conn_us = |ns: u64| ns as f64 / 1e3 / opened;
-    RunReport {
-        server: info.server,
-        round: info.round,
-        command: info.command,
-        connections: ConnectionReport {
-            requested: options.conns as u64,
-            open: o.open_conns as u64,
-            failed: observed.failed(),
-            failures: observed.failures.clone(),
-            setup_secs: o.setup.as_secs_f64(),
-            rate: o.ramp.summary(o.setup),
-            workers,
-            sources,
-            ramp: o.ramp.points().to_vec(),
-        },
-        memory: MemoryReport {
-            processes: o.open.processes,
-            listeners,
-            baseline: o.baseline.into(),
-            open: o.open.into(),
-            end: o.end.into(),
-            rss_growth_bytes: rss_growth,
-            pss_growth_bytes: pss_growth,
-            rss_per_conn: rss_growth as f64 / open,
-            pss_per_conn: pss_growth as f64 / open,
-            client: o.client.map(Memory::from),
-        },
-        cpu: CpuReport {
-            server_setup_secs: secs(setup_ns),
-            setup_percent: percent(setup_ns, o.setup.as_secs_f64()),
-            server_setup_us_per_conn: per_conn_us(setup_ns),
-            client_setup_us_per_conn: per_conn_us(o.client_setup_ns),
-            interrupts_setup_us_per_conn: per_conn_us(o.interrupts_setup_ns),
-            machine_setup_us_per_conn: per_conn_us(o.machine_setup_ns),
-            server_idle_secs: secs(idle_ns),
-            idle_wall_secs: o.idle.as_secs_f64(),
-            idle_percent: percent(idle_ns, o.idle.as_secs_f64()),
-            server_broadcast_secs: secs(broadcast_ns),
-            broadcast_wall_secs: broadcast_wall,
-            broadcast_percent: percent(broadcast_ns, broadcast_wall),
-            server_us_per_delivery: broadcast_ns as f64 / 1e3 / expected.max(1) as f64,
-            client_broadcast_secs: secs(o.client_broadcast_ns),
-            machine_broadcast_secs: secs(o.machine_broadcast_ns),
-        },
-        broadcast: BroadcastReport::new(&o.sent_ns, &observed.messages, options.payload_bytes),
-        latency: LatencyReport::from_histogram(&observed.histogram()),
-        delivery: DeliveryReport {
-            lost: observed.lost(),
-            duplicates: observed.duplicates,
-            out_of_order: observed.out_of_order,
-            corrupt: observed.corrupt,
-        },
-        streams: o.streams,
-        feed_search: o.feed_search,
-        max_feed_rate: o.max_feed_rate,
-        warnings,
-    }
-}
-
-/// A byte count with a binary unit, e.g. `4.3 MiB`.
-pub fn bytes(n: i64) -> String {
-    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value.abs() >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
-/// A duration given in µs: in µs below 10 ms, in ms below 10 s, else in s.
-pub fn duration_us(value: f64) -> String {
-    if value >= 10_000_000.0 {
-        format!("{:.2} s", value / 1e6)
-    } else if value >= 10_000.0 {
-        format!("{:.1} ms", value / 1e3)
-    } else {
-        format!("{value:.1} µs")
-    }
-}
-
-/// An integer with thin groups of three digits: `1,000,000`.
-pub fn grouped(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// `3 refused, 1 timeout`, or `none`.
-pub fn failures(failures: &BTreeMap<String, u64>) -> String {
-    if failures.is_empty() {
-        return "none".into();
-    }
-    let parts: Vec<String> = failures
-        .iter()
-        .map(|(kind, n)| format!("{} {kind}", grouped(*n)))
-        .collect();
-    parts.join(", ")
 }
 
 impl RunReport {
@@ -733,49 +505,6 @@ impl RunReport {
     }
 }
 
-/// Lays out rows of `(column title, cell)` as a table with a header line:
-/// the first column left-aligned, the others right-aligned.
-pub fn render_columns(rows: &[Vec<(&str, String)>]) -> String {
-    let Some(first) = rows.first() else {
-        return String::new();
-    };
-    let header: Vec<String> = first.iter().map(|(title, _)| title.to_string()).collect();
-    let cells: Vec<Vec<&str>> = std::iter::once(header.iter().map(String::as_str).collect())
-        .chain(
-            rows.iter()
-                .map(|r| r.iter().map(|(_, cell)| cell.as_str()).collect()),
-        )
-        .collect();
-    let widths: Vec<usize> = (0..header.len())
-        .map(|col| {
-            cells
-                .iter()
-                .map(|r| r[col].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for line in cells {
-        let padded: Vec<String> = line
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(col, (cell, &w))| {
-                let pad = " ".repeat(w - cell.chars().count());
-                if col == 0 {
-                    format!("{cell}{pad}")
-                } else {
-                    format!("{pad}{cell}")
-                }
-            })
-            .collect();
-        out.push_str(padded.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
-}
-
 /// A report of 100 connections whose three messages took `per_conn` µs
 /// per connection each, for tests of what renders reports.
 #[cfg(test)]
@@ -892,7 +621,6 @@ fn receipts(expected: u32, received: u32, first: u64, last: u64) -> Receipts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::new_histogram;
 
     #[test]
     fn spreads() {
@@ -961,37 +689,6 @@ mod tests {
     }
 
     #[test]
-    fn latency_cdf_is_monotonic_and_ends_at_the_maximum() {
-        let mut h = new_histogram();
-        for v in 1..=10_000u64 {
-            h.record(v * 1_000).unwrap();
-        }
-        let report = LatencyReport::from_histogram(&h);
-        assert_eq!(report.cdf.len(), 104);
-        assert!(report
-            .cdf
-            .windows(2)
-            .all(|w| w[0].1 <= w[1].1 && w[0].0 < w[1].0));
-        assert_eq!(report.cdf.last().unwrap().1, report.max_us);
-        assert!(LatencyReport::from_histogram(&new_histogram())
-            .cdf
-            .is_empty());
-    }
-
-    #[test]
-    fn columns_align() {
-        let rows = vec![
-            vec![("name", "a".to_string()), ("n", "1".to_string())],
-            vec![("name", "longer".to_string()), ("n", "1000".to_string())],
-        ];
-        assert_eq!(
-            render_columns(&rows),
-            "name       n\na          1\nlonger  1000\n"
-        );
-        assert_eq!(render_columns(&[]), "");
-    }
-
-    #[test]
     fn json_has_nested_sections() {
         let json = serde_json::to_value(sample("floor", 1, [1.0, 2.0, 3.0])).unwrap();
         assert_eq!(json["memory"]["rss_per_conn"], 128.0);
@@ -1002,19 +699,5 @@ mod tests {
             json["broadcast"]["per_message"].as_array().unwrap().len(),
             3
         );
-    }
-
-    #[test]
-    fn units() {
-        assert_eq!(bytes(512), "512 B");
-        assert_eq!(bytes(3 * 1024 * 1024 / 2), "1.5 MiB");
-        assert_eq!(bytes(-2048), "-2.0 KiB");
-        assert_eq!(duration_us(12.34), "12.3 µs");
-        assert_eq!(duration_us(250_000.0), "250.0 ms");
-        assert_eq!(duration_us(12_500_000.0), "12.50 s");
-        assert_eq!(grouped(0), "0");
-        assert_eq!(grouped(999), "999");
-        assert_eq!(grouped(1_000), "1,000");
-        assert_eq!(grouped(1_234_567), "1,234,567");
     }
 }

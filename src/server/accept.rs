@@ -13,8 +13,9 @@ use crate::ops::metrics::Metrics;
 use crate::ops::sys;
 use crate::protocol::http::{Endpoints, Rejection, MAX_RESPONSE_LEN};
 use crate::server::conn::Conn;
+use crate::server::key::ConnKey;
 use crate::server::nonblocking::attempt;
-use crate::server::{ConnKey, Lifecycle, Server};
+use crate::server::{Lifecycle, Server};
 
 /// Accept queue length asked of the kernel (capped by net.core.somaxconn).
 const LISTEN_BACKLOG: i32 = 65_535;

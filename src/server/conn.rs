@@ -28,12 +28,13 @@ use crate::protocol::ws::{
     CloseCode, Decoder, Event, FrameHeader, MessageKind, OpCode, ProtocolError,
 };
 use crate::server::fanout::Seq;
+use crate::server::frames::SharedFrames;
 use crate::server::heartbeat::{Liveness, Visit};
+use crate::server::key::ConnKey;
 use crate::server::nonblocking::{read_some, Progress};
-use crate::server::output::{OutQueue, Sent, SharedFrames};
+use crate::server::output::{OutQueue, Sent};
 use crate::server::pool::{BufferPool, PooledBuf};
 use crate::server::timer::{Deadline, Tick, TimerWheel};
-use crate::server::ConnKey;
 
 mod handshake;
 

@@ -8,7 +8,8 @@ use std::time::Instant;
 use crate::ops::metrics::{self, Metrics};
 use crate::protocol::http::{self, Endpoint};
 use crate::server::conn::Verdict;
-use crate::server::{ConnKey, Server};
+use crate::server::key::ConnKey;
+use crate::server::Server;
 
 /// The media type of `/metrics` (Prometheus text format).
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";

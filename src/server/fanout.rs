@@ -13,7 +13,7 @@
 //! A connection that upgrades starts at the next batch to be framed: it
 //! gets exactly the broadcasts the loop takes after its upgrade.
 
-use crate::server::output::SharedFrames;
+use crate::server::frames::SharedFrames;
 
 /// A batch's number. Numbers wrap around; a connection is never owed more
 /// than the batches kept, so distances stay small.

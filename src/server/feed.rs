@@ -15,7 +15,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::protocol::ws::MessageKind;
-use crate::server::output::{encoded_len, SharedFrames};
+use crate::server::frames::{encoded_len, SharedFrames};
 
 /// Bytes a queued broadcast is charged besides its payload: its slot in
 /// the channel and the loop's queue, its `Vec` and its time stamp. So even

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::MAX_SILENT_INTERVALS;
 use crate::protocol::ws::OpCode;
-use crate::server::output::SharedFrames;
+use crate::server::frames::SharedFrames;
 
 /// Slices per interval: the sweep runs this often per interval, but at
 /// most every [`MIN_PERIOD`]. (A long interval means long sleeps: with

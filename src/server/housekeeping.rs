@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use crate::ops::metrics::{self, Metrics, MetricsSnapshot};
 use crate::ops::sys;
-use crate::server::{ConnKey, Lifecycle, Server};
+use crate::server::key::ConnKey;
+use crate::server::{Lifecycle, Server};
 
 /// How often free pool buffers unused for that long are given back.
 const POOL_TRIM_PERIOD: Duration = Duration::from_secs(1);

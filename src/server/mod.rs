@@ -29,9 +29,11 @@ pub(crate) mod conn;
 mod endpoints;
 mod fanout;
 mod feed;
+mod frames;
 mod handle;
 mod heartbeat;
 mod housekeeping;
+mod key;
 mod nonblocking;
 pub(crate) mod output;
 mod per_ip;
@@ -52,6 +54,7 @@ use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
 use crate::server::fanout::Stream;
 use crate::server::feed::{Command, Feed, Gate};
 use crate::server::heartbeat::Heartbeat;
+use crate::server::key::ConnKey;
 use crate::server::per_ip::PerIpLimit;
 use crate::server::pool::BufferPool;
 use crate::server::timer::{Tick, TimerWheel};
@@ -130,22 +133,6 @@ enum Lifecycle {
     Draining {
         deadline: Instant,
     },
-}
-
-/// A connection's key: its slot in the slab and its token in the poll.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct ConnKey(pub(crate) usize);
-
-impl std::fmt::Display for ConnKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl From<ConnKey> for Token {
-    fn from(key: ConnKey) -> Token {
-        Token(key.0)
-    }
 }
 
 /// Why [`Server::bind`] failed.

@@ -1,5 +1,5 @@
-//! Broadcast buffers: frames encoded once into one shared buffer, and the
-//! per-connection output queue that holds references to such buffers.
+//! A connection's output queue, which holds references to shared frames
+//! (see [`SharedFrames`]).
 //!
 //! A connection whose socket takes a buffer whole keeps nothing. One that
 //! takes part of it keeps a reference and an offset; buffers that arrive
@@ -11,84 +11,10 @@
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
-use std::sync::Arc;
 
-use crate::protocol::ws::header::MAX_HEADER_LEN;
-use crate::protocol::ws::{FrameHeader, OpCode};
 use crate::server::fanout::Seq;
+use crate::server::frames::SharedFrames;
 use crate::server::nonblocking::{write_until_blocked, MAX_IOV};
-
-/// Whole frames encoded once, shared by every queue they are in (a thin
-/// pointer, so a queued reference costs 8 bytes).
-#[derive(Debug, Clone)]
-pub struct SharedFrames(Arc<Frames>);
-
-#[derive(Debug)]
-struct Frames {
-    /// How many frames `bytes` holds (1 for bytes of a connection's own).
-    count: u32,
-    bytes: Box<[u8]>,
-}
-
-impl SharedFrames {
-    /// Encodes one unmasked, final frame: header and payload in one buffer.
-    pub fn encode(opcode: OpCode, payload: &[u8]) -> SharedFrames {
-        SharedFrames::encode_all([(opcode, payload)])
-    }
-
-    /// Encodes unmasked, final frames back to back into one buffer, sized
-    /// first and allocated once.
-    pub fn encode_all<'a, I>(frames: I) -> SharedFrames
-    where
-        I: IntoIterator<Item = (OpCode, &'a [u8])>,
-        I::IntoIter: Clone,
-    {
-        let frames = frames.into_iter();
-        let size = frames.clone().map(|(_, p)| encoded_len(p.len())).sum();
-        let mut bytes = Vec::with_capacity(size);
-        let mut header = [0u8; MAX_HEADER_LEN];
-        let mut count = 0u32;
-        for (opcode, payload) in frames {
-            let len = FrameHeader::server(opcode, payload.len() as u64).encode(&mut header);
-            bytes.extend_from_slice(&header[..len]);
-            bytes.extend_from_slice(payload);
-            count += 1;
-        }
-        debug_assert_eq!(bytes.len(), size);
-        SharedFrames(Arc::new(Frames {
-            count,
-            bytes: bytes.into_boxed_slice(),
-        }))
-    }
-
-    /// Bytes already encoded (one frame, or the unwritten rest of one).
-    pub fn from_parts(parts: &[&[u8]]) -> SharedFrames {
-        SharedFrames(Arc::new(Frames {
-            count: 1,
-            bytes: parts.concat().into_boxed_slice(),
-        }))
-    }
-
-    /// The encoded bytes.
-    pub fn bytes(&self) -> &[u8] {
-        &self.0.bytes
-    }
-
-    /// How many frames the bytes hold.
-    pub fn count(&self) -> usize {
-        self.0.count as usize
-    }
-}
-
-/// The encoded size of a server frame with a `payload_len`-byte payload.
-pub fn encoded_len(payload_len: usize) -> usize {
-    let header = match payload_len {
-        0..=125 => 2,
-        126..=0xFFFF => 4,
-        _ => 10,
-    };
-    header + payload_len
-}
 
 /// What became of output offered to a queue: every [`OutQueue`] send
 /// and flush answers with one of these (after uWebSockets' `send`,
@@ -321,43 +247,13 @@ fn unwritten<'a>(parts: &[&'a [u8]], mut n: usize) -> Vec<&'a [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::ws::OpCode;
     use crate::testing::ThrottledWriter;
 
     fn writer(budget: usize) -> ThrottledWriter {
         ThrottledWriter {
             budget,
             ..Default::default()
-        }
-    }
-
-    #[test]
-    fn encodes_header_and_payload_once() {
-        let frame = SharedFrames::encode(OpCode::Text, b"hello");
-        assert_eq!(frame.bytes(), b"\x81\x05hello");
-        assert_eq!(frame.count(), 1);
-        let big = SharedFrames::encode(OpCode::Binary, &[0; 300]);
-        assert_eq!(&big.bytes()[..4], &[0x82, 126, 1, 44]);
-    }
-
-    #[test]
-    fn a_batch_is_its_frames_back_to_back() {
-        let long = [7u8; 70_000];
-        let batch = SharedFrames::encode_all([
-            (OpCode::Text, &b"a"[..]),
-            (OpCode::Binary, &[0; 300]),
-            (OpCode::Text, b""),
-            (OpCode::Binary, &long),
-        ]);
-        assert_eq!(batch.count(), 4);
-        let mut expected = b"\x81\x01a\x82\x7e\x01\x2c".to_vec();
-        expected.extend_from_slice(&[0; 300]);
-        expected.extend_from_slice(b"\x81\x00\x82\x7f");
-        expected.extend_from_slice(&70_000u64.to_be_bytes());
-        expected.extend_from_slice(&long);
-        assert_eq!(batch.bytes(), &expected[..]);
-        for len in [0, 125, 126, 65_535, 65_536] {
-            let one = SharedFrames::encode(OpCode::Text, &vec![b'x'; len]);
-            assert_eq!(encoded_len(len), one.bytes().len(), "{len}");
         }
     }
 
@@ -390,7 +286,7 @@ mod tests {
         assert_eq!(sent.unwrap(), Sent::Written);
         assert!(q.is_empty());
         assert_eq!(w.written, frame.bytes());
-        assert_eq!(Arc::strong_count(&frame.0), 1, "no reference kept");
+        assert_eq!(frame.references(), 1, "no reference kept");
     }
 
     #[test]
@@ -402,18 +298,15 @@ mod tests {
             let sent = q.send_shared(std::slice::from_ref(&frame), 1000, w);
             assert_eq!(sent.unwrap(), Sent::Queued);
             assert_eq!(q.queued_bytes(), 7);
-            assert!(
-                Arc::ptr_eq(&q.head.as_ref().unwrap().0, &frame.0),
-                "shared, not copied"
-            );
+            assert!(q.head.as_ref().unwrap().is(&frame), "shared, not copied");
         }
-        assert_eq!(Arc::strong_count(&frame.0), 4);
+        assert_eq!(frame.references(), 4);
         for (q, w) in queues.iter_mut().zip(&mut writers) {
             w.budget = 100;
             assert_eq!(q.flush(w).unwrap(), Sent::Written);
             assert_eq!(w.written, frame.bytes());
         }
-        assert_eq!(Arc::strong_count(&frame.0), 1);
+        assert_eq!(frame.references(), 1);
     }
 
     #[test]
@@ -457,10 +350,7 @@ mod tests {
         assert_eq!(w.written.len(), 100);
         assert_eq!(q.queued_bytes(), 40 * 3 - 100);
         assert_eq!(q.queued_frames(), 7, "the split one and the 6 after it");
-        assert!(
-            Arc::ptr_eq(&q.head.as_ref().unwrap().0, &frames[33].0),
-            "by reference"
-        );
+        assert!(q.head.as_ref().unwrap().is(&frames[33]), "by reference");
         w.budget = 1000;
         assert_eq!(q.flush(&mut w).unwrap(), Sent::Written);
         let expected: Vec<u8> = frames.iter().flat_map(|f| f.bytes().to_vec()).collect();

@@ -2,7 +2,7 @@
 //! holds. Kept beside the slab (indexed by connection key) rather than in
 //! each connection, so a server without the limit pays nothing for it.
 
-use crate::server::ConnKey;
+use crate::server::key::ConnKey;
 use std::collections::HashMap;
 use std::net::IpAddr;
 

@@ -3,7 +3,7 @@
 //! holds `(key, deadline)` entries that are checked against it when due, so
 //! re-arming or closing needs no removal (stale entries are skipped).
 
-use crate::server::ConnKey;
+use crate::server::key::ConnKey;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 

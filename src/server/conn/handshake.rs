@@ -11,7 +11,7 @@ use crate::protocol::http::{
 use crate::protocol::target::RequestTarget;
 use crate::protocol::ws::Decoder;
 use crate::server::heartbeat::Liveness;
-use crate::server::ConnKey;
+use crate::server::key::ConnKey;
 
 impl Conn {
     /// Parses the request (of which `bytes[..seen]` was found partial

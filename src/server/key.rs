@@ -1,0 +1,19 @@
+//! The name of a connection inside the loop.
+
+use mio::Token;
+
+/// A connection's key: its slot in the slab and its token in the poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct ConnKey(pub(crate) usize);
+
+impl std::fmt::Display for ConnKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl From<ConnKey> for Token {
+    fn from(key: ConnKey) -> Token {
+        Token(key.0)
+    }
+}
