@@ -215,8 +215,8 @@ fn count_until_close(addr: std::net::SocketAddr) -> thread::JoinHandle<(u64, Opt
 
 /// A producer far ahead of the loop: it broadcasts `total` messages and
 /// counts those the queue took; the loop is not polled meanwhile, so it
-/// blocks once the queue holds `max_pending_bytes`. Returns when it has
-/// blocked.
+/// blocks once the queue holds `max_pending_bytes`. Returns when it waits
+/// for room (nothing gives room back while the loop stands still).
 fn fill_the_queue(handle: &Handle, total: u64) -> (thread::JoinHandle<()>, Arc<AtomicU64>) {
     let sent = Arc::new(AtomicU64::new(0));
     let producer = {
@@ -230,15 +230,13 @@ fn fill_the_queue(handle: &Handle, total: u64) -> (thread::JoinHandle<()>, Arc<A
             }
         })
     };
-    let mut last = 0;
-    loop {
-        thread::sleep(Duration::from_millis(100));
-        let now = sent.load(Ordering::SeqCst);
-        if now > 0 && now == last {
-            return (producer, sent);
-        }
-        last = now;
+    let waiting = Instant::now();
+    while handle.metrics().broadcast_producers_waiting == 0 {
+        assert!(waiting.elapsed() < IO_TIMEOUT, "the producer never waited");
+        assert!(!producer.is_finished(), "the queue took all {total}");
+        thread::yield_now();
     }
+    (producer, sent)
 }
 
 /// Calls `shutdown` on another thread and fails unless it returns at once.

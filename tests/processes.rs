@@ -101,8 +101,7 @@ impl Supervised {
         let deadline = Instant::now() + IO_TIMEOUT;
         loop {
             if let Some(status) = self.0.child.try_wait().unwrap() {
-                std::thread::sleep(std::time::Duration::from_millis(50)); // let the log drain
-                return (status.code(), self.0.rest());
+                return (status.code(), self.0.until_end());
             }
             assert!(Instant::now() < deadline, "the supervisor did not exit");
             std::thread::sleep(std::time::Duration::from_millis(20));

@@ -158,6 +158,10 @@ metrics! {
     /// Bytes of broadcasts queued for the loop and not yet sent (payloads
     /// plus 64 bytes each; bounded by `max_pending_bytes`).
     broadcast_queue_bytes: Gauge "wspush_broadcast_queue_bytes" "" "Bytes of broadcasts queued and not yet sent.",
+    /// Publishers (handles, the input reader) waiting for room in the
+    /// broadcast queue now: the feed is faster than the fan-out and is
+    /// being slowed down, not buffered.
+    broadcast_producers_waiting: Gauge "wspush_broadcast_producers_waiting" "" "Publishers waiting for room in the broadcast queue.",
     /// How long the oldest broadcast not yet sent has waited, in
     /// microseconds (0 when none waits).
     broadcast_queue_age_us: Gauge "wspush_broadcast_queue_age_microseconds" "" "Age of the oldest broadcast not yet sent.",
@@ -461,6 +465,41 @@ pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &m
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The operations guide lists every metric family `/metrics` exports,
+    /// with its type, and no other.
+    #[test]
+    fn the_operations_guide_lists_every_family() {
+        let mut page = Vec::new();
+        render_prometheus(
+            &MetricsSnapshot::default(),
+            &LoopHistogram::default(),
+            &mut page,
+        );
+        let mut exported: Vec<(String, String)> = String::from_utf8(page)
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| {
+                let (name, kind) = l.split_once(' ').unwrap();
+                (name.to_string(), kind.to_string())
+            })
+            .collect();
+        let guide = include_str!("../../docs/OPERATIONS.md");
+        let mut documented: Vec<(String, String)> = guide
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `wspush_"))
+            .map(|l| {
+                let (name, rest) = l.split_once('`').unwrap();
+                let name = name.split('{').next().unwrap();
+                let kind = rest.trim_start_matches(" |").split('|').next().unwrap();
+                (format!("wspush_{name}"), kind.trim().to_string())
+            })
+            .collect();
+        exported.sort();
+        documented.sort();
+        assert_eq!(documented, exported);
+    }
 
     /// The table's families are adjacent rows, each named, typed and
     /// explained once; the lookups find their rows.

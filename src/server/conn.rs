@@ -968,6 +968,17 @@ mod tests {
             self.drive(|conn, scratch, ctx| conn.on_heartbeat(ConnKey(0), &ping, 3, scratch, ctx))
         }
 
+        /// Waits (at most 5 s) until `len` bytes the client sent are
+        /// readable on the connection's socket.
+        fn wait_until_readable(&mut self, len: usize) {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let mut buf = vec![0u8; len];
+            while !matches!(self.conn.stream.peek(&mut buf), Ok(n) if n >= len) {
+                assert!(Instant::now() < deadline, "{len} bytes never arrived");
+                std::thread::yield_now();
+            }
+        }
+
         fn client_byte(&mut self) -> u8 {
             let mut byte = [0u8];
             self.client.read_exact(&mut byte).unwrap();
@@ -1037,7 +1048,7 @@ mod tests {
         // The client answers, but the loop is behind and has not read it
         // when the third visit comes.
         rig.client.write_all(&[0x8A, 0x80, 1, 2, 3, 4]).unwrap();
-        std::thread::sleep(Duration::from_millis(20));
+        rig.wait_until_readable(6);
         assert_eq!(rig.visit(), Verdict::Keep);
         assert!(rig.conn.is_open(), "closed although its pong had arrived");
         assert_eq!(
@@ -1086,7 +1097,7 @@ mod tests {
         let mut wire: Vec<u8> = payloads.iter().flat_map(|p| client_frame(0x9, p)).collect();
         wire.extend(client_frame(0x8, &1000u16.to_be_bytes()));
         rig.client.write_all(&wire).unwrap();
-        std::thread::sleep(Duration::from_millis(20));
+        rig.wait_until_readable(wire.len());
         rig.drive(|conn, scratch, ctx| conn.on_readable(ConnKey(0), false, scratch, ctx));
         assert!(rig.replies.is_empty(), "the replies were written");
         for payload in &payloads {

@@ -123,6 +123,12 @@ impl Gate {
         self.bytes.load(Ordering::Relaxed)
     }
 
+    /// Producers waiting for room now (counted just before their last
+    /// check, so one counted here waits unless room is given back).
+    pub fn waiters(&self) -> usize {
+        self.waiters.load(Ordering::SeqCst)
+    }
+
     fn try_acquire(&self, cost: usize) -> Result<bool, Closed> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(Closed);

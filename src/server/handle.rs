@@ -45,6 +45,7 @@ impl Shared {
     pub(super) fn snapshot(&self) -> MetricsSnapshot {
         let mut metrics = self.metrics.snapshot();
         metrics.broadcast_queue_bytes = self.gate.bytes() as u64;
+        metrics.broadcast_producers_waiting = self.gate.waiters() as u64;
         if self.gone.load(Ordering::Acquire) {
             let queued = self.broadcasts_queued.load(Ordering::Acquire);
             let taken = self.broadcasts_taken.load(Ordering::Relaxed);

@@ -88,6 +88,10 @@ impl Server {
             &metrics.broadcast_queue_bytes,
             self.shared.gate.bytes() as u64,
         );
+        Metrics::set(
+            &metrics.broadcast_producers_waiting,
+            self.shared.gate.waiters() as u64,
+        );
         let age = self.feed.oldest_age(now).as_micros();
         Metrics::set(
             &metrics.broadcast_queue_age_us,

@@ -380,6 +380,24 @@ impl Logged {
         self.log.try_iter().collect()
     }
 
+    /// Every line not read yet, up to the end of the log (once the child
+    /// and whatever shares its standard error have exited); panics if the
+    /// end does not come within [`IO_TIMEOUT`].
+    pub fn until_end(&self) -> Vec<String> {
+        let deadline = std::time::Instant::now() + IO_TIMEOUT;
+        let mut lines = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.log.recv_timeout(left) {
+                Ok(line) => lines.push(line),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return lines,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("the log did not end in time; so far {lines:?}")
+                }
+            }
+        }
+    }
+
     /// Writes to the child's standard input (which must be piped).
     pub fn send(&mut self, bytes: &[u8]) {
         let stdin = self.child.stdin.as_mut().expect("stdin is piped");

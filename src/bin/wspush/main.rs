@@ -527,6 +527,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn quiet_turns_the_stats_line_off() {
+        let parse = |extra: &[&str]| {
+            let base = [
+                "wspush",
+                "--listen",
+                "127.0.0.1:0",
+                "--stats-interval",
+                "200ms",
+            ];
+            config(&Cli::try_parse_from(base.iter().chain(extra)).unwrap()).unwrap()
+        };
+        assert_eq!(parse(&[]).stats_interval, Some(Duration::from_millis(200)));
+        assert_eq!(parse(&["--quiet"]).stats_interval, None);
+    }
+
+    #[test]
     fn instances_get_the_command_line_without_processes() {
         let args = [
             "--listen",
