@@ -1115,6 +1115,100 @@ mod tests {
         assert!(rest.is_empty(), "then the half-close: {rest:?}");
     }
 
+    /// Reads what the client got until `len` bytes came, in another
+    /// thread (the test thread keeps driving the connection).
+    fn read_in_background(
+        client: &std::net::TcpStream,
+        len: usize,
+    ) -> std::thread::JoinHandle<Vec<u8>> {
+        let mut client = client.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let mut got = vec![0u8; len];
+            client.read_exact(&mut got).unwrap();
+            got
+        })
+    }
+
+    #[test]
+    fn writable_interest_follows_the_queue_between_empty_and_not() {
+        let mut rig = Rig::upgraded();
+        rig.config.max_queued_bytes = 64 << 20;
+        assert_eq!(rig.conn.interest_change(), None, "nothing queued yet");
+        let written_before = rig.tally.bytes_written;
+        // More than the socket buffers take while the client reads nothing.
+        let big = SharedFrames::encode(OpCode::Binary, &vec![7u8; 16 << 20]);
+        let small = SharedFrames::encode(OpCode::Text, b"after");
+        for (i, frames) in [&big, &small].into_iter().enumerate() {
+            let owed = std::slice::from_ref(frames);
+            let verdict =
+                rig.drive(|conn, _, ctx| conn.deliver(ConnKey(0), owed, i as Seq + 1, ctx));
+            assert_eq!(verdict, Verdict::Keep);
+        }
+        assert_eq!(rig.tally.broadcast_deliveries, 2);
+        assert_eq!(rig.tally.write_would_block, 2, "both queued");
+        assert_eq!(rig.conn.interest_change(), Some(true));
+        assert_eq!(rig.conn.interest_change(), None, "only on a change");
+        assert_eq!(rig.conn.next_batch(), Some(2));
+
+        let total = big.bytes().len() + small.bytes().len();
+        let reader = read_in_background(&rig.client, total);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !rig.conn.out.is_empty() {
+            assert!(Instant::now() < deadline, "the queue never drained");
+            let verdict =
+                rig.drive(|conn, scratch, ctx| conn.on_writable(ConnKey(0), scratch, ctx));
+            assert_eq!(verdict, Verdict::Keep);
+            std::thread::yield_now();
+        }
+        assert_eq!(rig.conn.interest_change(), Some(false));
+        assert_eq!(rig.conn.interest_change(), None);
+        let got = reader.join().unwrap();
+        assert_eq!(&got[got.len() - 7..], b"\x81\x05after", "in order, whole");
+        assert_eq!(rig.tally.queued_bytes, 0, "every queued byte uncounted");
+        assert_eq!(rig.tally.bytes_written - written_before, total as u64);
+    }
+
+    #[test]
+    fn a_full_queue_drops_broadcasts_or_closes_by_policy() {
+        for policy in [SlowConsumerPolicy::Drop, SlowConsumerPolicy::Close] {
+            let mut rig = Rig::upgraded();
+            rig.config.max_queued_bytes = 1 << 20;
+            rig.config.slow_consumer = policy;
+            let frame = SharedFrames::encode(OpCode::Binary, &vec![1u8; 256 << 10]);
+            let mut verdict = Verdict::Keep;
+            let mut offered = 0;
+            while rig.tally.slow_consumer_drops == 0 {
+                assert!(offered < 1000, "the queue never filled");
+                offered += 1;
+                let owed = std::slice::from_ref(&frame);
+                verdict = rig.drive(|conn, _, ctx| conn.deliver(ConnKey(0), owed, offered, ctx));
+            }
+            assert_eq!(rig.tally.slow_consumer_drops, 1, "{policy:?}");
+            assert_eq!(
+                rig.tally.broadcast_deliveries + 1,
+                u64::from(offered),
+                "{policy:?}: each offered one delivered or dropped"
+            );
+            match policy {
+                SlowConsumerPolicy::Drop => {
+                    assert_eq!(verdict, Verdict::Keep);
+                    assert!(rig.conn.is_open());
+                    assert_eq!(rig.tally.frames_discarded, 0);
+                }
+                SlowConsumerPolicy::Close => {
+                    assert_eq!(verdict, Verdict::Keep, "closing, the close frame queued");
+                    assert!(!rig.conn.is_open());
+                    assert!(rig.tally.frames_discarded > 0, "unstarted frames discarded");
+                    assert_eq!(
+                        rig.conn.out.queued_frames(),
+                        2,
+                        "the started one and the close"
+                    );
+                }
+            }
+        }
+    }
+
     /// The per-connection budget: a slab slot must stay small so that an
     /// idle connection costs ~100 bytes of user space. (mio's `TcpStream`
     /// is 4 bytes in release builds and carries a selector id in debug.)
