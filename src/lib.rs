@@ -65,5 +65,5 @@ pub use ops::metrics::MetricsSnapshot;
 pub use protocol::auth::{TokenError, Tokens};
 pub use protocol::ws::MessageKind;
 pub use server::{
-    BindError, BroadcastError, ConnectionInfo, Handle, MessageTooBig, Server, ServerGone,
+    BindError, BroadcastError, ConnKey, ConnectionInfo, Handle, MessageTooBig, Server, ServerGone,
 };

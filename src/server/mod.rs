@@ -47,6 +47,7 @@ use accept::{listen, Door};
 use handle::Shared;
 pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone};
 use housekeeping::StatsLine;
+pub use key::ConnKey;
 
 use crate::server::alarm::Alarm;
 use crate::server::batching::Batching;
@@ -54,7 +55,6 @@ use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
 use crate::server::fanout::Stream;
 use crate::server::feed::{Command, Feed, Gate};
 use crate::server::heartbeat::Heartbeat;
-use crate::server::key::ConnKey;
 use crate::server::per_ip::PerIpLimit;
 use crate::server::pool::BufferPool;
 use crate::server::timer::{Tick, TimerWheel};
@@ -87,8 +87,8 @@ const POOL_MAX_IDLE: usize = 1024;
 /// An open WebSocket connection, as seen from the embedding program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionInfo<'a> {
-    /// The connection's id (its slot; reused after it closes).
-    pub id: usize,
+    /// The connection's key.
+    pub key: ConnKey,
     /// The request target of its upgrade request, e.g. `/ws?id=01`.
     pub target: &'a str,
 }
@@ -385,8 +385,8 @@ impl Server {
         self.conns
             .iter()
             .filter(|(_, conn)| conn.is_open())
-            .map(|(id, conn)| ConnectionInfo {
-                id,
+            .map(|(key, conn)| ConnectionInfo {
+                key: ConnKey(key),
                 target: conn.target(),
             })
     }
