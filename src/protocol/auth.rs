@@ -10,6 +10,8 @@ use std::fmt;
 
 use sha1::{Digest, Sha1};
 
+use crate::protocol::names::{self, Pattern};
+
 /// Longest token accepted, in bytes (in a file, a header or a query).
 pub const MAX_TOKEN_LEN: usize = 256;
 
@@ -17,10 +19,23 @@ pub const MAX_TOKEN_LEN: usize = 256;
 /// cannot set an `Authorization` header on a WebSocket).
 pub const TOKEN_PARAM: &str = "token";
 
-/// The set of tokens clients may present.
+/// The set of tokens clients may present, each with what it grants.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Tokens {
     digests: Vec<[u8; 20]>,
+    grants: Vec<Grant>,
+}
+
+/// What a token allows beyond the upgrade itself: a token file line
+/// `TOKEN channels=news.*,chat id=alice` grants those channels only, and
+/// binds its bearer to client id `alice`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grant {
+    /// The channels its bearer may subscribe to; `None`: whatever the
+    /// server allows anyone.
+    pub channels: Option<Vec<Pattern>>,
+    /// The client id its bearer must use (and gets when it names none).
+    pub id: Option<Box<str>>,
 }
 
 impl fmt::Debug for Tokens {
@@ -56,53 +71,103 @@ impl fmt::Display for TokenError {
 impl std::error::Error for TokenError {}
 
 impl Tokens {
-    /// Parses a token file's text: one token per line; blank lines and
-    /// lines starting with `#` are skipped; surrounding whitespace is
-    /// trimmed. (Reading the file is the caller's.)
+    /// Parses a token file's text: one token per line, optionally
+    /// followed by `channels=PATTERN,...` and `id=ID` (see [`Grant`]);
+    /// blank lines and lines starting with `#` are skipped; surrounding
+    /// whitespace is trimmed. (Reading the file is the caller's.)
     pub fn parse(text: &[u8]) -> Result<Tokens, TokenError> {
+        let mut digests = Vec::new();
+        let mut grants = Vec::new();
         let lines = text
             .split(|&b| b == b'\n')
             .map(<[u8]>::trim_ascii)
             .enumerate()
             .filter(|(_, line)| !line.is_empty() && !line.starts_with(b"#"));
-        Tokens::from_numbered(lines.map(|(index, token)| (index + 1, token)))
+        for (index, line) in lines {
+            let invalid = |why| TokenError::Invalid {
+                line: index + 1,
+                why,
+            };
+            let mut words = line
+                .split(u8::is_ascii_whitespace)
+                .filter(|w| !w.is_empty());
+            let token = words.next().expect("a line that is not blank has a word");
+            check_token(token).map_err(invalid)?;
+            let mut grant = Grant::default();
+            for word in words {
+                let word = std::str::from_utf8(word).map_err(|_| invalid("not UTF-8"))?;
+                match word.split_once('=') {
+                    Some(("channels", list)) if grant.channels.is_none() => {
+                        let patterns: Result<Vec<Pattern>, _> =
+                            list.split(',').map(Pattern::parse).collect();
+                        grant.channels =
+                            Some(patterns.map_err(|_| invalid("a channel pattern is not valid"))?);
+                    }
+                    Some(("id", id)) if grant.id.is_none() => {
+                        names::check(id).map_err(|_| invalid("the id is not valid"))?;
+                        grant.id = Some(id.into());
+                    }
+                    _ => {
+                        return Err(invalid(
+                            "after the token: channels=PATTERN,... and id=ID, once each",
+                        ))
+                    }
+                }
+            }
+            digests.push(digest(token));
+            grants.push(grant);
+        }
+        Tokens::from_parts(digests, grants)
     }
 
-    /// A token set from tokens given in code.
+    /// A token set from tokens given in code, granting what the server
+    /// allows anyone.
     pub fn new<T: AsRef<[u8]>>(tokens: impl IntoIterator<Item = T>) -> Result<Tokens, TokenError> {
-        let tokens: Vec<T> = tokens.into_iter().collect();
-        Tokens::from_numbered(tokens.iter().enumerate().map(|(i, t)| (i + 1, t.as_ref())))
-    }
-
-    fn from_numbered<'a>(
-        tokens: impl Iterator<Item = (usize, &'a [u8])>,
-    ) -> Result<Tokens, TokenError> {
         let mut digests = Vec::new();
-        for (line, token) in tokens {
-            check_token(token).map_err(|why| TokenError::Invalid { line, why })?;
+        for (i, token) in tokens.into_iter().enumerate() {
+            let token = token.as_ref();
+            check_token(token).map_err(|why| TokenError::Invalid { line: i + 1, why })?;
             digests.push(digest(token));
         }
+        let grants = vec![Grant::default(); digests.len()];
+        Tokens::from_parts(digests, grants)
+    }
+
+    fn from_parts(digests: Vec<[u8; 20]>, grants: Vec<Grant>) -> Result<Tokens, TokenError> {
         if digests.is_empty() {
             return Err(TokenError::Empty);
         }
-        Ok(Tokens { digests })
+        Ok(Tokens { digests, grants })
     }
 
-    /// Whether `presented` is one of the tokens. Every stored digest is
-    /// compared in full whatever matches, so the time depends only on how
-    /// many tokens there are.
+    /// Whether `presented` is one of the tokens.
     pub fn contains(&self, presented: &[u8]) -> bool {
+        self.find(presented).is_some()
+    }
+
+    /// The position of `presented` among the tokens. Every stored digest
+    /// is compared in full whatever matches, so the time depends only on
+    /// how many tokens there are.
+    pub fn find(&self, presented: &[u8]) -> Option<usize> {
         let presented = digest(presented);
-        let mut found = 0u8;
-        for stored in &self.digests {
+        let mut found = usize::MAX;
+        for (index, stored) in self.digests.iter().enumerate() {
             let diff = stored
                 .iter()
                 .zip(&presented)
                 .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-            found |= u8::from(diff == 0);
+            // All ones when equal, else zero: no branch on the digest.
+            let mask = usize::from(diff == 0).wrapping_neg();
+            found = (found & !mask) | (index & mask);
         }
         // Keep the compiler from turning the fold into an early exit.
-        std::hint::black_box(found) == 1
+        let found = std::hint::black_box(found);
+        (found != usize::MAX).then_some(found)
+    }
+
+    /// What the token at `index` (from [`Tokens::find`]) grants.
+    pub fn grant(&self, index: usize) -> &Grant {
+        &self.grants[index]
     }
 }
 
@@ -259,14 +324,63 @@ mod tests {
             error,
             TokenError::Invalid {
                 line: 2,
-                why: "a token must be visible ASCII without spaces"
+                why: "after the token: channels=PATTERN,... and id=ID, once each"
             }
         );
         assert!(!error.to_string().contains("secret"), "{error}");
+        let error = Tokens::parse(b"s\x01cret\n").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "line 1: a token must be visible ASCII without spaces"
+        );
         assert_eq!(
             Tokens::parse(b"# nothing\n").unwrap_err(),
             TokenError::Empty
         );
+    }
+
+    #[test]
+    fn token_lines_may_grant_channels_and_an_id() {
+        let tokens = Tokens::parse(
+            b"plain\nreader channels=news.*,chat\nalice-token id=alice channels=dm.alice\n",
+        )
+        .unwrap();
+        let grant = |token: &[u8]| tokens.grant(tokens.find(token).unwrap()).clone();
+        assert_eq!(grant(b"plain"), Grant::default());
+        let reader = grant(b"reader");
+        let patterns: Vec<&str> = reader
+            .channels
+            .iter()
+            .flatten()
+            .map(Pattern::as_str)
+            .collect();
+        assert_eq!((patterns, reader.id), (vec!["news.*", "chat"], None));
+        let alice = grant(b"alice-token");
+        assert_eq!(alice.id.as_deref(), Some("alice"));
+        assert_eq!(tokens.find(b"nobody"), None);
+        for (line, why) in [
+            (
+                &b"t channels=a channels=b"[..],
+                "after the token: channels=PATTERN,... and id=ID, once each",
+            ),
+            (
+                b"t id=a id=b",
+                "after the token: channels=PATTERN,... and id=ID, once each",
+            ),
+            (
+                b"t colour=blue",
+                "after the token: channels=PATTERN,... and id=ID, once each",
+            ),
+            (b"t channels=a,,b", "a channel pattern is not valid"),
+            (b"t id=a/b", "the id is not valid"),
+        ] {
+            assert_eq!(
+                Tokens::parse(line),
+                Err(TokenError::Invalid { line: 1, why }),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+        }
     }
 
     #[test]

@@ -31,6 +31,9 @@ pub struct Upgrade<'a> {
     pub target: &'a str,
     /// The `Sec-WebSocket-Accept` value answering the client's key.
     pub accept: [u8; 28],
+    /// Where the token it presented is among the [`Tokens`], when tokens
+    /// are required (see [`Tokens::grant`]).
+    pub token: Option<usize>,
 }
 
 /// What [`parse_request`] found.
@@ -57,8 +60,9 @@ pub enum Rejection {
     MethodNotAllowed,
     /// 401: tokens are required and the request had none or a wrong one.
     Unauthorized,
-    /// 403: the `Origin` is not one of the allowed ones.
-    Forbidden,
+    /// 403: the `Origin`, a channel or the client id is not allowed; it
+    /// says which.
+    Forbidden(&'static str),
     /// 426: missing or unsupported `Sec-WebSocket-Version`.
     UpgradeRequired,
     /// 431: the request head is larger than this many bytes (the limit).
@@ -69,21 +73,26 @@ pub enum Rejection {
     TooManyRequests,
     /// 503: the server holds its maximum number of connections.
     ServiceUnavailable,
+    /// 400: the query asks for more channels than a connection may have
+    /// (the limit).
+    TooManyChannels(usize),
+    /// 503: the channels asked for would be more than the server holds.
+    ChannelLimit,
 }
 
 impl Rejection {
     /// The HTTP status code.
     pub fn status(self) -> u16 {
         match self {
-            Rejection::BadRequest(_) => 400,
+            Rejection::BadRequest(_) | Rejection::TooManyChannels(_) => 400,
             Rejection::Unauthorized => 401,
-            Rejection::Forbidden => 403,
+            Rejection::Forbidden(_) => 403,
             Rejection::NotFound => 404,
             Rejection::MethodNotAllowed => 405,
             Rejection::UpgradeRequired => 426,
             Rejection::HeadTooLarge(_) | Rejection::TooManyHeaders => 431,
             Rejection::TooManyRequests => 429,
-            Rejection::ServiceUnavailable => 503,
+            Rejection::ServiceUnavailable | Rejection::ChannelLimit => 503,
         }
     }
 
@@ -93,7 +102,7 @@ impl Rejection {
         match self {
             Rejection::BadRequest(why) => ("Bad Request", why),
             Rejection::Unauthorized => ("Unauthorized", "a valid token is required"),
-            Rejection::Forbidden => ("Forbidden", "origin not allowed"),
+            Rejection::Forbidden(why) => ("Forbidden", why),
             Rejection::NotFound => ("Not Found", "no WebSocket endpoint at this path"),
             Rejection::MethodNotAllowed => {
                 ("Method Not Allowed", "a WebSocket upgrade must be a GET")
@@ -111,6 +120,8 @@ impl Rejection {
             Rejection::ServiceUnavailable => {
                 ("Service Unavailable", "server at its connection limit")
             }
+            Rejection::TooManyChannels(_) => ("Bad Request", "more channels than the limit"),
+            Rejection::ChannelLimit => ("Service Unavailable", "server at its channel limit"),
         }
     }
 
@@ -130,6 +141,9 @@ impl Rejection {
             }
             Rejection::TooManyHeaders => {
                 write_into(&mut body, format_args!("{text}: {MAX_HEADERS}\n"))
+            }
+            Rejection::TooManyChannels(limit) => {
+                write_into(&mut body, format_args!("{text}: {limit}\n"))
             }
             _ => write_into(&mut body, format_args!("{text}\n")),
         };
@@ -299,20 +313,22 @@ pub fn parse_request_after<'a>(
     if let Some(repeated) = headers.repeated {
         return Err(Rejection::BadRequest(repeated));
     }
-    let authorized = || {
+    // The presented token's place among the tokens, when tokens are set.
+    let token = || -> Result<Option<usize>, Rejection> {
+        let Some(tokens) = rules.tokens else {
+            return Ok(None);
+        };
         let mut scratch = [0; MAX_TOKEN_LEN];
-        rules.tokens.is_none_or(|tokens| {
-            auth::presented_token(headers.authorization, target, &mut scratch)
-                .is_some_and(|token| tokens.contains(token))
-        })
+        auth::presented_token(headers.authorization, target, &mut scratch)
+            .and_then(|token| tokens.find(token))
+            .map(Some)
+            .ok_or(Rejection::Unauthorized)
     };
     if !headers.upgrade {
         match path {
             "/healthz" => return Ok(HeadStatus::Endpoint(Endpoint::Health, head_len)),
             "/metrics" if rules.endpoints.metrics => {
-                if !authorized() {
-                    return Err(Rejection::Unauthorized);
-                }
+                token()?;
                 return Ok(HeadStatus::Endpoint(Endpoint::Metrics, head_len));
             }
             "/metrics" => return Err(Rejection::NotFound),
@@ -347,15 +363,14 @@ pub fn parse_request_after<'a>(
         ));
     }
     if !auth::origin_allowed(headers.origin, rules.origins) {
-        return Err(Rejection::Forbidden);
+        return Err(Rejection::Forbidden("origin not allowed"));
     }
-    if !authorized() {
-        return Err(Rejection::Unauthorized);
-    }
+    let token = token()?;
     Ok(HeadStatus::Upgrade(
         Upgrade {
             target,
             accept: accept_key(key),
+            token,
         },
         head_len,
     ))

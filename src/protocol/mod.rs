@@ -3,7 +3,10 @@
 //! map to one HTTP status or one close code.
 
 pub mod auth;
+pub mod commands;
 pub mod http;
 pub mod lines;
+pub mod names;
+pub mod query;
 pub(crate) mod target;
 pub mod ws;

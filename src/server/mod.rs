@@ -38,6 +38,7 @@ mod nonblocking;
 pub(crate) mod output;
 mod per_ip;
 mod pool;
+mod routes;
 mod timer;
 
 use crate::config::{Config, ConfigError};

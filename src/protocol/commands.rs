@@ -1,0 +1,498 @@
+//! The command language of `--input commands`: one command per line, a
+//! verb and its arguments separated by single spaces, the payload last so
+//! that it is the rest of the line, whatever it holds.
+//!
+//! ```text
+//! all TEXT                    every open connection
+//! pub CHANNELS TEXT           the subscribers of any of CHANNELS (a,b,c), once each
+//! id ID TEXT                  every connection of client ID
+//! conn KEY TEXT               one connection (KEY as upstream lines give it)
+//! sub ID CHANNELS             subscribe client ID's connections
+//! unsub ID CHANNELS           unsubscribe them
+//! close id ID [CODE [REASON]] close client ID's connections (1000 by default)
+//! close conn KEY [CODE [REASON]]
+//! ```
+//!
+//! `all`, `pub`, `id` and `conn` send a text message; as `all:b64`,
+//! `pub:b64`, `id:b64` and `conn:b64` they send a binary one, given in
+//! base64. A payload may be empty (`all` alone sends an empty message).
+//! Pure code: a line in, a [`Command`] or a [`CommandError`] out.
+
+use std::fmt;
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+
+use crate::protocol::names::{self, NameError};
+use crate::protocol::ws::CloseCode;
+
+/// The longest close reason, in bytes: a close frame's payload is at
+/// most 125 bytes, two of them the code.
+pub const MAX_REASON_LEN: usize = 123;
+
+/// One connection of one server, as upstream lines name it and `conn`
+/// and `close conn` address it: `INSTANCE.SLOT.SERIAL`. The serial tells
+/// apart the connections that held the same slot one after the other, so
+/// a key outlives its connection without reaching the next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnRef {
+    /// The instance under `--processes` (1 to N), or 0 for a lone server.
+    pub instance: u32,
+    /// The connection's slot in that instance.
+    pub slot: u32,
+    /// Which of the slot's connections.
+    pub serial: u32,
+}
+
+impl ConnRef {
+    /// Parses `INSTANCE.SLOT.SERIAL` (three decimal numbers).
+    pub fn parse(text: &str) -> Option<ConnRef> {
+        let mut parts = text.split('.').map(|p| {
+            (!p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| p.parse::<u32>().ok())
+                .flatten()
+        });
+        let conn = ConnRef {
+            instance: parts.next()??,
+            slot: parts.next()??,
+            serial: parts.next()??,
+        };
+        parts.next().is_none().then_some(conn)
+    }
+}
+
+impl fmt::Display for ConnRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.instance, self.slot, self.serial)
+    }
+}
+
+/// A list of channel names as a command gives it: `a,b,c`, each valid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Channels<'a>(&'a str);
+
+impl<'a> Channels<'a> {
+    /// Checks a comma-separated list of names.
+    pub fn parse(text: &'a str) -> Result<Channels<'a>, NameError> {
+        text.split(',').try_for_each(names::check)?;
+        Ok(Channels(text))
+    }
+
+    /// The names, in the order given (a name given twice comes twice).
+    pub fn iter(&self) -> impl Iterator<Item = &'a str> + Clone {
+        self.0.split(',')
+    }
+}
+
+/// Who a message goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Audience<'a> {
+    /// Every open connection.
+    All,
+    /// The subscribers of any of these channels, each once.
+    Channels(Channels<'a>),
+    /// Every connection of this client id.
+    Id(&'a str),
+    /// One connection.
+    Conn(ConnRef),
+}
+
+/// A message's payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload<'a> {
+    /// A text message: the rest of the line.
+    Text(&'a str),
+    /// A binary message, decoded from base64.
+    Binary(Vec<u8>),
+}
+
+/// Whose connections a `close` closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closing<'a> {
+    /// Every connection of this client id.
+    Id(&'a str),
+    /// One connection.
+    Conn(ConnRef),
+}
+
+/// One parsed line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command<'a> {
+    /// Send a message.
+    Send {
+        /// Who gets it.
+        to: Audience<'a>,
+        /// What it holds.
+        payload: Payload<'a>,
+    },
+    /// Subscribe a client's connections to channels.
+    Subscribe {
+        /// The client id.
+        id: &'a str,
+        /// The channels.
+        channels: Channels<'a>,
+    },
+    /// Unsubscribe a client's connections from channels.
+    Unsubscribe {
+        /// The client id.
+        id: &'a str,
+        /// The channels.
+        channels: Channels<'a>,
+    },
+    /// Close connections with a close frame.
+    Close {
+        /// Whose.
+        who: Closing<'a>,
+        /// The close code (1000 unless given).
+        code: CloseCode,
+        /// The reason (may be empty), at most [`MAX_REASON_LEN`] bytes.
+        reason: &'a str,
+    },
+}
+
+/// Why a line is not a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandError {
+    /// The line is empty.
+    Empty,
+    /// The first word is none of the verbs.
+    UnknownVerb,
+    /// An argument is missing; it names which.
+    Missing(&'static str),
+    /// A channel name or client id is not valid; it names which.
+    BadName(&'static str, NameError),
+    /// A connection key is not `INSTANCE.SLOT.SERIAL`.
+    BadKey,
+    /// A `:b64` payload is not base64.
+    BadBase64,
+    /// A close code is not one a server may send (1000–1003, 1007–1011,
+    /// 3000–4999).
+    BadCode,
+    /// A close reason is longer than [`MAX_REASON_LEN`] bytes.
+    ReasonTooLong,
+    /// `sub`, `unsub` or `close` has more arguments than it takes.
+    TrailingWords,
+}
+
+impl fmt::Display for CommandError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CommandError::Empty => f.write_str("an empty line is not a command"),
+            CommandError::UnknownVerb => f.write_str(
+                "unknown command: expected all, pub, id, conn (each also as :b64), sub, unsub or close",
+            ),
+            CommandError::Missing(what) => write!(f, "missing {what}"),
+            CommandError::BadName(what, why) => write!(f, "{what} {why}"),
+            CommandError::BadKey => {
+                f.write_str("a connection key is INSTANCE.SLOT.SERIAL, three numbers")
+            }
+            CommandError::BadBase64 => f.write_str("the payload is not base64"),
+            CommandError::BadCode => f.write_str(
+                "a close code is 1000-1003, 1007-1011 or 3000-4999",
+            ),
+            CommandError::ReasonTooLong => {
+                write!(f, "a close reason is at most {MAX_REASON_LEN} bytes")
+            }
+            CommandError::TrailingWords => f.write_str("more words than the command takes"),
+        }
+    }
+}
+
+impl std::error::Error for CommandError {}
+
+/// Parses one line (without its line ending).
+pub fn parse(line: &str) -> Result<Command<'_>, CommandError> {
+    if line.is_empty() {
+        return Err(CommandError::Empty);
+    }
+    let (verb, rest) = split(line);
+    let (verb, binary) = match verb.strip_suffix(":b64") {
+        Some(verb) => (verb, true),
+        None => (verb, false),
+    };
+    match verb {
+        "all" => send(Audience::All, rest, binary),
+        "pub" => {
+            let (channels, body) = split(rest.ok_or(CommandError::Missing("channels"))?);
+            send(Audience::Channels(channels_arg(channels)?), body, binary)
+        }
+        "id" => {
+            let (id, body) = split(rest.ok_or(CommandError::Missing("id"))?);
+            send(Audience::Id(id_arg(id)?), body, binary)
+        }
+        "conn" => {
+            let (key, body) = split(rest.ok_or(CommandError::Missing("connection key"))?);
+            send(Audience::Conn(key_arg(key)?), body, binary)
+        }
+        "sub" | "unsub" if !binary => {
+            let (id, channels) = split(rest.ok_or(CommandError::Missing("id"))?);
+            let id = id_arg(id)?;
+            let (channels, extra) = split(channels.ok_or(CommandError::Missing("channels"))?);
+            if extra.is_some() {
+                return Err(CommandError::TrailingWords);
+            }
+            let channels = channels_arg(channels)?;
+            Ok(if verb == "sub" {
+                Command::Subscribe { id, channels }
+            } else {
+                Command::Unsubscribe { id, channels }
+            })
+        }
+        "close" if !binary => close(rest.ok_or(CommandError::Missing("id or conn"))?),
+        _ => Err(CommandError::UnknownVerb),
+    }
+}
+
+/// A message to `to` with the rest of the line, `body`, as its payload.
+fn send<'a>(
+    to: Audience<'a>,
+    body: Option<&'a str>,
+    binary: bool,
+) -> Result<Command<'a>, CommandError> {
+    let body = body.unwrap_or("");
+    let payload = if binary {
+        Payload::Binary(BASE64.decode(body).map_err(|_| CommandError::BadBase64)?)
+    } else {
+        Payload::Text(body)
+    };
+    Ok(Command::Send { to, payload })
+}
+
+/// `close id ID [CODE [REASON]]` or `close conn KEY [CODE [REASON]]`.
+fn close(args: &str) -> Result<Command<'_>, CommandError> {
+    let (kind, rest) = split(args);
+    let missing = match kind {
+        "id" => "id",
+        "conn" => "connection key",
+        _ => return Err(CommandError::Missing("id or conn")),
+    };
+    let (who, rest) = split(rest.ok_or(CommandError::Missing(missing))?);
+    let who = match kind {
+        "id" => Closing::Id(id_arg(who)?),
+        _ => Closing::Conn(key_arg(who)?),
+    };
+    let (code, reason) = match rest {
+        None => (CloseCode::NORMAL, ""),
+        Some(rest) => {
+            let (code, reason) = split(rest);
+            (code_arg(code)?, reason.unwrap_or(""))
+        }
+    };
+    if reason.len() > MAX_REASON_LEN {
+        return Err(CommandError::ReasonTooLong);
+    }
+    Ok(Command::Close { who, code, reason })
+}
+
+/// The first word and, after one space, the rest (`None` without a space).
+fn split(text: &str) -> (&str, Option<&str>) {
+    match text.split_once(' ') {
+        Some((word, rest)) => (word, Some(rest)),
+        None => (text, None),
+    }
+}
+
+fn id_arg(id: &str) -> Result<&str, CommandError> {
+    names::check(id).map_err(|why| CommandError::BadName("id", why))?;
+    Ok(id)
+}
+
+fn channels_arg(channels: &str) -> Result<Channels<'_>, CommandError> {
+    Channels::parse(channels).map_err(|why| CommandError::BadName("channel", why))
+}
+
+fn key_arg(key: &str) -> Result<ConnRef, CommandError> {
+    ConnRef::parse(key).ok_or(CommandError::BadKey)
+}
+
+fn code_arg(code: &str) -> Result<CloseCode, CommandError> {
+    let code: u16 = (code.len() == 4 && code.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| code.parse().ok())
+        .flatten()
+        .ok_or(CommandError::BadCode)?;
+    match code {
+        1000..=1003 | 1007..=1011 | 3000..=4999 => Ok(CloseCode(code)),
+        _ => Err(CommandError::BadCode),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text<'a>(to: Audience<'a>, body: &'a str) -> Command<'a> {
+        Command::Send {
+            to,
+            payload: Payload::Text(body),
+        }
+    }
+
+    fn chans(list: &str) -> Channels<'_> {
+        Channels::parse(list).unwrap()
+    }
+
+    const KEY: ConnRef = ConnRef {
+        instance: 2,
+        slot: 17,
+        serial: 5,
+    };
+
+    #[test]
+    fn every_command_parses() {
+        let cases: Vec<(&str, Command<'_>)> = vec![
+            ("all hello world", text(Audience::All, "hello world")),
+            ("all", text(Audience::All, "")),
+            ("all ", text(Audience::All, "")),
+            (
+                "all  two spaces kept ",
+                text(Audience::All, " two spaces kept "),
+            ),
+            (
+                "pub news.eu breaking",
+                text(Audience::Channels(chans("news.eu")), "breaking"),
+            ),
+            (
+                "pub a,b,c x y",
+                text(Audience::Channels(chans("a,b,c")), "x y"),
+            ),
+            ("pub news", text(Audience::Channels(chans("news")), "")),
+            ("id alice hi there", text(Audience::Id("alice"), "hi there")),
+            (
+                "conn 2.17.5 just you",
+                text(Audience::Conn(KEY), "just you"),
+            ),
+            (
+                "all:b64 AAEC/w==",
+                Command::Send {
+                    to: Audience::All,
+                    payload: Payload::Binary(vec![0, 1, 2, 255]),
+                },
+            ),
+            (
+                "pub:b64 a,b aGk=",
+                Command::Send {
+                    to: Audience::Channels(chans("a,b")),
+                    payload: Payload::Binary(b"hi".to_vec()),
+                },
+            ),
+            (
+                "id:b64 bob",
+                Command::Send {
+                    to: Audience::Id("bob"),
+                    payload: Payload::Binary(Vec::new()),
+                },
+            ),
+            (
+                "conn:b64 2.17.5 AA==",
+                Command::Send {
+                    to: Audience::Conn(KEY),
+                    payload: Payload::Binary(vec![0]),
+                },
+            ),
+            (
+                "sub alice news,chat",
+                Command::Subscribe {
+                    id: "alice",
+                    channels: chans("news,chat"),
+                },
+            ),
+            (
+                "unsub alice chat",
+                Command::Unsubscribe {
+                    id: "alice",
+                    channels: chans("chat"),
+                },
+            ),
+            (
+                "close id alice",
+                Command::Close {
+                    who: Closing::Id("alice"),
+                    code: CloseCode(1000),
+                    reason: "",
+                },
+            ),
+            (
+                "close id alice 4001",
+                Command::Close {
+                    who: Closing::Id("alice"),
+                    code: CloseCode(4001),
+                    reason: "",
+                },
+            ),
+            (
+                "close conn 2.17.5 1008 banned for spam",
+                Command::Close {
+                    who: Closing::Conn(KEY),
+                    code: CloseCode(1008),
+                    reason: "banned for spam",
+                },
+            ),
+        ];
+        for (line, want) in cases {
+            assert_eq!(parse(line), Ok(want), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn every_malformed_form_is_named() {
+        use CommandError::*;
+        let long_reason = format!("close id a 1000 {}", "r".repeat(124));
+        let long_name = format!("id {} x", "n".repeat(65));
+        let cases: Vec<(&str, CommandError)> = vec![
+            ("", Empty),
+            ("hello", UnknownVerb),
+            ("ALL x", UnknownVerb),
+            (" all x", UnknownVerb),
+            ("sub:b64 a b", UnknownVerb),
+            ("close:b64 id a", UnknownVerb),
+            ("all:b64 not base64!", BadBase64),
+            ("pub", Missing("channels")),
+            ("pub ", BadName("channel", NameError::Empty)),
+            ("pub a,,b x", BadName("channel", NameError::Empty)),
+            ("pub a;b x", BadName("channel", NameError::BadByte(b';'))),
+            ("id", Missing("id")),
+            ("id al/ice x", BadName("id", NameError::BadByte(b'/'))),
+            (&long_name, BadName("id", NameError::TooLong)),
+            ("conn", Missing("connection key")),
+            ("conn 1.2 x", BadKey),
+            ("conn 1.2.3.4 x", BadKey),
+            ("conn 1.-2.3 x", BadKey),
+            ("conn 1.2.99999999999 x", BadKey),
+            ("conn a.b.c x", BadKey),
+            ("sub", Missing("id")),
+            ("sub alice", Missing("channels")),
+            ("sub alice news extra", TrailingWords),
+            ("unsub alice a,b,", BadName("channel", NameError::Empty)),
+            ("close", Missing("id or conn")),
+            ("close user alice", Missing("id or conn")),
+            ("close id", Missing("id")),
+            ("close conn", Missing("connection key")),
+            ("close conn x", BadKey),
+            ("close id a 999", BadCode),
+            ("close id a 1005", BadCode),
+            ("close id a 1015", BadCode),
+            ("close id a 5000", BadCode),
+            ("close id a +100", BadCode),
+            ("close id a code", BadCode),
+            (&long_reason, ReasonTooLong),
+        ];
+        for (line, want) in cases {
+            assert_eq!(parse(line), Err(want), "{line:?}");
+        }
+        assert_eq!(
+            BadName("channel", NameError::BadByte(b';')).to_string(),
+            "channel holds ';': only letters, digits and - _ . : @ are allowed"
+        );
+    }
+
+    #[test]
+    fn keys_print_as_they_parse() {
+        assert_eq!(KEY.to_string(), "2.17.5");
+        assert_eq!(ConnRef::parse("2.17.5"), Some(KEY));
+        assert_eq!(
+            ConnRef::parse("0.0.0").map(|k| k.to_string()).as_deref(),
+            Some("0.0.0")
+        );
+        assert_eq!(chans("a,b,a").iter().collect::<Vec<_>>(), ["a", "b", "a"]);
+    }
+}

@@ -1,0 +1,178 @@
+//! What an upgrade's query asks for besides the upgrade: a client id
+//! (`?id=alice`) and channels (`?channel=news&channel=chat`), checked
+//! against what the token grants and what the server allows anyone.
+//! Names are not percent-decoded: none of their bytes needs escaping, so
+//! a `%` is simply not valid.
+
+use crate::protocol::auth::Grant;
+use crate::protocol::http::Rejection;
+use crate::protocol::names::{self, Pattern};
+
+/// The query parameter naming the client id.
+pub const ID_PARAM: &str = "id";
+/// The query parameter naming a channel (repeatable).
+pub const CHANNEL_PARAM: &str = "channel";
+
+/// What the server allows.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits<'a> {
+    /// The most channels one connection may ask for.
+    pub max_channels: usize,
+    /// The channels anyone may subscribe to (empty: any); a token with
+    /// channels of its own is held to those instead.
+    pub allowed: &'a [Pattern],
+}
+
+/// A request's id and channels, valid and allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Asked<'a> {
+    /// The client id: the query's, or the token's when the query has none.
+    pub id: Option<&'a str>,
+    query: &'a str,
+}
+
+impl<'a> Asked<'a> {
+    /// The channels asked for, in order (a name given twice comes twice).
+    pub fn channels(&self) -> impl Iterator<Item = &'a str> + Clone {
+        params(self.query)
+            .filter(|(key, _)| *key == CHANNEL_PARAM)
+            .map(|(_, value)| value)
+    }
+}
+
+/// The `key=value` pairs of a query (a pair without `=` has an empty value).
+pub fn params(query: &str) -> impl Iterator<Item = (&str, &str)> + Clone {
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+}
+
+/// The id and channels `target` asks for: 400 for a name that is not
+/// valid, a second id or more channels than [`Limits::max_channels`];
+/// 403 for an id other than the token's or a channel neither the token
+/// nor the server allows.
+pub fn asked<'a>(
+    target: &'a str,
+    grant: Option<&'a Grant>,
+    limits: &Limits<'_>,
+) -> Result<Asked<'a>, Rejection> {
+    let query = target.split_once('?').map_or("", |(_, query)| query);
+    let mut id = None;
+    let mut channels = 0;
+    for (key, value) in params(query) {
+        match key {
+            ID_PARAM if id.is_some() => return Err(Rejection::BadRequest("more than one id")),
+            ID_PARAM => {
+                names::check(value).map_err(|_| {
+                    Rejection::BadRequest(
+                        "the id is not 1-64 bytes of letters, digits and - _ . : @",
+                    )
+                })?;
+                id = Some(value);
+            }
+            CHANNEL_PARAM => {
+                names::check(value).map_err(|_| {
+                    Rejection::BadRequest(
+                        "a channel is not 1-64 bytes of letters, digits and - _ . : @",
+                    )
+                })?;
+                channels += 1;
+                if channels > limits.max_channels {
+                    return Err(Rejection::TooManyChannels(limits.max_channels));
+                }
+                let allowed = match grant.and_then(|g| g.channels.as_deref()) {
+                    Some(granted) => names::allowed(granted, value),
+                    None => limits.allowed.is_empty() || names::allowed(limits.allowed, value),
+                };
+                if !allowed {
+                    return Err(Rejection::Forbidden("channel not allowed"));
+                }
+            }
+            _ => {}
+        }
+    }
+    let id = match (id, grant.and_then(|g| g.id.as_deref())) {
+        (Some(asked), Some(bound)) if asked != bound => {
+            return Err(Rejection::Forbidden("id not allowed for this token"))
+        }
+        (None, bound) => bound,
+        (asked, _) => asked,
+    };
+    Ok(Asked { id, query })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn patterns(list: &[&str]) -> Vec<Pattern> {
+        list.iter().map(|p| Pattern::parse(p).unwrap()).collect()
+    }
+
+    #[test]
+    fn ids_and_channels_are_read_checked_and_allowed() {
+        let anyone = Limits {
+            max_channels: 3,
+            allowed: &[],
+        };
+        let ok = asked("/ws?id=alice&x=1&channel=news&channel=chat", None, &anyone).unwrap();
+        assert_eq!(ok.id, Some("alice"));
+        assert_eq!(ok.channels().collect::<Vec<_>>(), ["news", "chat"]);
+        let none = asked("/ws", None, &anyone).unwrap();
+        assert_eq!((none.id, none.channels().count()), (None, 0));
+
+        let bad = |target: &str| asked(target, None, &anyone).map(|_| ()).unwrap_err();
+        assert_eq!(bad("/?id=a&id=b").status(), 400);
+        assert_eq!(bad("/?id=").status(), 400);
+        assert_eq!(bad("/?id=al%20ice").status(), 400);
+        assert_eq!(bad("/?channel=a,b").status(), 400);
+        assert_eq!(bad("/?channel").status(), 400);
+        assert_eq!(
+            bad("/?channel=a&channel=b&channel=c&channel=d"),
+            Rejection::TooManyChannels(3)
+        );
+
+        let server = patterns(&["news.*"]);
+        let restricted = Limits {
+            max_channels: 3,
+            allowed: &server,
+        };
+        assert!(asked("/?channel=news.eu", None, &restricted).is_ok());
+        assert_eq!(
+            asked("/?channel=chat", None, &restricted),
+            Err(Rejection::Forbidden("channel not allowed"))
+        );
+    }
+
+    #[test]
+    fn a_token_holds_its_bearer_to_its_channels_and_id() {
+        let server = patterns(&["public"]);
+        let limits = Limits {
+            max_channels: 8,
+            allowed: &server,
+        };
+        let grant = Grant {
+            channels: Some(patterns(&["chat.*"])),
+            id: Some("alice".into()),
+        };
+        let ok = asked("/?channel=chat.1", Some(&grant), &limits).unwrap();
+        assert_eq!(
+            ok.id,
+            Some("alice"),
+            "the token's id when the query names none"
+        );
+        assert!(asked("/?id=alice&channel=chat.2", Some(&grant), &limits).is_ok());
+        assert_eq!(
+            asked("/?id=bob", Some(&grant), &limits),
+            Err(Rejection::Forbidden("id not allowed for this token"))
+        );
+        assert_eq!(
+            asked("/?channel=public", Some(&grant), &limits),
+            Err(Rejection::Forbidden("channel not allowed")),
+            "the token's channels, not the server's"
+        );
+        let plain = Grant::default();
+        assert!(asked("/?id=bob&channel=public", Some(&plain), &limits).is_ok());
+    }
+}
