@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::protocol::auth::{self, Tokens};
+use crate::protocol::names::Pattern;
 
 /// What to do with a broadcast for a connection whose output queue is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +88,17 @@ pub struct Config {
     /// iterations, and accepts, reads, pongs and timers are served in
     /// between.
     pub fanout_budget: usize,
+    /// Channels a client may ask for in its upgrade (`?channel=`) without
+    /// a token granting its own; others get 403. Empty allows any.
+    pub allowed_channels: Vec<Pattern>,
+    /// Channels one connection may ask for in its upgrade; more get 400.
+    pub max_channels_per_connection: usize,
+    /// Channels the server holds at once (a channel exists while it has a
+    /// subscriber); an upgrade that would make more gets 503.
+    pub max_channels: usize,
+    /// This server's number under a supervisor (1 to N), 0 when alone: the
+    /// first part of the connection keys it gives out and acts on.
+    pub instance: u32,
 }
 
 impl Default for Config {
@@ -115,6 +127,10 @@ impl Default for Config {
             batch_delay: DEFAULT_BATCH_DELAY,
             max_pending_bytes: 16 << 20,
             fanout_budget: 1024,
+            allowed_channels: Vec::new(),
+            max_channels_per_connection: 16,
+            max_channels: 100_000,
+            instance: 0,
         }
     }
 }
@@ -180,6 +196,9 @@ impl Config {
         }
         if self.max_pending_bytes == 0 {
             return fail("max pending bytes must be at least 1".into());
+        }
+        if self.max_channels_per_connection == 0 || self.max_channels == 0 {
+            return fail("max channels (per connection and in all) must be at least 1".into());
         }
         if self.fanout_budget == 0 {
             return fail("fan-out budget must be at least 1 connection".into());

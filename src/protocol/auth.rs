@@ -238,30 +238,6 @@ fn percent_decode<'a>(input: &[u8], out: &'a mut [u8; MAX_TOKEN_LEN]) -> Option<
     Some(&out[..len])
 }
 
-/// The target with its `token` query parameter taken out, as two pieces
-/// to be joined (no allocation), so a connection never stores or logs a
-/// token: `/ws?a=1&token=x&b=2` → `/ws?a=1` + `&b=2`.
-pub fn without_token(target: &str) -> [&str; 2] {
-    let Some(query_at) = target.find('?') else {
-        return [target, ""];
-    };
-    let mut start = query_at + 1;
-    for pair in target[query_at + 1..].split('&') {
-        let end = start + pair.len();
-        if pair.split_once('=').map_or(pair, |(key, _)| key) == TOKEN_PARAM {
-            return if end == target.len() {
-                // Last pair: drop it with the separator before it.
-                [&target[..start - 1], ""]
-            } else {
-                // Keep the separator before it, skip the one after.
-                [&target[..start], &target[end + 1..]]
-            };
-        }
-        start = end + 1;
-    }
-    [target, ""]
-}
-
 /// Whether an `Origin` header value is one of `allowed` (ASCII
 /// case-insensitive, as scheme and host are). Every value is allowed when
 /// the list is empty; a request without `Origin` is not from a browser and
@@ -406,21 +382,6 @@ mod tests {
         }
         let long = format!("/ws?token={}", "a".repeat(MAX_TOKEN_LEN + 1));
         assert_eq!(presented_token(None, &long, &mut scratch), None);
-    }
-
-    #[test]
-    fn targets_lose_their_token_and_keep_the_rest() {
-        for (target, want) in [
-            ("/ws", "/ws"),
-            ("/ws?id=1", "/ws?id=1"),
-            ("/ws?token=x", "/ws"),
-            ("/ws?id=1&token=x", "/ws?id=1"),
-            ("/ws?token=x&id=1", "/ws?id=1"),
-            ("/ws?a=1&token=x&b=2", "/ws?a=1&b=2"),
-            ("/ws?tokens=x", "/ws?tokens=x"),
-        ] {
-            assert_eq!(without_token(target).concat(), want, "{target}");
-        }
     }
 
     #[test]

@@ -183,6 +183,7 @@ impl Server {
             },
         };
         self.conns.insert(Conn::accepted(stream, endpoints));
+        self.serials.assign(ConnKey(key));
         self.key_bound = self.key_bound.max(key + 1);
         // The request arrived with the connection (the listener defers
         // accepting until it has): reading now saves a trip through the poll.

@@ -34,6 +34,7 @@ use crate::server::key::ConnKey;
 use crate::server::nonblocking::{read_some, Progress};
 use crate::server::output::{OutQueue, Sent};
 use crate::server::pool::{BufferPool, PooledBuf};
+use crate::server::routes::Routes;
 use crate::server::timer::{Deadline, Tick, TimerWheel};
 
 mod handshake;
@@ -172,6 +173,8 @@ pub struct Ctx<'a> {
     /// not one per message. Empty between reads; its capacity is the
     /// loop's, allocated once.
     pub replies: &'a mut Vec<u8>,
+    /// Client ids and channel subscriptions.
+    pub routes: &'a mut Routes,
     /// The time this loop iteration started.
     pub now: Instant,
     /// The broadcast batch the loop frames next: where a connection that
@@ -280,25 +283,22 @@ impl Conn {
     }
 
     /// Ends the connection (the loop has taken it out of the slab): clears
-    /// its deadline, returns its buffers to the pool, uncounts its queued
-    /// output (counting the frames discarded), counts the close by
-    /// `reason` and takes it off its gauge. The socket closes as it drops.
-    pub fn close(
-        mut self,
-        key: ConnKey,
-        reason: CloseReason,
-        pool: &mut BufferPool,
-        timers: &mut TimerWheel,
-        tally: &mut Tally,
-        metrics: &Metrics,
-    ) {
-        self.deadline.clear(timers);
-        self.discard_output(true, tally);
+    /// its deadline, takes it out of the routes, returns its buffers to
+    /// the pool, uncounts its queued output (counting the frames
+    /// discarded), counts the close by `reason` and takes it off its
+    /// gauge. The socket closes as it drops.
+    pub fn close(mut self, key: ConnKey, reason: CloseReason, ctx: &mut Ctx<'_>) {
+        let metrics = ctx.metrics;
+        self.deadline.clear(ctx.timers);
+        if self.is_websocket() {
+            ctx.routes.leave(key.slot(), self.target.id());
+        }
+        self.discard_output(true, ctx.tally);
         for buf in [self.input.take(), self.message.take()]
             .into_iter()
             .flatten()
         {
-            pool.give_back(buf);
+            ctx.pool.give_back(buf);
         }
         Metrics::incr(reason.counter(metrics));
         Metrics::decr(if self.is_websocket() {
@@ -891,6 +891,7 @@ mod tests {
         tally: Tally,
         scratch: Vec<u8>,
         replies: Vec<u8>,
+        routes: Routes,
     }
 
     const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -923,6 +924,7 @@ mod tests {
                 tally,
                 scratch: vec![0; 64 * 1024],
                 replies: Vec::with_capacity(64 * 1024),
+                routes: Routes::new(16),
             }
         }
 
@@ -955,6 +957,7 @@ mod tests {
                 metrics: &self.metrics,
                 tally: &mut self.tally,
                 replies: &mut self.replies,
+                routes: &mut self.routes,
                 now: Instant::now(),
                 next_batch: 0,
             };

@@ -19,3 +19,36 @@ impl From<ConnKey> for Token {
         Token(key.0)
     }
 }
+
+impl ConnKey {
+    /// The slot, as the routes index it.
+    pub(crate) fn slot(self) -> u32 {
+        self.0 as u32
+    }
+}
+
+/// Which connection holds each slot: a number per slot, new for every
+/// connection that takes it, so that a key given out earlier (an
+/// upstream line's) never reaches a later connection in the same slot.
+#[derive(Debug, Default)]
+pub(crate) struct Serials {
+    by_slot: Vec<u32>,
+    next: u32,
+}
+
+impl Serials {
+    /// Gives the connection that now holds `slot` its serial.
+    pub(crate) fn assign(&mut self, slot: ConnKey) -> u32 {
+        if self.by_slot.len() <= slot.0 {
+            self.by_slot.resize(slot.0 + 1, 0);
+        }
+        self.next = self.next.wrapping_add(1);
+        self.by_slot[slot.0] = self.next;
+        self.next
+    }
+
+    /// The serial of the connection in `slot`.
+    pub(crate) fn get(&self, slot: ConnKey) -> u32 {
+        self.by_slot.get(slot.0).copied().unwrap_or(0)
+    }
+}

@@ -56,8 +56,10 @@ use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
 use crate::server::fanout::Stream;
 use crate::server::feed::{Command, Feed, Gate};
 use crate::server::heartbeat::Heartbeat;
+use crate::server::key::Serials;
 use crate::server::per_ip::PerIpLimit;
 use crate::server::pool::BufferPool;
+use crate::server::routes::Routes;
 use crate::server::timer::{Tick, TimerWheel};
 
 const LISTENER: Token = Token(usize::MAX);
@@ -197,6 +199,10 @@ pub struct Server {
     scratch: Box<[u8]>,
     /// See [`Ctx::replies`].
     replies: Vec<u8>,
+    /// Client ids and channel subscriptions.
+    routes: Routes,
+    /// Which connection holds each slot (see [`ConnRef`](crate::protocol::commands::ConnRef)).
+    serials: Serials,
     /// The body of the last `/metrics` answer, its capacity kept.
     page: Vec<u8>,
     timers: TimerWheel,
@@ -322,6 +328,8 @@ impl Server {
             pool: BufferPool::new(config.max_head_bytes, POOL_PREALLOCATED, POOL_MAX_IDLE),
             scratch: vec![0; SCRATCH_BYTES.max(config.max_head_bytes)].into_boxed_slice(),
             replies: Vec::with_capacity(SCRATCH_BYTES),
+            routes: Routes::new(config.max_channels),
+            serials: Serials::default(),
             page: Vec::new(),
             timers: TimerWheel::new(TIMER_RESOLUTION, TIMER_SLOTS, now),
             stats: config.stats_interval.map(|every| StatsLine {
@@ -656,6 +664,7 @@ impl Server {
                 metrics: &self.shared.metrics,
                 tally: &mut self.tally,
                 replies: &mut self.replies,
+                routes: &mut self.routes,
                 now,
                 next_batch: self.stream.next_seq(),
             },
@@ -705,15 +714,8 @@ impl Server {
         if let Some(per_ip) = &mut self.per_ip {
             per_ip.release(key);
         }
-        let metrics = &self.shared.metrics;
-        conn.close(
-            key,
-            reason,
-            &mut self.pool,
-            &mut self.timers,
-            &mut self.tally,
-            metrics,
-        );
+        let mut ctx = self.parts(Instant::now()).ctx;
+        conn.close(key, reason, &mut ctx);
     }
 
     fn close_all(&mut self, reason: CloseReason) {

@@ -4,10 +4,10 @@
 
 use super::{CloseReason, Conn, Ctx, Outgoing, Phase, Verdict};
 use crate::ops::metrics::Metrics;
-use crate::protocol::auth;
 use crate::protocol::http::{
     self, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
 };
+use crate::protocol::query::{self, Limits};
 use crate::protocol::target::RequestTarget;
 use crate::protocol::ws::Decoder;
 use crate::server::heartbeat::Liveness;
@@ -37,9 +37,10 @@ impl Conn {
         match http::parse_request_after(bytes, seen, &rules) {
             Ok(HeadStatus::Partial) => (0, Verdict::Keep),
             Ok(HeadStatus::Upgrade(upgrade, head_len)) => {
+                if let Err(rejection) = self.join(key, &upgrade, ctx) {
+                    return (bytes.len(), self.reject(key, rejection, ctx));
+                }
                 let len = http::write_accept_response(&upgrade.accept, &mut response);
-                // The token, if any, is neither kept nor logged.
-                self.target = RequestTarget::from_parts(auth::without_token(upgrade.target));
                 self.phase = Phase::Open(Decoder::default());
                 self.out.set_next_batch(ctx.next_batch);
                 self.liveness = Liveness::default();
@@ -57,6 +58,43 @@ impl Conn {
             }
             Err(rejection) => (bytes.len(), self.reject(key, rejection, ctx)),
         }
+    }
+
+    /// Takes the client id and channels the upgrade asks for, if they are
+    /// valid and allowed, and enters them in the routes; keeps the target
+    /// without the token (never kept or logged) and the channels.
+    fn join(
+        &mut self,
+        key: ConnKey,
+        upgrade: &http::Upgrade<'_>,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), Rejection> {
+        let config = ctx.config;
+        let grant = upgrade
+            .token
+            .and_then(|index| Some(config.tokens.as_ref()?.grant(index)));
+        let limits = Limits {
+            max_channels: config.max_channels_per_connection,
+            allowed: &config.allowed_channels,
+        };
+        let asked = query::asked(upgrade.target, grant, &limits)?;
+        let mut target = RequestTarget::kept(upgrade.target, None);
+        if target.id().is_none() && asked.id.is_some() {
+            // The id came from the token.
+            target = RequestTarget::kept(upgrade.target, asked.id);
+        }
+        let slot = key.slot();
+        if let Some(id) = asked.id {
+            ctx.routes.add_id(slot, id);
+        }
+        for channel in asked.channels() {
+            if ctx.routes.subscribe(slot, channel).is_err() {
+                ctx.routes.leave(slot, asked.id);
+                return Err(Rejection::ChannelLimit);
+            }
+        }
+        self.target = target;
+        Ok(())
     }
 
     /// Answers with an HTTP error and lingers until the client goes.
