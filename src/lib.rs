@@ -63,7 +63,9 @@ pub use config::{
 };
 pub use ops::metrics::MetricsSnapshot;
 pub use protocol::auth::{TokenError, Tokens};
-pub use protocol::ws::MessageKind;
+pub use protocol::commands::ConnRef;
+pub use protocol::ws::{CloseCode, MessageKind};
 pub use server::{
-    BindError, BroadcastError, ConnKey, ConnectionInfo, Handle, MessageTooBig, Server, ServerGone,
+    BindError, BroadcastError, ConnKey, ConnectionInfo, Handle, MessageTooBig, Recipients, Server,
+    ServerGone,
 };

@@ -142,6 +142,8 @@ metrics! {
     closed_http: Counter "wspush_connections_closed_total" "{reason=\"http\"}" "",
     /// Closed during server shutdown (1001).
     closed_shutdown: Counter "wspush_connections_closed_total" "{reason=\"shutdown\"}" "",
+    /// Closed by a publisher's `close` command (or `Handle::close`).
+    closed_publisher: Counter "wspush_connections_closed_total" "{reason=\"publisher\"}" "",
     /// The peer vanished without a close handshake (EOF, reset or I/O error).
     closed_abnormal: Counter "wspush_connections_closed_total" "{reason=\"abnormal\"}" "",
     /// Broadcast messages encoded (each once).
@@ -166,7 +168,19 @@ metrics! {
     /// microseconds (0 when none waits).
     broadcast_queue_age_us: Gauge "wspush_broadcast_queue_age_microseconds" "" "Age of the oldest broadcast not yet sent.",
     /// Input lines not broadcast (invalid UTF-8, or over the message limit).
-    input_lines_rejected: Counter "wspush_input_lines_rejected_total" "" "Input lines skipped (invalid UTF-8 or too long).",
+    input_lines_rejected: Counter "wspush_input_lines_rejected_total" "" "Input lines skipped (invalid UTF-8, too long, or not a command).",
+    /// Messages and commands for some connections that reached none here:
+    /// an id, channel or connection key with no open connection (under
+    /// `--processes`, those of the other instances).
+    commands_unmatched: Counter "wspush_commands_unmatched_total" "" "Targeted messages and commands that reached no connection here.",
+    /// Subscriptions refused because the server holds its maximum of channels.
+    subscriptions_refused: Counter "wspush_subscriptions_refused_total" "" "Subscriptions refused at the channel limit.",
+    /// Channels with at least one subscriber now.
+    channels: Gauge "wspush_channels" "" "Channels with at least one subscriber.",
+    /// Subscriptions (connection and channel) held now.
+    subscriptions: Gauge "wspush_subscriptions" "" "Subscriptions held (a connection in a channel).",
+    /// Open connections with a client id now.
+    connections_with_id: Gauge "wspush_connections_with_id" "" "Connections with a client id.",
     /// Broadcast frames handed to connections (written or queued).
     broadcast_deliveries: Counter "wspush_broadcast_deliveries_total" "" "Broadcast frames handed to connections.",
     /// Broadcast frames a connection did not get because its queue was full

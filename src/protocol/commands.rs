@@ -310,10 +310,16 @@ fn code_arg(code: &str) -> Result<CloseCode, CommandError> {
         .then(|| code.parse().ok())
         .flatten()
         .ok_or(CommandError::BadCode)?;
-    match code {
-        1000..=1003 | 1007..=1011 | 3000..=4999 => Ok(CloseCode(code)),
-        _ => Err(CommandError::BadCode),
-    }
+    Some(CloseCode(code))
+        .filter(|&code| may_send(code))
+        .ok_or(CommandError::BadCode)
+}
+
+/// Whether a server may close with `code` on a publisher's word: 1000–1003,
+/// 1007–1011 or 3000–4999 (RFC 6455 §7.4; not the codes that must never
+/// be sent, nor those only the server's own failures use).
+pub fn may_send(code: CloseCode) -> bool {
+    matches!(code.0, 1000..=1003 | 1007..=1011 | 3000..=4999)
 }
 
 #[cfg(test)]

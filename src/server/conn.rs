@@ -62,6 +62,8 @@ pub enum CloseReason {
     Http,
     /// The server is shutting down (1001).
     Shutdown,
+    /// A publisher closed it (`close`, or `Handle::close`).
+    Publisher,
     /// The TCP connection ended without a close handshake.
     Abnormal,
 }
@@ -80,6 +82,7 @@ impl CloseReason {
             CloseReason::HandshakeTimeout => &metrics.closed_handshake_timeout,
             CloseReason::Rejected => &metrics.closed_rejected,
             CloseReason::Shutdown => &metrics.closed_shutdown,
+            CloseReason::Publisher => &metrics.closed_publisher,
             CloseReason::Abnormal => &metrics.closed_abnormal,
         }
     }
@@ -246,6 +249,11 @@ impl Conn {
     /// until the handshake completes.
     pub fn target(&self) -> &str {
         self.target.as_str()
+    }
+
+    /// Its client id, if it has one.
+    pub fn id(&self) -> Option<&str> {
+        self.target.id()
     }
 
     /// Whether the connection is upgraded and not closing.

@@ -62,6 +62,17 @@ impl Stream {
         &self.log[from.min(self.log.len())..]
     }
 
+    /// The batches from `from` up to (not including) `to`.
+    pub fn between(&self, from: Seq, to: Seq) -> &[SharedFrames] {
+        let start = from.wrapping_sub(self.first) as usize;
+        let end = to.wrapping_sub(self.first) as usize;
+        debug_assert!(
+            start <= end && end <= self.log.len(),
+            "bug: outside the stream"
+        );
+        &self.log[start.min(end)..end.min(self.log.len())]
+    }
+
     /// The pass under way, if any.
     pub fn pass(&self) -> Option<Pass> {
         self.pass

@@ -1,6 +1,7 @@
-//! Broadcasts on their way into the loop: [`Handle`](crate::Handle)s queue
-//! them from any thread, the loop takes them in order and frames whatever
-//! is waiting into one batch.
+//! Commands on their way into the loop: [`Handle`](crate::Handle)s queue
+//! them from any thread (messages, to everyone or to some, subscription
+//! changes, closes), the loop takes them in order and frames the messages
+//! waiting side by side with the same recipients into one batch.
 //!
 //! The queue is bounded by bytes ([`Gate`]): a producer that gets
 //! `max_pending_bytes` ahead of the loop waits for room, so a feed faster
@@ -14,7 +15,8 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::protocol::ws::MessageKind;
+use crate::protocol::commands::ConnRef;
+use crate::protocol::ws::{CloseCode, MessageKind};
 use crate::server::frames::{encoded_len, SharedFrames};
 
 /// Bytes a queued broadcast is charged besides its payload: its slot in
@@ -22,27 +24,97 @@ use crate::server::frames::{encoded_len, SharedFrames};
 /// empty messages cannot queue without bound.
 pub const COMMAND_OVERHEAD: usize = 64;
 
-/// A broadcast a handle queued for the loop.
+/// Who a message (or a close) is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recipients {
+    /// Every open connection.
+    All,
+    /// The subscribers of any of these channels, each once.
+    Channels(Vec<String>),
+    /// Every connection of this client id.
+    Id(String),
+    /// One connection.
+    Conn(ConnRef),
+}
+
+impl Recipients {
+    fn names_len(&self) -> usize {
+        match self {
+            Recipients::All | Recipients::Conn(_) => 0,
+            Recipients::Channels(names) => names.iter().map(String::len).sum(),
+            Recipients::Id(id) => id.len(),
+        }
+    }
+}
+
+/// What a command asks the loop to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send a message.
+    Send {
+        /// Who gets it.
+        to: Recipients,
+        /// Text or binary.
+        kind: MessageKind,
+        /// The message.
+        payload: Vec<u8>,
+    },
+    /// Subscribe (`true`) or unsubscribe a client's connections.
+    Subscribe {
+        /// Subscribe, or unsubscribe.
+        on: bool,
+        /// The client id.
+        id: String,
+        /// The channels.
+        channels: Vec<String>,
+    },
+    /// Close connections with a close frame.
+    Close {
+        /// Whose.
+        whom: Recipients,
+        /// The close code.
+        code: CloseCode,
+        /// The reason (at most 123 bytes).
+        reason: String,
+    },
+}
+
+impl Action {
+    /// What it is charged against the byte bound.
+    pub fn cost(&self) -> usize {
+        COMMAND_OVERHEAD
+            + match self {
+                Action::Send { to, payload, .. } => payload.len() + to.names_len(),
+                Action::Subscribe { id, channels, .. } => {
+                    id.len() + channels.iter().map(String::len).sum::<usize>()
+                }
+                Action::Close { whom, reason, .. } => whom.names_len() + reason.len(),
+            }
+    }
+}
+
+/// A command a handle queued for the loop.
 #[derive(Debug)]
 pub struct Command {
-    /// Text or binary.
-    pub kind: MessageKind,
-    /// The message.
-    pub payload: Vec<u8>,
-    /// When it was queued (for the age of the oldest pending broadcast).
+    /// What to do.
+    pub action: Action,
+    /// When it was queued (for the age of the oldest pending command).
     pub queued_at: Instant,
 }
 
 impl Command {
     /// What it is charged against the byte bound.
     pub fn cost(&self) -> usize {
-        cost(self.payload.len())
+        self.action.cost()
     }
-}
 
-/// What a broadcast of `payload_len` bytes is charged against the bound.
-pub fn cost(payload_len: usize) -> usize {
-    payload_len + COMMAND_OVERHEAD
+    /// The recipients, if it sends a message.
+    fn sends_to(&self) -> Option<&Recipients> {
+        match &self.action {
+            Action::Send { to, .. } => Some(to),
+            _ => None,
+        }
+    }
 }
 
 /// The queue was closed: the server is gone.
@@ -154,10 +226,21 @@ impl Gate {
 /// A batch framed from the front of the queue.
 #[derive(Debug)]
 pub struct Batch {
+    /// Who the messages are for (all of them the same).
+    pub to: Recipients,
     /// The messages' frames, back to back.
     pub frames: SharedFrames,
     /// Bytes given back to the gate for them.
     pub cost: usize,
+}
+
+/// What the front of the queue came to.
+#[derive(Debug)]
+pub enum Taken {
+    /// Messages framed together.
+    Batch(Batch),
+    /// A subscription change or a close, and what it cost.
+    Control(Action, usize),
 }
 
 /// The loop's side: broadcasts taken from the channel, oldest first.
@@ -198,30 +281,44 @@ impl Feed {
         })
     }
 
-    /// Frames the broadcasts at the front into one batch: as many as fit in
-    /// `max_bytes` of frames (at least one) and at most `max_count`. `None`
-    /// when nothing is waiting or `max_count` is 0.
-    pub fn next_batch(&mut self, max_bytes: usize, max_count: u64) -> Option<Batch> {
+    /// Takes the command at the front: a subscription change or a close
+    /// alone, or the messages there for the same recipients framed into
+    /// one batch, as many as fit in `max_bytes` of frames (at least one)
+    /// and at most `max_count` commands. `None` when nothing is waiting
+    /// or `max_count` is 0.
+    pub fn next(&mut self, max_bytes: usize, max_count: u64) -> Option<Taken> {
+        if max_count == 0 {
+            return None;
+        }
+        let front = self.queue.front()?;
+        let Some(to) = front.sends_to() else {
+            let command = self.queue.pop_front().expect("a front");
+            let cost = command.cost();
+            return Some(Taken::Control(command.action, cost));
+        };
         let mut count = 0;
         let mut size = 0;
-        for command in self
-            .queue
-            .iter()
-            .take(max_count.try_into().unwrap_or(usize::MAX))
-        {
-            size += encoded_len(command.payload.len());
-            if count > 0 && size > max_bytes {
+        let max_count = max_count.try_into().unwrap_or(usize::MAX);
+        for command in self.queue.iter().take(max_count) {
+            let Action::Send {
+                to: next, payload, ..
+            } = &command.action
+            else {
+                break;
+            };
+            size += encoded_len(payload.len());
+            if next != to || (count > 0 && size > max_bytes) {
                 break;
             }
             count += 1;
         }
-        if count == 0 {
-            return None;
-        }
-        let taken = self.queue.range(..count);
-        let frames = SharedFrames::encode_all(taken.map(|c| (c.kind.opcode(), &c.payload[..])));
+        let to = to.clone();
+        let frames = SharedFrames::encode_all(self.queue.range(..count).map(|c| match &c.action {
+            Action::Send { kind, payload, .. } => (kind.opcode(), &payload[..]),
+            _ => unreachable!("only sends are framed"),
+        }));
         let cost = self.queue.drain(..count).map(|c| c.cost()).sum();
-        Some(Batch { frames, cost })
+        Some(Taken::Batch(Batch { to, frames, cost }))
     }
 
     /// Empties the queue and the channel without sending; returns how many
@@ -240,11 +337,25 @@ mod tests {
     use std::sync::mpsc;
     use std::sync::Arc;
 
-    fn text(payload: &str) -> Command {
+    fn send(to: Recipients, payload: &str) -> Command {
         Command {
-            kind: MessageKind::Text,
-            payload: payload.as_bytes().to_vec(),
+            action: Action::Send {
+                to,
+                kind: MessageKind::Text,
+                payload: payload.as_bytes().to_vec(),
+            },
             queued_at: Instant::now(),
+        }
+    }
+
+    fn text(payload: &str) -> Command {
+        send(Recipients::All, payload)
+    }
+
+    fn batch(taken: Option<Taken>) -> Batch {
+        match taken {
+            Some(Taken::Batch(batch)) => batch,
+            other => panic!("not a batch: {other:?}"),
         }
     }
 
@@ -255,19 +366,16 @@ mod tests {
         for payload in ["a", "bb", "ccc", &"d".repeat(200)] {
             sender.send(text(payload)).unwrap();
         }
-        assert!(
-            feed.next_batch(1 << 20, u64::MAX).is_none(),
-            "not taken yet"
-        );
+        assert!(feed.next(1 << 20, u64::MAX).is_none(), "not taken yet");
         feed.take_arrivals();
         // 3 + 4 + 5 = 12 bytes of frames fit in 12; the 204-byte one does not.
-        let batch = feed.next_batch(12, u64::MAX).unwrap();
-        assert_eq!(batch.frames.bytes(), b"\x81\x01a\x81\x02bb\x81\x03ccc");
-        assert_eq!(batch.cost, 6 + 3 * COMMAND_OVERHEAD);
+        let first = batch(feed.next(12, u64::MAX));
+        assert_eq!(first.frames.bytes(), b"\x81\x01a\x81\x02bb\x81\x03ccc");
+        assert_eq!(first.cost, 6 + 3 * COMMAND_OVERHEAD);
         // Alone, a batch may be larger than the bound.
-        let big = feed.next_batch(12, u64::MAX).unwrap();
+        let big = batch(feed.next(12, u64::MAX));
         assert_eq!((big.frames.count(), big.frames.bytes().len()), (1, 204));
-        assert!(feed.next_batch(12, u64::MAX).is_none());
+        assert!(feed.next(12, u64::MAX).is_none());
     }
 
     #[test]
@@ -278,10 +386,55 @@ mod tests {
             sender.send(text("x")).unwrap();
         }
         feed.take_arrivals();
-        assert!(feed.next_batch(1 << 20, 0).is_none());
-        assert_eq!(feed.next_batch(1 << 20, 2).unwrap().frames.count(), 2);
-        assert_eq!(feed.discard_all(), (3, 3 * cost(1)));
+        assert!(feed.next(1 << 20, 0).is_none());
+        assert_eq!(batch(feed.next(1 << 20, 2)).frames.count(), 2);
+        assert_eq!(feed.discard_all(), (3, 3 * (1 + COMMAND_OVERHEAD)));
         assert!(feed.is_empty());
+    }
+
+    #[test]
+    fn a_batch_holds_messages_for_the_same_recipients_and_stops_at_a_control() {
+        let (sender, receiver) = mpsc::channel();
+        let mut feed = Feed::new(receiver);
+        let news = || Recipients::Channels(vec!["news".into()]);
+        let close = Action::Close {
+            whom: Recipients::Id("bob".into()),
+            code: CloseCode::NORMAL,
+            reason: "bye".into(),
+        };
+        for command in [
+            send(news(), "a"),
+            send(news(), "b"),
+            text("c"),
+            send(news(), "d"),
+            Command {
+                action: close.clone(),
+                queued_at: Instant::now(),
+            },
+            send(news(), "e"),
+        ] {
+            sender.send(command).unwrap();
+        }
+        feed.take_arrivals();
+        let first = batch(feed.next(1 << 20, u64::MAX));
+        assert_eq!(
+            (first.to, first.frames.bytes()),
+            (news(), &b"\x81\x01a\x81\x01b"[..])
+        );
+        assert_eq!(first.cost, 2 * (1 + 4 + COMMAND_OVERHEAD));
+        assert_eq!(batch(feed.next(1 << 20, u64::MAX)).to, Recipients::All);
+        assert_eq!(batch(feed.next(1 << 20, u64::MAX)).frames.count(), 1);
+        match feed.next(1 << 20, u64::MAX) {
+            Some(Taken::Control(action, cost)) => {
+                assert_eq!(cost, 3 + 3 + COMMAND_OVERHEAD);
+                assert_eq!(action, close);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            batch(feed.next(1 << 20, u64::MAX)).frames.bytes(),
+            b"\x81\x01e"
+        );
     }
 
     #[test]

@@ -9,9 +9,11 @@ use std::time::Instant;
 use mio::Waker;
 
 use crate::ops::metrics::{LoopHistogram, Metrics, MetricsSnapshot};
-use crate::protocol::ws::MessageKind;
+use crate::protocol::commands::{self, MAX_REASON_LEN};
+use crate::protocol::names::{self, NameError};
+use crate::protocol::ws::{CloseCode, MessageKind};
 use crate::server::check_message_limit;
-use crate::server::feed::{self, Command, Gate};
+use crate::server::feed::{Action, Command, Gate, Recipients};
 
 /// State shared between the loop and its handles.
 #[derive(Debug)]
@@ -89,13 +91,32 @@ impl std::fmt::Display for MessageTooBig {
 
 impl std::error::Error for MessageTooBig {}
 
-/// Why a handle's broadcast was not queued.
+/// Why a handle's message or command was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BroadcastError {
     /// It is over the message limit.
     TooBig(MessageTooBig),
     /// The loop has stopped.
     Gone(ServerGone),
+    /// A channel name or client id is not valid.
+    BadName(NameError),
+    /// A close code a server may not send, or a reason over 123 bytes.
+    BadClose,
+}
+
+impl From<NameError> for BroadcastError {
+    fn from(e: NameError) -> Self {
+        BroadcastError::BadName(e)
+    }
+}
+
+/// Checks the names in `to`.
+fn check_recipients(to: &Recipients) -> Result<(), NameError> {
+    match to {
+        Recipients::All | Recipients::Conn(_) => Ok(()),
+        Recipients::Id(id) => names::check(id),
+        Recipients::Channels(channels) => channels.iter().try_for_each(|c| names::check(c)),
+    }
 }
 
 impl std::fmt::Display for BroadcastError {
@@ -103,6 +124,10 @@ impl std::fmt::Display for BroadcastError {
         match self {
             BroadcastError::TooBig(e) => e.fmt(f),
             BroadcastError::Gone(e) => e.fmt(f),
+            BroadcastError::BadName(e) => write!(f, "a channel name or id {e}"),
+            BroadcastError::BadClose => f.write_str(
+                "a close code is 1000-1003, 1007-1011 or 3000-4999, with at most 123 bytes of reason",
+            ),
         }
     }
 }
@@ -136,12 +161,12 @@ impl Handle {
     /// message over `max_message_bytes` is not queued: it is counted in
     /// `broadcasts_rejected`, logged, and [`BroadcastError::TooBig`].
     pub fn broadcast_text(&self, text: impl Into<String>) -> Result<(), BroadcastError> {
-        self.send(MessageKind::Text, text.into().into_bytes())
+        self.broadcast(MessageKind::Text, text.into().into_bytes())
     }
 
     /// Queues a binary message for every open connection (see [`Handle::broadcast_text`]).
     pub fn broadcast_binary(&self, bytes: impl Into<Vec<u8>>) -> Result<(), BroadcastError> {
-        self.send(MessageKind::Binary, bytes.into())
+        self.broadcast(MessageKind::Binary, bytes.into())
     }
 
     /// Asks the loop to shut down: stop accepting, close every connection
@@ -178,27 +203,93 @@ impl Handle {
         Metrics::incr(&self.shared.metrics.input_lines_rejected);
     }
 
-    fn send(&self, kind: MessageKind, payload: Vec<u8>) -> Result<(), BroadcastError> {
+    /// Sends a message to `to`, after everything queued before it:
+    /// [`Handle::broadcast_text`] for everyone, or to the subscribers of
+    /// channels, the connections of a client id, or one connection. Waits
+    /// while the queue is full, like a broadcast.
+    pub fn send(
+        &self,
+        to: Recipients,
+        kind: MessageKind,
+        payload: impl Into<Vec<u8>>,
+    ) -> Result<(), BroadcastError> {
+        check_recipients(&to)?;
+        let payload = payload.into();
         let shared = &self.shared;
         check_message_limit(&payload, shared.max_message_bytes, &shared.metrics)?;
+        Ok(self.queue(Action::Send { to, kind, payload })?)
+    }
+
+    /// Subscribes the connections of client `id` to `channels` (those
+    /// open when the loop takes the command).
+    pub fn subscribe(&self, id: &str, channels: &[&str]) -> Result<(), BroadcastError> {
+        self.change_subscription(true, id, channels)
+    }
+
+    /// Unsubscribes the connections of client `id` from `channels`.
+    pub fn unsubscribe(&self, id: &str, channels: &[&str]) -> Result<(), BroadcastError> {
+        self.change_subscription(false, id, channels)
+    }
+
+    fn change_subscription(
+        &self,
+        on: bool,
+        id: &str,
+        channels: &[&str],
+    ) -> Result<(), BroadcastError> {
+        names::check(id)?;
+        channels.iter().try_for_each(|c| names::check(c))?;
+        let channels = channels.iter().map(|c| c.to_string()).collect();
+        Ok(self.queue(Action::Subscribe {
+            on,
+            id: id.into(),
+            channels,
+        })?)
+    }
+
+    /// Closes the connections of `whom` with a close frame carrying
+    /// `code` and `reason`, after what was queued for them before.
+    pub fn close(
+        &self,
+        whom: Recipients,
+        code: CloseCode,
+        reason: &str,
+    ) -> Result<(), BroadcastError> {
+        check_recipients(&whom)?;
+        if !commands::may_send(code) || reason.len() > MAX_REASON_LEN {
+            return Err(BroadcastError::BadClose);
+        }
+        Ok(self.queue(Action::Close {
+            whom,
+            code,
+            reason: reason.into(),
+        })?)
+    }
+
+    fn broadcast(&self, kind: MessageKind, payload: Vec<u8>) -> Result<(), BroadcastError> {
+        self.send(Recipients::All, kind, payload)
+    }
+
+    /// Queues `action` for the loop, waiting for room.
+    fn queue(&self, action: Action) -> Result<(), ServerGone> {
+        let shared = &self.shared;
         let queued = &shared.broadcasts_queued;
         queued.fetch_add(1, Ordering::AcqRel);
-        let cost = feed::cost(payload.len());
+        let cost = action.cost();
         if shared.gate.acquire(cost).is_err() {
             queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(ServerGone.into());
+            return Err(ServerGone);
         }
         let command = Command {
-            kind,
-            payload,
+            action,
             queued_at: Instant::now(),
         };
         if self.commands.send(command).is_err() {
             shared.gate.release(cost);
             queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(ServerGone.into());
+            return Err(ServerGone);
         }
-        Ok(self.wake()?)
+        self.wake()
     }
 
     fn wake(&self) -> Result<(), ServerGone> {

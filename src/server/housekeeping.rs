@@ -92,6 +92,12 @@ impl Server {
             &metrics.broadcast_producers_waiting,
             self.shared.gate.waiters() as u64,
         );
+        Metrics::set(&metrics.channels, self.routes.channel_count() as u64);
+        Metrics::set(
+            &metrics.subscriptions,
+            self.routes.subscription_count() as u64,
+        );
+        Metrics::set(&metrics.connections_with_id, self.routes.id_count() as u64);
         let age = self.feed.oldest_age(now).as_micros();
         Metrics::set(
             &metrics.broadcast_queue_age_us,

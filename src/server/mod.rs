@@ -39,12 +39,14 @@ pub(crate) mod output;
 mod per_ip;
 mod pool;
 mod routes;
+mod targeted;
 mod timer;
 
 use crate::config::{Config, ConfigError};
 use crate::ops::metrics::{LoopHistogram, LoopMax, Metrics, MetricsSnapshot, Tally};
 use crate::protocol::ws::{CloseCode, MessageKind};
 use accept::{listen, Door};
+pub use feed::Recipients;
 use handle::Shared;
 pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone};
 use housekeeping::StatsLine;
@@ -54,12 +56,13 @@ use crate::server::alarm::Alarm;
 use crate::server::batching::Batching;
 use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
 use crate::server::fanout::Stream;
-use crate::server::feed::{Command, Feed, Gate};
+use crate::server::feed::{Action, Command, Feed, Gate, Taken};
 use crate::server::heartbeat::Heartbeat;
 use crate::server::key::Serials;
 use crate::server::per_ip::PerIpLimit;
 use crate::server::pool::BufferPool;
 use crate::server::routes::Routes;
+use crate::server::targeted::Targeted;
 use crate::server::timer::{Tick, TimerWheel};
 
 const LISTENER: Token = Token(usize::MAX);
@@ -201,6 +204,8 @@ pub struct Server {
     replies: Vec<u8>,
     /// Client ids and channel subscriptions.
     routes: Routes,
+    /// Messages and closes for some connections, on their way.
+    targeted: Targeted,
     /// Which connection holds each slot (see [`ConnRef`](crate::protocol::commands::ConnRef)).
     serials: Serials,
     /// The body of the last `/metrics` answer, its capacity kept.
@@ -214,7 +219,7 @@ pub struct Server {
     /// Broadcasts may have arrived on the channel (the waker fired).
     commands_pending: bool,
     /// Broadcasts framed into batches so far.
-    broadcasts_sent: u64,
+    commands_taken: u64,
     /// The broadcast batches, and the pass carrying them to the connections.
     stream: Stream,
     /// When the loop saw a handle's shutdown request.
@@ -251,7 +256,7 @@ impl Drop for Server {
         let shared = &self.shared;
         shared
             .broadcasts_taken
-            .store(self.broadcasts_sent, Ordering::Relaxed);
+            .store(self.commands_taken, Ordering::Relaxed);
         shared.gone.store(true, Ordering::Release);
         shared.gate.close();
     }
@@ -329,6 +334,7 @@ impl Server {
             scratch: vec![0; SCRATCH_BYTES.max(config.max_head_bytes)].into_boxed_slice(),
             replies: Vec::with_capacity(SCRATCH_BYTES),
             routes: Routes::new(config.max_channels),
+            targeted: Targeted::default(),
             serials: Serials::default(),
             page: Vec::new(),
             timers: TimerWheel::new(TIMER_RESOLUTION, TIMER_SLOTS, now),
@@ -342,7 +348,7 @@ impl Server {
             feed: Feed::new(commands),
             command_sender,
             commands_pending: false,
-            broadcasts_sent: 0,
+            commands_taken: 0,
             stream: Stream::default(),
             shutdown_seen: None,
             read_again: Vec::new(),
@@ -481,17 +487,21 @@ impl Server {
         let shared = &self.shared;
         check_message_limit(payload, shared.max_message_bytes, &shared.metrics)?;
         shared.broadcasts_queued.fetch_add(1, Ordering::AcqRel);
-        shared.gate.force_acquire(feed::cost(payload.len()));
-        let now = Instant::now();
-        self.feed.push(Command {
+        let action = Action::Send {
+            to: Recipients::All,
             kind,
             payload: payload.to_vec(),
+        };
+        shared.gate.force_acquire(action.cost());
+        let now = Instant::now();
+        self.feed.push(Command {
+            action,
             queued_at: now,
         });
         if self.stream.pass().is_none() {
             self.advance_broadcasts(now);
         } else {
-            self.frame_waiting();
+            self.frame_waiting(now);
         }
         // Outside an iteration: what the slice did is published here.
         self.publish_metrics(now);
@@ -511,7 +521,7 @@ impl Server {
         if shutdown_after != u64::MAX {
             let seen = *self.shutdown_seen.get_or_insert(now);
             let flush_until = seen + self.config.shutdown_timeout / 2;
-            if self.broadcasts_sent >= shutdown_after || now >= flush_until {
+            if self.commands_taken >= shutdown_after || now >= flush_until {
                 // Nothing more is framed; what was goes out first.
                 self.abandon_commands();
                 if !self.stream.is_busy() {
@@ -520,27 +530,51 @@ impl Server {
                 return self.fan_out_slice(now);
             }
         }
-        self.frame_waiting();
+        self.frame_waiting(now);
         self.fan_out_slice(now);
     }
 
-    /// Frames the broadcasts waiting (up to those queued before a
-    /// shutdown, if one was asked for) into batches at the end of the stream.
-    fn frame_waiting(&mut self) {
+    /// Takes the commands waiting (up to those queued before a shutdown,
+    /// if one was asked for), in order: broadcasts are framed into batches
+    /// at the end of the stream, messages for some connections into
+    /// batches addressed to them, subscription changes are made; then the
+    /// addressed batches and closes are delivered, once per connection.
+    fn frame_waiting(&mut self, now: Instant) {
         let shutdown_after = self.shared.shutdown_after.load(Ordering::Acquire);
         loop {
-            let allowed = shutdown_after.saturating_sub(self.broadcasts_sent);
-            let Some(batch) = self.feed.next_batch(MAX_BATCH_BYTES, allowed) else {
-                return;
+            let allowed = shutdown_after.saturating_sub(self.commands_taken);
+            let Some(taken) = self.feed.next(MAX_BATCH_BYTES, allowed) else {
+                break;
             };
-            self.shared.gate.release(batch.cost);
-            let count = batch.frames.count() as u64;
-            self.broadcasts_sent += count;
             let metrics = &self.shared.metrics;
-            Metrics::add(&metrics.broadcasts, count);
-            Metrics::incr(&metrics.broadcast_batches);
-            self.stream.push(batch.frames);
+            match taken {
+                Taken::Batch(batch) => {
+                    self.shared.gate.release(batch.cost);
+                    let count = batch.frames.count() as u64;
+                    self.commands_taken += count;
+                    Metrics::add(&metrics.broadcasts, count);
+                    Metrics::incr(&metrics.broadcast_batches);
+                    match batch.to {
+                        Recipients::All => self.stream.push(batch.frames),
+                        to => self.address_frames(&to, batch.frames),
+                    }
+                }
+                Taken::Control(action, cost) => {
+                    self.shared.gate.release(cost);
+                    self.commands_taken += 1;
+                    match action {
+                        Action::Subscribe { on, id, channels } => {
+                            self.change_subscription(on, &id, &channels)
+                        }
+                        Action::Close { whom, code, reason } => {
+                            self.address_close(&whom, code, &reason)
+                        }
+                        Action::Send { .. } => unreachable!("sends come framed"),
+                    }
+                }
+            }
         }
+        self.deliver_targeted(now);
     }
 
     /// Carries the pass one slice further (starting one if a connection
@@ -805,7 +839,7 @@ pub(super) fn check_message_limit(
 
 /// Registers or drops writable interest when the connection's output
 /// queue changed between empty and not; `false` if the registry failed.
-fn sync_interest(registry: &Registry, key: ConnKey, conn: &mut Conn) -> bool {
+pub(super) fn sync_interest(registry: &Registry, key: ConnKey, conn: &mut Conn) -> bool {
     let Some(want_writable) = conn.interest_change() else {
         return true;
     };

@@ -1,12 +1,24 @@
-//! Standard input to broadcasts: each line, judged by the rules of
-//! [`wspush::protocol::lines`], is broadcast through a [`Handle`]; skipped
-//! lines are logged and counted in `input_lines_rejected`. End of input
-//! ends the pump, not the server.
+//! Standard input to the loop. In `lines` mode each line, judged by the
+//! rules of [`wspush::protocol::lines`], is broadcast; in `commands` mode
+//! each line is a command of [`wspush::protocol::commands`]. Either way
+//! the work goes through a [`Handle`], and a skipped line is logged with
+//! its number and counted in `input_lines_rejected`. End of input ends
+//! the pump, not the server.
 
 use std::io::{self, BufRead};
 
+use wspush::protocol::commands::{self, Audience, Closing, Command, Payload};
 use wspush::protocol::lines::{Line, Lines};
-use wspush::{BroadcastError, Handle, ServerGone};
+use wspush::{BroadcastError, Handle, MessageKind, Recipients, ServerGone};
+
+/// What a line of input is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum InputMode {
+    /// Each line is a text message to every connection.
+    Lines,
+    /// Each line is a command (see the README).
+    Commands,
+}
 
 /// How reading the input ended.
 #[derive(Debug)]
@@ -19,20 +31,36 @@ pub enum PumpEnd {
     Failed(io::Error),
 }
 
-/// Reads `input` to its end, broadcasting each line through `handle` in
-/// order; lines longer than `max_line_bytes` are skipped.
-pub fn pump_lines(input: impl BufRead, handle: &Handle, max_line_bytes: usize) -> PumpEnd {
+/// The longest line read in `mode` for messages of `max_message_bytes`:
+/// in commands mode the payload may be base64 (4/3 as long) after a
+/// verb and up to 64 KiB of names.
+pub fn max_line_bytes(mode: InputMode, max_message_bytes: usize) -> usize {
+    match mode {
+        InputMode::Lines => max_message_bytes,
+        InputMode::Commands => max_message_bytes.div_ceil(3) * 4 + (64 << 10),
+    }
+}
+
+/// Reads `input` to its end, handing each line to `handle` in order, as
+/// `mode` says; lines longer than `max_line_bytes` are skipped.
+pub fn pump(
+    input: impl BufRead,
+    handle: &Handle,
+    mode: InputMode,
+    max_line_bytes: usize,
+) -> PumpEnd {
     let mut lines = Lines::new(input, max_line_bytes);
     loop {
         let text = match lines.next_line() {
             Ok(None) => return PumpEnd::Eof,
             Ok(Some(Line::Text(text))) => text,
             Ok(Some(Line::TooLong)) => {
-                reject(
-                    handle,
-                    lines.number(),
-                    &format!("longer than the {max_line_bytes}-byte message limit"),
-                );
+                let limit = match mode {
+                    InputMode::Lines => "message",
+                    InputMode::Commands => "command line",
+                };
+                let why = format!("longer than the {max_line_bytes}-byte {limit} limit");
+                reject(handle, lines.number(), &why);
                 continue;
             }
             Ok(Some(Line::NotUtf8)) => {
@@ -41,12 +69,55 @@ pub fn pump_lines(input: impl BufRead, handle: &Handle, max_line_bytes: usize) -
             }
             Err(e) => return PumpEnd::Failed(e),
         };
-        match handle.broadcast_text(text) {
+        let done = match mode {
+            InputMode::Lines => handle.broadcast_text(text),
+            InputMode::Commands => match commands::parse(&text) {
+                Ok(command) => carry_out(handle, command),
+                Err(e) => {
+                    reject(handle, lines.number(), &e.to_string());
+                    continue;
+                }
+            },
+        };
+        match done {
             Ok(()) => {}
             Err(BroadcastError::Gone(ServerGone)) => return PumpEnd::ServerGone,
-            // Longer lines were skipped above; counted and logged by the
-            // handle if the limits ever differ.
+            // Counted and logged by the handle (over the message limit).
             Err(BroadcastError::TooBig(_)) => {}
+            Err(e) => reject(handle, lines.number(), &e.to_string()),
+        }
+    }
+}
+
+/// Hands a parsed command to the loop.
+fn carry_out(handle: &Handle, command: Command<'_>) -> Result<(), BroadcastError> {
+    match command {
+        Command::Send { to, payload } => {
+            let to = match to {
+                Audience::All => Recipients::All,
+                Audience::Channels(channels) => {
+                    Recipients::Channels(channels.iter().map(String::from).collect())
+                }
+                Audience::Id(id) => Recipients::Id(id.into()),
+                Audience::Conn(conn) => Recipients::Conn(conn),
+            };
+            match payload {
+                Payload::Text(text) => handle.send(to, MessageKind::Text, text.as_bytes()),
+                Payload::Binary(bytes) => handle.send(to, MessageKind::Binary, bytes),
+            }
+        }
+        Command::Subscribe { id, channels } => {
+            handle.subscribe(id, &channels.iter().collect::<Vec<_>>())
+        }
+        Command::Unsubscribe { id, channels } => {
+            handle.unsubscribe(id, &channels.iter().collect::<Vec<_>>())
+        }
+        Command::Close { who, code, reason } => {
+            let whom = match who {
+                Closing::Id(id) => Recipients::Id(id.into()),
+                Closing::Conn(conn) => Recipients::Conn(conn),
+            };
+            handle.close(whom, code, reason)
         }
     }
 }

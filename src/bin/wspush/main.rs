@@ -13,9 +13,10 @@ use clap::{Parser, ValueEnum};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use socket2::{Domain, Socket, Type};
+use wspush::protocol::names::Pattern;
 use wspush::sys::raise_open_file_limit;
 
-use input::{pump_lines, PumpEnd};
+use input::{InputMode, PumpEnd};
 use rlimit::{connection_capacity, instances_for};
 use supervisor::{OnExit, Policy, Supervisor, INSTANCE_ENV};
 
@@ -100,8 +101,27 @@ struct Cli {
     allow_origin: Vec<String>,
     /// Require one of the tokens in this file (one per line, # comments),
     /// as `Authorization: Bearer TOKEN` or `?token=TOKEN`; missing or wrong gets HTTP 401.
+    /// A line may go on with channels=PATTERN,... (the channels it may ask
+    /// for) and id=ID (the client id it must use).
     #[arg(long, value_name = "PATH")]
     token_file: Option<PathBuf>,
+    /// What a line of standard input is: `lines`, a text message to every
+    /// connection; `commands`, a command (all, pub, id, conn, sub, unsub,
+    /// close: see the README).
+    #[arg(long, value_name = "MODE", value_enum, default_value = "lines")]
+    input: InputMode,
+    /// Channels a client may ask for with ?channel= unless its token grants
+    /// its own (repeatable; * stands for any run, e.g. news.*); others get
+    /// HTTP 403. Unset: any channel.
+    #[arg(long, value_name = "PATTERN", value_parser = channel_pattern)]
+    allow_channel: Vec<Pattern>,
+    /// Most channels one upgrade may ask for; more get HTTP 400.
+    #[arg(long, value_name = "N", default_value = "16", value_parser = positive)]
+    max_channels_per_connection: usize,
+    /// Most channels an instance holds (a channel lives while it has a
+    /// subscriber); an upgrade that would make more gets HTTP 503.
+    #[arg(long, value_name = "N", default_value = "100000", value_parser = positive)]
+    max_channels: usize,
     /// Serve /metrics and /healthz on this address (e.g. 127.0.0.1:9100)
     /// instead of on --listen. With --processes, instance K listens on PORT+K-1.
     #[arg(long, value_name = "ADDR")]
@@ -324,6 +344,10 @@ fn config(cli: &Cli) -> Result<Config, String> {
         allowed_origins: cli.allow_origin.clone(),
         tokens,
         metrics_listen: cli.metrics_listen.map(instance_metrics_address),
+        allowed_channels: cli.allow_channel.clone(),
+        max_channels_per_connection: cli.max_channels_per_connection,
+        max_channels: cli.max_channels,
+        instance: instance_number().map_or(0, u32::from),
         stats_interval: (!cli.quiet).then_some(cli.stats_interval),
         batch_delay: cli.batch_delay,
         ..Config::default()
@@ -337,13 +361,20 @@ fn config(cli: &Cli) -> Result<Config, String> {
 /// Under a supervisor, instance K (from 1) serves metrics on PORT+K-1, so
 /// each instance can be scraped on its own; port 0 stays 0.
 fn instance_metrics_address(mut addr: SocketAddr) -> SocketAddr {
-    let instance = std::env::var(INSTANCE_ENV)
-        .ok()
-        .and_then(|k| k.parse::<u16>().ok());
-    if let (Some(k), true) = (instance, addr.port() != 0) {
+    if let (Some(k), true) = (instance_number(), addr.port() != 0) {
         addr.set_port(addr.port().saturating_add(k - 1));
     }
     addr
+}
+
+/// This instance's number under a supervisor (from 1), if it runs under one.
+fn instance_number() -> Option<u16> {
+    std::env::var(INSTANCE_ENV).ok()?.parse().ok()
+}
+
+/// A channel pattern given as a flag.
+fn channel_pattern(value: &str) -> Result<Pattern, String> {
+    Pattern::parse(value).map_err(|e| format!("a channel pattern {e}"))
 }
 
 /// One instance: the ordinary single-threaded loop.
@@ -372,18 +403,19 @@ fn serve(cli: Cli) -> Result<(), String> {
     }
     let handle = server.handle();
     stop_on_signals(handle.clone())?;
-    let max_line = config.max_message_bytes as usize;
+    let mode = cli.input;
+    let max_line = input::max_line_bytes(mode, config.max_message_bytes as usize);
     std::thread::Builder::new()
         .name("stdin".into())
-        .spawn(
-            move || match pump_lines(BufReader::new(io::stdin().lock()), &handle, max_line) {
+        .spawn(move || {
+            match input::pump(BufReader::new(io::stdin().lock()), &handle, mode, max_line) {
                 PumpEnd::Eof => log::info!("standard input closed; still serving"),
                 PumpEnd::ServerGone => {}
                 PumpEnd::Failed(e) => {
                     log::warn!("reading standard input failed: {e}; still serving")
                 }
-            },
-        )
+            }
+        })
         .map_err(|e| format!("cannot start the input thread: {e}"))?;
     server.run().map_err(|e| format!("event loop failed: {e}"))
 }
