@@ -66,6 +66,6 @@ pub use protocol::auth::{TokenError, Tokens};
 pub use protocol::commands::ConnRef;
 pub use protocol::ws::{CloseCode, MessageKind};
 pub use server::{
-    BindError, BroadcastError, ConnKey, ConnectionInfo, Handle, MessageTooBig, Recipients, Server,
+    BindError, BroadcastError, ConnectionInfo, Handle, MessageTooBig, Recipients, Server,
     ServerGone,
 };

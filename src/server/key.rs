@@ -6,7 +6,7 @@ use mio::Token;
 /// Unique among one server's connections while it is open; a later
 /// connection may get it again after it closes. Shown as a number in logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConnKey(pub(crate) usize);
+pub(crate) struct ConnKey(pub(crate) usize);
 
 impl std::fmt::Display for ConnKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

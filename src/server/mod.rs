@@ -44,13 +44,14 @@ mod timer;
 
 use crate::config::{Config, ConfigError};
 use crate::ops::metrics::{LoopHistogram, LoopMax, Metrics, MetricsSnapshot, Tally};
+use crate::protocol::commands::ConnRef;
 use crate::protocol::ws::{CloseCode, MessageKind};
 use accept::{listen, Door};
 pub use feed::Recipients;
 use handle::Shared;
 pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone};
 use housekeeping::StatsLine;
-pub use key::ConnKey;
+use key::ConnKey;
 
 use crate::server::alarm::Alarm;
 use crate::server::batching::Batching;
@@ -93,8 +94,9 @@ const POOL_MAX_IDLE: usize = 1024;
 /// An open WebSocket connection, as seen from the embedding program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionInfo<'a> {
-    /// The connection's key.
-    pub key: ConnKey,
+    /// The connection's key, as `conn` commands and
+    /// [`Recipients::Conn`] address it.
+    pub key: ConnRef,
     /// The request target of its upgrade request, e.g. `/ws?id=01`.
     pub target: &'a str,
 }
@@ -400,8 +402,12 @@ impl Server {
         self.conns
             .iter()
             .filter(|(_, conn)| conn.is_open())
-            .map(|(key, conn)| ConnectionInfo {
-                key: ConnKey(key),
+            .map(|(slot, conn)| ConnectionInfo {
+                key: ConnRef {
+                    instance: self.config.instance,
+                    slot: slot as u32,
+                    serial: self.serials.get(ConnKey(slot)),
+                },
                 target: conn.target(),
             })
     }
