@@ -16,6 +16,26 @@ pub enum SlowConsumerPolicy {
     Drop,
 }
 
+/// What happens to a client message when the reader is a bound behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overflow {
+    /// Stop reading clients until the reader catches up.
+    Pause,
+    /// Drop the message (counted in `upstream_dropped`).
+    Drop,
+}
+
+/// Upstream settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    /// Bytes of lines the reader may be behind.
+    pub max_bytes: usize,
+    /// What happens past that.
+    pub overflow: Overflow,
+    /// Also write `open` and `close` lines.
+    pub events: bool,
+}
+
 /// Server configuration. [`Config::default`] listens on `127.0.0.1:0` with
 /// the production defaults.
 #[derive(Debug, Clone)]
@@ -99,6 +119,10 @@ pub struct Config {
     /// This server's number under a supervisor (1 to N), 0 when alone: the
     /// first part of the connection keys it gives out and acts on.
     pub instance: u32,
+    /// Write what clients send as lines for a reader
+    /// ([`Server::upstream`](crate::Server::upstream)). `None`: client data
+    /// messages are counted and discarded (or echoed).
+    pub upstream: Option<UpstreamConfig>,
 }
 
 impl Default for Config {
@@ -131,6 +155,7 @@ impl Default for Config {
             max_channels_per_connection: 16,
             max_channels: 100_000,
             instance: 0,
+            upstream: None,
         }
     }
 }
@@ -196,6 +221,9 @@ impl Config {
         }
         if self.max_pending_bytes == 0 {
             return fail("max pending bytes must be at least 1".into());
+        }
+        if self.upstream.is_some_and(|up| up.max_bytes == 0) {
+            return fail("upstream max bytes must be at least 1".into());
         }
         if self.max_channels_per_connection == 0 || self.max_channels == 0 {
             return fail("max channels (per connection and in all) must be at least 1".into());

@@ -58,8 +58,8 @@ pub use ops::sys;
 pub use protocol::{http, ws};
 
 pub use config::{
-    Config, ConfigError, SlowConsumerPolicy, DEFAULT_BATCH_DELAY, MAX_BATCH_DELAY, MAX_DURATION,
-    MAX_MESSAGE_LIMIT,
+    Config, ConfigError, Overflow, SlowConsumerPolicy, UpstreamConfig, DEFAULT_BATCH_DELAY,
+    MAX_BATCH_DELAY, MAX_DURATION, MAX_MESSAGE_LIMIT,
 };
 pub use ops::metrics::MetricsSnapshot;
 pub use protocol::auth::{TokenError, Tokens};
@@ -67,5 +67,5 @@ pub use protocol::commands::ConnRef;
 pub use protocol::ws::{CloseCode, MessageKind};
 pub use server::{
     BindError, BroadcastError, ConnectionInfo, Handle, MessageTooBig, Recipients, Server,
-    ServerGone,
+    ServerGone, UpstreamReader,
 };

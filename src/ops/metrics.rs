@@ -173,6 +173,13 @@ metrics! {
     /// an id, channel or connection key with no open connection (under
     /// `--processes`, those of the other instances).
     commands_unmatched: Counter "wspush_commands_unmatched_total" "" "Targeted messages and commands that reached no connection here.",
+    /// Client messages written upstream (`--upstream`).
+    upstream_messages: Counter "wspush_upstream_messages_total" "" "Client messages written upstream.",
+    /// Upstream lines dropped: messages at the bound under
+    /// `--upstream-overflow drop`, or lines after the reader failed.
+    upstream_dropped: Counter "wspush_upstream_dropped_total" "" "Upstream lines dropped (at the bound, or after standard output failed).",
+    /// Times reading clients paused because the upstream reader was a bound behind.
+    upstream_pauses: Counter "wspush_upstream_pauses_total" "" "Times reading clients paused for the upstream reader.",
     /// Subscriptions refused because the server holds its maximum of channels.
     subscriptions_refused: Counter "wspush_subscriptions_refused_total" "" "Subscriptions refused at the channel limit.",
     /// Channels with at least one subscriber now.

@@ -31,11 +31,13 @@ use crate::server::fanout::Seq;
 use crate::server::frames::SharedFrames;
 use crate::server::heartbeat::{Liveness, Visit};
 use crate::server::key::ConnKey;
+use crate::server::key::Serials;
 use crate::server::nonblocking::{read_some, Progress};
 use crate::server::output::{OutQueue, Sent};
 use crate::server::pool::{BufferPool, PooledBuf};
 use crate::server::routes::Routes;
 use crate::server::timer::{Deadline, Tick, TimerWheel};
+use crate::server::upstream::{Offered, Outbox};
 
 mod handshake;
 
@@ -46,8 +48,8 @@ const READ_BUDGET: usize = 1 << 20;
 /// Why a connection ended; each reason has its own counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloseReason {
-    /// The close handshake completed.
-    Normal,
+    /// The close handshake completed; the client's code (1005: it gave none).
+    Normal(CloseCode),
     /// The server failed the connection with this code (1002, 1007, 1009).
     Failed(CloseCode),
     /// The output queue went over its limit (1008).
@@ -62,8 +64,8 @@ pub enum CloseReason {
     Http,
     /// The server is shutting down (1001).
     Shutdown,
-    /// A publisher closed it (`close`, or `Handle::close`).
-    Publisher,
+    /// A publisher closed it (`close`, or `Handle::close`) with this code.
+    Publisher(CloseCode),
     /// The TCP connection ended without a close handshake.
     Abnormal,
 }
@@ -72,7 +74,7 @@ impl CloseReason {
     /// The counter this reason is recorded in.
     pub fn counter(self, metrics: &Metrics) -> &std::sync::atomic::AtomicU64 {
         match self {
-            CloseReason::Normal => &metrics.closed_normal,
+            CloseReason::Normal(_) => &metrics.closed_normal,
             CloseReason::Failed(CloseCode::INVALID_PAYLOAD) => &metrics.closed_invalid_payload,
             CloseReason::Failed(CloseCode::MESSAGE_TOO_BIG) => &metrics.closed_message_too_big,
             CloseReason::Failed(_) => &metrics.closed_protocol_error,
@@ -82,8 +84,27 @@ impl CloseReason {
             CloseReason::HandshakeTimeout => &metrics.closed_handshake_timeout,
             CloseReason::Rejected => &metrics.closed_rejected,
             CloseReason::Shutdown => &metrics.closed_shutdown,
-            CloseReason::Publisher => &metrics.closed_publisher,
+            CloseReason::Publisher(_) => &metrics.closed_publisher,
             CloseReason::Abnormal => &metrics.closed_abnormal,
+        }
+    }
+}
+
+impl CloseReason {
+    /// The close code a WebSocket connection ended with, as upstream
+    /// `close` lines give it: the one sent or received, 1006 when the
+    /// connection just ended.
+    pub fn code(self) -> CloseCode {
+        match self {
+            CloseReason::Normal(code)
+            | CloseReason::Failed(code)
+            | CloseReason::Publisher(code) => code,
+            CloseReason::SlowConsumer => CloseCode::POLICY_VIOLATION,
+            CloseReason::IdleTimeout | CloseReason::Shutdown => CloseCode::GOING_AWAY,
+            CloseReason::HandshakeTimeout
+            | CloseReason::Rejected
+            | CloseReason::Http
+            | CloseReason::Abnormal => CloseCode(1006),
         }
     }
 }
@@ -100,6 +121,9 @@ pub enum Verdict {
     /// which holds what the answer reports, renders it and hands it to
     /// [`Conn::respond`].
     Serve(Endpoint),
+    /// Keep it, and read it again once the upstream reader has caught up
+    /// (reading clients is paused until then).
+    AwaitUpstream,
     /// Drop the TCP connection now.
     Close(CloseReason),
 }
@@ -178,6 +202,10 @@ pub struct Ctx<'a> {
     pub replies: &'a mut Vec<u8>,
     /// Client ids and channel subscriptions.
     pub routes: &'a mut Routes,
+    /// Which connection holds each slot, for connection keys.
+    pub serials: &'a Serials,
+    /// Where client messages go, when they go upstream.
+    pub upstream: Option<&'a mut Outbox>,
     /// The time this loop iteration started.
     pub now: Instant,
     /// The broadcast batch the loop frames next: where a connection that
@@ -300,6 +328,10 @@ impl Conn {
         self.deadline.clear(ctx.timers);
         if self.is_websocket() {
             ctx.routes.leave(key.slot(), self.target.id());
+            if let Some(upstream) = ctx.upstream.as_deref_mut() {
+                let conn = ctx.serials.conn_ref(key, ctx.config.instance);
+                upstream.closed(conn, self.target.id(), reason.code());
+            }
         }
         self.discard_output(true, ctx.tally);
         for buf in [self.input.take(), self.message.take()]
@@ -336,6 +368,10 @@ impl Conn {
     ) -> Verdict {
         let mut budget = READ_BUDGET;
         while budget > 0 {
+            let upstream_paused = ctx.upstream.as_ref().is_some_and(|u| u.is_paused());
+            if upstream_paused && !matches!(self.phase, Phase::Handshake(_)) {
+                return Verdict::AwaitUpstream;
+            }
             self.read_paused = self.output_backed_up(ctx.config);
             if self.read_paused {
                 // Echo backpressure: resume when the queue drains.
@@ -640,8 +676,8 @@ impl Conn {
                 if last {
                     Metrics::incr(&ctx.metrics.messages_received);
                 }
-                if ctx.config.echo && !closing {
-                    return self.echo(kind, payload, last, ctx);
+                if (ctx.config.echo || ctx.upstream.is_some()) && !closing {
+                    return self.on_data(key, kind, payload, last, ctx);
                 }
                 Verdict::Keep
             }
@@ -653,7 +689,7 @@ impl Conn {
             Event::Close(frame) => {
                 let reason = match self.phase {
                     Phase::CloseSent { reason, .. } => reason,
-                    _ => CloseReason::Normal,
+                    _ => CloseReason::Normal(frame.map_or(CloseCode(1005), |f| f.code)),
                 };
                 self.linger(key, reason, ctx);
                 if closing {
@@ -668,18 +704,20 @@ impl Conn {
         }
     }
 
-    /// Echo mode: sends a message back once it is complete. A message that
-    /// arrived in one piece is echoed straight from the input.
-    fn echo(
+    /// A piece of a data message, when messages are echoed or written
+    /// upstream: pieces are gathered in a pooled buffer until the message
+    /// is complete (one that arrived in one piece is used straight from
+    /// the input).
+    fn on_data(
         &mut self,
+        key: ConnKey,
         kind: MessageKind,
         payload: &[u8],
         last: bool,
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
         if last && self.message.is_none() {
-            Metrics::incr(&ctx.metrics.messages_echoed);
-            return Verdict::after(self.send(Outgoing::Reply(kind.opcode(), payload), ctx));
+            return self.on_message(key, kind, payload, ctx);
         }
         let message = self.message.get_or_insert_with(|| ctx.pool.lend());
         message.extend_from_slice(payload);
@@ -687,10 +725,36 @@ impl Conn {
             return Verdict::Keep;
         }
         let message = self.message.take().expect("just inserted");
-        Metrics::incr(&ctx.metrics.messages_echoed);
-        let sent = self.send(Outgoing::Reply(kind.opcode(), &message), ctx);
+        let verdict = self.on_message(key, kind, &message, ctx);
         ctx.pool.give_back(message);
-        Verdict::after(sent)
+        verdict
+    }
+
+    /// A whole data message: written upstream, and echoed in echo mode.
+    fn on_message(
+        &mut self,
+        key: ConnKey,
+        kind: MessageKind,
+        message: &[u8],
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
+        if let Some(upstream) = ctx.upstream.as_deref_mut() {
+            let conn = ctx.serials.conn_ref(key, ctx.config.instance);
+            match upstream.message(conn, self.target.id(), kind, message) {
+                Offered::Taken => Metrics::incr(&ctx.metrics.upstream_messages),
+                Offered::TakenPausing => {
+                    Metrics::incr(&ctx.metrics.upstream_messages);
+                    Metrics::incr(&ctx.metrics.upstream_pauses);
+                    log::debug!("upstream a bound behind: reading clients paused");
+                }
+                Offered::Dropped => Metrics::incr(&ctx.metrics.upstream_dropped),
+            }
+        }
+        if !ctx.config.echo {
+            return Verdict::Keep;
+        }
+        Metrics::incr(&ctx.metrics.messages_echoed);
+        Verdict::after(self.send(Outgoing::Reply(kind.opcode(), message), ctx))
     }
 
     /// Fails the connection: a close frame with the error's code, then linger.
@@ -900,6 +964,7 @@ mod tests {
         scratch: Vec<u8>,
         replies: Vec<u8>,
         routes: Routes,
+        serials: Serials,
     }
 
     const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -933,6 +998,7 @@ mod tests {
                 scratch: vec![0; 64 * 1024],
                 replies: Vec::with_capacity(64 * 1024),
                 routes: Routes::new(16),
+                serials: Serials::default(),
             }
         }
 
@@ -966,6 +1032,8 @@ mod tests {
                 tally: &mut self.tally,
                 replies: &mut self.replies,
                 routes: &mut self.routes,
+                serials: &self.serials,
+                upstream: None,
                 now: Instant::now(),
                 next_batch: 0,
             };

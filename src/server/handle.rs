@@ -14,6 +14,7 @@ use crate::protocol::names::{self, NameError};
 use crate::protocol::ws::{CloseCode, MessageKind};
 use crate::server::check_message_limit;
 use crate::server::feed::{Action, Command, Gate, Recipients};
+use crate::server::upstream::Shelf;
 
 /// State shared between the loop and its handles.
 #[derive(Debug)]
@@ -38,6 +39,8 @@ pub(super) struct Shared {
     pub(super) gone: AtomicBool,
     pub(super) metrics: Metrics,
     pub(super) loop_histogram: LoopHistogram,
+    /// Upstream lines handed over by the loop, for the reader.
+    pub(super) shelf: Arc<Shelf>,
 }
 
 impl Shared {
@@ -297,5 +300,29 @@ impl Handle {
             self.shared.waker.wake().map_err(|_| ServerGone)?;
         }
         Ok(())
+    }
+}
+
+/// The reader of the upstream lines (see [`Server::upstream`](crate::Server::upstream)).
+#[derive(Debug, Clone)]
+pub struct UpstreamReader {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl UpstreamReader {
+    /// Waits for lines and moves all that are there into `lines` (emptied
+    /// first): whole lines, in order. `false` once the server is gone and
+    /// every line was read.
+    pub fn read(&self, lines: &mut Vec<u8>) -> bool {
+        let shared = &self.shared;
+        shared.shelf.take(lines, || {
+            let _ = shared.waker.wake();
+        })
+    }
+
+    /// Counts lines the caller read but could not pass on (its output
+    /// failed), in `upstream_dropped`: nothing is lost uncounted.
+    pub fn count_dropped(&self, lines: u64) {
+        Metrics::add(&self.shared.metrics.upstream_dropped, lines);
     }
 }

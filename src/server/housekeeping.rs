@@ -64,6 +64,7 @@ impl Server {
     /// pool buffers back, and log the stats line when it is due.
     pub(super) fn housekeeping(&mut self, now: Instant) {
         self.trim_pool(now);
+        self.hand_over_upstream();
         self.publish_metrics(now);
         let metrics = &self.shared.metrics;
         if let Some(stats) = self.stats.as_mut().filter(|s| now >= s.next_at) {
@@ -103,6 +104,16 @@ impl Server {
             &metrics.broadcast_queue_age_us,
             age.try_into().unwrap_or(u64::MAX),
         );
+    }
+
+    /// Hands the iteration's upstream lines to the reader; once it has
+    /// caught up, the connections that waited for it are read again.
+    fn hand_over_upstream(&mut self) {
+        if let Some(upstream) = &mut self.upstream {
+            if upstream.hand_over() {
+                self.read_again.append(&mut self.upstream_waiting);
+            }
+        }
     }
 
     /// Once a second while the pool has surplus: frees the buffers unused

@@ -2,6 +2,8 @@
 
 use mio::Token;
 
+use crate::protocol::commands::ConnRef;
+
 /// A connection's key: its slot in the slab and its token in the poll.
 /// Unique among one server's connections while it is open; a later
 /// connection may get it again after it closes. Shown as a number in logs.
@@ -45,6 +47,15 @@ impl Serials {
         self.next = self.next.wrapping_add(1);
         self.by_slot[slot.0] = self.next;
         self.next
+    }
+
+    /// The key of the connection in `slot` of instance `instance`.
+    pub(crate) fn conn_ref(&self, slot: ConnKey, instance: u32) -> ConnRef {
+        ConnRef {
+            instance,
+            slot: slot.0 as u32,
+            serial: self.get(slot),
+        }
     }
 
     /// The serial of the connection in `slot`.

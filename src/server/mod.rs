@@ -41,6 +41,7 @@ mod pool;
 mod routes;
 mod targeted;
 mod timer;
+mod upstream;
 
 use crate::config::{Config, ConfigError};
 use crate::ops::metrics::{LoopHistogram, LoopMax, Metrics, MetricsSnapshot, Tally};
@@ -49,7 +50,7 @@ use crate::protocol::ws::{CloseCode, MessageKind};
 use accept::{listen, Door};
 pub use feed::Recipients;
 use handle::Shared;
-pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone};
+pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone, UpstreamReader};
 use housekeeping::StatsLine;
 use key::ConnKey;
 
@@ -65,6 +66,7 @@ use crate::server::pool::BufferPool;
 use crate::server::routes::Routes;
 use crate::server::targeted::Targeted;
 use crate::server::timer::{Tick, TimerWheel};
+use crate::server::upstream::{Outbox, Shelf};
 
 const LISTENER: Token = Token(usize::MAX);
 const WAKER: Token = Token(usize::MAX - 1);
@@ -208,8 +210,12 @@ pub struct Server {
     routes: Routes,
     /// Messages and closes for some connections, on their way.
     targeted: Targeted,
-    /// Which connection holds each slot (see [`ConnRef`](crate::protocol::commands::ConnRef)).
+    /// Which connection holds each slot (see [`ConnRef`]).
     serials: Serials,
+    /// Client messages on their way to the upstream reader, if they go there.
+    upstream: Option<Outbox>,
+    /// Connections whose reading waits for the upstream reader.
+    upstream_waiting: Vec<ConnKey>,
     /// The body of the last `/metrics` answer, its capacity kept.
     page: Vec<u8>,
     timers: TimerWheel,
@@ -261,6 +267,10 @@ impl Drop for Server {
             .store(self.commands_taken, Ordering::Relaxed);
         shared.gone.store(true, Ordering::Release);
         shared.gate.close();
+        if let Some(upstream) = &mut self.upstream {
+            upstream.hand_over();
+        }
+        shared.shelf.close();
     }
 }
 
@@ -317,7 +327,11 @@ impl Server {
             gone: AtomicBool::new(false),
             metrics: Metrics::default(),
             loop_histogram: LoopHistogram::default(),
+            shelf: Arc::new(Shelf::new()),
         });
+        let upstream = config
+            .upstream
+            .map(|up| Outbox::new(up, Arc::clone(&shared.shelf)));
         let (command_sender, commands) = mpsc::channel();
         let now = Instant::now();
         let batching = Batching::new(config.batch_delay);
@@ -338,6 +352,8 @@ impl Server {
             routes: Routes::new(config.max_channels),
             targeted: Targeted::default(),
             serials: Serials::default(),
+            upstream,
+            upstream_waiting: Vec::new(),
             page: Vec::new(),
             timers: TimerWheel::new(TIMER_RESOLUTION, TIMER_SLOTS, now),
             stats: config.stats_interval.map(|every| StatsLine {
@@ -379,6 +395,14 @@ impl Server {
         self.metrics_listener
             .as_ref()
             .and_then(|l| l.local_addr().ok())
+    }
+
+    /// The reader of what clients send, when [`Config::upstream`] is set:
+    /// the lines of the `upstream` format, taken in order from any thread.
+    pub fn upstream(&self) -> Option<UpstreamReader> {
+        self.upstream.as_ref().map(|_| UpstreamReader {
+            shared: Arc::clone(&self.shared),
+        })
     }
 
     /// A handle for other threads.
@@ -705,6 +729,8 @@ impl Server {
                 tally: &mut self.tally,
                 replies: &mut self.replies,
                 routes: &mut self.routes,
+                serials: &self.serials,
+                upstream: self.upstream.as_mut(),
                 now,
                 next_batch: self.stream.next_seq(),
             },
@@ -737,6 +763,7 @@ impl Server {
                 return self.settle(key, answered);
             }
             Verdict::ReadAgain => self.read_again.push(key),
+            Verdict::AwaitUpstream => self.upstream_waiting.push(key),
             Verdict::Keep => {}
         }
         let registry = self.poll.registry();

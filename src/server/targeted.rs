@@ -180,7 +180,7 @@ impl Server {
                                 key,
                                 *code,
                                 reason,
-                                CloseReason::Publisher,
+                                CloseReason::Publisher(*code),
                                 &mut ctx,
                             );
                         }

@@ -24,7 +24,8 @@ mod input;
 mod rlimit;
 mod supervisor;
 use wspush::{
-    Config, Handle, Server, SlowConsumerPolicy, TokenError, Tokens, MAX_DURATION, MAX_MESSAGE_LIMIT,
+    Config, Handle, Overflow, Server, SlowConsumerPolicy, TokenError, Tokens, UpstreamConfig,
+    UpstreamReader, MAX_DURATION, MAX_MESSAGE_LIMIT,
 };
 
 /// A WebSocket push server: every line on standard input is broadcast as
@@ -110,6 +111,26 @@ struct Cli {
     /// close: see the README).
     #[arg(long, value_name = "MODE", value_enum, default_value = "lines")]
     input: InputMode,
+    /// Write what clients send to standard output, a line per message:
+    /// `msg KEY ID text PAYLOAD` (\\, \n and \r escaped) or `msg KEY ID binary BASE64`.
+    #[arg(long, value_name = "WHERE", value_enum)]
+    upstream: Option<UpstreamTo>,
+    /// Also write `open KEY ID CHANNELS` and `close KEY ID CODE` lines.
+    #[arg(long, requires = "upstream")]
+    upstream_events: bool,
+    /// Bytes of upstream lines standard output may be behind.
+    #[arg(long, value_name = "N", default_value = "16777216", value_parser = positive, requires = "upstream")]
+    upstream_max_bytes: usize,
+    /// Past that: stop reading clients until it catches up (`pause`), or
+    /// drop their messages and count them (`drop`).
+    #[arg(
+        long,
+        value_name = "POLICY",
+        value_enum,
+        default_value = "pause",
+        requires = "upstream"
+    )]
+    upstream_overflow: UpstreamOverflow,
     /// Channels a client may ask for with ?channel= unless its token grants
     /// its own (repeatable; * stands for any run, e.g. news.*); others get
     /// HTTP 403. Unset: any channel.
@@ -348,6 +369,14 @@ fn config(cli: &Cli) -> Result<Config, String> {
         max_channels_per_connection: cli.max_channels_per_connection,
         max_channels: cli.max_channels,
         instance: instance_number().map_or(0, u32::from),
+        upstream: cli.upstream.map(|UpstreamTo::Stdout| UpstreamConfig {
+            max_bytes: cli.upstream_max_bytes,
+            overflow: match cli.upstream_overflow {
+                UpstreamOverflow::Pause => Overflow::Pause,
+                UpstreamOverflow::Drop => Overflow::Drop,
+            },
+            events: cli.upstream_events,
+        }),
         stats_interval: (!cli.quiet).then_some(cli.stats_interval),
         batch_delay: cli.batch_delay,
         ..Config::default()
@@ -365,6 +394,42 @@ fn instance_metrics_address(mut addr: SocketAddr) -> SocketAddr {
         addr.set_port(addr.port().saturating_add(k - 1));
     }
     addr
+}
+
+/// Where upstream lines go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum UpstreamTo {
+    /// Standard output.
+    Stdout,
+}
+
+/// `--upstream-overflow`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum UpstreamOverflow {
+    /// Stop reading clients until standard output catches up.
+    Pause,
+    /// Drop client messages and count them.
+    Drop,
+}
+
+/// Writes the upstream lines to standard output until the server is gone;
+/// after a failed write, lines are counted as dropped.
+fn write_upstream(reader: UpstreamReader) {
+    let mut out = io::stdout().lock();
+    let mut lines = Vec::new();
+    let mut failed = false;
+    while reader.read(&mut lines) {
+        if !failed {
+            match out.write_all(&lines).and_then(|()| out.flush()) {
+                Ok(()) => continue,
+                Err(e) => {
+                    log::error!("writing to standard output failed: {e}; upstream lines are dropped and counted from now on");
+                    failed = true;
+                }
+            }
+        }
+        reader.count_dropped(lines.iter().filter(|&&b| b == b'\n').count() as u64);
+    }
 }
 
 /// This instance's number under a supervisor (from 1), if it runs under one.
@@ -403,6 +468,15 @@ fn serve(cli: Cli) -> Result<(), String> {
     }
     let handle = server.handle();
     stop_on_signals(handle.clone())?;
+    let upstream = match server.upstream() {
+        Some(reader) => Some(
+            std::thread::Builder::new()
+                .name("upstream".into())
+                .spawn(move || write_upstream(reader))
+                .map_err(|e| format!("cannot start the upstream thread: {e}"))?,
+        ),
+        None => None,
+    };
     let mode = cli.input;
     let max_line = input::max_line_bytes(mode, config.max_message_bytes as usize);
     std::thread::Builder::new()
@@ -417,7 +491,13 @@ fn serve(cli: Cli) -> Result<(), String> {
             }
         })
         .map_err(|e| format!("cannot start the input thread: {e}"))?;
-    server.run().map_err(|e| format!("event loop failed: {e}"))
+    let ran = server.run().map_err(|e| format!("event loop failed: {e}"));
+    // The last lines go out before the process ends.
+    drop(server);
+    if let Some(writer) = upstream {
+        let _ = writer.join();
+    }
+    ran
 }
 
 /// Raises the open-file limit to its maximum and returns how many

@@ -93,6 +93,10 @@ impl Conn {
                 return Err(Rejection::ChannelLimit);
             }
         }
+        if let Some(upstream) = ctx.upstream.as_deref_mut() {
+            let conn = ctx.serials.conn_ref(key, config.instance);
+            upstream.opened(conn, asked.id, asked.channels());
+        }
         self.target = target;
         Ok(())
     }
