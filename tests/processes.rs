@@ -419,3 +419,96 @@ fn a_stopped_instance_holds_nobody_back_and_is_replaced() {
         the_victim_serves_again(&mut supervised, addr, victim);
     }
 }
+
+#[test]
+fn upstream_lines_of_every_instance_come_out_whole_and_in_order() {
+    const CLIENTS: usize = 12;
+    const MESSAGES: usize = 40;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_wspush"));
+    command
+        .args(["--listen", "127.0.0.1:0", "--processes", "3", "--quiet"])
+        .args([
+            "--upstream",
+            "stdout",
+            "--upstream-events",
+            "--input",
+            "commands",
+        ])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    let mut process = Logged::spawn(&mut command);
+    let stdout = process.child.stdout.take().unwrap();
+    let (mut addr, mut listening) = (None, 0);
+    while listening < 3 || addr.is_none() {
+        let line = process.next_line();
+        if line.contains(" with 3 instances") {
+            addr = Some(listening_addr(&line));
+        } else if line.contains("] listening on ") {
+            listening += 1;
+        }
+    }
+    let addr = addr.unwrap();
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let next = || lines.recv_timeout(IO_TIMEOUT).expect("an upstream line");
+    let mut clients: Vec<_> = (0..CLIENTS)
+        .map(|c| connect(addr, &format!("/?id=c{c}")))
+        .collect();
+    // Each client's key, from its open line.
+    let mut keys = vec![String::new(); CLIENTS];
+    for _ in 0..CLIENTS {
+        let line = next();
+        let words: Vec<&str> = line.split(' ').collect();
+        assert_eq!(words[0], "open", "{line}");
+        let client: usize = words[2][1..].parse().unwrap();
+        keys[client] = words[1].to_string();
+    }
+    let instances: std::collections::BTreeSet<&str> =
+        keys.iter().map(|k| k.split('.').next().unwrap()).collect();
+    assert!(
+        instances.len() >= 2,
+        "one instance took every client: {keys:?}"
+    );
+    // Lines longer than a pipe writes atomically, from every client at once.
+    let payload = |c: usize, i: usize| format!("{c}:{i}:{}", "y".repeat(6000 + c * 100));
+    for i in 0..MESSAGES {
+        for (c, client) in clients.iter_mut().enumerate() {
+            client.send(Message::text(payload(c, i))).unwrap();
+        }
+    }
+    let mut seen = [0; CLIENTS];
+    for _ in 0..CLIENTS * MESSAGES {
+        let line = next();
+        let words: Vec<&str> = line.splitn(5, ' ').collect();
+        assert_eq!(
+            words[..4],
+            ["msg", words[1], words[2], "text"],
+            "{:.80}",
+            line
+        );
+        let client: usize = words[2][1..].parse().unwrap();
+        assert_eq!(words[1], keys[client]);
+        assert_eq!(
+            words[4],
+            payload(client, seen[client]),
+            "a whole line, in order"
+        );
+        seen[client] += 1;
+    }
+    // Answers by key reach the right instance's client.
+    for (c, key) in keys.iter().enumerate() {
+        process.send(format!("conn {key} for c{c}\n").as_bytes());
+    }
+    for (c, client) in clients.iter_mut().enumerate() {
+        assert_eq!(client.read().unwrap(), Message::text(format!("for c{c}")));
+    }
+}

@@ -21,6 +21,7 @@ use rlimit::{connection_capacity, instances_for};
 use supervisor::{OnExit, Policy, Supervisor, INSTANCE_ENV};
 
 mod input;
+mod merge;
 mod rlimit;
 mod supervisor;
 use wspush::{
@@ -575,8 +576,8 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
         // Instances get their shutdown timeout, and some time to exit after it.
         stop_grace: config.shutdown_timeout + Duration::from_secs(5),
     };
-    let supervisor =
-        Supervisor::start(&program, &args, count, policy).map_err(|e| e.to_string())?;
+    let supervisor = Supervisor::start(&program, &args, count, policy, cli.upstream.is_some())
+        .map_err(|e| e.to_string())?;
     log::info!(
         "listening on {listen} with {count} instances, up to {per_instance} connections each"
     );

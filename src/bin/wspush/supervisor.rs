@@ -40,10 +40,12 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use mio::net::UnixStream;
-use mio::unix::pipe::Sender;
+use mio::unix::pipe::{Receiver, Sender};
 use mio::{Events, Interest, Poll, Token, Waker};
 use rustix::process::{kill_process, Pid, Signal};
 use signal_hook::consts::{SIGCHLD, SIGINT, SIGTERM};
+
+use crate::merge::{self, Merge};
 
 /// The environment variable that tells an instance its number (1-based).
 pub const INSTANCE_ENV: &str = "WSPUSH_INSTANCE";
@@ -61,7 +63,9 @@ pub const YOUNG: Duration = Duration::from_secs(5);
 pub const CRASH_LOOP: u32 = 5;
 
 const SIGNALS: Token = Token(usize::MAX);
-const INPUT: Token = Token(usize::MAX - 1);
+/// The poll's one waker: the input reader has a chunk, or the merged
+/// output's writer has room again.
+const WAKE: Token = Token(usize::MAX - 1);
 
 /// What the supervisor does when an instance exits unasked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,7 +271,12 @@ impl Program {
     /// which forwards it once), SIGTERM as its parent-death signal (no
     /// orphans if the supervisor is killed), and a pipe for its input (or
     /// nothing, once the input has ended).
-    fn spawn(&self, number: usize, input_open: bool) -> io::Result<(Child, Option<Sender>)> {
+    fn spawn(
+        &self,
+        number: usize,
+        input_open: bool,
+        capture_output: bool,
+    ) -> io::Result<(Child, Option<Sender>)> {
         let mut command = Command::new(&self.path);
         command
             .args(&self.args)
@@ -276,6 +285,11 @@ impl Program {
                 Stdio::piped()
             } else {
                 Stdio::null()
+            })
+            .stdout(if capture_output {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
             })
             .process_group(0);
         wspush::sys::die_with_parent(&mut command, wspush::sys::ParentDeath::Term);
@@ -299,17 +313,24 @@ pub struct Supervisor {
     signals: [(i32, Arc<AtomicBool>); 3],
     signal_pipe: UnixStream,
     restarts: u64,
+    /// The instances' outputs merged line by line, when they write upstream.
+    merge: Option<Merge>,
+    waker: Arc<Waker>,
 }
 
 impl Supervisor {
     /// Starts `count` instances of `program args…` (see [`Program::spawn`]).
+    /// With `merge_output`, their standard outputs are merged into this
+    /// one's, whole lines at a time (see [`Merge`]).
     pub fn start(
         program: &Path,
         args: &[OsString],
         count: usize,
         policy: Policy,
+        merge_output: bool,
     ) -> Result<Supervisor, SupervisorError> {
         let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKE)?;
         // Registered before any child exists, so no SIGCHLD is missed.
         let (signal_pipe, wake) = std::os::unix::net::UnixStream::pair()?;
         signal_pipe.set_nonblocking(true)?;
@@ -333,7 +354,12 @@ impl Supervisor {
             signals,
             signal_pipe,
             restarts: 0,
+            merge: None,
+            waker: Arc::new(waker),
         };
+        if merge_output {
+            supervisor.merge = Some(Merge::new(count, Arc::clone(&supervisor.waker))?);
+        }
         for number in 1..=count {
             let mut instance = Instance {
                 number,
@@ -343,7 +369,14 @@ impl Supervisor {
                 young_deaths: 0,
                 restarts: 0,
             };
-            if let Err(e) = launch(&supervisor.program, &supervisor.poll, &mut instance, true) {
+            let merge = supervisor.merge.as_mut();
+            if let Err(e) = launch(
+                &supervisor.program,
+                &supervisor.poll,
+                &mut instance,
+                true,
+                merge,
+            ) {
                 supervisor.kill_all();
                 return Err(e.into());
             }
@@ -357,7 +390,7 @@ impl Supervisor {
     /// policy says, and returns once all have exited after SIGINT/SIGTERM
     /// (forwarded to each; success), or with the error that stopped them.
     pub fn run(mut self, input: impl Read + Send + 'static) -> Result<(), SupervisorError> {
-        let chunks = spawn_reader(input, Waker::new(self.poll.registry(), INPUT)?)?;
+        let chunks = spawn_reader(input, Arc::clone(&self.waker))?;
         let mut events = Events::with_capacity(64);
         let mut input_open = true;
         // The input read so far ends a line (a new process may join there).
@@ -426,10 +459,16 @@ impl Supervisor {
                             stop_deadline.get_or_insert_with(|| self.stop_all(now));
                         }
                     }
-                    INPUT => {}
-                    Token(number) => self.flush(number, Instant::now()),
+                    WAKE => self.merge.iter_mut().for_each(Merge::on_room),
+                    token => match merge::instance_of(token) {
+                        Some(number) => self.merge.iter_mut().for_each(|m| m.read(number)),
+                        None => self.flush(token.0, Instant::now()),
+                    },
                 }
             }
+        }
+        if let Some(merge) = self.merge.take() {
+            merge.finish();
         }
         failure.map_or(Ok(()), Err)
     }
@@ -574,6 +613,9 @@ impl Supervisor {
             };
             let (number, pid, lived, stuck) =
                 (instance.number, child.id(), now - *started, *killed_stuck);
+            if let Some(merge) = &mut self.merge {
+                merge.detach(number, self.poll.registry());
+            }
             let (bytes, lines) = instance.backlog.clear();
             instance.skip_to_line_end = false;
             if stopping {
@@ -637,7 +679,8 @@ impl Supervisor {
                 Life::Waiting { until } if now >= until => {}
                 _ => continue,
             }
-            let launched = launch(&self.program, &self.poll, instance, input_open);
+            let merge = self.merge.as_mut();
+            let launched = launch(&self.program, &self.poll, instance, input_open, merge);
             instance.skip_to_line_end = !at_line_start;
             instance.restarts += 1;
             self.restarts += 1;
@@ -718,11 +761,15 @@ fn launch(
     poll: &Poll,
     instance: &mut Instance,
     input_open: bool,
+    merge: Option<&mut Merge>,
 ) -> io::Result<()> {
-    let (child, mut input) = program.spawn(instance.number, input_open)?;
+    let (mut child, mut input) = program.spawn(instance.number, input_open, merge.is_some())?;
     if let Some(input) = &mut input {
         poll.registry()
             .register(input, Token(instance.number), Interest::WRITABLE)?;
+    }
+    if let (Some(merge), Some(output)) = (merge, child.stdout.take()) {
+        merge.attach(instance.number, Receiver::from(output), poll.registry())?;
     }
     instance.life = Life::Running {
         child,
@@ -739,7 +786,7 @@ fn launch(
 /// does not take them, which slows the producer down).
 fn spawn_reader(
     mut input: impl Read + Send + 'static,
-    waker: Waker,
+    waker: Arc<Waker>,
 ) -> io::Result<mpsc::Receiver<Vec<u8>>> {
     let (tx, rx) = mpsc::sync_channel(1);
     std::thread::Builder::new()
@@ -788,8 +835,14 @@ mod tests {
     #[test]
     fn with_stop_a_dying_instance_stops_the_others_and_is_reported() {
         let script = "if [ \"$WSPUSH_INSTANCE\" = 2 ]; then exit 3; fi; exec sleep 30";
-        let supervisor =
-            Supervisor::start(Path::new("/bin/sh"), &sh(script), 3, policy(OnExit::Stop)).unwrap();
+        let supervisor = Supervisor::start(
+            Path::new("/bin/sh"),
+            &sh(script),
+            3,
+            policy(OnExit::Stop),
+            false,
+        )
+        .unwrap();
         let started = Instant::now();
         match supervisor.run(io::empty()).unwrap_err() {
             SupervisorError::InstanceDied {
@@ -815,6 +868,7 @@ mod tests {
             &sh(script),
             2,
             policy(OnExit::Restart),
+            false,
         )
         .unwrap();
         let started = Instant::now();

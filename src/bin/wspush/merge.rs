@@ -1,0 +1,196 @@
+//! Under `--processes` with `--upstream`: the instances' standard outputs
+//! merged into the supervisor's, a whole line at a time, so a line is
+//! never cut by another instance's.
+//!
+//! The supervisor's loop reads each instance's pipe as it becomes readable
+//! and passes the complete lines to a writer thread (standard output may
+//! block). The thread holds at most [`CHUNKS`] chunks: when it is that far
+//! behind, the pipes are left unread until it catches up, so the instances
+//! fill their pipes and then their own bounds, and pause their clients.
+
+use std::io::{self, Read, Write};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use mio::unix::pipe::Receiver;
+use mio::{Interest, Registry, Token, Waker};
+
+/// Chunks of lines the writer thread may hold.
+const CHUNKS: usize = 16;
+/// Bytes read from a pipe at once.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// The token of instance `number`'s output pipe.
+pub fn token(number: usize) -> Token {
+    Token(OUTPUT_TOKENS + number)
+}
+
+/// Instance `number` of an output token, if it is one.
+pub fn instance_of(token: Token) -> Option<usize> {
+    token.0.checked_sub(OUTPUT_TOKENS).filter(|&n| n > 0)
+}
+
+/// Output pipes' tokens start here (input pipes use the instance number).
+const OUTPUT_TOKENS: usize = 1 << 20;
+
+/// One instance's output: its pipe and the start of a line not complete yet.
+#[derive(Debug)]
+struct Output {
+    pipe: Receiver,
+    partial: Vec<u8>,
+}
+
+/// The merged output.
+#[derive(Debug)]
+pub struct Merge {
+    /// By instance number − 1.
+    outputs: Vec<Option<Output>>,
+    writer: Option<SyncSender<Vec<u8>>>,
+    thread: Option<JoinHandle<()>>,
+    /// Lines the writer had no room for; while some wait, no pipe is read.
+    pending: Option<Vec<u8>>,
+}
+
+impl Merge {
+    /// Starts the writer thread on standard output; it wakes `room` each
+    /// time it has written a chunk.
+    pub fn new(instances: usize, room: Arc<Waker>) -> io::Result<Merge> {
+        let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(CHUNKS);
+        let thread = std::thread::Builder::new()
+            .name("upstream".into())
+            .spawn(move || {
+                let mut out = io::stdout().lock();
+                let mut dropped = 0usize;
+                for chunk in rx {
+                    if dropped == 0 && out.write_all(&chunk).and_then(|()| out.flush()).is_ok() {
+                        let _ = room.wake();
+                        continue;
+                    }
+                    if dropped == 0 {
+                        log::error!("writing to standard output failed: upstream lines are dropped from now on");
+                    }
+                    dropped += chunk.iter().filter(|&&b| b == b'\n').count();
+                    let _ = room.wake();
+                }
+                if dropped > 0 {
+                    log::error!("{dropped} upstream lines were dropped: standard output had failed");
+                }
+            })?;
+        Ok(Merge {
+            outputs: (0..instances).map(|_| None).collect(),
+            writer: Some(tx),
+            thread: Some(thread),
+            pending: None,
+        })
+    }
+
+    /// Takes instance `number`'s new output pipe.
+    pub fn attach(
+        &mut self,
+        number: usize,
+        mut pipe: Receiver,
+        registry: &Registry,
+    ) -> io::Result<()> {
+        pipe.set_nonblocking(true)?;
+        registry.register(&mut pipe, token(number), Interest::READABLE)?;
+        self.outputs[number - 1] = Some(Output {
+            pipe,
+            partial: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Instance `number`'s process is gone: reads what its pipe still
+    /// holds, and drops a last line it did not finish.
+    pub fn detach(&mut self, number: usize, registry: &Registry) {
+        if let Some(lines) = self.pending.take() {
+            self.pass_on(lines, true);
+        }
+        self.read_all(number, true);
+        if let Some(mut output) = self.outputs[number - 1].take() {
+            let _ = registry.deregister(&mut output.pipe);
+            if !output.partial.is_empty() {
+                log::warn!(
+                    "instance {number} ended in the middle of an upstream line: dropped its {} bytes",
+                    output.partial.len()
+                );
+            }
+        }
+    }
+
+    /// Instance `number`'s pipe is readable: reads it until it would block
+    /// (or the writer is full), passing on the complete lines.
+    pub fn read(&mut self, number: usize) {
+        self.read_all(number, false);
+    }
+
+    /// Reads instance `number`'s pipe until it would block or ends; unless
+    /// `block`, stops when the writer is full.
+    fn read_all(&mut self, number: usize, block: bool) {
+        let mut buf = [0u8; READ_CHUNK];
+        while self.pending.is_none() {
+            let Some(output) = self.outputs[number - 1].as_mut() else {
+                return;
+            };
+            let n = match output.pipe.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    log::warn!("reading instance {number}'s output failed: {e}");
+                    return;
+                }
+            };
+            let got = &buf[..n];
+            let Some(last) = got.iter().rposition(|&b| b == b'\n') else {
+                output.partial.extend_from_slice(got);
+                continue;
+            };
+            let mut lines = std::mem::take(&mut output.partial);
+            lines.extend_from_slice(&got[..=last]);
+            output.partial.extend_from_slice(&got[last + 1..]);
+            self.pass_on(lines, block);
+        }
+    }
+
+    /// The writer has room again: passes on what waited, then reads every
+    /// pipe that may hold more.
+    pub fn on_room(&mut self) {
+        if let Some(lines) = self.pending.take() {
+            self.pass_on(lines, false);
+        }
+        for number in 1..=self.outputs.len() {
+            self.read(number);
+        }
+    }
+
+    /// Hands lines to the writer; when it is full, they wait (or, with
+    /// `block`, the caller waits for room).
+    fn pass_on(&mut self, lines: Vec<u8>, block: bool) {
+        let Some(writer) = &self.writer else {
+            return;
+        };
+        if block {
+            let _ = writer.send(lines);
+            return;
+        }
+        match writer.try_send(lines) {
+            Ok(()) => {}
+            Err(TrySendError::Full(lines)) => self.pending = Some(lines),
+            Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+
+    /// Every instance is gone: writes what is left and ends the writer.
+    pub fn finish(mut self) {
+        if let (Some(lines), Some(writer)) = (self.pending.take(), &self.writer) {
+            let _ = writer.send(lines);
+        }
+        self.writer = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
