@@ -81,12 +81,14 @@ function assertEqual(got, want, what) {
 class Wspush {
   constructor(args) {
     this.child = spawn(BIN, ["--listen", "127.0.0.1:0", "--quiet", ...args], {
-      stdio: ["pipe", "ignore", "pipe"],
+      stdio: ["pipe", "pipe", "pipe"],
       env: { ...process.env, RUST_LOG: "info" },
     });
     children.add(this.child);
     this.log = "";
+    this.out = "";
     this.child.stderr.on("data", (chunk) => (this.log += chunk));
+    this.child.stdout.on("data", (chunk) => (this.out += chunk));
     this.exited = new Promise((resolve) => this.child.on("exit", (code, signal) => resolve({ code, signal })));
     this.child.stdin.on("error", () => {}); // a server that went is reported by the check
   }
@@ -318,6 +320,39 @@ await check("three tabs each get all 50 lines in order", async (scope) => {
     assertEqual(now.messages, lines, `tab ${i + 1}'s messages`);
   }
   assertEqual((await server.metrics()).get("wspush_broadcast_deliveries_total"), 150, "deliveries");
+});
+
+await check("pages on two channels each get only theirs; upstream carries what a page sends", async (scope) => {
+  const server = await scope.server(["--demo", "--input", "commands", "--upstream", "stdout"]);
+  const red = await scope.page(server.url("/?channel=red"));
+  const blue = await scope.page(server.url("/?channel=blue"));
+  await Promise.all([red, blue].map((page) => waitForState(page, "open")));
+  server.feed(["pub red r1", "pub blue b1", "pub red r2", "pub red,blue both", "all everyone"]);
+  const want = { red: ["r1", "r2", "both", "everyone"], blue: ["b1", "both", "everyone"] };
+  for (const [name, page] of Object.entries({ red, blue })) {
+    const now = await waitUntil(`the ${name} page to have ${want[name].length} messages`, async () => {
+      const now = await shown(page);
+      return now.count >= want[name].length && now;
+    });
+    assertEqual(now.messages, want[name], `the ${name} page's messages`);
+  }
+  const sent = await red.evaluate(
+    ([url, ms]) =>
+      new Promise((resolve) => {
+        const ws = new WebSocket(url);
+        ws.onopen = () => {
+          ws.send("from the browser\nline two");
+          resolve(true);
+        };
+        setTimeout(() => resolve(false), ms);
+      }),
+    [`ws://${server.addr}/?id=painter`, WAIT_MS],
+  );
+  assertEqual(sent, true, "the page's socket opened");
+  const line = await waitUntil("the upstream line", () =>
+    server.out.split("\n").find((l) => l.startsWith("msg ") && l.includes(" painter ")),
+  );
+  assertEqual(line.split(" ").slice(2).join(" "), "painter text from the browser\\nline two", "the upstream line");
 });
 
 await check("SIGTERM closes the page with 1001, cleanly", async (scope) => {
