@@ -111,6 +111,9 @@ impl Server {
     fn hand_over_upstream(&mut self) {
         if let Some(upstream) = &mut self.upstream {
             if upstream.hand_over() {
+                // A connection may have waited from several events.
+                self.upstream_waiting.sort_unstable();
+                self.upstream_waiting.dedup();
                 self.read_again.append(&mut self.upstream_waiting);
             }
         }
