@@ -13,7 +13,9 @@
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use libfuzzer_sys::fuzz_target;
-use wspush::protocol::commands::{self, Audience, Closing, Command, ConnRef, Payload, MAX_REASON_LEN};
+use wspush::protocol::commands::{
+    self, Audience, Closing, Command, ConnRef, Payload, MAX_REASON_LEN,
+};
 use wspush::protocol::names;
 
 fuzz_target!(|data: &[u8]| {
@@ -52,8 +54,15 @@ fuzz_target!(|data: &[u8]| {
         Command::Subscribe { id, channels } | Command::Unsubscribe { id, channels } => {
             names::check(id).unwrap();
             channels.iter().for_each(|c| names::check(c).unwrap());
-            let verb = if matches!(command, Command::Subscribe { .. }) { "sub" } else { "unsub" };
-            format!("{verb} {id} {}", channels.iter().collect::<Vec<_>>().join(","))
+            let verb = if matches!(command, Command::Subscribe { .. }) {
+                "sub"
+            } else {
+                "unsub"
+            };
+            format!(
+                "{verb} {id} {}",
+                channels.iter().collect::<Vec<_>>().join(",")
+            )
         }
         Command::Close { who, code, reason } => {
             assert!(commands::may_send(*code) && reason.len() <= MAX_REASON_LEN);
