@@ -313,3 +313,45 @@ fn standard_input_takes_commands() {
         other => panic!("not the close: {other:?}"),
     }
 }
+
+#[test]
+fn messages_for_a_channel_taken_together_go_out_as_one_batch() {
+    let mut server = Server::bind(Config::default()).unwrap();
+    let addr = server.local_addr();
+    let connecting: Vec<_> = ["/?channel=news", "/?channel=news", "/"]
+        .into_iter()
+        .map(|path| thread::spawn(move || connect(addr, path)))
+        .collect();
+    poll_until(&mut server, "the upgrades", |s| {
+        s.connections().count() == 3
+    });
+    let mut clients: Vec<Client> = connecting.into_iter().map(|c| c.join().unwrap()).collect();
+    let handle = server.handle();
+    let before = server.metrics();
+    for i in 0..50 {
+        handle
+            .send(channels(&["news"]), MessageKind::Text, format!("n{i}"))
+            .unwrap();
+    }
+    poll_until(&mut server, "the deliveries", |s| {
+        s.metrics().broadcast_deliveries - before.broadcast_deliveries == 100
+    });
+    let after = server.metrics();
+    assert_eq!(after.broadcasts - before.broadcasts, 50);
+    assert_eq!(
+        after.broadcast_batches - before.broadcast_batches,
+        1,
+        "framed once, together: one write per subscriber"
+    );
+    let batch: usize = (0..50).map(|i| 2 + format!("n{i}").len()).sum();
+    assert_eq!(after.bytes_written - before.bytes_written, 2 * batch as u64);
+    let want: Vec<String> = (0..50).map(|i| format!("n{i}")).collect();
+    for client in &mut clients[..2] {
+        assert_eq!(texts(client, 50), want);
+    }
+    handle.broadcast_text("END").unwrap();
+    poll_until(&mut server, "the end", |s| {
+        s.metrics().broadcasts == after.broadcasts + 1
+    });
+    assert_eq!(texts(&mut clients[2], 1), ["END"], "nothing before it");
+}
