@@ -35,8 +35,8 @@ enum Item {
 /// (its capacity kept from step to step).
 #[derive(Debug, Default)]
 pub(super) struct Targeted {
-    /// Each recipient's items, in the order they were addressed.
-    items: Vec<(Slot, Item)>,
+    /// Each recipient's items with the order they were addressed in.
+    items: Vec<(Slot, u32, Item)>,
     /// The recipients of the message being addressed.
     recipients: Vec<Slot>,
     /// One connection's frames, being gathered for its write.
@@ -61,7 +61,8 @@ impl Server {
                 after,
                 frames: frames.clone(),
             };
-            targeted.items.push((slot, item));
+            let order = targeted.items.len() as u32;
+            targeted.items.push((slot, order, item));
         }
     }
 
@@ -77,7 +78,8 @@ impl Server {
                 code,
                 reason: Arc::clone(&reason),
             };
-            targeted.items.push((slot, item));
+            let order = targeted.items.len() as u32;
+            targeted.items.push((slot, order, item));
         }
     }
 
@@ -148,8 +150,9 @@ impl Server {
         }
         let mut items = std::mem::take(&mut self.targeted.items);
         let mut owed = std::mem::take(&mut self.targeted.owed);
-        // Stable: each recipient's items stay in the order addressed.
-        items.sort_by_key(|(slot, _)| *slot);
+        // By recipient, each one's items in the order addressed (an
+        // unstable sort on both allocates nothing).
+        items.sort_unstable_by_key(|&(slot, order, _)| (slot, order));
         let stream = std::mem::take(&mut self.stream);
         let mut failed = std::mem::take(&mut self.failed);
         let parts = self.parts(now);
@@ -164,7 +167,7 @@ impl Server {
             };
             let mut verdict = Verdict::Keep;
             owed.clear();
-            for (_, item) in group {
+            for (_, _, item) in group {
                 let after = match item {
                     Item::Frames { after, .. } | Item::Close { after, .. } => *after,
                 };
