@@ -64,6 +64,10 @@ impl Server {
     /// pool buffers back, and log the stats line when it is due.
     pub(super) fn housekeeping(&mut self, now: Instant) {
         self.trim_pool(now);
+        if self.routes.take_grown() {
+            // A grown index left its old, smaller table free.
+            sys::release_free_memory();
+        }
         self.hand_over_upstream();
         self.publish_metrics(now);
         let metrics = &self.shared.metrics;

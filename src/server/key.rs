@@ -39,6 +39,15 @@ pub(crate) struct Serials {
 }
 
 impl Serials {
+    /// Room for `slots` slots to begin with, as the slab reserves: growing
+    /// a large vector leaves the old one's memory behind.
+    pub(crate) fn with_capacity(slots: usize) -> Serials {
+        Serials {
+            by_slot: Vec::with_capacity(slots),
+            next: 0,
+        }
+    }
+
     /// Gives the connection that now holds `slot` its serial.
     pub(crate) fn assign(&mut self, slot: ConnKey) -> u32 {
         if self.by_slot.len() <= slot.0 {

@@ -351,7 +351,7 @@ impl Server {
             replies: Vec::with_capacity(SCRATCH_BYTES),
             routes: Routes::new(config.max_channels),
             targeted: Targeted::default(),
-            serials: Serials::default(),
+            serials: Serials::with_capacity(config.max_connections.min(SLAB_RESERVE)),
             upstream,
             upstream_waiting: Vec::new(),
             page: Vec::new(),

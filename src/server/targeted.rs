@@ -90,8 +90,8 @@ impl Server {
         for &slot in &self.targeted.recipients {
             for channel in channels {
                 if !on {
-                    self.routes.unsubscribe(slot, channel);
-                } else if self.routes.subscribe(slot, channel).is_err() {
+                    self.routes.unsubscribe(slot, Some(id), channel);
+                } else if self.routes.subscribe(slot, Some(id), channel).is_err() {
                     crate::ops::metrics::Metrics::incr(&metrics.subscriptions_refused);
                     log::warn!("subscription of {id} to {channel} refused: at the channel limit");
                 }

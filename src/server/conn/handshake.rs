@@ -84,11 +84,9 @@ impl Conn {
             target = RequestTarget::kept(upgrade.target, asked.id);
         }
         let slot = key.slot();
-        if let Some(id) = asked.id {
-            ctx.routes.add_id(slot, id);
-        }
+        ctx.routes.join(slot, asked.id);
         for channel in asked.channels() {
-            if ctx.routes.subscribe(slot, channel).is_err() {
+            if ctx.routes.subscribe(slot, asked.id, channel).is_err() {
                 ctx.routes.leave(slot, asked.id);
                 return Err(Rejection::ChannelLimit);
             }
