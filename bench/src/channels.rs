@@ -140,7 +140,10 @@ pub struct ChannelsOptions {
     #[arg(long, default_value_t = 0.01)]
     pub fraction: f64,
     /// Messages written at once before waiting for their receipts (id).
-    #[arg(long, default_value_t = 100)]
+    /// With 1 both servers make one socket write per message; in larger
+    /// bursts `all` to one connection shares one write per burst, so the
+    /// difference includes the writes.
+    #[arg(long, default_value_t = 1)]
     pub burst: u32,
     /// Lines written at once, each stamped just before (throughput).
     #[arg(long, default_value_t = 1000)]
@@ -1204,9 +1207,9 @@ impl FanoutRun {
 pub struct IdSide {
     /// The setup.
     pub setup: SetupReport,
-    /// What each message line began with.
+    /// What each message line was.
     pub command: String,
-    /// Messages sent.
+    /// Messages in the complete bursts.
     pub messages: u32,
     /// Bursts all of whose messages arrived (the run stops at the first that did not).
     pub bursts_complete: u32,
@@ -1218,7 +1221,8 @@ pub struct IdSide {
     pub server_cpu_secs: f64,
     /// That per message, in µs.
     pub server_us_per_message: f64,
-    /// The server's CPU while idle with the connections open before, in % of one CPU.
+    /// The server's CPU while idle with the connections open just before,
+    /// in % of one CPU.
     pub idle_percent: f64,
     /// Send-to-receipt time.
     pub latency: LatencyReport,
@@ -1239,23 +1243,60 @@ pub struct IdRun {
     pub targeted: IdSide,
     /// `all PAYLOAD` to a wspush with one connection.
     pub baseline: IdSide,
-    /// `targeted - baseline` per message, in µs: the loop's cost of
-    /// finding the connection, beyond the write.
+    /// `targeted - baseline` per message, in µs: what finding the
+    /// connection costs the loop beyond the write (with `--burst 1`).
     pub added_us_per_message: f64,
-    /// CPU tick resolution over the phase, per message, in µs (±).
+    /// One CPU tick over the messages of a side, per message, in µs.
     pub resolution_us: f64,
     /// Conditions that make the numbers less trustworthy.
     pub warnings: Vec<String>,
 }
 
-/// Sends `messages` lines in bursts, each awaited; returns the side.
+/// What [`bursts`] measured.
+struct Bursts {
+    /// Messages in the complete bursts.
+    messages: u32,
+    complete: u32,
+    sent: u32,
+    wall_secs: f64,
+    cpu_secs: f64,
+}
+
+impl Bursts {
+    /// The report of a side.
+    fn side(
+        self,
+        stage: &Stage,
+        command: &str,
+        idle_percent: f64,
+        checks: Checks,
+    ) -> Result<IdSide, Error> {
+        let per = |n: f64| n / f64::from(self.messages.max(1));
+        Ok(IdSide {
+            setup: stage.setup_report()?,
+            command: command.into(),
+            messages: self.messages,
+            bursts_complete: self.complete,
+            bursts: self.sent,
+            wall_secs: self.wall_secs,
+            server_cpu_secs: self.cpu_secs,
+            server_us_per_message: per(self.cpu_secs * 1e6),
+            idle_percent,
+            latency: LatencyReport::from_histogram(&stage.ledger.histogram),
+            checks,
+        })
+    }
+}
+
+/// Sends `messages` lines, `prefix(seq) PAYLOAD`, in bursts, each awaited
+/// at `expected(seq)`; stops at the first burst not delivered in time.
 fn bursts(
     stage: &mut Stage,
     o: &ChannelsOptions,
     messages: u32,
     prefix: impl Fn(u32) -> String,
     expected: impl Fn(u32) -> Vec<u64>,
-) -> Result<(u32, u32, f64, f64), Error> {
+) -> Result<Bursts, Error> {
     let count = messages.div_ceil(o.burst);
     let before = stage.mark()?;
     let start_cpu = stage.server.usage()?.cpu_ns;
@@ -1285,10 +1326,16 @@ fn bursts(
         }
         complete += 1;
     }
-    let wall = start.elapsed().as_secs_f64();
+    let wall_secs = start.elapsed().as_secs_f64();
     let cpu = stage.server.usage()?.cpu_ns.saturating_sub(start_cpu) as f64 / 1e9;
     stage.warn_if_busy(&before, "during the bursts")?;
-    Ok((complete, sent, wall, cpu))
+    Ok(Bursts {
+        messages: (complete * o.burst).min(messages),
+        complete,
+        sent,
+        wall_secs,
+        cpu_secs: cpu,
+    })
 }
 
 /// Idle CPU of the stage's server over `duration`, in % of one CPU.
@@ -1314,7 +1361,7 @@ fn id(o: &ChannelsOptions) -> Result<IdRun, Error> {
         .map(|seq| candidates[target(o.seed, seq, candidates.len())])
         .collect();
     let idle = idle_percent(&mut ws, settle)?;
-    let (complete, sent, wall, cpu) = bursts(
+    let measured = bursts(
         &mut ws,
         o,
         messages,
@@ -1323,8 +1370,7 @@ fn id(o: &ChannelsOptions) -> Result<IdRun, Error> {
     )?;
     ws.pump(Duration::from_millis(200))?;
     let mut per_conn: HashMap<u64, Vec<u32>> = HashMap::new();
-    let last = (complete * o.burst).min(messages);
-    for (seq, &t) in (1..=last).zip(&targets) {
+    for (seq, &t) in (1..=measured.messages).zip(&targets) {
         per_conn.entry(t).or_default().push(seq);
     }
     let mut checks = Checks {
@@ -1336,50 +1382,24 @@ fn id(o: &ChannelsOptions) -> Result<IdRun, Error> {
         let expected = per_conn.get(&i).map_or(&[][..], Vec::as_slice);
         checks.add(&ws.ledger.per_conn[i as usize], expected);
     }
-    let targeted = IdSide {
-        setup: ws.setup_report()?,
-        command: "id u{random} PAYLOAD".into(),
-        messages: last,
-        bursts_complete: complete,
-        bursts: sent,
-        wall_secs: wall,
-        server_cpu_secs: cpu,
-        server_us_per_message: cpu * 1e6 / f64::from(last.max(1)),
-        idle_percent: idle,
-        latency: LatencyReport::from_histogram(&ws.ledger.histogram),
-        checks,
-    };
+    let targeted = measured.side(&ws, "id u{random} PAYLOAD", idle, checks)?;
     warnings.extend(ws.finish());
 
     let mut base = Stage::start(o, "wspush all", &o.wspush_command(None)?)?;
     base.connect(o, Paths::Plain, 1)?;
     let idle = idle_percent(&mut base, settle)?;
-    let (complete, sent, wall, cpu) =
-        bursts(&mut base, o, messages, |_| "all ".into(), |_| vec![0])?;
+    let measured = bursts(&mut base, o, messages, |_| "all ".into(), |_| vec![0])?;
     base.pump(Duration::from_millis(200))?;
-    let last = (complete * o.burst).min(messages);
     let mut checks = Checks {
         corrupt: base.ledger.corrupt,
         lost: base.ledger.lost.len() as u64,
         ..Checks::default()
     };
     if base.ledger.lost.is_empty() {
-        let wanted: Vec<u32> = (1..=last).collect();
+        let wanted: Vec<u32> = (1..=measured.messages).collect();
         checks.add(&base.ledger.per_conn[0], &wanted);
     }
-    let baseline = IdSide {
-        setup: base.setup_report()?,
-        command: "all PAYLOAD".into(),
-        messages: last,
-        bursts_complete: complete,
-        bursts: sent,
-        wall_secs: wall,
-        server_cpu_secs: cpu,
-        server_us_per_message: cpu * 1e6 / f64::from(last.max(1)),
-        idle_percent: idle,
-        latency: LatencyReport::from_histogram(&base.ledger.histogram),
-        checks,
-    };
+    let baseline = measured.side(&base, "all PAYLOAD", idle, checks)?;
     warnings.extend(base.finish());
 
     let tick_us = 1e6 / sys::clock_ticks_per_second() as f64;
@@ -1423,12 +1443,19 @@ impl IdRun {
         }
         let _ = writeln!(
             out,
-            "  added CPU per targeted message: {:.2} µs (targeted {:.2} - all-to-one {:.2}; ±{:.2} µs from the 10-ms ticks)",
+            "  added CPU per targeted message: {:.2} µs (targeted {:.2} - all-to-one {:.2}; one CPU tick is {:.2} µs per message)",
             self.added_us_per_message,
             self.targeted.server_us_per_message,
             self.baseline.server_us_per_message,
             self.resolution_us
         );
+        if self.burst > 1 {
+            let _ = writeln!(
+                out,
+                "  NOTE  in bursts of {} wspush writes `all` to its one connection once per burst, each `id` message to its own: the difference includes the writes (--burst 1 compares write for write)",
+                self.burst
+            );
+        }
         render_warnings(&mut out, &self.warnings);
         out
     }
