@@ -959,6 +959,79 @@ mod tests {
         assert!(!spread(0, 1, 0));
     }
 
+    /// The floor on a thread of this process, fed through a socket pair.
+    struct Floor {
+        feed: UnixStream,
+    }
+
+    impl Target for Floor {
+        fn send_line(&mut self, line: &[u8]) -> io::Result<()> {
+            crate::target::write_line(&mut self.feed, line)
+        }
+
+        fn usage(&self) -> io::Result<crate::procfs::Usage> {
+            crate::procfs::tree_usage(std::process::id())
+        }
+
+        fn check_alive(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn workers_report_every_receipt_with_its_connection() {
+        let listener = crate::floor::bind((Ipv4Addr::LOCALHOST, 0).into(), false).unwrap();
+        let server = listener.local_addr().unwrap();
+        let (feed, input) = UnixStream::pair().unwrap();
+        // The floor runs until the test process ends.
+        thread::spawn(move || crate::floor::serve(listener, input));
+        let mut floor = Floor { feed };
+        let plan = SwarmPlan {
+            server,
+            sources: vec![Ipv4Addr::LOCALHOST],
+            paths: Paths::IdChannel { channels: 3 },
+            first: 0,
+            count: 25,
+            rate: 10_000.0,
+            max_in_flight: 8,
+            connect_timeout_ms: 10_000,
+            payload_bytes: 32,
+        };
+        // Three workers: 9, 8 and 8 connections.
+        let mut swarm = Swarm::launch(&Launch::Threads, &plan, 9).unwrap();
+        assert_eq!(swarm.len(), 3);
+        let setup = swarm
+            .wait_ready(Duration::from_secs(20), &mut floor, "test")
+            .unwrap();
+        assert_eq!((setup.open, setup.failed.len()), (25, 0), "{setup:?}");
+        for seq in [1, 2] {
+            let stamp = message::Stamp {
+                seq,
+                sent_ns: sys::now_ns(),
+            };
+            floor
+                .send_line(&message::encode(stamp, 32).unwrap())
+                .unwrap();
+        }
+        let mut got: Vec<(u64, u32)> = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while got.len() < 50 && Instant::now() < deadline {
+            match swarm.next(Duration::from_millis(100)).unwrap() {
+                Some(Event::Got(receipts)) => {
+                    for (conn, seq, sent, recv) in receipts {
+                        assert!(recv >= sent);
+                        got.push((conn, seq));
+                    }
+                }
+                Some(other) => panic!("{other:?}"),
+                None => {}
+            }
+        }
+        got.sort_unstable();
+        let expected: Vec<(u64, u32)> = (0..25).flat_map(|c| [(c, 1), (c, 2)]).collect();
+        assert_eq!(got, expected);
+    }
+
     #[test]
     fn plans_and_reports_round_trip() {
         let plan = SwarmPlan {
