@@ -7,10 +7,10 @@
 //! - `fanout`: `pub hot` to the 1% of the connections on `hot`, one
 //!   message at a time, timed to the last subscriber's receipt, next to
 //!   the floor writing the same lines to as many sockets; the others must
-//!   get nothing before a closing `all`;
-//! - `id`: `id u{random}` messages in bursts, the server's CPU per
-//!   message, next to a wspush sending the same messages with `all` to
-//!   its one connection;
+//!   get nothing but a closing `all`;
+//! - `id`: `id u{random}` messages one at a time (or in bursts), the
+//!   server's CPU per message, next to a wspush sending the same messages
+//!   with `all` to its one connection;
 //! - `throughput`: one `pub ch{i}` per channel of C, each with one
 //!   subscriber, written as fast as the server takes them: messages a
 //!   second until all are delivered, each exactly to its subscriber.
