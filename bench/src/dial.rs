@@ -120,6 +120,28 @@ pub fn dial(
     token: Token,
     interest: Interest,
 ) -> Result<Dialed, Failure> {
+    dial_path(
+        source,
+        server,
+        id,
+        &default_path(id),
+        registry,
+        token,
+        interest,
+    )
+}
+
+/// [`dial`] with the upgrade request for `path` instead of `/ws?id=ID`
+/// (the key is still connection `id`'s).
+pub fn dial_path(
+    source: Ipv4Addr,
+    server: SocketAddr,
+    id: u64,
+    path: &str,
+    registry: &Registry,
+    token: Token,
+    interest: Interest,
+) -> Result<Dialed, Failure> {
     let connect_err = |e: io::Error| Failure::Connect(e.kind());
     let socket = Socket::new(
         Domain::IPV4,
@@ -142,7 +164,7 @@ pub fn dial(
         Err(e) => return Err(connect_err(e)),
     }
     let mut stream = TcpStream::from_std(socket.into());
-    let request = request(id, server);
+    let request = request(id, path, server);
     // A failed connect (refused, reset) shows here as the write's error.
     let requested = match stream.write(&request) {
         Ok(n) if n == request.len() => true,
@@ -183,16 +205,31 @@ pub fn connected(stream: &TcpStream) -> Result<bool, Failure> {
     }
 }
 
-/// Connection `id`'s upgrade request for `/ws?id=ID`.
-fn request(id: u64, server: SocketAddr) -> Vec<u8> {
+/// The path connection `id` asks for unless told otherwise: `/ws?id=ID`.
+fn default_path(id: u64) -> String {
+    format!("/ws?id={id}")
+}
+
+/// Connection `id`'s upgrade request for `path`.
+fn request(id: u64, path: &str, server: SocketAddr) -> Vec<u8> {
     let key = handshake::client_key(id);
-    handshake::client_request(&server.to_string(), &format!("/ws?id={id}"), &key)
+    handshake::client_request(&server.to_string(), path, &key)
 }
 
 /// Sends connection `id`'s upgrade request for `/ws?id=ID` (once
 /// [`connected`] says the connect completed).
 pub fn send_request(stream: &mut TcpStream, id: u64, server: SocketAddr) -> Result<(), Failure> {
-    write_whole(stream, &request(id, server))
+    send_request_path(stream, id, &default_path(id), server)
+}
+
+/// [`send_request`] for `path`.
+pub fn send_request_path(
+    stream: &mut TcpStream,
+    id: u64,
+    path: &str,
+    server: SocketAddr,
+) -> Result<(), Failure> {
+    write_whole(stream, &request(id, path, server))
 }
 
 /// A complete, valid upgrade answer.
@@ -297,7 +334,7 @@ mod tests {
             assert!(n > 0, "the request ended early: {got:?}");
             got.extend_from_slice(&buf[..n]);
         }
-        assert_eq!(got, request(7, server));
+        assert_eq!(got, request(7, "/ws?id=7", server));
     }
 
     #[test]

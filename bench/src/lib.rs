@@ -11,13 +11,17 @@
 //!   K messages and check every delivery;
 //! - `echo` ([`echo`]): C connections × M messages/s × P bytes, round trips
 //!   checked and timed; optionally the highest rate with p99 under a limit;
-//! - `compare` ([`compare`]): `push` and `echo` over several servers, one table.
+//! - `compare` ([`compare`]): `push` and `echo` over several servers, one table;
+//! - `channels` ([`channels`], [`swarm`]): targeted push in wspush (ids and
+//!   channels): memory, fan-out to a fraction, CPU per `id` message,
+//!   throughput over many channels.
 //!
 //! The library exists so that tests can run the same measurement against an
 //! embedded server: [`push::measure`] takes any [`target::Target`] (an
 //! address, a way to send a broadcast line, a process to watch).
 #![deny(missing_docs)]
 
+pub mod channels;
 pub mod clients;
 pub mod compare;
 pub mod conn;
@@ -42,6 +46,7 @@ pub mod report;
 pub mod server;
 pub mod stats;
 pub mod supervisor;
+pub mod swarm;
 pub mod sys;
 pub mod target;
 pub mod trickle;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use serde::Serialize;
+use wspush_bench::channels::{self, ChannelsOptions};
 use wspush_bench::compare::{self, CompareOptions};
 use wspush_bench::echo::{self, EchoOptions, EchoOutcome};
 use wspush_bench::fleet::Launch;
@@ -15,7 +16,7 @@ use wspush_bench::server::{self, ServerSpec};
 use wspush_bench::supervisor::{self, Processes};
 use wspush_bench::target::External;
 use wspush_bench::trickle::{self, TrickleOptions};
-use wspush_bench::{floor, plot, sys, worker, Error};
+use wspush_bench::{floor, plot, swarm, sys, worker, Error};
 
 #[derive(Debug, Parser)]
 #[command(version, about, long_about = None)]
@@ -159,10 +160,23 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Targeted push in wspush (`--input commands`): memory per connection
+    /// with ids and channels, `pub` fan-out to a fraction against the floor,
+    /// CPU per `id` message, throughput over many channels.
+    Channels {
+        #[command(flatten)]
+        options: ChannelsOptions,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// (Internal) a client worker process of `push`, driven through its
     /// standard input and output.
     #[command(hide = true)]
     Worker,
+    /// (Internal) a client worker process of `channels`.
+    #[command(hide = true)]
+    ChannelsWorker,
 }
 
 fn main() -> ExitCode {
@@ -196,7 +210,9 @@ fn main() -> ExitCode {
             options,
             json,
         } => run_trickle(&server, &options, json),
+        Command::Channels { options, json } => run_channels(&options, json),
         Command::Worker => worker::run(std::io::stdin(), std::io::stdout().lock()),
+        Command::ChannelsWorker => swarm::worker(std::io::stdin(), std::io::stdout().lock()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -218,6 +234,12 @@ fn run_trickle(server: &ServerChoice, options: &TrickleOptions, json: bool) -> R
         print!("{}", report.render_text());
     }
     Ok(())
+}
+
+fn run_channels(options: &ChannelsOptions, json: bool) -> Result<(), Error> {
+    sys::install_interrupt_handler()?;
+    let report = channels::run(options)?;
+    print_report(&report, json, channels::ChannelsReport::render_text)
 }
 
 fn run_floor(

@@ -89,16 +89,22 @@ pub fn command_line(template: &str, port: u16, own_exe: &Path) -> String {
 /// `target/release/wspush` under the current directory. `extra` options
 /// are added.
 pub fn default_wspush(own_exe: &Path, extra: &str, conns: usize) -> String {
+    format!(
+        "{} --processes auto --total-connections {conns}{extra} --listen 127.0.0.1:{PORT_PLACEHOLDER}",
+        wspush_exe(own_exe)
+    )
+}
+
+/// The `wspush` binary next to this program, else `target/release/wspush`
+/// under the current directory; quoted for `sh`.
+pub fn wspush_exe(own_exe: &Path) -> String {
     let beside = own_exe.with_file_name("wspush");
     let exe = if beside.is_file() {
         beside
     } else {
         PathBuf::from("target/release/wspush")
     };
-    format!(
-        "{} --processes auto --total-connections {conns}{extra} --listen 127.0.0.1:{PORT_PLACEHOLDER}",
-        quote(&exe)
-    )
+    quote(&exe)
 }
 
 /// `path` quoted for `sh`.
