@@ -1096,8 +1096,10 @@ fn fanout(o: &ChannelsOptions) -> Result<FanoutRun, Error> {
         BroadcastReport::new(&sent, &receipts, o.payload_bytes),
         checks,
     )?;
-    warnings.extend(ws.finish());
 
+    // The floor runs while wspush's connections stay open, idle: the
+    // kernel then holds as many connections for both (its socket lookups
+    // cost more with more of them), and only the servers differ.
     let mut fl = Stage::start(o, "floor", server::FLOOR)?;
     fl.connect(o, Paths::Plain, subscribers)?;
     let open = open_mask(subscribers, &fl.setup.failed);
@@ -1123,6 +1125,7 @@ fn fanout(o: &ChannelsOptions) -> Result<FanoutRun, Error> {
         checks,
     )?;
     warnings.extend(fl.finish());
+    warnings.extend(ws.finish());
 
     let median = |s: &FanoutSide| s.fanout.completion_us.map(|c| c.median);
     let ratio = match (median(&wspush), median(&floor)) {
