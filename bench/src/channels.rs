@@ -204,6 +204,10 @@ pub struct ChannelsOptions {
     /// Seed of the `id` mode's choice of targets.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// `id` mode: every message to the same connection, whose socket stays
+    /// warm, to tell the lookup's cost from a cold socket's.
+    #[arg(long)]
+    pub one_target: bool,
     /// Before each server starts, wait up to this many seconds for the
     /// machine to be quiet.
     #[arg(long, default_value_t = 0)]
@@ -1375,6 +1379,7 @@ fn id(o: &ChannelsOptions) -> Result<IdRun, Error> {
     let open = open_mask(n, &ws.setup.failed);
     let candidates: Vec<u64> = (0..n).filter(|&i| open[i as usize]).collect();
     let targets: Vec<u64> = (1..=messages)
+        .map(|seq| if o.one_target { 1 } else { seq })
         .map(|seq| candidates[target(o.seed, seq, candidates.len())])
         .collect();
     let idle = idle_percent(&mut ws, settle)?;
