@@ -806,6 +806,9 @@ impl Conn {
         }
         let replies: &[u8] = ctx.replies;
         if matches!(out, Outgoing::Replies) && replies.is_empty() {
+            // Nothing written, nothing to half-close after: a connection
+            // that just asked for an endpoint lingers until the loop has
+            // handed it the answer (`Verdict::Serve`).
             return Ok(Sent::taken(&self.out));
         }
         let before = self.out.queued_bytes();
