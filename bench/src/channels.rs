@@ -238,18 +238,7 @@ impl ChannelsOptions {
         if self.variants.is_empty() {
             return Err("--variants needs at least one".into());
         }
-        let widest = Stamp {
-            seq: u32::MAX,
-            sent_ns: u64::MAX,
-        };
-        if message::encode(widest, self.payload_bytes).is_none() {
-            return Err(format!(
-                "--payload-bytes {} is too small for a sequence number and a timestamp",
-                self.payload_bytes
-            )
-            .into());
-        }
-        Ok(())
+        Ok(message::check_room(self.payload_bytes, u32::MAX)?)
     }
 
     fn setup_timeout(&self, conns: u64) -> Duration {

@@ -228,16 +228,25 @@ impl Conn {
                 }
                 Ok(())
             }
-            opcode::TEXT | opcode::BINARY | opcode::CONTINUATION => Err(Failure::Fragmented),
-            opcode::PING => {
-                let mut pong = Vec::with_capacity(f.payload.len() + 6);
-                frame::encode(&mut pong, opcode::PONG, f.payload, Some(MASK));
-                dial::write_whole(stream, &pong)
-            }
-            opcode::PONG => Ok(()),
-            opcode::CLOSE => Err(Failure::CloseFrame),
-            other => Err(Failure::UnknownOpcode(other)),
+            other => not_a_message(stream, other, f.payload),
         })
+    }
+}
+
+/// A frame other than a whole data message, on a client that expects only
+/// those: a ping is answered with a pong, a pong ignored; a fragment, a
+/// close or an unknown opcode fails the connection.
+pub fn not_a_message(stream: &mut TcpStream, op: u8, payload: &[u8]) -> Result<(), Failure> {
+    match op {
+        opcode::TEXT | opcode::BINARY | opcode::CONTINUATION => Err(Failure::Fragmented),
+        opcode::PING => {
+            let mut pong = Vec::with_capacity(payload.len() + 6);
+            frame::encode(&mut pong, opcode::PONG, payload, Some(MASK));
+            dial::write_whole(stream, &pong)
+        }
+        opcode::PONG => Ok(()),
+        opcode::CLOSE => Err(Failure::CloseFrame),
+        other => Err(Failure::UnknownOpcode(other)),
     }
 }
 

@@ -6,6 +6,7 @@
 //! and the hard limit cannot be raised), so a million connections need
 //! dozens of workers; each gets a share no larger than `--per-worker`.
 
+use serde::de::DeserializeOwned;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
@@ -36,6 +37,63 @@ pub enum Launch {
     /// As threads of this process (tests: every socket counts against one
     /// process's open-file limit).
     Threads,
+}
+
+/// A started worker's pipes: its commands in, its reports out, and what
+/// to end it by.
+pub struct WorkerPipes {
+    /// Where its commands go.
+    pub input: Box<dyn Write + Send>,
+    /// Where its reports come from.
+    pub output: Box<dyn Read + Send>,
+    /// Its process, when it is one.
+    pub process: Option<Child>,
+    /// Our end of its socket, when it is a thread (shut down to end it).
+    pub socket: Option<UnixStream>,
+}
+
+impl Launch {
+    /// Starts one worker: `wspush-bench SUBCOMMAND` as a child process
+    /// (killed if this process dies), or `entry` on a thread named `name`
+    /// over a socket pair.
+    pub fn start<R, E>(&self, subcommand: &str, name: &str, entry: E) -> io::Result<WorkerPipes>
+    where
+        E: FnOnce(UnixStream, UnixStream) -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        match self {
+            Launch::Processes { exe } => {
+                let mut cmd = Process::new(exe);
+                cmd.arg(subcommand)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::inherit());
+                wspush::sys::die_with_parent(&mut cmd, ParentDeath::Kill);
+                let mut child = cmd.spawn()?;
+                let stdin = child.stdin.take().expect("piped");
+                let stdout = child.stdout.take().expect("piped");
+                Ok(WorkerPipes {
+                    input: Box::new(stdin),
+                    output: Box::new(stdout),
+                    process: Some(child),
+                    socket: None,
+                })
+            }
+            Launch::Threads => {
+                let (ours, theirs) = UnixStream::pair()?;
+                let input = theirs.try_clone()?;
+                thread::Builder::new()
+                    .name(name.to_string())
+                    .spawn(move || entry(input, theirs))?;
+                Ok(WorkerPipes {
+                    input: Box::new(ours.try_clone()?),
+                    socket: Some(ours.try_clone()?),
+                    output: Box::new(ours),
+                    process: None,
+                })
+            }
+        }
+    }
 }
 
 /// One worker as the coordinator sees it.
@@ -71,34 +129,12 @@ impl Fleet {
         let mut workers = Vec::with_capacity(shares.len());
         let mut first_id = plan.first_id;
         for (index, &capacity) in shares.iter().enumerate() {
-            let (commands, output, process, socket): (
-                Box<dyn Write + Send>,
-                Box<dyn Read + Send>,
-                _,
-                _,
-            ) = match launch {
-                Launch::Processes { exe } => {
-                    let mut cmd = Process::new(exe);
-                    cmd.arg("worker")
-                        .stdin(Stdio::piped())
-                        .stdout(Stdio::piped())
-                        .stderr(Stdio::inherit());
-                    wspush::sys::die_with_parent(&mut cmd, ParentDeath::Kill);
-                    let mut child = cmd.spawn()?;
-                    let stdin = child.stdin.take().expect("piped");
-                    let stdout = child.stdout.take().expect("piped");
-                    (Box::new(stdin), Box::new(stdout), Some(child), None)
-                }
-                Launch::Threads => {
-                    let (ours, theirs) = UnixStream::pair()?;
-                    let input = theirs.try_clone()?;
-                    thread::Builder::new()
-                        .name(format!("worker-{index}"))
-                        .spawn(move || worker::run(input, theirs))?;
-                    let socket = Some(ours.try_clone()?);
-                    (Box::new(ours.try_clone()?), Box::new(ours), None, socket)
-                }
-            };
+            let WorkerPipes {
+                input: commands,
+                output,
+                process,
+                socket,
+            } = launch.start("worker", &format!("worker-{index}"), worker::run)?;
             spawn_report_reader(index, output, tx.clone())?;
             let mut worker = Worker {
                 commands,
@@ -332,11 +368,12 @@ impl Drop for Fleet {
     }
 }
 
-/// Reads a worker's reports on a thread of their own and forwards them.
-fn spawn_report_reader(
+/// Reads a worker's reports (one JSON line each) on a thread of their
+/// own and forwards them tagged with `index`; `None` at their end.
+pub fn spawn_report_reader<T: DeserializeOwned + Send + 'static>(
     index: usize,
     output: Box<dyn Read + Send>,
-    tx: mpsc::Sender<(usize, Option<io::Result<Report>>)>,
+    tx: mpsc::Sender<(usize, Option<io::Result<T>>)>,
 ) -> io::Result<()> {
     thread::Builder::new()
         .name(format!("reports-{index}"))

@@ -21,6 +21,21 @@ pub struct Stamp {
     pub sent_ns: u64,
 }
 
+/// Checks that `payload_bytes` can hold a stamp with sequence numbers up
+/// to `max_seq` (and any 20-digit time).
+pub fn check_room(payload_bytes: usize, max_seq: u32) -> Result<(), String> {
+    let widest = Stamp {
+        seq: max_seq,
+        sent_ns: u64::MAX,
+    };
+    match encode(widest, payload_bytes) {
+        Some(_) => Ok(()),
+        None => Err(format!(
+            "--payload-bytes {payload_bytes} is too small for a sequence number and a timestamp"
+        )),
+    }
+}
+
 /// The message for `stamp`, padded to `size` bytes; `None` if the stamp
 /// alone (with its trailing space) does not fit in `size` bytes.
 pub fn encode(stamp: Stamp, size: usize) -> Option<Vec<u8>> {

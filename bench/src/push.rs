@@ -211,18 +211,8 @@ impl PushOptions {
         }
         // The widest stamp: the last sequence number with a 20-digit time.
         let streams = self.burst.is_some() || self.feed_rate.is_some() || self.find_max_feed_rate;
-        let widest = Stamp {
-            seq: if streams { u32::MAX } else { self.messages },
-            sent_ns: u64::MAX,
-        };
-        if message::encode(widest, self.payload_bytes).is_none() {
-            return Err(format!(
-                "--payload-bytes {} is too small for a sequence number and a timestamp",
-                self.payload_bytes
-            )
-            .into());
-        }
-        Ok(())
+        let max_seq = if streams { u32::MAX } else { self.messages };
+        Ok(message::check_room(self.payload_bytes, max_seq)?)
     }
 }
 

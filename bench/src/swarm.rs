@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr};
 use std::os::unix::net::UnixStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
@@ -28,12 +28,11 @@ use mio::event::Event as Readiness;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use serde::{Deserialize, Serialize};
-use wspush::sys::ParentDeath;
 
-use crate::conn::MASK;
+use crate::conn::not_a_message;
 use crate::dial::{self, Failure};
-use crate::fleet::Launch;
-use crate::frame::{self, opcode, FrameReader};
+use crate::fleet::{spawn_report_reader, Launch, WorkerPipes};
+use crate::frame::{opcode, FrameReader};
 use crate::message;
 use crate::pacing::{self, Schedule};
 use crate::protocol;
@@ -353,15 +352,7 @@ impl Conn {
                 }
                 Ok(())
             }
-            opcode::TEXT | opcode::BINARY | opcode::CONTINUATION => Err(Failure::Fragmented),
-            opcode::PING => {
-                let mut pong = Vec::with_capacity(f.payload.len() + 6);
-                frame::encode(&mut pong, opcode::PONG, f.payload, Some(MASK));
-                dial::write_whole(stream, &pong)
-            }
-            opcode::PONG => Ok(()),
-            opcode::CLOSE => Err(Failure::CloseFrame),
-            other => Err(Failure::UnknownOpcode(other)),
+            other => not_a_message(stream, other, f.payload),
         })
     }
 }
@@ -691,35 +682,13 @@ impl Swarm {
                 ..plan.clone()
             };
             first += share as u64;
-            let (mut input, output, process, socket): (
-                Box<dyn Write + Send>,
-                Box<dyn Read + Send>,
-                _,
-                _,
-            ) = match launch {
-                Launch::Processes { exe } => {
-                    let mut cmd = Command::new(exe);
-                    cmd.arg("channels-worker")
-                        .stdin(Stdio::piped())
-                        .stdout(Stdio::piped())
-                        .stderr(Stdio::inherit());
-                    wspush::sys::die_with_parent(&mut cmd, ParentDeath::Kill);
-                    let mut child = cmd.spawn()?;
-                    let stdin = child.stdin.take().expect("piped");
-                    let stdout = child.stdout.take().expect("piped");
-                    (Box::new(stdin), Box::new(stdout), Some(child), None)
-                }
-                Launch::Threads => {
-                    let (ours, theirs) = UnixStream::pair()?;
-                    let theirs_in = theirs.try_clone()?;
-                    thread::Builder::new()
-                        .name(format!("swarm-{index}"))
-                        .spawn(move || worker(theirs_in, theirs))?;
-                    let socket = Some(ours.try_clone()?);
-                    (Box::new(ours.try_clone()?), Box::new(ours), None, socket)
-                }
-            };
-            spawn_reader(index, output, tx.clone())?;
+            let WorkerPipes {
+                mut input,
+                output,
+                process,
+                socket,
+            } = launch.start("channels-worker", &format!("swarm-{index}"), worker)?;
+            spawn_report_reader(index, output, tx.clone())?;
             protocol::send(&mut input, &own)?;
             workers.push(Handle {
                 input: Some(input),
@@ -880,27 +849,6 @@ fn event_of(report: Report) -> Option<Event> {
         Report::Corrupt { conn } => Some(Event::Corrupt { conn }),
         Report::Progress { .. } | Report::Ready { .. } | Report::Failed(_) => None,
     }
-}
-
-/// Reads a worker's reports on a thread of their own and forwards them.
-fn spawn_reader(
-    index: usize,
-    output: Box<dyn Read + Send>,
-    tx: mpsc::Sender<(usize, Option<io::Result<Report>>)>,
-) -> io::Result<()> {
-    thread::Builder::new()
-        .name(format!("swarm-reports-{index}"))
-        .spawn(move || {
-            for line in BufReader::new(output).lines() {
-                let report = line.and_then(|l| protocol::parse(&l));
-                let stop = report.is_err();
-                if tx.send((index, Some(report))).is_err() || stop {
-                    return;
-                }
-            }
-            let _ = tx.send((index, None));
-        })?;
-    Ok(())
 }
 
 #[cfg(test)]
