@@ -10,7 +10,7 @@ use std::thread;
 use std::time::Instant;
 
 use tungstenite::Message;
-use util::{connect, need_open_files, raw_upgraded, read_frame, TestServer};
+use util::{connect, need_open_files, read_frame, stalling_client, TestServer};
 use wspush::{Config, SlowConsumerPolicy};
 
 fn text(client: &mut util::Client) -> String {
@@ -85,7 +85,7 @@ fn a_client_that_never_reads_is_closed_and_the_others_get_everything() {
         close_timeout: std::time::Duration::from_secs(60),
         ..Config::default()
     });
-    let mut stalled = raw_upgraded(server.addr);
+    let mut stalled = stalling_client(server.addr);
     let progress: Arc<Vec<AtomicUsize>> =
         Arc::new((0..READERS).map(|_| AtomicUsize::new(0)).collect());
     let readers: Vec<_> = (0..READERS)
@@ -166,7 +166,7 @@ fn the_drop_policy_skips_messages_for_a_slow_client_and_counts_each_one() {
         slow_consumer: SlowConsumerPolicy::Drop,
         ..Config::default()
     });
-    let mut slow = raw_upgraded(server.addr);
+    let mut slow = stalling_client(server.addr);
     server.wait_for("the upgrade", |m| m.upgrades == 1);
     for seq in 0..MESSAGES {
         server.handle.broadcast_text(numbered(seq, SIZE)).unwrap();
@@ -180,7 +180,7 @@ fn the_drop_policy_skips_messages_for_a_slow_client_and_counts_each_one() {
     let dropped = metrics.slow_consumer_drops as usize;
     assert!(
         dropped > 0,
-        "socket buffers cannot hold 12.5 MiB: some messages must be dropped"
+        "a 64 KiB receive buffer cannot hold 12.5 MiB: some messages must be dropped"
     );
     assert_eq!(
         metrics.broadcast_deliveries as usize + dropped,

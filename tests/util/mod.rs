@@ -214,6 +214,21 @@ pub fn raw_upgraded(addr: SocketAddr) -> TcpStream {
     stream
 }
 
+/// An upgraded raw client whose receive buffer is held at 64 KiB (no
+/// autotuning), for tests of a client that stops reading: how much the
+/// kernel buffers then does not depend on the machine's `tcp_rmem`
+/// (32 MiB at most by default on recent kernels).
+pub fn stalling_client(addr: SocketAddr) -> TcpStream {
+    let stream = raw(addr);
+    socket2::SockRef::from(&stream)
+        .set_recv_buffer_size(64 * 1024)
+        .unwrap();
+    let mut stream = stream;
+    stream.write_all(upgrade_request("/").as_bytes()).unwrap();
+    assert_eq!(read_response(&mut stream).status, 101);
+    stream
+}
+
 pub const MASK: [u8; 4] = [0x12, 0x34, 0x56, 0x78];
 
 /// A client frame as RFC 6455 §5.2 lays it out: `first_byte` carries FIN,
