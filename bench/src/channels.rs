@@ -6,8 +6,9 @@
 //!   of its own; the subscriptions from `/metrics`; bytes per subscription;
 //! - `fanout`: `pub hot` to the 1% of the connections on `hot`, one
 //!   message at a time, timed to the last subscriber's receipt, next to
-//!   the floor writing the same lines to as many sockets; the others must
-//!   get nothing but a closing `all`;
+//!   the floor writing the same lines to the same share of as many
+//!   connections (`floor --channel hot`), and to that many sockets alone;
+//!   the others must get nothing but a closing `all`;
 //! - `id`: `id u{random}` messages one at a time (or in bursts), the
 //!   server's CPU per message, next to a wspush sending the same messages
 //!   with `all` to its one connection;
@@ -274,11 +275,11 @@ pub enum ChannelsReport {
     /// `memory`.
     Memory(MemoryRun),
     /// `fanout`.
-    Fanout(FanoutRun),
+    Fanout(Box<FanoutRun>),
     /// `id`.
-    Id(IdRun),
+    Id(Box<IdRun>),
     /// `throughput`.
-    Throughput(ThroughputRun),
+    Throughput(Box<ThroughputRun>),
 }
 
 impl ChannelsReport {
@@ -308,9 +309,9 @@ pub fn run(options: &ChannelsOptions) -> Result<ChannelsReport, Error> {
         })?;
     Ok(match options.mode {
         Mode::Memory => ChannelsReport::Memory(memory(options)?),
-        Mode::Fanout => ChannelsReport::Fanout(fanout(options)?),
-        Mode::Id => ChannelsReport::Id(id(options)?),
-        Mode::Throughput => ChannelsReport::Throughput(throughput(options)?),
+        Mode::Fanout => ChannelsReport::Fanout(Box::new(fanout(options)?)),
+        Mode::Id => ChannelsReport::Id(Box::new(id(options)?)),
+        Mode::Throughput => ChannelsReport::Throughput(Box::new(throughput(options)?)),
     })
 }
 
@@ -1006,10 +1007,16 @@ pub struct FanoutRun {
     pub non_subscribers_leaked: u64,
     /// Connections (any) that did not get the closing `all`.
     pub sentinel_missing: u64,
-    /// The floor with as many sockets as subscribers, `PAYLOAD`.
+    /// The floor holding as many connections, with the same requests,
+    /// writing `PAYLOAD` to those that named `hot` (`floor --channel hot`).
     pub floor: FanoutSide,
+    /// The floor holding only as many sockets as subscribers, writing to
+    /// them all (measured while the first floor's connections stay open).
+    pub floor_alone: FanoutSide,
     /// Median fan-out time of wspush over the floor's.
     pub ratio: Option<f64>,
+    /// Median fan-out time of wspush over the lone floor's.
+    pub ratio_alone: Option<f64>,
     /// Conditions that make the numbers less trustworthy.
     pub warnings: Vec<String>,
 }
@@ -1090,41 +1097,34 @@ fn fanout(o: &ChannelsOptions) -> Result<FanoutRun, Error> {
         checks,
     )?;
 
-    // The floor runs while wspush's connections stay open, idle: the
-    // kernel then holds as many connections for both (its socket lookups
-    // cost more with more of them), and only the servers differ.
-    let mut fl = Stage::start(o, "floor", server::FLOOR)?;
-    fl.connect(o, Paths::Plain, subscribers)?;
-    let open = open_mask(subscribers, &fl.setup.failed);
-    let all: Vec<u64> = (0..subscribers).filter(|&i| open[i as usize]).collect();
-    fl.pump(settle)?;
-    let before = fl.mark()?;
-    let (sent, receipts) = fl.one_at_a_time(o, "", messages, &all)?;
-    fl.warn_if_busy(&before, "during the messages")?;
-    fl.pump(Duration::from_millis(200))?;
-    let mut checks = Checks {
-        corrupt: fl.ledger.corrupt,
-        lost: fl.ledger.lost.len() as u64,
-        ..Checks::default()
-    };
-    let wanted: Vec<u32> = (1..=messages).collect();
-    for &i in all.iter().filter(|i| !fl.ledger.lost.contains(i)) {
-        checks.add(&fl.ledger.per_conn[i as usize], &wanted);
-    }
-    let floor = side(
-        &fl,
-        all.len() as u64,
-        BroadcastReport::new(&sent, &receipts, o.payload_bytes),
-        checks,
-    )?;
-    warnings.extend(fl.finish());
     warnings.extend(ws.finish());
 
+    // The floor reaches the same subscribers among as many connections,
+    // then (those staying open, so that the kernel holds as many
+    // connections again) as many sockets alone.
+    let command = format!("{} --channel hot", server::FLOOR);
+    let mut among = Stage::start(o, "floor", &command)?;
+    among.connect(
+        o,
+        Paths::Hot {
+            subscribers,
+            total: n,
+        },
+        n,
+    )?;
+    let floor = floor_side(o, &mut among, messages, is_sub)?;
+    let mut alone = Stage::start(o, "floor alone", server::FLOOR)?;
+    alone.connect(o, Paths::Plain, subscribers)?;
+    let floor_alone = floor_side(o, &mut alone, messages, |_| true)?;
+    warnings.extend(alone.finish());
+    warnings.extend(among.finish());
+
     let median = |s: &FanoutSide| s.fanout.completion_us.map(|c| c.median);
-    let ratio = match (median(&wspush), median(&floor)) {
+    let over = |f: &FanoutSide| match (median(&wspush), median(f)) {
         (Some(w), Some(f)) if f > 0.0 => Some(w / f),
         _ => None,
     };
+    let (ratio, ratio_alone) = (over(&floor), over(&floor_alone));
     Ok(FanoutRun {
         conns: n,
         subscribers,
@@ -1134,9 +1134,48 @@ fn fanout(o: &ChannelsOptions) -> Result<FanoutRun, Error> {
         non_subscribers_leaked: leaked,
         sentinel_missing,
         floor,
+        floor_alone,
         ratio,
+        ratio_alone,
         warnings,
     })
+}
+
+/// Sends `messages` one at a time through the floor of `stage`, each
+/// awaited at the open connections `receives`; checks that each got each
+/// once, in order, and the others nothing.
+fn floor_side(
+    o: &ChannelsOptions,
+    stage: &mut Stage,
+    messages: u32,
+    receives: impl Fn(u64) -> bool,
+) -> Result<FanoutSide, Error> {
+    let count = stage.ledger.per_conn.len() as u64;
+    let open = open_mask(count, &stage.setup.failed);
+    let receivers: Vec<u64> = (0..count)
+        .filter(|&i| open[i as usize] && receives(i))
+        .collect();
+    stage.pump(Duration::from_millis(o.settle_ms))?;
+    let before = stage.mark()?;
+    let (sent, receipts) = stage.one_at_a_time(o, "", messages, &receivers)?;
+    stage.warn_if_busy(&before, "during the messages")?;
+    stage.pump(Duration::from_millis(200))?;
+    let mut checks = Checks {
+        corrupt: stage.ledger.corrupt,
+        lost: stage.ledger.lost.len() as u64,
+        ..Checks::default()
+    };
+    let wanted: Vec<u32> = (1..=messages).collect();
+    for i in (0..count).filter(|&i| open[i as usize] && !stage.ledger.lost.contains(&i)) {
+        let expected: &[u32] = if receives(i) { &wanted } else { &[] };
+        checks.add(&stage.ledger.per_conn[i as usize], expected);
+    }
+    side(
+        stage,
+        receivers.len() as u64,
+        BroadcastReport::new(&sent, &receipts, o.payload_bytes),
+        checks,
+    )
 }
 
 fn spread_text(s: Option<Spread>, unit: fn(f64) -> String) -> String {
@@ -1154,15 +1193,15 @@ impl FanoutRun {
     /// The report as text.
     pub fn render_text(&self) -> String {
         let mut out = format!(
-            "channels fanout: {} messages of {} B, one at a time, to {} of {} connections (`pub hot`), and from the floor to {} sockets\n",
+            "channels fanout: {} messages of {} B, one at a time, to {} of {} connections (`pub hot`); the floor to as many among as many, and to {} sockets alone\n",
             self.messages,
             self.payload_bytes,
             grouped(self.subscribers),
             grouped(self.conns),
-            grouped(self.floor.receivers)
+            grouped(self.floor_alone.receivers)
         );
         let per = |v: f64| format!("{v:.2} µs");
-        for s in [&self.wspush, &self.floor] {
+        for s in [&self.wspush, &self.floor, &self.floor_alone] {
             let _ = writeln!(out, "  {}", s.setup.render());
             let _ = writeln!(
                 out,
@@ -1187,23 +1226,27 @@ impl FanoutRun {
             .per_message
             .iter()
             .zip(&self.floor.fanout.per_message)
-            .map(|(w, f)| {
+            .zip(&self.floor_alone.fanout.per_message)
+            .map(|((w, f), a)| {
                 vec![
                     ("  message", format!("  {}", w.seq)),
                     ("wspush got", format!("{}/{}", w.received, w.expected)),
                     ("wspush fan-out", time(w.last_us)),
                     ("floor got", format!("{}/{}", f.received, f.expected)),
                     ("floor fan-out", time(f.last_us)),
+                    ("alone got", format!("{}/{}", a.received, a.expected)),
+                    ("alone fan-out", time(a.last_us)),
                 ]
             })
             .collect();
         out.push_str(&render_columns(&rows));
-        match self.ratio {
-            Some(r) => {
-                let _ = writeln!(out, "  wspush / floor (median fan-out): {r:.2}");
-            }
-            None => out.push_str("  wspush / floor: -\n"),
-        }
+        let ratio = |r: Option<f64>| r.map_or("-".into(), |r| format!("{r:.2}"));
+        let _ = writeln!(
+            out,
+            "  wspush / floor (median fan-out): {}; wspush / floor alone: {}",
+            ratio(self.ratio),
+            ratio(self.ratio_alone)
+        );
         render_warnings(&mut out, &self.warnings);
         out
     }

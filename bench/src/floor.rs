@@ -24,6 +24,12 @@
 //! A frame split across reads is the only thing ever buffered per
 //! connection.
 //!
+//! With a channel name (`--channel hot`) it writes the lines only to the
+//! connections whose request named that channel (`?channel=hot`), and
+//! holds the others without writing to them: the bare cost of reaching a
+//! channel's subscribers among idle connections, every socket in the
+//! same process as for the server measured beside it.
+//!
 //! With a ping interval it also writes a pre-encoded ping frame to every
 //! socket once per interval, all at once (pongs are read and dropped): the
 //! physical cost of heartbeats, to compare a server's heartbeat CPU with.
@@ -59,6 +65,9 @@ const STDIN: Token = Token(usize::MAX - 1);
 /// Tokens at and above this name open connections (`OPEN_BASE + key`);
 /// below it, connections still upgrading.
 const OPEN_BASE: usize = 1 << 40;
+/// Tokens at and above this name the connections held without writes
+/// (`HELD_BASE + key`).
+const HELD_BASE: usize = 1 << 41;
 
 /// Size of the buffer every read goes through.
 const READ_BUFFER: usize = 64 * 1024;
@@ -69,17 +78,23 @@ pub const MAX_BATCH_BYTES: usize = 64 * 1024;
 /// An unmasked ping frame with no payload.
 const PING_FRAME: [u8; 2] = [0x80 | opcode::PING, 0];
 
+/// What the floor does besides writing every line to every socket.
+#[derive(Debug, Clone, Default)]
+pub struct FloorOptions {
+    /// Write a ping to every socket this often.
+    pub ping_interval: Option<Duration>,
+    /// Write only to the connections whose request named this channel
+    /// (`channel=NAME` in its query); hold the others.
+    pub channel: Option<String>,
+}
+
 /// Runs the floor server on `listen` (sharing the port with other
-/// processes if `reuse_port`), broadcasting standard input (and pinging
-/// every socket each `ping_interval`, if given), until the process is killed.
-pub fn run(
-    listen: SocketAddr,
-    reuse_port: bool,
-    ping_interval: Option<Duration>,
-) -> io::Result<()> {
+/// processes if `reuse_port`), broadcasting standard input as `options`
+/// say, until the process is killed.
+pub fn run(listen: SocketAddr, reuse_port: bool, options: FloorOptions) -> io::Result<()> {
     let listener = bind(listen, reuse_port)?;
     eprintln!("floor listening on {}", listener.local_addr()?);
-    serve_pinging(listener, io::stdin(), ping_interval)
+    serve_with(listener, io::stdin(), options)
 }
 
 /// A non-blocking listener on `addr` with `SO_REUSEADDR` (and
@@ -106,7 +121,11 @@ struct Upgrading {
 struct Floor {
     poll: Poll,
     upgrading: Slab<Upgrading>,
+    /// The connections every line is written to.
     open: Slab<TcpStream>,
+    /// The connections that did not name [`Floor::channel`], never written to.
+    held: Slab<TcpStream>,
+    channel: Option<String>,
     /// Unfinished client frames of open connections, by slab key.
     partial: HashMap<usize, Vec<u8>>,
     buf: Box<[u8]>,
@@ -117,15 +136,19 @@ struct Floor {
 /// Serves `listener`, broadcasting each line of `input`; returns only on
 /// an error of the poll itself.
 pub fn serve(listener: TcpListener, input: impl Read + Send + 'static) -> io::Result<()> {
-    serve_pinging(listener, input, None)
+    serve_with(listener, input, FloorOptions::default())
 }
 
-/// [`serve`], and every `ping_interval` writes a ping to every open socket.
-pub fn serve_pinging(
+/// [`serve`] as `options` say.
+pub fn serve_with(
     mut listener: TcpListener,
     input: impl Read + Send + 'static,
-    ping_interval: Option<Duration>,
+    options: FloorOptions,
 ) -> io::Result<()> {
+    let FloorOptions {
+        ping_interval,
+        channel,
+    } = options;
     let poll = Poll::new()?;
     poll.registry()
         .register(&mut listener, LISTENER, Interest::READABLE)?;
@@ -139,6 +162,8 @@ pub fn serve_pinging(
         poll,
         upgrading: Slab::new(),
         open: Slab::new(),
+        held: Slab::new(),
+        channel,
         partial: HashMap::new(),
         buf: vec![0; READ_BUFFER].into_boxed_slice(),
         out: Vec::new(),
@@ -168,6 +193,7 @@ pub fn serve_pinging(
                         floor.broadcast(&batch);
                     }
                 }
+                Token(t) if t >= HELD_BASE => floor.drain_held(t - HELD_BASE),
                 Token(t) if t >= OPEN_BASE => {
                     if floor.echo(t - OPEN_BASE).is_err() {
                         floor.close(t - OPEN_BASE);
@@ -198,7 +224,7 @@ impl Floor {
                         head: Vec::new(),
                     };
                     match read_upgrade(&mut conn, &mut self.buf) {
-                        Ok(true) => self.add_open(conn.stream, false)?,
+                        Ok(true) => self.add_open(conn, false)?,
                         Ok(false) => {
                             let entry = self.upgrading.vacant_entry();
                             self.poll.registry().register(
@@ -232,8 +258,8 @@ impl Floor {
         match read_upgrade(conn, &mut self.buf) {
             Ok(false) => Ok(()),
             Ok(true) => {
-                let stream = self.upgrading.remove(key).stream;
-                self.add_open(stream, true)
+                let conn = self.upgrading.remove(key);
+                self.add_open(conn, true)
             }
             Err(_) => {
                 drop(self.upgrading.remove(key));
@@ -243,10 +269,20 @@ impl Floor {
     }
 
     /// Keeps an upgraded connection among the open ones, under its open
-    /// token (`registered`: it is registered already, as an upgrading one).
-    fn add_open(&mut self, mut stream: TcpStream, registered: bool) -> io::Result<()> {
-        let entry = self.open.vacant_entry();
-        let token = Token(OPEN_BASE + entry.key());
+    /// token, or among the held ones if it did not name the channel
+    /// (`registered`: it is registered already, as an upgrading one).
+    fn add_open(&mut self, conn: Upgrading, registered: bool) -> io::Result<()> {
+        let Upgrading { mut stream, head } = conn;
+        let receives = self
+            .channel
+            .as_deref()
+            .is_none_or(|channel| names_channel(&head, channel));
+        let (slab, base) = match receives {
+            true => (&mut self.open, OPEN_BASE),
+            false => (&mut self.held, HELD_BASE),
+        };
+        let entry = slab.vacant_entry();
+        let token = Token(base + entry.key());
         let registry = self.poll.registry();
         if registered {
             registry.reregister(&mut stream, token, Interest::READABLE)?;
@@ -268,6 +304,24 @@ impl Floor {
             self.partial.retain(|key, _| self.open.contains(*key));
             eprintln!("floor: closed {dropped} connections that could not take a frame");
         }
+    }
+
+    /// Reads and drops whatever a held connection sent; closes it at its
+    /// end or on an error.
+    fn drain_held(&mut self, key: usize) {
+        let Some(stream) = self.held.get_mut(key) else {
+            return; // spurious event
+        };
+        loop {
+            match stream.read(&mut self.buf) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        self.held.remove(key);
     }
 
     fn close(&mut self, key: usize) {
@@ -339,6 +393,19 @@ fn answer_frames(input: &mut [u8], out: &mut Vec<u8>) -> io::Result<usize> {
     Ok(used)
 }
 
+/// Whether the request `head` names `channel` in its query
+/// (`channel=NAME` among its `&`-separated parameters).
+fn names_channel(head: &[u8], channel: &str) -> bool {
+    let target = head.split(|&b| b == b' ').nth(1).unwrap_or_default();
+    let query = match target.iter().position(|&b| b == b'?') {
+        Some(at) => &target[at + 1..],
+        None => return false,
+    };
+    query
+        .split(|&b| b == b'&')
+        .any(|param| param.strip_prefix(b"channel=") == Some(channel.as_bytes()))
+}
+
 /// Reads what has arrived of the upgrade request; once the head is complete,
 /// writes the 101 answer and returns `Ok(true)`.
 fn read_upgrade(conn: &mut Upgrading, buf: &mut [u8]) -> io::Result<bool> {
@@ -395,6 +462,25 @@ fn read_lines(input: impl Read, frames: mpsc::Sender<Vec<u8>>, waker: Waker) {
 mod tests {
     use super::*;
     use crate::conn::MASK;
+
+    #[test]
+    fn a_request_names_a_channel_only_as_a_whole_parameter() {
+        let head = |target: &str| format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n");
+        for (target, named) in [
+            ("/?channel=hot", true),
+            ("/ws?id=u1&channel=cold&channel=hot", true),
+            ("/?channel=hotter", false),
+            ("/?xchannel=hot", false),
+            ("/", false),
+            ("/channel=hot", false),
+        ] {
+            assert_eq!(
+                names_channel(head(target).as_bytes(), "hot"),
+                named,
+                "{target}"
+            );
+        }
+    }
 
     #[test]
     fn answers_whole_frames_and_keeps_the_rest() {

@@ -108,6 +108,10 @@ enum Command {
         /// bare cost of heartbeats).
         #[arg(long, value_name = "MS")]
         ping_interval_ms: Option<u64>,
+        /// Write the lines only to connections whose request named this
+        /// channel (`?channel=NAME`); hold the others without writing.
+        #[arg(long, value_name = "NAME")]
+        channel: Option<String>,
     },
     /// Open idle connections, measure the server's memory and CPU, then
     /// broadcast messages one at a time: exactly-once delivery, latency
@@ -187,7 +191,8 @@ fn main() -> ExitCode {
             reuse_port,
             processes,
             ping_interval_ms,
-        } => run_floor(listen, reuse_port, processes, ping_interval_ms),
+            channel,
+        } => run_floor(listen, reuse_port, processes, ping_interval_ms, channel),
         Command::Push {
             server,
             options,
@@ -247,15 +252,25 @@ fn run_floor(
     reuse_port: bool,
     processes: Processes,
     ping_interval_ms: Option<u64>,
+    channel: Option<String>,
 ) -> Result<(), Error> {
     wspush::sys::raise_open_file_limit()?;
-    let ping_interval = ping_interval_ms.map(std::time::Duration::from_millis);
+    let options = floor::FloorOptions {
+        ping_interval: ping_interval_ms.map(std::time::Duration::from_millis),
+        channel: channel.clone(),
+    };
     match processes.count() {
-        1 => Ok(floor::run(listen, reuse_port, ping_interval)?),
+        1 => Ok(floor::run(listen, reuse_port, options)?),
         n => {
-            let extra: Vec<String> = ping_interval_ms
+            let mut extra: Vec<String> = ping_interval_ms
                 .map(|ms| vec!["--ping-interval-ms".into(), ms.to_string()])
                 .unwrap_or_default();
+            extra.extend(
+                channel
+                    .map(|c| ["--channel".into(), c])
+                    .into_iter()
+                    .flatten(),
+            );
             Ok(supervisor::run(
                 &std::env::current_exe()?,
                 listen,

@@ -926,18 +926,24 @@ mod tests {
         }
     }
 
-    #[test]
-    fn workers_report_every_receipt_with_its_connection() {
+    /// The receipts (connection, sequence number) of 25 connections with
+    /// `paths`, by three workers, of two lines sent through a floor with
+    /// `options`, sorted; `expected` of them, waited for.
+    fn floor_receipts(
+        options: crate::floor::FloorOptions,
+        paths: Paths,
+        expected: usize,
+    ) -> Vec<(u64, u32)> {
         let listener = crate::floor::bind((Ipv4Addr::LOCALHOST, 0).into(), false).unwrap();
         let server = listener.local_addr().unwrap();
         let (feed, input) = UnixStream::pair().unwrap();
         // The floor runs until the test process ends.
-        thread::spawn(move || crate::floor::serve(listener, input));
+        thread::spawn(move || crate::floor::serve_with(listener, input, options));
         let mut floor = Floor { feed };
         let plan = SwarmPlan {
             server,
             sources: vec![Ipv4Addr::LOCALHOST],
-            paths: Paths::IdChannel { channels: 3 },
+            paths,
             first: 0,
             count: 25,
             rate: 10_000.0,
@@ -963,7 +969,7 @@ mod tests {
         }
         let mut got: Vec<(u64, u32)> = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(20);
-        while got.len() < 50 && Instant::now() < deadline {
+        while got.len() < expected && Instant::now() < deadline {
             match swarm.next(Duration::from_millis(100)).unwrap() {
                 Some(Event::Got(receipts)) => {
                     for (conn, seq, sent, recv) in receipts {
@@ -975,8 +981,36 @@ mod tests {
                 None => {}
             }
         }
+        // Anything more would be there by now, behind the lines awaited.
+        while let Some(event) = swarm.next(Duration::from_millis(200)).unwrap() {
+            panic!("after the lines: {event:?}");
+        }
         got.sort_unstable();
+        got
+    }
+
+    #[test]
+    fn workers_report_every_receipt_with_its_connection() {
+        let got = floor_receipts(Default::default(), Paths::IdChannel { channels: 3 }, 50);
         let expected: Vec<(u64, u32)> = (0..25).flat_map(|c| [(c, 1), (c, 2)]).collect();
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn a_floor_with_a_channel_writes_only_to_the_connections_that_named_it() {
+        let options = crate::floor::FloorOptions {
+            channel: Some("hot".into()),
+            ..Default::default()
+        };
+        let paths = Paths::Hot {
+            subscribers: 5,
+            total: 25,
+        };
+        let got = floor_receipts(options, paths, 10);
+        let expected: Vec<(u64, u32)> = (0..25)
+            .filter(|&c| spread(c, 5, 25))
+            .flat_map(|c| [(c, 1), (c, 2)])
+            .collect();
         assert_eq!(got, expected);
     }
 
