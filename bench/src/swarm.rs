@@ -982,9 +982,8 @@ mod tests {
             }
         }
         // Anything more would be there by now, behind the lines awaited.
-        while let Some(event) = swarm.next(Duration::from_millis(200)).unwrap() {
-            panic!("after the lines: {event:?}");
-        }
+        let after = swarm.next(Duration::from_millis(200)).unwrap();
+        assert!(after.is_none(), "after the lines: {after:?}");
         got.sort_unstable();
         got
     }
