@@ -25,6 +25,16 @@ pub enum Overflow {
     Drop,
 }
 
+/// How `/healthz` answers while a feed of the input (Redis) is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Degraded {
+    /// `200 degraded`: the server still serves its clients, so a load
+    /// balancer keeps it (every host loses the same feed at once).
+    Ok,
+    /// `503 degraded`: a load balancer takes the server out.
+    Unavailable,
+}
+
 /// Upstream settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UpstreamConfig {
@@ -123,6 +133,9 @@ pub struct Config {
     /// ([`Server::upstream`](crate::Server::upstream)). `None`: client data
     /// messages are counted and discarded (or echoed).
     pub upstream: Option<UpstreamConfig>,
+    /// How `/healthz` answers while a feed is lost
+    /// ([`Handle::feed_lost`](crate::Handle::feed_lost)).
+    pub degraded: Degraded,
 }
 
 impl Default for Config {
@@ -156,6 +169,7 @@ impl Default for Config {
             max_channels: 100_000,
             instance: 0,
             upstream: None,
+            degraded: Degraded::Ok,
         }
     }
 }

@@ -58,8 +58,8 @@ pub use ops::sys;
 pub use protocol::{http, ws};
 
 pub use config::{
-    Config, ConfigError, Overflow, SlowConsumerPolicy, UpstreamConfig, DEFAULT_BATCH_DELAY,
-    MAX_BATCH_DELAY, MAX_DURATION, MAX_MESSAGE_LIMIT,
+    Config, ConfigError, Degraded, Overflow, SlowConsumerPolicy, UpstreamConfig,
+    DEFAULT_BATCH_DELAY, MAX_BATCH_DELAY, MAX_DURATION, MAX_MESSAGE_LIMIT,
 };
 pub use ops::metrics::MetricsSnapshot;
 pub use protocol::auth::{TokenError, Tokens};

@@ -256,6 +256,9 @@ fn upgrades_ask_for_an_id_and_channels_within_the_limits() {
     let _two = connect(addr, "/?channel=news.3&channel=news.1");
     assert_eq!(status(addr, "/?channel=news.4"), 503, "a fourth channel");
     let _three = connect(addr, "/?channel=news.2");
+    // Gauges are published at the end of the loop's iteration, which may
+    // follow the 101.
+    server.wait_for("the subscriptions", |m| m.subscriptions == 5);
     let m = server.handle.metrics();
     assert_eq!((m.rejected_400, m.rejected_403, m.rejected_503), (5, 1, 1));
     assert_eq!((m.channels, m.subscriptions), (3, 5));

@@ -162,7 +162,7 @@ pub fn run(options: &CompareOptions, push: &PushOptions) -> Result<(Vec<Row>, us
 /// odd rounds, reversed in even ones.
 fn round_order<T>(servers: &[T], round: u32) -> Vec<&T> {
     let mut order: Vec<&T> = servers.iter().collect();
-    if round % 2 == 0 {
+    if round.is_multiple_of(2) {
         order.reverse();
     }
     order

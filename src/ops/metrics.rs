@@ -169,6 +169,14 @@ metrics! {
     broadcast_queue_age_us: Gauge "wspush_broadcast_queue_age_microseconds" "" "Age of the oldest broadcast not yet sent.",
     /// Input lines not broadcast (invalid UTF-8, or over the message limit).
     input_lines_rejected: Counter "wspush_input_lines_rejected_total" "" "Input lines skipped (invalid UTF-8, too long, or not a command).",
+    /// Feeds (a Redis subscription) disconnected now; `/healthz` reports
+    /// the server degraded while any is.
+    feeds_down: Gauge "wspush_feeds_down" "" "Input feeds (Redis) disconnected now.",
+    /// Times a feed was lost (one per outage, however many reconnection
+    /// attempts it took): what was published meanwhile did not arrive.
+    feed_outages: Counter "wspush_feed_outages_total" "" "Times an input feed (Redis) was lost; what was published meanwhile is lost.",
+    /// Milliseconds feeds were disconnected, over the outages that ended.
+    feed_outage_ms: Counter "wspush_feed_outage_milliseconds_total" "" "Time input feeds were disconnected, over the outages that ended.",
     /// Messages and commands for some connections that reached none here:
     /// an id, channel or connection key with no open connection (under
     /// `--processes`, those of the other instances).

@@ -173,17 +173,32 @@ pub fn write_accept_response(accept: &[u8; 28], out: &mut [u8; MAX_RESPONSE_LEN]
     len
 }
 
-/// Writes the head of a `200 OK` response whose body of `body_len` bytes
-/// follows; the connection closes after it.
-pub fn write_ok_head(
+/// The status of a page the server answers itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageStatus {
+    /// `200 OK`.
+    Ok,
+    /// `503 Service Unavailable` (`/healthz` of a degraded server, if so
+    /// configured).
+    Unavailable,
+}
+
+/// Writes the head of a response with `status` whose body of `body_len`
+/// bytes follows; the connection closes after it.
+pub fn write_page_head(
+    status: PageStatus,
     content_type: &str,
     body_len: usize,
     out: &mut [u8; MAX_RESPONSE_LEN],
 ) -> usize {
+    let status = match status {
+        PageStatus::Ok => "200 OK",
+        PageStatus::Unavailable => "503 Service Unavailable",
+    };
     write_into(
         out,
         format_args!(
-            "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: {content_type}\r\nContent-Length: {body_len}\r\n\r\n"
+            "HTTP/1.1 {status}\r\nConnection: close\r\nContent-Type: {content_type}\r\nContent-Length: {body_len}\r\n\r\n"
         ),
     )
 }

@@ -73,6 +73,12 @@ impl<R: BufRead> Lines<R> {
         ))
     }
 
+    /// The bytes of the line [`Lines::next_line`] returned last, if it was
+    /// [`Line::NotUtf8`] (without its end); empty otherwise.
+    pub fn rejected(&self) -> &[u8] {
+        &self.line
+    }
+
     /// The number of the line [`Lines::next_line`] returned last, from 1.
     pub fn number(&self) -> u64 {
         self.number

@@ -418,7 +418,13 @@ impl Conn {
     /// Answers the endpoint it asked for (see [`Verdict::Serve`]) with
     /// `200 OK` and `body`, then reads on, discarding, until the client
     /// goes.
-    pub fn respond(&mut self, content_type: &str, body: &[u8], ctx: &mut Ctx<'_>) -> Verdict {
+    pub fn respond(
+        &mut self,
+        status: http::PageStatus,
+        content_type: &str,
+        body: &[u8],
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
         debug_assert!(
             matches!(
                 self.phase,
@@ -430,7 +436,7 @@ impl Conn {
             "bug: only a plain HTTP request is answered with a body"
         );
         let mut head = [0u8; MAX_RESPONSE_LEN];
-        let len = http::write_ok_head(content_type, body.len(), &mut head);
+        let len = http::write_page_head(status, content_type, body.len(), &mut head);
         match self.send(Outgoing::Response(&head[..len], body), ctx) {
             // Reading stopped at the request to let the loop answer it.
             Ok(_) => Verdict::ReadAgain,
@@ -1086,7 +1092,8 @@ mod tests {
         // The read stops at the request, which goes to the loop to answer.
         assert_eq!(read(&mut rig), Verdict::Serve(Endpoint::Health));
         assert!(rig.conn.input.is_none(), "nothing held after the request");
-        let answered = rig.drive(|conn, _, ctx| conn.respond("text/plain", b"ok\n", ctx));
+        let answered = rig
+            .drive(|conn, _, ctx| conn.respond(http::PageStatus::Ok, "text/plain", b"ok\n", ctx));
         assert_eq!(answered, Verdict::ReadAgain, "what follows is read on");
         for _ in 0..2 {
             assert_eq!(read(&mut rig), Verdict::Keep);

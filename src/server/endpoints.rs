@@ -3,10 +3,12 @@
 //! over ([`Verdict::Serve`]); the loop, which holds what the answers
 //! report, renders the body here and gives it back to the connection.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
+use crate::config::Degraded;
 use crate::ops::metrics::{self, Metrics};
-use crate::protocol::http::{self, Endpoint};
+use crate::protocol::http::{self, Endpoint, PageStatus};
 use crate::server::conn::Verdict;
 use crate::server::key::ConnKey;
 use crate::server::Server;
@@ -28,8 +30,17 @@ impl Server {
             }
         };
         Metrics::incr(counter);
+        let mut status = PageStatus::Ok;
         let (content_type, body) = match endpoint {
-            Endpoint::Health => ("text/plain", &b"ok\n"[..]),
+            Endpoint::Health if self.shared.metrics.feeds_down.load(Relaxed) == 0 => {
+                ("text/plain", &b"ok\n"[..])
+            }
+            Endpoint::Health => {
+                if self.config.degraded == Degraded::Unavailable {
+                    status = PageStatus::Unavailable;
+                }
+                ("text/plain", &b"degraded: an input feed is lost\n"[..])
+            }
             Endpoint::Demo => ("text/html; charset=utf-8", http::DEMO_PAGE.as_bytes()),
             Endpoint::Metrics => {
                 // Include what this loop iteration has gathered so far.
@@ -42,7 +53,7 @@ impl Server {
         let parts = self.parts(Instant::now());
         let mut ctx = parts.ctx;
         let verdict = match parts.conns.get_mut(key.0) {
-            Some(conn) => conn.respond(content_type, body, &mut ctx),
+            Some(conn) => conn.respond(status, content_type, body, &mut ctx),
             None => Verdict::Keep,
         };
         self.page = page;

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mio::Waker;
 
@@ -204,6 +204,25 @@ impl Handle {
     /// dropped uncounted.
     pub fn count_rejected_input(&self) {
         Metrics::incr(&self.shared.metrics.input_lines_rejected);
+    }
+
+    /// Records that a feed of this server's input (a Redis subscription)
+    /// was lost: counted in `feed_outages`, and `/healthz` reports the
+    /// server degraded until [`Handle::feed_restored`].
+    pub fn feed_lost(&self) {
+        let metrics = &self.shared.metrics;
+        Metrics::incr(&metrics.feed_outages);
+        Metrics::incr(&metrics.feeds_down);
+    }
+
+    /// Records that a lost feed is back after `outage` (a feed not
+    /// recorded lost leaves `feeds_down` as it is).
+    pub fn feed_restored(&self, outage: Duration) {
+        let metrics = &self.shared.metrics;
+        Metrics::add(&metrics.feed_outage_ms, outage.as_millis() as u64);
+        let _ = metrics
+            .feeds_down
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
 
     /// Sends a message to `to`, after everything queued before it:

@@ -3,10 +3,12 @@
 //! each line is a command of [`wspush::protocol::commands`]. Either way
 //! the work goes through a [`Handle`], and a skipped line is logged with
 //! its number and counted in `input_lines_rejected`. End of input ends
-//! the pump, not the server.
+//! the pump, not the server. An instance of a supervisor also takes the
+//! supervisor's control lines ([`crate::sources`]) from its input.
 
 use std::io::{self, BufRead};
 
+use crate::sources::{Control, CONTROL};
 use wspush::protocol::commands::{self, Audience, Closing, Command, Payload};
 use wspush::protocol::lines::{Line, Lines};
 use wspush::{BroadcastError, Handle, MessageKind, Recipients, ServerGone};
@@ -42,12 +44,15 @@ pub fn max_line_bytes(mode: InputMode, max_message_bytes: usize) -> usize {
 }
 
 /// Reads `input` to its end, handing each line to `handle` in order, as
-/// `mode` says; lines longer than `max_line_bytes` are skipped.
+/// `mode` says; lines longer than `max_line_bytes` are skipped. With
+/// `controlled` (an instance reading its supervisor), control lines are
+/// carried out.
 pub fn pump(
     input: impl BufRead,
     handle: &Handle,
     mode: InputMode,
     max_line_bytes: usize,
+    controlled: bool,
 ) -> PumpEnd {
     let mut lines = Lines::new(input, max_line_bytes);
     loop {
@@ -64,7 +69,13 @@ pub fn pump(
                 continue;
             }
             Ok(Some(Line::NotUtf8)) => {
-                reject(handle, lines.number(), "not valid UTF-8");
+                match Control::parse(lines.rejected()) {
+                    Some(control) if controlled => carry_out_control(handle, control),
+                    _ if controlled && lines.rejected().first() == Some(&CONTROL) => {
+                        reject(handle, lines.number(), "not a control line")
+                    }
+                    _ => reject(handle, lines.number(), "not valid UTF-8"),
+                }
                 continue;
             }
             Err(e) => return PumpEnd::Failed(e),
@@ -119,6 +130,14 @@ fn carry_out(handle: &Handle, command: Command<'_>) -> Result<(), BroadcastError
             };
             handle.close(whom, code, reason)
         }
+    }
+}
+
+/// Carries out what the supervisor says.
+fn carry_out_control(handle: &Handle, control: Control) {
+    match control {
+        Control::FeedLost => handle.feed_lost(),
+        Control::FeedRestored(outage) => handle.feed_restored(outage),
     }
 }
 

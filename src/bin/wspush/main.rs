@@ -22,11 +22,15 @@ use supervisor::{OnExit, Policy, Supervisor, INSTANCE_ENV};
 
 mod input;
 mod merge;
+mod redis_feed;
 mod rlimit;
+mod sources;
 mod supervisor;
+use redis_feed::RedisFeed;
+use sources::Control;
 use wspush::{
-    Config, Handle, Overflow, Server, SlowConsumerPolicy, TokenError, Tokens, UpstreamConfig,
-    UpstreamReader, MAX_DURATION, MAX_MESSAGE_LIMIT,
+    Config, Degraded, Handle, Overflow, Server, SlowConsumerPolicy, TokenError, Tokens,
+    UpstreamConfig, UpstreamReader, MAX_DURATION, MAX_MESSAGE_LIMIT,
 };
 
 /// A WebSocket push server: every line on standard input is broadcast as
@@ -44,7 +48,10 @@ use wspush::{
                   skipped with a warning. End of input does not stop the server; SIGINT/SIGTERM close\n\
                   every connection with 1001 after what is queued for it and exit.\n\
                   Durations: 30s, 500ms, 2m, 1h (a bare number is seconds).\n\
-                  HTTP: GET /healthz answers 200 ok; GET /metrics the counters in Prometheus format.\n\
+                  Redis: --redis URL --redis-channel NAME reads each published message as input too (one\n\
+                  line, or several if it holds line ends), beside standard input.\n\
+                  HTTP: GET /healthz answers 200 ok (degraded while --redis is lost); GET /metrics the\n\
+                  counters in Prometheus format.\n\
                   Logging: RUST_LOG=debug|info|warn (default info); a stats line every --stats-interval unless --quiet."
 )]
 struct Cli {
@@ -112,6 +119,20 @@ struct Cli {
     /// close: see the README).
     #[arg(long, value_name = "MODE", value_enum, default_value = "lines")]
     input: InputMode,
+    /// Also read input from Redis pub/sub: each message published on a
+    /// --redis-channel is read as standard input would read it, beside it
+    /// (redis://[:PASSWORD@]HOST[:PORT][/DB]). Reconnects with backoff;
+    /// what is published while it is lost is lost, and counted as an outage.
+    #[arg(long, value_name = "URL", requires = "redis_channel")]
+    redis: Option<String>,
+    /// A Redis channel to subscribe to (repeatable; a name with *, ? or [
+    /// is a pattern, PSUBSCRIBE).
+    #[arg(long, value_name = "NAME", requires = "redis")]
+    redis_channel: Vec<String>,
+    /// What GET /healthz answers while the Redis feed is lost: 200 or 503,
+    /// with the body `degraded`.
+    #[arg(long, value_name = "STATUS", value_enum, default_value = "200")]
+    healthz_degraded: HealthzDegraded,
     /// Write what clients send to standard output, a line per message:
     /// `msg KEY ID text PAYLOAD` (\\, \n and \r escaped) or `msg KEY ID binary BASE64`.
     #[arg(long, value_name = "WHERE", value_enum)]
@@ -203,6 +224,17 @@ enum InstanceExit {
     Restart,
     /// Stop every instance and exit 1.
     Stop,
+}
+
+/// `--healthz-degraded` values.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum HealthzDegraded {
+    /// 200: the load balancer keeps the server (it still serves its clients).
+    #[value(name = "200")]
+    Ok,
+    /// 503: the load balancer takes it out.
+    #[value(name = "503")]
+    Unavailable,
 }
 
 /// `--slow-consumer` values.
@@ -380,6 +412,10 @@ fn config(cli: &Cli) -> Result<Config, String> {
         }),
         stats_interval: (!cli.quiet).then_some(cli.stats_interval),
         batch_delay: cli.batch_delay,
+        degraded: match cli.healthz_degraded {
+            HealthzDegraded::Ok => Degraded::Ok,
+            HealthzDegraded::Unavailable => Degraded::Unavailable,
+        },
         ..Config::default()
     };
     config
@@ -433,6 +469,14 @@ fn write_upstream(reader: UpstreamReader) {
     }
 }
 
+/// The Redis feed the command line asks for, checked.
+fn redis_feed(cli: &Cli) -> Result<Option<RedisFeed>, String> {
+    cli.redis
+        .as_deref()
+        .map(|url| RedisFeed::new(url, &cli.redis_channel))
+        .transpose()
+}
+
 /// This instance's number under a supervisor (from 1), if it runs under one.
 fn instance_number() -> Option<u16> {
     std::env::var(INSTANCE_ENV).ok()?.parse().ok()
@@ -446,6 +490,7 @@ fn channel_pattern(value: &str) -> Result<Pattern, String> {
 /// One instance: the ordinary single-threaded loop.
 fn serve(cli: Cli) -> Result<(), String> {
     let mut config = config(&cli)?;
+    let feed = redis_feed(&cli)?;
     let capacity = open_file_capacity();
     config.max_connections = match cli.max_connections {
         Some(n) => {
@@ -480,10 +525,39 @@ fn serve(cli: Cli) -> Result<(), String> {
     };
     let mode = cli.input;
     let max_line = input::max_line_bytes(mode, config.max_message_bytes as usize);
+    // An instance reads its supervisor, which holds the Redis feed.
+    let controlled = instance_number().is_some();
+    if let Some(feed) = feed {
+        let on_state = {
+            let handle = handle.clone();
+            move |control| match control {
+                Control::FeedLost => handle.feed_lost(),
+                Control::FeedRestored(outage) => handle.feed_restored(outage),
+            }
+        };
+        let messages = sources::feed_pipe(feed, on_state)
+            .map_err(|e| format!("cannot start the Redis reader: {e}"))?;
+        let handle = handle.clone();
+        std::thread::Builder::new()
+            .name("redis-lines".into())
+            .spawn(move || {
+                match input::pump(BufReader::new(messages), &handle, mode, max_line, false) {
+                    PumpEnd::Eof | PumpEnd::ServerGone => {}
+                    PumpEnd::Failed(e) => log::warn!("reading the Redis feed failed: {e}"),
+                }
+            })
+            .map_err(|e| format!("cannot start the Redis reader: {e}"))?;
+    }
     std::thread::Builder::new()
         .name("stdin".into())
         .spawn(move || {
-            match input::pump(BufReader::new(io::stdin().lock()), &handle, mode, max_line) {
+            match input::pump(
+                BufReader::new(io::stdin().lock()),
+                &handle,
+                mode,
+                max_line,
+                controlled,
+            ) {
                 PumpEnd::Eof => log::info!("standard input closed; still serving"),
                 PumpEnd::ServerGone => {}
                 PumpEnd::Failed(e) => {
@@ -576,21 +650,28 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
         // Instances get their shutdown timeout, and some time to exit after it.
         stop_grace: config.shutdown_timeout + Duration::from_secs(5),
     };
+    let feed = redis_feed(cli)?;
     let supervisor = Supervisor::start(&program, &args, count, policy, cli.upstream.is_some())
         .map_err(|e| e.to_string())?;
     log::info!(
         "listening on {listen} with {count} instances, up to {per_instance} connections each"
     );
-    supervisor.run(io::stdin()).map_err(|e| e.to_string())
+    let max_line = input::max_line_bytes(cli.input, config.max_message_bytes as usize);
+    let chunks = sources::spawn(io::stdin(), feed, max_line, supervisor.waker())
+        .map_err(|e| format!("cannot start the input readers: {e}"))?;
+    supervisor.run(chunks).map_err(|e| e.to_string())
 }
 
-/// Flags of the supervisor only: an instance must not supervise.
-const SUPERVISOR_FLAGS: [&str; 5] = [
+/// Flags of the supervisor only, each with a value: an instance must not
+/// supervise, and the supervisor holds the one Redis subscription.
+const SUPERVISOR_FLAGS: [&str; 7] = [
     "--processes",
     "--total-connections",
     "--on-instance-exit",
     "--instance-backlog",
     "--instance-stall-timeout",
+    "--redis",
+    "--redis-channel",
 ];
 
 /// The command line without the supervisor's flags.

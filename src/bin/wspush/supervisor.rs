@@ -22,10 +22,13 @@
 //! producer faster than every instance is slowed down (backpressure), not
 //! buffered without bound. Every restart is logged with its running count.
 //!
-//! One thread waits (mio) on the instances' input pipes and on signals; a
-//! helper thread reads standard input (which may be a file, a pipe or a
-//! terminal) in chunks. No connection is held here, and nothing polls:
-//! the supervisor's CPU and memory stay negligible.
+//! One thread waits (mio) on the instances' input pipes and on signals;
+//! the input comes in chunks of whole lines from reader threads
+//! ([`crate::sources`]: standard input, which may be a file, a pipe or a
+//! terminal, and the Redis feed), so an instance started again starts at
+//! a line. While the feed is lost, an instance started again is told so
+//! first. No connection is held here, and nothing polls: the supervisor's
+//! CPU and memory stay negligible.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -46,12 +49,10 @@ use rustix::process::{kill_process, Pid, Signal};
 use signal_hook::consts::{SIGCHLD, SIGINT, SIGTERM};
 
 use crate::merge::{self, Merge};
+use crate::sources::{Control, CONTROL};
 
 /// The environment variable that tells an instance its number (1-based).
 pub const INSTANCE_ENV: &str = "WSPUSH_INSTANCE";
-
-/// Input read per chunk.
-const INPUT_CHUNK: usize = 64 * 1024;
 
 /// The first restart's delay; it doubles with each young death in a row.
 pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -63,7 +64,7 @@ pub const YOUNG: Duration = Duration::from_secs(5);
 pub const CRASH_LOOP: u32 = 5;
 
 const SIGNALS: Token = Token(usize::MAX);
-/// The poll's one waker: the input reader has a chunk, or the merged
+/// The poll's one waker: an input reader has a chunk, or the merged
 /// output's writer has room again.
 const WAKE: Token = Token(usize::MAX - 1);
 
@@ -170,16 +171,8 @@ struct Backlog {
 }
 
 impl Backlog {
-    fn push(&mut self, chunk: Rc<[u8]>, skip: usize) {
-        if skip >= chunk.len() {
-            return;
-        }
-        if self.chunks.is_empty() {
-            self.offset = skip;
-        } else {
-            debug_assert_eq!(skip, 0, "only a first chunk starts part-way");
-        }
-        self.bytes += chunk.len() - skip;
+    fn push(&mut self, chunk: Rc<[u8]>) {
+        self.bytes += chunk.len();
         self.chunks.push_back(chunk);
     }
 
@@ -250,9 +243,6 @@ struct Instance {
     number: usize,
     life: Life,
     backlog: Backlog,
-    /// A new process joined mid-line: input up to the next line end is
-    /// not for it.
-    skip_to_line_end: bool,
     /// Young deaths in a row.
     young_deaths: u32,
     restarts: u64,
@@ -316,6 +306,9 @@ pub struct Supervisor {
     /// The instances' outputs merged line by line, when they write upstream.
     merge: Option<Merge>,
     waker: Arc<Waker>,
+    /// While the feed is lost: the control line that says so, for
+    /// instances started meanwhile.
+    feed_lost: Option<Rc<[u8]>>,
 }
 
 impl Supervisor {
@@ -356,6 +349,7 @@ impl Supervisor {
             restarts: 0,
             merge: None,
             waker: Arc::new(waker),
+            feed_lost: None,
         };
         if merge_output {
             supervisor.merge = Some(Merge::new(count, Arc::clone(&supervisor.waker))?);
@@ -365,7 +359,6 @@ impl Supervisor {
                 number,
                 life: Life::Gone,
                 backlog: Backlog::default(),
-                skip_to_line_end: false,
                 young_deaths: 0,
                 restarts: 0,
             };
@@ -385,16 +378,19 @@ impl Supervisor {
         Ok(supervisor)
     }
 
-    /// Copies `input` to every instance until it ends (then closes their
-    /// inputs; instances keep serving), keeps the instances running as the
-    /// policy says, and returns once all have exited after SIGINT/SIGTERM
-    /// (forwarded to each; success), or with the error that stopped them.
-    pub fn run(mut self, input: impl Read + Send + 'static) -> Result<(), SupervisorError> {
-        let chunks = spawn_reader(input, Arc::clone(&self.waker))?;
+    /// The waker of the supervisor's poll, for the input readers.
+    pub fn waker(&self) -> Arc<Waker> {
+        Arc::clone(&self.waker)
+    }
+
+    /// Copies the input, `chunks` of whole lines, to every instance until
+    /// it ends (then closes their inputs; instances keep serving), keeps
+    /// the instances running as the policy says, and returns once all have
+    /// exited after SIGINT/SIGTERM (forwarded to each; success), or with
+    /// the error that stopped them.
+    pub fn run(mut self, chunks: mpsc::Receiver<Vec<u8>>) -> Result<(), SupervisorError> {
         let mut events = Events::with_capacity(64);
         let mut input_open = true;
-        // The input read so far ends a line (a new process may join there).
-        let mut at_line_start = true;
         let mut failure = None;
         let mut stop_deadline: Option<Instant> = None;
         loop {
@@ -406,7 +402,7 @@ impl Supervisor {
                 }
             }
             if stop_deadline.is_none() {
-                self.restart_due(now, input_open, at_line_start);
+                self.restart_due(now, input_open);
                 self.replace_stuck(now);
             }
             if self.instances.iter().all(|i| matches!(i.life, Life::Gone)) {
@@ -424,14 +420,13 @@ impl Supervisor {
             if input_open && stop_deadline.is_none() && self.lead_is_idle() {
                 match chunks.try_recv() {
                     Ok(chunk) => {
-                        at_line_start = chunk.last() == Some(&b'\n');
                         self.deliver(chunk, now);
                         continue;
                     }
                     Err(mpsc::TryRecvError::Empty) => {}
                     Err(mpsc::TryRecvError::Disconnected) => {
                         input_open = false;
-                        log::info!("standard input closed; instances keep serving");
+                        log::info!("the input ended; instances keep serving");
                     }
                 }
             }
@@ -487,25 +482,23 @@ impl Supervisor {
             .any(|i| matches!(i.life, Life::Running { input: Some(_), .. }) && i.backlog.bytes == 0)
     }
 
-    /// Queues `chunk` for every instance that takes input, and writes it.
+    /// Queues `chunk` for every instance that takes input, and writes it;
+    /// notes what a control line says of the feed.
     fn deliver(&mut self, chunk: Vec<u8>, now: Instant) {
         let chunk: Rc<[u8]> = chunk.into();
+        if chunk.first() == Some(&CONTROL) {
+            let line = chunk.strip_suffix(b"\n").unwrap_or(&chunk);
+            self.feed_lost = match Control::parse(line) {
+                Some(Control::FeedLost) => Some(Rc::clone(&chunk)),
+                _ => None,
+            };
+        }
         for index in 0..self.instances.len() {
             let instance = &mut self.instances[index];
             if !matches!(instance.life, Life::Running { input: Some(_), .. }) {
                 continue;
             }
-            let mut skip = 0;
-            if instance.skip_to_line_end {
-                match chunk.iter().position(|&b| b == b'\n') {
-                    Some(end) => {
-                        skip = end + 1;
-                        instance.skip_to_line_end = false;
-                    }
-                    None => continue,
-                }
-            }
-            instance.backlog.push(Rc::clone(&chunk), skip);
+            instance.backlog.push(Rc::clone(&chunk));
             let number = instance.number;
             self.flush(number, now);
         }
@@ -617,7 +610,6 @@ impl Supervisor {
                 merge.detach(number, self.poll.registry());
             }
             let (bytes, lines) = instance.backlog.clear();
-            instance.skip_to_line_end = false;
             if stopping {
                 instance.life = Life::Gone;
                 continue;
@@ -673,7 +665,7 @@ impl Supervisor {
     }
 
     /// Starts again every instance whose backoff is over.
-    fn restart_due(&mut self, now: Instant, input_open: bool, at_line_start: bool) {
+    fn restart_due(&mut self, now: Instant, input_open: bool) {
         for instance in &mut self.instances {
             match instance.life {
                 Life::Waiting { until } if now >= until => {}
@@ -681,7 +673,9 @@ impl Supervisor {
             }
             let merge = self.merge.as_mut();
             let launched = launch(&self.program, &self.poll, instance, input_open, merge);
-            instance.skip_to_line_end = !at_line_start;
+            if let (Ok(()), true, Some(line)) = (&launched, input_open, &self.feed_lost) {
+                instance.backlog.push(Rc::clone(line));
+            }
             instance.restarts += 1;
             self.restarts += 1;
             match &launched {
@@ -781,40 +775,6 @@ fn launch(
     Ok(())
 }
 
-/// Reads `input` on a thread of its own, handing chunks over one at a
-/// time (the channel holds one: the reader waits while the supervisor
-/// does not take them, which slows the producer down).
-fn spawn_reader(
-    mut input: impl Read + Send + 'static,
-    waker: Arc<Waker>,
-) -> io::Result<mpsc::Receiver<Vec<u8>>> {
-    let (tx, rx) = mpsc::sync_channel(1);
-    std::thread::Builder::new()
-        .name("input".into())
-        .spawn(move || {
-            loop {
-                let mut chunk = vec![0u8; INPUT_CHUNK];
-                let n = match input.read(&mut chunk) {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        log::warn!("reading standard input failed: {e}");
-                        break;
-                    }
-                };
-                chunk.truncate(n);
-                if tx.send(chunk).is_err() {
-                    return;
-                }
-                let _ = waker.wake();
-            }
-            drop(tx);
-            let _ = waker.wake();
-        })?;
-    Ok(rx)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -844,7 +804,7 @@ mod tests {
         )
         .unwrap();
         let started = Instant::now();
-        match supervisor.run(io::empty()).unwrap_err() {
+        match supervisor.run(mpsc::channel().1).unwrap_err() {
             SupervisorError::InstanceDied {
                 instance, status, ..
             } => {
@@ -872,7 +832,7 @@ mod tests {
         )
         .unwrap();
         let started = Instant::now();
-        let error = supervisor.run(io::empty()).unwrap_err();
+        let error = supervisor.run(mpsc::channel().1).unwrap_err();
         let took = started.elapsed();
         match error {
             SupervisorError::CrashLoop { instance, status } => {
@@ -888,8 +848,8 @@ mod tests {
     #[test]
     fn a_backlog_writes_in_order_and_counts_what_it_drops() {
         let mut backlog = Backlog::default();
-        backlog.push(Rc::from(&b"skipped\nab"[..]), 8);
-        backlog.push(Rc::from(&b"c\nd\n"[..]), 0);
+        backlog.push(Rc::from(&b"ab"[..]));
+        backlog.push(Rc::from(&b"c\nd\n"[..]));
         assert_eq!(backlog.bytes, 6);
         let mut out = [0u8; 3];
         let mut slice = &mut out[..];
