@@ -1,0 +1,317 @@
+//! wspush on three hosts fed through one real `redis-server`, across a
+//! network boundary: each host is a network namespace of its own, joined to
+//! the others by a bridge. `tests/multihost/run.sh` makes the namespaces and
+//! runs these tests (ignored otherwise) inside the clients' one; they start
+//! `redis-server` and the wspush hosts in theirs with `ip netns exec`.
+
+mod util;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tungstenite::Message;
+use util::{http_get, sample, Client, Logged, IO_TIMEOUT};
+
+/// The Redis host's address (see run.sh).
+const REDIS: [u8; 4] = [10, 77, 0, 1];
+const REDIS_PORT: u16 = 6379;
+/// The wspush hosts' addresses.
+const HOSTS: [[u8; 4]; 3] = [[10, 77, 0, 11], [10, 77, 0, 12], [10, 77, 0, 13]];
+const PORT: u16 = 8080;
+/// The channel the hosts subscribe to.
+const FEED: &str = "feed";
+
+/// The namespace of `host`, as run.sh named it.
+fn netns(host: &str) -> String {
+    let prefix = std::env::var("WSPUSH_NETNS_PREFIX")
+        .expect("run these through tests/multihost/run.sh, which makes the namespaces");
+    format!("{prefix}{host}")
+}
+
+/// `command args` in the namespace of `host`, its standard error logged.
+fn spawn_in(host: &str, program: &str, args: &[&str]) -> Logged {
+    Logged::spawn(
+        Command::new("ip")
+            .args(["netns", "exec", &netns(host), program])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null()),
+    )
+}
+
+/// Waits until something listens on `addr`.
+fn wait_listening(addr: SocketAddr) {
+    let deadline = Instant::now() + IO_TIMEOUT;
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {addr}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// redis-server in its namespace, without persistence.
+fn start_redis() -> Logged {
+    let program = std::env::var("WSPUSH_REDIS_SERVER").unwrap_or("redis-server".into());
+    let bind = SocketAddr::from((REDIS, REDIS_PORT));
+    let redis = spawn_in(
+        "redis",
+        &program,
+        &[
+            "--bind",
+            &bind.ip().to_string(),
+            "--port",
+            &REDIS_PORT.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+            "--logfile",
+            "",
+        ],
+    );
+    wait_listening(bind);
+    redis
+}
+
+/// A publisher: one connection to Redis.
+struct Publisher(BufReader<TcpStream>);
+
+impl Publisher {
+    fn connect() -> Publisher {
+        let stream =
+            TcpStream::connect(SocketAddr::from((REDIS, REDIS_PORT))).expect("connect to redis");
+        stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        Publisher(BufReader::new(stream))
+    }
+
+    /// Sends each of `payloads` on `channel` (pipelined); returns the
+    /// subscriptions each reached, as Redis answers.
+    fn publish(&mut self, channel: &str, payloads: &[&str]) -> Vec<u64> {
+        let mut out = Vec::new();
+        for payload in payloads {
+            out.extend_from_slice(b"*3\r\n$7\r\nPUBLISH\r\n");
+            for part in [channel, payload] {
+                out.extend_from_slice(format!("${}\r\n{part}\r\n", part.len()).as_bytes());
+            }
+        }
+        self.0.get_mut().write_all(&out).unwrap();
+        (0..payloads.len())
+            .map(|_| {
+                let mut line = String::new();
+                self.0.read_line(&mut line).unwrap();
+                let count = line.trim_end().strip_prefix(':');
+                count
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or_else(|| panic!("{line:?}"))
+            })
+            .collect()
+    }
+
+    /// Publishes `payload` on the hosts' channel; returns the subscriptions
+    /// it reached.
+    fn publish_one(&mut self, payload: &str) -> u64 {
+        self.publish(FEED, &[payload])[0]
+    }
+}
+
+/// A wspush host.
+struct Host {
+    addr: SocketAddr,
+    process: Logged,
+}
+
+impl Host {
+    fn start(index: usize, extra: &[&str]) -> Host {
+        let addr = SocketAddr::from((HOSTS[index], PORT));
+        let listen = addr.to_string();
+        let redis = format!("redis://{}", SocketAddr::from((REDIS, REDIS_PORT)));
+        let mut args = vec![
+            "--listen",
+            &listen,
+            "--redis",
+            &redis,
+            "--redis-channel",
+            FEED,
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        let process = spawn_in(
+            &format!("h{}", index + 1),
+            env!("CARGO_BIN_EXE_wspush"),
+            &args,
+        );
+        let host = Host { addr, process };
+        host.process.wait_for("redis feed: subscribed on");
+        host
+    }
+
+    fn metrics(&self) -> String {
+        http_get(self.addr, "/metrics", "").body
+    }
+
+    /// Waits until `series` reads `value` on this host's `/metrics`.
+    fn wait_metric(&self, series: &str, value: u64) {
+        let deadline = Instant::now() + IO_TIMEOUT;
+        while sample(&self.metrics(), series) != value {
+            assert!(
+                Instant::now() < deadline,
+                "{series} never {value} on {}",
+                self.addr
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Three hosts started with `extra` flags.
+fn hosts(extra: &[&str]) -> Vec<Host> {
+    (0..HOSTS.len()).map(|i| Host::start(i, extra)).collect()
+}
+
+fn connect(host: &Host, path: &str) -> Client {
+    util::connect(host.addr, path)
+}
+
+fn texts(client: &mut Client, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|_| match client.read().expect("a message") {
+            Message::Text(text) => text.to_string(),
+            other => panic!("not text: {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn a_message_published_once_reaches_every_client_on_every_host_once_in_order() {
+    let _redis = start_redis();
+    let hosts = hosts(&[]);
+    let mut clients: Vec<Client> = hosts
+        .iter()
+        .flat_map(|h| (0..10).map(move |_| connect(h, "/")))
+        .collect();
+    for h in &hosts {
+        h.wait_metric("wspush_connections_open", 10);
+    }
+    let messages: Vec<String> = (1..=300).map(|i| format!("m{i}")).collect();
+    let payloads: Vec<&str> = messages.iter().map(String::as_str).collect();
+    let mut publisher = Publisher::connect();
+    assert!(publisher.publish(FEED, &payloads).iter().all(|&n| n == 3));
+    assert_eq!(publisher.publish_one("end"), 3);
+    let mut expected = messages.clone();
+    expected.push("end".into());
+    for client in &mut clients {
+        assert_eq!(texts(client, expected.len()), expected);
+    }
+    for h in &hosts {
+        let page = h.metrics();
+        assert_eq!(sample(&page, "wspush_broadcasts_total"), 301);
+        assert_eq!(sample(&page, "wspush_input_lines_rejected_total"), 0);
+    }
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn channel_publishes_and_sends_to_an_id_work_across_hosts() {
+    let _redis = start_redis();
+    let hosts = hosts(&["--input", "commands"]);
+    let mut alice_1 = connect(&hosts[0], "/?id=alice&channel=room");
+    let mut bob_2 = connect(&hosts[1], "/?id=bob&channel=room");
+    let mut alice_3 = connect(&hosts[2], "/?id=alice");
+    let mut carol_3 = connect(&hosts[2], "/?id=carol");
+    for (h, open) in hosts.iter().zip([1, 1, 2]) {
+        h.wait_metric("wspush_connections_open", open);
+    }
+    let mut publisher = Publisher::connect();
+    let sent = publisher.publish(FEED, &["pub room hello room", "id alice psst", "all end"]);
+    assert_eq!(sent, [3, 3, 3]);
+    assert_eq!(texts(&mut alice_1, 3), ["hello room", "psst", "end"]);
+    assert_eq!(texts(&mut bob_2, 2), ["hello room", "end"]);
+    assert_eq!(texts(&mut alice_3, 2), ["psst", "end"]);
+    assert_eq!(texts(&mut carol_3, 1), ["end"]);
+    // Each host acted on its own connections; the others counted the
+    // commands that reached none there.
+    let unmatched: Vec<u64> = hosts
+        .iter()
+        .map(|h| sample(&h.metrics(), "wspush_commands_unmatched_total"))
+        .collect();
+    assert_eq!(unmatched, [0, 1, 1], "room: none on h3; alice: none on h2");
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn a_restarted_redis_is_reconnected_by_every_host_and_no_client_is_dropped() {
+    let mut redis = start_redis();
+    let hosts = hosts(&[]);
+    let mut clients: Vec<Client> = hosts
+        .iter()
+        .flat_map(|h| (0..5).map(move |_| connect(h, "/")))
+        .collect();
+    let mut publisher = Publisher::connect();
+    assert_eq!(publisher.publish_one("before"), 3);
+    for client in &mut clients {
+        assert_eq!(texts(client, 1), ["before"]);
+    }
+
+    drop(publisher);
+    drop(redis); // killed
+    for h in &hosts {
+        h.wait_metric("wspush_feeds_down", 1);
+        let health = http_get(h.addr, "/healthz", "");
+        assert_eq!(health.status, 200);
+        assert_eq!(health.body.trim_end(), "degraded: an input feed is lost");
+    }
+    redis = start_redis();
+    for h in &hosts {
+        h.wait_metric("wspush_feeds_down", 0);
+        let page = h.metrics();
+        assert_eq!(sample(&page, "wspush_feed_outages_total"), 1);
+        assert_eq!(
+            sample(&page, "wspush_connections_open"),
+            5,
+            "no client dropped"
+        );
+        assert_eq!(http_get(h.addr, "/healthz", "").body.trim_end(), "ok");
+    }
+    let mut publisher = Publisher::connect();
+    assert_eq!(publisher.publish_one("after"), 3);
+    for client in &mut clients {
+        assert_eq!(texts(client, 1), ["after"]);
+    }
+    drop(redis);
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn a_killed_host_leaves_the_others_serving() {
+    let _redis = start_redis();
+    let mut hosts = hosts(&[]);
+    let mut clients: Vec<Vec<Client>> = hosts
+        .iter()
+        .map(|h| (0..5).map(|_| connect(h, "/")).collect())
+        .collect();
+    let mut publisher = Publisher::connect();
+    assert_eq!(publisher.publish_one("one"), 3);
+    for client in clients.iter_mut().flatten() {
+        assert_eq!(texts(client, 1), ["one"]);
+    }
+    let killed = hosts.remove(0);
+    drop(killed);
+    for client in &mut clients[0] {
+        assert!(
+            client.read().is_err(),
+            "a client of the killed host lost its connection"
+        );
+    }
+    assert_eq!(publisher.publish_one("two"), 2);
+    for client in clients[1..].iter_mut().flatten() {
+        assert_eq!(texts(client, 1), ["two"]);
+    }
+    for h in &hosts {
+        assert_eq!(sample(&h.metrics(), "wspush_connections_open"), 5);
+    }
+}
