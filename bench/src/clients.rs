@@ -24,8 +24,8 @@ const WAKER: Token = Token(usize::MAX);
 /// Where and how a set of clients connects.
 #[derive(Debug, Clone)]
 pub struct ClientPlan {
-    /// The server.
-    pub server: SocketAddr,
+    /// The server's addresses; connection `id` dials `servers[id % len]`.
+    pub servers: Vec<SocketAddr>,
     /// Source addresses; connection `id` binds `sources[id % len]`.
     pub sources: Vec<Ipv4Addr>,
     /// Id of this set's first connection (ids name the connections in
@@ -86,7 +86,7 @@ impl Clients {
             let registry = self.poll.registry();
             match dial::dial(
                 source,
-                self.plan.server,
+                self.plan.servers[id as usize % self.plan.servers.len()],
                 id,
                 registry,
                 Token(index),
@@ -147,7 +147,7 @@ impl Clients {
         }
         let mut cx = Context {
             registry: self.poll.registry(),
-            server: self.plan.server,
+            servers: &self.plan.servers,
             scratch: &mut self.scratch,
             payload_len: self.plan.payload_len,
             tally: &mut self.tally,

@@ -50,8 +50,9 @@ pub enum Transition {
 pub struct Context<'a> {
     /// The poll registry the sockets are registered with.
     pub registry: &'a Registry,
-    /// The server's address, for the `Host` header.
-    pub server: SocketAddr,
+    /// The server's addresses (connection `id` dialed `servers[id %
+    /// len]`), for the `Host` header.
+    pub servers: &'a [SocketAddr],
     /// Buffer every read goes through.
     pub scratch: &'a mut [u8],
     /// Expected size of each message payload.
@@ -131,7 +132,8 @@ impl Conn {
                 if !dial::connected(self.stream())? {
                     return Ok(Transition::Same);
                 }
-                dial::send_request(self.stream(), id, cx.server)?;
+                let server = cx.servers[id as usize % cx.servers.len()];
+                dial::send_request(self.stream(), id, server)?;
                 // From here on only reads matter (pongs are written whole).
                 cx.registry
                     .reregister(self.stream(), token, Interest::READABLE)

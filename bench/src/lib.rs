@@ -14,7 +14,9 @@
 //! - `compare` ([`compare`]): `push` and `echo` over several servers, one table;
 //! - `channels` ([`channels`], [`swarm`]): targeted push in wspush (ids and
 //!   channels): memory, fan-out to a fraction, CPU per `id` message,
-//!   throughput over many channels.
+//!   throughput over many channels;
+//! - `hosts` ([`hosts`]): `push` over wspush on several hosts (network
+//!   namespaces), fed through Redis or each host's standard input.
 //!
 //! The library exists so that tests can run the same measurement against an
 //! embedded server: [`push::measure`] takes any [`target::Target`] (an
@@ -33,6 +35,7 @@ pub mod floor;
 pub mod format;
 pub mod frame;
 pub mod handshake;
+pub mod hosts;
 pub mod latency;
 pub mod message;
 pub mod pacing;

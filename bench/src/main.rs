@@ -10,6 +10,7 @@ use wspush_bench::channels::{self, ChannelsOptions};
 use wspush_bench::compare::{self, CompareOptions};
 use wspush_bench::echo::{self, EchoOptions, EchoOutcome};
 use wspush_bench::fleet::Launch;
+use wspush_bench::hosts::{self, HostsOptions};
 use wspush_bench::push::{self, PushOptions, RunInfo};
 use wspush_bench::report::RunReport;
 use wspush_bench::server::{self, ServerSpec};
@@ -174,6 +175,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// `push` over wspush on several hosts (network namespaces: see
+    /// bench/multihost.sh), every line published once on Redis or written
+    /// to each host's standard input; plus Redis's CPU per line.
+    Hosts {
+        #[command(flatten)]
+        hosts: HostsOptions,
+        #[command(flatten)]
+        options: PushOptions,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// (Internal) a client worker process of `push`, driven through its
     /// standard input and output.
     #[command(hide = true)]
@@ -216,6 +229,11 @@ fn main() -> ExitCode {
             json,
         } => run_trickle(&server, &options, json),
         Command::Channels { options, json } => run_channels(&options, json),
+        Command::Hosts {
+            hosts,
+            options,
+            json,
+        } => run_hosts(&hosts, &options, json),
         Command::Worker => worker::run(std::io::stdin(), std::io::stdout().lock()),
         Command::ChannelsWorker => swarm::worker(std::io::stdin(), std::io::stdout().lock()),
     };
@@ -226,6 +244,12 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn run_hosts(hosts: &HostsOptions, options: &PushOptions, json: bool) -> Result<(), Error> {
+    sys::install_interrupt_handler()?;
+    let report = hosts::run(hosts, options)?;
+    print_report(&report, json, hosts::HostsReport::render_text)
 }
 
 fn run_trickle(server: &ServerChoice, options: &TrickleOptions, json: bool) -> Result<(), Error> {

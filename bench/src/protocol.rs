@@ -20,8 +20,9 @@ use crate::stats::{Observed, Receipts, StreamReceipts};
 /// What one worker connects to, and how.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
-    /// The server.
-    pub server: SocketAddr,
+    /// The server's addresses; connection `id` dials `servers[id % len]`
+    /// (several for a server on several hosts).
+    pub servers: Vec<SocketAddr>,
     /// Source addresses; connection `id` binds `sources[id % len]`.
     pub sources: Vec<Ipv4Addr>,
     /// Id of the worker's first connection.
@@ -161,7 +162,7 @@ mod tests {
     #[test]
     fn commands_and_reports_round_trip_as_single_lines() {
         let plan = Command::Plan(Plan {
-            server: "127.0.0.1:9000".parse().unwrap(),
+            servers: vec!["127.0.0.1:9000".parse().unwrap()],
             sources: vec![Ipv4Addr::new(127, 0, 0, 2)],
             first_id: 19_500,
             payload_bytes: 32,

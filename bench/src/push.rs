@@ -88,6 +88,9 @@ pub struct PushOptions {
     /// range per address: beyond half of it, connect() slows down 20×].
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=250))]
     pub sources: Option<u8>,
+    /// The first source address (the others follow it).
+    #[arg(long, value_name = "IP", default_value = "127.0.0.2")]
+    pub first_source: Ipv4Addr,
     /// Most connections one worker process holds (each process may have at
     /// most RLIMIT_NOFILE descriptors).
     #[arg(long, default_value_t = 19_500)]
@@ -286,6 +289,19 @@ pub fn measure(
     launch: &Launch,
     info: RunInfo,
 ) -> Result<RunReport, Error> {
+    measure_hosts(target, &[addr], options, launch, info)
+}
+
+/// [`measure`] for a server on several hosts, `servers`: connection `i`
+/// dials `servers[i % len]`; the probes go to the first.
+pub fn measure_hosts(
+    target: &mut dyn Target,
+    servers: &[SocketAddr],
+    options: &PushOptions,
+    launch: &Launch,
+    info: RunInfo,
+) -> Result<RunReport, Error> {
+    let addr = *servers.first().ok_or("no server address")?;
     options.check()?;
     let nofile = wspush::sys::raise_open_file_limit()? as usize;
     let workers = options.conns.div_ceil(options.per_worker);
@@ -304,10 +320,11 @@ pub fn measure(
         Some(n) => n,
         None => auto_sources(options.conns)?,
     };
+    let first = u32::from(options.first_source);
     let plan = Plan {
-        server: addr,
-        sources: (0..sources)
-            .map(|i| Ipv4Addr::new(127, 0, 0, 2 + i))
+        servers: servers.to_vec(),
+        sources: (0..u32::from(sources))
+            .map(|i| Ipv4Addr::from(first + i))
             .collect(),
         first_id: 0,
         payload_bytes: options.payload_bytes,

@@ -62,7 +62,7 @@ pub fn run(input: impl Read + Send + 'static, mut output: impl Write) -> Result<
         return Err("a worker's first command must be its plan".into());
     };
     let mut clients = Clients::new(ClientPlan {
-        server: plan.server,
+        servers: plan.servers,
         sources: plan.sources,
         first_id: plan.first_id,
         payload_len: plan.payload_bytes,

@@ -150,7 +150,7 @@ enum Outgoing<'a> {
     /// An HTTP response: head and body.
     Response(&'a [u8], &'a [u8]),
     /// Broadcast batches or the ping, shared with other connections:
-    /// [`Sent::Dropped`] when the queue would go over its limit.
+    /// [`Sent::Dropped`] for those the queue has no room for.
     Shared(&'a [SharedFrames]),
     /// The gathered replies, at the end of a read.
     Replies,
@@ -471,17 +471,20 @@ impl Conn {
             return Verdict::Keep;
         }
         self.out.set_next_batch(up_to);
-        let messages = owed.iter().map(|f| f.count() as u64).sum::<u64>();
+        let messages = |frames: &[SharedFrames]| frames.iter().map(|f| f.count() as u64).sum();
         match self.send(Outgoing::Shared(owed), ctx) {
             Err(reason) => return Verdict::Close(reason),
-            Ok(Sent::Written) => ctx.tally.broadcast_deliveries += messages,
+            Ok(Sent::Written) => ctx.tally.broadcast_deliveries += messages(owed),
             Ok(Sent::Queued) => {
-                ctx.tally.broadcast_deliveries += messages;
+                ctx.tally.broadcast_deliveries += messages(owed);
                 ctx.tally.write_would_block += 1;
             }
-            Ok(Sent::Dropped) => {
-                ctx.tally.slow_consumer_drops += messages;
-                return self.on_slow_consumer(key, messages, ctx);
+            Ok(Sent::Dropped { kept }) => {
+                let (taken, missed) = owed.split_at(kept);
+                ctx.tally.broadcast_deliveries += messages(taken);
+                ctx.tally.slow_consumer_drops += messages(missed);
+                ctx.tally.write_would_block += 1;
+                return self.on_slow_consumer(key, messages(missed), ctx);
             }
         }
         Verdict::Keep
@@ -562,7 +565,7 @@ impl Conn {
         }
         match self.send(Outgoing::Shared(std::slice::from_ref(ping)), ctx) {
             Err(reason) => Verdict::Close(reason),
-            Ok(Sent::Dropped) => Verdict::Keep,
+            Ok(Sent::Dropped { .. }) => Verdict::Keep,
             Ok(Sent::Written | Sent::Queued) => {
                 Metrics::incr(&ctx.metrics.pings_sent);
                 Verdict::Keep
@@ -839,13 +842,12 @@ impl Conn {
                 let sent = self
                     .write_ahead(replies)
                     .and_then(|()| self.out.send_shared(shared, limit, &mut self.stream));
-                let (offered, frames) = match sent {
-                    Ok(Sent::Dropped) => (replies.len(), 0),
-                    _ => (
-                        replies.len() + shared.iter().map(|f| f.bytes().len()).sum::<usize>(),
-                        shared.iter().map(SharedFrames::count).sum(),
-                    ),
+                let taken = match sent {
+                    Ok(Sent::Dropped { kept }) => &shared[..kept],
+                    _ => shared,
                 };
+                let offered = replies.len() + taken.iter().map(|f| f.bytes().len()).sum::<usize>();
+                let frames = taken.iter().map(SharedFrames::count).sum();
                 (sent, offered, frames)
             }
             Outgoing::Queued => {

@@ -26,8 +26,13 @@ pub enum Sent {
     /// Taken, but not all of it is on the socket yet: the rest waits in
     /// the queue until the socket is writable (backpressure).
     Queued,
-    /// Refused whole: the queue would go over its limit with it.
-    Dropped,
+    /// Not all taken: the queue would have gone over its limit. The
+    /// first `kept` buffers offered were written or queued, in order; the
+    /// rest were refused (all of them when `kept` is 0).
+    Dropped {
+        /// Buffers taken before the first refused one.
+        kept: usize,
+    },
 }
 
 impl Sent {
@@ -99,8 +104,10 @@ impl OutQueue {
     /// Sends shared buffers, in order: written straight away (one `writev`
     /// for up to [`MAX_IOV`] of them) when nothing is queued, else queued
     /// by reference; what the socket does not take is queued by reference
-    /// too. [`Sent::Dropped`], all of them, when the queue is not empty
-    /// and would exceed `limit` bytes with them.
+    /// too, as long as the queue stays within `limit` bytes. The first
+    /// buffer that would take it over, and every one after it, are refused
+    /// ([`Sent::Dropped`]), except a buffer the socket took part of: that
+    /// one is always finished.
     pub fn send_shared(
         &mut self,
         frames: &[SharedFrames],
@@ -108,12 +115,7 @@ impl OutQueue {
         w: &mut impl Write,
     ) -> io::Result<Sent> {
         if !self.is_empty() {
-            let bytes: usize = frames.iter().map(|f| f.bytes().len()).sum();
-            if self.queued_bytes() + bytes > limit {
-                return Ok(Sent::Dropped);
-            }
-            frames.iter().for_each(|f| self.push(f.clone()));
-            return Ok(Sent::Queued);
+            return Ok(self.queue_within(frames, 0, limit));
         }
         let mut rest = frames;
         while !rest.is_empty() {
@@ -133,15 +135,30 @@ impl OutQueue {
                 whole += 1;
             }
             if whole < chunk.len() {
-                // The first one not written whole, and all after it, are queued.
+                // The first one not written whole is finished later; those
+                // after it are queued while they fit.
                 self.head = Some(rest[whole].clone());
                 self.written = left as u32;
-                rest[whole + 1..].iter().for_each(|f| self.push(f.clone()));
-                return Ok(Sent::Queued);
+                let done = frames.len() - rest.len() + whole + 1;
+                return Ok(self.queue_within(&frames[done..], done, limit));
             }
             rest = &rest[chunk.len()..];
         }
         Ok(Sent::Written)
+    }
+
+    /// Queues `frames` (after `before` buffers of the same send, already
+    /// taken) while the queue stays within `limit` bytes.
+    fn queue_within(&mut self, frames: &[SharedFrames], before: usize, limit: usize) -> Sent {
+        let mut queued = self.queued_bytes();
+        for (i, frame) in frames.iter().enumerate() {
+            queued += frame.bytes().len();
+            if queued > limit {
+                return Sent::Dropped { kept: before + i };
+            }
+            self.push(frame.clone());
+        }
+        Sent::Queued
     }
 
     /// Sends bytes of this connection's own (a handshake response, pong,
@@ -326,7 +343,7 @@ mod tests {
         assert_eq!(q.queued_bytes(), 3 + 2 + 6);
         assert_eq!(
             q.send_shared(std::slice::from_ref(&b), 12, &mut w).unwrap(),
-            Sent::Dropped
+            Sent::Dropped { kept: 0 }
         );
         for budget in [1, 2, 3, 0, 100] {
             w.budget = budget;
@@ -346,7 +363,7 @@ mod tests {
         // 40 buffers of 3 bytes: the first 32 in one writev, then 8; the
         // socket takes 100 bytes, so buffer 33 is split.
         let mut w = writer(100);
-        q.send_shared(&frames, 1, &mut w).unwrap();
+        assert_eq!(q.send_shared(&frames, 20, &mut w).unwrap(), Sent::Queued);
         assert_eq!(w.written.len(), 100);
         assert_eq!(q.queued_bytes(), 40 * 3 - 100);
         assert_eq!(q.queued_frames(), 7, "the split one and the 6 after it");
@@ -355,10 +372,44 @@ mod tests {
         assert_eq!(q.flush(&mut w).unwrap(), Sent::Written);
         let expected: Vec<u8> = frames.iter().flat_map(|f| f.bytes().to_vec()).collect();
         assert_eq!(w.written, expected);
-        // Behind a backlog, all of them or none.
+        // Behind a backlog, those that fit: 2 bytes left of the first, and
+        // 32 more buffers of 3 within 100 bytes.
         let mut w = writer(1);
         q.send_shared(&frames[..1], 100, &mut w).unwrap();
-        assert_eq!(q.send_shared(&frames, 100, &mut w).unwrap(), Sent::Dropped);
+        let sent = q.send_shared(&frames, 100, &mut w).unwrap();
+        assert_eq!(sent, Sent::Dropped { kept: 32 });
+        assert_eq!(q.queued_bytes(), 2 + 32 * 3);
+    }
+
+    #[test]
+    fn what_a_socket_does_not_take_is_queued_only_within_the_limit() {
+        let frames: Vec<SharedFrames> = (0..40u8)
+            .map(|i| SharedFrames::encode(OpCode::Text, &[b'a' + i % 26]))
+            .collect();
+        let mut q = OutQueue::default();
+        // The socket takes 100 bytes: 33 buffers and 1 byte of the 34th,
+        // whose 2 other bytes are always finished; 2 more fit in 8 bytes.
+        let mut w = writer(100);
+        let sent = q.send_shared(&frames, 8, &mut w).unwrap();
+        assert_eq!(sent, Sent::Dropped { kept: 36 });
+        assert_eq!((q.queued_bytes(), q.queued_frames()), (8, 3));
+        w.budget = 1000;
+        assert_eq!(q.flush(&mut w).unwrap(), Sent::Written);
+        let expected: Vec<u8> = frames[..36]
+            .iter()
+            .flat_map(|f| f.bytes().to_vec())
+            .collect();
+        assert_eq!(
+            w.written, expected,
+            "whole frames, in order, none after a gap"
+        );
+        // A limit below the split buffer's rest still finishes it.
+        let mut q = OutQueue::default();
+        let mut w = writer(100);
+        assert_eq!(
+            q.send_shared(&frames, 0, &mut w).unwrap(),
+            Sent::Dropped { kept: 34 }
+        );
         assert_eq!(q.queued_bytes(), 2);
     }
 
