@@ -158,10 +158,16 @@ pub fn feed_pipe(
     std::thread::Builder::new()
         .name("redis".into())
         .spawn(move || {
+            // One write per message, its line end included.
+            let mut line = Vec::new();
             feed.run(|event| match event {
                 FeedEvent::Message(message) => {
-                    let end: &[u8] = if message.ends_with(b"\n") { b"" } else { b"\n" };
-                    writer.write_all(message).is_ok() && writer.write_all(end).is_ok()
+                    line.clear();
+                    line.extend_from_slice(message);
+                    if !message.ends_with(b"\n") {
+                        line.push(b'\n');
+                    }
+                    writer.write_all(&line).is_ok()
                 }
                 FeedEvent::Lost => {
                     on_state(Control::FeedLost);
