@@ -8,7 +8,9 @@ use std::thread;
 
 use tungstenite::protocol::frame::coding::CloseCode as WsCloseCode;
 use tungstenite::Message;
-use util::{connect, poll_until, raw, read_response, upgrade_request, Binary, Client, TestServer};
+use util::{
+    connect, poll_until, raw, read_response, texts, upgrade_request, Binary, Client, TestServer,
+};
 use wspush::{CloseCode, Config, MessageKind, Recipients, Server, Tokens};
 
 fn channels(names: &[&str]) -> Recipients {
@@ -17,16 +19,6 @@ fn channels(names: &[&str]) -> Recipients {
 
 fn id(name: &str) -> Recipients {
     Recipients::Id(name.into())
-}
-
-/// The next `n` messages, as text.
-fn texts(client: &mut Client, n: usize) -> Vec<String> {
-    (0..n)
-        .map(|_| match client.read().expect("a message") {
-            Message::Text(text) => text.to_string(),
-            other => panic!("not text: {other:?}"),
-        })
-        .collect()
 }
 
 /// Broadcasts `END` and checks that it is the next thing every client

@@ -11,8 +11,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tungstenite::Message;
-use util::{http_get, sample, Client, Logged, IO_TIMEOUT};
+use util::{http_get, sample, texts, Client, Logged, IO_TIMEOUT};
 
 /// The Redis host's address (see run.sh).
 const REDIS: [u8; 4] = [10, 77, 0, 1];
@@ -174,15 +173,6 @@ fn hosts(extra: &[&str]) -> Vec<Host> {
 
 fn connect(host: &Host, path: &str) -> Client {
     util::connect(host.addr, path)
-}
-
-fn texts(client: &mut Client, n: usize) -> Vec<String> {
-    (0..n)
-        .map(|_| match client.read().expect("a message") {
-            Message::Text(text) => text.to_string(),
-            other => panic!("not text: {other:?}"),
-        })
-        .collect()
 }
 
 #[test]

@@ -14,7 +14,6 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tungstenite::Message;
 use util::{connect, http_get, listening_addr, sample, Binary, Client, Logged, IO_TIMEOUT};
 
 /// One subscriber connection of the stand-in.
@@ -208,10 +207,7 @@ fn glob(pattern: &str, name: &str) -> bool {
 }
 
 fn text(client: &mut Client) -> String {
-    match client.read().expect("a message") {
-        Message::Text(text) => text.to_string(),
-        other => panic!("not text: {other:?}"),
-    }
+    util::texts(client, 1).remove(0)
 }
 
 /// `/healthz`: status and body.

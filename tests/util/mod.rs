@@ -139,6 +139,16 @@ pub fn connect(addr: SocketAddr, path: &str) -> Client {
     client
 }
 
+/// The next `n` messages `client` gets, each of which must be text.
+pub fn texts(client: &mut Client, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|_| match client.read().expect("a message") {
+            tungstenite::Message::Text(text) => text.to_string(),
+            other => panic!("not text: {other:?}"),
+        })
+        .collect()
+}
+
 /// A plain TCP connection with read/write timeouts.
 pub fn raw(addr: SocketAddr) -> TcpStream {
     let stream = TcpStream::connect(addr).expect("TCP connect");
