@@ -16,7 +16,8 @@
 //!   channels): memory, fan-out to a fraction, CPU per `id` message,
 //!   throughput over many channels;
 //! - `hosts` ([`hosts`]): `push` over wspush on several hosts (network
-//!   namespaces), fed through Redis or each host's standard input.
+//!   namespaces), fed through Redis or each host's standard input;
+//! - `deflate` ([`deflate`]): DEFLATE implementations on one JSON feed.
 //!
 //! The library exists so that tests can run the same measurement against an
 //! embedded server: [`push::measure`] takes any [`target::Target`] (an
@@ -27,6 +28,7 @@ pub mod channels;
 pub mod clients;
 pub mod compare;
 pub mod conn;
+pub mod deflate;
 pub mod dial;
 pub mod echo;
 pub mod echoer;

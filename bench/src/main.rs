@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use serde::Serialize;
 use wspush_bench::channels::{self, ChannelsOptions};
 use wspush_bench::compare::{self, CompareOptions};
+use wspush_bench::deflate::{self, DeflateOptions};
 use wspush_bench::echo::{self, EchoOptions, EchoOutcome};
 use wspush_bench::fleet::Launch;
 use wspush_bench::hosts::{self, HostsOptions};
@@ -187,6 +188,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// DEFLATE implementations on one JSON feed: ratio, and µs per message
+    /// to compress (each alone) and to inflate.
+    Deflate {
+        #[command(flatten)]
+        options: DeflateOptions,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// (Internal) a client worker process of `push`, driven through its
     /// standard input and output.
     #[command(hide = true)]
@@ -234,6 +244,8 @@ fn main() -> ExitCode {
             options,
             json,
         } => run_hosts(&hosts, &options, json),
+        Command::Deflate { options, json } => deflate::run(&options)
+            .and_then(|report| print_report(&report, json, deflate::DeflateRun::render_text)),
         Command::Worker => worker::run(std::io::stdin(), std::io::stdout().lock()),
         Command::ChannelsWorker => swarm::worker(std::io::stdin(), std::io::stdout().lock()),
     };

@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod commands;
+pub mod deflate;
 pub mod http;
 pub mod lines;
 pub mod names;
