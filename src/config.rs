@@ -133,6 +133,10 @@ pub struct Config {
     /// ([`Server::upstream`](crate::Server::upstream)). `None`: client data
     /// messages are counted and discarded (or echoed).
     pub upstream: Option<UpstreamConfig>,
+    /// Accept permessage-deflate (RFC 7692) from clients that offer it:
+    /// their compressed messages are inflated (at most
+    /// `max_message_bytes`), with one inflater for all.
+    pub deflate: bool,
     /// How `/healthz` answers while a feed is lost
     /// ([`Handle::feed_lost`](crate::Handle::feed_lost)).
     pub degraded: Degraded,
@@ -170,6 +174,7 @@ impl Default for Config {
             instance: 0,
             upstream: None,
             degraded: Degraded::Ok,
+            deflate: false,
         }
     }
 }

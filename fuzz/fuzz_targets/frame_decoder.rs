@@ -302,7 +302,7 @@ fn decode(wire: &[u8], sizes: &[u8], limit: u64) -> Outcome {
         let mut pos = 0;
         loop {
             let available = held.len() - pos;
-            let (used, event) = match decoder.decode(&mut held[pos..], limit) {
+            let (used, event) = match decoder.decode(&mut held[pos..], limit, false) {
                 Ok(decoded) => decoded,
                 Err(error) => {
                     return Outcome {
@@ -352,7 +352,7 @@ fn decode(wire: &[u8], sizes: &[u8], limit: u64) -> Outcome {
         held.drain(..pos);
         // What was left is the start of a frame: presented again as it is,
         // it is left again.
-        assert_eq!(decoder.decode(&mut held, limit), Ok((0, None)));
+        assert_eq!(decoder.decode(&mut held, limit, false), Ok((0, None)));
     }
     Outcome {
         seen,

@@ -13,6 +13,7 @@ use base64::Engine;
 use sha1::{Digest, Sha1};
 
 use crate::protocol::auth::{self, Tokens, MAX_TOKEN_LEN};
+use crate::protocol::deflate;
 
 /// The GUID every server appends to the client's key (§1.3).
 const WEBSOCKET_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -21,8 +22,9 @@ const WEBSOCKET_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 /// is 431. They are parsed into stack storage of this many entries.
 pub const MAX_HEADERS: usize = 128;
 
-/// The longest response this module writes.
-pub const MAX_RESPONSE_LEN: usize = 256;
+/// The longest response this module writes (a 101 with the
+/// permessage-deflate answer is the longest).
+pub const MAX_RESPONSE_LEN: usize = 320;
 
 /// A valid upgrade request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +36,9 @@ pub struct Upgrade<'a> {
     /// Where the token it presented is among the [`Tokens`], when tokens
     /// are required (see [`Tokens::grant`]).
     pub token: Option<usize>,
+    /// The permessage-deflate terms agreed, if the client offered it and
+    /// the server takes it.
+    pub deflate: Option<deflate::Agreed>,
 }
 
 /// What [`parse_request`] found.
@@ -159,14 +164,21 @@ impl Rejection {
     }
 }
 
-/// Writes the `101 Switching Protocols` response into `out`. Plain byte
-/// copies: this runs once per connection, and formatting cost more than
-/// the rest of the response together.
-pub fn write_accept_response(accept: &[u8; 28], out: &mut [u8; MAX_RESPONSE_LEN]) -> usize {
+/// Writes the `101 Switching Protocols` response into `out`, with the
+/// permessage-deflate answer when `deflate` was agreed. Plain byte copies:
+/// this runs once per connection, and formatting cost more than the rest
+/// of the response together.
+pub fn write_accept_response(
+    accept: &[u8; 28],
+    deflate: Option<&deflate::Agreed>,
+    out: &mut [u8; MAX_RESPONSE_LEN],
+) -> usize {
     const HEAD: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ";
-    const TAIL: &[u8] = b"\r\n\r\n";
+    const CRLF: &[u8] = b"\r\n";
+    let extension = deflate.map(deflate::response_line);
+    let extension = extension.as_ref().map_or(&[][..], |line| line.as_bytes());
     let mut len = 0;
-    for part in [HEAD, accept, TAIL] {
+    for part in [HEAD, accept, CRLF, extension, CRLF] {
         out[len..len + part.len()].copy_from_slice(part);
         len += part.len();
     }
@@ -266,6 +278,8 @@ pub struct HandshakeRules<'a> {
     pub tokens: Option<&'a Tokens>,
     /// What this listener serves.
     pub endpoints: Endpoints,
+    /// permessage-deflate is offered to clients that ask for it.
+    pub deflate: bool,
 }
 
 /// Parses and validates a request at the start of `buf`: a WebSocket
@@ -381,11 +395,23 @@ pub fn parse_request_after<'a>(
         return Err(Rejection::Forbidden("origin not allowed"));
     }
     let token = token()?;
+    let deflate = rules
+        .deflate
+        .then(|| {
+            let offers = request.headers.iter().filter_map(|h| {
+                h.name
+                    .eq_ignore_ascii_case("Sec-WebSocket-Extensions")
+                    .then_some(h.value)
+            });
+            deflate::negotiate(offers)
+        })
+        .flatten();
     Ok(HeadStatus::Upgrade(
         Upgrade {
             target,
             accept: accept_key(key),
             token,
+            deflate,
         },
         head_len,
     ))
@@ -501,6 +527,7 @@ mod tests {
             metrics: true,
             demo: false,
         },
+        deflate: false,
     };
 
     const GOOD: &str = "GET /ws?id=01 HTTP/1.1\r\nHost: example.com\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -906,15 +933,60 @@ mod tests {
     }
 
     #[test]
+    fn deflate_is_agreed_only_when_on_and_offered_acceptably() {
+        let offering = |offers: &[&str]| {
+            let mut request = String::from(
+                "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                 Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n",
+            );
+            for offer in offers {
+                request.push_str(&format!("sec-websocket-extensions: {offer}\r\n"));
+            }
+            request + "\r\n"
+        };
+        let on = HandshakeRules {
+            deflate: true,
+            ..RULES
+        };
+        let agreed = |request: &str, rules| match parse_request(request.as_bytes(), rules) {
+            Ok(HeadStatus::Upgrade(upgrade, _)) => upgrade.deflate,
+            other => panic!("{other:?}"),
+        };
+        let browser = offering(&["permessage-deflate; client_max_window_bits"]);
+        let whole = Some(deflate::Agreed {
+            server_window_bits: 15,
+            server_window_asked: false,
+        });
+        assert_eq!(agreed(&browser, &on), whole);
+        assert_eq!(agreed(&browser, &RULES), None, "off");
+        assert_eq!(agreed(&offering(&[]), &on), None);
+        let split = offering(&["x-foo", "permessage-deflate; bad, permessage-deflate"]);
+        assert_eq!(agreed(&split, &on), whole, "offers over several headers");
+    }
+
+    #[test]
     fn responses_are_complete_http() {
         let mut out = [0u8; MAX_RESPONSE_LEN];
-        let len = write_accept_response(&accept_key(b"dGhlIHNhbXBsZSBub25jZQ=="), &mut out);
+        let accept = accept_key(b"dGhlIHNhbXBsZSBub25jZQ==");
+        let len = write_accept_response(&accept, None, &mut out);
         let text = std::str::from_utf8(&out[..len]).unwrap();
         assert!(text.starts_with("HTTP/1.1 101 Switching Protocols\r\n"));
         assert!(
             text.contains("\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n")
                 && text.ends_with("\r\n\r\n")
         );
+        assert!(!text.contains("Extensions"));
+        // The longest: permessage-deflate with a window asked for.
+        let agreed = deflate::Agreed {
+            server_window_bits: 10,
+            server_window_asked: true,
+        };
+        let len = write_accept_response(&accept, Some(&agreed), &mut out);
+        let text = std::str::from_utf8(&out[..len]).unwrap();
+        assert!(text.ends_with(
+            "\r\nSec-WebSocket-Extensions: permessage-deflate; server_no_context_takeover; \
+             client_no_context_takeover; server_max_window_bits=10\r\n\r\n"
+        ));
 
         let len = Rejection::UpgradeRequired.write_response(&mut out);
         let text = std::str::from_utf8(&out[..len]).unwrap();

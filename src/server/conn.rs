@@ -24,6 +24,7 @@ use crate::ops::metrics::{Metrics, Tally};
 use crate::protocol::http::{self, Endpoint, Endpoints, MAX_RESPONSE_LEN};
 use crate::protocol::target::RequestTarget;
 use crate::protocol::ws::header::MAX_HEADER_LEN;
+use crate::protocol::ws::inflate::{InflateError, Inflater};
 use crate::protocol::ws::{
     CloseCode, Decoder, Event, FrameHeader, MessageKind, OpCode, ProtocolError,
 };
@@ -206,6 +207,11 @@ pub struct Ctx<'a> {
     pub serials: &'a Serials,
     /// Where client messages go, when they go upstream.
     pub upstream: Option<&'a mut Outbox>,
+    /// The one inflater of compressed client messages.
+    pub inflater: &'a mut Inflater,
+    /// Where a compressed message is inflated (the loop's, kept between
+    /// messages: at most `--max-message-bytes`).
+    pub inflated: &'a mut Vec<u8>,
     /// The time this loop iteration started.
     pub now: Instant,
     /// The broadcast batch the loop frames next: where a connection that
@@ -231,6 +237,8 @@ pub struct Conn {
     read_paused: bool,
     /// Heartbeat state while open (two bytes that fit in padding).
     liveness: Liveness,
+    /// permessage-deflate was negotiated at the upgrade.
+    deflate: bool,
     target: RequestTarget,
 }
 
@@ -249,6 +257,7 @@ impl Conn {
             writable_interest: false,
             read_paused: false,
             liveness: Liveness::default(),
+            deflate: false,
             target: RequestTarget::default(),
         }
     }
@@ -651,9 +660,11 @@ impl Conn {
         }
         loop {
             let decoded = match &mut self.phase {
-                Phase::Open(decoder) | Phase::CloseSent { decoder, .. } => {
-                    decoder.decode(&mut bytes[pos..], ctx.config.max_message_bytes)
-                }
+                Phase::Open(decoder) | Phase::CloseSent { decoder, .. } => decoder.decode(
+                    &mut bytes[pos..],
+                    ctx.config.max_message_bytes,
+                    self.deflate,
+                ),
                 Phase::Handshake(_) | Phase::Lingering { .. } => {
                     return (bytes.len(), Verdict::Keep)
                 }
@@ -681,12 +692,16 @@ impl Conn {
                 kind,
                 payload,
                 last,
+                compressed,
             } => {
                 if last {
                     Metrics::incr(&ctx.metrics.messages_received);
                 }
-                if (ctx.config.echo || ctx.upstream.is_some()) && !closing {
-                    return self.on_data(key, kind, payload, last, ctx);
+                let wanted = ctx.config.echo || ctx.upstream.is_some();
+                // A compressed message is inflated even if it is dropped:
+                // its size and its text are checked as a plain one's are.
+                if (wanted || compressed) && !closing {
+                    return self.on_data(key, kind, payload, last, compressed, ctx);
                 }
                 Verdict::Keep
             }
@@ -714,19 +729,20 @@ impl Conn {
     }
 
     /// A piece of a data message, when messages are echoed or written
-    /// upstream: pieces are gathered in a pooled buffer until the message
-    /// is complete (one that arrived in one piece is used straight from
-    /// the input).
+    /// upstream, or are compressed: pieces are gathered in a pooled buffer
+    /// until the message is complete (one that arrived in one piece is
+    /// used straight from the input).
     fn on_data(
         &mut self,
         key: ConnKey,
         kind: MessageKind,
         payload: &[u8],
         last: bool,
+        compressed: bool,
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
         if last && self.message.is_none() {
-            return self.on_message(key, kind, payload, ctx);
+            return self.on_whole(key, kind, payload, compressed, ctx);
         }
         let message = self.message.get_or_insert_with(|| ctx.pool.lend());
         message.extend_from_slice(payload);
@@ -734,8 +750,38 @@ impl Conn {
             return Verdict::Keep;
         }
         let message = self.message.take().expect("just inserted");
-        let verdict = self.on_message(key, kind, &message, ctx);
+        let verdict = self.on_whole(key, kind, &message, compressed, ctx);
         ctx.pool.give_back(message);
+        verdict
+    }
+
+    /// A whole data message as it came: inflated first if compressed (at
+    /// most `--max-message-bytes`, its text then checked), then handled.
+    fn on_whole(
+        &mut self,
+        key: ConnKey,
+        kind: MessageKind,
+        payload: &[u8],
+        compressed: bool,
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
+        if !compressed {
+            return self.on_message(key, kind, payload, ctx);
+        }
+        let limit = usize::try_from(ctx.config.max_message_bytes).unwrap_or(usize::MAX);
+        let mut inflated = std::mem::take(ctx.inflated);
+        let verdict = match ctx.inflater.inflate(payload, limit, &mut inflated) {
+            Err(InflateError::TooBig) => self.fail(key, ProtocolError::MessageTooBig, ctx),
+            Err(InflateError::Corrupt) => self.fail(key, ProtocolError::BadCompressedData, ctx),
+            Ok(()) if kind == MessageKind::Text && std::str::from_utf8(&inflated).is_err() => {
+                self.fail(key, ProtocolError::InvalidUtf8, ctx)
+            }
+            Ok(()) if ctx.config.echo || ctx.upstream.is_some() => {
+                self.on_message(key, kind, &inflated, ctx)
+            }
+            Ok(()) => Verdict::Keep,
+        };
+        *ctx.inflated = inflated;
         verdict
     }
 
@@ -976,6 +1022,8 @@ mod tests {
         replies: Vec<u8>,
         routes: Routes,
         serials: Serials,
+        inflater: Inflater,
+        inflated: Vec<u8>,
     }
 
     const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -1010,6 +1058,8 @@ mod tests {
                 replies: Vec::with_capacity(64 * 1024),
                 routes: Routes::new(16),
                 serials: Serials::default(),
+                inflater: Inflater::default(),
+                inflated: Vec::new(),
             }
         }
 
@@ -1045,6 +1095,8 @@ mod tests {
                 routes: &mut self.routes,
                 serials: &self.serials,
                 upstream: None,
+                inflater: &mut self.inflater,
+                inflated: &mut self.inflated,
                 now: Instant::now(),
                 next_batch: 0,
             };

@@ -46,6 +46,7 @@ mod upstream;
 use crate::config::{Config, ConfigError};
 use crate::ops::metrics::{LoopHistogram, LoopMax, Metrics, MetricsSnapshot, Tally};
 use crate::protocol::commands::ConnRef;
+use crate::protocol::ws::inflate::Inflater;
 use crate::protocol::ws::{CloseCode, MessageKind};
 use accept::{listen, Door};
 pub use feed::Recipients;
@@ -206,6 +207,9 @@ pub struct Server {
     scratch: Box<[u8]>,
     /// See [`Ctx::replies`].
     replies: Vec<u8>,
+    /// The one inflater of compressed client messages, and its output.
+    inflater: Inflater,
+    inflated: Vec<u8>,
     /// Client ids and channel subscriptions.
     routes: Routes,
     /// Messages and closes for some connections, on their way.
@@ -349,6 +353,8 @@ impl Server {
             pool: BufferPool::new(config.max_head_bytes, POOL_PREALLOCATED, POOL_MAX_IDLE),
             scratch: vec![0; SCRATCH_BYTES.max(config.max_head_bytes)].into_boxed_slice(),
             replies: Vec::with_capacity(SCRATCH_BYTES),
+            inflater: Inflater::default(),
+            inflated: Vec::new(),
             routes: Routes::new(config.max_channels),
             targeted: Targeted::default(),
             serials: Serials::with_capacity(config.max_connections.min(SLAB_RESERVE)),
@@ -731,6 +737,8 @@ impl Server {
                 routes: &mut self.routes,
                 serials: &self.serials,
                 upstream: self.upstream.as_mut(),
+                inflater: &mut self.inflater,
+                inflated: &mut self.inflated,
                 now,
                 next_batch: self.stream.next_seq(),
             },

@@ -68,6 +68,11 @@ struct Cli {
     /// Echo every client message back (conformance testing) instead of discarding it.
     #[arg(long)]
     echo: bool,
+    /// permessage-deflate (RFC 7692) for clients that offer it: `on`
+    /// inflates their compressed messages (one inflater for all; no
+    /// client keeps a window), `off` declines it.
+    #[arg(long, value_name = "on|off", value_enum, default_value = "off")]
+    deflate: OnOff,
     /// Largest message accepted from a client or broadcast, in bytes.
     #[arg(long, value_name = "N", default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1..=MAX_MESSAGE_LIMIT))]
     max_message_bytes: u64,
@@ -226,6 +231,15 @@ enum InstanceExit {
     Stop,
 }
 
+/// A switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
 /// `--healthz-degraded` values.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum HealthzDegraded {
@@ -382,6 +396,7 @@ fn config(cli: &Cli) -> Result<Config, String> {
         path: cli.path.clone(),
         demo: cli.demo,
         echo: cli.echo,
+        deflate: cli.deflate == OnOff::On,
         max_message_bytes: cli.max_message_bytes,
         max_queued_bytes: cli.max_queued_bytes,
         max_pending_bytes: cli.max_pending_bytes,

@@ -6,6 +6,12 @@
 //! nothing is buffered here; text is validated piece by piece, and every RFC
 //! 6455 rule is checked on the frame header before any payload is accepted.
 //! Control frames (at most 125 bytes) are only consumed whole.
+//!
+//! With permessage-deflate negotiated (`deflate` given to [`Decoder::decode`]), a data
+//! message whose first frame has RSV1 set is compressed: its pieces are
+//! reported as they are, marked `compressed`, and its text is validated
+//! once it is inflated (see [`super::inflate`]). RSV1 anywhere else (a
+//! control frame, a continuation) is still a protocol error.
 
 use super::codes::{CloseCode, MessageKind, OpCode};
 use super::header::{FrameHeader, HeaderError, HeaderStatus};
@@ -41,15 +47,20 @@ pub enum ProtocolError {
     InvalidCloseCode(u16),
     /// Text (message or close reason) that is not UTF-8 (§8.1).
     InvalidUtf8,
-    /// A message larger than the configured limit.
+    /// A message larger than the configured limit (compressed, or once
+    /// inflated).
     MessageTooBig,
+    /// A compressed message that is not valid DEFLATE data (RFC 7692 §7.2.2).
+    BadCompressedData,
 }
 
 impl ProtocolError {
     /// The close code that reports this error to the client.
     pub fn close_code(self) -> CloseCode {
         match self {
-            ProtocolError::InvalidUtf8 => CloseCode::INVALID_PAYLOAD,
+            ProtocolError::InvalidUtf8 | ProtocolError::BadCompressedData => {
+                CloseCode::INVALID_PAYLOAD
+            }
             ProtocolError::MessageTooBig => CloseCode::MESSAGE_TOO_BIG,
             _ => CloseCode::PROTOCOL_ERROR,
         }
@@ -70,6 +81,7 @@ impl ProtocolError {
             ProtocolError::InvalidCloseCode(_) => "invalid close code",
             ProtocolError::InvalidUtf8 => "invalid UTF-8",
             ProtocolError::MessageTooBig => "message too big",
+            ProtocolError::BadCompressedData => "invalid compressed data",
         }
     }
 }
@@ -104,6 +116,9 @@ pub enum Event<'a> {
         payload: &'a [u8],
         /// This piece ends the message.
         last: bool,
+        /// The message is compressed (RSV1 on its first frame): the pieces
+        /// are DEFLATE data, not validated as text yet.
+        compressed: bool,
     },
     /// A ping with its (unmasked) application data.
     Ping(&'a [u8]),
@@ -129,6 +144,8 @@ struct DataFrame {
 #[derive(Debug, Clone, Copy)]
 struct Message {
     kind: MessageKind,
+    /// RSV1 was set on its first frame.
+    compressed: bool,
     /// Payload bytes announced so far, across fragments.
     len: u32,
     utf8: Utf8Validator,
@@ -149,11 +166,13 @@ impl Decoder {
     /// (the unconsumed bytes, if any, must be presented again with more data
     /// appended). `max_message_bytes` bounds a whole message, checked against
     /// each frame header before its payload is accepted; limits above
-    /// `u32::MAX` act as `u32::MAX`.
+    /// `u32::MAX` act as `u32::MAX`. With `deflate` (permessage-deflate
+    /// negotiated), RSV1 may mark a message compressed.
     pub fn decode<'a>(
         &mut self,
         input: &'a mut [u8],
         max_message_bytes: u64,
+        deflate: bool,
     ) -> Result<(usize, Option<Event<'a>>), ProtocolError> {
         if self.frame.is_some() {
             return self.data_piece(input, 0);
@@ -162,7 +181,7 @@ impl Decoder {
             HeaderStatus::Partial => return Ok((0, None)),
             HeaderStatus::Complete(header, len) => (header, len),
         };
-        let mask = check_header(&header)?;
+        let mask = check_header(&header, deflate)?;
         if header.opcode.is_control() {
             let end = header_len + header.payload_len as usize;
             if input.len() < end {
@@ -196,6 +215,7 @@ impl Decoder {
                 };
                 self.message.insert(Message {
                     kind,
+                    compressed: header.rsv == RSV1,
                     len: 0,
                     utf8: Utf8Validator::default(),
                 })
@@ -229,8 +249,8 @@ impl Decoder {
         apply_mask(payload, frame.mask, 0);
         frame.mask.rotate_left(take % 4);
         frame.remaining -= take as u32;
-        let kind = message.kind;
-        if kind == MessageKind::Text {
+        let (kind, compressed) = (message.kind, message.compressed);
+        if kind == MessageKind::Text && !compressed {
             message
                 .utf8
                 .feed(payload)
@@ -258,14 +278,22 @@ impl Decoder {
                 kind,
                 payload,
                 last,
+                compressed,
             }),
         ))
     }
 }
 
-/// The rules every client frame header must satisfy; returns its masking key.
-fn check_header(header: &FrameHeader) -> Result<[u8; 4], ProtocolError> {
-    if header.rsv != 0 {
+/// RSV1 in [`FrameHeader::rsv`]: permessage-deflate's "compressed" bit.
+const RSV1: u8 = 0b100;
+
+/// The rules every client frame header must satisfy (with `deflate`
+/// negotiated, RSV1 may mark a message's first frame); returns its
+/// masking key.
+fn check_header(header: &FrameHeader, deflate: bool) -> Result<[u8; 4], ProtocolError> {
+    let first_data = !header.opcode.is_control() && header.opcode != OpCode::Continuation;
+    let allowed = if deflate && first_data { RSV1 } else { 0 };
+    if header.rsv & !allowed != 0 {
         return Err(ProtocolError::ReservedBits);
     }
     let mask = header.mask.ok_or(ProtocolError::UnmaskedFrame)?;
@@ -335,6 +363,8 @@ mod tests {
     #[derive(Debug, Clone, PartialEq, Eq)]
     enum Seen {
         Message(MessageKind, Vec<u8>),
+        /// A compressed message, as it came (not inflated).
+        Compressed(MessageKind, Vec<u8>),
         Ping(Vec<u8>),
         Pong(Vec<u8>),
         Close(Option<(u16, String)>),
@@ -344,6 +374,11 @@ mod tests {
     /// Feeds `wire` in pieces cut at `cuts`, holding back unconsumed bytes
     /// the way the connection does, and reassembles messages.
     fn run(wire: &[u8], cuts: &[usize], limit: u64) -> Vec<Seen> {
+        run_with(wire, cuts, limit, false)
+    }
+
+    /// [`run`], with permessage-deflate negotiated or not.
+    fn run_with(wire: &[u8], cuts: &[usize], limit: u64, deflate: bool) -> Vec<Seen> {
         let mut decoder = Decoder::default();
         let mut seen = Vec::new();
         let mut message = Vec::new();
@@ -356,7 +391,7 @@ mod tests {
             from = to;
             let mut pos = 0;
             loop {
-                match decoder.decode(&mut held[pos..], limit) {
+                match decoder.decode(&mut held[pos..], limit, deflate) {
                     Err(e) => {
                         seen.push(Seen::Error(e));
                         return seen;
@@ -369,10 +404,15 @@ mod tests {
                                 kind,
                                 payload,
                                 last,
+                                compressed,
                             } => {
                                 message.extend_from_slice(payload);
                                 if last {
-                                    seen.push(Seen::Message(kind, std::mem::take(&mut message)));
+                                    let bytes = std::mem::take(&mut message);
+                                    seen.push(match compressed {
+                                        true => Seen::Compressed(kind, bytes),
+                                        false => Seen::Message(kind, bytes),
+                                    });
                                 }
                             }
                             Event::Ping(p) => seen.push(Seen::Ping(p.to_vec())),
@@ -617,12 +657,12 @@ mod tests {
     fn payload_pieces_consume_input_as_it_arrives() {
         let mut wire = frame(true, 0, OpCode::Binary, &[7; 300]);
         let mut decoder = Decoder::default();
-        let (used, event) = decoder.decode(&mut wire[..108], LIMIT).unwrap();
+        let (used, event) = decoder.decode(&mut wire[..108], LIMIT, false).unwrap();
         assert_eq!(used, 108, "header (2 + 2 + 4) + 100 payload bytes");
         assert!(
             matches!(event, Some(Event::Data { payload, last: false, .. }) if payload == [7; 100])
         );
-        let (used, event) = decoder.decode(&mut wire[108..], LIMIT).unwrap();
+        let (used, event) = decoder.decode(&mut wire[108..], LIMIT, false).unwrap();
         assert_eq!(used, 200);
         assert!(matches!(event, Some(Event::Data { last: true, .. })));
         assert!(
@@ -658,9 +698,45 @@ mod tests {
             };
             let mut decoder = Decoder::default();
             let mut pos = 0;
-            while let Ok((used, Some(_))) = decoder.decode(&mut wire[pos..], 1 << 16) {
+            while let Ok((used, Some(_))) = decoder.decode(&mut wire[pos..], 1 << 16, false) {
                 pos += used;
             }
         }
+    }
+
+    #[test]
+    fn with_deflate_rsv1_marks_a_message_compressed_and_nothing_else() {
+        use OpCode::{Binary, Continuation, Ping, Text};
+        // Not UTF-8, and not checked as such: it is DEFLATE data.
+        let deflated = [0xf2, 0x48, 0xcd, 0xc9];
+        let wire = frame(true, 0b100, Text, &deflated);
+        assert_eq!(
+            run_with(&wire, &[1, 3, 7], LIMIT, true),
+            [Seen::Compressed(MessageKind::Text, deflated.to_vec())]
+        );
+        // Fragmented: RSV1 on the first frame only.
+        let mut wire = frame(false, 0b100, Binary, b"ab");
+        wire.extend(frame(true, 0, Continuation, b"cd"));
+        wire.extend(frame(true, 0, Text, b"plain"));
+        assert_eq!(
+            run_with(&wire, &[5], LIMIT, true),
+            [
+                Seen::Compressed(MessageKind::Binary, b"abcd".to_vec()),
+                Seen::Message(MessageKind::Text, b"plain".to_vec())
+            ]
+        );
+        let refused = |wire: Vec<u8>, deflate| {
+            assert_eq!(
+                run_with(&wire, &[], LIMIT, deflate),
+                [Seen::Error(ProtocolError::ReservedBits)]
+            )
+        };
+        refused(frame(true, 0b100, Text, b"x"), false);
+        refused(frame(true, 0b100, Ping, b"x"), true);
+        refused(frame(true, 0b010, Text, b"x"), true);
+        refused(frame(true, 0b001, Text, b"x"), true);
+        let mut wire = frame(false, 0b100, Text, b"a");
+        wire.extend(frame(true, 0b100, Continuation, b"b"));
+        refused(wire, true);
     }
 }

@@ -5,6 +5,7 @@
 pub mod codes;
 pub mod decoder;
 pub mod header;
+pub mod inflate;
 pub mod mask;
 pub mod utf8;
 

@@ -32,6 +32,7 @@ impl Conn {
             origins: &config.allowed_origins,
             tokens: config.tokens.as_ref(),
             endpoints,
+            deflate: config.deflate,
         };
         let mut response = [0u8; MAX_RESPONSE_LEN];
         match http::parse_request_after(bytes, seen, &rules) {
@@ -40,8 +41,13 @@ impl Conn {
                 if let Err(rejection) = self.join(key, &upgrade, ctx) {
                     return (bytes.len(), self.reject(key, rejection, ctx));
                 }
-                let len = http::write_accept_response(&upgrade.accept, &mut response);
+                let len = http::write_accept_response(
+                    &upgrade.accept,
+                    upgrade.deflate.as_ref(),
+                    &mut response,
+                );
                 self.phase = Phase::Open(Decoder::default());
+                self.deflate = upgrade.deflate.is_some();
                 self.out.set_next_batch(ctx.next_batch);
                 self.liveness = Liveness::default();
                 self.deadline.clear(ctx.timers);

@@ -1,0 +1,171 @@
+//! permessage-deflate (RFC 7692) on the wire: the 101's answer, compressed
+//! client messages inflated (echoed, here, plain), and the errors: a zip
+//! bomb, corrupt data, RSV1 where it does not belong. The compressed
+//! payloads are made by zlib (flate2), as a browser's are.
+
+mod util;
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+
+use flate2::{Compress, Compression, FlushCompress};
+use util::{client_frame, expect_close, raw, read_frame, read_response, TestServer, TEXT};
+use wspush::Config;
+
+/// RSV1: the message is compressed.
+const RSV1: u8 = 0x40;
+
+/// A server that echoes, with deflate on (or off).
+fn echo_server(deflate: bool) -> TestServer {
+    TestServer::start(Config {
+        echo: true,
+        deflate,
+        max_message_bytes: 64 * 1024,
+        ..Config::default()
+    })
+}
+
+/// An upgraded raw client that offered `offer` (if any); the response's
+/// `Sec-WebSocket-Extensions`, if it had one.
+fn upgrade(addr: SocketAddr, offer: Option<&str>) -> (TcpStream, Option<String>) {
+    let mut stream = raw(addr);
+    let extensions = offer.map_or(String::new(), |o| {
+        format!("Sec-WebSocket-Extensions: {o}\r\n")
+    });
+    let request = format!(
+        "GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extensions}\r\n"
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let response = read_response(&mut stream);
+    assert_eq!(response.status, 101);
+    let answer = response
+        .header("Sec-WebSocket-Extensions")
+        .map(String::from);
+    (stream, answer)
+}
+
+/// `message` as a browser compresses it: raw DEFLATE, a sync flush, the
+/// 4-byte tail dropped.
+fn deflated(message: &[u8]) -> Vec<u8> {
+    let mut c = Compress::new(Compression::default(), false);
+    let mut out = Vec::with_capacity(message.len() / 2 + 64);
+    while (c.total_in() as usize) < message.len() || out.is_empty() {
+        out.reserve(64 * 1024);
+        let from = c.total_in() as usize;
+        c.compress_vec(&message[from..], &mut out, FlushCompress::Sync)
+            .unwrap();
+    }
+    assert!(out.ends_with(&[0, 0, 0xff, 0xff]));
+    out.truncate(out.len() - 4);
+    out
+}
+
+const BROWSER_OFFER: &str = "permessage-deflate; client_max_window_bits";
+
+#[test]
+fn an_offer_is_answered_without_context_takeover_and_messages_are_inflated() {
+    let server = echo_server(true);
+    let (mut client, answer) = upgrade(server.addr, Some(BROWSER_OFFER));
+    assert_eq!(
+        answer.as_deref(),
+        Some("permessage-deflate; server_no_context_takeover; client_no_context_takeover")
+    );
+    for message in ["hello", "", &"{\"price\":1.0842}".repeat(500)] {
+        let frame = client_frame(TEXT | RSV1, &deflated(message.as_bytes()));
+        client.write_all(&frame).unwrap();
+        let echoed = read_frame(&mut client).unwrap();
+        assert_eq!(
+            (echoed.opcode, echoed.payload.as_slice()),
+            (1, message.as_bytes())
+        );
+    }
+    // A plain message on the same connection is still a plain message.
+    client.write_all(&client_frame(TEXT, b"plain")).unwrap();
+    assert_eq!(read_frame(&mut client).unwrap().payload, b"plain");
+    let m = server.wait_for("the messages", |m| m.messages_echoed == 4);
+    assert_eq!(m.messages_received, 4);
+}
+
+#[test]
+fn a_fragmented_compressed_message_is_inflated_whole() {
+    let server = echo_server(true);
+    let (mut client, _) = upgrade(server.addr, Some("permessage-deflate"));
+    let message = "fragments ".repeat(300);
+    let payload = deflated(message.as_bytes());
+    let (a, b) = payload.split_at(payload.len() / 2);
+    // First frame: text, RSV1, FIN clear; then a final continuation.
+    client.write_all(&client_frame(0x01 | RSV1, a)).unwrap();
+    client.write_all(&client_frame(0x80, b)).unwrap();
+    assert_eq!(read_frame(&mut client).unwrap().payload, message.as_bytes());
+}
+
+#[test]
+fn without_deflate_on_or_offered_there_is_no_answer_and_rsv1_is_an_error() {
+    for (deflate, offer) in [(false, Some(BROWSER_OFFER)), (true, None)] {
+        let server = echo_server(deflate);
+        let (mut client, answer) = upgrade(server.addr, offer);
+        assert_eq!(answer, None);
+        client
+            .write_all(&client_frame(TEXT | RSV1, &deflated(b"x")))
+            .unwrap();
+        assert_eq!(expect_close(&mut client), 1002);
+    }
+}
+
+#[test]
+fn rsv1_on_a_control_frame_or_a_continuation_is_a_protocol_error() {
+    let server = echo_server(true);
+    let (mut client, _) = upgrade(server.addr, Some(BROWSER_OFFER));
+    client
+        .write_all(&client_frame(0x89 | RSV1, b"ping"))
+        .unwrap();
+    assert_eq!(expect_close(&mut client), 1002);
+
+    let (mut client, _) = upgrade(server.addr, Some(BROWSER_OFFER));
+    let payload = deflated(b"two frames");
+    client
+        .write_all(&client_frame(0x01 | RSV1, &payload[..3]))
+        .unwrap();
+    client
+        .write_all(&client_frame(0x80 | RSV1, &payload[3..]))
+        .unwrap();
+    assert_eq!(expect_close(&mut client), 1002);
+}
+
+#[test]
+fn a_zip_bomb_gets_1009_without_being_inflated_whole() {
+    let server = echo_server(true);
+    let (mut client, _) = upgrade(server.addr, Some(BROWSER_OFFER));
+    // 16 MiB of zeros in about 16 KiB: within the 64 KiB limit on the
+    // wire, 256 times over it inflated.
+    let bomb = deflated(&vec![0u8; 16 << 20]);
+    assert!(bomb.len() < 64 * 1024, "{} bytes", bomb.len());
+    client.write_all(&client_frame(0x82 | RSV1, &bomb)).unwrap();
+    assert_eq!(expect_close(&mut client), 1009);
+    let m = server.wait_for("the close", |m| m.connections_open == 0);
+    assert_eq!(m.messages_echoed, 0);
+}
+
+#[test]
+fn corrupt_data_and_compressed_text_that_is_not_utf8_get_1007() {
+    let server = echo_server(true);
+    let (mut client, _) = upgrade(server.addr, Some(BROWSER_OFFER));
+    // A block of the reserved type 11.
+    client
+        .write_all(&client_frame(TEXT | RSV1, &[0xff, 0xff, 0xff, 0xff]))
+        .unwrap();
+    assert_eq!(expect_close(&mut client), 1007);
+
+    let (mut client, _) = upgrade(server.addr, Some(BROWSER_OFFER));
+    client
+        .write_all(&client_frame(TEXT | RSV1, &deflated(b"caf\xe9")))
+        .unwrap();
+    assert_eq!(expect_close(&mut client), 1007);
+    // As binary, the same bytes are fine.
+    let (mut client, _) = upgrade(server.addr, Some(BROWSER_OFFER));
+    client
+        .write_all(&client_frame(0x82 | RSV1, &deflated(b"caf\xe9")))
+        .unwrap();
+    assert_eq!(read_frame(&mut client).unwrap().payload, b"caf\xe9");
+}
