@@ -134,9 +134,14 @@ pub struct Config {
     /// messages are counted and discarded (or echoed).
     pub upstream: Option<UpstreamConfig>,
     /// Accept permessage-deflate (RFC 7692) from clients that offer it:
-    /// their compressed messages are inflated (at most
-    /// `max_message_bytes`), with one inflater for all.
+    /// broadcasts of `deflate_min_bytes` or more are compressed once for
+    /// all of them, and their compressed messages inflated (at most
+    /// `max_message_bytes`) by one inflater for all.
     pub deflate: bool,
+    /// With `deflate`: broadcasts of at least this many bytes are
+    /// compressed (once each, for every connection that negotiated it);
+    /// smaller ones go plain, their compression worth less than its time.
+    pub deflate_min_bytes: usize,
     /// How `/healthz` answers while a feed is lost
     /// ([`Handle::feed_lost`](crate::Handle::feed_lost)).
     pub degraded: Degraded,
@@ -174,7 +179,8 @@ impl Default for Config {
             instance: 0,
             upstream: None,
             degraded: Degraded::Ok,
-            deflate: false,
+            deflate: true,
+            deflate_min_bytes: 256,
         }
     }
 }

@@ -1,14 +1,16 @@
 //! permessage-deflate (RFC 7692) on the wire: the 101's answer, compressed
-//! client messages inflated (echoed, here, plain), and the errors: a zip
+//! client messages inflated (echoed, here, plain), broadcasts compressed
+//! once for the connections that negotiated it, and the errors: a zip
 //! bomb, corrupt data, RSV1 where it does not belong. The compressed
-//! payloads are made by zlib (flate2), as a browser's are.
+//! payloads are made, and the server's inflated, by zlib (flate2) here,
+//! as a browser does.
 
 mod util;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 
-use flate2::{Compress, Compression, FlushCompress};
+use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
 use util::{client_frame, expect_close, raw, read_frame, read_response, TestServer, TEXT};
 use wspush::Config;
 
@@ -76,8 +78,9 @@ fn an_offer_is_answered_without_context_takeover_and_messages_are_inflated() {
         client.write_all(&frame).unwrap();
         let echoed = read_frame(&mut client).unwrap();
         assert_eq!(
-            (echoed.opcode, echoed.payload.as_slice()),
-            (1, message.as_bytes())
+            (echoed.rsv, echoed.opcode, echoed.payload.as_slice()),
+            (0, 1, message.as_bytes()),
+            "echoed plain"
         );
     }
     // A plain message on the same connection is still a plain message.
@@ -168,4 +171,75 @@ fn corrupt_data_and_compressed_text_that_is_not_utf8_get_1007() {
         .write_all(&client_frame(0x82 | RSV1, &deflated(b"caf\xe9")))
         .unwrap();
     assert_eq!(read_frame(&mut client).unwrap().payload, b"caf\xe9");
+}
+
+/// A compressed payload inflated as a browser does: the tail put back.
+fn inflated(payload: &[u8]) -> Vec<u8> {
+    let mut d = Decompress::new(false);
+    let mut data = payload.to_vec();
+    data.extend_from_slice(&[0, 0, 0xff, 0xff]);
+    let mut out = Vec::with_capacity(1 << 20);
+    d.decompress_vec(&data, &mut out, FlushDecompress::Sync)
+        .unwrap();
+    assert_eq!(d.total_in() as usize, data.len(), "all of it inflated");
+    out
+}
+
+#[test]
+fn a_broadcast_is_compressed_once_for_the_connections_that_negotiated_it() {
+    let server = TestServer::start(Config {
+        deflate: true,
+        deflate_min_bytes: 256,
+        ..Config::default()
+    });
+    // Nothing is compressed while no connection has deflate.
+    let (mut plain, _) = upgrade(server.addr, None);
+    let big = "{\"symbol\":\"EURUSD\",\"bid\":1.0842,\"ask\":1.0843}".repeat(30);
+    server.handle.broadcast_text(big.clone()).unwrap();
+    assert_eq!(read_frame(&mut plain).unwrap().payload, big.as_bytes());
+    assert_eq!(server.handle.metrics().broadcasts_compressed, 0);
+
+    let (mut deflating, answer) = upgrade(server.addr, Some(BROWSER_OFFER));
+    assert!(answer.is_some());
+    server.wait_for("the deflate connection", |m| m.connections_deflate == 1);
+    // A big one, a small one and a big binary one, framed together.
+    let small = "tick".to_string();
+    server.handle.broadcast_text(big.clone()).unwrap();
+    server.handle.broadcast_text(small.clone()).unwrap();
+    server.handle.broadcast_binary(big.as_bytes()).unwrap();
+    for (opcode, message) in [(1, &big), (1, &small), (2, &big)] {
+        let frame = read_frame(&mut plain).unwrap();
+        assert_eq!((frame.rsv, frame.opcode), (0, opcode));
+        assert_eq!(frame.payload, message.as_bytes());
+        let frame = read_frame(&mut deflating).unwrap();
+        let compressed = message.len() >= 256;
+        assert_eq!(
+            (frame.rsv, frame.opcode),
+            (if compressed { 4 } else { 0 }, opcode)
+        );
+        if compressed {
+            assert!(
+                frame.payload.len() < message.len() / 5,
+                "{}",
+                frame.payload.len()
+            );
+            assert_eq!(inflated(&frame.payload), message.as_bytes());
+        } else {
+            assert_eq!(frame.payload, message.as_bytes());
+        }
+    }
+    assert_eq!(server.handle.metrics().broadcasts_compressed, 2);
+
+    // One that asked for a window under 32 KiB gets them plain.
+    let (mut small_window, answer) = upgrade(
+        server.addr,
+        Some("permessage-deflate; server_max_window_bits=10"),
+    );
+    assert!(answer.unwrap().ends_with("; server_max_window_bits=10"));
+    server.handle.broadcast_text(big.clone()).unwrap();
+    let frame = read_frame(&mut small_window).unwrap();
+    assert_eq!((frame.rsv, frame.payload.as_slice()), (0, big.as_bytes()));
+    assert_eq!(read_frame(&mut deflating).unwrap().rsv, 4);
+    drop((deflating, small_window));
+    server.wait_for("their closes", |m| m.connections_deflate == 0);
 }

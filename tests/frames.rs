@@ -293,6 +293,7 @@ fn read_frame_checking_length_encoding(stream: &mut TcpStream) -> ServerFrame {
     stream.read_exact(&mut payload).expect("frame payload");
     ServerFrame {
         fin: head[0] & 0x80 != 0,
+        rsv: (head[0] >> 4) & 0x07,
         opcode: head[0] & 0x0F,
         payload,
     }

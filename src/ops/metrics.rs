@@ -194,6 +194,11 @@ metrics! {
     channels: Gauge "wspush_channels" "" "Channels with at least one subscriber.",
     /// Subscriptions (connection and channel) held now.
     subscriptions: Gauge "wspush_subscriptions" "" "Subscriptions held (a connection in a channel).",
+    /// Open connections that negotiated permessage-deflate now.
+    connections_deflate: Gauge "wspush_connections_deflate" "" "Open connections that negotiated permessage-deflate.",
+    /// Broadcasts compressed (once each, for every connection that
+    /// negotiated permessage-deflate).
+    broadcasts_compressed: Counter "wspush_broadcasts_compressed_total" "" "Broadcasts compressed, once each, for the connections that negotiated permessage-deflate.",
     /// Open connections with a client id now.
     connections_with_id: Gauge "wspush_connections_with_id" "" "Connections with a client id.",
     /// Broadcast frames handed to connections (written or queued).

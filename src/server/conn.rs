@@ -21,6 +21,7 @@ use mio::net::TcpStream;
 
 use crate::config::{Config, SlowConsumerPolicy};
 use crate::ops::metrics::{Metrics, Tally};
+use crate::protocol::deflate::{Agreed, MAX_WINDOW_BITS};
 use crate::protocol::http::{self, Endpoint, Endpoints, MAX_RESPONSE_LEN};
 use crate::protocol::target::RequestTarget;
 use crate::protocol::ws::header::MAX_HEADER_LEN;
@@ -212,11 +213,38 @@ pub struct Ctx<'a> {
     /// Where a compressed message is inflated (the loop's, kept between
     /// messages: at most `--max-message-bytes`).
     pub inflated: &'a mut Vec<u8>,
+    /// Scratch list for a connection with permessage-deflate: the
+    /// compressed frames of the batches it is owed. Empty between uses.
+    pub variants: &'a mut Vec<SharedFrames>,
     /// The time this loop iteration started.
     pub now: Instant,
     /// The broadcast batch the loop frames next: where a connection that
     /// upgrades now starts.
     pub next_batch: Seq,
+}
+
+/// What permessage-deflate gives a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeflateUse {
+    /// Not negotiated.
+    Off,
+    /// Negotiated with a window under 32 KiB (`server_max_window_bits`):
+    /// its compressed messages are inflated, but broadcasts, compressed
+    /// with a 32 KiB window, go to it plain.
+    Inflate,
+    /// Negotiated: it inflates and gets compressed broadcasts.
+    Full,
+}
+
+impl DeflateUse {
+    /// What `agreed` gives.
+    pub fn of(agreed: Option<&Agreed>) -> DeflateUse {
+        match agreed {
+            None => DeflateUse::Off,
+            Some(a) if a.server_window_bits < MAX_WINDOW_BITS => DeflateUse::Inflate,
+            Some(_) => DeflateUse::Full,
+        }
+    }
 }
 
 /// One client connection.
@@ -237,8 +265,8 @@ pub struct Conn {
     read_paused: bool,
     /// Heartbeat state while open (two bytes that fit in padding).
     liveness: Liveness,
-    /// permessage-deflate was negotiated at the upgrade.
-    deflate: bool,
+    /// What permessage-deflate, negotiated at the upgrade, gives it.
+    deflate: DeflateUse,
     target: RequestTarget,
 }
 
@@ -257,7 +285,7 @@ impl Conn {
             writable_interest: false,
             read_paused: false,
             liveness: Liveness::default(),
-            deflate: false,
+            deflate: DeflateUse::Off,
             target: RequestTarget::default(),
         }
     }
@@ -355,6 +383,9 @@ impl Conn {
         } else {
             &metrics.connections_http
         });
+        if self.deflate != DeflateUse::Off {
+            Metrics::decr(&metrics.connections_deflate);
+        }
         log::debug!("connection {key} closed: {reason:?}");
     }
 
@@ -480,6 +511,29 @@ impl Conn {
             return Verdict::Keep;
         }
         self.out.set_next_batch(up_to);
+        // With permessage-deflate, the batches' compressed frames (the
+        // loop's scratch list of references, emptied after the send).
+        let mut variants = std::mem::take(ctx.variants);
+        let full = self.deflate == DeflateUse::Full;
+        let owed = if full && owed.iter().any(SharedFrames::has_deflated) {
+            variants.extend(owed.iter().map(|f| f.for_connection(true).clone()));
+            &variants[..]
+        } else {
+            owed
+        };
+        let verdict = self.deliver_frames(key, owed, ctx);
+        variants.clear();
+        *ctx.variants = variants;
+        verdict
+    }
+
+    /// [`Conn::deliver`] of the frames this connection gets.
+    fn deliver_frames(
+        &mut self,
+        key: ConnKey,
+        owed: &[SharedFrames],
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
         let messages = |frames: &[SharedFrames]| frames.iter().map(|f| f.count() as u64).sum();
         match self.send(Outgoing::Shared(owed), ctx) {
             Err(reason) => return Verdict::Close(reason),
@@ -663,7 +717,7 @@ impl Conn {
                 Phase::Open(decoder) | Phase::CloseSent { decoder, .. } => decoder.decode(
                     &mut bytes[pos..],
                     ctx.config.max_message_bytes,
-                    self.deflate,
+                    self.deflate != DeflateUse::Off,
                 ),
                 Phase::Handshake(_) | Phase::Lingering { .. } => {
                     return (bytes.len(), Verdict::Keep)
@@ -1024,6 +1078,7 @@ mod tests {
         serials: Serials,
         inflater: Inflater,
         inflated: Vec<u8>,
+        variants: Vec<SharedFrames>,
     }
 
     const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -1060,6 +1115,7 @@ mod tests {
                 serials: Serials::default(),
                 inflater: Inflater::default(),
                 inflated: Vec::new(),
+                variants: Vec::new(),
             }
         }
 
@@ -1097,6 +1153,7 @@ mod tests {
                 upstream: None,
                 inflater: &mut self.inflater,
                 inflated: &mut self.inflated,
+                variants: &mut self.variants,
                 now: Instant::now(),
                 next_batch: 0,
             };

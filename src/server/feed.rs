@@ -58,6 +58,9 @@ pub enum Action {
         kind: MessageKind,
         /// The message.
         payload: Vec<u8>,
+        /// The message compressed for the connections that negotiated
+        /// permessage-deflate, when it is worth it (see [`Config::deflate_min_bytes`](crate::Config::deflate_min_bytes)).
+        deflated: Option<Box<[u8]>>,
     },
     /// Subscribe (`true`) or unsubscribe a client's connections.
     Subscribe {
@@ -84,7 +87,12 @@ impl Action {
     pub fn cost(&self) -> usize {
         COMMAND_OVERHEAD
             + match self {
-                Action::Send { to, payload, .. } => payload.len() + to.names_len(),
+                Action::Send {
+                    to,
+                    payload,
+                    deflated,
+                    ..
+                } => payload.len() + deflated.as_ref().map_or(0, |d| d.len()) + to.names_len(),
                 Action::Subscribe { id, channels, .. } => {
                     id.len() + channels.iter().map(String::len).sum::<usize>()
                 }
@@ -313,10 +321,16 @@ impl Feed {
             count += 1;
         }
         let to = to.clone();
-        let frames = SharedFrames::encode_all(self.queue.range(..count).map(|c| match &c.action {
-            Action::Send { kind, payload, .. } => (kind.opcode(), &payload[..]),
+        let sends = self.queue.range(..count).map(|c| match &c.action {
+            Action::Send {
+                kind,
+                payload,
+                deflated,
+                ..
+            } => (kind.opcode(), &payload[..], deflated.as_deref()),
             _ => unreachable!("only sends are framed"),
-        }));
+        });
+        let frames = SharedFrames::encode_batch(sends);
         let cost = self.queue.drain(..count).map(|c| c.cost()).sum();
         Some(Taken::Batch(Batch { to, frames, cost }))
     }
@@ -343,6 +357,7 @@ mod tests {
                 to,
                 kind: MessageKind::Text,
                 payload: payload.as_bytes().to_vec(),
+                deflated: None,
             },
             queued_at: Instant::now(),
         }

@@ -1,6 +1,9 @@
 //! Frames encoded once into one shared buffer: a broadcast (or a batch of
 //! them, back to back) is encoded here once and the same bytes are queued
-//! by reference on every connection that gets them.
+//! by reference on every connection that gets them. A batch with
+//! compressed messages carries a second buffer beside it, for the
+//! connections that negotiated permessage-deflate: the same frames, those
+//! compressed with RSV1 set and their compressed payload.
 
 use std::sync::Arc;
 
@@ -17,6 +20,9 @@ struct Frames {
     /// How many frames `bytes` holds (1 for bytes of a connection's own).
     count: u32,
     bytes: Box<[u8]>,
+    /// The same frames for connections that negotiated permessage-deflate,
+    /// when some are compressed.
+    deflated: Option<SharedFrames>,
 }
 
 impl SharedFrames {
@@ -32,13 +38,47 @@ impl SharedFrames {
         I: IntoIterator<Item = (OpCode, &'a [u8])>,
         I::IntoIter: Clone,
     {
-        let frames = frames.into_iter();
-        let size = frames.clone().map(|(_, p)| encoded_len(p.len())).sum();
+        SharedFrames::encode_frames(frames.into_iter().map(|(op, p)| (op, p, false)), None)
+    }
+
+    /// Encodes a batch of messages, each with its compressed payload if it
+    /// has one: the frames of the plain messages, and, if any is
+    /// compressed, beside them the frames for connections that negotiated
+    /// permessage-deflate.
+    pub fn encode_batch<'a, I>(messages: I) -> SharedFrames
+    where
+        I: IntoIterator<Item = (OpCode, &'a [u8], Option<&'a [u8]>)>,
+        I::IntoIter: Clone,
+    {
+        let messages = messages.into_iter();
+        let deflated = messages.clone().any(|(_, _, d)| d.is_some()).then(|| {
+            let frames = messages
+                .clone()
+                .map(|(opcode, plain, deflated)| match deflated {
+                    Some(d) => (opcode, d, true),
+                    None => (opcode, plain, false),
+                });
+            SharedFrames::encode_frames(frames, None)
+        });
+        SharedFrames::encode_frames(messages.map(|(op, p, _)| (op, p, false)), deflated)
+    }
+
+    /// Encodes `(opcode, payload, compressed)` frames back to back (RSV1
+    /// set on the compressed ones).
+    fn encode_frames<'a, I>(frames: I, deflated: Option<SharedFrames>) -> SharedFrames
+    where
+        I: Iterator<Item = (OpCode, &'a [u8], bool)> + Clone,
+    {
+        let size = frames.clone().map(|(_, p, _)| encoded_len(p.len())).sum();
         let mut bytes = Vec::with_capacity(size);
         let mut header = [0u8; MAX_HEADER_LEN];
         let mut count = 0u32;
-        for (opcode, payload) in frames {
-            let len = FrameHeader::server(opcode, payload.len() as u64).encode(&mut header);
+        for (opcode, payload, compressed) in frames {
+            let mut frame = FrameHeader::server(opcode, payload.len() as u64);
+            if compressed {
+                frame.rsv = RSV1;
+            }
+            let len = frame.encode(&mut header);
             bytes.extend_from_slice(&header[..len]);
             bytes.extend_from_slice(payload);
             count += 1;
@@ -47,7 +87,22 @@ impl SharedFrames {
         SharedFrames(Arc::new(Frames {
             count,
             bytes: bytes.into_boxed_slice(),
+            deflated,
         }))
+    }
+
+    /// The frames a connection gets: the compressed ones if it negotiated
+    /// permessage-deflate and there are any.
+    pub fn for_connection(&self, deflate: bool) -> &SharedFrames {
+        match &self.0.deflated {
+            Some(deflated) if deflate => deflated,
+            _ => self,
+        }
+    }
+
+    /// Whether the batch has frames for connections with permessage-deflate.
+    pub fn has_deflated(&self) -> bool {
+        self.0.deflated.is_some()
     }
 
     /// Bytes already encoded (one frame, or the unwritten rest of one).
@@ -55,6 +110,7 @@ impl SharedFrames {
         SharedFrames(Arc::new(Frames {
             count: 1,
             bytes: parts.concat().into_boxed_slice(),
+            deflated: None,
         }))
     }
 
@@ -81,6 +137,9 @@ impl SharedFrames {
         Arc::ptr_eq(&self.0, &other.0)
     }
 }
+
+/// RSV1 in [`FrameHeader::rsv`]: the message is compressed.
+const RSV1: u8 = 0b100;
 
 /// The encoded size of a server frame with a `payload_len`-byte payload.
 pub fn encoded_len(payload_len: usize) -> usize {

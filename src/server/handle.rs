@@ -11,7 +11,7 @@ use mio::Waker;
 use crate::ops::metrics::{LoopHistogram, Metrics, MetricsSnapshot};
 use crate::protocol::commands::{self, MAX_REASON_LEN};
 use crate::protocol::names::{self, NameError};
-use crate::protocol::ws::{CloseCode, MessageKind};
+use crate::protocol::ws::{compress, CloseCode, MessageKind};
 use crate::server::check_message_limit;
 use crate::server::feed::{Action, Command, Gate, Recipients};
 use crate::server::upstream::Shelf;
@@ -31,6 +31,9 @@ pub(super) struct Shared {
     pub(super) gate: Gate,
     /// Broadcasts over this many bytes are refused as they are queued.
     pub(super) max_message_bytes: u64,
+    /// With permessage-deflate on: messages of at least this many bytes
+    /// are compressed as they are queued (if a connection negotiated it).
+    pub(super) deflate_min_bytes: Option<usize>,
     /// How many queued broadcasts go out before the shutdown a handle asked
     /// for (`u64::MAX`: none asked). Kept beside the queue, so that asking
     /// never blocks behind a full one.
@@ -44,6 +47,31 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// The command that sends `payload` to `to`: compressed too, once,
+    /// when permessage-deflate is on, the message is large enough, and
+    /// some open connection negotiated it.
+    pub(super) fn send_action(
+        &self,
+        to: Recipients,
+        kind: MessageKind,
+        payload: Vec<u8>,
+    ) -> Action {
+        let worth = self
+            .deflate_min_bytes
+            .is_some_and(|min| payload.len() >= min)
+            && self.metrics.connections_deflate.load(Ordering::Relaxed) > 0;
+        let deflated = worth.then(|| {
+            Metrics::incr(&self.metrics.broadcasts_compressed);
+            compress::deflate_message(&payload)
+        });
+        Action::Send {
+            to,
+            kind,
+            payload,
+            deflated,
+        }
+    }
+
     /// Every counter now; the broadcast queue's bytes as they are this
     /// moment (the loop publishes the gauge only when it runs), and once
     /// the server is dropped, what was left queued as abandoned.
@@ -239,7 +267,7 @@ impl Handle {
         let payload = payload.into();
         let shared = &self.shared;
         check_message_limit(&payload, shared.max_message_bytes, &shared.metrics)?;
-        Ok(self.queue(Action::Send { to, kind, payload })?)
+        Ok(self.queue(shared.send_action(to, kind, payload))?)
     }
 
     /// Subscribes the connections of client `id` to `channels` (those

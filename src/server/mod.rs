@@ -48,6 +48,7 @@ use crate::ops::metrics::{LoopHistogram, LoopMax, Metrics, MetricsSnapshot, Tall
 use crate::protocol::commands::ConnRef;
 use crate::protocol::ws::inflate::Inflater;
 use crate::protocol::ws::{CloseCode, MessageKind};
+use crate::server::frames::SharedFrames;
 use accept::{listen, Door};
 pub use feed::Recipients;
 use handle::Shared;
@@ -210,6 +211,8 @@ pub struct Server {
     /// The one inflater of compressed client messages, and its output.
     inflater: Inflater,
     inflated: Vec<u8>,
+    /// See [`Ctx::variants`].
+    variants: Vec<SharedFrames>,
     /// Client ids and channel subscriptions.
     routes: Routes,
     /// Messages and closes for some connections, on their way.
@@ -327,6 +330,7 @@ impl Server {
             broadcasts_taken: AtomicU64::new(0),
             gate: Gate::new(config.max_pending_bytes),
             max_message_bytes: config.max_message_bytes,
+            deflate_min_bytes: config.deflate.then_some(config.deflate_min_bytes),
             shutdown_after: AtomicU64::new(u64::MAX),
             gone: AtomicBool::new(false),
             metrics: Metrics::default(),
@@ -355,6 +359,7 @@ impl Server {
             replies: Vec::with_capacity(SCRATCH_BYTES),
             inflater: Inflater::default(),
             inflated: Vec::new(),
+            variants: Vec::new(),
             routes: Routes::new(config.max_channels),
             targeted: Targeted::default(),
             serials: Serials::with_capacity(config.max_connections.min(SLAB_RESERVE)),
@@ -523,11 +528,7 @@ impl Server {
         let shared = &self.shared;
         check_message_limit(payload, shared.max_message_bytes, &shared.metrics)?;
         shared.broadcasts_queued.fetch_add(1, Ordering::AcqRel);
-        let action = Action::Send {
-            to: Recipients::All,
-            kind,
-            payload: payload.to_vec(),
-        };
+        let action = shared.send_action(Recipients::All, kind, payload.to_vec());
         shared.gate.force_acquire(action.cost());
         let now = Instant::now();
         self.feed.push(Command {
@@ -739,6 +740,7 @@ impl Server {
                 upstream: self.upstream.as_mut(),
                 inflater: &mut self.inflater,
                 inflated: &mut self.inflated,
+                variants: &mut self.variants,
                 now,
                 next_batch: self.stream.next_seq(),
             },

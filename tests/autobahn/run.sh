@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Autobahn|Testsuite conformance run for wspush (cases 1.* .. 10.*, 301 cases).
+# Autobahn|Testsuite conformance run for wspush (cases 1.* .. 10.*, and 12.*
+# and 13.* with permessage-deflate: 517 cases).
 #
 # Installs the original Autobahn|Testsuite (Python 2.7 only) once into a cache
 # outside the source tree: a private CPython 2.7.18 unpacked from Debian
@@ -9,10 +10,11 @@
 # on loopback, runs `wstest -m fuzzingclient`, prints per-behavior counts and
 # every case that is not OK/INFORMATIONAL, and exits non-zero if there is any
 # such case (NON-STRICT, UNCLEAN, UNIMPLEMENTED, FAILED...) or if the number of
-# cases run is not 301. Report (index.json + html): target/autobahn/report.
+# cases run is not 517. Report (index.json + html): target/autobahn/report.
 #
 # Time: the one-time install ~30 s here (up to ~1.5 min on a slow network;
-# ~125 MB in the cache); then a full 1-10 run ~20-25 s plus the cargo build.
+# ~125 MB in the cache); then a full run ~20-25 s for 1-10 and ~6 min for the
+# compression cases 12-13, plus the cargo build.
 #
 # Environment:
 #   WSPUSH_AUTOBAHN_HOME        install cache   (default ~/.cache/wspush-autobahn)
@@ -22,7 +24,7 @@
 #                               (also exported as WSPUSH_AUTOBAHN_PORT); it must
 #                               listen on 127.0.0.1:PORT and echo messages
 #   WSPUSH_AUTOBAHN_CASES       e.g. "1.*,9.1.1": run only these (skips the
-#                               301-case check)
+#                               517-case check)
 #   WSPUSH_AUTOBAHN_REPORT_DIR  report dir       (default target/autobahn/report)
 #   WSPUSH_AUTOBAHN_TIMEOUT     seconds for wstest (default 1200)
 #   WSPUSH_AUTOBAHN_APT_MIRROR  Debian mirror for bullseye (default: the
@@ -40,7 +42,7 @@ fi
 ab_home="${WSPUSH_AUTOBAHN_HOME:-$HOME/.cache/wspush-autobahn}"
 mkdir -p "$ab_home"
 ab_home="$(cd "$ab_home" && pwd)"
-expected_cases=301
+expected_cases=517
 
 log() { printf '[autobahn] %s\n' "$*"; }
 die() {
@@ -319,7 +321,7 @@ log "server (pid $server_pid) is listening on 127.0.0.1:$port"
 expect="$expected_cases"
 if [[ -n "${WSPUSH_AUTOBAHN_CASES:-}" ]]; then
   expect=0
-  log "restricted to cases: $WSPUSH_AUTOBAHN_CASES (301-case check skipped)"
+  log "restricted to cases: $WSPUSH_AUTOBAHN_CASES (517-case check skipped)"
 fi
 rm -rf "$report_dir"
 mkdir -p "$report_dir"

@@ -355,6 +355,39 @@ await check("pages on two channels each get only theirs; upstream carries what a
   assertEqual(line.split(" ").slice(2).join(" "), "painter text from the browser\\nline two", "the upstream line");
 });
 
+await check("permessage-deflate: big broadcasts reach the page compressed, and its messages are inflated", async (scope) => {
+  const server = await scope.server(["--demo", "--echo"]);
+  const page = await scope.page(server.url("/"));
+  await waitForState(page, "open");
+  await waitUntil("the page's connection to negotiate deflate", async () => (await server.metrics()).get("wspush_connections_deflate") === 1);
+  const big = (i) => `{"seq":${i},"book":"${"bid 1.0842 ask 1.0843 ".repeat(40)}"}`;
+  const lines = [big(1), "small", big(2)];
+  server.feed(lines);
+  const now = await waitUntil("3 messages on the page", async () => {
+    const now = await shown(page);
+    return now.count >= 3 && now;
+  });
+  assertEqual(now.messages, lines, "messages shown");
+  const m = await server.metrics();
+  // The page's is the one connection, with deflate: the two big ones
+  // reached it compressed, and it showed them inflated.
+  assertEqual(m.get("wspush_broadcasts_compressed_total"), 2, "broadcasts compressed (the small one went plain)");
+  // What the page sends, Chromium compresses; the echo comes back whole.
+  const text = "echo ".repeat(400);
+  const echoed = await page.evaluate(
+    ([url, text, ms]) =>
+      new Promise((resolve) => {
+        const ws = new WebSocket(url);
+        ws.onopen = () => ws.send(text);
+        ws.onmessage = (event) => resolve({ data: event.data, extensions: ws.extensions });
+        setTimeout(() => resolve(null), ms);
+      }),
+    [`ws://${server.addr}/`, text, WAIT_MS],
+  );
+  assertEqual(echoed && echoed.data, text, "the echo");
+  assertEqual(echoed.extensions, "permessage-deflate; server_no_context_takeover; client_no_context_takeover", "the extension agreed");
+});
+
 await check("SIGTERM closes the page with 1001, cleanly", async (scope) => {
   const server = await scope.server(["--demo"]);
   const page = await scope.page(server.url("/"));

@@ -275,6 +275,8 @@ pub const CONTINUATION_END: u8 = 0x80;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerFrame {
     pub fin: bool,
+    /// RSV1–3 (RSV1 is 0b100: a compressed message).
+    pub rsv: u8,
     pub opcode: u8,
     pub payload: Vec<u8>,
 }
@@ -316,6 +318,7 @@ pub fn read_frame(stream: &mut impl Read) -> Option<ServerFrame> {
     stream.read_exact(&mut payload).expect("frame payload");
     Some(ServerFrame {
         fin: head[0] & 0x80 != 0,
+        rsv: (head[0] >> 4) & 0x07,
         opcode: head[0] & 0x0F,
         payload,
     })

@@ -68,11 +68,15 @@ struct Cli {
     /// Echo every client message back (conformance testing) instead of discarding it.
     #[arg(long)]
     echo: bool,
-    /// permessage-deflate (RFC 7692) for clients that offer it: `on`
-    /// inflates their compressed messages (one inflater for all; no
-    /// client keeps a window), `off` declines it.
-    #[arg(long, value_name = "on|off", value_enum, default_value = "off")]
+    /// permessage-deflate (RFC 7692) for clients that offer it (every
+    /// browser does): `on` compresses each broadcast of --deflate-min-bytes
+    /// or more once, for all of them, and inflates what they send (one
+    /// inflater for all: no client keeps a window); `off` declines it.
+    #[arg(long, value_name = "on|off", value_enum, default_value = "on")]
     deflate: OnOff,
+    /// Broadcasts smaller than this go plain to every client.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    deflate_min_bytes: usize,
     /// Largest message accepted from a client or broadcast, in bytes.
     #[arg(long, value_name = "N", default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1..=MAX_MESSAGE_LIMIT))]
     max_message_bytes: u64,
@@ -397,6 +401,7 @@ fn config(cli: &Cli) -> Result<Config, String> {
         demo: cli.demo,
         echo: cli.echo,
         deflate: cli.deflate == OnOff::On,
+        deflate_min_bytes: cli.deflate_min_bytes,
         max_message_bytes: cli.max_message_bytes,
         max_queued_bytes: cli.max_queued_bytes,
         max_pending_bytes: cli.max_pending_bytes,

@@ -3,6 +3,7 @@
 //! UTF-8 validation and the incremental decoder that ties them together.
 
 pub mod codes;
+pub mod compress;
 pub mod decoder;
 pub mod header;
 pub mod inflate;

@@ -2,7 +2,7 @@
 //! answered with 101 or an HTTP error, or handed to the loop to answer
 //! (`/healthz`, `/metrics`, the demo page: see [`Verdict::Serve`]).
 
-use super::{CloseReason, Conn, Ctx, Outgoing, Phase, Verdict};
+use super::{CloseReason, Conn, Ctx, DeflateUse, Outgoing, Phase, Verdict};
 use crate::ops::metrics::Metrics;
 use crate::protocol::http::{
     self, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
@@ -47,7 +47,10 @@ impl Conn {
                     &mut response,
                 );
                 self.phase = Phase::Open(Decoder::default());
-                self.deflate = upgrade.deflate.is_some();
+                self.deflate = DeflateUse::of(upgrade.deflate.as_ref());
+                if self.deflate != DeflateUse::Off {
+                    Metrics::incr(&ctx.metrics.connections_deflate);
+                }
                 self.out.set_next_batch(ctx.next_batch);
                 self.liveness = Liveness::default();
                 self.deadline.clear(ctx.timers);
