@@ -320,7 +320,10 @@ fn decode(wire: &[u8], sizes: &[u8], limit: u64) -> Outcome {
                     kind,
                     payload,
                     last,
+                    compressed,
                 } => {
+                    // Without deflate negotiated, nothing is ever compressed.
+                    assert!(!compressed, "RSV1 accepted without deflate");
                     let (started, bytes) = message.get_or_insert((kind, Vec::new()));
                     assert_eq!(*started, kind, "a message keeps its kind");
                     bytes.extend_from_slice(payload);

@@ -28,6 +28,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let demo = count & 8 != 0;
+    let deflate = count & 16 != 0;
     let count = usize::from(count % 8);
     if rest.len() < count {
         return;
@@ -48,6 +49,7 @@ fuzz_target!(|data: &[u8]| {
             metrics: flags & 8 == 0,
             demo,
         },
+        deflate,
     };
     check_incremental(request, sizes, &rules);
 });
@@ -103,8 +105,13 @@ fn check_result(buf: &[u8], result: Result<HeadStatus<'_>, Rejection>, rules: &H
                 "{:?}",
                 upgrade.accept
             );
+            assert!(
+                rules.deflate || upgrade.deflate.is_none(),
+                "deflate agreed while off"
+            );
             let mut out = [0u8; MAX_RESPONSE_LEN];
-            let len = http::write_accept_response(&upgrade.accept, &mut out);
+            let len =
+                http::write_accept_response(&upgrade.accept, upgrade.deflate.as_ref(), &mut out);
             check_response(&out[..len], 101, false);
         }
         Ok(HeadStatus::Endpoint(endpoint, head_len)) => {
