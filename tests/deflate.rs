@@ -1,6 +1,6 @@
 //! permessage-deflate (RFC 7692) on the wire: the 101's answer, compressed
-//! client messages inflated (echoed, here, plain), broadcasts compressed
-//! once for the connections that negotiated it, and the errors: a zip
+//! client messages inflated, echoes and broadcasts compressed (these
+//! once for every connection that negotiated it), and the errors: a zip
 //! bomb, corrupt data, RSV1 where it does not belong. The compressed
 //! payloads are made, and the server's inflated, by zlib (flate2) here,
 //! as a browser does.
@@ -73,21 +73,46 @@ fn an_offer_is_answered_without_context_takeover_and_messages_are_inflated() {
         answer.as_deref(),
         Some("permessage-deflate; server_no_context_takeover; client_no_context_takeover")
     );
-    for message in ["hello", "", &"{\"price\":1.0842}".repeat(500)] {
+    // Echoes of --deflate-min-bytes (256) or more go back compressed.
+    let big = "{\"price\":1.0842}".repeat(500);
+    for message in ["hello", "", &big] {
         let frame = client_frame(TEXT | RSV1, &deflated(message.as_bytes()));
         client.write_all(&frame).unwrap();
         let echoed = read_frame(&mut client).unwrap();
-        assert_eq!(
-            (echoed.rsv, echoed.opcode, echoed.payload.as_slice()),
-            (0, 1, message.as_bytes()),
-            "echoed plain"
-        );
+        assert_eq!(echoed.opcode, 1);
+        if message.len() >= 256 {
+            assert_eq!(echoed.rsv, 4, "compressed");
+            assert!(echoed.payload.len() < message.len() / 10);
+            assert_eq!(inflated(&echoed.payload), message.as_bytes());
+        } else {
+            assert_eq!(
+                (echoed.rsv, echoed.payload.as_slice()),
+                (0, message.as_bytes())
+            );
+        }
     }
-    // A plain message on the same connection is still a plain message.
+    // A plain message on the same connection is still a message: echoed
+    // plain when small, compressed when big.
     client.write_all(&client_frame(TEXT, b"plain")).unwrap();
     assert_eq!(read_frame(&mut client).unwrap().payload, b"plain");
-    let m = server.wait_for("the messages", |m| m.messages_echoed == 4);
-    assert_eq!(m.messages_received, 4);
+    client
+        .write_all(&client_frame(TEXT, big.as_bytes()))
+        .unwrap();
+    let echoed = read_frame(&mut client).unwrap();
+    assert_eq!(
+        (echoed.rsv, inflated(&echoed.payload)),
+        (4, big.clone().into_bytes())
+    );
+    let m = server.wait_for("the messages", |m| m.messages_echoed == 5);
+    assert_eq!(m.messages_received, 5);
+
+    // One that asked for a window under 32 KiB gets its echoes plain.
+    let offer = "permessage-deflate; server_max_window_bits=9";
+    let (mut small_window, _) = upgrade(server.addr, Some(offer));
+    let frame = client_frame(TEXT | RSV1, &deflated(big.as_bytes()));
+    small_window.write_all(&frame).unwrap();
+    let echoed = read_frame(&mut small_window).unwrap();
+    assert_eq!((echoed.rsv, echoed.payload.as_slice()), (0, big.as_bytes()));
 }
 
 #[test]
@@ -100,7 +125,11 @@ fn a_fragmented_compressed_message_is_inflated_whole() {
     // First frame: text, RSV1, FIN clear; then a final continuation.
     client.write_all(&client_frame(0x01 | RSV1, a)).unwrap();
     client.write_all(&client_frame(0x80, b)).unwrap();
-    assert_eq!(read_frame(&mut client).unwrap().payload, message.as_bytes());
+    let echoed = read_frame(&mut client).unwrap();
+    assert_eq!(
+        (echoed.rsv, inflated(&echoed.payload)),
+        (4, message.into_bytes())
+    );
 }
 
 #[test]

@@ -21,11 +21,9 @@ use mio::net::TcpStream;
 
 use crate::config::{Config, SlowConsumerPolicy};
 use crate::ops::metrics::{Metrics, Tally};
-use crate::protocol::deflate::{Agreed, MAX_WINDOW_BITS};
 use crate::protocol::http::{self, Endpoint, Endpoints, MAX_RESPONSE_LEN};
 use crate::protocol::target::RequestTarget;
 use crate::protocol::ws::header::MAX_HEADER_LEN;
-use crate::protocol::ws::inflate::{InflateError, Inflater};
 use crate::protocol::ws::{
     CloseCode, Decoder, Event, FrameHeader, MessageKind, OpCode, ProtocolError,
 };
@@ -41,7 +39,10 @@ use crate::server::routes::Routes;
 use crate::server::timer::{Deadline, Tick, TimerWheel};
 use crate::server::upstream::{Offered, Outbox};
 
+mod deflate;
 mod handshake;
+
+pub use deflate::{DeflateScratch, DeflateUse};
 
 /// Bytes read from one connection per readiness event before the loop
 /// serves the others (the rest is read on the next iteration).
@@ -143,10 +144,10 @@ impl Verdict {
 /// Everything a connection writes, each through [`Conn::send`].
 #[derive(Debug, Clone, Copy)]
 enum Outgoing<'a> {
-    /// A frame answering what the current read brought (a pong, an echo):
-    /// gathered with the others in [`Ctx::replies`], written once the read
-    /// is processed.
-    Reply(OpCode, &'a [u8]),
+    /// A frame answering what the current read brought (a pong, an echo),
+    /// its header and payload: gathered with the others in
+    /// [`Ctx::replies`], written once the read is processed.
+    Reply(FrameHeader, &'a [u8]),
     /// A frame of its own that goes out now (a close).
     Frame(OpCode, &'a [u8]),
     /// An HTTP response: head and body.
@@ -208,43 +209,13 @@ pub struct Ctx<'a> {
     pub serials: &'a Serials,
     /// Where client messages go, when they go upstream.
     pub upstream: Option<&'a mut Outbox>,
-    /// The one inflater of compressed client messages.
-    pub inflater: &'a mut Inflater,
-    /// Where a compressed message is inflated (the loop's, kept between
-    /// messages: at most `--max-message-bytes`).
-    pub inflated: &'a mut Vec<u8>,
-    /// Scratch list for a connection with permessage-deflate: the
-    /// compressed frames of the batches it is owed. Empty between uses.
-    pub variants: &'a mut Vec<SharedFrames>,
+    /// The loop's permessage-deflate work space.
+    pub deflate: &'a mut DeflateScratch,
     /// The time this loop iteration started.
     pub now: Instant,
     /// The broadcast batch the loop frames next: where a connection that
     /// upgrades now starts.
     pub next_batch: Seq,
-}
-
-/// What permessage-deflate gives a connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeflateUse {
-    /// Not negotiated.
-    Off,
-    /// Negotiated with a window under 32 KiB (`server_max_window_bits`):
-    /// its compressed messages are inflated, but broadcasts, compressed
-    /// with a 32 KiB window, go to it plain.
-    Inflate,
-    /// Negotiated: it inflates and gets compressed broadcasts.
-    Full,
-}
-
-impl DeflateUse {
-    /// What `agreed` gives.
-    pub fn of(agreed: Option<&Agreed>) -> DeflateUse {
-        match agreed {
-            None => DeflateUse::Off,
-            Some(a) if a.server_window_bits < MAX_WINDOW_BITS => DeflateUse::Inflate,
-            Some(_) => DeflateUse::Full,
-        }
-    }
 }
 
 /// One client connection.
@@ -511,20 +482,7 @@ impl Conn {
             return Verdict::Keep;
         }
         self.out.set_next_batch(up_to);
-        // With permessage-deflate, the batches' compressed frames (the
-        // loop's scratch list of references, emptied after the send).
-        let mut variants = std::mem::take(ctx.variants);
-        let full = self.deflate == DeflateUse::Full;
-        let owed = if full && owed.iter().any(SharedFrames::has_deflated) {
-            variants.extend(owed.iter().map(|f| f.for_connection(true).clone()));
-            &variants[..]
-        } else {
-            owed
-        };
-        let verdict = self.deliver_frames(key, owed, ctx);
-        variants.clear();
-        *ctx.variants = variants;
-        verdict
+        self.deliver_variant(key, owed, ctx)
     }
 
     /// [`Conn::deliver`] of the frames this connection gets.
@@ -761,7 +719,7 @@ impl Conn {
             }
             Event::Ping(payload) if !closing => {
                 Metrics::incr(&ctx.metrics.pings_received);
-                Verdict::after(self.send(Outgoing::Reply(OpCode::Pong, payload), ctx))
+                self.reply(OpCode::Pong, payload, false, ctx)
             }
             Event::Ping(_) | Event::Pong(_) => Verdict::Keep,
             Event::Close(frame) => {
@@ -809,36 +767,6 @@ impl Conn {
         verdict
     }
 
-    /// A whole data message as it came: inflated first if compressed (at
-    /// most `--max-message-bytes`, its text then checked), then handled.
-    fn on_whole(
-        &mut self,
-        key: ConnKey,
-        kind: MessageKind,
-        payload: &[u8],
-        compressed: bool,
-        ctx: &mut Ctx<'_>,
-    ) -> Verdict {
-        if !compressed {
-            return self.on_message(key, kind, payload, ctx);
-        }
-        let limit = usize::try_from(ctx.config.max_message_bytes).unwrap_or(usize::MAX);
-        let mut inflated = std::mem::take(ctx.inflated);
-        let verdict = match ctx.inflater.inflate(payload, limit, &mut inflated) {
-            Err(InflateError::TooBig) => self.fail(key, ProtocolError::MessageTooBig, ctx),
-            Err(InflateError::Corrupt) => self.fail(key, ProtocolError::BadCompressedData, ctx),
-            Ok(()) if kind == MessageKind::Text && std::str::from_utf8(&inflated).is_err() => {
-                self.fail(key, ProtocolError::InvalidUtf8, ctx)
-            }
-            Ok(()) if ctx.config.echo || ctx.upstream.is_some() => {
-                self.on_message(key, kind, &inflated, ctx)
-            }
-            Ok(()) => Verdict::Keep,
-        };
-        *ctx.inflated = inflated;
-        verdict
-    }
-
     /// A whole data message: written upstream, and echoed in echo mode.
     fn on_message(
         &mut self,
@@ -863,7 +791,24 @@ impl Conn {
             return Verdict::Keep;
         }
         Metrics::incr(&ctx.metrics.messages_echoed);
-        Verdict::after(self.send(Outgoing::Reply(kind.opcode(), message), ctx))
+        self.echo(kind, message, ctx)
+    }
+
+    /// Answers what the current read brought with a frame (compressed:
+    /// with RSV1 set), gathered with the read's other replies.
+    fn reply(
+        &mut self,
+        opcode: OpCode,
+        payload: &[u8],
+        compressed: bool,
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
+        let header = if compressed {
+            FrameHeader::server_compressed(opcode, payload.len() as u64)
+        } else {
+            FrameHeader::server(opcode, payload.len() as u64)
+        };
+        Verdict::after(self.send(Outgoing::Reply(header, payload), ctx))
     }
 
     /// Fails the connection: a close frame with the error's code, then linger.
@@ -907,8 +852,8 @@ impl Conn {
     /// half-closes. A failed socket is `Err` with the reason to close.
     fn send(&mut self, out: Outgoing<'_>, ctx: &mut Ctx<'_>) -> Result<Sent, CloseReason> {
         let mut header = [0u8; MAX_HEADER_LEN];
-        if let Outgoing::Reply(opcode, payload) = out {
-            let len = FrameHeader::server(opcode, payload.len() as u64).encode(&mut header);
+        if let Outgoing::Reply(frame, payload) = out {
+            let len = frame.encode(&mut header);
             if let Some(sent) = self.gather(&[&header[..len], payload], ctx)? {
                 return Ok(sent);
             }
@@ -922,7 +867,13 @@ impl Conn {
         }
         let before = self.out.queued_bytes();
         let (sent, offered, frames) = match out {
-            Outgoing::Reply(opcode, payload) | Outgoing::Frame(opcode, payload) => {
+            Outgoing::Reply(frame, payload) => {
+                let len = frame.encode(&mut header);
+                let parts = [replies, &header[..len], payload];
+                let sent = self.out.send_private(&parts, &mut self.stream);
+                (sent, total_len(&parts), 1)
+            }
+            Outgoing::Frame(opcode, payload) => {
                 let len = FrameHeader::server(opcode, payload.len() as u64).encode(&mut header);
                 let parts = [replies, &header[..len], payload];
                 let sent = self.out.send_private(&parts, &mut self.stream);
@@ -1076,9 +1027,7 @@ mod tests {
         replies: Vec<u8>,
         routes: Routes,
         serials: Serials,
-        inflater: Inflater,
-        inflated: Vec<u8>,
-        variants: Vec<SharedFrames>,
+        deflate: DeflateScratch,
     }
 
     const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -1113,9 +1062,7 @@ mod tests {
                 replies: Vec::with_capacity(64 * 1024),
                 routes: Routes::new(16),
                 serials: Serials::default(),
-                inflater: Inflater::default(),
-                inflated: Vec::new(),
-                variants: Vec::new(),
+                deflate: DeflateScratch::default(),
             }
         }
 
@@ -1151,9 +1098,7 @@ mod tests {
                 routes: &mut self.routes,
                 serials: &self.serials,
                 upstream: None,
-                inflater: &mut self.inflater,
-                inflated: &mut self.inflated,
-                variants: &mut self.variants,
+                deflate: &mut self.deflate,
                 now: Instant::now(),
                 next_batch: 0,
             };

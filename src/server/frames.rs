@@ -74,10 +74,11 @@ impl SharedFrames {
         let mut header = [0u8; MAX_HEADER_LEN];
         let mut count = 0u32;
         for (opcode, payload, compressed) in frames {
-            let mut frame = FrameHeader::server(opcode, payload.len() as u64);
-            if compressed {
-                frame.rsv = RSV1;
-            }
+            let frame = if compressed {
+                FrameHeader::server_compressed(opcode, payload.len() as u64)
+            } else {
+                FrameHeader::server(opcode, payload.len() as u64)
+            };
             let len = frame.encode(&mut header);
             bytes.extend_from_slice(&header[..len]);
             bytes.extend_from_slice(payload);
@@ -137,9 +138,6 @@ impl SharedFrames {
         Arc::ptr_eq(&self.0, &other.0)
     }
 }
-
-/// RSV1 in [`FrameHeader::rsv`]: the message is compressed.
-const RSV1: u8 = 0b100;
 
 /// The encoded size of a server frame with a `payload_len`-byte payload.
 pub fn encoded_len(payload_len: usize) -> usize {

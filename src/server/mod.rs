@@ -46,9 +46,7 @@ mod upstream;
 use crate::config::{Config, ConfigError};
 use crate::ops::metrics::{LoopHistogram, LoopMax, Metrics, MetricsSnapshot, Tally};
 use crate::protocol::commands::ConnRef;
-use crate::protocol::ws::inflate::Inflater;
 use crate::protocol::ws::{CloseCode, MessageKind};
-use crate::server::frames::SharedFrames;
 use accept::{listen, Door};
 pub use feed::Recipients;
 use handle::Shared;
@@ -58,7 +56,7 @@ use key::ConnKey;
 
 use crate::server::alarm::Alarm;
 use crate::server::batching::Batching;
-use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
+use crate::server::conn::{CloseReason, Conn, Ctx, DeflateScratch, Verdict};
 use crate::server::fanout::Stream;
 use crate::server::feed::{Action, Command, Feed, Gate, Taken};
 use crate::server::heartbeat::Heartbeat;
@@ -208,11 +206,8 @@ pub struct Server {
     scratch: Box<[u8]>,
     /// See [`Ctx::replies`].
     replies: Vec<u8>,
-    /// The one inflater of compressed client messages, and its output.
-    inflater: Inflater,
-    inflated: Vec<u8>,
-    /// See [`Ctx::variants`].
-    variants: Vec<SharedFrames>,
+    /// See [`Ctx::deflate`].
+    deflate: DeflateScratch,
     /// Client ids and channel subscriptions.
     routes: Routes,
     /// Messages and closes for some connections, on their way.
@@ -357,9 +352,7 @@ impl Server {
             pool: BufferPool::new(config.max_head_bytes, POOL_PREALLOCATED, POOL_MAX_IDLE),
             scratch: vec![0; SCRATCH_BYTES.max(config.max_head_bytes)].into_boxed_slice(),
             replies: Vec::with_capacity(SCRATCH_BYTES),
-            inflater: Inflater::default(),
-            inflated: Vec::new(),
-            variants: Vec::new(),
+            deflate: DeflateScratch::default(),
             routes: Routes::new(config.max_channels),
             targeted: Targeted::default(),
             serials: Serials::with_capacity(config.max_connections.min(SLAB_RESERVE)),
@@ -738,9 +731,7 @@ impl Server {
                 routes: &mut self.routes,
                 serials: &self.serials,
                 upstream: self.upstream.as_mut(),
-                inflater: &mut self.inflater,
-                inflated: &mut self.inflated,
-                variants: &mut self.variants,
+                deflate: &mut self.deflate,
                 now,
                 next_batch: self.stream.next_seq(),
             },

@@ -11,11 +11,11 @@
 # every case that is not OK/INFORMATIONAL, and exits non-zero if there is any
 # such case (NON-STRICT, UNCLEAN, UNIMPLEMENTED, FAILED...) or if the number of
 # cases run is not 517. Reports (index.json + html): target/autobahn/report
-# (1-10 and 12) and target/autobahn/report-2 (13).
+# and target/autobahn/report-2, one per wstest process (see the shards below).
 #
 # Time: the one-time install ~30 s here (up to ~1.5 min on a slow network;
-# ~125 MB in the cache); then a full run ~5 min (1-10 and 12 beside 13, in
-# two wstest processes), plus the cargo build.
+# ~125 MB in the cache); then a full run ~6.5 min (two wstest processes at
+# once), plus the cargo build.
 #
 # Environment:
 #   WSPUSH_AUTOBAHN_HOME        install cache   (default ~/.cache/wspush-autobahn)
@@ -320,14 +320,17 @@ log "server (pid $server_pid) is listening on 127.0.0.1:$port"
 # ----------------------------------------------------------------- wstest --
 
 # Two wstest processes against the one server, in parallel (wstest is one
-# Python thread; the compression cases take minutes): 1-10 and 12 in one,
-# 13 in the other. With WSPUSH_AUTOBAHN_CASES, one process runs those.
+# Python thread, and it spends most of the compression cases' minutes
+# compressing and inflating): 1-10, 12.1-12.4 and 13.1 in one, 12.5 and
+# 13.2-13.7 in the other, about 6.5 min of cases each. With
+# WSPUSH_AUTOBAHN_CASES, one process runs those.
 if [[ -n "${WSPUSH_AUTOBAHN_CASES:-}" ]]; then
   log "restricted to cases: $WSPUSH_AUTOBAHN_CASES (517-case check skipped)"
   shards=("$WSPUSH_AUTOBAHN_CASES")
   expects=(0)
 else
-  shards=("1.*,2.*,3.*,4.*,5.*,6.*,7.*,8.*,9.*,10.*,12.*" "13.*")
+  shards=("1.*,2.*,3.*,4.*,5.*,6.*,7.*,8.*,9.*,10.*,12.1.*,12.2.*,12.3.*,12.4.*,13.1.*"
+    "12.5.*,13.2.*,13.3.*,13.4.*,13.5.*,13.6.*,13.7.*")
   expects=(391 126)
   ((expects[0] + expects[1] == expected_cases)) || die "bug: the shards do not add up to $expected_cases cases"
 fi

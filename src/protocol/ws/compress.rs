@@ -24,22 +24,31 @@ thread_local! {
 
 /// `message` compressed as a permessage-deflate payload.
 pub fn deflate_message(message: &[u8]) -> Box<[u8]> {
+    let mut out = Vec::with_capacity(message.len() / 2 + 64);
+    deflate_into(message, &mut out);
+    out.into_boxed_slice()
+}
+
+/// `message` compressed as a permessage-deflate payload into `out`
+/// (cleared first; its capacity is kept and grown as needed).
+pub fn deflate_into(message: &[u8], out: &mut Vec<u8>) {
+    out.clear();
     COMPRESSOR.with_borrow_mut(|c| {
         c.reset();
-        let mut out = Vec::with_capacity(message.len() / 2 + 64);
         loop {
             let from = c.total_in() as usize;
-            c.compress_vec(&message[from..], &mut out, FlushCompress::Sync)
+            c.compress_vec(&message[from..], out, FlushCompress::Sync)
                 .expect("compressing into a growing buffer cannot fail");
-            // Done once every byte is in and the flush's tail is out.
-            if c.total_in() as usize == message.len() && out.ends_with(&SYNC_TAIL) {
+            // Done once every byte is in and the flush's tail is out, with
+            // room to spare (a full buffer may hold only part of the flush).
+            let room = out.len() < out.capacity();
+            if c.total_in() as usize == message.len() && room && out.ends_with(&SYNC_TAIL) {
                 break;
             }
             out.reserve(out.capacity().max(64));
         }
         out.truncate(out.len() - SYNC_TAIL.len());
-        out.into_boxed_slice()
-    })
+    });
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 //! control frame, a continuation) is still a protocol error.
 
 use super::codes::{CloseCode, MessageKind, OpCode};
-use super::header::{FrameHeader, HeaderError, HeaderStatus};
+use super::header::{FrameHeader, HeaderError, HeaderStatus, RSV1};
 use super::mask::apply_mask;
 use super::utf8::Utf8Validator;
 
@@ -283,9 +283,6 @@ impl Decoder {
         ))
     }
 }
-
-/// RSV1 in [`FrameHeader::rsv`]: permessage-deflate's "compressed" bit.
-const RSV1: u8 = 0b100;
 
 /// The rules every client frame header must satisfy (with `deflate`
 /// negotiated, RSV1 may mark a message's first frame); returns its

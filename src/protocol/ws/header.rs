@@ -24,6 +24,10 @@ pub const MAX_HEADER_LEN: usize = 14;
 /// The longest header a server writes (it never masks): 2 + 8.
 pub const MAX_SERVER_HEADER_LEN: usize = 10;
 
+/// RSV1 in [`FrameHeader::rsv`]: permessage-deflate's "compressed" bit
+/// (RFC 7692 §6).
+pub const RSV1: u8 = 0b100;
+
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameHeader {
@@ -133,6 +137,15 @@ impl FrameHeader {
             opcode,
             mask: None,
             payload_len,
+        }
+    }
+
+    /// The header of an unmasked, final server frame whose payload is
+    /// compressed (RSV1 set).
+    pub fn server_compressed(opcode: OpCode, payload_len: u64) -> FrameHeader {
+        FrameHeader {
+            rsv: RSV1,
+            ..FrameHeader::server(opcode, payload_len)
         }
     }
 }

@@ -59,7 +59,7 @@ impl Inflater {
                         return Err(InflateError::TooBig);
                     }
                     // Room for one byte past the limit at most.
-                    let room = STEP.min(limit + 1 - out.len());
+                    let room = STEP.min(limit.saturating_add(1) - out.len());
                     out.reserve_exact(room);
                 }
                 let before = self.inner.total_in();
