@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::conn::{Conn, Context, Transition};
+use crate::compression::Inflating;
+use crate::conn::{Conn, Context, Expect, Transition};
 use crate::dial::{self, Failure};
+use crate::message::Padding;
 use crate::stats::Tally;
 
 /// Readiness events taken from the kernel per `epoll_wait`.
@@ -33,6 +35,10 @@ pub struct ClientPlan {
     pub first_id: u64,
     /// Size of every broadcast payload.
     pub payload_len: usize,
+    /// What pads each broadcast after its stamp.
+    pub padding: Padding,
+    /// The connections offer permessage-deflate (and require it).
+    pub deflate: bool,
     /// How long a connection may stay connecting or upgrading.
     pub connect_timeout: Duration,
 }
@@ -45,6 +51,8 @@ pub struct Clients {
     scratch: Box<[u8]>,
     plan: ClientPlan,
     tally: Tally,
+    /// Compressed broadcasts inflated (with `plan.deflate`).
+    inflating: Inflating,
     /// Connections that were pending when last looked at, oldest first,
     /// with the time they started.
     pending_since: VecDeque<(usize, Instant)>,
@@ -64,6 +72,7 @@ impl Clients {
             scratch: vec![0; SCRATCH_BYTES].into_boxed_slice(),
             plan,
             tally: Tally::new(),
+            inflating: Inflating::default(),
             pending_since: VecDeque::new(),
             pending: 0,
             open: 0,
@@ -88,6 +97,7 @@ impl Clients {
                 source,
                 self.plan.servers[id as usize % self.plan.servers.len()],
                 id,
+                self.plan.deflate,
                 registry,
                 Token(index),
                 Interest::READABLE,
@@ -149,7 +159,12 @@ impl Clients {
             registry: self.poll.registry(),
             servers: &self.plan.servers,
             scratch: &mut self.scratch,
-            payload_len: self.plan.payload_len,
+            expect: Expect {
+                payload_len: self.plan.payload_len,
+                padding: self.plan.padding,
+                deflate: self.plan.deflate,
+            },
+            inflating: &mut self.inflating,
             tally: &mut self.tally,
         };
         let mut handled = 0;

@@ -13,9 +13,10 @@ use mio::event::Event;
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 
+use crate::compression::Inflating;
 use crate::dial::{self, Failure};
-use crate::frame::{self, opcode, FrameReader};
-use crate::message;
+use crate::frame::{self, opcode, FrameError, FrameReader};
+use crate::message::{self, Padding};
 use crate::stats::{Order, Tally};
 use crate::sys;
 
@@ -55,10 +56,24 @@ pub struct Context<'a> {
     pub servers: &'a [SocketAddr],
     /// Buffer every read goes through.
     pub scratch: &'a mut [u8],
-    /// Expected size of each message payload.
-    pub payload_len: usize,
+    /// What the messages are expected to be.
+    pub expect: Expect,
+    /// Where compressed messages are inflated.
+    pub inflating: &'a mut Inflating,
     /// Where deliveries are recorded.
     pub tally: &'a mut Tally,
+}
+
+/// What every message a push connection receives must be.
+#[derive(Debug, Clone, Copy)]
+pub struct Expect {
+    /// The size of each message payload (plain).
+    pub payload_len: usize,
+    /// What pads each message after its stamp.
+    pub padding: Padding,
+    /// The connection offered permessage-deflate and requires it: the
+    /// messages may arrive compressed.
+    pub deflate: bool,
 }
 
 /// One client connection; see the module documentation.
@@ -133,7 +148,7 @@ impl Conn {
                     return Ok(Transition::Same);
                 }
                 let server = cx.servers[id as usize % cx.servers.len()];
-                dial::send_request(self.stream(), id, server)?;
+                dial::send_request(self.stream(), id, cx.expect.deflate, server)?;
                 // From here on only reads matter (pongs are written whole).
                 cx.registry
                     .reregister(self.stream(), token, Interest::READABLE)
@@ -165,12 +180,14 @@ impl Conn {
         let (Some(stream), Phase::Upgrading(head)) = (stream, phase) else {
             unreachable!("read_upgrade outside the upgrading phase");
         };
-        let Some(upgraded) = dial::read_upgrade(stream, head, cx.scratch, id)? else {
+        let deflate = cx.expect.deflate;
+        let Some(upgraded) = dial::read_upgrade(stream, head, cx.scratch, id, deflate)? else {
             return Ok(Transition::Same);
         };
         self.phase = Phase::Open;
         if !upgraded.early.is_empty() {
-            self.on_bytes(&upgraded.early, sys::now_ns(), cx.tally, cx.payload_len)?;
+            let now = sys::now_ns();
+            self.on_bytes(&upgraded.early, now, cx.expect, cx.inflating, cx.tally)?;
         }
         // The socket was registered before the request went out, so data
         // after this read raises a new edge (see `read_frames`).
@@ -189,7 +206,7 @@ impl Conn {
                 return Err(Failure::Closed { upgrading: false });
             }
             let now = sys::now_ns();
-            self.on_bytes(&cx.scratch[..n], now, cx.tally, cx.payload_len)?;
+            self.on_bytes(&cx.scratch[..n], now, cx.expect, cx.inflating, cx.tally)?;
             // A read that did not fill the buffer emptied the socket, and new
             // data will raise a new edge (epoll(7)): skip the EAGAIN read.
             if n < cx.scratch.len() && !drain {
@@ -198,13 +215,15 @@ impl Conn {
         }
     }
 
-    /// Feeds received bytes through the frame reader and checks each message.
+    /// Feeds received bytes through the frame reader and checks each
+    /// message (inflated first if compressed).
     fn on_bytes(
         &mut self,
         bytes: &[u8],
         now: u64,
+        expect: Expect,
+        inflating: &mut Inflating,
         tally: &mut Tally,
-        payload_len: usize,
     ) -> Result<(), Failure> {
         let Conn {
             stream,
@@ -215,7 +234,19 @@ impl Conn {
         let stream = stream.as_mut().expect("live connection has a socket");
         reader.feed(bytes, |f| match f.opcode {
             opcode::TEXT | opcode::BINARY if f.fin => {
-                match message::decode(f.payload, payload_len) {
+                if f.compressed && !expect.deflate {
+                    return Err(FrameError::ReservedBits.into());
+                }
+                let plain = if f.compressed {
+                    inflating.plain(f.payload, expect.payload_len)
+                } else {
+                    Some(f.payload)
+                };
+                let plain_len = plain.map_or(0, <[u8]>::len);
+                tally.payload(f.payload.len(), plain_len, f.compressed);
+                let stamp = plain
+                    .and_then(|p| message::decode_padded(p, expect.payload_len, expect.padding));
+                match stamp {
                     None => tally.corrupt(),
                     Some(stamp) => {
                         let order = match stamp.seq.cmp(next_seq) {

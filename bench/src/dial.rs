@@ -102,7 +102,8 @@ pub struct Dialed {
 
 /// Starts connection `id`: a non-blocking connect from `source` (port
 /// chosen by the kernel at connect time) to `server`, then its upgrade
-/// request at once, and registers the socket under `token`.
+/// request at once (offering permessage-deflate if `deflate`), and
+/// registers the socket under `token`.
 ///
 /// On loopback the whole TCP handshake happens inside `connect()` (the
 /// SYN-ACK is processed before the call returns, although it says
@@ -116,28 +117,35 @@ pub fn dial(
     source: Ipv4Addr,
     server: SocketAddr,
     id: u64,
+    deflate: bool,
     registry: &Registry,
     token: Token,
     interest: Interest,
 ) -> Result<Dialed, Failure> {
-    dial_path(
-        source,
-        server,
-        id,
-        &default_path(id),
-        registry,
-        token,
-        interest,
-    )
+    let path = default_path(id);
+    let ask = Ask {
+        path: &path,
+        deflate,
+    };
+    dial_path(source, server, id, ask, registry, token, interest)
 }
 
-/// [`dial`] with the upgrade request for `path` instead of `/ws?id=ID`
-/// (the key is still connection `id`'s).
+/// What an upgrade request asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    /// The path (and query).
+    pub path: &'a str,
+    /// Whether it offers permessage-deflate.
+    pub deflate: bool,
+}
+
+/// [`dial`] with the upgrade request for `ask`'s path instead of
+/// `/ws?id=ID` (the key is still connection `id`'s).
 pub fn dial_path(
     source: Ipv4Addr,
     server: SocketAddr,
     id: u64,
-    path: &str,
+    ask: Ask<'_>,
     registry: &Registry,
     token: Token,
     interest: Interest,
@@ -164,7 +172,7 @@ pub fn dial_path(
         Err(e) => return Err(connect_err(e)),
     }
     let mut stream = TcpStream::from_std(socket.into());
-    let request = request(id, path, server);
+    let request = request(id, ask, server);
     // A failed connect (refused, reset) shows here as the write's error.
     let requested = match stream.write(&request) {
         Ok(n) if n == request.len() => true,
@@ -210,26 +218,40 @@ fn default_path(id: u64) -> String {
     format!("/ws?id={id}")
 }
 
-/// Connection `id`'s upgrade request for `path`.
-fn request(id: u64, path: &str, server: SocketAddr) -> Vec<u8> {
+/// Connection `id`'s upgrade request for `ask`.
+fn request(id: u64, ask: Ask<'_>, server: SocketAddr) -> Vec<u8> {
     let key = handshake::client_key(id);
-    handshake::client_request(&server.to_string(), path, &key)
+    handshake::client_request(&server.to_string(), ask.path, &key, ask.deflate)
 }
 
 /// Sends connection `id`'s upgrade request for `/ws?id=ID` (once
 /// [`connected`] says the connect completed).
-pub fn send_request(stream: &mut TcpStream, id: u64, server: SocketAddr) -> Result<(), Failure> {
-    send_request_path(stream, id, &default_path(id), server)
+pub fn send_request(
+    stream: &mut TcpStream,
+    id: u64,
+    deflate: bool,
+    server: SocketAddr,
+) -> Result<(), Failure> {
+    let path = default_path(id);
+    send_request_path(
+        stream,
+        id,
+        Ask {
+            path: &path,
+            deflate,
+        },
+        server,
+    )
 }
 
-/// [`send_request`] for `path`.
+/// [`send_request`] for `ask`.
 pub fn send_request_path(
     stream: &mut TcpStream,
     id: u64,
-    path: &str,
+    ask: Ask<'_>,
     server: SocketAddr,
 ) -> Result<(), Failure> {
-    write_whole(stream, &request(id, path, server))
+    write_whole(stream, &request(id, ask, server))
 }
 
 /// A complete, valid upgrade answer.
@@ -245,12 +267,14 @@ pub struct Upgraded {
 }
 
 /// Reads what has arrived of the upgrade answer into `head`; returns the
-/// answer once the head is complete and valid for connection `id`.
+/// answer once the head is complete and valid for connection `id` (which
+/// offered permessage-deflate if `deflate`).
 pub fn read_upgrade(
     stream: &mut TcpStream,
     head: &mut Vec<u8>,
     scratch: &mut [u8],
     id: u64,
+    deflate: bool,
 ) -> Result<Option<Upgraded>, Failure> {
     let (head_end, emptied) = loop {
         let Some(n) = read_some(stream, scratch)? else {
@@ -267,7 +291,7 @@ pub fn read_upgrade(
             return Err(HandshakeError::TooLarge.into());
         }
     };
-    handshake::check_response(&head[..head_end], &handshake::client_key(id))?;
+    handshake::check_response(&head[..head_end], &handshake::client_key(id), deflate)?;
     Ok(Some(Upgraded {
         early: head.split_off(head_end),
         emptied,
@@ -314,6 +338,7 @@ mod tests {
             Ipv4Addr::LOCALHOST,
             server,
             7,
+            false,
             poll.registry(),
             Token(0),
             Interest::READABLE,
@@ -334,7 +359,11 @@ mod tests {
             assert!(n > 0, "the request ended early: {got:?}");
             got.extend_from_slice(&buf[..n]);
         }
-        assert_eq!(got, request(7, "/ws?id=7", server));
+        let ask = Ask {
+            path: "/ws?id=7",
+            deflate: false,
+        };
+        assert_eq!(got, request(7, ask, server));
     }
 
     #[test]
@@ -347,6 +376,7 @@ mod tests {
             Ipv4Addr::LOCALHOST,
             server,
             1,
+            false,
             poll.registry(),
             Token(0),
             Interest::READABLE,

@@ -47,6 +47,13 @@ pub struct EchoOptions {
     /// Payload bytes per message.
     #[arg(long, default_value_t = 1024)]
     pub payload_bytes: usize,
+    /// The connections offer permessage-deflate (no context takeover either
+    /// way) and fail if the server does not agree; every request is
+    /// compressed (zlib level 1, its filler an order book in JSON), echoes
+    /// are inflated if they come back compressed. The report adds how many
+    /// did and the bytes each way.
+    #[arg(long)]
+    pub deflate: bool,
     /// Seconds of sending (per step with `--find-max-rate`).
     #[arg(long, default_value_t = 10)]
     pub secs: u64,
@@ -127,7 +134,7 @@ impl EchoOptions {
             seq: u64::MAX,
             sent_ns: u64::MAX,
         };
-        if !message::encode_echo(widest, self.payload_bytes, &mut Vec::new()) {
+        if !message::encode_echo(widest, self.payload_bytes, false, &mut Vec::new()) {
             return Err(format!(
                 "--payload-bytes {} is too small for a connection id, a sequence number and a timestamp",
                 self.payload_bytes
@@ -175,6 +182,9 @@ pub struct EchoReport {
     pub mbps_up: f64,
     /// Server → client, in Mbit/s over the sending time.
     pub mbps_down: f64,
+    /// Requests sent compressed (all of them with `--deflate`), and echoes
+    /// that came back compressed.
+    pub compressed: Option<(u64, u64)>,
     /// Round-trip time of every echo.
     pub rtt: LatencyReport,
     /// Server CPU time from the first request to the end.
@@ -234,6 +244,14 @@ impl EchoReport {
             "  bandwidth    {:.1} Mbps up, {:.1} Mbps down",
             self.mbps_up, self.mbps_down
         );
+        if let Some((requests, echoes)) = self.compressed {
+            let _ = writeln!(
+                out,
+                "  deflate      {} requests sent compressed, {} echoes came back compressed",
+                format::grouped(requests),
+                format::grouped(echoes)
+            );
+        }
         let _ = writeln!(out, "  round trip   {}", self.rtt.render());
         let _ = writeln!(
             out,
@@ -443,7 +461,7 @@ pub fn measure(
     let sources = (0..options.sources)
         .map(|i| Ipv4Addr::new(127, 0, 0, 2 + i))
         .collect();
-    let mut echoers = Echoers::new(addr, sources, options.payload_bytes)?;
+    let mut echoers = Echoers::new(addr, sources, options.payload_bytes, options.deflate)?;
     connect_all(target, &mut echoers, options)?;
     let open = echoers.open();
     if open == 0 {
@@ -510,6 +528,9 @@ pub fn measure(
         echoed_per_sec: counts.echoed as f64 / send_secs,
         mbps_up: mbps(counts.bytes_up),
         mbps_down: mbps(counts.bytes_down),
+        compressed: options
+            .deflate
+            .then_some((counts.sent, counts.compressed_echoes)),
         rtt: LatencyReport::from_histogram(echoers.rtt()),
         server_cpu_secs: server_ns as f64 / 1e9,
         server_cpu_percent: 100.0 * server_ns as f64 / 1e9 / wall,
@@ -593,6 +614,7 @@ mod tests {
             echoed_per_sec: 990.0,
             mbps_up: 8.2,
             mbps_down: 8.1,
+            compressed: None,
             rtt: LatencyReport::from_histogram(&h),
             server_cpu_secs: 0.5,
             server_cpu_percent: 5.0,

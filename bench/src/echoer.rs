@@ -2,7 +2,9 @@
 //! self-checking requests and verify every echo byte for byte, all in one
 //! epoll loop. Unlike the push client these keep an output buffer each
 //! (a request may not fit into a full socket), so they are for thousands
-//! of connections, not a million.
+//! of connections, not a million. With permessage-deflate, every request
+//! is compressed (its filler an order book in JSON) and echoes may come
+//! back compressed or plain.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
@@ -14,9 +16,10 @@ use mio::event::Event;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
+use crate::compression::{Deflater, Inflater};
 use crate::conn::MASK;
 use crate::dial::{self, Failure};
-use crate::frame::{self, opcode, FrameReader};
+use crate::frame::{self, opcode, FrameError, FrameReader};
 use crate::message::{self, EchoStamp};
 use crate::stats::{self, MAX_LATENCY_NS};
 use crate::sys;
@@ -63,6 +66,8 @@ pub struct EchoCounts {
     pub bytes_up: u64,
     /// Bytes received after the upgrades.
     pub bytes_down: u64,
+    /// Echoes that came back compressed.
+    pub compressed_echoes: u64,
     /// Connection failures by kind.
     pub failures: BTreeMap<String, u64>,
 }
@@ -75,6 +80,13 @@ pub struct Echoers {
     scratch: Box<[u8]>,
     /// Reused buffer for one request's payload.
     payload: Vec<u8>,
+    /// With `deflate`: the connections offer permessage-deflate; requests
+    /// are compressed, and compressed echoes inflated, through these.
+    deflate: bool,
+    deflater: Deflater,
+    compressed: Vec<u8>,
+    inflater: Inflater,
+    inflated: Vec<u8>,
     /// Reused list of the last poll's readiness, by connection.
     ready: Vec<(usize, Readiness)>,
     server: SocketAddr,
@@ -90,8 +102,14 @@ pub struct Echoers {
 
 impl Echoers {
     /// No connections yet; they will connect to `server` from `sources` in
-    /// turn and send requests of `payload_len` bytes.
-    pub fn new(server: SocketAddr, sources: Vec<Ipv4Addr>, payload_len: usize) -> io::Result<Self> {
+    /// turn and send requests of `payload_len` bytes, compressed if
+    /// `deflate` (offered, and required of the server).
+    pub fn new(
+        server: SocketAddr,
+        sources: Vec<Ipv4Addr>,
+        payload_len: usize,
+        deflate: bool,
+    ) -> io::Result<Self> {
         assert!(!sources.is_empty(), "at least one source address");
         Ok(Echoers {
             poll: Poll::new()?,
@@ -99,6 +117,11 @@ impl Echoers {
             conns: Vec::new(),
             scratch: vec![0; SCRATCH_BYTES].into_boxed_slice(),
             payload: Vec::new(),
+            deflate,
+            deflater: Deflater::default(),
+            compressed: Vec::new(),
+            inflater: Inflater::default(),
+            inflated: Vec::new(),
             ready: Vec::with_capacity(EVENTS_PER_POLL),
             server,
             sources,
@@ -123,6 +146,7 @@ impl Echoers {
                 source,
                 self.server,
                 id as u64,
+                self.deflate,
                 registry,
                 Token(id),
                 interest,
@@ -224,11 +248,17 @@ impl Echoers {
         };
         self.payload.clear();
         assert!(
-            message::encode_echo(stamp, self.payload_len, &mut self.payload),
+            message::encode_echo(stamp, self.payload_len, self.deflate, &mut self.payload),
             "payload size checked up front"
         );
         let queued = conn.outbox.len();
-        frame::encode(&mut conn.outbox, opcode::TEXT, &self.payload, Some(MASK));
+        if self.deflate {
+            self.compressed.clear();
+            self.deflater.deflate(&self.payload, &mut self.compressed);
+            frame::encode_compressed(&mut conn.outbox, opcode::TEXT, &self.compressed, Some(MASK));
+        } else {
+            frame::encode(&mut conn.outbox, opcode::TEXT, &self.payload, Some(MASK));
+        }
         conn.next_send += 1;
         self.counts.sent += 1;
         self.counts.bytes_up += (conn.outbox.len() - queued) as u64;
@@ -269,14 +299,15 @@ impl Echoers {
                 if !dial::connected(stream)? {
                     return Ok(());
                 }
-                dial::send_request(stream, id as u64, self.server)?;
+                dial::send_request(stream, id as u64, self.deflate, self.server)?;
                 conn.phase = Phase::Upgrading(Vec::new());
             }
             Phase::Upgrading(_) | Phase::Open => {}
         }
         if let Phase::Upgrading(head) = &mut conn.phase {
             let stream = conn.stream.as_mut().expect("live connection has a socket");
-            let Some(upgraded) = dial::read_upgrade(stream, head, &mut self.scratch, id as u64)?
+            let Some(upgraded) =
+                dial::read_upgrade(stream, head, &mut self.scratch, id as u64, self.deflate)?
             else {
                 return Ok(());
             };
@@ -316,10 +347,21 @@ impl Echoers {
             self.counts.bytes_down += n as u64;
             let now = sys::now_ns();
             let (counts, rtt, payload_len) = (&mut self.counts, &mut self.rtt, self.payload_len);
+            let (deflate, inflater, inflated) =
+                (self.deflate, &mut self.inflater, &mut self.inflated);
             let next_echo = &mut conn.next_echo;
             conn.reader.feed(&self.scratch[..n], |f| match f.opcode {
                 opcode::TEXT | opcode::BINARY if f.fin => {
-                    match message::decode_echo(f.payload, payload_len) {
+                    let plain = match (f.compressed, deflate) {
+                        (false, _) => f.payload,
+                        (true, false) => return Err(FrameError::ReservedBits.into()),
+                        (true, true) if inflater.inflate(f.payload, payload_len, inflated) => {
+                            counts.compressed_echoes += 1;
+                            &inflated[..]
+                        }
+                        (true, true) => return Err(Failure::BadEcho),
+                    };
+                    match message::decode_echo(plain, payload_len, deflate) {
                         Some(s) if s.conn == id as u64 && s.seq == *next_echo => {
                             *next_echo += 1;
                             counts.echoed += 1;

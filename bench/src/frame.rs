@@ -37,6 +37,9 @@ pub struct Frame<'a> {
     pub fin: bool,
     /// One of the [`opcode`] constants.
     pub opcode: u8,
+    /// RSV1: the message is compressed (permessage-deflate, RFC 7692);
+    /// whoever reads it refuses it if that was not negotiated.
+    pub compressed: bool,
     /// Payload bytes (already unmasked: server frames carry no mask).
     pub payload: &'a [u8],
 }
@@ -75,6 +78,7 @@ impl std::error::Error for FrameError {}
 struct Header {
     fin: bool,
     opcode: u8,
+    compressed: bool,
     /// Payload length; at most [`MAX_PAYLOAD`], so it fits in 32 bits.
     len: u32,
 }
@@ -170,6 +174,7 @@ impl Header {
         Frame {
             fin: self.fin,
             opcode: self.opcode,
+            compressed: self.compressed,
             payload,
         }
     }
@@ -196,7 +201,9 @@ fn parse_header(buf: &[u8]) -> Result<Option<(Header, usize)>, FrameError> {
     if buf.len() < used {
         return Ok(None);
     }
-    if first & 0x70 != 0 {
+    // RSV2 and RSV3 belong to no extension here; RSV1 to permessage-deflate
+    // on a data frame.
+    if first & 0x30 != 0 || (first & 0x40 != 0 && first & 0x08 != 0) {
         return Err(FrameError::ReservedBits);
     }
     let len = match used {
@@ -210,6 +217,7 @@ fn parse_header(buf: &[u8]) -> Result<Option<(Header, usize)>, FrameError> {
     let header = Header {
         fin: first & 0x80 != 0,
         opcode: first & 0x0F,
+        compressed: first & 0x40 != 0,
         len: len as u32,
     };
     if header.opcode & 0x8 != 0 && (!header.fin || len > 125) {
@@ -253,6 +261,10 @@ pub fn parse_client_header(buf: &[u8]) -> Result<Option<ClientHeader>, FrameErro
     plain[1] = second & 0x7F;
     plain[2..len].copy_from_slice(&buf[2..len]);
     let (header, _) = parse_header(&plain[..len])?.expect("complete header");
+    // The floor, which reads client frames, negotiates no extension.
+    if header.compressed {
+        return Err(FrameError::ReservedBits);
+    }
     Ok(Some(ClientHeader {
         fin: header.fin,
         opcode: header.opcode,
@@ -280,17 +292,23 @@ pub fn unmask(payload: &mut [u8], mask: [u8; 4]) {
 /// Appends one final (FIN) frame to `out`, masked with `mask` if given
 /// (clients must mask, servers must not).
 pub fn encode(out: &mut Vec<u8>, opcode: u8, payload: &[u8], mask: Option<[u8; 4]>) {
-    encode_frame(out, true, opcode, payload, mask);
+    encode_frame(out, 0x80 | opcode, payload, mask);
+}
+
+/// [`encode`] of a compressed payload: RSV1 set.
+pub fn encode_compressed(out: &mut Vec<u8>, opcode: u8, payload: &[u8], mask: Option<[u8; 4]>) {
+    encode_frame(out, 0x80 | 0x40 | opcode, payload, mask);
 }
 
 /// Appends one unmasked (server) frame to `out`, final if `fin`.
 pub fn encode_fragment(out: &mut Vec<u8>, fin: bool, opcode: u8, payload: &[u8]) {
-    encode_frame(out, fin, opcode, payload, None);
+    encode_frame(out, if fin { 0x80 } else { 0 } | opcode, payload, None);
 }
 
-fn encode_frame(out: &mut Vec<u8>, fin: bool, opcode: u8, payload: &[u8], mask: Option<[u8; 4]>) {
+/// Appends a frame whose first byte is `first` (FIN, RSV1–3, opcode).
+fn encode_frame(out: &mut Vec<u8>, first: u8, payload: &[u8], mask: Option<[u8; 4]>) {
     let mask_bit = if mask.is_some() { 0x80 } else { 0 };
-    out.push(if fin { 0x80 } else { 0 } | opcode);
+    out.push(first);
     match payload.len() {
         len @ 0..=125 => out.push(mask_bit | len as u8),
         len @ 126..=0xFFFF => {
@@ -438,9 +456,25 @@ mod tests {
         );
         assert_eq!(read_in_chunks(&[0x81], &[]).unwrap(), vec![]);
         assert_eq!(
-            read_in_chunks(&[0xC1, 0x00], &[1]),
+            read_in_chunks(&[0xA1, 0x00], &[1]),
             Err(FrameError::ReservedBits)
         );
+        assert_eq!(
+            read_in_chunks(&[0xC9, 0x00], &[]),
+            Err(FrameError::ReservedBits),
+            "RSV1 on a ping"
+        );
+        let mut compressed = Vec::new();
+        encode_compressed(&mut compressed, opcode::TEXT, b"xy", None);
+        assert_eq!(compressed, [0xC1, 0x02, b'x', b'y']);
+        let mut seen = Vec::new();
+        FrameReader::new()
+            .feed(&compressed, |f| {
+                seen.push((f.compressed, f.payload.to_vec()));
+                Ok::<_, FrameError>(())
+            })
+            .unwrap();
+        assert_eq!(seen, [(true, b"xy".to_vec())]);
         assert_eq!(
             read_in_chunks(&[0x09, 0x00], &[]),
             Err(FrameError::BadControl)

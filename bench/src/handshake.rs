@@ -27,6 +27,9 @@ pub enum HandshakeError {
     MissingKey,
     /// `Sec-WebSocket-Accept` is missing or does not match the key.
     BadAccept,
+    /// permessage-deflate was offered and not agreed to (with
+    /// `server_no_context_takeover`), or agreed to without an offer.
+    Deflate,
 }
 
 impl std::fmt::Display for HandshakeError {
@@ -38,6 +41,7 @@ impl std::fmt::Display for HandshakeError {
             HandshakeError::NotUpgrade => f.write_str("not an upgrade"),
             HandshakeError::MissingKey => f.write_str("no Sec-WebSocket-Key"),
             HandshakeError::BadAccept => f.write_str("wrong Sec-WebSocket-Accept"),
+            HandshakeError::Deflate => f.write_str("permessage-deflate not agreed as offered"),
         }
     }
 }
@@ -68,8 +72,20 @@ pub fn client_key(id: u64) -> String {
     BASE64.encode(bytes)
 }
 
-/// The upgrade request a browser-like client sends for `GET path`.
-pub fn client_request(host: &str, path: &str, key: &str) -> Vec<u8> {
+/// The permessage-deflate offer (RFC 7692) of a client that inflates every
+/// message on its own: it asks the server to keep no context between
+/// messages, and keeps none itself.
+pub const DEFLATE_OFFER: &str =
+    "permessage-deflate; server_no_context_takeover; client_no_context_takeover";
+
+/// The upgrade request a browser-like client sends for `GET path`, with
+/// [`DEFLATE_OFFER`] if `deflate`.
+pub fn client_request(host: &str, path: &str, key: &str, deflate: bool) -> Vec<u8> {
+    let extensions = if deflate {
+        format!("Sec-WebSocket-Extensions: {DEFLATE_OFFER}\r\n")
+    } else {
+        String::new()
+    };
     format!(
         "GET {path} HTTP/1.1\r\n\
          Host: {host}\r\n\
@@ -77,6 +93,7 @@ pub fn client_request(host: &str, path: &str, key: &str) -> Vec<u8> {
          Connection: Upgrade\r\n\
          Sec-WebSocket-Key: {key}\r\n\
          Sec-WebSocket-Version: 13\r\n\
+         {extensions}\
          \r\n"
     )
     .into_bytes()
@@ -88,8 +105,10 @@ pub fn head_len(buf: &[u8]) -> Option<usize> {
     buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
 }
 
-/// Checks a server's complete response head for a valid 101 answer to `key`.
-pub fn check_response(head: &[u8], key: &str) -> Result<(), HandshakeError> {
+/// Checks a server's complete response head for a valid 101 answer to
+/// `key`, agreeing to [`DEFLATE_OFFER`] if `deflate` (and to no extension
+/// otherwise).
+pub fn check_response(head: &[u8], key: &str, deflate: bool) -> Result<(), HandshakeError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut response = httparse::Response::new(&mut headers);
     match response.parse(head) {
@@ -106,9 +125,23 @@ pub fn check_response(head: &[u8], key: &str) -> Result<(), HandshakeError> {
         return Err(HandshakeError::NotUpgrade);
     }
     match header(headers, "sec-websocket-accept") {
-        Some(accept) if accept == accept_key(key.as_bytes()).as_bytes() => Ok(()),
-        _ => Err(HandshakeError::BadAccept),
+        Some(accept) if accept == accept_key(key.as_bytes()).as_bytes() => {}
+        _ => return Err(HandshakeError::BadAccept),
     }
+    match (deflate, header(headers, "sec-websocket-extensions")) {
+        (false, None) => Ok(()),
+        (true, Some(agreed)) if agrees_to_deflate(agreed) => Ok(()),
+        _ => Err(HandshakeError::Deflate),
+    }
+}
+
+/// Whether an answer's extensions are permessage-deflate alone, with
+/// `server_no_context_takeover`.
+fn agrees_to_deflate(agreed: &[u8]) -> bool {
+    let mut parts = agreed.split(|&b| b == b';').map(<[u8]>::trim_ascii);
+    parts.next() == Some(b"permessage-deflate".as_slice())
+        && !agreed.contains(&b',')
+        && parts.any(|p| p == b"server_no_context_takeover")
 }
 
 /// The 101 response for a complete request head, or why there is none.
@@ -173,14 +206,14 @@ mod tests {
     #[test]
     fn floor_answers_what_the_client_accepts() {
         let key = client_key(42);
-        let request = client_request("127.0.0.1:9000", "/ws?id=42", &key);
+        let request = client_request("127.0.0.1:9000", "/ws?id=42", &key, false);
         let n = head_len(&request).unwrap();
         assert_eq!(n, request.len());
         let response = server_response(&request[..n]).unwrap();
         assert_eq!(head_len(&response), Some(response.len()));
-        assert_eq!(check_response(&response, &key), Ok(()));
+        assert_eq!(check_response(&response, &key, false), Ok(()));
         assert_eq!(
-            check_response(&response, &client_key(43)),
+            check_response(&response, &client_key(43), false),
             Err(HandshakeError::BadAccept)
         );
     }
@@ -193,21 +226,57 @@ mod tests {
             "HTTP/1.1 101 Switching Protocols\r\nupgrade: WebSocket\r\n\
              connection: keep-alive, Upgrade\r\nsec-websocket-accept:  {accept} \r\n\r\n"
         );
-        assert_eq!(check_response(ok.as_bytes(), &key), Ok(()));
+        assert_eq!(check_response(ok.as_bytes(), &key, false), Ok(()));
         let refused = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n";
         assert_eq!(
-            check_response(refused, &key),
+            check_response(refused, &key, false),
             Err(HandshakeError::Status(400))
         );
         let plain = format!("HTTP/1.1 101 OK\r\nSec-WebSocket-Accept: {accept}\r\n\r\n");
         assert_eq!(
-            check_response(plain.as_bytes(), &key),
+            check_response(plain.as_bytes(), &key, false),
             Err(HandshakeError::NotUpgrade)
         );
         assert_eq!(
-            check_response(b"garbage\r\n\r\n", &key),
+            check_response(b"garbage\r\n\r\n", &key, false),
             Err(HandshakeError::Malformed)
         );
+    }
+
+    #[test]
+    fn a_deflate_offer_must_be_agreed_to_without_server_context_takeover() {
+        let key = client_key(9);
+        let request = String::from_utf8(client_request("h", "/", &key, true)).unwrap();
+        assert!(request.contains(&format!(
+            "\r\nSec-WebSocket-Extensions: {DEFLATE_OFFER}\r\n"
+        )));
+        let accept = accept_key(key.as_bytes());
+        let answer = |extensions: &str| {
+            format!(
+                "HTTP/1.1 101 OK\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                 Sec-WebSocket-Accept: {accept}\r\n{extensions}\r\n"
+            )
+        };
+        let agreed = answer(
+            "Sec-WebSocket-Extensions: permessage-deflate; server_no_context_takeover; \
+             client_no_context_takeover\r\n",
+        );
+        assert_eq!(check_response(agreed.as_bytes(), &key, true), Ok(()));
+        assert_eq!(
+            check_response(agreed.as_bytes(), &key, false),
+            Err(HandshakeError::Deflate)
+        );
+        for refused in [
+            answer(""),
+            answer("Sec-WebSocket-Extensions: permessage-deflate\r\n"),
+            answer("Sec-WebSocket-Extensions: x-other; server_no_context_takeover\r\n"),
+        ] {
+            assert_eq!(
+                check_response(refused.as_bytes(), &key, true),
+                Err(HandshakeError::Deflate),
+                "{refused}"
+            );
+        }
     }
 
     #[test]

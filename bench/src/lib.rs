@@ -27,6 +27,7 @@
 pub mod channels;
 pub mod clients;
 pub mod compare;
+pub mod compression;
 pub mod conn;
 pub mod deflate;
 pub mod dial;
@@ -38,6 +39,7 @@ pub mod format;
 pub mod frame;
 pub mod handshake;
 pub mod hosts;
+
 pub mod latency;
 pub mod message;
 pub mod pacing;

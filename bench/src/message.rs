@@ -2,15 +2,18 @@
 //! moment it was sent, so that receivers check order and measure latency
 //! on their own.
 //!
-//! - A broadcast (one stdin line): `<seq> <sent_ns> ` followed by `.`
-//!   padding up to the payload size, e.g. `7 81234567890123 ........` for
-//!   32 bytes.
+//! - A broadcast (one stdin line): `<seq> <sent_ns> ` followed by padding
+//!   up to the payload size: `.`s, e.g. `7 81234567890123 ........` for
+//!   32 bytes, or JSON text (an order book, [`Padding::Json`]) for
+//!   permessage-deflate to compress as it would a real feed.
 //! - An echo request: `<conn> <seq> <sent_ns> ` followed by a filler whose
 //!   every byte depends on the sequence number and its position, so that
 //!   the echo can be checked byte for byte without keeping a copy.
 //!
 //! `sent_ns` is [`crate::sys::now_ns`] (CLOCK_MONOTONIC), shared by all
 //! processes.
+
+use serde::{Deserialize, Serialize};
 
 /// What a receiver learns from a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,28 +39,82 @@ pub fn check_room(payload_bytes: usize, max_seq: u32) -> Result<(), String> {
     }
 }
 
-/// The message for `stamp`, padded to `size` bytes; `None` if the stamp
-/// alone (with its trailing space) does not fit in `size` bytes.
+/// What fills a broadcast after its stamp.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+pub enum Padding {
+    /// `.` bytes.
+    #[default]
+    Dots,
+    /// An order book in JSON (25 price levels a side, ~960 bytes, repeated
+    /// as needed): text that compresses as a real JSON feed does.
+    Json,
+}
+
+impl Padding {
+    /// Whether `padding` is this padding's first `padding.len()` bytes.
+    fn matches(self, padding: &[u8]) -> bool {
+        match self {
+            // Without an early exit, so that it compiles to a few vector
+            // compares: the client checks millions of these a second.
+            Padding::Dots => padding.iter().fold(0u8, |acc, &b| acc | (b ^ b'.')) == 0,
+            Padding::Json => {
+                let json = json_padding();
+                padding.chunks(json.len()).all(|c| c == &json[..c.len()])
+            }
+        }
+    }
+
+    /// Appends this padding to `line` until it is `size` bytes long.
+    fn fill(self, line: &mut Vec<u8>, size: usize) {
+        match self {
+            Padding::Dots => line.resize(size, b'.'),
+            Padding::Json => {
+                let json = json_padding();
+                while line.len() < size {
+                    let take = json.len().min(size - line.len());
+                    line.extend_from_slice(&json[..take]);
+                }
+            }
+        }
+    }
+}
+
+/// The order book of [`Padding::Json`].
+fn json_padding() -> &'static [u8] {
+    static JSON: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    JSON.get_or_init(|| crate::deflate::feed(1, 25).remove(0))
+}
+
+/// The message for `stamp`, padded with `.` to `size` bytes; `None` if the
+/// stamp alone (with its trailing space) does not fit in `size` bytes.
 pub fn encode(stamp: Stamp, size: usize) -> Option<Vec<u8>> {
+    encode_padded(stamp, size, Padding::Dots)
+}
+
+/// [`encode`] with `padding`.
+pub fn encode_padded(stamp: Stamp, size: usize, padding: Padding) -> Option<Vec<u8>> {
     let mut line = format!("{} {} ", stamp.seq, stamp.sent_ns).into_bytes();
     if line.len() > size {
         return None;
     }
-    line.resize(size, b'.');
+    padding.fill(&mut line, size);
     Some(line)
 }
 
-/// Reads the stamp from a received payload of the expected `size`;
-/// `None` if the payload is corrupt.
+/// Reads the stamp from a received payload of the expected `size`, padded
+/// with `.`; `None` if the payload is corrupt.
 pub fn decode(payload: &[u8], size: usize) -> Option<Stamp> {
+    decode_padded(payload, size, Padding::Dots)
+}
+
+/// [`decode`] of a payload padded with `padding`.
+pub fn decode_padded(payload: &[u8], size: usize, padding: Padding) -> Option<Stamp> {
     if payload.len() != size {
         return None;
     }
     let (seq, rest) = split_field(payload)?;
-    let (sent_ns, padding) = split_field(rest)?;
-    // Without an early exit, so that it compiles to a few vector compares:
-    // the client checks millions of these a second.
-    if padding.iter().fold(0u8, |acc, &b| acc | (b ^ b'.')) != 0 {
+    let (sent_ns, pad) = split_field(rest)?;
+    if !padding.matches(pad) {
         return None;
     }
     Some(Stamp {
@@ -99,7 +156,10 @@ fn filler(seq: u64, start: usize, len: usize) -> impl Iterator<Item = &'static [
 
 /// Appends the payload of echo request `stamp`, `size` bytes, to `out`;
 /// false (nothing appended) if the stamp does not fit in `size` bytes.
-pub fn encode_echo(stamp: EchoStamp, size: usize, out: &mut Vec<u8>) -> bool {
+/// With `json`, the filler is [`Padding::Json`]'s order book (for
+/// permessage-deflate to compress as it would a JSON feed) instead of the
+/// alphabet.
+pub fn encode_echo(stamp: EchoStamp, size: usize, json: bool, out: &mut Vec<u8>) -> bool {
     use std::io::Write;
     let start = out.len();
     write!(out, "{} {} {} ", stamp.conn, stamp.seq, stamp.sent_ns).expect("a Vec takes it");
@@ -108,16 +168,21 @@ pub fn encode_echo(stamp: EchoStamp, size: usize, out: &mut Vec<u8>) -> bool {
         out.truncate(start);
         return false;
     }
-    for piece in filler(stamp.seq, head, size - head) {
-        out.extend_from_slice(piece);
+    if json {
+        Padding::Json.fill(out, start + size);
+    } else {
+        for piece in filler(stamp.seq, head, size - head) {
+            out.extend_from_slice(piece);
+        }
     }
     debug_assert_eq!(out.len() - start, size);
     true
 }
 
 /// Reads and checks an echoed payload of the expected `size`: the stamp,
-/// and every filler byte; `None` if anything differs.
-pub fn decode_echo(payload: &[u8], size: usize) -> Option<EchoStamp> {
+/// and every filler byte (the order book's with `json`); `None` if
+/// anything differs.
+pub fn decode_echo(payload: &[u8], size: usize, json: bool) -> Option<EchoStamp> {
     if payload.len() != size {
         return None;
     }
@@ -127,9 +192,13 @@ pub fn decode_echo(payload: &[u8], size: usize) -> Option<EchoStamp> {
     let sent_ns = parse_decimal(fields.next()?)?;
     let rest = fields.next()?;
     let offset = size - rest.len();
-    let intact = filler(seq, offset, rest.len())
-        .zip(rest.chunks(FILLER_CYCLE))
-        .all(|(expected, got)| expected == got);
+    let intact = if json {
+        Padding::Json.matches(rest)
+    } else {
+        filler(seq, offset, rest.len())
+            .zip(rest.chunks(FILLER_CYCLE))
+            .all(|(expected, got)| expected == got)
+    };
     intact.then_some(EchoStamp { conn, seq, sent_ns })
 }
 
@@ -230,6 +299,40 @@ mod tests {
     }
 
     #[test]
+    fn json_padding_round_trips_past_one_order_book_and_catches_a_change() {
+        let stamp = Stamp {
+            seq: 3,
+            sent_ns: 42,
+        };
+        let json = json_padding();
+        assert!(json.starts_with(b"{\"type\":\"book\"") && !json.contains(&b'\n'));
+        for size in [64, 1024, json.len() * 2 + 100] {
+            let mut line = encode_padded(stamp, size, Padding::Json).unwrap();
+            assert_eq!(line.len(), size);
+            assert_eq!(decode_padded(&line, size, Padding::Json), Some(stamp));
+            assert_eq!(decode_padded(&line, size, Padding::Dots), None);
+            line[size - 1] ^= 1;
+            assert_eq!(decode_padded(&line, size, Padding::Json), None);
+        }
+    }
+
+    #[test]
+    fn json_echo_payloads_round_trip_and_catch_a_changed_byte() {
+        let stamp = EchoStamp {
+            conn: 12,
+            seq: 7,
+            sent_ns: 99,
+        };
+        let mut payload = Vec::new();
+        assert!(encode_echo(stamp, 1024, true, &mut payload));
+        assert_eq!(payload.len(), 1024);
+        assert_eq!(decode_echo(&payload, 1024, true), Some(stamp));
+        assert_eq!(decode_echo(&payload, 1024, false), None);
+        payload[500] ^= 1;
+        assert_eq!(decode_echo(&payload, 1024, true), None);
+    }
+
+    #[test]
     fn exact_fit_and_too_small() {
         let stamp = Stamp {
             seq: 1,
@@ -248,34 +351,34 @@ mod tests {
             sent_ns: 81_234_567_890_123,
         };
         let mut payload = Vec::new();
-        assert!(encode_echo(stamp, 1024, &mut payload));
+        assert!(encode_echo(stamp, 1024, false, &mut payload));
         assert_eq!(payload.len(), 1024);
         assert!(payload.starts_with(b"999999 12345 81234567890123 "));
-        assert_eq!(decode_echo(&payload, 1024), Some(stamp));
+        assert_eq!(decode_echo(&payload, 1024, false), Some(stamp));
         // A changed digit names another connection, sequence number or
         // time (the receiver compares them); any other change is refused.
         for i in [0, 7, 13, 27, 28, 500, 1023] {
             let mut bad = payload.clone();
             bad[i] ^= 1;
-            assert_ne!(decode_echo(&bad, 1024), Some(stamp), "byte {i}");
+            assert_ne!(decode_echo(&bad, 1024, false), Some(stamp), "byte {i}");
         }
         for i in [6, 27, 28, 500, 1023] {
             let mut bad = payload.clone();
             bad[i] ^= 1;
-            assert_eq!(decode_echo(&bad, 1024), None, "byte {i}");
+            assert_eq!(decode_echo(&bad, 1024, false), None, "byte {i}");
         }
-        assert_eq!(decode_echo(&payload[..1023], 1024), None);
+        assert_eq!(decode_echo(&payload[..1023], 1024, false), None);
         let next = EchoStamp {
             seq: 12_346,
             ..stamp
         };
         let mut other = Vec::new();
-        encode_echo(next, 1024, &mut other);
+        encode_echo(next, 1024, false, &mut other);
         assert_ne!(
             other[100], payload[100],
             "the filler depends on the sequence number"
         );
-        assert!(!encode_echo(stamp, 20, &mut other));
+        assert!(!encode_echo(stamp, 20, false, &mut other));
     }
 
     #[test]

@@ -120,7 +120,7 @@ fn upgraded(server: SocketAddr, id: u64) -> io::Result<(TcpStream, Duration)> {
     stream.set_read_timeout(Some(PROBE_TIMEOUT))?;
     stream.set_nodelay(true)?;
     let key = handshake::client_key(id);
-    let request = handshake::client_request(&server.to_string(), "/ws?id=probe", &key);
+    let request = handshake::client_request(&server.to_string(), "/ws?id=probe", &key, false);
     stream.write_all(&request)?;
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
@@ -134,7 +134,7 @@ fn upgraded(server: SocketAddr, id: u64) -> io::Result<(TcpStream, Duration)> {
             return Err(io::Error::other("response head too long"));
         }
     }
-    handshake::check_response(&head, &key).map_err(io::Error::other)?;
+    handshake::check_response(&head, &key, false).map_err(io::Error::other)?;
     Ok((stream, start.elapsed()))
 }
 

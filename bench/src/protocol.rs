@@ -15,6 +15,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::message::Padding;
 use crate::stats::{Observed, Receipts, StreamReceipts};
 
 /// What one worker connects to, and how.
@@ -29,6 +30,10 @@ pub struct Plan {
     pub first_id: u64,
     /// Size of every broadcast payload.
     pub payload_bytes: usize,
+    /// What pads each broadcast after its stamp.
+    pub padding: Padding,
+    /// The connections offer permessage-deflate (and require it).
+    pub deflate: bool,
     /// How long a connection may stay connecting or upgrading, in ms.
     pub connect_timeout_ms: u64,
 }
@@ -166,6 +171,8 @@ mod tests {
             sources: vec![Ipv4Addr::new(127, 0, 0, 2)],
             first_id: 19_500,
             payload_bytes: 32,
+            padding: Padding::Json,
+            deflate: true,
             connect_timeout_ms: 10_000,
         });
         let reports = [

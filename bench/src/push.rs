@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::fleet::{Fleet, Launch};
 use crate::format;
 use crate::latency::LatencyReport;
-use crate::message::{self, Stamp};
+use crate::message::{self, Padding, Stamp};
 use crate::pacing::{self, Schedule};
 use crate::probe::Probes;
 use crate::procfs::{self, Usage};
@@ -77,6 +77,17 @@ pub struct PushOptions {
     /// Size of each message payload (it carries a sequence number and a timestamp).
     #[arg(long, default_value_t = 32)]
     pub payload_bytes: usize,
+    /// What fills each payload after its sequence number and timestamp:
+    /// `dots`, or `json` (an order book, which compresses as a JSON feed
+    /// does).
+    #[arg(long, value_enum, default_value_t = Padding::Dots)]
+    pub padding: Padding,
+    /// The connections offer permessage-deflate, without context takeover
+    /// either way, and fail if the server does not agree; they inflate
+    /// what arrives compressed. The report adds the compressed share and
+    /// the payload bytes on the wire over their plain size.
+    #[arg(long)]
+    pub deflate: bool,
     /// Connection attempts started per second.
     #[arg(long, default_value_t = 10_000)]
     pub rate: u32,
@@ -328,6 +339,8 @@ pub fn measure_hosts(
             .collect(),
         first_id: 0,
         payload_bytes: options.payload_bytes,
+        padding: options.padding,
+        deflate: options.deflate,
         connect_timeout_ms: options.connect_timeout * 1000,
     };
     let shares = pacing::split_evenly(options.conns, workers);
@@ -621,8 +634,9 @@ impl Run<'_> {
                 lines.clear();
                 let sent_ns = sys::now_ns();
                 for seq in start_seq + sent..start_seq + due {
-                    let line = message::encode(Stamp { seq, sent_ns }, o.payload_bytes)
-                        .expect("payload size checked up front");
+                    let line =
+                        message::encode_padded(Stamp { seq, sent_ns }, o.payload_bytes, o.padding)
+                            .expect("payload size checked up front");
                     lines.extend_from_slice(&line);
                     lines.push(b'\n');
                 }
@@ -807,7 +821,7 @@ impl Run<'_> {
         let nap_us = o.nap_us * self.fleet.len() as u64;
         let expected = self.fleet.arm(seq, nap_us)?;
         let sent_ns = sys::now_ns();
-        let line = message::encode(Stamp { seq, sent_ns }, o.payload_bytes)
+        let line = message::encode_padded(Stamp { seq, sent_ns }, o.payload_bytes, o.padding)
             .expect("payload size checked up front");
         self.target.send_line(&line)?;
         let start = Instant::now();
@@ -1084,6 +1098,7 @@ fn summarise(
             duplicates: observed.duplicates,
             out_of_order: observed.out_of_order,
             corrupt: observed.corrupt,
+            payloads: observed.payloads,
         },
         streams: o.streams,
         feed_search: o.feed_search,

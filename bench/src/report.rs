@@ -10,7 +10,7 @@ use crate::format::{bytes, duration_us, failures, grouped, render_columns, us};
 use crate::latency::LatencyReport;
 use crate::probe::ProbeReport;
 use crate::ramp::RampSummary;
-use crate::stats::Receipts;
+use crate::stats::{Payloads, Receipts};
 
 /// Everything measured for one server in one run.
 #[derive(Debug, Clone, Serialize)]
@@ -290,6 +290,8 @@ pub struct DeliveryReport {
     pub out_of_order: u64,
     /// Payloads that were not a valid message.
     pub corrupt: u64,
+    /// What the payloads came to on the wire and plain.
+    pub payloads: Payloads,
 }
 
 impl Spread {
@@ -467,6 +469,18 @@ impl RunReport {
             "  delivery     lost {}, duplicates {}, out of order {}, corrupt {}",
             d.lost, d.duplicates, d.out_of_order, d.corrupt
         );
+        let p = d.payloads;
+        if p.compressed > 0 {
+            let _ = writeln!(
+                out,
+                "  deflate      {} of {} messages compressed; payload bytes on the wire {} of {} plain: ratio {:.3}",
+                grouped(p.compressed),
+                grouped(p.messages),
+                grouped(p.wire_bytes),
+                grouped(p.plain_bytes),
+                p.ratio()
+            );
+        }
         let rows: Vec<Vec<(&str, String)>> = b
             .per_message
             .iter()
@@ -576,6 +590,7 @@ pub(crate) fn sample(server: &str, round: u32, per_conn: [f64; 3]) -> RunReport 
             duplicates: 0,
             out_of_order: 0,
             corrupt: 0,
+            payloads: Payloads::default(),
         },
         streams: vec![],
         feed_search: vec![],

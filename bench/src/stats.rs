@@ -76,8 +76,51 @@ pub struct Observed {
     pub out_of_order: u64,
     /// Messages that were not a valid stamp, or named a message never sent.
     pub corrupt: u64,
+    /// What the message payloads came to: on the wire and plain.
+    #[serde(default)]
+    pub payloads: Payloads,
     /// Connection failures by kind.
     pub failures: BTreeMap<String, u64>,
+}
+
+/// Message payloads received: how many, how many compressed
+/// (permessage-deflate), and their bytes on the wire and once inflated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Payloads {
+    /// Data messages received.
+    pub messages: u64,
+    /// Of those, the compressed ones.
+    pub compressed: u64,
+    /// Their payload bytes as received.
+    pub wire_bytes: u64,
+    /// Their payload bytes inflated.
+    pub plain_bytes: u64,
+}
+
+impl Payloads {
+    /// Counts one message of `wire` payload bytes, `plain` once inflated.
+    pub fn add(&mut self, wire: usize, plain: usize, compressed: bool) {
+        self.messages += 1;
+        self.compressed += u64::from(compressed);
+        self.wire_bytes += wire as u64;
+        self.plain_bytes += plain as u64;
+    }
+
+    /// Adds another set's counts.
+    pub fn merge(&mut self, other: &Payloads) {
+        self.messages += other.messages;
+        self.compressed += other.compressed;
+        self.wire_bytes += other.wire_bytes;
+        self.plain_bytes += other.plain_bytes;
+    }
+
+    /// Bytes on the wire over bytes plain (1 when nothing was compressed).
+    pub fn ratio(&self) -> f64 {
+        if self.plain_bytes == 0 {
+            return 1.0;
+        }
+        self.wire_bytes as f64 / self.plain_bytes as f64
+    }
 }
 
 impl Observed {
@@ -94,6 +137,7 @@ impl Observed {
         self.duplicates += other.duplicates;
         self.out_of_order += other.out_of_order;
         self.corrupt += other.corrupt;
+        self.payloads.merge(&other.payloads);
         for (kind, n) in &other.failures {
             *self.failures.entry(kind.clone()).or_insert(0) += n;
         }
@@ -182,6 +226,7 @@ pub struct Tally {
     duplicates: u64,
     out_of_order: u64,
     corrupt: u64,
+    payloads: Payloads,
     failures: BTreeMap<String, u64>,
 }
 
@@ -201,6 +246,7 @@ impl Tally {
             duplicates: 0,
             out_of_order: 0,
             corrupt: 0,
+            payloads: Payloads::default(),
             failures: BTreeMap::new(),
         }
     }
@@ -299,6 +345,11 @@ impl Tally {
         self.corrupt += 1;
     }
 
+    /// Counts a message payload received (see [`Payloads::add`]).
+    pub fn payload(&mut self, wire: usize, plain: usize, compressed: bool) {
+        self.payloads.add(wire, plain, compressed);
+    }
+
     /// Counts one connection failure of `kind`.
     pub fn failed(&mut self, kind: String) {
         *self.failures.entry(kind).or_insert(0) += 1;
@@ -317,6 +368,7 @@ impl Tally {
             duplicates: self.duplicates,
             out_of_order: self.out_of_order,
             corrupt: self.corrupt,
+            payloads: self.payloads,
             failures: self.failures.clone(),
         }
     }

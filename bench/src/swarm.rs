@@ -282,7 +282,12 @@ impl Conn {
             if !dial::connected(stream)? {
                 return Ok(Transition::Same);
             }
-            dial::send_request_path(stream, id, &cx.paths.path(id), cx.server)?;
+            let path = cx.paths.path(id);
+            let ask = dial::Ask {
+                path: &path,
+                deflate: false,
+            };
+            dial::send_request_path(stream, id, ask, cx.server)?;
             cx.registry
                 .reregister(stream, token, Interest::READABLE)
                 .map_err(|e| Failure::Io(e.kind()))?;
@@ -294,7 +299,8 @@ impl Conn {
         match &mut self.phase {
             Phase::Upgrading(head) => {
                 let stream = self.stream.as_mut().expect("live connection");
-                let Some(upgraded) = dial::read_upgrade(stream, head, cx.scratch, id)? else {
+                let Some(upgraded) = dial::read_upgrade(stream, head, cx.scratch, id, false)?
+                else {
                     return Ok(Transition::Same);
                 };
                 self.phase = Phase::Open;
@@ -414,7 +420,10 @@ impl ConnSet {
                 source,
                 self.plan.server,
                 id,
-                &path,
+                dial::Ask {
+                    path: &path,
+                    deflate: false,
+                },
                 self.poll.registry(),
                 Token(index),
                 Interest::READABLE,

@@ -94,7 +94,7 @@ impl TrickleReport {
 /// The upgrade request of `head_bytes` bytes for connection `id`.
 fn padded_request(id: u64, head_bytes: usize) -> Result<(Vec<u8>, String), Error> {
     let key = handshake::client_key(id);
-    let plain = handshake::client_request("127.0.0.1", "/", &key);
+    let plain = handshake::client_request("127.0.0.1", "/", &key, false);
     let pad_line = "X-Pad: \r\n".len();
     if head_bytes < plain.len() + pad_line + 1 {
         return Err(format!(
@@ -154,7 +154,8 @@ pub fn run(spec: &ServerSpec, options: &TrickleOptions) -> Result<TrickleReport,
         .filter(|(_, a)| **a)
     {
         stream.set_read_timeout(Some(timeout))?;
-        if read_head(stream).is_ok_and(|head| handshake::check_response(&head, key).is_ok()) {
+        if read_head(stream).is_ok_and(|head| handshake::check_response(&head, key, false).is_ok())
+        {
             upgraded += 1;
         }
     }

@@ -66,6 +66,8 @@ pub fn run(input: impl Read + Send + 'static, mut output: impl Write) -> Result<
         sources: plan.sources,
         first_id: plan.first_id,
         payload_len: plan.payload_bytes,
+        padding: plan.padding,
+        deflate: plan.deflate,
         connect_timeout: Duration::from_millis(plan.connect_timeout_ms),
     })?;
     let commands = spawn_command_reader(input, clients.waker()?)?;
