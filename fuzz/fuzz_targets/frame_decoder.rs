@@ -1,25 +1,32 @@
 //! The frame decoder, driven the way a connection drives it: bytes it does
 //! not consume are held and presented again with the next read appended.
 //!
-//! Input: `[mode, ..]`. An even `mode` is followed by raw bytes,
+//! Input: `[mode, ..]`. Bit 1 of `mode` set: permessage-deflate is
+//! negotiated. An even `mode` is followed by raw bytes,
 //! `[limit, n, size_1 .. size_n, wire ..]`: `limit` is the message limit
 //! in units of 8 bytes (0: none), and the wire is read `size_i + 1` bytes
 //! at a time, cycling (all at once when `n % 8` is 0). An odd `mode` is
 //! followed by structured data for a list of client frames: fragmented
 //! messages cut anywhere, even inside a UTF-8 sequence, control frames
-//! between fragments, close frames with codes and reasons, and now and then
-//! a reserved bit, a reserved opcode, a missing mask or a longer length
-//! encoding than needed.
+//! between fragments, close frames with codes and reasons, messages
+//! compressed (RSV1 on the first frame, the payload DEFLATE data), and now
+//! and then a reserved bit, a reserved opcode, a missing mask or a longer
+//! length encoding than needed.
 //!
 //! Either way, decoding it whole, in chunks and a byte at a time gives the
 //! same events and the same end; for built frames, those are the ones a
-//! model of RFC 6455 predicts from the plain payloads.
+//! model of RFC 6455 and RFC 7692 predicts from the plain payloads. Every
+//! compressed message is then inflated within the limit: one built from a
+//! compressed payload gives back the plain bytes (or is too big), and no
+//! input inflates past the limit.
 
 #![no_main]
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
+use wspush::ws::compress::deflate_message;
 use wspush::ws::decoder::{parse_close, MAX_CONTROL_PAYLOAD};
+use wspush::ws::inflate::{InflateError, Inflater};
 use wspush::ws::{CloseFrame, Decoder, Event, MessageKind, ProtocolError};
 
 /// The structured input.
@@ -43,9 +50,11 @@ enum Limit {
 enum Item {
     Frame(Frame),
     /// One message cut into fragments at `cuts`, with a control frame after
-    /// the first fragment if given.
+    /// the first fragment if given; `compressed`: its payload is the body
+    /// compressed, RSV1 on its first frame.
     Fragmented {
         text: bool,
+        compressed: bool,
         body: Payload,
         cuts: Vec<u8>,
         between: Option<Frame>,
@@ -215,12 +224,14 @@ impl Item {
             Item::Frame(frame) => vec![frame.to_wire()],
             Item::Fragmented {
                 text,
+                compressed,
                 body,
                 cuts,
                 between,
                 mask,
             } => {
-                let body = body.bytes();
+                let deflated = compressed.then(|| deflate_message(body.bytes()));
+                let body = deflated.as_deref().unwrap_or(body.bytes());
                 let mut bounds: Vec<usize> = cuts
                     .iter()
                     .map(|&cut| usize::from(cut) % (body.len() + 1))
@@ -232,7 +243,7 @@ impl Item {
                 for (i, &to) in bounds.iter().enumerate() {
                     frames.push(WireFrame {
                         fin: i + 1 == bounds.len(),
-                        rsv: 0,
+                        rsv: if i == 0 && *compressed { RSV1 } else { 0 },
                         opcode: match (i, text) {
                             (0, true) => 0x1,
                             (0, false) => 0x2,
@@ -251,12 +262,28 @@ impl Item {
             }
         }
     }
+
+    /// A compressed message's payload with its plain bytes.
+    fn originals(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+        match self {
+            Item::Fragmented {
+                compressed: true,
+                body,
+                ..
+            } => Some((deflate_message(body.bytes()).into(), body.bytes().to_vec())),
+            _ => None,
+        }
+    }
 }
+
+/// RSV1: the message is compressed.
+const RSV1: u8 = 0b100;
 
 /// What the decoder reported, with data pieces joined into messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Seen {
-    Message(MessageKind, Vec<u8>),
+    /// A whole message: its kind, whether it is compressed, its payload.
+    Message(MessageKind, bool, Vec<u8>),
     Ping(Vec<u8>),
     Pong(Vec<u8>),
     Close(Option<(u16, String)>),
@@ -286,10 +313,10 @@ fn close_seen(frame: Option<CloseFrame<'_>>) -> Seen {
 
 /// Decodes `wire` read in chunks of `sizes` (cycling; empty: one read),
 /// holding unconsumed bytes as a connection does.
-fn decode(wire: &[u8], sizes: &[u8], limit: u64) -> Outcome {
+fn decode(wire: &[u8], sizes: &[u8], limit: u64, deflate: bool) -> Outcome {
     let mut decoder = Decoder::default();
     let mut seen = Vec::new();
-    let mut message: Option<(MessageKind, Vec<u8>)> = None;
+    let mut message: Option<(MessageKind, bool, Vec<u8>)> = None;
     let mut held: Vec<u8> = Vec::new();
     let mut chunks = sizes.iter().map(|&size| usize::from(size) + 1).cycle();
     let mut from = 0;
@@ -302,7 +329,7 @@ fn decode(wire: &[u8], sizes: &[u8], limit: u64) -> Outcome {
         let mut pos = 0;
         loop {
             let available = held.len() - pos;
-            let (used, event) = match decoder.decode(&mut held[pos..], limit, false) {
+            let (used, event) = match decoder.decode(&mut held[pos..], limit, deflate) {
                 Ok(decoded) => decoded,
                 Err(error) => {
                     return Outcome {
@@ -323,19 +350,26 @@ fn decode(wire: &[u8], sizes: &[u8], limit: u64) -> Outcome {
                     compressed,
                 } => {
                     // Without deflate negotiated, nothing is ever compressed.
-                    assert!(!compressed, "RSV1 accepted without deflate");
-                    let (started, bytes) = message.get_or_insert((kind, Vec::new()));
-                    assert_eq!(*started, kind, "a message keeps its kind");
+                    assert!(deflate || !compressed, "RSV1 accepted without deflate");
+                    let (started, was, bytes) =
+                        message.get_or_insert((kind, compressed, Vec::new()));
+                    assert_eq!(
+                        (*started, *was),
+                        (kind, compressed),
+                        "a message keeps its kind"
+                    );
                     bytes.extend_from_slice(payload);
-                    if kind == MessageKind::Text {
+                    // Compressed text is checked once inflated, not here.
+                    let text = kind == MessageKind::Text && !compressed;
+                    if text {
                         check_text_prefix(bytes);
                     }
                     if last {
-                        let (kind, bytes) = message.take().expect("just set");
-                        if kind == MessageKind::Text {
+                        let (kind, _, bytes) = message.take().expect("just set");
+                        if text {
                             assert!(std::str::from_utf8(&bytes).is_ok());
                         }
-                        seen.push(Seen::Message(kind, bytes));
+                        seen.push(Seen::Message(kind, compressed, bytes));
                     }
                 }
                 Event::Ping(payload) => {
@@ -355,12 +389,12 @@ fn decode(wire: &[u8], sizes: &[u8], limit: u64) -> Outcome {
         held.drain(..pos);
         // What was left is the start of a frame: presented again as it is,
         // it is left again.
-        assert_eq!(decoder.decode(&mut held, limit, false), Ok((0, None)));
+        assert_eq!(decoder.decode(&mut held, limit, deflate), Ok((0, None)));
     }
     Outcome {
         seen,
         end: End::Open {
-            unfinished: message,
+            unfinished: message.map(|(kind, _, bytes)| (kind, bytes)),
             held: held.len(),
         },
     }
@@ -398,11 +432,13 @@ fn check_parse_close(payload: &[u8]) {
 
 /// What RFC 6455 says a server decoding `frames` sees, checked in the
 /// decoder's order: opcode, reserved bits, mask, control frame rules, then
-/// fragmentation, size and UTF-8 for data.
-fn model(frames: &[WireFrame], limit: u64) -> Outcome {
+/// fragmentation, size and UTF-8 for data. With `deflate`, RSV1 may mark
+/// a message's first frame: the message is compressed, its text checked
+/// only once inflated.
+fn model(frames: &[WireFrame], limit: u64, deflate: bool) -> Outcome {
     let limit = limit.min(u64::from(u32::MAX)) as usize;
     let mut seen = Vec::new();
-    let mut message: Option<(MessageKind, Vec<u8>)> = None;
+    let mut message: Option<(MessageKind, bool, Vec<u8>)> = None;
     let fail = |seen, error| Outcome {
         seen,
         end: End::Failed(error),
@@ -412,7 +448,9 @@ fn model(frames: &[WireFrame], limit: u64) -> Outcome {
         if RESERVED_OPCODES.contains(&frame.opcode) {
             return fail(seen, ProtocolError::ReservedOpcode(frame.opcode));
         }
-        if frame.rsv != 0 {
+        let first_data = frame.opcode == 0x1 || frame.opcode == 0x2;
+        let allowed = if deflate && first_data { RSV1 } else { 0 };
+        if frame.rsv & !allowed != 0 {
             return fail(seen, ProtocolError::ReservedBits);
         }
         if frame.mask.is_none() {
@@ -435,7 +473,7 @@ fn model(frames: &[WireFrame], limit: u64) -> Outcome {
             });
             continue;
         }
-        let (kind, bytes) = match (frame.opcode, message.as_mut()) {
+        let (kind, compressed, bytes) = match (frame.opcode, message.as_mut()) {
             (0x0, Some(open)) => open,
             (0x0, None) => return fail(seen, ProtocolError::UnexpectedContinuation),
             (_, Some(_)) => return fail(seen, ProtocolError::ExpectedContinuation),
@@ -445,14 +483,14 @@ fn model(frames: &[WireFrame], limit: u64) -> Outcome {
                 } else {
                     MessageKind::Binary
                 };
-                message.insert((kind, Vec::new()))
+                message.insert((kind, frame.rsv == RSV1, Vec::new()))
             }
         };
         if bytes.len() + payload.len() > limit {
             return fail(seen, ProtocolError::MessageTooBig);
         }
         bytes.extend_from_slice(payload);
-        if *kind == MessageKind::Text {
+        if *kind == MessageKind::Text && !*compressed {
             if let Err(e) = std::str::from_utf8(bytes) {
                 if e.error_len().is_some() || frame.fin {
                     return fail(seen, ProtocolError::InvalidUtf8);
@@ -460,29 +498,69 @@ fn model(frames: &[WireFrame], limit: u64) -> Outcome {
             }
         }
         if frame.fin {
-            let (kind, bytes) = message.take().expect("open");
-            seen.push(Seen::Message(kind, bytes));
+            let (kind, compressed, bytes) = message.take().expect("open");
+            seen.push(Seen::Message(kind, compressed, bytes));
         }
     }
     Outcome {
         seen,
         end: End::Open {
-            unfinished: message,
+            unfinished: message.map(|(kind, _, bytes)| (kind, bytes)),
             held: 0,
         },
     }
 }
 
 /// Decodes `wire` whole, in chunks of `sizes` and a byte at a time: the
-/// same outcome each time, the `predicted` one if given.
-fn check(wire: &[u8], sizes: &[u8], limit: u64, predicted: Option<Outcome>) {
-    let whole = decode(wire, &[], limit);
+/// same outcome each time, the `predicted` one if given. Returns it.
+fn check(
+    wire: &[u8],
+    sizes: &[u8],
+    limit: u64,
+    deflate: bool,
+    predicted: Option<Outcome>,
+) -> Outcome {
+    let whole = decode(wire, &[], limit, deflate);
     if let Some(predicted) = predicted {
         assert_eq!(whole, predicted, "decoded whole vs the model");
     }
-    assert_eq!(decode(wire, sizes, limit), whole, "in chunks vs whole");
+    assert_eq!(
+        decode(wire, sizes, limit, deflate),
+        whole,
+        "in chunks vs whole"
+    );
     if !sizes.is_empty() {
-        assert_eq!(decode(wire, &[0], limit), whole, "byte by byte vs whole");
+        assert_eq!(
+            decode(wire, &[0], limit, deflate),
+            whole,
+            "byte by byte vs whole"
+        );
+    }
+    whole
+}
+
+/// Inflates every compressed message seen, within `limit` (at most 1 MiB
+/// here): never past it; one of `originals` (payload, plain bytes) gives
+/// back its plain bytes, or is refused as too big if they are.
+fn check_inflate(seen: &[Seen], originals: &[(Vec<u8>, Vec<u8>)], limit: u64) {
+    let limit = limit.min(1 << 20) as usize;
+    let (mut inflater, mut out) = (Inflater::default(), Vec::new());
+    for seen in seen {
+        let Seen::Message(_, true, payload) = seen else {
+            continue;
+        };
+        let result = inflater.inflate(payload, limit, &mut out);
+        if result.is_ok() {
+            assert!(out.len() <= limit, "inflated {} past {limit}", out.len());
+        }
+        let Some((_, plain)) = originals.iter().find(|(p, _)| p == payload) else {
+            continue;
+        };
+        match result {
+            Ok(()) => assert_eq!(&out, plain, "inflated vs the plain bytes"),
+            Err(InflateError::TooBig) => assert!(plain.len() > limit),
+            Err(InflateError::Corrupt) => panic!("a compressed message refused as corrupt"),
+        }
     }
 }
 
@@ -490,6 +568,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&mode, data)) = data.split_first() else {
         return;
     };
+    let deflate = mode & 2 != 0;
     if mode % 2 == 0 {
         let Some((&[limit, count], rest)) = data.split_first_chunk::<2>() else {
             return;
@@ -503,7 +582,8 @@ fuzz_target!(|data: &[u8]| {
             0 => u64::MAX,
             units => u64::from(units) * 8,
         };
-        return check(wire, sizes, limit, None);
+        let outcome = check(wire, sizes, limit, deflate, None);
+        return check_inflate(&outcome.seen, &[], limit);
     }
     let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) else {
         return;
@@ -521,5 +601,8 @@ fuzz_target!(|data: &[u8]| {
         }
         frame.encode(&mut wire);
     }
-    check(&wire, &input.chunks, limit, Some(model(&frames, limit)));
+    let predicted = model(&frames, limit, deflate);
+    let outcome = check(&wire, &input.chunks, limit, deflate, Some(predicted));
+    let originals: Vec<_> = input.items.iter().filter_map(Item::originals).collect();
+    check_inflate(&outcome.seen, &originals, limit);
 });
