@@ -22,8 +22,13 @@ pub struct CompareOptions {
     /// `NAME=COMMAND` as for `push --spawn`, or `floor [OPTIONS]`;
     /// repeatable. The server must echo for the echo columns (wspush:
     /// `--echo`; the floor and the peers always do).
-    #[arg(long = "server", required = true)]
+    #[arg(long = "server", required_unless_present = "deflate_servers")]
     pub servers: Vec<ServerSpec>,
+    /// `NAME=COMMAND` as for `--server`, measured with clients that offer
+    /// permessage-deflate (`push --deflate`, `echo --deflate`); repeatable,
+    /// measured in the rounds after the `--server`s.
+    #[arg(long = "deflate-server")]
+    pub deflate_servers: Vec<ServerSpec>,
     /// How many times to measure every server, alternating between them
     /// (in reverse order every other round).
     #[arg(long, default_value_t = 1)]
@@ -59,6 +64,14 @@ pub struct CompareOptions {
 }
 
 impl CompareOptions {
+    /// Every server with whether its clients offer permessage-deflate.
+    fn servers(&self) -> Vec<(&ServerSpec, bool)> {
+        let plain = self.servers.iter().map(|s| (s, false));
+        plain
+            .chain(self.deflate_servers.iter().map(|s| (s, true)))
+            .collect()
+    }
+
     /// The echo options for a plain run (`find_max_rate` false) or the search.
     fn echo_options(&self, find_max_rate: bool, wait_quiet: u64) -> Result<EchoOptions, Error> {
         let secs = if find_max_rate {
@@ -106,12 +119,22 @@ pub struct Row {
 /// report goes to standard error as it is done. Returns the rows and the
 /// number of failed measurements.
 pub fn run(options: &CompareOptions, push: &PushOptions) -> Result<(Vec<Row>, usize), Error> {
-    let echo = options.echo_options(false, push.wait_quiet)?;
-    let search = options.echo_options(true, push.wait_quiet)?;
+    let plain_echo = options.echo_options(false, push.wait_quiet)?;
+    let plain_search = options.echo_options(true, push.wait_quiet)?;
+    let servers = options.servers();
     let mut rows = Vec::new();
     let mut failed = 0;
     for round in 1..=options.rounds {
-        for spec in round_order(&options.servers, round) {
+        for &(spec, deflate) in round_order(&servers, round) {
+            let with_deflate = |echo: &EchoOptions| EchoOptions {
+                deflate,
+                ..echo.clone()
+            };
+            let (echo, search) = (with_deflate(&plain_echo), with_deflate(&plain_search));
+            let push = &PushOptions {
+                deflate: deflate || push.deflate,
+                ..push.clone()
+            };
             let mut row = Row {
                 server: spec.label.clone(),
                 round,
@@ -244,6 +267,16 @@ fn table_row(row: &Row, rows: &[Row], baseline: &str) -> Vec<(&'static str, Stri
             fanout(row).map_or_else(dash, |s| format!("{:.2}", s.median)),
         ),
         ("×base", fanout_ratio),
+        (
+            "wire/plain",
+            push_cell(&|p| {
+                let payloads = p.delivery.payloads;
+                if payloads.compressed == 0 {
+                    return dash();
+                }
+                format!("{:.3}", payloads.ratio())
+            }),
+        ),
         (
             "cpu µs/deliv",
             push_cell(&|p| format!("{:.2}", p.cpu.server_us_per_delivery)),
