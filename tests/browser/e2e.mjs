@@ -8,133 +8,32 @@
 //   WSPUSH_BROWSER_MODULES  a node_modules directory holding playwright-core
 //   WSPUSH_CHROMIUM         the Chromium executable
 
-import { spawn } from "node:child_process";
 import fs from "node:fs";
 import { createRequire } from "node:module";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
-import { isDeepStrictEqual } from "node:util";
+import { BIN, Scope, WAIT_MS, assertEqual, check, die, finish, need, setUp, sleep, waitUntil } from "./harness.mjs";
 
-const need = (name) => process.env[name] || die(`${name} is not set (run tests/browser/run.sh)`);
-const BIN = need("WSPUSH_BIN");
-const CHROMIUM = need("WSPUSH_CHROMIUM");
-const { chromium } = createRequire(path.join(need("WSPUSH_BROWSER_MODULES"), "x.js"))("playwright-core");
-
-/** The longest any one check may take, and the whole run. */
-const CHECK_TIMEOUT_MS = 30_000;
-const RUN_TIMEOUT_MS = 100_000;
-/** The longest any single wait inside a check may take. */
-const WAIT_MS = 10_000;
-
-function die(message) {
-  console.error(`FAIL browser e2e: ${message}`);
-  cleanUp();
-  process.exit(1);
-}
-
-// ------------------------------------------------------------ processes --
-
-/** Every wspush started, to end by PID whatever happens. */
-const children = new Set();
 /** Chromium's process (whose PID this script holds) and the client to it. */
 let chromiumServer;
 let browser;
 let tmp;
 
-/** Ends what this script started: synchronous, so it also runs on exit. */
-function cleanUp() {
-  for (const child of children) {
-    if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
-  }
-  const chrome = chromiumServer?.process();
-  if (chrome && chrome.exitCode === null && chrome.signalCode === null) chrome.kill("SIGKILL");
-  if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
-}
-process.on("exit", cleanUp);
-for (const signal of ["SIGINT", "SIGTERM"]) {
-  process.on(signal, () => die(`stopped by ${signal}`));
-}
-setTimeout(() => die(`the run took over ${RUN_TIMEOUT_MS / 1000} s`), RUN_TIMEOUT_MS).unref();
-
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-
-/** Polls `probe` until it returns something truthy; fails after `ms`. */
-async function waitUntil(what, probe, ms = WAIT_MS) {
-  const deadline = Date.now() + ms;
-  let last;
-  for (;;) {
-    last = await probe();
-    if (last) return last;
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
-    await sleep(50);
-  }
-}
-
-function assertEqual(got, want, what) {
-  if (!isDeepStrictEqual(got, want)) {
-    throw new Error(`${what}: got ${JSON.stringify(got)}, want ${JSON.stringify(want)}`);
-  }
-}
-
-/** A wspush process on 127.0.0.1, port 0, with its stdin piped. */
-class Wspush {
-  constructor(args) {
-    this.child = spawn(BIN, ["--listen", "127.0.0.1:0", "--quiet", ...args], {
-      stdio: ["pipe", "pipe", "pipe"],
-      env: { ...process.env, RUST_LOG: "info" },
-    });
-    children.add(this.child);
-    this.log = "";
-    this.out = "";
-    this.child.stderr.on("data", (chunk) => (this.log += chunk));
-    this.child.stdout.on("data", (chunk) => (this.out += chunk));
-    this.exited = new Promise((resolve) => this.child.on("exit", (code, signal) => resolve({ code, signal })));
-    this.child.stdin.on("error", () => {}); // a server that went is reported by the check
-  }
-
-  /** Starts one and waits for its `listening on ADDR` line. */
-  static async start(args) {
-    const server = new Wspush(args);
-    const found = await waitUntil(`wspush ${args.join(" ")} to listen (log: ${server.log})`, () => {
-      if (server.child.exitCode !== null) throw new Error(`wspush ${args.join(" ")} exited: ${server.log}`);
-      return /listening on (127\.0\.0\.1:\d+) /.exec(server.log);
-    });
-    server.addr = found[1];
-    return server;
-  }
-
-  url(target = "/") {
-    return `http://${this.addr}${target}`;
-  }
-
-  /** Broadcasts: one line each on standard input, in one write. */
-  feed(lines) {
-    this.child.stdin.write(lines.map((line) => `${line}\n`).join(""));
-  }
-
-  /** `/metrics` as a map from series (name and labels) to value. */
-  async metrics(query = "") {
-    const response = await fetch(this.url(`/metrics${query}`), { signal: AbortSignal.timeout(WAIT_MS) });
-    if (response.status !== 200) throw new Error(`/metrics answered ${response.status}`);
-    const samples = new Map();
-    for (const line of (await response.text()).split("\n")) {
-      const [series, value] = line.split(" ");
-      if (line && !line.startsWith("#")) samples.set(series, Number(value));
-    }
-    return samples;
-  }
-
-  /** SIGTERM, then SIGKILL if it has not exited within 10 s. */
-  async stop() {
-    if (this.child.exitCode !== null || this.child.signalCode !== null) return this.exited;
-    this.child.kill("SIGTERM");
-    const timer = setTimeout(() => this.child.kill("SIGKILL"), 10_000);
-    const status = await this.exited;
-    clearTimeout(timer);
-    return status;
-  }
-}
+setUp({
+  label: "browser e2e",
+  checkTimeoutMs: 30_000,
+  runTimeoutMs: 100_000,
+  newScope: () => new PageScope(),
+  // Ends Chromium and removes the temporary directory, after the servers.
+  cleanUp: () => {
+    const chrome = chromiumServer?.process();
+    if (chrome && chrome.exitCode === null && chrome.signalCode === null) chrome.kill("SIGKILL");
+    if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
+  },
+});
+const CHROMIUM = need("WSPUSH_CHROMIUM");
+const { chromium } = createRequire(path.join(need("WSPUSH_BROWSER_MODULES"), "x.js"))("playwright-core");
 
 // ---------------------------------------------------------------- pages --
 
@@ -202,19 +101,10 @@ function silentClient(addr) {
 
 // --------------------------------------------------------------- checks --
 
-/** The resources of one check, released when it ends. */
-class Scope {
-  constructor() {
-    this.servers = [];
-    this.contexts = [];
-    this.sockets = [];
-  }
-
-  async server(args) {
-    const server = await Wspush.start(args);
-    this.servers.push(server);
-    return server;
-  }
+/** A check's servers (see harness.mjs), and its browser context and raw sockets. */
+class PageScope extends Scope {
+  contexts = [];
+  sockets = [];
 
   /** A new page (a tab) in this check's browser context, at `url` if given. */
   async page(url) {
@@ -228,34 +118,7 @@ class Scope {
   async release() {
     for (const socket of this.sockets) socket.destroy();
     await Promise.all(this.contexts.map((context) => context.close()));
-    await Promise.all(this.servers.map((server) => server.stop()));
-  }
-}
-
-const results = [];
-
-async function check(name, body) {
-  const started = Date.now();
-  const scope = new Scope();
-  let timer;
-  try {
-    await Promise.race([
-      body(scope),
-      new Promise((_, reject) => {
-        timer = setTimeout(() => reject(new Error(`over ${CHECK_TIMEOUT_MS / 1000} s`)), CHECK_TIMEOUT_MS);
-      }),
-    ]);
-    results.push(true);
-    console.log(`PASS ${name} (${((Date.now() - started) / 1000).toFixed(1)} s)`);
-  } catch (error) {
-    results.push(false);
-    console.log(`FAIL ${name}: ${error.message}`);
-    for (const server of scope.servers) {
-      if (server.log) console.log(`  wspush ${server.addr} logged:\n    ${server.log.trim().split("\n").join("\n    ")}`);
-    }
-  } finally {
-    clearTimeout(timer);
-    await scope.release().catch((error) => console.log(`  (cleaning up: ${error.message})`));
+    await super.release();
   }
 }
 
@@ -469,6 +332,4 @@ await check("--ping-interval 1s: the browser answers pings and stays connected (
 
 await browser.close();
 await chromiumServer.close();
-const passed = results.filter(Boolean).length;
-console.log(`${passed} passed, ${results.length - passed} failed`);
-process.exit(passed === results.length ? 0 : 1);
+finish();

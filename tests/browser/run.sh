@@ -6,6 +6,8 @@
 #   ws_client.mjs  Node's ws client, whose permessage-deflate is C zlib's:
 #                  what is negotiated, 200 broadcasts and --echo up to 1 MB,
 #                  each message equal and the big ones compressed on the wire.
+# Both import harness.mjs: setUp, the Wspush server class, check() with its
+# PASS/FAIL lines, timeouts and server logs, and finish()'s summary and exit.
 #
 # Installs what is missing: Debian's chromium, and nodejs and npm (apt-get, as
 # root), then playwright-core and ws (pinned below) from npm into a cache

@@ -22,25 +22,27 @@
 //   WSPUSH_BIN              the wspush binary
 //   WSPUSH_BROWSER_MODULES  a node_modules directory holding ws
 
-import { spawn } from "node:child_process";
 import { createRequire } from "node:module";
 import path from "node:path";
 import { isDeepStrictEqual } from "node:util";
+import { BIN, Scope, WAIT_MS, assertEqual, check, finish, need, setUp, waitUntil } from "./harness.mjs";
 
-const need = (name) => process.env[name] || die(`${name} is not set (run tests/browser/run.sh)`);
-const BIN = need("WSPUSH_BIN");
+/** wspush's --deflate-min-bytes default: smaller messages go plain. */
+const MIN_BYTES = 256;
+
+setUp({
+  label: "ws client",
+  checkTimeoutMs: 20_000,
+  runTimeoutMs: 60_000,
+  pollMs: 20,
+  // Room for a 1 MB message, and queues that never close a client that reads
+  // late on a loaded machine.
+  flags: ["--max-message-bytes", "2097152", "--max-queued-bytes", "67108864"],
+  newScope: () => new ClientScope(),
+});
 const modules = need("WSPUSH_BROWSER_MODULES");
 const WebSocket = createRequire(path.join(modules, "x.js"))("ws");
 const wsVersion = createRequire(path.join(modules, "x.js"))("ws/package.json").version;
-
-const CHECK_TIMEOUT_MS = 20_000;
-const RUN_TIMEOUT_MS = 60_000;
-const WAIT_MS = 10_000;
-/** wspush's --deflate-min-bytes default: smaller messages go plain. */
-const MIN_BYTES = 256;
-/** Flags for every server: room for a 1 MB message, and queues that never
- * close a client that reads late on a loaded machine. */
-const FLAGS = ["--max-message-bytes", "2097152", "--max-queued-bytes", "67108864"];
 
 /** The three clients' permessage-deflate options; threshold: ws compresses what it sends of 256 B or more. */
 const KINDS = {
@@ -48,41 +50,6 @@ const KINDS = {
   plain: false,
   window10: { serverMaxWindowBits: 10, threshold: MIN_BYTES },
 };
-
-function die(message) {
-  console.error(`FAIL ws client: ${message}`);
-  cleanUp();
-  process.exit(1);
-}
-
-/** Every wspush started, to end by PID whatever happens. */
-const children = new Set();
-function cleanUp() {
-  for (const child of children) {
-    if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
-  }
-}
-process.on("exit", cleanUp);
-for (const signal of ["SIGINT", "SIGTERM"]) process.on(signal, () => die(`stopped by ${signal}`));
-setTimeout(() => die(`the run took over ${RUN_TIMEOUT_MS / 1000} s`), RUN_TIMEOUT_MS).unref();
-
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-
-async function waitUntil(what, probe, ms = WAIT_MS) {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const last = await probe();
-    if (last) return last;
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
-    await sleep(20);
-  }
-}
-
-function assertEqual(got, want, what) {
-  if (!isDeepStrictEqual(got, want)) {
-    throw new Error(`${what}: got ${JSON.stringify(got)}, want ${JSON.stringify(want)}`);
-  }
-}
 
 /** Messages equal and in order; names the first that differs rather than printing megabytes. */
 function assertMessages(got, want, what) {
@@ -92,54 +59,17 @@ function assertMessages(got, want, what) {
   }
 }
 
-// ------------------------------------------------------------ processes --
+// -------------------------------------------------------------- clients --
 
-/** A wspush process on 127.0.0.1, port 0, with its stdin piped. */
-class Wspush {
-  static async start(args) {
-    const server = new Wspush();
-    server.child = spawn(BIN, ["--listen", "127.0.0.1:0", "--quiet", ...FLAGS, ...args], {
-      stdio: ["pipe", "ignore", "pipe"],
-      env: { ...process.env, RUST_LOG: "info" },
-    });
-    children.add(server.child);
-    server.log = "";
-    server.child.stderr.on("data", (chunk) => (server.log += chunk));
-    server.child.stdin.on("error", () => {}); // a server that went is reported by the check
-    server.exited = new Promise((resolve) => server.child.on("exit", resolve));
-    const found = await waitUntil(`wspush ${args.join(" ")} to listen`, () => {
-      if (server.child.exitCode !== null) throw new Error(`wspush exited: ${server.log}`);
-      return /listening on (127\.0\.0\.1:\d+) /.exec(server.log);
-    });
-    server.addr = found[1];
-    return server;
-  }
+/** A check's servers (see harness.mjs) and its ws clients. */
+class ClientScope extends Scope {
+  clients = [];
 
-  feed(lines) {
-    this.child.stdin.write(lines.map((line) => `${line}\n`).join(""));
-  }
-
-  async metrics() {
-    const response = await fetch(`http://${this.addr}/metrics`, { signal: AbortSignal.timeout(WAIT_MS) });
-    const samples = new Map();
-    for (const line of (await response.text()).split("\n")) {
-      const [series, value] = line.split(" ");
-      if (line && !line.startsWith("#")) samples.set(series, Number(value));
-    }
-    return samples;
-  }
-
-  /** SIGTERM, then SIGKILL if it has not exited within 10 s. */
-  async stop() {
-    if (this.child.exitCode !== null || this.child.signalCode !== null) return;
-    this.child.kill("SIGTERM");
-    const timer = setTimeout(() => this.child.kill("SIGKILL"), 10_000);
-    await this.exited;
-    clearTimeout(timer);
+  async release() {
+    for (const ws of this.clients) ws.terminate();
+    await super.release();
   }
 }
-
-// -------------------------------------------------------------- clients --
 
 /**
  * Tallies what a client's socket reads from the server (whose frames are
@@ -228,39 +158,6 @@ const bytes = (message) => Buffer.byteLength(message);
 
 // --------------------------------------------------------------- checks --
 
-const results = [];
-
-async function check(name, body) {
-  const started = Date.now();
-  const scope = { servers: [], clients: [] };
-  scope.server = async (args) => {
-    const server = await Wspush.start(args);
-    scope.servers.push(server);
-    return server;
-  };
-  let timer;
-  try {
-    await Promise.race([
-      body(scope),
-      new Promise((_, reject) => {
-        timer = setTimeout(() => reject(new Error(`over ${CHECK_TIMEOUT_MS / 1000} s`)), CHECK_TIMEOUT_MS);
-      }),
-    ]);
-    results.push(true);
-    console.log(`PASS ${name} (${((Date.now() - started) / 1000).toFixed(1)} s)`);
-  } catch (error) {
-    results.push(false);
-    console.log(`FAIL ${name}: ${error.message}`);
-    for (const server of scope.servers) {
-      if (server.log) console.log(`  wspush ${server.addr} logged:\n    ${server.log.trim().split("\n").join("\n    ")}`);
-    }
-  } finally {
-    clearTimeout(timer);
-    for (const ws of scope.clients) ws.terminate();
-    await Promise.all(scope.servers.map((server) => server.stop()));
-  }
-}
-
 console.log(`ws ${wsVersion}, node ${process.version}, zlib ${process.versions.zlib}, wspush ${BIN}`);
 
 await check("ws clients negotiate permessage-deflate (with server_no_context_takeover), or not", async (scope) => {
@@ -343,6 +240,4 @@ await check("--echo: ws clients' messages, text and binary up to 1 MB, come back
   console.log(`  bytes read: deflate ${deflate.wire.bytes}, plain ${plain.wire.bytes}; written: deflate ${sent(deflate)}, plain ${sent(plain)}`);
 });
 
-const passed = results.filter(Boolean).length;
-console.log(`${passed} passed, ${results.length - passed} failed`);
-process.exit(passed === results.length ? 0 : 1);
+finish();
