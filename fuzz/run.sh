@@ -6,6 +6,8 @@
 # fuzz/artifacts/TARGET/.
 #
 # Usage: fuzz/run.sh [SECONDS]
+#        fuzz/run.sh build     (only build the targets, at the lowest priority:
+#                               CI does it in the background while its tests run)
 #
 # Installs cargo-fuzz from crates.io if it is missing. cargo fuzz needs a
 # nightly compiler: the nightly toolchain if it is there or can be installed,
@@ -30,6 +32,9 @@ fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 nice -n 19 "${fuzz[@]}" build --fuzz-dir "$fuzz_dir"
+if [[ "$seconds" == build ]]; then
+  exit 0
+fi
 for target in $("${fuzz[@]}" list --fuzz-dir "$fuzz_dir"); do
   echo "fuzz/run.sh: $target for ${seconds} s"
   mkdir -p "$work/$target" "$fuzz_dir/artifacts/$target"
