@@ -31,6 +31,9 @@ pub struct DeflateOptions {
     /// Price levels per side in each message (25 make about 1 KB).
     #[arg(long, default_value_t = 25)]
     pub levels: usize,
+    /// The compression levels each candidate is measured at.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 6])]
+    pub compress_levels: Vec<u32>,
 }
 
 /// One candidate at one level.
@@ -121,6 +124,9 @@ pub fn run(o: &DeflateOptions) -> Result<DeflateRun, Error> {
     if o.messages == 0 || o.levels == 0 {
         return Err("--messages and --levels must be positive".into());
     }
+    if o.compress_levels.iter().any(|&l| !(1..=9).contains(&l)) {
+        return Err("--compress-levels are 1 to 9".into());
+    }
     let feed = feed(o.messages, o.levels);
     let total: usize = feed.iter().map(Vec::len).sum();
     let mut rows = Vec::new();
@@ -134,7 +140,7 @@ pub fn run(o: &DeflateOptions) -> Result<DeflateRun, Error> {
             out
         })
         .collect();
-    for level in [1, 6] {
+    for &level in &o.compress_levels {
         let candidates = [
             ("flate2 (zlib-rs)", zlib_rs::codec(level)),
             ("miniz_oxide", miniz::codec(level)),
@@ -334,6 +340,7 @@ mod tests {
         let run = run(&DeflateOptions {
             messages: 50,
             levels: 25,
+            compress_levels: vec![1, 6],
         })
         .unwrap();
         assert_eq!(run.rows.len(), 6);

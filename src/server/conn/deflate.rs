@@ -5,7 +5,7 @@
 
 use super::{Conn, Ctx, Verdict};
 use crate::protocol::deflate::{Agreed, MAX_WINDOW_BITS};
-use crate::protocol::ws::compress::deflate_into;
+use crate::protocol::ws::compress::{deflate_into, Level};
 use crate::protocol::ws::inflate::{InflateError, Inflater};
 use crate::protocol::ws::{MessageKind, ProtocolError};
 use crate::server::frames::SharedFrames;
@@ -81,15 +81,16 @@ impl Conn {
         verdict
     }
 
-    /// Echoes `message`: compressed when this connection gets compressed
-    /// frames and the message is at least `--deflate-min-bytes`.
+    /// Echoes `message`: compressed ([`Level::Single`]: it is for this
+    /// connection alone) when this connection gets compressed frames and
+    /// the message is at least `--deflate-min-bytes`.
     pub(super) fn echo(&mut self, kind: MessageKind, message: &[u8], ctx: &mut Ctx<'_>) -> Verdict {
         let worth_it = message.len() >= ctx.config.deflate_min_bytes;
         if self.deflate != DeflateUse::Full || !worth_it {
             return self.reply(kind.opcode(), message, false, ctx);
         }
         let mut compressed = std::mem::take(&mut ctx.deflate.compressed);
-        deflate_into(message, &mut compressed);
+        deflate_into(message, Level::Single, &mut compressed);
         let verdict = self.reply(kind.opcode(), &compressed, true, ctx);
         ctx.deflate.compressed = compressed;
         verdict
