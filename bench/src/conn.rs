@@ -14,7 +14,7 @@ use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 
 use crate::compression::Inflating;
-use crate::dial::{self, Failure};
+use crate::dial::{self, Failure, Phase};
 use crate::frame::{self, opcode, FrameError, FrameReader};
 use crate::message::{self, Padding};
 use crate::stats::{Order, Tally};
@@ -24,19 +24,6 @@ use crate::sys;
 /// Masking defends browsers against cache poisoning through proxies; there
 /// is no proxy on loopback, so a fixed key is enough.
 pub const MASK: [u8; 4] = [0x37, 0xfa, 0x21, 0x3d];
-
-/// Where a connection is in its life.
-#[derive(Debug)]
-enum Phase {
-    /// Non-blocking connect in progress.
-    Connecting,
-    /// Request sent; the response head gathered so far.
-    Upgrading(Vec<u8>),
-    /// Upgraded: reading frames.
-    Open,
-    /// Failed; the socket is closed.
-    Dead,
-}
 
 /// What a readiness event did to a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,11 +80,7 @@ impl Conn {
     pub fn dialed(dialed: dial::Dialed) -> Conn {
         Conn {
             stream: Some(dialed.stream),
-            phase: if dialed.requested {
-                Phase::Upgrading(Vec::new())
-            } else {
-                Phase::Connecting
-            },
+            phase: Phase::dialed(dialed.requested),
             reader: FrameReader::new(),
             next_seq: 1,
         }
@@ -115,7 +98,7 @@ impl Conn {
 
     /// Whether it is still connecting or upgrading.
     pub fn is_pending(&self) -> bool {
-        matches!(self.phase, Phase::Connecting | Phase::Upgrading(_))
+        self.phase.is_pending()
     }
 
     /// Whether it is upgraded and alive.

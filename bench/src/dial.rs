@@ -88,6 +88,37 @@ impl From<HandshakeError> for Failure {
     }
 }
 
+/// Where a client connection is in its life.
+#[derive(Debug)]
+pub enum Phase {
+    /// Non-blocking connect in progress.
+    Connecting,
+    /// Request sent; the response head gathered so far.
+    Upgrading(Vec<u8>),
+    /// Upgraded: reading frames.
+    Open,
+    /// Failed; the socket is closed.
+    Dead,
+}
+
+impl Phase {
+    /// The phase of a connection [`dial`] just started: upgrading if its
+    /// request went out already (see [`Dialed::requested`]), else still
+    /// connecting.
+    pub fn dialed(requested: bool) -> Phase {
+        if requested {
+            Phase::Upgrading(Vec::new())
+        } else {
+            Phase::Connecting
+        }
+    }
+
+    /// Still connecting or upgrading.
+    pub fn is_pending(&self) -> bool {
+        matches!(self, Phase::Connecting | Phase::Upgrading(_))
+    }
+}
+
 /// A connection attempt that [`dial`] started.
 #[derive(Debug)]
 pub struct Dialed {

@@ -18,7 +18,7 @@ use mio::{Events, Interest, Poll, Token};
 
 use crate::compression::{Deflater, Inflater};
 use crate::conn::MASK;
-use crate::dial::{self, Failure};
+use crate::dial::{self, Failure, Phase};
 use crate::frame::{self, opcode, FrameError, FrameReader};
 use crate::message::{self, EchoStamp};
 use crate::stats::{self, MAX_LATENCY_NS};
@@ -29,15 +29,6 @@ const EVENTS_PER_POLL: usize = 1024;
 
 /// Size of the buffer every read goes through.
 const SCRATCH_BYTES: usize = 256 * 1024;
-
-/// Where a connection is in its life.
-#[derive(Debug)]
-enum Phase {
-    Connecting,
-    Upgrading(Vec<u8>),
-    Open,
-    Dead,
-}
 
 /// One echo connection.
 #[derive(Debug)]
@@ -153,12 +144,7 @@ impl Echoers {
             ) {
                 Ok(dialed) => {
                     self.pending += 1;
-                    let phase = if dialed.requested {
-                        Phase::Upgrading(Vec::new())
-                    } else {
-                        Phase::Connecting
-                    };
-                    (Some(dialed.stream), phase)
+                    (Some(dialed.stream), Phase::dialed(dialed.requested))
                 }
                 Err(failure) => {
                     count_failure(&mut self.counts, &failure);
@@ -209,10 +195,7 @@ impl Echoers {
     /// Gives up every connection still connecting or upgrading.
     pub fn abandon_pending(&mut self) {
         for id in 0..self.conns.len() {
-            if matches!(
-                self.conns[id].phase,
-                Phase::Connecting | Phase::Upgrading(_)
-            ) {
+            if self.conns[id].phase.is_pending() {
                 self.fail(id, Failure::Timeout);
             }
         }

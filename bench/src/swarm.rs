@@ -30,7 +30,7 @@ use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use serde::{Deserialize, Serialize};
 
 use crate::conn::not_a_message;
-use crate::dial::{self, Failure};
+use crate::dial::{self, Failure, Phase};
 use crate::fleet::{spawn_report_reader, Launch, WorkerPipes};
 use crate::frame::{opcode, FrameReader};
 use crate::message;
@@ -234,15 +234,6 @@ pub fn worker(input: impl Read + Send + 'static, mut output: impl Write) -> Resu
     }
 }
 
-/// Where a connection is in its life.
-#[derive(Debug)]
-enum Phase {
-    Connecting,
-    Upgrading(Vec<u8>),
-    Open,
-    Dead,
-}
-
 /// One client connection.
 #[derive(Debug)]
 struct Conn {
@@ -431,11 +422,7 @@ impl ConnSet {
             match dialed {
                 Ok(d) => {
                     self.conns.push(Conn {
-                        phase: if d.requested {
-                            Phase::Upgrading(Vec::new())
-                        } else {
-                            Phase::Connecting
-                        },
+                        phase: Phase::dialed(d.requested),
                         stream: Some(d.stream),
                         reader: FrameReader::new(),
                     });
