@@ -139,8 +139,9 @@ pub struct Config {
     /// `max_message_bytes`) by one inflater for all.
     pub deflate: bool,
     /// With `deflate`: broadcasts of at least this many bytes are
-    /// compressed (once each, for every connection that negotiated it);
-    /// smaller ones go plain, their compression worth less than its time.
+    /// compressed (once each, for every connection that negotiated it), and
+    /// so are echoes (`echo`, per connection, at a faster level); smaller
+    /// ones go plain, their compression worth less than its time.
     pub deflate_min_bytes: usize,
     /// How `/healthz` answers while a feed is lost
     /// ([`Handle::feed_lost`](crate::Handle::feed_lost)).

@@ -74,7 +74,8 @@ struct Cli {
     /// inflater for all: no client keeps a window); `off` declines it.
     #[arg(long, value_name = "on|off", value_enum, default_value = "on")]
     deflate: OnOff,
-    /// Broadcasts smaller than this go plain to every client.
+    /// Broadcasts (and, with --echo, echoes) smaller than this go plain to
+    /// every client.
     #[arg(long, value_name = "N", default_value_t = 256)]
     deflate_min_bytes: usize,
     /// Largest message accepted from a client or broadcast, in bytes.
