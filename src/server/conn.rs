@@ -148,8 +148,8 @@ enum Outgoing<'a> {
     /// its header and payload: gathered with the others in
     /// [`Ctx::replies`], written once the read is processed.
     Reply(FrameHeader, &'a [u8]),
-    /// A frame of its own that goes out now (a close).
-    Frame(OpCode, &'a [u8]),
+    /// A frame of its own that goes out now (a close): header and payload.
+    Frame(FrameHeader, &'a [u8]),
     /// An HTTP response: head and body.
     Response(&'a [u8], &'a [u8]),
     /// Broadcast batches or the ping, shared with other connections:
@@ -735,7 +735,8 @@ impl Conn {
                 // Echo the status code (§5.5.1); no code in, no code out.
                 let code = frame.map(|f| f.code.0.to_be_bytes());
                 let payload = code.as_ref().map_or(&[][..], |c| &c[..]);
-                Verdict::after(self.send(Outgoing::Frame(OpCode::Close, payload), ctx))
+                let close = FrameHeader::server(OpCode::Close, payload.len() as u64);
+                Verdict::after(self.send(Outgoing::Frame(close, payload), ctx))
             }
         }
     }
@@ -803,11 +804,7 @@ impl Conn {
         compressed: bool,
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
-        let header = if compressed {
-            FrameHeader::server_compressed(opcode, payload.len() as u64)
-        } else {
-            FrameHeader::server(opcode, payload.len() as u64)
-        };
+        let header = FrameHeader::server_message(opcode, payload.len() as u64, compressed);
         Verdict::after(self.send(Outgoing::Reply(header, payload), ctx))
     }
 
@@ -841,7 +838,9 @@ impl Conn {
         payload[..2].copy_from_slice(&code.0.to_be_bytes());
         let why = &why.as_bytes()[..why.len().min(123)];
         payload[2..2 + why.len()].copy_from_slice(why);
-        let close = Outgoing::Frame(OpCode::Close, &payload[..2 + why.len()]);
+        let payload = &payload[..2 + why.len()];
+        let header = FrameHeader::server(OpCode::Close, payload.len() as u64);
+        let close = Outgoing::Frame(header, payload);
         Verdict::after(self.send(close, ctx))
     }
 
@@ -867,14 +866,8 @@ impl Conn {
         }
         let before = self.out.queued_bytes();
         let (sent, offered, frames) = match out {
-            Outgoing::Reply(frame, payload) => {
+            Outgoing::Reply(frame, payload) | Outgoing::Frame(frame, payload) => {
                 let len = frame.encode(&mut header);
-                let parts = [replies, &header[..len], payload];
-                let sent = self.out.send_private(&parts, &mut self.stream);
-                (sent, total_len(&parts), 1)
-            }
-            Outgoing::Frame(opcode, payload) => {
-                let len = FrameHeader::server(opcode, payload.len() as u64).encode(&mut header);
                 let parts = [replies, &header[..len], payload];
                 let sent = self.out.send_private(&parts, &mut self.stream);
                 (sent, total_len(&parts), 1)

@@ -74,11 +74,7 @@ impl SharedFrames {
         let mut header = [0u8; MAX_HEADER_LEN];
         let mut count = 0u32;
         for (opcode, payload, compressed) in frames {
-            let frame = if compressed {
-                FrameHeader::server_compressed(opcode, payload.len() as u64)
-            } else {
-                FrameHeader::server(opcode, payload.len() as u64)
-            };
+            let frame = FrameHeader::server_message(opcode, payload.len() as u64, compressed);
             let len = frame.encode(&mut header);
             bytes.extend_from_slice(&header[..len]);
             bytes.extend_from_slice(payload);

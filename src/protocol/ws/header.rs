@@ -140,11 +140,11 @@ impl FrameHeader {
         }
     }
 
-    /// The header of an unmasked, final server frame whose payload is
-    /// compressed (RSV1 set).
-    pub fn server_compressed(opcode: OpCode, payload_len: u64) -> FrameHeader {
+    /// [`FrameHeader::server`] of a message whose payload is compressed
+    /// (permessage-deflate: RSV1 set) if `compressed`.
+    pub fn server_message(opcode: OpCode, payload_len: u64, compressed: bool) -> FrameHeader {
         FrameHeader {
-            rsv: RSV1,
+            rsv: if compressed { RSV1 } else { 0 },
             ..FrameHeader::server(opcode, payload_len)
         }
     }
