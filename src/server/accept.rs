@@ -182,8 +182,8 @@ impl Server {
                 demo: false,
             },
         };
-        self.conns.insert(Conn::accepted(stream, endpoints));
-        self.serials.assign(ConnKey(key));
+        let serial = self.serials.assign();
+        self.conns.insert(Conn::accepted(stream, endpoints, serial));
         self.key_bound = self.key_bound.max(key + 1);
         // The request arrived with the connection (the listener defers
         // accepting until it has): reading now saves a trip through the poll.

@@ -21,6 +21,7 @@ use mio::net::TcpStream;
 
 use crate::config::{Config, SlowConsumerPolicy};
 use crate::ops::metrics::{Metrics, Tally};
+use crate::protocol::commands::ConnRef;
 use crate::protocol::http::{self, Endpoint, Endpoints, MAX_RESPONSE_LEN};
 use crate::protocol::target::RequestTarget;
 use crate::protocol::ws::header::MAX_HEADER_LEN;
@@ -31,11 +32,12 @@ use crate::server::fanout::Seq;
 use crate::server::frames::SharedFrames;
 use crate::server::heartbeat::{Liveness, Visit};
 use crate::server::key::ConnKey;
-use crate::server::key::Serials;
 use crate::server::nonblocking::{read_some, Progress};
 use crate::server::output::{OutQueue, Sent};
+use crate::server::owed::{Item, Owed};
 use crate::server::pool::{BufferPool, PooledBuf};
 use crate::server::routes::Routes;
+use crate::server::targeted::WalkMark;
 use crate::server::timer::{Deadline, Tick, TimerWheel};
 use crate::server::upstream::{Offered, Outbox};
 
@@ -185,6 +187,9 @@ enum Phase {
     },
 }
 
+/// Messages being assembled from several pieces, by connection.
+pub type Assemblies = std::collections::HashMap<ConnKey, PooledBuf>;
+
 /// The loop-owned resources a handler may use.
 pub struct Ctx<'a> {
     /// Limits and modes.
@@ -205,12 +210,17 @@ pub struct Ctx<'a> {
     pub replies: &'a mut Vec<u8>,
     /// Client ids and channel subscriptions.
     pub routes: &'a mut Routes,
-    /// Which connection holds each slot, for connection keys.
-    pub serials: &'a Serials,
     /// Where client messages go, when they go upstream.
     pub upstream: Option<&'a mut Outbox>,
     /// The loop's permessage-deflate work space.
     pub deflate: &'a mut DeflateScratch,
+    /// The messages being assembled from several pieces (echoed, sent
+    /// upstream or inflated), by connection: few connections have one, so
+    /// the buffer is not in every connection's slot.
+    pub messages: &'a mut Assemblies,
+    /// The frames a delivery visit gathers for one connection, as
+    /// references. Empty between visits; its capacity is kept.
+    pub gathered: &'a mut Vec<SharedFrames>,
     /// The time this loop iteration started.
     pub now: Instant,
     /// The broadcast batch the loop frames next: where a connection that
@@ -226,18 +236,23 @@ pub struct Conn {
     out: OutQueue,
     /// Received bytes not consumed yet (a partial request head or frame).
     input: Option<PooledBuf>,
-    /// Echo mode: the message being assembled from several pieces.
-    message: Option<PooledBuf>,
     /// When the current phase times out, if it can.
     deadline: Deadline,
     /// The socket is registered for writability (output is pending).
     writable_interest: bool,
     /// Reading stopped because output backed up (echo backpressure).
     read_paused: bool,
+    /// A message is being assembled from several pieces in the loop's
+    /// [`Ctx::messages`].
+    assembling: bool,
     /// Heartbeat state while open (two bytes that fit in padding).
     liveness: Liveness,
     /// What permessage-deflate, negotiated at the upgrade, gives it.
     deflate: DeflateUse,
+    /// The walk its targeted items wait for, if any (see `targeted`).
+    walk: WalkMark,
+    /// Its serial: which connection of those that held its slot it is.
+    serial: u32,
     target: RequestTarget,
 }
 
@@ -245,18 +260,20 @@ impl Conn {
     /// A freshly accepted connection, waiting for its request; `endpoints`
     /// says what the listener it came from serves. It has no deadline
     /// until [`Conn::on_accepted`] finds the request incomplete.
-    pub fn accepted(stream: TcpStream, endpoints: Endpoints) -> Conn {
+    pub fn accepted(stream: TcpStream, endpoints: Endpoints, serial: u32) -> Conn {
         Conn {
             stream,
             phase: Phase::Handshake(endpoints),
             out: OutQueue::default(),
             input: None,
-            message: None,
             deadline: Deadline::default(),
             writable_interest: false,
             read_paused: false,
+            assembling: false,
             liveness: Liveness::default(),
             deflate: DeflateUse::Off,
+            walk: None,
+            serial,
             target: RequestTarget::default(),
         }
     }
@@ -311,6 +328,30 @@ impl Conn {
         self.is_open().then(|| self.out.next_batch())
     }
 
+    /// Its serial (see [`Serials`](crate::server::key::Serials)).
+    pub fn serial(&self) -> u32 {
+        self.serial
+    }
+
+    /// Its key as `conn` commands and upstream lines give it.
+    pub fn conn_ref(&self, key: ConnKey, instance: u32) -> ConnRef {
+        ConnRef {
+            instance,
+            slot: key.slot(),
+            serial: self.serial,
+        }
+    }
+
+    /// The walk its targeted items wait for, if any.
+    pub fn walk_mark(&self) -> WalkMark {
+        self.walk
+    }
+
+    /// Marks it as waiting for a walk (or for none).
+    pub fn mark_walk(&mut self, mark: WalkMark) {
+        self.walk = mark;
+    }
+
     /// Returns `Some(want)` when the writable interest must change to `want`.
     pub fn interest_change(&mut self) -> Option<bool> {
         let want = !self.out.is_empty();
@@ -337,17 +378,15 @@ impl Conn {
         if self.is_websocket() {
             ctx.routes.leave(key.slot(), self.target.id());
             if let Some(upstream) = ctx.upstream.as_deref_mut() {
-                let conn = ctx.serials.conn_ref(key, ctx.config.instance);
+                let conn = self.conn_ref(key, ctx.config.instance);
                 upstream.closed(conn, self.target.id(), reason.code());
             }
         }
         self.discard_output(true, ctx.tally);
-        for buf in [self.input.take(), self.message.take()]
-            .into_iter()
-            .flatten()
-        {
-            ctx.pool.give_back(buf);
+        if let Some(input) = self.input.take() {
+            ctx.pool.give_back(input);
         }
+        self.drop_message(key, ctx);
         Metrics::incr(reason.counter(metrics));
         Metrics::decr(if self.is_websocket() {
             &metrics.connections_open
@@ -467,22 +506,51 @@ impl Conn {
         }
     }
 
-    /// Offers this connection the broadcast batches it is owed (`owed`,
-    /// oldest first; after them it is owed nothing before `up_to`): all of
-    /// them, with one `writev`, or (its queue being full) none. Counts
-    /// what became of their messages: delivered, or missed.
-    pub fn deliver(
-        &mut self,
-        key: ConnKey,
-        owed: &[SharedFrames],
-        up_to: Seq,
-        ctx: &mut Ctx<'_>,
-    ) -> Verdict {
+    /// A delivery visit (see `delivery`): writes what this connection is
+    /// owed, in order, with one `writev`: the stream's batches it has not
+    /// had, each of its own items after the batches framed before it, and
+    /// the batches after them up to `owed.up_to`. A close among its items
+    /// goes out after what precedes it, and the rest is not sent. Counts
+    /// what became of the messages: delivered, or missed.
+    pub fn deliver(&mut self, key: ConnKey, owed: Owed<'_>, ctx: &mut Ctx<'_>) -> Verdict {
         if !self.is_open() {
             return Verdict::Keep;
         }
-        self.out.set_next_batch(up_to);
-        self.deliver_variant(key, owed, ctx)
+        let full = self.deflate == DeflateUse::Full;
+        let mut gathered = std::mem::take(ctx.gathered);
+        let mut gather = |frames: &[SharedFrames]| {
+            gathered.extend(frames.iter().map(|f| f.for_connection(full).clone()));
+        };
+        let mut cursor = self.out.next_batch();
+        let mut close = None;
+        for item in owed.items.iter().map(|a| &a.item) {
+            gather(owed.stream.between(cursor, item.after()));
+            cursor = item.after();
+            match item {
+                Item::Frames { frames, .. } => gather(std::slice::from_ref(frames)),
+                Item::Close { code, reason, .. } => {
+                    close = Some((*code, reason));
+                    break;
+                }
+            }
+        }
+        if close.is_none() {
+            gather(owed.stream.between(cursor, owed.up_to));
+            cursor = owed.up_to;
+        }
+        self.out.set_next_batch(cursor);
+        let mut verdict = Verdict::Keep;
+        if !gathered.is_empty() {
+            verdict = self.deliver_frames(key, &gathered, ctx);
+            gathered.clear();
+        }
+        *ctx.gathered = gathered;
+        match close {
+            Some((code, reason)) if verdict == Verdict::Keep => {
+                self.begin_close(key, code, reason, CloseReason::Publisher(code), ctx)
+            }
+            _ => verdict,
+        }
     }
 
     /// [`Conn::deliver`] of the frames this connection gets.
@@ -754,15 +822,17 @@ impl Conn {
         compressed: bool,
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
-        if last && self.message.is_none() {
+        if last && !self.assembling {
             return self.on_whole(key, kind, payload, compressed, ctx);
         }
-        let message = self.message.get_or_insert_with(|| ctx.pool.lend());
+        let pool = &mut *ctx.pool;
+        let message = ctx.messages.entry(key).or_insert_with(|| pool.lend());
         message.extend_from_slice(payload);
+        self.assembling = !last;
         if !last {
             return Verdict::Keep;
         }
-        let message = self.message.take().expect("just inserted");
+        let message = ctx.messages.remove(&key).expect("just assembled");
         let verdict = self.on_whole(key, kind, &message, compressed, ctx);
         ctx.pool.give_back(message);
         verdict
@@ -777,7 +847,7 @@ impl Conn {
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
         if let Some(upstream) = ctx.upstream.as_deref_mut() {
-            let conn = ctx.serials.conn_ref(key, ctx.config.instance);
+            let conn = self.conn_ref(key, ctx.config.instance);
             match upstream.message(conn, self.target.id(), kind, message) {
                 Offered::Taken => Metrics::incr(&ctx.metrics.upstream_messages),
                 Offered::TakenPausing => {
@@ -822,9 +892,7 @@ impl Conn {
 
     /// Enters the lingering phase with its deadline; drops a half-built message.
     fn linger(&mut self, key: ConnKey, reason: CloseReason, ctx: &mut Ctx<'_>) {
-        if let Some(message) = self.message.take() {
-            ctx.pool.give_back(message);
-        }
+        self.drop_message(key, ctx);
         self.phase = Phase::Lingering {
             reason,
             write_shut: false,
@@ -955,6 +1023,15 @@ impl Conn {
         dropped
     }
 
+    /// Gives back the buffer of a message being assembled, if any.
+    fn drop_message(&mut self, key: ConnKey, ctx: &mut Ctx<'_>) {
+        if std::mem::take(&mut self.assembling) {
+            if let Some(message) = ctx.messages.remove(&key) {
+                ctx.pool.give_back(message);
+            }
+        }
+    }
+
     /// Lingering with everything written: send FIN (the server closes the
     /// TCP connection first, RFC 6455 §7.1.1) and wait for the client's.
     fn half_close_when_flushed(&mut self) -> Result<(), CloseReason> {
@@ -1003,6 +1080,7 @@ fn total_len(parts: &[&[u8]]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::fanout::Stream;
     use std::io::{Read, Write};
 
     /// One upgraded connection over a loopback pair, with the loop's parts
@@ -1019,8 +1097,9 @@ mod tests {
         scratch: Vec<u8>,
         replies: Vec<u8>,
         routes: Routes,
-        serials: Serials,
         deflate: DeflateScratch,
+        gathered: Vec<SharedFrames>,
+        messages: Assemblies,
     }
 
     const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -1042,7 +1121,7 @@ mod tests {
                 metrics: false,
                 demo: false,
             };
-            let conn = Conn::accepted(TcpStream::from_std(accepted), endpoints);
+            let conn = Conn::accepted(TcpStream::from_std(accepted), endpoints, 1);
             Rig {
                 conn,
                 client,
@@ -1054,8 +1133,9 @@ mod tests {
                 scratch: vec![0; 64 * 1024],
                 replies: Vec::with_capacity(64 * 1024),
                 routes: Routes::new(16),
-                serials: Serials::default(),
                 deflate: DeflateScratch::default(),
+                gathered: Vec::new(),
+                messages: Assemblies::new(),
             }
         }
 
@@ -1089,13 +1169,28 @@ mod tests {
                 tally: &mut self.tally,
                 replies: &mut self.replies,
                 routes: &mut self.routes,
-                serials: &self.serials,
                 upstream: None,
                 deflate: &mut self.deflate,
+                messages: &mut self.messages,
+                gathered: &mut self.gathered,
                 now: Instant::now(),
                 next_batch: 0,
             };
             handler(&mut self.conn, &mut self.scratch, &mut ctx)
+        }
+
+        /// A delivery visit offering `frames` as the one batch the
+        /// connection is owed.
+        fn offer(&mut self, frames: &SharedFrames) -> Verdict {
+            let mut stream = Stream::starting_at(self.conn.out.next_batch());
+            stream.push(frames.clone());
+            let up_to = stream.next_seq();
+            let owed = Owed {
+                stream: &stream,
+                items: &[],
+                up_to,
+            };
+            self.drive(|conn, _, ctx| conn.deliver(ConnKey(0), owed, ctx))
         }
 
         /// A heartbeat visit closing after 3 silent visits (ping interval
@@ -1276,11 +1371,8 @@ mod tests {
         // More than the socket buffers take while the client reads nothing.
         let big = SharedFrames::encode(OpCode::Binary, &vec![7u8; 16 << 20]);
         let small = SharedFrames::encode(OpCode::Text, b"after");
-        for (i, frames) in [&big, &small].into_iter().enumerate() {
-            let owed = std::slice::from_ref(frames);
-            let verdict =
-                rig.drive(|conn, _, ctx| conn.deliver(ConnKey(0), owed, i as Seq + 1, ctx));
-            assert_eq!(verdict, Verdict::Keep);
+        for frames in [&big, &small] {
+            assert_eq!(rig.offer(frames), Verdict::Keep);
         }
         assert_eq!(rig.tally.broadcast_deliveries, 2);
         assert_eq!(rig.tally.write_would_block, 2, "both queued");
@@ -1314,12 +1406,11 @@ mod tests {
             rig.config.slow_consumer = policy;
             let frame = SharedFrames::encode(OpCode::Binary, &vec![1u8; 256 << 10]);
             let mut verdict = Verdict::Keep;
-            let mut offered = 0;
+            let mut offered = 0u32;
             while rig.tally.slow_consumer_drops == 0 {
                 assert!(offered < 1000, "the queue never filled");
                 offered += 1;
-                let owed = std::slice::from_ref(&frame);
-                verdict = rig.drive(|conn, _, ctx| conn.deliver(ConnKey(0), owed, offered, ctx));
+                verdict = rig.offer(&frame);
             }
             assert_eq!(rig.tally.slow_consumer_drops, 1, "{policy:?}");
             assert_eq!(
@@ -1347,16 +1438,21 @@ mod tests {
         }
     }
 
-    /// The per-connection budget: a slab slot must stay small so that an
-    /// idle connection costs ~100 bytes of user space. (mio's `TcpStream`
-    /// is 4 bytes in release builds and carries a selector id in debug.)
+    /// The per-connection budget: a slab slot is at most 104 bytes, all
+    /// an idle connection costs in user space (its serial included; an
+    /// id or a channel adds a record in the routes). mio's `TcpStream` is
+    /// 4 bytes in a release build; a debug build's carries a selector id
+    /// besides (16 bytes with padding), which the budget allows for.
     #[test]
     fn connection_state_is_small() {
         use std::mem::size_of;
-        let own = size_of::<Conn>() - size_of::<TcpStream>();
-        // Debug builds pad the larger debug socket differently.
-        let budget = if cfg!(debug_assertions) { 104 } else { 100 };
-        assert!(own <= budget, "Conn holds {own} bytes besides its socket");
+        let socket_extra = size_of::<TcpStream>() - 4;
+        let budget = (104 + socket_extra).next_multiple_of(8);
+        assert!(
+            size_of::<Conn>() <= budget,
+            "a slot of {} bytes, over {budget}",
+            size_of::<Conn>()
+        );
         assert!(size_of::<Phase>() <= 28 && size_of::<OutQueue>() <= 24);
     }
 }

@@ -12,6 +12,10 @@
 //!
 //! A connection that upgrades starts at the next batch to be framed: it
 //! gets exactly the broadcasts the loop takes after its upgrade.
+//!
+//! A connection waiting for the walk over targeted items is left to that
+//! walk, which gives it the batches too (see `targeted`): the stream
+//! keeps what such a connection may still be owed until the walk is done.
 
 use crate::server::frames::SharedFrames;
 
@@ -51,17 +55,6 @@ impl Stream {
         self.log.push(frames);
     }
 
-    /// The batches a connection that has had everything before `next` is
-    /// owed, oldest first.
-    pub fn owed(&self, next: Seq) -> &[SharedFrames] {
-        let from = next.wrapping_sub(self.first) as usize;
-        debug_assert!(
-            from <= self.log.len(),
-            "bug: a connection ahead of the stream"
-        );
-        &self.log[from.min(self.log.len())..]
-    }
-
     /// The batches from `from` up to (not including) `to`.
     pub fn between(&self, from: Seq, to: Seq) -> &[SharedFrames] {
         let start = from.wrapping_sub(self.first) as usize;
@@ -71,11 +64,6 @@ impl Stream {
             "bug: outside the stream"
         );
         &self.log[start.min(end)..end.min(self.log.len())]
-    }
-
-    /// The pass under way, if any.
-    pub fn pass(&self) -> Option<Pass> {
-        self.pass
     }
 
     /// Whether some connection may be owed a batch, or a pass is under way.
@@ -102,16 +90,43 @@ impl Stream {
         }
     }
 
-    /// The pass reached the last key: the batches it covered are dropped
-    /// (every connection has them), and the next pass may begin.
+    /// The pass reached the last key: every connection it does not leave
+    /// to the targeted walk has the batches it covered, and the next pass
+    /// may begin.
     pub fn end_pass(&mut self) {
-        let Some(pass) = self.pass.take() else {
-            return;
-        };
-        let done = pass.covered.wrapping_sub(self.first) as usize;
+        if let Some(pass) = self.pass.take() {
+            self.delivered = pass.covered;
+        }
+    }
+
+    /// Drops the batches every connection has had: those the last pass
+    /// covered, but none from `floor` on (what a connection left to the
+    /// targeted walk may still be owed).
+    pub fn trim(&mut self, floor: Option<Seq>) {
+        let keep_from = floor.map_or(self.delivered, |f| self.earlier(f, self.delivered));
+        let done = keep_from.wrapping_sub(self.first) as usize;
         self.log.drain(..done.min(self.log.len()));
-        self.first = pass.covered;
-        self.delivered = pass.covered;
+        self.first = self.first.wrapping_add(done.min(u32::MAX as usize) as Seq);
+    }
+
+    /// The earlier of two batch numbers still in the stream (or just past
+    /// its end).
+    pub fn earlier(&self, a: Seq, b: Seq) -> Seq {
+        if a.wrapping_sub(self.first) <= b.wrapping_sub(self.first) {
+            a
+        } else {
+            b
+        }
+    }
+
+    /// A stream whose next batch is `first` (as after that many).
+    #[cfg(test)]
+    pub fn starting_at(first: Seq) -> Stream {
+        Stream {
+            first,
+            delivered: first,
+            ..Stream::default()
+        }
     }
 
     /// Batches kept now.
@@ -144,17 +159,23 @@ mod tests {
         let pass = stream.begin_pass().unwrap();
         assert_eq!(pass.cursor, 0);
         // Key 0 is visited now; then "b" is framed; key 1 later in the pass.
-        assert_eq!(texts(stream.owed(early)), b"a");
+        assert_eq!(texts(stream.between(early, stream.next_seq())), b"a");
         let after_a = stream.next_seq();
         stream.push(batch("b"));
-        assert_eq!(texts(stream.owed(early)), b"ab", "key 1 gets both at once");
-        assert_eq!(texts(stream.owed(after_a)), b"b");
+        assert_eq!(
+            texts(stream.between(early, stream.next_seq())),
+            b"ab",
+            "key 1 gets both at once"
+        );
+        assert_eq!(texts(stream.between(after_a, stream.next_seq())), b"b");
         stream.end_pass();
+        stream.trim(None);
         assert_eq!(stream.kept(), 1, "a is dropped, b is not yet everyone's");
         // Key 0 still lacks b: the next pass brings it.
         assert!(stream.begin_pass().is_some());
-        assert_eq!(texts(stream.owed(after_a)), b"b");
+        assert_eq!(texts(stream.between(after_a, stream.next_seq())), b"b");
         stream.end_pass();
+        stream.trim(None);
         assert_eq!(stream.kept(), 0);
         assert!(!stream.is_busy() && stream.begin_pass().is_none());
     }
@@ -165,9 +186,9 @@ mod tests {
         stream.push(batch("a"));
         stream.begin_pass();
         let joined = stream.next_seq();
-        assert!(stream.owed(joined).is_empty());
+        assert!(stream.between(joined, stream.next_seq()).is_empty());
         stream.push(batch("b"));
-        assert_eq!(texts(stream.owed(joined)), b"b");
+        assert_eq!(texts(stream.between(joined, stream.next_seq())), b"b");
     }
 
     #[test]
@@ -182,11 +203,31 @@ mod tests {
             stream.push(batch(text));
         }
         assert_eq!(stream.next_seq(), 1);
-        assert_eq!(texts(stream.owed(start)), b"xyz");
-        assert_eq!(texts(stream.owed(Seq::MAX)), b"yz");
-        assert_eq!(texts(stream.owed(0)), b"z");
+        assert_eq!(texts(stream.between(start, stream.next_seq())), b"xyz");
+        assert_eq!(texts(stream.between(Seq::MAX, stream.next_seq())), b"yz");
+        assert_eq!(texts(stream.between(0, stream.next_seq())), b"z");
         stream.begin_pass();
         stream.end_pass();
+        stream.trim(None);
+        assert_eq!((stream.kept(), stream.is_busy()), (0, false));
+    }
+
+    #[test]
+    fn batches_a_connection_left_to_the_walk_may_need_are_kept() {
+        let mut stream = Stream::default();
+        let waiting = stream.next_seq();
+        stream.push(batch("a"));
+        stream.push(batch("b"));
+        assert_eq!(stream.earlier(stream.next_seq(), waiting), waiting);
+        assert_eq!(stream.earlier(waiting, stream.next_seq()), waiting);
+        stream.begin_pass();
+        stream.end_pass();
+        stream.trim(Some(waiting));
+        assert_eq!(stream.kept(), 2, "the walk's connection has neither");
+        assert_eq!(texts(stream.between(waiting, stream.next_seq())), b"ab");
+        stream.trim(Some(waiting.wrapping_add(1)));
+        assert_eq!(stream.kept(), 1);
+        stream.trim(None);
         assert_eq!((stream.kept(), stream.is_busy()), (0, false));
     }
 }

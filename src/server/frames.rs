@@ -97,11 +97,6 @@ impl SharedFrames {
         }
     }
 
-    /// Whether the batch has frames for connections with permessage-deflate.
-    pub fn has_deflated(&self) -> bool {
-        self.0.deflated.is_some()
-    }
-
     /// Bytes already encoded (one frame, or the unwritten rest of one).
     pub fn from_parts(parts: &[&[u8]]) -> SharedFrames {
         SharedFrames(Arc::new(Frames {

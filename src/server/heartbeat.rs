@@ -5,6 +5,14 @@
 //! per short period, so that each key comes up about once per interval:
 //! O(connections due) per step, no timer per connection, and the only
 //! per-connection state is two bytes of [`Liveness`]. The ping is one frame encoded once, shared by every connection.
+//!
+//! Heartbeats yield to deliveries: a slice that falls due while a
+//! delivery is under way waits for it to end, at most half an interval
+//! ([`Heartbeat::overdue`]), then the sweep catches up, a budgeted
+//! number of keys per loop iteration. A fan-out is data for every
+//! connection it reaches; pings and their pongs beside it at a million
+//! connections cost as much CPU as the fan-out itself (bench/RESULTS.md).
+//! A ping comes at most 1.5 intervals after the one before.
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -34,6 +42,7 @@ pub struct Heartbeat {
     cycle_start: Instant,
     /// The first key not visited in the current pass.
     next_key: usize,
+    /// When the first key not visited fell due (or falls due).
     next_at: Instant,
     ping: SharedFrames,
 }
@@ -62,6 +71,12 @@ impl Heartbeat {
         self.next_at
     }
 
+    /// Whether the keys due have waited half an interval: a slice waits
+    /// for a delivery under way no longer than that.
+    pub fn overdue(&self, now: Instant) -> bool {
+        now >= self.next_at + self.interval / 2
+    }
+
     /// The pre-encoded ping every connection is sent.
     pub fn ping(&self) -> &SharedFrames {
         &self.ping
@@ -76,23 +91,32 @@ impl Heartbeat {
         self.close_after
     }
 
-    /// The keys out of `0..bound` due at `now`: the slice of the current
-    /// pass that `now` has reached. A finished pass starts the next one
-    /// (skipping passes the loop slept through).
-    pub fn due(&mut self, now: Instant, bound: usize) -> Range<usize> {
-        self.next_at = now + self.period;
+    /// The keys out of `0..bound` due at `now`, at most `max` of them:
+    /// the part of the current pass that `now` has reached. A finished
+    /// pass starts the next one (skipping passes the loop slept through).
+    /// Keys left over by `max` stay due: [`Heartbeat::next_at`] does not
+    /// move until they are visited.
+    pub fn due(&mut self, now: Instant, bound: usize, max: usize) -> Range<usize> {
         let elapsed = now.saturating_duration_since(self.cycle_start);
+        let reached = if elapsed >= self.interval {
+            bound
+        } else {
+            let reached = (bound as u128 * elapsed.as_nanos()).div_ceil(self.interval.as_nanos());
+            (reached as usize).min(bound)
+        };
+        let reached = reached.max(self.next_key);
+        let end = reached.min(self.next_key.saturating_add(max));
+        let due = self.next_key..end;
+        self.next_key = end;
+        if end < reached {
+            return due;
+        }
+        self.next_at = now + self.period;
         if elapsed >= self.interval {
-            let rest = self.next_key..bound.max(self.next_key);
             let passes = (elapsed.as_nanos() / self.interval.as_nanos()) as u32;
             self.cycle_start += self.interval * passes;
             self.next_key = 0;
-            return rest;
         }
-        let reached = (bound as u128 * elapsed.as_nanos()).div_ceil(self.interval.as_nanos());
-        let end = (reached as usize).min(bound).max(self.next_key);
-        let due = self.next_key..end;
-        self.next_key = end;
         due
     }
 }
@@ -159,7 +183,7 @@ mod tests {
         let mut at = t0;
         for _ in 0..64 {
             at = hb.next_at();
-            for key in hb.due(at, visits.len()) {
+            for key in hb.due(at, visits.len(), usize::MAX) {
                 visits[key] += 1;
             }
         }
@@ -172,14 +196,14 @@ mod tests {
     fn a_late_sweep_finishes_the_pass_and_skips_missed_ones() {
         let t0 = Instant::now();
         let mut hb = Heartbeat::new(100 * MS, 100 * MS, t0);
-        assert_eq!(hb.due(t0 + 50 * MS, 10), 0..5);
+        assert_eq!(hb.due(t0 + 50 * MS, 10, usize::MAX), 0..5);
         assert_eq!(
-            hb.due(t0 + 1050 * MS, 10),
+            hb.due(t0 + 1050 * MS, 10, usize::MAX),
             5..10,
             "the rest of the first pass"
         );
         assert_eq!(
-            hb.due(t0 + 1050 * MS, 10),
+            hb.due(t0 + 1050 * MS, 10, usize::MAX),
             0..5,
             "the pass now half way through"
         );
@@ -189,14 +213,33 @@ mod tests {
     fn slices_follow_a_changing_key_bound() {
         let t0 = Instant::now();
         let mut hb = Heartbeat::new(100 * MS, 100 * MS, t0);
-        assert_eq!(hb.due(t0 + 50 * MS, 4), 0..2);
+        assert_eq!(hb.due(t0 + 50 * MS, 4, usize::MAX), 0..2);
         assert_eq!(
-            hb.due(t0 + 60 * MS, 1),
+            hb.due(t0 + 60 * MS, 1, usize::MAX),
             2..2,
             "bound shrank below the position"
         );
-        assert_eq!(hb.due(t0 + 75 * MS, 40), 2..30);
-        assert_eq!(hb.due(t0 + 100 * MS, 40), 30..40);
+        assert_eq!(hb.due(t0 + 75 * MS, 40, usize::MAX), 2..30);
+        assert_eq!(hb.due(t0 + 100 * MS, 40, usize::MAX), 30..40);
+    }
+
+    #[test]
+    fn keys_past_the_budget_stay_due_until_visited() {
+        let t0 = Instant::now();
+        let mut hb = Heartbeat::new(100 * MS, 100 * MS, t0);
+        let first_due = hb.next_at();
+        let late = t0 + 55 * MS;
+        assert!(!hb.overdue(late) && hb.overdue(first_due + 50 * MS));
+        assert_eq!(hb.due(late, 100, 25), 0..25);
+        assert_eq!(hb.next_at(), first_due, "the rest is due still");
+        assert_eq!(hb.due(late, 100, 25), 25..50);
+        assert_eq!(hb.due(late, 100, 25), 50..55);
+        assert_eq!(hb.next_at(), late + hb.period, "caught up");
+        // A pass ended in a slice cut short: the next begins once it is done.
+        let after = t0 + 130 * MS;
+        assert_eq!(hb.due(after, 100, 30), 55..85);
+        assert_eq!(hb.due(after, 100, 30), 85..100);
+        assert_eq!(hb.due(after, 100, 30), 0..30, "the second pass");
     }
 
     #[test]

@@ -36,16 +36,17 @@ impl Server {
         self.expired = due;
     }
 
-    /// Runs the heartbeat slice that is due: pings, and closes connections
-    /// silent for the idle timeout.
+    /// Runs the heartbeat slice that is due (at most
+    /// [`Config::fanout_budget`](crate::Config::fanout_budget) keys; the
+    /// rest in the next iterations): pings, and closes connections silent
+    /// for the idle timeout. A slice due while a delivery is under way
+    /// waits for it, up to half an interval (see `heartbeat`).
     pub(super) fn sweep_heartbeats(&mut self, now: Instant) {
-        if self.conns.is_empty()
-            || now < self.heartbeat.next_at()
-            || self.lifecycle != Lifecycle::Running
-        {
+        if !self.heartbeat_due(now) || (self.delivering() && !self.heartbeat.overdue(now)) {
             return;
         }
-        let due = self.heartbeat.due(now, self.key_bound);
+        let budget = self.config.fanout_budget;
+        let due = self.heartbeat.due(now, self.key_bound, budget);
         let ping = self.heartbeat.ping().clone();
         let close_after = self.heartbeat.close_after();
         for key in due {
@@ -58,6 +59,13 @@ impl Server {
                 conn.on_heartbeat(ConnKey(key), &ping, close_after, parts.scratch, &mut ctx);
             self.settle(ConnKey(key), verdict);
         }
+    }
+
+    /// Whether heartbeat visits are due now.
+    pub(super) fn heartbeat_due(&self, now: Instant) -> bool {
+        !self.conns.is_empty()
+            && now >= self.heartbeat.next_at()
+            && self.lifecycle == Lifecycle::Running
     }
 
     /// The end of every loop iteration: publish the metrics, give idle

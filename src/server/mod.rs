@@ -26,6 +26,7 @@ mod accept;
 mod alarm;
 mod batching;
 pub(crate) mod conn;
+mod delivery;
 mod endpoints;
 mod fanout;
 mod feed;
@@ -36,6 +37,7 @@ mod housekeeping;
 mod key;
 mod nonblocking;
 pub(crate) mod output;
+mod owed;
 mod per_ip;
 mod pool;
 mod routes;
@@ -56,9 +58,10 @@ use key::ConnKey;
 
 use crate::server::alarm::Alarm;
 use crate::server::batching::Batching;
-use crate::server::conn::{CloseReason, Conn, Ctx, DeflateScratch, Verdict};
+use crate::server::conn::{Assemblies, CloseReason, Conn, Ctx, DeflateScratch, Verdict};
 use crate::server::fanout::Stream;
 use crate::server::feed::{Action, Command, Feed, Gate, Taken};
+use crate::server::frames::SharedFrames;
 use crate::server::heartbeat::Heartbeat;
 use crate::server::key::Serials;
 use crate::server::per_ip::PerIpLimit;
@@ -80,9 +83,6 @@ const SCRATCH_BYTES: usize = 64 * 1024;
 /// Frames in one broadcast batch, at most (a single larger message goes
 /// alone): about what a loopback socket takes in one write.
 const MAX_BATCH_BYTES: usize = 64 * 1024;
-/// Bytes one slice of a pass offers, at most, before the loop serves
-/// other events again (besides [`Config::fanout_budget`] connections).
-const FANOUT_SLICE_BYTES: usize = 8 << 20;
 /// Timer wheel resolution and size (100 ms × 1024 = 102 s per rotation).
 const TIMER_RESOLUTION: Duration = Duration::from_millis(100);
 const TIMER_SLOTS: usize = 1024;
@@ -212,7 +212,7 @@ pub struct Server {
     routes: Routes,
     /// Messages and closes for some connections, on their way.
     targeted: Targeted,
-    /// Which connection holds each slot (see [`ConnRef`]).
+    /// The serial of the next connection (see [`ConnRef`]).
     serials: Serials,
     /// Client messages on their way to the upstream reader, if they go there.
     upstream: Option<Outbox>,
@@ -242,9 +242,14 @@ pub struct Server {
     /// Accepting is paused (file descriptors ran out) until then.
     accept_paused_until: Option<Instant>,
     last_accept_warning: Option<Instant>,
-    /// Reused buffers for deadlines due and closes found during a broadcast.
+    /// Reused buffers for deadlines due, and for verdicts a delivery
+    /// slice leaves to act on.
     expired: Vec<(ConnKey, Tick)>,
-    failed: Vec<(ConnKey, CloseReason)>,
+    unsettled: Vec<(ConnKey, Verdict)>,
+    /// See [`Ctx::gathered`].
+    gathered: Vec<SharedFrames>,
+    /// See [`Ctx::messages`].
+    messages: Assemblies,
     lifecycle: Lifecycle,
     tally: Tally,
     loop_max: LoopMax,
@@ -355,7 +360,7 @@ impl Server {
             deflate: DeflateScratch::default(),
             routes: Routes::new(config.max_channels),
             targeted: Targeted::default(),
-            serials: Serials::with_capacity(config.max_connections.min(SLAB_RESERVE)),
+            serials: Serials::default(),
             upstream,
             upstream_waiting: Vec::new(),
             page: Vec::new(),
@@ -378,7 +383,9 @@ impl Server {
             accept_paused_until: None,
             last_accept_warning: None,
             expired: Vec::new(),
-            failed: Vec::new(),
+            unsettled: Vec::new(),
+            gathered: Vec::new(),
+            messages: Assemblies::new(),
             lifecycle: Lifecycle::Running,
             tally: Tally::default(),
             loop_max: LoopMax::default(),
@@ -431,11 +438,7 @@ impl Server {
             .iter()
             .filter(|(_, conn)| conn.is_open())
             .map(|(slot, conn)| ConnectionInfo {
-                key: ConnRef {
-                    instance: self.config.instance,
-                    slot: slot as u32,
-                    serial: self.serials.get(ConnKey(slot)),
-                },
+                key: conn.conn_ref(ConnKey(slot), self.config.instance),
                 target: conn.target(),
             })
     }
@@ -528,10 +531,10 @@ impl Server {
             action,
             queued_at: now,
         });
-        if self.stream.pass().is_none() {
-            self.advance_broadcasts(now);
+        if self.delivering() {
+            self.frame_waiting();
         } else {
-            self.frame_waiting(now);
+            self.advance_broadcasts(now);
         }
         // Outside an iteration: what the slice did is published here.
         self.publish_metrics(now);
@@ -554,22 +557,22 @@ impl Server {
             if self.commands_taken >= shutdown_after || now >= flush_until {
                 // Nothing more is framed; what was goes out first.
                 self.abandon_commands();
-                if !self.stream.is_busy() {
+                if !self.delivering() {
                     return self.begin_shutdown(now);
                 }
-                return self.fan_out_slice(now);
+                return self.deliver_slice(now);
             }
         }
-        self.frame_waiting(now);
-        self.fan_out_slice(now);
+        self.frame_waiting();
+        self.deliver_slice(now);
     }
 
     /// Takes the commands waiting (up to those queued before a shutdown,
     /// if one was asked for), in order: broadcasts are framed into batches
     /// at the end of the stream, messages for some connections into
-    /// batches addressed to them, subscription changes are made; then the
-    /// addressed batches and closes are delivered, once per connection.
-    fn frame_waiting(&mut self, now: Instant) {
+    /// batches addressed to them (as are closes), subscription changes
+    /// are made. Delivery carries them on (see `delivery`).
+    fn frame_waiting(&mut self) {
         let shutdown_after = self.shared.shutdown_after.load(Ordering::Acquire);
         loop {
             let allowed = shutdown_after.saturating_sub(self.commands_taken);
@@ -604,56 +607,6 @@ impl Server {
                 }
             }
         }
-        self.deliver_targeted(now);
-    }
-
-    /// Carries the pass one slice further (starting one if a connection
-    /// may be owed a batch): at most [`Config::fanout_budget`]
-    /// connections, and [`FANOUT_SLICE_BYTES`], each given every batch it
-    /// is owed with one write.
-    fn fan_out_slice(&mut self, now: Instant) {
-        let Some(pass) = self.stream.begin_pass() else {
-            return;
-        };
-        let stream = std::mem::take(&mut self.stream);
-        let next_seq = stream.next_seq();
-        let budget = self.config.fanout_budget;
-        let key_bound = self.key_bound;
-        let mut failed = std::mem::take(&mut self.failed);
-        let (mut visited, mut offered) = (0, 0);
-        let parts = self.parts(now);
-        let mut ctx = parts.ctx;
-        ctx.next_batch = next_seq;
-        let mut key = pass.cursor;
-        while key < key_bound && visited < budget && offered < FANOUT_SLICE_BYTES {
-            let Some(conn) = parts.conns.get_mut(key) else {
-                key += 1;
-                continue;
-            };
-            let this = ConnKey(key);
-            visited += 1;
-            key += 1;
-            let Some(next) = conn.next_batch().filter(|&next| next != next_seq) else {
-                continue;
-            };
-            let owed = stream.owed(next);
-            offered += owed.iter().map(|f| f.bytes().len()).sum::<usize>();
-            if let Verdict::Close(reason) = conn.deliver(this, owed, next_seq, &mut ctx) {
-                failed.push((this, reason));
-            }
-            if !sync_interest(parts.registry, this, conn) {
-                failed.push((this, CloseReason::Abnormal));
-            }
-        }
-        self.stream = stream;
-        self.stream.advance(key);
-        if key >= key_bound {
-            self.stream.end_pass();
-        }
-        for (key, reason) in failed.drain(..) {
-            self.close(key, reason);
-        }
-        self.failed = failed;
     }
 
     /// After a poll that found several events, whose handling took
@@ -680,8 +633,10 @@ impl Server {
     ) -> io::Result<Option<Duration>> {
         let accept_pending =
             self.accept_again.contains(&true) && self.accept_paused_until.is_none();
-        let broadcasting = self.stream.is_busy() || !self.feed.is_empty();
-        if self.commands_pending || broadcasting || accept_pending || !self.read_again.is_empty() {
+        let broadcasting = self.delivering() || !self.feed.is_empty();
+        let work_pending = broadcasting || accept_pending || !self.read_again.is_empty();
+        let sweep_pending = self.heartbeat_due(now) && !broadcasting;
+        if self.commands_pending || work_pending || sweep_pending {
             return Ok(Some(Duration::ZERO));
         }
         if let Some(at) = self.next_time_event() {
@@ -729,9 +684,10 @@ impl Server {
                 tally: &mut self.tally,
                 replies: &mut self.replies,
                 routes: &mut self.routes,
-                serials: &self.serials,
                 upstream: self.upstream.as_mut(),
                 deflate: &mut self.deflate,
+                gathered: &mut self.gathered,
+                messages: &mut self.messages,
                 now,
                 next_batch: self.stream.next_seq(),
             },

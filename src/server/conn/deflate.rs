@@ -8,7 +8,6 @@ use crate::protocol::deflate::{Agreed, MAX_WINDOW_BITS};
 use crate::protocol::ws::compress::{deflate_into, Level};
 use crate::protocol::ws::inflate::{InflateError, Inflater};
 use crate::protocol::ws::{MessageKind, ProtocolError};
-use crate::server::frames::SharedFrames;
 use crate::server::key::ConnKey;
 
 /// What permessage-deflate gives a connection.
@@ -45,9 +44,6 @@ pub struct DeflateScratch {
     inflated: Vec<u8>,
     /// Where an echo is compressed.
     compressed: Vec<u8>,
-    /// The compressed frames of the batches a connection is owed, as
-    /// references. Empty between uses.
-    variants: Vec<SharedFrames>,
 }
 
 impl Conn {
@@ -93,26 +89,6 @@ impl Conn {
         deflate_into(message, Level::Single, &mut compressed);
         let verdict = self.reply(kind.opcode(), &compressed, true, ctx);
         ctx.deflate.compressed = compressed;
-        verdict
-    }
-
-    /// [`Conn::deliver_frames`] of `owed`, or of their compressed frames
-    /// when this connection gets those and some batch has them.
-    pub(super) fn deliver_variant(
-        &mut self,
-        key: ConnKey,
-        owed: &[SharedFrames],
-        ctx: &mut Ctx<'_>,
-    ) -> Verdict {
-        let full = self.deflate == DeflateUse::Full;
-        if !full || !owed.iter().any(SharedFrames::has_deflated) {
-            return self.deliver_frames(key, owed, ctx);
-        }
-        let mut variants = std::mem::take(&mut ctx.deflate.variants);
-        variants.extend(owed.iter().map(|f| f.for_connection(true).clone()));
-        let verdict = self.deliver_frames(key, &variants, ctx);
-        variants.clear();
-        ctx.deflate.variants = variants;
         verdict
     }
 }

@@ -101,7 +101,7 @@ impl Conn {
             }
         }
         if let Some(upstream) = ctx.upstream.as_deref_mut() {
-            let conn = ctx.serials.conn_ref(key, config.instance);
+            let conn = self.conn_ref(key, config.instance);
             upstream.opened(conn, asked.id, asked.channels());
         }
         self.target = target;

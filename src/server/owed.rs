@@ -1,0 +1,72 @@
+//! What a connection is owed when a delivery visits it: the broadcast
+//! batches of the stream it has not had yet, up to a point, and its own
+//! items (a message for some connections, a close), each placed after
+//! the batches framed before it was addressed. Every kind of delivery,
+//! the pass over every connection and the walk over the recipients of
+//! targeted items alike, hands a connection one [`Owed`], which
+//! [`Conn::deliver`](crate::server::conn::Conn::deliver) writes in order
+//! with one `writev`.
+
+use std::sync::Arc;
+
+use crate::protocol::ws::CloseCode;
+use crate::server::fanout::{Seq, Stream};
+use crate::server::frames::SharedFrames;
+use crate::server::routes::Slot;
+
+/// A connection's own item, after every stream batch before `after`.
+#[derive(Debug, Clone)]
+pub enum Item {
+    /// Frames shared with the other recipients.
+    Frames {
+        /// The stream batch framed next when it was addressed.
+        after: Seq,
+        /// The messages, framed once for every recipient.
+        frames: SharedFrames,
+    },
+    /// A close frame with this code and reason.
+    Close {
+        /// The stream batch framed next when it was addressed.
+        after: Seq,
+        /// The close code.
+        code: CloseCode,
+        /// The reason, shared by the recipients.
+        reason: Arc<str>,
+    },
+}
+
+impl Item {
+    /// The stream batch it comes before.
+    pub fn after(&self) -> Seq {
+        match self {
+            Item::Frames { after, .. } | Item::Close { after, .. } => *after,
+        }
+    }
+}
+
+/// An item addressed to one connection: its slot, the serial of the
+/// connection that held the slot then (a later one in the same slot gets
+/// none of it), and the order it was addressed in.
+#[derive(Debug, Clone)]
+pub struct Addressed {
+    /// The recipient's slot.
+    pub slot: Slot,
+    /// The recipient's serial (see [`Conn::serial`](crate::server::conn::Conn::serial)).
+    pub serial: u32,
+    /// The order of addressing, among the items of one walk.
+    pub order: u32,
+    /// What it gets.
+    pub item: Item,
+}
+
+/// What one visit gives a connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Owed<'a> {
+    /// The broadcast batches.
+    pub stream: &'a Stream,
+    /// Its own items, in the order addressed (empty on the pass).
+    pub items: &'a [Addressed],
+    /// The stream batches before this one are given, those from it on
+    /// wait for a later visit.
+    pub up_to: Seq,
+}
