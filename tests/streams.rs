@@ -15,13 +15,28 @@ use util::{
     client_frame, poll_until, raw, raw_upgraded, read_frame, read_response, upgrade_request,
     TestServer, PING,
 };
-use wspush::{Config, MessageKind, Server, SlowConsumerPolicy};
+use wspush::{Config, MessageKind, Recipients, Server, SlowConsumerPolicy};
 
 /// `count` raw clients upgraded against a server polled meanwhile.
 fn upgraded_clients(server: &mut Server, count: usize) -> Vec<TcpStream> {
+    upgraded_clients_at(server, count, "/")
+}
+
+/// `count` raw clients upgraded at `path` against a server polled meanwhile.
+fn upgraded_clients_at(server: &mut Server, count: usize, path: &str) -> Vec<TcpStream> {
     let addr = server.local_addr();
     let before = server.connections().count();
-    let clients = thread::spawn(move || (0..count).map(|_| raw_upgraded(addr)).collect());
+    let path = path.to_string();
+    let clients = thread::spawn(move || {
+        (0..count)
+            .map(|_| {
+                let mut stream = raw(addr);
+                stream.write_all(upgrade_request(&path).as_bytes()).unwrap();
+                assert_eq!(read_response(&mut stream).status, 101);
+                stream
+            })
+            .collect()
+    });
     poll_until(server, "the upgrades", |s| {
         s.connections().count() == before + count
     });
@@ -128,6 +143,44 @@ fn a_connection_that_upgrades_during_a_pass_gets_exactly_the_lines_taken_after_i
     for client in &mut clients {
         assert_eq!(next_text(client), "A");
         assert_eq!(next_text(client), "B");
+    }
+}
+
+#[test]
+fn a_ping_during_a_long_channel_delivery_is_answered_before_it_ends() {
+    // One connection per loop iteration: a message to 40 subscribers of
+    // a channel takes 40 of them, as a broadcast's pass does.
+    let mut server = Server::bind(Config {
+        fanout_budget: 1,
+        ..Config::default()
+    })
+    .unwrap();
+    let mut clients = upgraded_clients_at(&mut server, 40, "/?channel=hot");
+    let handle = server.handle();
+    let hot = || Recipients::Channels(vec!["hot".into()]);
+    handle.send(hot(), MessageKind::Text, "A").unwrap();
+    poll_until(&mut server, "the first delivery", |s| {
+        s.metrics().broadcast_deliveries >= 1
+    });
+    let reached = server.metrics().broadcast_deliveries;
+    assert!(reached < 10, "{reached} of 40 at a time");
+    clients[20]
+        .write_all(&client_frame(PING, b"still there?"))
+        .unwrap();
+    // On loopback the ping is in the server's queue once write returns.
+    server.poll_once(Some(Duration::ZERO)).unwrap();
+    let pong = read_frame(&mut clients[20]).unwrap();
+    assert_eq!(
+        (pong.opcode, &pong.payload[..]),
+        (0xA, &b"still there?"[..]),
+        "the pong came before the delivery reached this subscriber"
+    );
+    assert!(server.metrics().broadcast_deliveries < 20);
+    poll_until(&mut server, "every delivery", |s| {
+        s.metrics().broadcast_deliveries == 40
+    });
+    for client in &mut clients {
+        assert_eq!(next_text(client), "A");
     }
 }
 

@@ -39,10 +39,10 @@ impl Server {
     /// Runs the heartbeat slice that is due (at most
     /// [`Config::fanout_budget`](crate::Config::fanout_budget) keys; the
     /// rest in the next iterations): pings, and closes connections silent
-    /// for the idle timeout. A slice due while a delivery is under way
-    /// waits for it, up to half an interval (see `heartbeat`).
+    /// for the idle timeout. While a delivery is under way the sweep is
+    /// postponed instead, up to half an interval a pass (see `heartbeat`).
     pub(super) fn sweep_heartbeats(&mut self, now: Instant) {
-        if !self.heartbeat_due(now) || (self.delivering() && !self.heartbeat.overdue(now)) {
+        if !self.heartbeat_due(now) || (self.delivering() && self.heartbeat.postpone(now)) {
             return;
         }
         let budget = self.config.fanout_budget;
