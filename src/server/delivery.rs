@@ -309,7 +309,7 @@ mod tests {
     #[test]
     fn a_targeted_burst_goes_out_a_budget_at_a_time_in_order_with_broadcasts_framed_meanwhile() {
         const BUDGET: usize = 4;
-        let hot = |i: usize| i % 3 != 0;
+        let hot = |i: usize| !i.is_multiple_of(3);
         let (mut server, mut clients) = server_and_clients(BUDGET, 30, hot);
         let handle = server.handle();
         let to_hot = || Recipients::Channels(vec!["hot".into()]);
