@@ -39,6 +39,8 @@ pub struct ClientPlan {
     pub padding: Padding,
     /// The connections offer permessage-deflate (and require it).
     pub deflate: bool,
+    /// The channel the connections subscribe to in their URL, if any.
+    pub channel: Option<String>,
     /// How long a connection may stay connecting or upgrading.
     pub connect_timeout: Duration,
 }
@@ -98,6 +100,7 @@ impl Clients {
                 self.plan.servers[id as usize % self.plan.servers.len()],
                 id,
                 self.plan.deflate,
+                self.plan.channel.as_deref(),
                 registry,
                 Token(index),
                 Interest::READABLE,
@@ -166,6 +169,7 @@ impl Clients {
             },
             inflating: &mut self.inflating,
             tally: &mut self.tally,
+            channel: self.plan.channel.as_deref(),
         };
         let mut handled = 0;
         for event in self.events.iter() {

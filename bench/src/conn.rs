@@ -49,6 +49,8 @@ pub struct Context<'a> {
     pub inflating: &'a mut Inflating,
     /// Where deliveries are recorded.
     pub tally: &'a mut Tally,
+    /// The channel the connections subscribe to in their URL, if any.
+    pub channel: Option<&'a str>,
 }
 
 /// What every message a push connection receives must be.
@@ -131,7 +133,7 @@ impl Conn {
                     return Ok(Transition::Same);
                 }
                 let server = cx.servers[id as usize % cx.servers.len()];
-                dial::send_request(self.stream(), id, cx.expect.deflate, server)?;
+                dial::send_request(self.stream(), id, cx.expect.deflate, cx.channel, server)?;
                 // From here on only reads matter (pongs are written whole).
                 cx.registry
                     .reregister(self.stream(), token, Interest::READABLE)

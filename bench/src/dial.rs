@@ -144,16 +144,18 @@ pub struct Dialed {
 /// connect. Then the socket is registered for `interest` only. If the
 /// socket does not take the request yet, it is registered for reading and
 /// writing, and the caller finishes the connect on the writable event.
+#[allow(clippy::too_many_arguments)]
 pub fn dial(
     source: Ipv4Addr,
     server: SocketAddr,
     id: u64,
     deflate: bool,
+    channel: Option<&str>,
     registry: &Registry,
     token: Token,
     interest: Interest,
 ) -> Result<Dialed, Failure> {
-    let path = default_path(id);
+    let path = default_path(id, channel);
     let ask = Ask {
         path: &path,
         deflate,
@@ -244,9 +246,13 @@ pub fn connected(stream: &TcpStream) -> Result<bool, Failure> {
     }
 }
 
-/// The path connection `id` asks for unless told otherwise: `/ws?id=ID`.
-fn default_path(id: u64) -> String {
-    format!("/ws?id={id}")
+/// The path connection `id` asks for unless told otherwise: `/ws?id=ID`,
+/// and `&channel=NAME` to subscribe to a channel.
+fn default_path(id: u64, channel: Option<&str>) -> String {
+    match channel {
+        Some(channel) => format!("/ws?id={id}&channel={channel}"),
+        None => format!("/ws?id={id}"),
+    }
 }
 
 /// Connection `id`'s upgrade request for `ask`.
@@ -255,15 +261,16 @@ fn request(id: u64, ask: Ask<'_>, server: SocketAddr) -> Vec<u8> {
     handshake::client_request(&server.to_string(), ask.path, &key, ask.deflate)
 }
 
-/// Sends connection `id`'s upgrade request for `/ws?id=ID` (once
-/// [`connected`] says the connect completed).
+/// Sends connection `id`'s upgrade request for `/ws?id=ID` (and
+/// `channel`) once [`connected`] says the connect completed.
 pub fn send_request(
     stream: &mut TcpStream,
     id: u64,
     deflate: bool,
+    channel: Option<&str>,
     server: SocketAddr,
 ) -> Result<(), Failure> {
-    let path = default_path(id);
+    let path = default_path(id, channel);
     send_request_path(
         stream,
         id,

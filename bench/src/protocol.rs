@@ -34,6 +34,9 @@ pub struct Plan {
     pub padding: Padding,
     /// The connections offer permessage-deflate (and require it).
     pub deflate: bool,
+    /// The channel the connections subscribe to in their URL, if any.
+    #[serde(default)]
+    pub channel: Option<String>,
     /// How long a connection may stay connecting or upgrading, in ms.
     pub connect_timeout_ms: u64,
 }
@@ -173,6 +176,7 @@ mod tests {
             payload_bytes: 32,
             padding: Padding::Json,
             deflate: true,
+            channel: Some("hot".into()),
             connect_timeout_ms: 10_000,
         });
         let reports = [

@@ -88,6 +88,11 @@ pub struct PushOptions {
     /// the payload bytes on the wire over their plain size.
     #[arg(long)]
     pub deflate: bool,
+    /// Every connection subscribes to this channel (`&channel=NAME` in its
+    /// URL) and every line is sent as `pub NAME PAYLOAD`: for wspush with
+    /// `--input commands`, a channel's messages instead of broadcasts.
+    #[arg(long, value_name = "NAME")]
+    pub channel: Option<String>,
     /// Connection attempts started per second.
     #[arg(long, default_value_t = 10_000)]
     pub rate: u32,
@@ -188,6 +193,13 @@ pub struct PushOptions {
 }
 
 impl PushOptions {
+    /// What goes before each line's payload: `pub NAME ` with `--channel`.
+    fn line_prefix(&self) -> Vec<u8> {
+        self.channel
+            .as_ref()
+            .map_or_else(Vec::new, |name| format!("pub {name} ").into_bytes())
+    }
+
     fn setup_timeout(&self) -> Duration {
         Duration::from_secs(self.setup_timeout.unwrap_or(60 + self.conns as u64 / 1000))
     }
@@ -341,6 +353,7 @@ pub fn measure_hosts(
         payload_bytes: options.payload_bytes,
         padding: options.padding,
         deflate: options.deflate,
+        channel: options.channel.clone(),
         connect_timeout_ms: options.connect_timeout * 1000,
     };
     let shares = pacing::split_evenly(options.conns, workers);
@@ -637,6 +650,7 @@ impl Run<'_> {
                     let line =
                         message::encode_padded(Stamp { seq, sent_ns }, o.payload_bytes, o.padding)
                             .expect("payload size checked up front");
+                    lines.extend_from_slice(&o.line_prefix());
                     lines.extend_from_slice(&line);
                     lines.push(b'\n');
                 }
@@ -821,8 +835,11 @@ impl Run<'_> {
         let nap_us = o.nap_us * self.fleet.len() as u64;
         let expected = self.fleet.arm(seq, nap_us)?;
         let sent_ns = sys::now_ns();
-        let line = message::encode_padded(Stamp { seq, sent_ns }, o.payload_bytes, o.padding)
-            .expect("payload size checked up front");
+        let mut line = o.line_prefix();
+        line.extend(
+            message::encode_padded(Stamp { seq, sent_ns }, o.payload_bytes, o.padding)
+                .expect("payload size checked up front"),
+        );
         self.target.send_line(&line)?;
         let start = Instant::now();
         let deadline = start + o.message_timeout();

@@ -68,6 +68,7 @@ pub fn run(input: impl Read + Send + 'static, mut output: impl Write) -> Result<
         payload_len: plan.payload_bytes,
         padding: plan.padding,
         deflate: plan.deflate,
+        channel: plan.channel,
         connect_timeout: Duration::from_millis(plan.connect_timeout_ms),
     })?;
     let commands = spawn_command_reader(input, clients.waker()?)?;
