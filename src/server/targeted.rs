@@ -8,12 +8,16 @@
 //! broadcast batches framed before each of its items, its items, and the
 //! batches after them.
 //!
-//! Items addressed while a walk is under way wait for the next walk, in
-//! order. A connection with items waiting is marked with the walk that
-//! holds its last ones (a parity bit, see [`WalkMark`]): the pass leaves it
-//! alone, so that no broadcast framed after an item reaches it first, and
-//! a visit of the walk before gives it the batches only up to the next
-//! walk's first item.
+//! Items addressed while a walk is under way join it when their recipient
+//! is ahead of it (as a broadcast framed during a pass reaches the
+//! connections ahead of the pass in that pass), so that a burst taken in
+//! several steps still costs each recipient one visit; items for
+//! recipients the walk has passed wait for the next walk, in order. A
+//! connection with items waiting is marked with the walk that holds its
+//! last ones (a parity bit, see [`WalkMark`]): the pass leaves it alone,
+//! so that no broadcast framed after an item reaches it first, and a visit
+//! of the walk before gives it the batches only up to the next walk's
+//! first item.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -41,8 +45,14 @@ pub(super) struct Targeted {
     walk: Vec<Addressed>,
     /// The first item of the walk not visited yet.
     at: usize,
-    /// Items addressed since the walk began, in order: the next walk's.
+    /// Items addressed since the walk's last turn to recipients it has
+    /// not reached: they join it at its next turn.
+    joining: Vec<Addressed>,
+    /// Items addressed since the walk began to recipients it has passed,
+    /// in order: the next walk's.
     next: Vec<Addressed>,
+    /// The order of the next item addressed.
+    order: u32,
     /// The parity of the walk under way.
     generation: bool,
     /// The earliest stream batch a connection with items waiting may
@@ -64,11 +74,11 @@ pub(super) struct Turn {
 impl Targeted {
     /// Nothing waits to be delivered.
     pub(super) fn is_idle(&self) -> bool {
-        self.at == self.walk.len() && self.next.is_empty()
+        self.at == self.walk.len() && self.next.is_empty() && self.joining.is_empty()
     }
 
-    /// The mark of a connection given an item now (the next walk's).
-    pub(super) fn next_mark(&self) -> WalkMark {
+    /// The mark of a connection with items in the next walk.
+    fn next_mark(&self) -> WalkMark {
         Some(!self.generation)
     }
 
@@ -88,30 +98,45 @@ impl Targeted {
         self.floor
     }
 
-    /// Adds `item` for the connection `serial` in `slot`, whose next
-    /// stream batch is `cursor`; `earlier` picks the earlier of two
-    /// batch numbers.
+    /// Adds `item` for the connection `serial` in `slot`, now marked
+    /// `mark`, whose next stream batch is `cursor`; `earlier` picks the
+    /// earlier of two batch numbers. Returns the connection's mark: the
+    /// walk under way's if the item joins it, else the next one's.
     pub(super) fn push(
         &mut self,
-        slot: Slot,
-        serial: u32,
+        (slot, serial, mark): (Slot, u32, WalkMark),
         cursor: Seq,
         item: Item,
         earlier: impl Fn(Seq, Seq) -> Seq,
-    ) {
-        let order = self.next.len() as u32;
-        self.next.push(Addressed {
+    ) -> WalkMark {
+        let addressed = Addressed {
             slot,
             serial,
-            order,
+            order: self.order,
             item,
-        });
+        };
+        self.order = self.order.wrapping_add(1);
         self.floor = Some(self.floor.map_or(cursor, |floor| earlier(floor, cursor)));
+        let ahead = self.walk.get(self.at).is_some_and(|a| slot >= a.slot);
+        if ahead && mark != self.next_mark() {
+            self.joining.push(addressed);
+            Some(self.generation)
+        } else {
+            self.next.push(addressed);
+            self.next_mark()
+        }
     }
 
-    /// The next recipient's turn in the walk under way, starting the next
-    /// walk when this one is done; `None` when nothing waits.
+    /// The next recipient's turn in the walk under way (with the items
+    /// that joined it), starting the next walk when this one is done;
+    /// `None` when nothing waits.
     pub(super) fn next_turn(&mut self) -> Option<Turn> {
+        if !self.joining.is_empty() {
+            self.walk.drain(..self.at);
+            self.at = 0;
+            self.walk.append(&mut self.joining);
+            Targeted::sort(&mut self.walk);
+        }
         if self.at == self.walk.len() && !self.begin_walk() {
             return None;
         }
@@ -135,10 +160,11 @@ impl Targeted {
         &self.walk[range]
     }
 
-    /// Forgets the floor once nothing waits.
+    /// Forgets the floor (and restarts the order) once nothing waits.
     pub(super) fn settle_floor(&mut self) {
         if self.is_idle() {
             self.floor = None;
+            self.order = 0;
         }
     }
 
@@ -152,10 +178,14 @@ impl Targeted {
         self.next.clear();
         self.at = 0;
         self.generation = !self.generation;
-        // An unstable sort on a unique key allocates nothing.
-        self.walk
-            .sort_unstable_by_key(|a| (a.slot, a.serial, a.order));
+        Targeted::sort(&mut self.walk);
         true
+    }
+
+    /// By recipient, each one's items in the order addressed (an
+    /// unstable sort on a unique key allocates nothing).
+    fn sort(items: &mut [Addressed]) {
+        items.sort_unstable_by_key(|a| (a.slot, a.serial, a.order));
     }
 }
 
@@ -185,7 +215,6 @@ impl Server {
     fn address(&mut self, to: &Recipients, item: impl Fn() -> Item) {
         self.find_recipients(to);
         let recipients = std::mem::take(&mut self.targeted.recipients);
-        let mark = self.targeted.next_mark();
         let stream = &self.stream;
         for &slot in &recipients {
             let key = ConnKey(slot as usize);
@@ -195,10 +224,10 @@ impl Server {
             let Some(cursor) = conn.next_batch() else {
                 continue;
             };
+            let recipient = (slot, conn.serial(), conn.walk_mark());
+            let earlier = |a, b| stream.earlier(a, b);
+            let mark = self.targeted.push(recipient, cursor, item(), earlier);
             conn.mark_walk(mark);
-            let serial = conn.serial();
-            self.targeted
-                .push(slot, serial, cursor, item(), |a, b| stream.earlier(a, b));
         }
         self.targeted.recipients = recipients;
     }
@@ -292,7 +321,7 @@ mod tests {
         let mut targeted = Targeted::default();
         assert!(targeted.is_idle() && targeted.next_turn().is_none());
         for (slot, text) in [(5, "a"), (2, "b"), (5, "c"), (9, "d"), (2, "e")] {
-            targeted.push(slot, 1, 0, frames(text, 0), min);
+            targeted.push((slot, 1, None), 0, frames(text, 0), min);
         }
         let mut visits = Vec::new();
         while let Some(turn) = targeted.next_turn() {
@@ -307,36 +336,42 @@ mod tests {
     }
 
     #[test]
-    fn items_addressed_during_a_walk_wait_for_the_next_one_under_the_other_mark() {
+    fn items_addressed_during_a_walk_join_it_ahead_of_it_and_wait_for_the_next_behind() {
         let mut targeted = Targeted::default();
-        let first = targeted.next_mark();
-        targeted.push(1, 7, 3, frames("a", 3), min);
-        targeted.push(2, 7, 3, frames("b", 3), min);
+        let first = targeted.push((1, 7, None), 3, frames("a", 3), min);
+        let two = targeted.push((2, 7, None), 3, frames("b", 3), min);
+        assert_eq!(first, two);
+        targeted.push((3, 7, None), 3, frames("c", 3), min);
         let turn = targeted.next_turn().unwrap();
         assert_eq!(turn.slot, 1);
-        // The walk is under way: a new item waits for the next one.
-        assert!(!targeted.waits_for_next(first));
-        let second = targeted.next_mark();
-        assert_ne!(first, second);
-        targeted.push(2, 7, 4, frames("c", 5), min);
-        assert!(targeted.waits_for_next(second));
+        // The walk is at slot 2: slot 1 is behind it, slots 2 and 4 ahead.
+        let behind = targeted.push((1, 7, first), 4, frames("d", 5), min);
+        assert_ne!(behind, first, "the next walk's");
+        assert!(targeted.waits_for_next(behind));
+        assert_eq!(targeted.push((2, 7, two), 4, frames("e", 5), min), two);
+        assert_eq!(targeted.push((4, 7, None), 4, frames("f", 5), min), first);
         assert_eq!(targeted.next_after(), Some(5));
         assert_eq!(targeted.floor(), Some(3));
-        let turn = targeted.next_turn().unwrap();
-        assert_eq!((turn.slot, turn.items.len()), (2, 1), "b only");
-        let turn = targeted.next_turn().unwrap();
-        assert_eq!(text(&targeted.items(turn.items)[0]), b'c');
-        assert_eq!(targeted.next_mark(), first, "marks alternate");
-        assert!(targeted.next_turn().is_none());
+        let mut visits = Vec::new();
+        while let Some(turn) = targeted.next_turn() {
+            let texts: Vec<u8> = targeted.items(turn.items).iter().map(text).collect();
+            visits.push((turn.slot, String::from_utf8(texts).unwrap()));
+        }
+        let expected = [(2, "be"), (3, "c"), (4, "f"), (1, "d")];
+        assert_eq!(
+            visits,
+            expected.map(|(slot, texts)| (slot, texts.to_string()))
+        );
         targeted.settle_floor();
         assert_eq!(targeted.floor(), None);
+        assert!(targeted.is_idle());
     }
 
     #[test]
     fn a_later_connection_in_the_same_slot_has_a_turn_of_its_own() {
         let mut targeted = Targeted::default();
-        targeted.push(4, 1, 0, frames("a", 0), min);
-        targeted.push(4, 2, 0, frames("b", 0), min);
+        targeted.push((4, 1, None), 0, frames("a", 0), min);
+        targeted.push((4, 2, None), 0, frames("b", 0), min);
         let old = targeted.next_turn().unwrap();
         let new = targeted.next_turn().unwrap();
         assert_eq!((old.slot, old.serial, new.slot, new.serial), (4, 1, 4, 2));
