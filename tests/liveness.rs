@@ -32,13 +32,13 @@ const IDLE: Duration = Duration::from_millis(400);
 const CLOSE: Duration = Duration::from_millis(200);
 
 /// The bound docs/OPERATIONS.md gives: silent for the idle timeout, then
-/// closed at most one interval late, plus half an interval for each pass
+/// closed at most one interval late, plus up to one interval for each pass
 /// of the sweep (⌈idle / interval⌉ + 2 of them) that deliveries held
 /// back; then the close handshake's timeout, which a dead client lets run
 /// out.
 fn bound() -> Duration {
-    let visits = IDLE.as_nanos().div_ceil(PING.as_nanos()) as u32 + 2;
-    IDLE + PING + PING / 2 * visits + CLOSE
+    let passes = IDLE.as_nanos().div_ceil(PING.as_nanos()) as u32 + 2;
+    IDLE + PING + PING * passes + CLOSE
 }
 
 /// Not a test by itself: the client process of the others. It upgrades,

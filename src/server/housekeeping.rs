@@ -39,10 +39,14 @@ impl Server {
     /// Runs the heartbeat slice that is due (at most
     /// [`Config::fanout_budget`](crate::Config::fanout_budget) keys; the
     /// rest in the next iterations): pings, and closes connections silent
-    /// for the idle timeout. While a delivery is under way the sweep is
-    /// postponed instead, up to half an interval a pass (see `heartbeat`).
+    /// for the idle timeout. While a delivery is under way (and a little
+    /// after) the sweep is postponed instead, up to one interval a pass
+    /// (see `heartbeat`).
     pub(super) fn sweep_heartbeats(&mut self, now: Instant) {
-        if !self.heartbeat_due(now) || (self.delivering() && self.heartbeat.postpone(now)) {
+        if self.delivering() {
+            self.heartbeat.delivering(now);
+        }
+        if !self.heartbeat_due(now) || self.heartbeat.yield_to_deliveries(now) {
             return;
         }
         let budget = self.config.fanout_budget;
