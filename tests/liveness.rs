@@ -33,7 +33,7 @@ const CLOSE: Duration = Duration::from_millis(200);
 
 /// The bound docs/OPERATIONS.md gives: silent for the idle timeout, then
 /// closed at most one interval late, plus up to one interval for each pass
-/// of the sweep (⌈idle / interval⌉ + 2 of them) that deliveries held
+/// of the sweep (⌈idle / interval⌉ + 2 of them) that broadcasts held
 /// back; then the close handshake's timeout, which a dead client lets run
 /// out.
 fn bound() -> Duration {

@@ -6,12 +6,14 @@
 //! O(connections due) per step, no timer per connection, and the only
 //! per-connection state is two bytes of [`Liveness`]. The ping is one frame encoded once, shared by every connection.
 //!
-//! Heartbeats yield to deliveries: while a delivery is under way, and for
-//! [`GRACE_SLICES`] slice periods after it (the other instances of a host,
-//! fed the same lines, finish their passes a little later), the whole
-//! schedule moves later ([`Heartbeat::yield_to_deliveries`]), by at most
-//! one interval per pass over the keys: no ping is sent beside a fan-out
-//! and none pile up for after it. Pings and their pongs beside a fan-out
+//! Heartbeats yield to broadcasts: while one is on its way to every
+//! connection, and for [`GRACE_SLICES`] slice periods after (the other
+//! instances of a host, fed the same lines, finish their passes a little
+//! later), the whole schedule moves later
+//! ([`Heartbeat::yield_to_deliveries`]), by at most one interval per pass
+//! over the keys: no ping is sent beside a fan-out and none pile up for
+//! after it. Each connection gets the broadcast meanwhile, so a proxy in
+//! front of it sees traffic within the interval all the same. Pings and their pongs beside a fan-out
 //! to a million connections cost as much CPU as the fan-out itself
 //! (bench/RESULTS.md). A slice left over by the loop's budget is finished
 //! in the next iterations.

@@ -39,11 +39,13 @@ impl Server {
     /// Runs the heartbeat slice that is due (at most
     /// [`Config::fanout_budget`](crate::Config::fanout_budget) keys; the
     /// rest in the next iterations): pings, and closes connections silent
-    /// for the idle timeout. While a delivery is under way (and a little
-    /// after) the sweep is postponed instead, up to one interval a pass
-    /// (see `heartbeat`).
+    /// for the idle timeout. While a broadcast is on its way to every
+    /// connection (and a little after) the sweep is postponed instead, up
+    /// to one interval a pass (see `heartbeat`). Messages for some
+    /// connections do not postpone it: the others get no data meanwhile,
+    /// and a proxy in front of them sees only the pings.
     pub(super) fn sweep_heartbeats(&mut self, now: Instant) {
-        if self.delivering() {
+        if self.stream.is_busy() {
             self.heartbeat.delivering(now);
         }
         if !self.heartbeat_due(now) || self.heartbeat.yield_to_deliveries(now) {
