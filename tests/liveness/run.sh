@@ -36,17 +36,8 @@ test_bin="$(cargo test --test liveness --no-run --message-format=json-render-dia
 
 server="wsl-$$-server"
 clients="wsl-$$-clients"
-down() {
-  local ns pid
-  for ns in "$server" "$clients"; do
-    ip netns list | grep -qw "$ns" || continue
-    for pid in $(ip netns pids "$ns" 2>/dev/null); do
-      kill -KILL "$pid" 2>/dev/null || true
-    done
-    ip netns del "$ns" 2>/dev/null || true
-  done
-}
-trap down EXIT
+source "$here/../multihost/netns.sh"
+trap 'netns_remove "$server" "$clients"' EXIT
 log "making namespaces $server (10.78.0.1) and $clients (10.78.0.2)"
 ip netns add "$server"
 ip netns add "$clients"

@@ -45,16 +45,24 @@ netns_up() {
   done
 }
 
-# netns_down PREFIX: kills what still runs in those namespaces (only
+# netns_remove NAME...: kills what still runs in those namespaces (only
 # processes started in them, by pid) and removes them.
-netns_down() {
-  local prefix="$1" host name pid
-  for host in "${netns_hosts[@]}" lan; do
-    name="$prefix$host"
+netns_remove() {
+  local name pid
+  for name in "$@"; do
     ip netns list | grep -qw "$name" || continue
     for pid in $(ip netns pids "$name" 2>/dev/null); do
       kill -KILL "$pid" 2>/dev/null || true
     done
     ip netns del "$name" 2>/dev/null || true
   done
+}
+
+# netns_down PREFIX: removes the namespaces netns_up made.
+netns_down() {
+  local prefix="$1" host names=()
+  for host in "${netns_hosts[@]}" lan; do
+    names+=("$prefix$host")
+  done
+  netns_remove "${names[@]}"
 }
