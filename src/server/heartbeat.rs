@@ -31,7 +31,7 @@ use crate::server::frames::SharedFrames;
 const SLICES: u32 = 32;
 const MIN_PERIOD: Duration = Duration::from_millis(10);
 /// Slice periods the sweep keeps yielding after the last delivery.
-pub const GRACE_SLICES: u32 = 4;
+pub const GRACE_SLICES: u32 = 8;
 
 /// The most visits [`Liveness`] counts (15 bits): one more than the
 /// longest idle timeout allows in intervals.
