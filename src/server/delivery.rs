@@ -8,8 +8,8 @@
 //! - the walk over the recipients of targeted items (messages for a
 //!   channel, an id or a connection, and closes: see `targeted`);
 //! - the pass over every connection, for the broadcast stream (see
-//!   `fanout`), which leaves the connections waiting for the first walk
-//!   to it.
+//!   `fanout`), which leaves a connection with targeted items waiting to
+//!   the first walk, so that it gets everything in order.
 //!
 //! Each visit hands a connection what it is owed ([`Owed`]) through one
 //! function, [`Conn::deliver`], which writes it with one `writev` and
@@ -32,7 +32,7 @@ use crate::server::{sync_interest, Server};
 
 /// Bytes one slice hands to sockets (or queues), at most, before the loop
 /// serves other events again (besides [`Config::fanout_budget`] visits).
-pub(super) const SLICE_BYTES: usize = 8 << 20;
+const SLICE_BYTES: usize = 8 << 20;
 
 /// What one slice may still do.
 #[derive(Debug, Clone, Copy)]
