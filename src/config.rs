@@ -112,11 +112,12 @@ pub struct Config {
     /// ahead waits in [`Handle::broadcast_text`](crate::Handle::broadcast_text),
     /// and the binary stops reading its input meanwhile. Nothing is dropped.
     pub max_pending_bytes: usize,
-    /// Connections a pass visits per loop iteration (each getting the
-    /// broadcast batches it is owed) before the loop serves its other
-    /// events again: a pass over many connections goes on over several
-    /// iterations, and accepts, reads, pongs and timers are served in
-    /// between.
+    /// Connection visits per loop iteration, shared by every kind of
+    /// delivery (the pass of broadcasts, the walk over the recipients of a
+    /// channel's or an id's messages and closes) and, apart, by the
+    /// heartbeat sweep, before the loop serves its other events again: a
+    /// delivery to many connections goes on over several iterations, and
+    /// accepts, reads, pongs and timers are served in between.
     pub fanout_budget: usize,
     /// Channels a client may ask for in its upgrade (`?channel=`) without
     /// a token granting its own; others get 403. Empty allows any.
