@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::protocol::auth::{self, Tokens};
 use crate::protocol::names::Pattern;
+use crate::protocol::position::Epoch;
 
 /// What to do with a broadcast for a connection whose output queue is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +148,22 @@ pub struct Config {
     /// How `/healthz` answers while a feed is lost
     /// ([`Handle::feed_lost`](crate::Handle::feed_lost)).
     pub degraded: Degraded,
+    /// Messages kept for clients that resume (`?since=`): at most this
+    /// many (0 keeps none: every resume but one from the last position is
+    /// a gap) ...
+    pub history_messages: usize,
+    /// ... at most this many bytes of frames (as framed: with positions,
+    /// and compressed too) ...
+    pub history_bytes: usize,
+    /// ... and none older than this.
+    pub history_age: Duration,
+    /// The epoch of the positions given out (`None`: a new one). Servers
+    /// that number their messages the same way (see
+    /// [`Handle::send_at`](crate::Handle::send_at)) and share an epoch
+    /// give the same positions, as the instances of a supervisor do.
+    pub epoch: Option<Epoch>,
+    /// The position the first message gets (unless its source numbers it).
+    pub first_position: u64,
 }
 
 impl Default for Config {
@@ -183,6 +200,11 @@ impl Default for Config {
             degraded: Degraded::Ok,
             deflate: true,
             deflate_min_bytes: 256,
+            history_messages: 10_000,
+            history_bytes: 16 << 20,
+            history_age: Duration::from_secs(300),
+            epoch: None,
+            first_position: 1,
         }
     }
 }
@@ -264,6 +286,7 @@ impl Config {
             ("shutdown timeout", self.shutdown_timeout),
             ("ping interval", self.ping_interval),
             ("idle timeout", self.idle_timeout),
+            ("history age", self.history_age),
         ];
         if let Some((name, _)) = durations.iter().find(|(_, d)| d.is_zero()) {
             return fail(format!("{name} must be longer than zero"));

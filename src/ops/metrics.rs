@@ -207,6 +207,22 @@ metrics! {
     /// (policy `drop`: each one skipped; policy `close`: the one that
     /// overflowed it, as the connection is closed).
     slow_consumer_drops: Counter "wspush_slow_consumer_drops_total" "" "Broadcasts skipped for a connection whose queue was full.",
+    /// Connections that asked for positions without `since`, told the
+    /// current position.
+    resumes_position: Counter "wspush_resumes_total" "{result=\"position\"}" "Connections that asked for positions, by what they were told: the current position (no since), recovered, gap, unknown.",
+    /// Resumes given everything after their `since`.
+    resumes_recovered: Counter "wspush_resumes_total" "{result=\"recovered\"}" "",
+    /// Resumes whose `since` the history no longer reached: told the gap.
+    resumes_gap: Counter "wspush_resumes_total" "{result=\"gap\"}" "",
+    /// Resumes whose `since` was of another epoch or not a position.
+    resumes_unknown: Counter "wspush_resumes_total" "{result=\"unknown\"}" "",
+    /// Replays that found the history had dropped what was left of them
+    /// (their connection took longer than the history keeps): told a gap.
+    replay_overruns: Counter "wspush_replay_overruns_total" "" "Replays that outlasted the history (the connection was told of the gap).",
+    /// Messages in the history now.
+    history_messages: Gauge "wspush_history_messages" "" "Messages held in the history.",
+    /// Bytes of frames in the history now.
+    history_bytes: Gauge "wspush_history_bytes" "" "Bytes of frames held in the history.",
     /// Frames queued for a connection and never written whole: dropped
     /// when it was closed as a slow consumer, or still pending when it
     /// closed (the peer went, or a close or shutdown timed out).

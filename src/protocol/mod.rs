@@ -8,6 +8,7 @@ pub mod deflate;
 pub mod http;
 pub mod lines;
 pub mod names;
+pub mod position;
 pub mod query;
 pub(crate) mod target;
 pub mod ws;

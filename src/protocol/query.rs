@@ -1,6 +1,7 @@
 //! What an upgrade's query asks for besides the upgrade: a client id
 //! (`?id=alice`) and channels (`?channel=news&channel=chat`), checked
-//! against what the token grants and what the server allows anyone.
+//! against what the token grants and what the server allows anyone, and
+//! positions (`?positions=1`, or `?since=POSITION` to resume).
 //! Names are not percent-decoded: none of their bytes needs escaping, so
 //! a `%` is simply not valid.
 
@@ -12,6 +13,22 @@ use crate::protocol::names::{self, Pattern};
 pub const ID_PARAM: &str = "id";
 /// The query parameter naming a channel (repeatable).
 pub const CHANNEL_PARAM: &str = "channel";
+/// The query parameter asking for positions (`1`) or not (`0`).
+pub const POSITIONS_PARAM: &str = "positions";
+/// The query parameter naming the position to resume after.
+pub const SINCE_PARAM: &str = "since";
+
+/// Whether a connection asks for positions, and from where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resume<'a> {
+    /// No positions: messages as they are published.
+    Off,
+    /// Positions, from now on.
+    Positions,
+    /// Positions, and every message after this one (as given: it is
+    /// parsed by the loop, which answers one it cannot place as unknown).
+    Since(&'a str),
+}
 
 /// What the server allows.
 #[derive(Debug, Clone, Copy)]
@@ -28,6 +45,8 @@ pub struct Limits<'a> {
 pub struct Asked<'a> {
     /// The client id: the query's, or the token's when the query has none.
     pub id: Option<&'a str>,
+    /// Positions, and from where.
+    pub resume: Resume<'a>,
     query: &'a str,
 }
 
@@ -60,8 +79,21 @@ pub fn asked<'a>(
     let query = target.split_once('?').map_or("", |(_, query)| query);
     let mut id = None;
     let mut channels = 0;
+    let mut positions = None;
+    let mut since = None;
     for (key, value) in params(query) {
         match key {
+            POSITIONS_PARAM if positions.is_some() => {
+                return Err(Rejection::BadRequest("more than one positions"))
+            }
+            POSITIONS_PARAM => match value {
+                "0" | "1" => positions = Some(value == "1"),
+                _ => return Err(Rejection::BadRequest("positions is 0 or 1")),
+            },
+            SINCE_PARAM if since.is_some() => {
+                return Err(Rejection::BadRequest("more than one since"))
+            }
+            SINCE_PARAM => since = Some(value),
             ID_PARAM if id.is_some() => return Err(Rejection::BadRequest("more than one id")),
             ID_PARAM => {
                 names::check(value).map_err(|_| {
@@ -99,7 +131,13 @@ pub fn asked<'a>(
         (None, bound) => bound,
         (asked, _) => asked,
     };
-    Ok(Asked { id, query })
+    let resume = match (since, positions) {
+        (Some(_), Some(false)) => return Err(Rejection::BadRequest("since asks for positions")),
+        (Some(since), _) => Resume::Since(since),
+        (None, Some(true)) => Resume::Positions,
+        (None, _) => Resume::Off,
+    };
+    Ok(Asked { id, resume, query })
 }
 
 #[cfg(test)]
@@ -121,6 +159,7 @@ mod tests {
         assert_eq!(ok.channels().collect::<Vec<_>>(), ["news", "chat"]);
         let none = asked("/ws", None, &anyone).unwrap();
         assert_eq!((none.id, none.channels().count()), (None, 0));
+        assert_eq!(none.resume, Resume::Off);
 
         let bad = |target: &str| asked(target, None, &anyone).map(|_| ()).unwrap_err();
         assert_eq!(bad("/?id=a&id=b").status(), 400);
@@ -143,6 +182,32 @@ mod tests {
             asked("/?channel=chat", None, &restricted),
             Err(Rejection::Forbidden("channel not allowed"))
         );
+    }
+
+    #[test]
+    fn positions_and_since_are_read_and_a_since_is_kept_as_given() {
+        let anyone = Limits {
+            max_channels: 3,
+            allowed: &[],
+        };
+        fn resume<'a>(target: &'a str, limits: &Limits<'_>) -> Result<Resume<'a>, Rejection> {
+            asked(target, None, limits).map(|a| a.resume)
+        }
+        let resume = |target: &'static str| resume(target, &anyone);
+        assert_eq!(resume("/?positions=1"), Ok(Resume::Positions));
+        assert_eq!(resume("/?positions=0"), Ok(Resume::Off));
+        assert_eq!(resume("/?since=abc.1&id=x"), Ok(Resume::Since("abc.1")));
+        assert_eq!(resume("/?since=&positions=1"), Ok(Resume::Since("")));
+        assert_eq!(resume("/?since=%ff%00"), Ok(Resume::Since("%ff%00")));
+        for bad in [
+            "/?positions=yes",
+            "/?positions",
+            "/?positions=1&positions=1",
+            "/?since=a&since=b",
+            "/?since=a&positions=0",
+        ] {
+            assert_eq!(resume(bad).unwrap_err().status(), 400, "{bad}");
+        }
     }
 
     #[test]

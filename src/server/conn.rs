@@ -31,10 +31,11 @@ use crate::protocol::ws::{
 use crate::server::fanout::Seq;
 use crate::server::frames::SharedFrames;
 use crate::server::heartbeat::{Liveness, Visit};
+use crate::server::history::{History, Replay};
 use crate::server::key::ConnKey;
 use crate::server::nonblocking::{read_some, Progress};
 use crate::server::output::{OutQueue, Sent};
-use crate::server::owed::{Item, Owed};
+use crate::server::owed::{Item, Owed, Unfinished};
 use crate::server::pool::{BufferPool, PooledBuf};
 use crate::server::routes::Routes;
 use crate::server::targeted::WalkMark;
@@ -226,6 +227,14 @@ pub struct Ctx<'a> {
     /// The broadcast batch the loop frames next: where a connection that
     /// upgrades now starts.
     pub next_batch: Seq,
+    /// The positions given out and the history kept.
+    pub history: &'a History,
+    /// Replays asked for by connections that upgraded, for the loop to
+    /// address to them.
+    pub replays: &'a mut Vec<(ConnKey, Replay)>,
+    /// What a delivery visit left of the connection's items, if it could
+    /// not give them all (a replay larger than its queue has room for).
+    pub unfinished: &'a mut Option<Unfinished>,
 }
 
 /// One client connection.
@@ -249,6 +258,9 @@ pub struct Conn {
     liveness: Liveness,
     /// What permessage-deflate, negotiated at the upgrade, gives it.
     deflate: DeflateUse,
+    /// It asked for positions: it gets each message as its position, a
+    /// space and the payload.
+    positions: bool,
     /// The walk its targeted items wait for, if any (see `targeted`).
     walk: WalkMark,
     /// Its serial: which connection of those that held its slot it is.
@@ -272,6 +284,7 @@ impl Conn {
             assembling: false,
             liveness: Liveness::default(),
             deflate: DeflateUse::Off,
+            positions: false,
             walk: None,
             serial,
             target: RequestTarget::default(),
@@ -340,6 +353,11 @@ impl Conn {
             slot: key.slot(),
             serial: self.serial,
         }
+    }
+
+    /// Output bytes queued, not yet taken by the socket.
+    pub fn queued_bytes(&self) -> usize {
+        self.out.queued_bytes()
     }
 
     /// The walk its targeted items wait for, if any.
@@ -517,25 +535,51 @@ impl Conn {
             return Verdict::Keep;
         }
         let full = self.deflate == DeflateUse::Full;
+        let positions = self.positions;
         let mut gathered = std::mem::take(ctx.gathered);
-        let mut gather = |frames: &[SharedFrames]| {
-            gathered.extend(frames.iter().map(|f| f.for_connection(full).clone()));
+        let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames]| {
+            gathered.extend(
+                frames
+                    .iter()
+                    .map(|f| f.for_connection(full, positions).clone()),
+            );
         };
         let mut cursor = self.out.next_batch();
         let mut close = None;
-        for item in owed.items.iter().map(|a| &a.item) {
-            gather(owed.stream.between(cursor, item.after()));
+        for (at, item) in owed.items.iter().map(|a| &a.item).enumerate() {
+            gather(&mut gathered, owed.stream.between(cursor, item.after()));
             cursor = item.after();
             match item {
-                Item::Frames { frames, .. } => gather(std::slice::from_ref(frames)),
+                Item::Frames { frames, .. } => gather(&mut gathered, std::slice::from_ref(frames)),
                 Item::Close { code, reason, .. } => {
                     close = Some((*code, reason));
                     break;
                 }
+                Item::Replay { after, replay } => {
+                    let pending: usize = gathered.iter().map(|f| f.bytes().len()).sum();
+                    let used = self.out.queued_bytes() + pending;
+                    let room = ctx.config.max_queued_bytes.saturating_sub(used);
+                    let progress = ctx.history.gather(replay, full, room, &mut gathered);
+                    if progress.overrun {
+                        Metrics::incr(&ctx.metrics.replay_overruns);
+                    }
+                    if let Some(from) = progress.more {
+                        let replay = Replay {
+                            from,
+                            ..replay.clone()
+                        };
+                        let item = Item::Replay {
+                            after: *after,
+                            replay,
+                        };
+                        *ctx.unfinished = Some(Unfinished { at, item });
+                        break;
+                    }
+                }
             }
         }
-        if close.is_none() {
-            gather(owed.stream.between(cursor, owed.up_to));
+        if close.is_none() && ctx.unfinished.is_none() {
+            gather(&mut gathered, owed.stream.between(cursor, owed.up_to));
             cursor = owed.up_to;
         }
         self.out.set_next_batch(cursor);
@@ -1080,7 +1124,9 @@ fn total_len(parts: &[&[u8]]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::position::Epoch;
     use crate::server::fanout::Stream;
+    use crate::server::history::Bounds;
     use std::io::{Read, Write};
 
     /// One upgraded connection over a loopback pair, with the loop's parts
@@ -1100,6 +1146,9 @@ mod tests {
         deflate: DeflateScratch,
         gathered: Vec<SharedFrames>,
         messages: Assemblies,
+        history: History,
+        replays: Vec<(ConnKey, Replay)>,
+        unfinished: Option<Unfinished>,
     }
 
     const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -1136,6 +1185,17 @@ mod tests {
                 deflate: DeflateScratch::default(),
                 gathered: Vec::new(),
                 messages: Assemblies::new(),
+                history: History::new(
+                    Epoch(1),
+                    1,
+                    Bounds {
+                        messages: 0,
+                        bytes: 0,
+                        age: Duration::from_secs(1),
+                    },
+                ),
+                replays: Vec::new(),
+                unfinished: None,
             }
         }
 
@@ -1175,6 +1235,9 @@ mod tests {
                 gathered: &mut self.gathered,
                 now: Instant::now(),
                 next_batch: 0,
+                history: &self.history,
+                replays: &mut self.replays,
+                unfinished: &mut self.unfinished,
             };
             handler(&mut self.conn, &mut self.scratch, &mut ctx)
         }

@@ -26,8 +26,8 @@ use crate::ops::metrics::Tally;
 use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
 use crate::server::fanout::Stream;
 use crate::server::key::ConnKey;
-use crate::server::owed::Owed;
-use crate::server::targeted::Targeted;
+use crate::server::owed::{Addressed, Owed, Unfinished};
+use crate::server::targeted::{Targeted, Turn};
 use crate::server::{sync_interest, Server};
 
 /// Bytes one slice hands to sockets (or queues), at most, before the loop
@@ -114,7 +114,7 @@ impl Visitor<'_, '_> {
                     stream.next_seq()
                 }
             };
-            let items = targeted.items(turn.items);
+            let items = targeted.items(turn.items.clone());
             self.visit(
                 key,
                 Owed {
@@ -123,7 +123,29 @@ impl Visitor<'_, '_> {
                     up_to,
                 },
             );
+            if let Some(unfinished) = self.ctx.unfinished.take() {
+                self.leave(key, targeted, turn, unfinished);
+            }
         }
+    }
+
+    /// Takes back what a visit left of a connection's items: they wait
+    /// for its queue to drain if it has output queued (its writable
+    /// event brings them back), else for the next walk.
+    fn leave(&mut self, key: ConnKey, targeted: &mut Targeted, turn: Turn, left: Unfinished) {
+        let items = targeted.items(turn.items);
+        let mut rest = Vec::with_capacity(items.len() - left.at);
+        rest.push(Addressed {
+            item: left.item,
+            ..items[left.at].clone()
+        });
+        rest.extend_from_slice(&items[left.at + 1..]);
+        let Some(conn) = self.conns.get_mut(key.0).filter(|c| c.is_open()) else {
+            return;
+        };
+        let park = conn.queued_bytes() > 0;
+        let mark = targeted.leave((turn.slot, turn.serial, conn.walk_mark()), rest, park);
+        conn.mark_walk(mark);
     }
 
     /// One slice of the pass over every connection (starting one if a

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use crate::protocol::commands::ConnRef;
 use crate::protocol::ws::{CloseCode, MessageKind};
-use crate::server::frames::{encoded_len, SharedFrames};
+use crate::server::frames::{encoded_len, Message, SharedFrames};
+use crate::server::history::History;
 
 /// Bytes a queued broadcast is charged besides its payload: its slot in
 /// the channel and the loop's queue, its `Vec` and its time stamp. So even
@@ -108,6 +109,9 @@ pub struct Command {
     pub action: Action,
     /// When it was queued (for the age of the oldest pending command).
     pub queued_at: Instant,
+    /// A message's number from its source, for its position (`None`: the
+    /// next); see [`History::assign`].
+    pub seq: Option<u64>,
 }
 
 impl Command {
@@ -236,8 +240,12 @@ impl Gate {
 pub struct Batch {
     /// Who the messages are for (all of them the same).
     pub to: Recipients,
-    /// The messages' frames, back to back.
+    /// The messages' frames, back to back (with their positions too).
     pub frames: SharedFrames,
+    /// The first and last messages' positions.
+    pub first: u64,
+    /// See `first`.
+    pub last: u64,
     /// Bytes given back to the gate for them.
     pub cost: usize,
 }
@@ -292,9 +300,14 @@ impl Feed {
     /// Takes the command at the front: a subscription change or a close
     /// alone, or the messages there for the same recipients framed into
     /// one batch, as many as fit in `max_bytes` of frames (at least one)
-    /// and at most `max_count` commands. `None` when nothing is waiting
-    /// or `max_count` is 0.
-    pub fn next(&mut self, max_bytes: usize, max_count: u64) -> Option<Taken> {
+    /// and at most `max_count` commands, each given its position by
+    /// `history`. `None` when nothing is waiting or `max_count` is 0.
+    pub fn next(
+        &mut self,
+        max_bytes: usize,
+        max_count: u64,
+        history: &mut History,
+    ) -> Option<Taken> {
         if max_count == 0 {
             return None;
         }
@@ -321,18 +334,39 @@ impl Feed {
             count += 1;
         }
         let to = to.clone();
-        let sends = self.queue.range(..count).map(|c| match &c.action {
-            Action::Send {
-                kind,
-                payload,
-                deflated,
-                ..
-            } => (kind.opcode(), &payload[..], deflated.as_deref()),
-            _ => unreachable!("only sends are framed"),
-        });
+        let positions: Vec<_> = self
+            .queue
+            .range(..count)
+            .map(|c| history.assign(c.seq))
+            .collect();
+        let sends = self
+            .queue
+            .range(..count)
+            .zip(&positions)
+            .map(|(c, position)| match &c.action {
+                Action::Send {
+                    kind,
+                    payload,
+                    deflated,
+                    ..
+                } => Message {
+                    opcode: kind.opcode(),
+                    payload,
+                    deflated: deflated.as_deref(),
+                    position: Some(*position),
+                },
+                _ => unreachable!("only sends are framed"),
+            });
         let frames = SharedFrames::encode_batch(sends);
         let cost = self.queue.drain(..count).map(|c| c.cost()).sum();
-        Some(Taken::Batch(Batch { to, frames, cost }))
+        let (first, last) = (positions[0].seq, positions[count - 1].seq);
+        Some(Taken::Batch(Batch {
+            to,
+            frames,
+            first,
+            last,
+            cost,
+        }))
     }
 
     /// Empties the queue and the channel without sending; returns how many
@@ -360,7 +394,18 @@ mod tests {
                 deflated: None,
             },
             queued_at: Instant::now(),
+            seq: None,
         }
+    }
+
+    /// Positions for tests that do not look at them.
+    fn positions() -> History {
+        let bounds = crate::server::history::Bounds {
+            messages: 0,
+            bytes: 0,
+            age: Duration::from_secs(1),
+        };
+        History::new(crate::protocol::position::Epoch(1), 1, bounds)
     }
 
     fn text(payload: &str) -> Command {
@@ -381,16 +426,19 @@ mod tests {
         for payload in ["a", "bb", "ccc", &"d".repeat(200)] {
             sender.send(text(payload)).unwrap();
         }
-        assert!(feed.next(1 << 20, u64::MAX).is_none(), "not taken yet");
+        assert!(
+            feed.next(1 << 20, u64::MAX, &mut positions()).is_none(),
+            "not taken yet"
+        );
         feed.take_arrivals();
         // 3 + 4 + 5 = 12 bytes of frames fit in 12; the 204-byte one does not.
-        let first = batch(feed.next(12, u64::MAX));
+        let first = batch(feed.next(12, u64::MAX, &mut positions()));
         assert_eq!(first.frames.bytes(), b"\x81\x01a\x81\x02bb\x81\x03ccc");
         assert_eq!(first.cost, 6 + 3 * COMMAND_OVERHEAD);
         // Alone, a batch may be larger than the bound.
-        let big = batch(feed.next(12, u64::MAX));
+        let big = batch(feed.next(12, u64::MAX, &mut positions()));
         assert_eq!((big.frames.count(), big.frames.bytes().len()), (1, 204));
-        assert!(feed.next(12, u64::MAX).is_none());
+        assert!(feed.next(12, u64::MAX, &mut positions()).is_none());
     }
 
     #[test]
@@ -401,8 +449,13 @@ mod tests {
             sender.send(text("x")).unwrap();
         }
         feed.take_arrivals();
-        assert!(feed.next(1 << 20, 0).is_none());
-        assert_eq!(batch(feed.next(1 << 20, 2)).frames.count(), 2);
+        assert!(feed.next(1 << 20, 0, &mut positions()).is_none());
+        assert_eq!(
+            batch(feed.next(1 << 20, 2, &mut positions()))
+                .frames
+                .count(),
+            2
+        );
         assert_eq!(feed.discard_all(), (3, 3 * (1 + COMMAND_OVERHEAD)));
         assert!(feed.is_empty());
     }
@@ -425,21 +478,30 @@ mod tests {
             Command {
                 action: close.clone(),
                 queued_at: Instant::now(),
+                seq: None,
             },
             send(news(), "e"),
         ] {
             sender.send(command).unwrap();
         }
         feed.take_arrivals();
-        let first = batch(feed.next(1 << 20, u64::MAX));
+        let first = batch(feed.next(1 << 20, u64::MAX, &mut positions()));
         assert_eq!(
             (first.to, first.frames.bytes()),
             (news(), &b"\x81\x01a\x81\x01b"[..])
         );
         assert_eq!(first.cost, 2 * (1 + 4 + COMMAND_OVERHEAD));
-        assert_eq!(batch(feed.next(1 << 20, u64::MAX)).to, Recipients::All);
-        assert_eq!(batch(feed.next(1 << 20, u64::MAX)).frames.count(), 1);
-        match feed.next(1 << 20, u64::MAX) {
+        assert_eq!(
+            batch(feed.next(1 << 20, u64::MAX, &mut positions())).to,
+            Recipients::All
+        );
+        assert_eq!(
+            batch(feed.next(1 << 20, u64::MAX, &mut positions()))
+                .frames
+                .count(),
+            1
+        );
+        match feed.next(1 << 20, u64::MAX, &mut positions()) {
             Some(Taken::Control(action, cost)) => {
                 assert_eq!(cost, 3 + 3 + COMMAND_OVERHEAD);
                 assert_eq!(action, close);
@@ -447,7 +509,9 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            batch(feed.next(1 << 20, u64::MAX)).frames.bytes(),
+            batch(feed.next(1 << 20, u64::MAX, &mut positions()))
+                .frames
+                .bytes(),
             b"\x81\x01e"
         );
     }

@@ -3,11 +3,20 @@
 //! by reference on every connection that gets them. A batch with
 //! compressed messages carries a second buffer beside it, for the
 //! connections that negotiated permessage-deflate: the same frames, those
-//! compressed with RSV1 set and their compressed payload.
+//! compressed with RSV1 set and their compressed payload. A batch of
+//! messages with positions carries the frames for connections that asked
+//! for them too: each message's position, a space, then its payload.
+//!
+//! A positioned message that is compressed is not compressed again: its
+//! payload is a stored DEFLATE block holding the position and the space,
+//! then the message's compressed payload as it is. Each compressed
+//! message stands on its own (no context takeover), so its blocks refer
+//! to nothing before them, and the stored block only adds to the window.
 
 use std::sync::Arc;
 
-use crate::protocol::ws::header::MAX_HEADER_LEN;
+use crate::protocol::position::{self, Position};
+use crate::protocol::ws::header::{HeaderStatus, MAX_HEADER_LEN, RSV1};
 use crate::protocol::ws::{FrameHeader, OpCode};
 
 /// Whole frames encoded once, shared by every queue they are in (a thin
@@ -23,6 +32,42 @@ struct Frames {
     /// The same frames for connections that negotiated permessage-deflate,
     /// when some are compressed.
     deflated: Option<SharedFrames>,
+    /// The same messages with their positions, for connections that asked
+    /// for them, when they have positions.
+    positioned: Option<SharedFrames>,
+}
+
+/// A message to frame.
+#[derive(Debug, Clone, Copy)]
+pub struct Message<'a> {
+    /// Text or binary.
+    pub opcode: OpCode,
+    /// The payload.
+    pub payload: &'a [u8],
+    /// The payload compressed for permessage-deflate, if it is.
+    pub deflated: Option<&'a [u8]>,
+    /// Its position, if it has one.
+    pub position: Option<Position>,
+}
+
+/// The largest payload prefix of a positioned message: a stored block's
+/// five bytes, the position and a space.
+const MAX_PREFIX: usize = 5 + position::MAX_LEN + 1;
+
+/// The payload prefix of a message with `position`: the position and a
+/// space, inside a stored DEFLATE block (not final) if `compressed`.
+fn prefix(position: &Position, compressed: bool, out: &mut [u8; MAX_PREFIX]) -> usize {
+    let mut printed = [0u8; position::MAX_LEN];
+    let len = position.write(&mut printed);
+    let start = if compressed { 5 } else { 0 };
+    if compressed {
+        let stored = (len as u16 + 1).to_le_bytes();
+        let inverse = (!(len as u16 + 1)).to_le_bytes();
+        out[..5].copy_from_slice(&[0, stored[0], stored[1], inverse[0], inverse[1]]);
+    }
+    out[start..start + len].copy_from_slice(&printed[..len]);
+    out[start + len] = b' ';
+    start + len + 1
 }
 
 impl SharedFrames {
@@ -38,45 +83,88 @@ impl SharedFrames {
         I: IntoIterator<Item = (OpCode, &'a [u8])>,
         I::IntoIter: Clone,
     {
-        SharedFrames::encode_frames(frames.into_iter().map(|(op, p)| (op, p, false)), None)
+        SharedFrames::encode_batch(frames.into_iter().map(|(opcode, payload)| Message {
+            opcode,
+            payload,
+            deflated: None,
+            position: None,
+        }))
     }
 
-    /// Encodes a batch of messages, each with its compressed payload if it
-    /// has one: the frames of the plain messages, and, if any is
-    /// compressed, beside them the frames for connections that negotiated
-    /// permessage-deflate.
+    /// Encodes a batch of messages: the frames of the plain messages; if
+    /// any is compressed, beside them the frames for connections that
+    /// negotiated permessage-deflate; and if they have positions, the
+    /// positioned frames (with their compressed ones).
     pub fn encode_batch<'a, I>(messages: I) -> SharedFrames
     where
-        I: IntoIterator<Item = (OpCode, &'a [u8], Option<&'a [u8]>)>,
+        I: IntoIterator<Item = Message<'a>>,
         I::IntoIter: Clone,
     {
         let messages = messages.into_iter();
-        let deflated = messages.clone().any(|(_, _, d)| d.is_some()).then(|| {
-            let frames = messages
-                .clone()
-                .map(|(opcode, plain, deflated)| match deflated {
-                    Some(d) => (opcode, d, true),
-                    None => (opcode, plain, false),
-                });
-            SharedFrames::encode_frames(frames, None)
-        });
-        SharedFrames::encode_frames(messages.map(|(op, p, _)| (op, p, false)), deflated)
+        let positioned = messages
+            .clone()
+            .all(|m| m.position.is_some())
+            .then(|| SharedFrames::encode_variants(messages.clone(), true, None));
+        SharedFrames::encode_variants(messages, false, positioned)
     }
 
-    /// Encodes `(opcode, payload, compressed)` frames back to back (RSV1
-    /// set on the compressed ones).
-    fn encode_frames<'a, I>(frames: I, deflated: Option<SharedFrames>) -> SharedFrames
+    /// The frames of `messages`, positioned or not, with the compressed
+    /// frames beside them if any message is compressed.
+    fn encode_variants<'a, I>(
+        messages: I,
+        positioned: bool,
+        with: Option<SharedFrames>,
+    ) -> SharedFrames
     where
-        I: Iterator<Item = (OpCode, &'a [u8], bool)> + Clone,
+        I: Iterator<Item = Message<'a>> + Clone,
     {
-        let size = frames.clone().map(|(_, p, _)| encoded_len(p.len())).sum();
+        let deflated = messages
+            .clone()
+            .any(|m| m.deflated.is_some())
+            .then(|| SharedFrames::encode_frames(messages.clone(), positioned, true, None));
+        let mut frames = SharedFrames::encode_frames(messages, positioned, false, with);
+        Arc::get_mut(&mut frames.0)
+            .expect("not shared yet")
+            .deflated = deflated;
+        frames
+    }
+
+    /// Encodes the messages' frames back to back: with their positions or
+    /// not, with their compressed payloads (RSV1 set) or not.
+    fn encode_frames<'a, I>(
+        messages: I,
+        positioned: bool,
+        compressed: bool,
+        with: Option<SharedFrames>,
+    ) -> SharedFrames
+    where
+        I: Iterator<Item = Message<'a>> + Clone,
+    {
+        let pieces = messages.map(|m| {
+            let (payload, compressed) = match m.deflated {
+                Some(deflated) if compressed => (deflated, true),
+                _ => (m.payload, false),
+            };
+            let mut bytes = [0u8; MAX_PREFIX];
+            let len = match m.position {
+                Some(position) if positioned => prefix(&position, compressed, &mut bytes),
+                _ => 0,
+            };
+            (m.opcode, compressed, bytes, len, payload)
+        });
+        let size = pieces
+            .clone()
+            .map(|(_, _, _, prefix, payload)| encoded_len(prefix + payload.len()))
+            .sum();
         let mut bytes = Vec::with_capacity(size);
         let mut header = [0u8; MAX_HEADER_LEN];
         let mut count = 0u32;
-        for (opcode, payload, compressed) in frames {
-            let frame = FrameHeader::server_message(opcode, payload.len() as u64, compressed);
-            let len = frame.encode(&mut header);
-            bytes.extend_from_slice(&header[..len]);
+        for (opcode, compressed, prefix, prefix_len, payload) in pieces {
+            let len = (prefix_len + payload.len()) as u64;
+            let frame = FrameHeader::server_message(opcode, len, compressed);
+            let header_len = frame.encode(&mut header);
+            bytes.extend_from_slice(&header[..header_len]);
+            bytes.extend_from_slice(&prefix[..prefix_len]);
             bytes.extend_from_slice(payload);
             count += 1;
         }
@@ -84,17 +172,60 @@ impl SharedFrames {
         SharedFrames(Arc::new(Frames {
             count,
             bytes: bytes.into_boxed_slice(),
-            deflated,
+            deflated: None,
+            positioned: with,
         }))
     }
 
-    /// The frames a connection gets: the compressed ones if it negotiated
-    /// permessage-deflate and there are any.
-    pub fn for_connection(&self, deflate: bool) -> &SharedFrames {
-        match &self.0.deflated {
-            Some(deflated) if deflate => deflated,
+    /// The frames a connection gets: with positions if it asked for them
+    /// and they have some, compressed if it negotiated permessage-deflate
+    /// and some are.
+    pub fn for_connection(&self, deflate: bool, positions: bool) -> &SharedFrames {
+        let frames = match &self.0.positioned {
+            Some(positioned) if positions => positioned,
             _ => self,
+        };
+        match &frames.0.deflated {
+            Some(deflated) if deflate => deflated,
+            _ => frames,
         }
+    }
+
+    /// The positioned frames (with their compressed ones), if the
+    /// messages have positions.
+    pub fn positioned(&self) -> Option<&SharedFrames> {
+        self.0.positioned.as_ref()
+    }
+
+    /// Bytes of the frames and of their compressed ones.
+    pub fn len_with_deflated(&self) -> usize {
+        self.0.bytes.len() + self.0.deflated.as_ref().map_or(0, |d| d.0.bytes.len())
+    }
+
+    /// The frames' payloads in order, each with whether it is compressed.
+    pub fn payloads(&self) -> impl Iterator<Item = (&[u8], bool)> {
+        let mut rest = self.bytes();
+        std::iter::from_fn(move || {
+            let (start, end, compressed) = frame_bounds(rest)?;
+            let payload = &rest[start..end];
+            rest = &rest[end..];
+            Some((payload, compressed))
+        })
+    }
+
+    /// The same frames but the first `n` (and the same of the compressed
+    /// ones), copied.
+    pub fn skip(&self, n: usize) -> SharedFrames {
+        let mut at = 0;
+        for _ in 0..n {
+            at += frame_bounds(&self.bytes()[at..]).map_or(0, |(_, end, _)| end);
+        }
+        SharedFrames(Arc::new(Frames {
+            count: self.0.count.saturating_sub(n as u32),
+            bytes: self.bytes()[at..].into(),
+            deflated: self.0.deflated.as_ref().map(|d| d.skip(n)),
+            positioned: self.0.positioned.as_ref().map(|p| p.skip(n)),
+        }))
     }
 
     /// Bytes already encoded (one frame, or the unwritten rest of one).
@@ -103,6 +234,7 @@ impl SharedFrames {
             count: 1,
             bytes: parts.concat().into_boxed_slice(),
             deflated: None,
+            positioned: None,
         }))
     }
 
@@ -127,6 +259,19 @@ impl SharedFrames {
     #[cfg(test)]
     pub fn is(&self, other: &SharedFrames) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// Where the payload of the first frame of `bytes` (frames the loop
+/// encoded) begins and ends, and whether it is compressed; `None` at the
+/// end.
+fn frame_bounds(bytes: &[u8]) -> Option<(usize, usize, bool)> {
+    match FrameHeader::parse(bytes) {
+        Ok(HeaderStatus::Complete(header, len)) => {
+            let end = len + header.payload_len as usize;
+            (end <= bytes.len()).then_some((len, end, header.rsv & RSV1 != 0))
+        }
+        _ => None,
     }
 }
 

@@ -263,11 +263,37 @@ impl Handle {
         kind: MessageKind,
         payload: impl Into<Vec<u8>>,
     ) -> Result<(), BroadcastError> {
+        self.send_numbered(None, to, kind, payload)
+    }
+
+    /// [`Handle::send`] of a message its source numbered `seq`: its
+    /// position is `seq` (or, if that is not after the last position
+    /// given out, the next one). A source that numbers its messages the
+    /// same way for every server (as the binary numbers its input lines)
+    /// gives every server the same positions, so a client may resume on
+    /// any of them.
+    pub fn send_at(
+        &self,
+        seq: u64,
+        to: Recipients,
+        kind: MessageKind,
+        payload: impl Into<Vec<u8>>,
+    ) -> Result<(), BroadcastError> {
+        self.send_numbered(Some(seq), to, kind, payload)
+    }
+
+    fn send_numbered(
+        &self,
+        seq: Option<u64>,
+        to: Recipients,
+        kind: MessageKind,
+        payload: impl Into<Vec<u8>>,
+    ) -> Result<(), BroadcastError> {
         check_recipients(&to)?;
         let payload = payload.into();
         let shared = &self.shared;
         check_message_limit(&payload, shared.max_message_bytes, &shared.metrics)?;
-        Ok(self.queue(shared.send_action(to, kind, payload))?)
+        Ok(self.queue(shared.send_action(to, kind, payload), seq)?)
     }
 
     /// Subscribes the connections of client `id` to `channels` (those
@@ -290,11 +316,12 @@ impl Handle {
         names::check(id)?;
         channels.iter().try_for_each(|c| names::check(c))?;
         let channels = channels.iter().map(|c| c.to_string()).collect();
-        Ok(self.queue(Action::Subscribe {
+        let action = Action::Subscribe {
             on,
             id: id.into(),
             channels,
-        })?)
+        };
+        Ok(self.queue(action, None)?)
     }
 
     /// Closes the connections of `whom` with a close frame carrying
@@ -309,19 +336,21 @@ impl Handle {
         if !commands::may_send(code) || reason.len() > MAX_REASON_LEN {
             return Err(BroadcastError::BadClose);
         }
-        Ok(self.queue(Action::Close {
+        let action = Action::Close {
             whom,
             code,
             reason: reason.into(),
-        })?)
+        };
+        Ok(self.queue(action, None)?)
     }
 
     fn broadcast(&self, kind: MessageKind, payload: Vec<u8>) -> Result<(), BroadcastError> {
         self.send(Recipients::All, kind, payload)
     }
 
-    /// Queues `action` for the loop, waiting for room.
-    fn queue(&self, action: Action) -> Result<(), ServerGone> {
+    /// Queues `action` (numbered `seq` by its source) for the loop,
+    /// waiting for room.
+    fn queue(&self, action: Action, seq: Option<u64>) -> Result<(), ServerGone> {
         let shared = &self.shared;
         let queued = &shared.broadcasts_queued;
         queued.fetch_add(1, Ordering::AcqRel);
@@ -333,6 +362,7 @@ impl Handle {
         let command = Command {
             action,
             queued_at: Instant::now(),
+            seq,
         };
         if self.commands.send(command).is_err() {
             shared.gate.release(cost);

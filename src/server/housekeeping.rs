@@ -78,6 +78,7 @@ impl Server {
     /// pool buffers back, and log the stats line when it is due.
     pub(super) fn housekeeping(&mut self, now: Instant) {
         self.trim_pool(now);
+        self.history.evict(now);
         if self.routes.take_grown() {
             // A grown index left its old, smaller table free.
             sys::release_free_memory();
@@ -117,6 +118,8 @@ impl Server {
             self.routes.subscription_count() as u64,
         );
         Metrics::set(&metrics.connections_with_id, self.routes.id_count() as u64);
+        Metrics::set(&metrics.history_messages, self.history.messages() as u64);
+        Metrics::set(&metrics.history_bytes, self.history.bytes() as u64);
         let age = self.feed.oldest_age(now).as_micros();
         Metrics::set(
             &metrics.broadcast_queue_age_us,

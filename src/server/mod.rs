@@ -33,6 +33,7 @@ mod feed;
 mod frames;
 mod handle;
 mod heartbeat;
+mod history;
 mod housekeeping;
 mod key;
 mod nonblocking;
@@ -63,7 +64,9 @@ use crate::server::fanout::Stream;
 use crate::server::feed::{Action, Command, Feed, Gate, Taken};
 use crate::server::frames::SharedFrames;
 use crate::server::heartbeat::Heartbeat;
+use crate::server::history::{Bounds, History, Replay};
 use crate::server::key::Serials;
+use crate::server::owed::Unfinished;
 use crate::server::per_ip::PerIpLimit;
 use crate::server::pool::BufferPool;
 use crate::server::routes::Routes;
@@ -250,6 +253,12 @@ pub struct Server {
     gathered: Vec<SharedFrames>,
     /// See [`Ctx::messages`].
     messages: Assemblies,
+    /// The positions given out and the history kept (see [`Ctx::history`]).
+    history: History,
+    /// See [`Ctx::replays`].
+    replays: Vec<(ConnKey, Replay)>,
+    /// See [`Ctx::unfinished`].
+    unfinished: Option<Unfinished>,
     lifecycle: Lifecycle,
     tally: Tally,
     loop_max: LoopMax,
@@ -343,6 +352,13 @@ impl Server {
         let (command_sender, commands) = mpsc::channel();
         let now = Instant::now();
         let batching = Batching::new(config.batch_delay);
+        let bounds = Bounds {
+            messages: config.history_messages,
+            bytes: config.history_bytes,
+            age: config.history_age,
+        };
+        let epoch = config.epoch.unwrap_or_default();
+        let history = History::new(epoch, config.first_position, bounds);
         Ok(Server {
             alarm: Alarm::new(poll.registry(), ALARM)?,
             poll,
@@ -386,6 +402,9 @@ impl Server {
             unsettled: Vec::new(),
             gathered: Vec::new(),
             messages: Assemblies::new(),
+            history,
+            replays: Vec::new(),
+            unfinished: None,
             lifecycle: Lifecycle::Running,
             tally: Tally::default(),
             loop_max: LoopMax::default(),
@@ -530,6 +549,7 @@ impl Server {
         self.feed.push(Command {
             action,
             queued_at: now,
+            seq: None,
         });
         if self.delivering() {
             self.frame_waiting();
@@ -576,7 +596,7 @@ impl Server {
         let shutdown_after = self.shared.shutdown_after.load(Ordering::Acquire);
         loop {
             let allowed = shutdown_after.saturating_sub(self.commands_taken);
-            let Some(taken) = self.feed.next(MAX_BATCH_BYTES, allowed) else {
+            let Some(taken) = self.feed.next(MAX_BATCH_BYTES, allowed, &mut self.history) else {
                 break;
             };
             let metrics = &self.shared.metrics;
@@ -587,6 +607,9 @@ impl Server {
                     self.commands_taken += count;
                     Metrics::add(&metrics.broadcasts, count);
                     Metrics::incr(&metrics.broadcast_batches);
+                    let (first, last) = (batch.first, batch.last);
+                    self.history
+                        .keep(first, last, &batch.to, &batch.frames, Instant::now());
                     match batch.to {
                         Recipients::All => self.stream.push(batch.frames),
                         to => self.address_frames(&to, batch.frames),
@@ -690,6 +713,9 @@ impl Server {
                 messages: &mut self.messages,
                 now,
                 next_batch: self.stream.next_seq(),
+                history: &self.history,
+                replays: &mut self.replays,
+                unfinished: &mut self.unfinished,
             },
         }
     }
@@ -713,6 +739,9 @@ impl Server {
     /// Acts on a handler's verdict: close, schedule another read, and keep
     /// the writable interest in step with the output queue.
     fn settle(&mut self, key: ConnKey, verdict: Verdict) {
+        if !self.replays.is_empty() {
+            self.address_replays();
+        }
         match verdict {
             Verdict::Close(reason) => return self.close(key, reason),
             Verdict::Serve(endpoint) => {
@@ -726,7 +755,13 @@ impl Server {
         let registry = self.poll.registry();
         if let Some(conn) = self.conns.get_mut(key.0) {
             if !sync_interest(registry, key, conn) {
-                self.close(key, CloseReason::Abnormal);
+                return self.close(key, CloseReason::Abnormal);
+            }
+            if self.targeted.has_parked() && conn.queued_bytes() == 0 {
+                // Its queue drained: its replay goes on.
+                if let Some(mark) = self.targeted.unpark(key.slot(), conn.serial()) {
+                    conn.mark_walk(mark);
+                }
             }
         }
     }
@@ -735,6 +770,7 @@ impl Server {
         let Some(conn) = self.conns.try_remove(key.0) else {
             return;
         };
+        self.targeted.forget(key.slot());
         if let Some(per_ip) = &mut self.per_ip {
             per_ip.release(key);
         }

@@ -1,7 +1,7 @@
 //! What a connection is owed when a delivery visits it: the broadcast
 //! batches of the stream it has not had yet, up to a point, and its own
-//! items (a message for some connections, a close), each placed after
-//! the batches framed before it was addressed. Every kind of delivery,
+//! items (a message for some connections, a close, the replay of what it
+//! missed), each placed after the batches framed before it was addressed. Every kind of delivery,
 //! the pass over every connection and the walk over the recipients of
 //! targeted items alike, hands a connection one [`Owed`], which
 //! [`Conn::deliver`](crate::server::conn::Conn::deliver) writes in order
@@ -12,6 +12,7 @@ use std::sync::Arc;
 use crate::protocol::ws::CloseCode;
 use crate::server::fanout::{Seq, Stream};
 use crate::server::frames::SharedFrames;
+use crate::server::history::Replay;
 use crate::server::routes::Slot;
 
 /// A connection's own item, after every stream batch before `after`.
@@ -33,15 +34,36 @@ pub enum Item {
         /// The reason, shared by the recipients.
         reason: Arc<str>,
     },
+    /// The messages of the history a resuming connection missed, before
+    /// its live ones (a visit may give part of them: see
+    /// [`Unfinished`]).
+    Replay {
+        /// The stream batch it started at, when it upgraded.
+        after: Seq,
+        /// What is left of the replay.
+        replay: Replay,
+    },
 }
 
 impl Item {
     /// The stream batch it comes before.
     pub fn after(&self) -> Seq {
         match self {
-            Item::Frames { after, .. } | Item::Close { after, .. } => *after,
+            Item::Frames { after, .. } | Item::Close { after, .. } | Item::Replay { after, .. } => {
+                *after
+            }
         }
     }
+}
+
+/// What a visit left of a connection's items: the first of them not
+/// given in full (a replay, what is left of it), and those after it.
+#[derive(Debug)]
+pub struct Unfinished {
+    /// Where the items left begin among those the visit was given.
+    pub at: usize,
+    /// What is left of that item.
+    pub item: Item,
 }
 
 /// An item addressed to one connection: its slot, the serial of the

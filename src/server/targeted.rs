@@ -19,6 +19,7 @@
 //! of the walk before gives it the batches only up to the next walk's
 //! first item.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -60,6 +61,11 @@ pub(super) struct Targeted {
     floor: Option<Seq>,
     /// The recipients of the command being addressed.
     recipients: Vec<Slot>,
+    /// Connections whose replay waits for their queue to drain before
+    /// going on (see [`Unfinished`](crate::server::owed::Unfinished)), by slot: the connection's serial and
+    /// its items left, in order. It takes no part in walks meanwhile, and
+    /// items addressed to it join these.
+    parked: HashMap<Slot, (u32, Vec<Addressed>)>,
 }
 
 /// One recipient's turn in a walk: the connection that held `slot` when
@@ -117,6 +123,10 @@ impl Targeted {
         };
         self.order = self.order.wrapping_add(1);
         self.floor = Some(self.floor.map_or(cursor, |floor| earlier(floor, cursor)));
+        if let Some((_, items)) = self.parked.get_mut(&slot).filter(|(s, _)| *s == serial) {
+            items.push(addressed);
+            return mark;
+        }
         let ahead = self.walk.get(self.at).is_some_and(|a| slot >= a.slot);
         if ahead && mark != self.next_mark() {
             self.joining.push(addressed);
@@ -162,10 +172,54 @@ impl Targeted {
 
     /// Forgets the floor (and restarts the order) once nothing waits.
     pub(super) fn settle_floor(&mut self) {
-        if self.is_idle() {
+        if self.is_idle() && self.parked.is_empty() {
             self.floor = None;
             self.order = 0;
         }
+    }
+
+    /// Takes back what a visit left of a connection's items: parked until
+    /// its queue drains if `parked`, else for the next walk. Returns the
+    /// connection's mark.
+    pub(super) fn leave(
+        &mut self,
+        (slot, serial, mark): (Slot, u32, WalkMark),
+        items: Vec<Addressed>,
+        park: bool,
+    ) -> WalkMark {
+        if park {
+            self.parked.insert(slot, (serial, items));
+            return mark.or(Some(self.generation));
+        }
+        for addressed in items {
+            self.next.push(Addressed {
+                order: self.order,
+                ..addressed
+            });
+            self.order = self.order.wrapping_add(1);
+        }
+        self.next_mark()
+    }
+
+    /// The items parked for the connection `serial` in `slot`, if any,
+    /// now for the next walk; returns the connection's mark then.
+    pub(super) fn unpark(&mut self, slot: Slot, serial: u32) -> Option<WalkMark> {
+        let (parked, _) = self.parked.get(&slot)?;
+        if *parked != serial {
+            return None;
+        }
+        let (_, items) = self.parked.remove(&slot).expect("parked");
+        Some(self.leave((slot, serial, None), items, false))
+    }
+
+    /// Forgets what was parked for the connection in `slot` (closed).
+    pub(super) fn forget(&mut self, slot: Slot) {
+        self.parked.remove(&slot);
+    }
+
+    /// Whether some connection's items are parked.
+    pub(super) fn has_parked(&self) -> bool {
+        !self.parked.is_empty()
     }
 
     /// Makes the items addressed so far the walk under way, sorted by
@@ -208,6 +262,25 @@ impl Server {
             code,
             reason: Arc::clone(&reason),
         });
+    }
+
+    /// Addresses the replays the connections that upgraded asked for,
+    /// each before anything live: at the batch it starts at.
+    pub(super) fn address_replays(&mut self) {
+        let stream = &self.stream;
+        for (key, replay) in self.replays.drain(..) {
+            let Some(conn) = self.conns.get_mut(key.0) else {
+                continue;
+            };
+            let Some(after) = conn.next_batch() else {
+                continue;
+            };
+            let recipient = (key.slot(), conn.serial(), conn.walk_mark());
+            let item = Item::Replay { after, replay };
+            let earlier = |a, b| stream.earlier(a, b);
+            let mark = self.targeted.push(recipient, after, item, earlier);
+            conn.mark_walk(mark);
+        }
     }
 
     /// Gives each of `to`'s open connections an item, and marks it as
@@ -308,7 +381,7 @@ mod tests {
     fn text(a: &Addressed) -> u8 {
         match &a.item {
             Item::Frames { frames, .. } => frames.bytes()[2],
-            Item::Close { .. } => b'!',
+            Item::Close { .. } | Item::Replay { .. } => b'!',
         }
     }
 

@@ -7,11 +7,16 @@ use crate::ops::metrics::Metrics;
 use crate::protocol::http::{
     self, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
 };
-use crate::protocol::query::{self, Limits};
+use crate::protocol::position::Status;
+use crate::protocol::query::{self, Limits, Resume};
 use crate::protocol::target::RequestTarget;
+use crate::protocol::ws::header::MAX_HEADER_LEN;
 use crate::protocol::ws::Decoder;
+use crate::protocol::ws::{FrameHeader, OpCode};
 use crate::server::heartbeat::Liveness;
+use crate::server::history::{Filter, Replay};
 use crate::server::key::ConnKey;
+use std::sync::Arc;
 
 impl Conn {
     /// Parses the request (of which `bytes[..seen]` was found partial
@@ -38,9 +43,10 @@ impl Conn {
         match http::parse_request_after(bytes, seen, &rules) {
             Ok(HeadStatus::Partial) => (0, Verdict::Keep),
             Ok(HeadStatus::Upgrade(upgrade, head_len)) => {
-                if let Err(rejection) = self.join(key, &upgrade, ctx) {
-                    return (bytes.len(), self.reject(key, rejection, ctx));
-                }
+                let resume = match self.join(key, &upgrade, ctx) {
+                    Ok(resume) => resume,
+                    Err(rejection) => return (bytes.len(), self.reject(key, rejection, ctx)),
+                };
                 let len = http::write_accept_response(
                     &upgrade.accept,
                     upgrade.deflate.as_ref(),
@@ -58,7 +64,8 @@ impl Conn {
                 Metrics::decr(&ctx.metrics.connections_http);
                 Metrics::incr(&ctx.metrics.connections_open);
                 log::debug!("upgraded {}", self.target());
-                let sent = self.send(Outgoing::Response(&response[..len], &[]), ctx);
+                let status = self.resume(key, resume, ctx);
+                let sent = self.send(Outgoing::Response(&response[..len], &status), ctx);
                 (head_len, Verdict::after(sent))
             }
             Ok(HeadStatus::Endpoint(endpoint, head_len)) => {
@@ -71,13 +78,15 @@ impl Conn {
 
     /// Takes the client id and channels the upgrade asks for, if they are
     /// valid and allowed, and enters them in the routes; keeps the target
-    /// without the token (never kept or logged) and the channels.
+    /// without the token (never kept or logged) and the channels. Returns
+    /// what it asks of positions, with the id and channels a replay
+    /// follows.
     fn join(
         &mut self,
         key: ConnKey,
         upgrade: &http::Upgrade<'_>,
         ctx: &mut Ctx<'_>,
-    ) -> Result<(), Rejection> {
+    ) -> Result<Option<(Option<String>, Filter)>, Rejection> {
         let config = ctx.config;
         let grant = upgrade
             .token
@@ -105,7 +114,64 @@ impl Conn {
             upstream.opened(conn, asked.id, asked.channels());
         }
         self.target = target;
-        Ok(())
+        Ok(match asked.resume {
+            Resume::Off => None,
+            Resume::Positions => Some((None, Filter::default())),
+            Resume::Since(since) => Some((
+                Some(since.to_string()),
+                Filter {
+                    id: asked.id.map(Box::from),
+                    channels: asked.channels().map(Box::from).collect(),
+                },
+            )),
+        })
+    }
+
+    /// A connection that asked for positions gets them from now on, and
+    /// its status message (the frame returned, empty for one that did
+    /// not ask); one resuming is given a replay, addressed to it by the
+    /// loop before anything live.
+    fn resume(
+        &mut self,
+        key: ConnKey,
+        asked: Option<(Option<String>, Filter)>,
+        ctx: &mut Ctx<'_>,
+    ) -> Vec<u8> {
+        let Some((since, filter)) = asked else {
+            return Vec::new();
+        };
+        self.positions = true;
+        let history = ctx.history;
+        let (status, replay) = match since {
+            None => (
+                Status::Position {
+                    current: history.current(),
+                },
+                None,
+            ),
+            Some(since) => history.resume(since.as_bytes(), ctx.now),
+        };
+        let metrics = ctx.metrics;
+        Metrics::incr(match status {
+            Status::Position { .. } => &metrics.resumes_position,
+            Status::Recovered { .. } => &metrics.resumes_recovered,
+            Status::Gap { .. } => &metrics.resumes_gap,
+            Status::Unknown { .. } => &metrics.resumes_unknown,
+        });
+        if let Some((from, through)) = replay {
+            let filter = Arc::new(filter);
+            let replay = Replay {
+                from,
+                through,
+                filter,
+            };
+            ctx.replays.push((key, replay));
+        }
+        let message = status.message();
+        let mut frame = [0u8; MAX_HEADER_LEN];
+        let header = FrameHeader::server(OpCode::Text, message.len() as u64);
+        let len = header.encode(&mut frame);
+        [&frame[..len], message.as_bytes()].concat()
     }
 
     /// Answers with an HTTP error and lingers until the client goes.

@@ -1,0 +1,282 @@
+//! Positions and resume: a client that asks for positions gets each
+//! message as its position, a space and the payload; one that comes back
+//! with `?since=` is told whether everything it missed follows (recovered),
+//! only what the history still holds (gap), or nothing (unknown), gets it
+//! in order and exactly once, then goes on live.
+
+mod util;
+
+use std::time::Duration;
+
+use tungstenite::Message;
+use util::{connect, texts, Client, TestServer};
+use wspush::{Config, MessageKind, Recipients};
+
+/// The status message a client is told first: (status, position, from).
+fn status(client: &mut Client) -> (String, String, Option<String>) {
+    let text = texts(client, 1).remove(0);
+    assert!(text.starts_with('{'), "not a status: {text}");
+    let field = |name: &str| {
+        let key = format!("\"{name}\":\"");
+        let start = text.find(&key)? + key.len();
+        Some(text[start..start + text[start..].find('"')?].to_string())
+    };
+    (
+        field("status").expect("a status"),
+        field("position").expect("a position"),
+        field("from"),
+    )
+}
+
+/// The next `n` positioned messages: (position, payload).
+fn positioned(client: &mut Client, n: usize) -> Vec<(String, String)> {
+    texts(client, n)
+        .into_iter()
+        .map(|text| {
+            let (position, payload) = text.split_once(' ').expect("position, space, payload");
+            (position.to_string(), payload.to_string())
+        })
+        .collect()
+}
+
+fn payloads(messages: &[(String, String)]) -> Vec<&str> {
+    messages.iter().map(|(_, p)| p.as_str()).collect()
+}
+
+/// Broadcasts `lines` and waits until the loop has taken them all.
+fn publish(server: &TestServer, lines: &[&str]) {
+    let before = server.handle.metrics().broadcasts;
+    for line in lines {
+        server.handle.broadcast_text(*line).unwrap();
+    }
+    let taken = before + lines.len() as u64;
+    server.wait_for("the loop to take the lines", |m| m.broadcasts >= taken);
+}
+
+fn channels(names: &[&str]) -> Recipients {
+    Recipients::Channels(names.iter().map(|n| n.to_string()).collect())
+}
+
+#[test]
+fn positions_go_to_those_who_ask_and_nothing_changes_for_the_others() {
+    let server = TestServer::start(Config::default());
+    let mut plain = connect(server.addr, "/");
+    let mut with = connect(server.addr, "/?positions=1");
+    let (name, first, _) = status(&mut with);
+    assert_eq!(name, "position");
+    let epoch = first.split_once('.').unwrap().0.to_string();
+    assert_eq!(first, format!("{epoch}.0"), "nothing given out yet");
+    server.handle.broadcast_text("hello").unwrap();
+    server.handle.broadcast_binary(vec![0u8, 255, 32]).unwrap();
+    assert_eq!(texts(&mut plain, 1), ["hello"]);
+    assert_eq!(
+        plain.read().unwrap(),
+        Message::Binary(vec![0u8, 255, 32].into())
+    );
+    assert_eq!(
+        positioned(&mut with, 1),
+        [(format!("{epoch}.1"), "hello".into())]
+    );
+    let mut expected = format!("{epoch}.2 ").into_bytes();
+    expected.extend_from_slice(&[0, 255, 32]);
+    assert_eq!(
+        with.read().unwrap(),
+        Message::Binary(expected.into()),
+        "a binary message stays binary, its bytes exact"
+    );
+    let metrics = server.handle.metrics();
+    assert_eq!(metrics.resumes_position, 1);
+}
+
+#[test]
+fn a_resume_is_given_what_it_missed_in_order_then_goes_on_live() {
+    let server = TestServer::start(Config::default());
+    let mut client = connect(server.addr, "/?positions=1");
+    status(&mut client);
+    publish(&server, &["1", "2", "3"]);
+    let got = positioned(&mut client, 3);
+    assert_eq!(payloads(&got), ["1", "2", "3"]);
+    let since = got[2].0.clone();
+    drop(client);
+    publish(&server, &["4", "5", "6"]);
+
+    let mut back = connect(server.addr, &format!("/?since={since}"));
+    let (name, current, _) = status(&mut back);
+    assert_eq!(name, "recovered");
+    let replayed = positioned(&mut back, 3);
+    assert_eq!(payloads(&replayed), ["4", "5", "6"]);
+    assert_eq!(
+        replayed[2].0, current,
+        "the replay ends at the position told"
+    );
+    server.handle.broadcast_text("7").unwrap();
+    let seventh = positioned(&mut back, 1).remove(0);
+    assert_eq!(seventh.1, "7");
+
+    // Nothing missed: recovered, nothing replayed.
+    let mut again = connect(server.addr, &format!("/?since={}", seventh.0));
+    assert_eq!(status(&mut again), ("recovered".into(), seventh.0, None));
+    server.handle.broadcast_text("8").unwrap();
+    assert_eq!(payloads(&positioned(&mut again, 1)), ["8"]);
+    assert_eq!(payloads(&positioned(&mut back, 1)), ["8"]);
+    assert_eq!(server.handle.metrics().resumes_recovered, 2);
+}
+
+#[test]
+fn a_resume_from_before_the_history_is_told_the_gap_and_gets_what_is_held() {
+    let server = TestServer::start(Config {
+        history_messages: 3,
+        ..Config::default()
+    });
+    let mut client = connect(server.addr, "/?positions=1");
+    status(&mut client);
+    publish(&server, &["a", "b"]);
+    let since = positioned(&mut client, 2)[0].0.clone();
+    drop(client);
+    publish(&server, &["c", "d", "e", "f"]);
+    let mut back = connect(server.addr, &format!("/?since={since}"));
+    let (name, current, from) = status(&mut back);
+    assert_eq!(name, "gap");
+    let held = positioned(&mut back, 3);
+    assert_eq!(payloads(&held), ["d", "e", "f"], "the three held");
+    assert_eq!(from.as_deref(), Some(held[0].0.as_str()), "its reach");
+    assert_eq!(held[2].0, current);
+    assert_eq!(server.handle.metrics().resumes_gap, 1);
+}
+
+#[test]
+fn a_since_of_another_epoch_or_none_at_all_is_unknown_and_never_an_error() {
+    let server = TestServer::start(Config::default());
+    publish(&server, &["x"]);
+    let mut client = connect(server.addr, "/?positions=1");
+    let (_, mut current, _) = status(&mut client);
+    let (epoch, seq) = current.split_once('.').unwrap();
+    let (epoch, seq) = (epoch.to_string(), seq.to_string());
+    let other_epoch = if epoch.starts_with('0') { "1" } else { "0" }.to_string() + &epoch[1..];
+    let long = "9".repeat(2000);
+    for since in [
+        format!("{other_epoch}.{seq}"),
+        format!("{epoch}.99"),
+        format!("{epoch}.01"),
+        "garbage".into(),
+        String::new(),
+        "%00%ff".into(),
+        long,
+    ] {
+        let mut back = connect(server.addr, &format!("/?since={since}"));
+        let (name, position, _) = status(&mut back);
+        assert_eq!(
+            (name.as_str(), position.as_str()),
+            ("unknown", current.as_str()),
+            "{since}"
+        );
+        server.handle.broadcast_text("live").unwrap();
+        assert_eq!(payloads(&positioned(&mut back, 1)), ["live"]);
+        current = positioned(&mut client, 1).remove(0).0;
+    }
+    assert_eq!(server.handle.metrics().resumes_unknown, 7);
+}
+
+#[test]
+fn a_replay_gives_only_what_was_addressed_to_the_client_each_once() {
+    let server = TestServer::start(Config::default());
+    let mut client = connect(server.addr, "/?positions=1&id=ann&channel=a&channel=b");
+    let since = status(&mut client).1;
+    drop(client);
+    let h = &server.handle;
+    let sends = [
+        (channels(&["a"]), "to a"),
+        (channels(&["c"]), "to c"),
+        (channels(&["a", "b"]), "to a and b"),
+        (Recipients::Id("ann".into()), "to ann"),
+        (Recipients::Id("bob".into()), "to bob"),
+        (Recipients::All, "to all"),
+        (channels(&["b", "c"]), "to b and c"),
+    ];
+    let before = h.metrics().broadcasts;
+    for (to, text) in sends.clone() {
+        h.send(to, MessageKind::Text, text).unwrap();
+    }
+    server.wait_for("the loop to take the sends", |m| m.broadcasts >= before + 7);
+    let mut back = connect(
+        server.addr,
+        &format!("/?since={since}&id=ann&channel=a&channel=b"),
+    );
+    assert_eq!(status(&mut back).0, "recovered");
+    let got = positioned(&mut back, 5);
+    assert_eq!(
+        payloads(&got),
+        ["to a", "to a and b", "to ann", "to all", "to b and c"]
+    );
+    // A client of channel c only, resuming from the same place.
+    let mut other = connect(server.addr, &format!("/?since={since}&channel=c"));
+    assert_eq!(status(&mut other).0, "recovered");
+    assert_eq!(
+        payloads(&positioned(&mut other, 3)),
+        ["to c", "to all", "to b and c"]
+    );
+    h.broadcast_text("end").unwrap();
+    assert_eq!(payloads(&positioned(&mut back, 1)), ["end"]);
+    assert_eq!(payloads(&positioned(&mut other, 1)), ["end"]);
+}
+
+#[test]
+fn a_replay_larger_than_the_queue_goes_out_in_parts_in_order() {
+    let server = TestServer::start(Config {
+        max_queued_bytes: 4096,
+        ..Config::default()
+    });
+    let mut client = connect(server.addr, "/?positions=1");
+    let since = status(&mut client).1;
+    drop(client);
+    let lines: Vec<String> = (0..3000).map(|i| format!("{i:0>2000}")).collect();
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    publish(&server, &refs);
+    let mut back = connect(server.addr, &format!("/?since={since}"));
+    assert_eq!(status(&mut back).0, "recovered");
+    // Read slowly at first, so the server's queue fills and the replay waits.
+    std::thread::sleep(Duration::from_millis(200));
+    server.handle.broadcast_text("live").unwrap();
+    let got = positioned(&mut back, 3001);
+    assert_eq!(payloads(&got[..3000]), refs, "every line once, in order");
+    assert_eq!(got[3000].1, "live");
+    let metrics = server.handle.metrics();
+    assert_eq!(metrics.slow_consumer_drops + metrics.replay_overruns, 0);
+}
+
+#[test]
+fn a_client_that_keeps_reconnecting_during_a_feed_gets_every_line_once() {
+    let server = TestServer::start(Config::default());
+    let handle = server.handle.clone();
+    const LINES: usize = 2000;
+    let feed = std::thread::spawn(move || {
+        for i in 0..LINES {
+            handle.broadcast_text(i.to_string()).unwrap();
+            if i % 50 == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    });
+    let mut got: Vec<usize> = Vec::new();
+    let mut client = connect(server.addr, "/?positions=1");
+    let mut last = status(&mut client).1;
+    let mut resumes = 0;
+    while got.len() < LINES {
+        // A few messages, then drop the connection and resume.
+        for _ in 0..7 {
+            if got.len() == LINES {
+                break;
+            }
+            let (position, payload) = positioned(&mut client, 1).remove(0);
+            got.push(payload.parse().unwrap());
+            last = position;
+        }
+        drop(client);
+        client = connect(server.addr, &format!("/?since={last}"));
+        assert_eq!(status(&mut client).0, "recovered");
+        resumes += 1;
+    }
+    feed.join().unwrap();
+    assert_eq!(got, (0..LINES).collect::<Vec<_>>(), "none lost, none twice");
+    assert!(resumes > 100, "{resumes} resumes");
+}
