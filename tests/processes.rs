@@ -65,7 +65,8 @@ impl Supervised {
                 let line = self.0.wait_for("upgraded /?id=");
                 let tag = line.split("wspush#").nth(1).unwrap();
                 let instance = tag.split(']').next().unwrap().parse().unwrap();
-                let id = line.rsplit("?id=").next().unwrap().trim().parse().unwrap();
+                let query = line.rsplit("?id=").next().unwrap();
+                let id = query.split('&').next().unwrap().trim().parse().unwrap();
                 (instance, id)
             })
             .collect()
@@ -295,9 +296,19 @@ fn connect_spread(
     addr: SocketAddr,
     ids: std::ops::Range<usize>,
 ) -> Vec<(usize, util::Client)> {
+    connect_spread_with(supervised, addr, ids, "")
+}
+
+/// [`connect_spread`] with `more` after the id in the query.
+fn connect_spread_with(
+    supervised: &Supervised,
+    addr: SocketAddr,
+    ids: std::ops::Range<usize>,
+    more: &str,
+) -> Vec<(usize, util::Client)> {
     let clients: Vec<_> = ids
         .clone()
-        .map(|i| connect(addr, &format!("/?id={i}")))
+        .map(|i| connect(addr, &format!("/?id={i}{more}")))
         .collect();
     let mut on = vec![0; ids.end];
     for (instance, id) in supervised.upgrades_by_id(ids.len()) {
@@ -511,4 +522,77 @@ fn upstream_lines_of_every_instance_come_out_whole_and_in_order() {
     for (c, client) in clients.iter_mut().enumerate() {
         assert_eq!(client.read().unwrap(), Message::text(format!("for c{c}")));
     }
+}
+
+/// The next text message of `client`.
+fn text(client: &mut util::Client) -> String {
+    match client.read().unwrap() {
+        Message::Text(text) => text.to_string(),
+        other => panic!("not text: {other:?}"),
+    }
+}
+
+#[test]
+fn every_instance_gives_a_line_the_same_position_and_a_client_resumes_on_any() {
+    let (mut supervised, addr) = Supervised::start(3);
+    let mut clients = connect_spread_with(&supervised, addr, 0..30, "&positions=1");
+    let mut on: Vec<usize> = clients.iter().map(|(instance, _)| *instance).collect();
+    on.sort();
+    on.dedup();
+    assert!(
+        on.len() >= 2,
+        "all 30 connections landed on instance {on:?}"
+    );
+    let statuses: Vec<String> = clients.iter_mut().map(|(_, c)| text(c)).collect();
+    assert!(
+        statuses[0].contains(r#""status":"position""#),
+        "{}",
+        statuses[0]
+    );
+    assert!(
+        statuses.iter().all(|s| *s == statuses[0]),
+        "one epoch, one position on every instance: {statuses:?}"
+    );
+    // A rejected line takes a number too, on every instance alike.
+    supervised.0.send(b"a\n\xff\nb\nc\n");
+    let expected: Vec<String> = (0..3).map(|_| text(&mut clients[0].1)).collect();
+    let epoch = statuses[0]
+        .split(r#""position":""#)
+        .nth(1)
+        .unwrap()
+        .split('.')
+        .next()
+        .unwrap();
+    assert_eq!(
+        expected,
+        [1, 3, 4].map(|n| format!("{epoch}.{n} {}", ["a", "", "b", "c"][n - 1]))
+    );
+    for (instance, client) in &mut clients[1..] {
+        let got: Vec<String> = (0..3).map(|_| text(client)).collect();
+        assert_eq!(got, expected, "on instance {instance}");
+    }
+    // Clients that drop after "a" come back with its position, wherever
+    // the kernel puts them, while more lines come.
+    let since = expected[0].split(' ').next().unwrap().to_string();
+    drop(clients);
+    supervised.0.send(b"d\n");
+    let mut back = connect_spread_with(&supervised, addr, 100..124, &format!("&since={since}"));
+    let mut on: Vec<usize> = back.iter().map(|(instance, _)| *instance).collect();
+    on.sort();
+    on.dedup();
+    assert!(on.len() >= 2, "all 24 resumes landed on instance {on:?}");
+    supervised.0.send(b"e\n");
+    for (instance, client) in &mut back {
+        assert!(
+            text(client).contains(r#""status":"recovered""#),
+            "on {instance}"
+        );
+        let got: Vec<String> = (0..4).map(|_| text(client)).collect();
+        let payloads: Vec<&str> = got.iter().map(|m| m.split_once(' ').unwrap().1).collect();
+        assert_eq!(payloads, ["b", "c", "d", "e"], "on instance {instance}");
+        assert_eq!(got[3], format!("{epoch}.6 e"));
+    }
+    drop(back);
+    signal(supervised.0.child.id(), "-TERM");
+    assert_eq!(supervised.wait().0, Some(0));
 }

@@ -5,6 +5,11 @@
 //! its number and counted in `input_lines_rejected`. End of input ends
 //! the pump, not the server. An instance of a supervisor also takes the
 //! supervisor's control lines ([`crate::sources`]) from its input.
+//!
+//! Input lines are numbered from the first line's number on (control
+//! lines apart), and a line's messages get its number as their position:
+//! every instance of a supervisor reads the same lines, so every instance
+//! gives the same line the same position.
 
 use std::io::{self, BufRead};
 
@@ -44,7 +49,8 @@ pub fn max_line_bytes(mode: InputMode, max_message_bytes: usize) -> usize {
 }
 
 /// Reads `input` to its end, handing each line to `handle` in order, as
-/// `mode` says; lines longer than `max_line_bytes` are skipped. With
+/// `mode` says, numbered from `first_line` (`None`: the loop gives the
+/// next positions); lines longer than `max_line_bytes` are skipped. With
 /// `controlled` (an instance reading its supervisor), control lines are
 /// carried out.
 pub fn pump(
@@ -53,10 +59,14 @@ pub fn pump(
     mode: InputMode,
     max_line_bytes: usize,
     controlled: bool,
+    first_line: Option<u64>,
 ) -> PumpEnd {
     let mut lines = Lines::new(input, max_line_bytes);
+    let mut controls = 0;
     loop {
-        let text = match lines.next_line() {
+        let line = lines.next_line();
+        let seq = first_line.map(|first| (first + lines.number()).saturating_sub(1 + controls));
+        let text = match line {
             Ok(None) => return PumpEnd::Eof,
             Ok(Some(Line::Text(text))) => text,
             Ok(Some(Line::TooLong)) => {
@@ -70,7 +80,10 @@ pub fn pump(
             }
             Ok(Some(Line::NotUtf8)) => {
                 match Control::parse(lines.rejected()) {
-                    Some(control) if controlled => carry_out_control(handle, control),
+                    Some(control) if controlled => {
+                        controls += 1;
+                        carry_out_control(handle, control)
+                    }
                     _ if controlled && lines.rejected().first() == Some(&CONTROL) => {
                         reject(handle, lines.number(), "not a control line")
                     }
@@ -81,9 +94,9 @@ pub fn pump(
             Err(e) => return PumpEnd::Failed(e),
         };
         let done = match mode {
-            InputMode::Lines => handle.broadcast_text(text),
+            InputMode::Lines => send(handle, seq, Recipients::All, MessageKind::Text, text.into()),
             InputMode::Commands => match commands::parse(&text) {
-                Ok(command) => carry_out(handle, command),
+                Ok(command) => carry_out(handle, command, seq),
                 Err(e) => {
                     reject(handle, lines.number(), &e.to_string());
                     continue;
@@ -100,8 +113,26 @@ pub fn pump(
     }
 }
 
-/// Hands a parsed command to the loop.
-fn carry_out(handle: &Handle, command: Command<'_>) -> Result<(), BroadcastError> {
+/// Sends a message of line `seq` (if numbered).
+fn send(
+    handle: &Handle,
+    seq: Option<u64>,
+    to: Recipients,
+    kind: MessageKind,
+    payload: Vec<u8>,
+) -> Result<(), BroadcastError> {
+    match seq {
+        Some(seq) => handle.send_at(seq, to, kind, payload),
+        None => handle.send(to, kind, payload),
+    }
+}
+
+/// Hands a parsed command (of line `seq`, if numbered) to the loop.
+fn carry_out(
+    handle: &Handle,
+    command: Command<'_>,
+    seq: Option<u64>,
+) -> Result<(), BroadcastError> {
     match command {
         Command::Send { to, payload } => {
             let to = match to {
@@ -113,8 +144,8 @@ fn carry_out(handle: &Handle, command: Command<'_>) -> Result<(), BroadcastError
                 Audience::Conn(conn) => Recipients::Conn(conn),
             };
             match payload {
-                Payload::Text(text) => handle.send(to, MessageKind::Text, text.as_bytes()),
-                Payload::Binary(bytes) => handle.send(to, MessageKind::Binary, bytes),
+                Payload::Text(text) => send(handle, seq, to, MessageKind::Text, text.into()),
+                Payload::Binary(bytes) => send(handle, seq, to, MessageKind::Binary, bytes),
             }
         }
         Command::Subscribe { id, channels } => {

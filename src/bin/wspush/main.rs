@@ -18,7 +18,8 @@ use wspush::sys::raise_open_file_limit;
 
 use input::{InputMode, PumpEnd};
 use rlimit::{connection_capacity, instances_for};
-use supervisor::{OnExit, Policy, Supervisor, INSTANCE_ENV};
+use supervisor::{OnExit, Policy, Supervisor, EPOCH_ENV, FIRST_LINE_ENV, INSTANCE_ENV};
+use wspush::protocol::position::Epoch;
 
 mod input;
 mod merge;
@@ -92,6 +93,17 @@ struct Cli {
     /// feed this far ahead is not read until the fan-out catches up.
     #[arg(long, value_name = "N", default_value_t = 16 << 20, value_parser = positive)]
     max_pending_bytes: usize,
+    /// Messages kept for clients that come back with ?since=POSITION (they
+    /// get what they missed); 0 keeps none. A resume reaching back past
+    /// what is kept is told of the gap.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    history_messages: usize,
+    /// Bytes of frames the history keeps at most.
+    #[arg(long, value_name = "N", default_value_t = 16 << 20, value_parser = positive)]
+    history_bytes: usize,
+    /// How long the history keeps a message.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = duration, allow_hyphen_values = true)]
+    history_age: Duration,
     /// What a connection whose queue is full gets instead of a broadcast.
     #[arg(long, value_name = "POLICY", default_value = "close")]
     slow_consumer: SlowConsumer,
@@ -423,6 +435,16 @@ fn config(cli: &Cli) -> Result<Config, String> {
         max_channels_per_connection: cli.max_channels_per_connection,
         max_channels: cli.max_channels,
         instance: instance_number().map_or(0, u32::from),
+        history_messages: cli.history_messages,
+        history_bytes: cli.history_bytes,
+        history_age: cli.history_age,
+        epoch: std::env::var(EPOCH_ENV)
+            .ok()
+            .and_then(|e| Epoch::parse(e.as_bytes())),
+        first_position: std::env::var(FIRST_LINE_ENV)
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1),
         upstream: cli.upstream.map(|UpstreamTo::Stdout| UpstreamConfig {
             max_bytes: cli.upstream_max_bytes,
             overflow: match cli.upstream_overflow {
@@ -546,8 +568,10 @@ fn serve(cli: Cli) -> Result<(), String> {
     };
     let mode = cli.input;
     let max_line = input::max_line_bytes(mode, config.max_message_bytes as usize);
-    // An instance reads its supervisor, which holds the Redis feed.
+    // An instance reads its supervisor, which holds the Redis feed and
+    // numbers the lines.
     let controlled = instance_number().is_some();
+    let first_line = controlled.then_some(config.first_position);
     if let Some(feed) = feed {
         let on_state = {
             let handle = handle.clone();
@@ -562,7 +586,8 @@ fn serve(cli: Cli) -> Result<(), String> {
         std::thread::Builder::new()
             .name("redis-lines".into())
             .spawn(move || {
-                match input::pump(BufReader::new(messages), &handle, mode, max_line, false) {
+                let input = BufReader::new(messages);
+                match input::pump(input, &handle, mode, max_line, false, None) {
                     PumpEnd::Eof | PumpEnd::ServerGone => {}
                     PumpEnd::Failed(e) => log::warn!("reading the Redis feed failed: {e}"),
                 }
@@ -578,6 +603,7 @@ fn serve(cli: Cli) -> Result<(), String> {
                 mode,
                 max_line,
                 controlled,
+                first_line,
             ) {
                 PumpEnd::Eof => log::info!("standard input closed; still serving"),
                 PumpEnd::ServerGone => {}

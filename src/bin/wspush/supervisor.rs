@@ -50,9 +50,17 @@ use signal_hook::consts::{SIGCHLD, SIGINT, SIGTERM};
 
 use crate::merge::{self, Merge};
 use crate::sources::{Control, CONTROL};
+use wspush::protocol::position::Epoch;
 
 /// The environment variable that tells an instance its number (1-based).
 pub const INSTANCE_ENV: &str = "WSPUSH_INSTANCE";
+/// The environment variable that tells an instance the epoch of the
+/// positions (every instance of a supervisor gives the same).
+pub const EPOCH_ENV: &str = "WSPUSH_EPOCH";
+/// The environment variable that tells an instance the number of the
+/// first input line it reads (the lines before it went to the others):
+/// a line's number is its messages' position on every instance.
+pub const FIRST_LINE_ENV: &str = "WSPUSH_FIRST_LINE";
 
 /// The first restart's delay; it doubles with each young death in a row.
 pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -253,25 +261,30 @@ struct Instance {
 struct Program {
     path: PathBuf,
     args: Vec<OsString>,
+    /// The epoch of the positions the instances give.
+    epoch: Epoch,
 }
 
 impl Program {
-    /// Starts instance `number`: its number in [`INSTANCE_ENV`], its own
-    /// process group (a terminal's Ctrl-C reaches only the supervisor,
-    /// which forwards it once), SIGTERM as its parent-death signal (no
-    /// orphans if the supervisor is killed), and a pipe for its input (or
-    /// nothing, once the input has ended).
+    /// Starts instance `number`: its number in [`INSTANCE_ENV`], the
+    /// epoch and the number of the first line it reads (`first_line`, if
+    /// the input is open), its own process group (a terminal's Ctrl-C
+    /// reaches only the supervisor, which forwards it once), SIGTERM as
+    /// its parent-death signal (no orphans if the supervisor is killed),
+    /// and a pipe for its input (or nothing, once the input has ended).
     fn spawn(
         &self,
         number: usize,
-        input_open: bool,
+        first_line: Option<u64>,
         capture_output: bool,
     ) -> io::Result<(Child, Option<Sender>)> {
         let mut command = Command::new(&self.path);
         command
             .args(&self.args)
             .env(INSTANCE_ENV, number.to_string())
-            .stdin(if input_open {
+            .env(EPOCH_ENV, self.epoch.to_string())
+            .env(FIRST_LINE_ENV, first_line.unwrap_or(1).to_string())
+            .stdin(if first_line.is_some() {
                 Stdio::piped()
             } else {
                 Stdio::null()
@@ -309,6 +322,8 @@ pub struct Supervisor {
     /// While the feed is lost: the control line that says so, for
     /// instances started meanwhile.
     feed_lost: Option<Rc<[u8]>>,
+    /// Input lines handed to the instances so far (control lines apart).
+    lines: u64,
 }
 
 impl Supervisor {
@@ -340,7 +355,9 @@ impl Supervisor {
             program: Program {
                 path: program.to_path_buf(),
                 args: args.to_vec(),
+                epoch: Epoch::new(),
             },
+            lines: 0,
             instances: Vec::with_capacity(count),
             policy,
             poll,
@@ -367,7 +384,7 @@ impl Supervisor {
                 &supervisor.program,
                 &supervisor.poll,
                 &mut instance,
-                true,
+                Some(1),
                 merge,
             ) {
                 supervisor.kill_all();
@@ -492,6 +509,8 @@ impl Supervisor {
                 Some(Control::FeedLost) => Some(Rc::clone(&chunk)),
                 _ => None,
             };
+        } else {
+            self.lines += chunk.iter().filter(|&&b| b == b'\n').count() as u64;
         }
         for index in 0..self.instances.len() {
             let instance = &mut self.instances[index];
@@ -672,7 +691,8 @@ impl Supervisor {
                 _ => continue,
             }
             let merge = self.merge.as_mut();
-            let launched = launch(&self.program, &self.poll, instance, input_open, merge);
+            let first_line = input_open.then_some(self.lines + 1);
+            let launched = launch(&self.program, &self.poll, instance, first_line, merge);
             if let (Ok(()), true, Some(line)) = (&launched, input_open, &self.feed_lost) {
                 instance.backlog.push(Rc::clone(line));
             }
@@ -754,10 +774,10 @@ fn launch(
     program: &Program,
     poll: &Poll,
     instance: &mut Instance,
-    input_open: bool,
+    first_line: Option<u64>,
     merge: Option<&mut Merge>,
 ) -> io::Result<()> {
-    let (mut child, mut input) = program.spawn(instance.number, input_open, merge.is_some())?;
+    let (mut child, mut input) = program.spawn(instance.number, first_line, merge.is_some())?;
     if let Some(input) = &mut input {
         poll.registry()
             .register(input, Token(instance.number), Interest::WRITABLE)?;
