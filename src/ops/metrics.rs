@@ -103,6 +103,8 @@ metrics! {
     http_metrics: Counter "wspush_http_requests_total" "{path=\"/metrics\"}" "",
     /// Plain requests for the demo page (`/` with `--demo`) answered.
     http_demo: Counter "wspush_http_requests_total" "{path=\"/\"}" "",
+    /// Plain requests for the JavaScript client (`/wspush.js`) answered.
+    http_client: Counter "wspush_http_requests_total" "{path=\"/wspush.js\"}" "",
     /// Requests answered with 400.
     rejected_400: Counter "wspush_requests_rejected_total" "{status=\"400\"}" "Requests refused before the upgrade, by HTTP status.",
     /// Requests answered with 401 (missing or wrong token).

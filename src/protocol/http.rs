@@ -254,6 +254,10 @@ pub struct Endpoints {
 /// `/?token=…` passes a token on), and lists what arrives.
 pub const DEMO_PAGE: &str = include_str!("demo.html");
 
+/// The JavaScript client (`GET /wspush.js`): it reconnects with backoff
+/// and resumes with the last position it saw.
+pub const CLIENT_SCRIPT: &str = include_str!("wspush.js");
+
 /// A plain HTTP request the server answers itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -263,6 +267,8 @@ pub enum Endpoint {
     Metrics,
     /// `GET /` where the demo is on: the [`DEMO_PAGE`].
     Demo,
+    /// `GET /wspush.js`: the [`CLIENT_SCRIPT`].
+    Client,
 }
 
 /// What the server accepts, as the handshake parser needs it.
@@ -363,6 +369,9 @@ pub fn parse_request_after<'a>(
             "/metrics" => return Err(Rejection::NotFound),
             "/" if rules.endpoints.demo => {
                 return Ok(HeadStatus::Endpoint(Endpoint::Demo, head_len))
+            }
+            "/wspush.js" if rules.endpoints.websocket => {
+                return Ok(HeadStatus::Endpoint(Endpoint::Client, head_len))
             }
             _ => {}
         }
@@ -762,6 +771,29 @@ mod tests {
         );
         assert_eq!(status(GOOD, &metrics_only), 404);
         assert_eq!(status(&get("/other"), &RULES), 400);
+    }
+
+    #[test]
+    fn the_javascript_client_is_served_where_upgrades_are_and_is_small() {
+        let get = "GET /wspush.js HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert_eq!(
+            parse_request(get.as_bytes(), &RULES),
+            Ok(HeadStatus::Endpoint(Endpoint::Client, get.len()))
+        );
+        let metrics_only = HandshakeRules {
+            endpoints: Endpoints {
+                websocket: false,
+                ..RULES.endpoints
+            },
+            ..RULES
+        };
+        assert_eq!(status(get, &metrics_only), 404);
+        assert!(
+            CLIENT_SCRIPT.len() <= 6 << 10,
+            "{} bytes",
+            CLIENT_SCRIPT.len()
+        );
+        assert!(DEMO_PAGE.contains(r#"<script src="/wspush.js">"#));
     }
 
     #[test]

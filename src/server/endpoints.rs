@@ -1,5 +1,5 @@
 //! The plain HTTP endpoints the loop answers itself: `/healthz`,
-//! `/metrics` and the demo page. A connection that asks for one hands it
+//! `/metrics`, the demo page and the JavaScript client. A connection that asks for one hands it
 //! over ([`Verdict::Serve`]); the loop, which holds what the answers
 //! report, renders the body here and gives it back to the connection.
 
@@ -26,6 +26,7 @@ impl Server {
             match endpoint {
                 Endpoint::Health => &metrics.http_healthz,
                 Endpoint::Demo => &metrics.http_demo,
+                Endpoint::Client => &metrics.http_client,
                 Endpoint::Metrics => &metrics.http_metrics,
             }
         };
@@ -42,6 +43,10 @@ impl Server {
                 ("text/plain", &b"degraded: an input feed is lost\n"[..])
             }
             Endpoint::Demo => ("text/html; charset=utf-8", http::DEMO_PAGE.as_bytes()),
+            Endpoint::Client => (
+                "text/javascript; charset=utf-8",
+                http::CLIENT_SCRIPT.as_bytes(),
+            ),
             Endpoint::Metrics => {
                 // Include what this loop iteration has gathered so far.
                 self.publish_metrics(Instant::now());

@@ -319,4 +319,64 @@ mod tests {
             assert_eq!(encoded_len(len), one.bytes().len(), "{len}");
         }
     }
+
+    #[test]
+    fn a_positioned_message_is_its_position_a_space_and_its_payload_compressed_or_not() {
+        use crate::protocol::position::Epoch;
+        use crate::protocol::ws::{compress, inflate::Inflater};
+        let message = "bid 1.0842 ask 1.0843 ".repeat(40);
+        let deflated = compress::deflate_message(message.as_bytes());
+        let position = Position {
+            epoch: Epoch(0xfeed),
+            seq: 77,
+        };
+        let batch = SharedFrames::encode_batch([
+            Message {
+                opcode: OpCode::Text,
+                payload: message.as_bytes(),
+                deflated: Some(&deflated),
+                position: Some(position),
+            },
+            Message {
+                opcode: OpCode::Binary,
+                payload: b"\x00\xff",
+                deflated: None,
+                position: Some(Position {
+                    seq: 78,
+                    ..position
+                }),
+            },
+        ]);
+        assert!(
+            batch.for_connection(false, false).is(&batch),
+            "unasked: as before"
+        );
+        let plain: Vec<_> = batch.for_connection(false, true).payloads().collect();
+        let expected = format!("000000000000feed.77 {message}");
+        assert_eq!(plain[0], (expected.as_bytes(), false));
+        assert_eq!(plain[1], (&b"000000000000feed.78 \x00\xff"[..], false));
+        let compressed: Vec<_> = batch.for_connection(true, true).payloads().collect();
+        let (payload, rsv1) = compressed[0];
+        assert!(
+            rsv1 && payload.len() < message.len() / 4,
+            "still compressed"
+        );
+        let mut inflated = Vec::new();
+        Inflater::default()
+            .inflate(payload, 1 << 20, &mut inflated)
+            .unwrap();
+        assert_eq!(
+            inflated,
+            expected.as_bytes(),
+            "the stored block, then the message"
+        );
+        assert_eq!(compressed[1], plain[1], "a plain one stays plain");
+        let rest = batch.positioned().unwrap().skip(1);
+        assert_eq!(rest.count(), 1);
+        assert_eq!(rest.payloads().next(), Some(plain[1]));
+        assert_eq!(
+            rest.for_connection(true, false).payloads().next(),
+            Some(plain[1])
+        );
+    }
 }

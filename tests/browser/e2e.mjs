@@ -37,17 +37,21 @@ const { chromium } = createRequire(path.join(need("WSPUSH_BROWSER_MODULES"), "x.
 
 // ---------------------------------------------------------------- pages --
 
-/** What the demo page shows: its state, close details and messages in arrival order. */
+/**
+ * What the demo page shows: its state, the closes it saw, what its last
+ * connection was told (the resume: position, recovered, gap, unknown),
+ * and its messages (and their positions) in arrival order.
+ */
 function shown(page) {
   return page.evaluate(() => {
-    const state = document.getElementById("state");
+    const items = [...document.querySelectorAll("#messages li")].reverse();
     return {
-      state: state.textContent,
-      code: state.dataset.code,
-      reason: state.dataset.reason,
-      clean: state.dataset.clean,
+      state: document.getElementById("state").textContent,
+      closes: window.closes,
+      resume: document.getElementById("resume").className,
       count: Number(document.getElementById("count").textContent),
-      messages: [...document.querySelectorAll("#messages li")].map((li) => li.textContent).reverse(),
+      messages: items.map((li) => li.querySelector("span").textContent),
+      positions: items.map((li) => li.querySelector("small").textContent),
     };
   });
 }
@@ -163,7 +167,7 @@ await check("the --demo page shows the lines fed on standard input", async (scop
   });
   assertEqual(now.messages, lines, "messages shown");
   assertEqual(await page.locator("#messages b").count(), 0, "elements made from a message");
-  assertEqual(requests, [server.url("/")], "requests the page made (nothing from elsewhere)");
+  assertEqual(requests, [server.url("/"), server.url("/wspush.js")], "requests the page made (nothing from elsewhere)");
   assertEqual(errors, [], "console errors");
 });
 
@@ -233,7 +237,8 @@ await check("permessage-deflate: big broadcasts reach the page compressed, and i
   assertEqual(now.messages, lines, "messages shown");
   const m = await server.metrics();
   // The page's is the one connection, with deflate: the two big ones
-  // reached it compressed, and it showed them inflated.
+  // reached it compressed (with their positions in a stored block before
+  // the compressed payload), and it showed them inflated.
   assertEqual(m.get("wspush_broadcasts_compressed_total"), 2, "broadcasts compressed (the small one went plain)");
   // What the page sends, Chromium compresses; the echo comes back whole.
   const text = "echo ".repeat(400);
@@ -257,11 +262,7 @@ await check("SIGTERM closes the page with 1001, cleanly", async (scope) => {
   await waitForState(page, "open");
   server.child.kill("SIGTERM");
   const now = await waitForState(page, "closed");
-  assertEqual(
-    { code: now.code, clean: now.clean, reason: now.reason },
-    { code: "1001", clean: "true", reason: "server shutting down" },
-    "the close the page saw",
-  );
+  assertEqual(now.closes[0], { code: 1001, clean: true, reason: "server shutting down" }, "the close the page saw");
   const exit = await Promise.race([server.exited, sleep(WAIT_MS).then(() => "still running")]);
   assertEqual(exit, { code: 0, signal: null }, "wspush's exit");
 });
@@ -276,7 +277,7 @@ await check("--allow-origin: the allowed origin connects, another is refused (40
   // The guarded server's own page: its origin is not the one allowed.
   const own = await scope.page(guarded.url("/"));
   const now = await waitForState(own, "closed");
-  assertEqual({ code: now.code, clean: now.clean }, { code: "1006", clean: "false" }, `from http://${guarded.addr}`);
+  assertEqual(now.closes[0], { code: 1006, clean: false, reason: "" }, `from http://${guarded.addr}`);
   const metrics = await guarded.metrics();
   assertEqual(
     [metrics.get("wspush_upgrades_total"), metrics.get('wspush_requests_rejected_total{status="403"}')],
@@ -294,7 +295,7 @@ await check("--token-file: the right token connects, a wrong or missing one is r
   await waitForState(right, "open");
   for (const query of ["/?token=wrong-token", "/"]) {
     const now = await waitForState(await scope.page(server.url(query)), "closed");
-    assertEqual({ code: now.code, clean: now.clean }, { code: "1006", clean: "false" }, `with ${query}`);
+    assertEqual(now.closes[0], { code: 1006, clean: false, reason: "" }, `with ${query}`);
   }
   server.feed(["for token holders"]);
   await waitUntil("the message on the page with the token", async () => (await shown(right)).count === 1);
@@ -328,6 +329,42 @@ await check("--ping-interval 1s: the browser answers pings and stays connected (
   assertEqual(metrics.get('wspush_connections_closed_total{reason="idle_timeout"}'), 0, "idle closes");
   server.feed(["still here"]);
   await waitUntil("a message on the page after the pings", async () => (await shown(page)).count === 1);
+});
+
+await check("the served client keeps the page's count exact across server-side drops, and shows a gap", async (scope) => {
+  const server = await scope.server(["--demo", "--input", "commands", "--history-messages", "100"]);
+  const page = await scope.page(server.url("/?id=reader"));
+  await waitForState(page, "open");
+  assertEqual((await shown(page)).resume, "position", "what the first connection was told");
+  // 300 lines; the server drops the page's connection three times
+  // meanwhile (the client backs off 0.5, then up to 1 and 2 s).
+  const lines = Array.from({ length: 300 }, (_, i) => `line ${i + 1}`);
+  for (let i = 0; i < 300; i += 100) {
+    server.feed(lines.slice(i, i + 100).map((line) => `all ${line}`));
+    server.feed(["close id reader 4000 drop " + i]);
+    await waitUntil(`the page to reconnect after drop ${i}`, async () => {
+      const now = await shown(page);
+      return now.closes.length === i / 100 + 1 && now.state === "open" && now;
+    });
+  }
+  const now = await waitUntil("300 messages on the page", async () => {
+    const now = await shown(page);
+    return now.count >= 300 && now;
+  });
+  assertEqual(now.messages, lines, "every line once, in order, across three drops");
+  assertEqual(now.resume, "recovered", "what the last connection was told");
+  assertEqual(now.closes.map((c) => c.code), [4000, 4000, 4000], "the closes");
+  const m = await server.metrics();
+  assertEqual(m.get('wspush_resumes_total{result="recovered"}'), 3, "resumes counted");
+  // While the page is away, more is published than the history keeps.
+  server.feed(["close id reader 4000 away", ...Array.from({ length: 150 }, (_, i) => `all later ${i + 1}`)]);
+  const after = await waitUntil("the page to resume with a gap", async () => {
+    const now = await shown(page);
+    return now.resume === "gap" && now.count >= 400 && now;
+  });
+  assertEqual(after.messages.slice(300), Array.from({ length: 100 }, (_, i) => `later ${i + 51}`), "what the history held");
+  assertEqual(m.get('wspush_resumes_total{result="gap"}') ?? 0, 0, "no gap before");
+  assertEqual((await server.metrics()).get('wspush_resumes_total{result="gap"}'), 1, "the gap counted");
 });
 
 await browser.close();

@@ -1,0 +1,115 @@
+// wspush.js: a browser client for a wspush server that reconnects by
+// itself and resumes where it left off, so that no message is lost, and
+// says so when some were. No dependencies.
+//
+//   const push = wspush.connect("wss://push.example.com/", {
+//     channels: ["news"], id: "alice", token: "...",
+//     onmessage(data, position) {},   // data: a string, or an ArrayBuffer
+//     ongap(from, position) {},       // messages before `from` are lost
+//     onunknown(position) {},         // the server could not place us: reload state
+//     onstate(state, close) {},       // "open", or "closed" with the CloseEvent
+//     onstatus(status) {},            // what each connection is told first:
+//   });                               // {status: "position"|"recovered"|"gap"|"unknown", ...}
+//   push.position;  // the last position seen (store it to resume after a reload)
+//   push.close();
+(function (root) {
+  "use strict";
+
+  const MIN_DELAY = 500, MAX_DELAY = 20000; // ms, full-jitter backoff
+  const STABLE = 10000; // a connection open this long resets the backoff
+  const LONG_HIDDEN = 60000; // a page hidden this long reconnects when shown
+
+  function connect(url, options) {
+    const o = options || {};
+    let position = o.since || null;
+    let ws = null, timer = null, attempt = 0, openedAt = 0, hiddenAt = 0, done = false;
+    const call = (name, ...args) => { if (o[name]) o[name](...args); };
+
+    function address() {
+      const u = new URL(url, root.location ? root.location.href : undefined);
+      if (u.protocol === "http:") u.protocol = "ws:";
+      if (u.protocol === "https:") u.protocol = "wss:";
+      const q = u.searchParams;
+      for (const channel of o.channels || []) q.append("channel", channel);
+      if (o.id) q.set("id", o.id);
+      if (o.token) q.set("token", o.token);
+      if (position) q.set("since", position); else q.set("positions", "1");
+      return u.toString();
+    }
+
+    function open() {
+      clearTimeout(timer);
+      timer = null;
+      ws = new WebSocket(address());
+      ws.binaryType = "arraybuffer";
+      ws.onopen = () => { openedAt = Date.now(); call("onstate", "open"); };
+      ws.onmessage = (e) => receive(e.data);
+      ws.onclose = (e) => {
+        ws = null;
+        call("onstate", "closed", e);
+        if (!done) retry();
+      };
+    }
+
+    function receive(data) {
+      if (typeof data === "string") {
+        if (data[0] === "{") return status(JSON.parse(data));
+        const space = data.indexOf(" ");
+        position = data.slice(0, space);
+        return call("onmessage", data.slice(space + 1), position);
+      }
+      const bytes = new Uint8Array(data);
+      const space = bytes.indexOf(32);
+      position = String.fromCharCode(...bytes.subarray(0, space));
+      call("onmessage", data.slice(space + 1), position);
+    }
+
+    // The first thing a connection is told: where it stands.
+    function status(s) {
+      call("onstatus", s);
+      if (s.status === "position" && !position) position = s.position;
+      if (s.status === "gap") call("ongap", s.from, s.position);
+      if (s.status === "unknown") {
+        position = s.position;
+        call("onunknown", s.position);
+      }
+    }
+
+    function retry() {
+      if (openedAt && Date.now() - openedAt >= STABLE) attempt = 0;
+      openedAt = 0;
+      const ceiling = Math.min(MAX_DELAY, MIN_DELAY * 2 ** attempt++);
+      timer = setTimeout(open, Math.max(MIN_DELAY, Math.random() * ceiling));
+    }
+
+    // Reconnect now: back online, or shown after a long hidden spell (the
+    // socket may have died without a word).
+    function now() {
+      if (done) return;
+      if (ws) { ws.onclose = null; ws.close(); ws = null; }
+      attempt = 0;
+      open();
+    }
+    const online = () => now();
+    const visibility = () => {
+      if (root.document.hidden) hiddenAt = Date.now();
+      else if (hiddenAt && Date.now() - hiddenAt >= LONG_HIDDEN) now();
+    };
+    if (root.addEventListener) root.addEventListener("online", online);
+    if (root.document) root.document.addEventListener("visibilitychange", visibility);
+
+    open();
+    return {
+      get position() { return position; },
+      close() {
+        done = true;
+        clearTimeout(timer);
+        if (root.removeEventListener) root.removeEventListener("online", online);
+        if (root.document) root.document.removeEventListener("visibilitychange", visibility);
+        if (ws) ws.close();
+      },
+    };
+  }
+
+  root.wspush = { connect };
+})(typeof window !== "undefined" ? window : globalThis);
