@@ -164,6 +164,10 @@ pub struct Config {
     pub epoch: Option<Epoch>,
     /// The position the first message gets (unless its source numbers it).
     pub first_position: u64,
+    /// Read the history another process writes (a supervisor's, whose
+    /// instances inherit its descriptor) instead of keeping one: the
+    /// descriptor's number. The epoch is the history's.
+    pub history_fd: Option<i32>,
 }
 
 impl Default for Config {
@@ -205,6 +209,7 @@ impl Default for Config {
             history_age: Duration::from_secs(300),
             epoch: None,
             first_position: 1,
+            history_fd: None,
         }
     }
 }

@@ -67,5 +67,5 @@ pub use protocol::commands::ConnRef;
 pub use protocol::ws::{CloseCode, MessageKind};
 pub use server::{
     BindError, BroadcastError, ConnectionInfo, Handle, MessageTooBig, Recipients, Server,
-    ServerGone, UpstreamReader,
+    ServerGone, SharedHistory, UpstreamReader,
 };

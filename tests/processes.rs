@@ -596,3 +596,80 @@ fn every_instance_gives_a_line_the_same_position_and_a_client_resumes_on_any() {
     signal(supervised.0.child.id(), "-TERM");
     assert_eq!(supervised.wait().0, Some(0));
 }
+
+#[test]
+fn the_clients_of_a_killed_instance_resume_on_any_other_and_lose_nothing() {
+    let (mut supervised, addr) = Supervised::start(3);
+    let mut clients = connect_spread_with(&supervised, addr, 0..30, "&positions=1");
+    let victim = clients[0].0;
+    for (_, client) in &mut clients {
+        assert!(text(client).contains(r#""status":"position""#));
+    }
+    let feed = |supervised: &mut Supervised, lines: std::ops::Range<usize>| {
+        for i in lines {
+            supervised.0.send(format!("line {i}\n").as_bytes());
+        }
+    };
+    feed(&mut supervised, 0..50);
+    let mut last = Vec::new();
+    for (_, client) in &mut clients {
+        let got: Vec<String> = (0..50).map(|_| text(client)).collect();
+        last.push(got[49].split(' ').next().unwrap().to_string());
+    }
+    let pid = supervised.instance_pid(victim);
+    signal(pid, "-KILL");
+    supervised.0.wait_for(&format!(
+        "instance {victim} (pid {pid}) was killed by signal 9"
+    ));
+    feed(&mut supervised, 50..100);
+    let mut resumed = Vec::new();
+    for ((instance, client), since) in clients.iter_mut().zip(&last) {
+        if *instance != victim {
+            let got: Vec<String> = (50..100).map(|_| text(client)).collect();
+            assert_eq!(got.last().unwrap().split_once(" ").unwrap().1, "line 99");
+            continue;
+        }
+        assert!(
+            !matches!(client.read(), Ok(Message::Text(_))),
+            "the victim's client lost its connection"
+        );
+        let mut back = connect(addr, &format!("/?since={since}"));
+        assert!(text(&mut back).contains(r#""status":"recovered""#));
+        let got: Vec<String> = (50..100).map(|_| text(&mut back)).collect();
+        let payloads: Vec<&str> = got.iter().map(|m| m.split_once(' ').unwrap().1).collect();
+        let expected: Vec<String> = (50..100).map(|i| format!("line {i}")).collect();
+        assert_eq!(payloads, expected, "what it missed, once, in order");
+        resumed.push(back);
+    }
+    assert!(!resumed.is_empty());
+    supervised
+        .0
+        .wait_for(&format!("instance {victim} started again"));
+    // Resumes on the new process of the victim too (of 20, some land there).
+    let mut fresh =
+        connect_spread_with(&supervised, addr, 200..220, &format!("&since={}", last[0]));
+    assert!(
+        fresh.iter().any(|(instance, _)| *instance == victim),
+        "none of 20 resumes reached the new instance {victim}"
+    );
+    for (instance, client) in &mut fresh {
+        assert!(
+            text(client).contains(r#""status":"recovered""#),
+            "on {instance}"
+        );
+        let got: Vec<String> = (50..100).map(|_| text(client)).collect();
+        assert_eq!(
+            got[0].split_once(' ').unwrap().1,
+            "line 50",
+            "on {instance}"
+        );
+        assert_eq!(
+            got[49].split_once(' ').unwrap().1,
+            "line 99",
+            "on {instance}"
+        );
+    }
+    drop((clients, resumed, fresh));
+    signal(supervised.0.child.id(), "-TERM");
+    assert_eq!(supervised.wait().0, Some(0));
+}

@@ -133,7 +133,11 @@ fn a_resume_from_before_the_history_is_told_the_gap_and_gets_what_is_held() {
     publish(&server, &["a", "b"]);
     let since = positioned(&mut client, 2)[0].0.clone();
     drop(client);
-    publish(&server, &["c", "d", "e", "f"]);
+    // One at a time: the history keeps batches whole, and these are four
+    // batches of one.
+    for line in ["c", "d", "e", "f"] {
+        publish(&server, &[line]);
+    }
     let mut back = connect(server.addr, &format!("/?since={since}"));
     let (name, current, from) = status(&mut back);
     assert_eq!(name, "gap");

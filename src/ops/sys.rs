@@ -13,9 +13,15 @@
 //! heap (`MADV_DONTNEED`), which brings it back to the baseline.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
+
+use rustix::fs::{fstat, ftruncate, memfd_create, MemfdFlags};
+use rustix::io::{fcntl_setfd, FdFlags};
+use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
 
 use rustix::process::{
     getrlimit, set_parent_process_death_signal, setrlimit, Resource, Rlimit, Signal,
@@ -104,6 +110,167 @@ pub fn raise_open_file_limit() -> io::Result<u64> {
     Ok(limit.maximum.unwrap_or(u64::MAX))
 }
 
+/// Takes ownership of descriptor `fd`, inherited from the parent process
+/// (which named it), if it is open.
+pub fn inherited_fd(fd: i32) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl(F_GETFD) only reads the descriptor table; it fails
+    // with EBADF for a number that is not open.
+    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("descriptor {fd} is not open"),
+        ));
+    }
+    // SAFETY: the descriptor is open (checked) and was handed to this
+    // process for it to own; nothing else in the process uses its number
+    // (the caller takes it once, at start).
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
+/// Memory shared between processes: a memory file (`memfd`) mapped into
+/// this process, read-write by the process that made it, read-only by
+/// those it is handed to (by descriptor: see [`SharedMemory::inheritable`]).
+/// The one who writes publishes through atomic words; readers copy bytes
+/// out and check those words again after (a seqlock), since the bytes may
+/// change under them.
+#[derive(Debug)]
+pub struct SharedMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+    fd: OwnedFd,
+    writable: bool,
+}
+
+// SAFETY: the mapping is plain memory owned by this value (unmapped on
+// drop); it holds no thread-bound state, and every access goes through
+// the methods below, whose copies and atomics are fine from any thread.
+unsafe impl Send for SharedMemory {}
+
+impl SharedMemory {
+    /// A new memory file of `len` bytes (zeroed), mapped read-write.
+    pub fn create(name: &str, len: usize) -> io::Result<SharedMemory> {
+        let fd = memfd_create(name, MemfdFlags::CLOEXEC)?;
+        ftruncate(&fd, len as u64)?;
+        SharedMemory::map(fd, len, true)
+    }
+
+    /// Maps a memory file another process made, read-only.
+    pub fn open(fd: OwnedFd) -> io::Result<SharedMemory> {
+        let len = usize::try_from(fstat(&fd)?.st_size)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a negative size"))?;
+        SharedMemory::map(fd, len, false)
+    }
+
+    fn map(fd: OwnedFd, len: usize, writable: bool) -> io::Result<SharedMemory> {
+        if len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an empty memory file",
+            ));
+        }
+        let prot = match writable {
+            true => ProtFlags::READ | ProtFlags::WRITE,
+            false => ProtFlags::READ,
+        };
+        // SAFETY: a new mapping at an address the kernel picks, of a file
+        // this value keeps open; it aliases no Rust object, and it is
+        // unmapped only in `drop`.
+        let ptr = unsafe { mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, &fd, 0)? };
+        let ptr = NonNull::new(ptr.cast()).ok_or_else(io::Error::last_os_error)?;
+        Ok(SharedMemory {
+            ptr,
+            len,
+            fd,
+            writable,
+        })
+    }
+
+    /// Lets processes this one starts inherit the descriptor (cleared
+    /// close-on-exec), and returns it, to be named to them.
+    pub fn inheritable(&self) -> io::Result<BorrowedFd<'_>> {
+        fcntl_setfd(&self.fd, FdFlags::empty())?;
+        Ok(self.fd.as_fd())
+    }
+
+    /// Its size, in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty (never: mappings have a size).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The 64-bit word at `offset` (a multiple of 8, inside), for atomic
+    /// access. Stores need a writable mapping.
+    pub fn word(&self, offset: usize) -> &AtomicU64 {
+        assert!(
+            offset.is_multiple_of(8) && offset + 8 <= self.len,
+            "bug: word {offset} of {}",
+            self.len
+        );
+        // SAFETY: in bounds and aligned (the mapping is page-aligned), and
+        // only ever accessed as an `AtomicU64` by every process sharing it,
+        // so no non-atomic access races with it. It lives as long as the
+        // borrow of `self`, which keeps the mapping.
+        unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU64>() }
+    }
+
+    /// Copies the bytes at `offset` into `out` (they may be changing: the
+    /// caller checks the writer's words afterwards).
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
+        assert!(
+            offset
+                .checked_add(out.len())
+                .is_some_and(|end| end <= self.len),
+            "bug: read past the end"
+        );
+        // SAFETY: in bounds (checked); `out` is a distinct, exclusive
+        // buffer. The source may be written meanwhile by another process
+        // (the seqlock's readers discard such a copy), so it is copied with
+        // volatile byte reads: no reference to it is ever formed.
+        unsafe {
+            let from = self.ptr.as_ptr().add(offset);
+            for (i, byte) in out.iter_mut().enumerate() {
+                *byte = std::ptr::read_volatile(from.add(i));
+            }
+        }
+    }
+
+    /// Writes `bytes` at `offset` (a writable mapping only).
+    pub fn write(&self, offset: usize, bytes: &[u8]) {
+        assert!(self.writable, "bug: a write to a read-only mapping");
+        assert!(
+            offset
+                .checked_add(bytes.len())
+                .is_some_and(|end| end <= self.len),
+            "bug: write past the end"
+        );
+        // SAFETY: in bounds (checked) of a writable mapping; `bytes` is a
+        // distinct buffer. Readers in other processes copy with volatile
+        // reads and check the writer's words after, so a concurrent copy
+        // is discarded, never trusted.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.ptr.as_ptr().add(offset),
+                bytes.len(),
+            );
+        }
+    }
+}
+
+impl Drop for SharedMemory {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, of this length, unmapped once;
+        // no borrow of it outlives `self`.
+        if let Err(e) = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) } {
+            log::warn!("unmapping shared memory failed: {e}");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,5 +281,26 @@ mod tests {
         assert_eq!(raise_open_file_limit().unwrap(), first);
         let limit = getrlimit(Resource::Nofile);
         assert_eq!(limit.current, limit.maximum);
+    }
+
+    #[test]
+    fn shared_memory_written_here_is_read_through_another_mapping() {
+        use std::sync::atomic::Ordering;
+        let mine = SharedMemory::create("wspush-test", 8192).unwrap();
+        let theirs = SharedMemory::open(mine.fd.try_clone().unwrap()).unwrap();
+        assert_eq!(theirs.len(), 8192);
+        mine.write(100, b"hello");
+        mine.word(8).store(42, Ordering::Release);
+        let mut out = [0u8; 5];
+        theirs.read(100, &mut out);
+        assert_eq!(
+            (&out, theirs.word(8).load(Ordering::Acquire)),
+            (b"hello", 42)
+        );
+        assert!(
+            std::panic::catch_unwind(|| theirs.write(0, b"x")).is_err(),
+            "read-only"
+        );
+        assert!(theirs.inheritable().is_ok());
     }
 }

@@ -31,7 +31,7 @@ use crate::protocol::ws::{
 use crate::server::fanout::Seq;
 use crate::server::frames::SharedFrames;
 use crate::server::heartbeat::{Liveness, Visit};
-use crate::server::history::{History, Replay};
+use crate::server::history::{seq_of, History, Replay};
 use crate::server::key::ConnKey;
 use crate::server::nonblocking::{read_some, Progress};
 use crate::server::output::{OutQueue, Sent};
@@ -186,6 +186,19 @@ enum Phase {
         /// closes), not a plain HTTP request.
         upgraded: bool,
     },
+}
+
+/// The messages of positioned `frames` after position `through`: all of
+/// them, some (copied), or none.
+fn after_position(frames: &SharedFrames, through: u64) -> Option<SharedFrames> {
+    let positions = || frames.payloads().map(seq_of);
+    if positions().last()? <= through {
+        return None;
+    }
+    match positions().take_while(|&seq| seq <= through).count() {
+        0 => Some(frames.clone()),
+        given => Some(frames.skip(given)),
+    }
 }
 
 /// Messages being assembled from several pieces, by connection.
@@ -537,20 +550,28 @@ impl Conn {
         let full = self.deflate == DeflateUse::Full;
         let positions = self.positions;
         let mut gathered = std::mem::take(ctx.gathered);
-        let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames]| {
-            gathered.extend(
-                frames
-                    .iter()
-                    .map(|f| f.for_connection(full, positions).clone()),
-            );
+        // After a replay, what it gave (up to `skip`) is not given again.
+        let mut skip = None;
+        let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames], skip| {
+            let frames = frames.iter().map(|f| f.for_connection(full, positions));
+            match skip {
+                None => gathered.extend(frames.cloned()),
+                Some(through) => gathered.extend(frames.filter_map(|f| after_position(f, through))),
+            }
         };
         let mut cursor = self.out.next_batch();
         let mut close = None;
         for (at, item) in owed.items.iter().map(|a| &a.item).enumerate() {
-            gather(&mut gathered, owed.stream.between(cursor, item.after()));
+            gather(
+                &mut gathered,
+                owed.stream.between(cursor, item.after()),
+                skip,
+            );
             cursor = item.after();
             match item {
-                Item::Frames { frames, .. } => gather(&mut gathered, std::slice::from_ref(frames)),
+                Item::Frames { frames, .. } => {
+                    gather(&mut gathered, std::slice::from_ref(frames), skip)
+                }
                 Item::Close { code, reason, .. } => {
                     close = Some((*code, reason));
                     break;
@@ -563,9 +584,15 @@ impl Conn {
                     if progress.overrun {
                         Metrics::incr(&ctx.metrics.replay_overruns);
                     }
-                    if let Some(from) = progress.more {
+                    // Not all given yet, or the client is ahead of this
+                    // loop (it waits until the loop has framed as far).
+                    let framed = ctx.history.current().seq;
+                    let more = progress
+                        .more
+                        .or((replay.through > framed).then_some(framed));
+                    if let Some(from) = more {
                         let replay = Replay {
-                            from,
+                            from: from.max(replay.from),
                             ..replay.clone()
                         };
                         let item = Item::Replay {
@@ -575,11 +602,12 @@ impl Conn {
                         *ctx.unfinished = Some(Unfinished { at, item });
                         break;
                     }
+                    skip = Some(replay.through);
                 }
             }
         }
         if close.is_none() && ctx.unfinished.is_none() {
-            gather(&mut gathered, owed.stream.between(cursor, owed.up_to));
+            gather(&mut gathered, owed.stream.between(cursor, owed.up_to), skip);
             cursor = owed.up_to;
         }
         self.out.set_next_batch(cursor);
@@ -1193,7 +1221,8 @@ mod tests {
                         bytes: 0,
                         age: Duration::from_secs(1),
                     },
-                ),
+                )
+                .unwrap(),
                 replays: Vec::new(),
                 unfinished: None,
             }

@@ -26,8 +26,8 @@ use crate::ops::metrics::Tally;
 use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
 use crate::server::fanout::Stream;
 use crate::server::key::ConnKey;
-use crate::server::owed::{Addressed, Owed, Unfinished};
-use crate::server::targeted::{Targeted, Turn};
+use crate::server::owed::{Addressed, Item, Owed, Unfinished};
+use crate::server::targeted::{Targeted, Turn, Until};
 use crate::server::{sync_interest, Server};
 
 /// Bytes one slice hands to sockets (or queues), at most, before the loop
@@ -143,7 +143,14 @@ impl Visitor<'_, '_> {
         let Some(conn) = self.conns.get_mut(key.0).filter(|c| c.is_open()) else {
             return;
         };
-        let park = conn.queued_bytes() > 0;
+        let framed = self.ctx.history.current().seq;
+        let park = match &rest[0].item {
+            Item::Replay { replay, .. } if replay.through > framed => {
+                Some(Until::Framed(replay.through))
+            }
+            _ if conn.queued_bytes() > 0 => Some(Until::Drained),
+            _ => None,
+        };
         let mark = targeted.leave((turn.slot, turn.serial, conn.walk_mark()), rest, park);
         conn.mark_walk(mark);
     }

@@ -405,7 +405,7 @@ mod tests {
             bytes: 0,
             age: Duration::from_secs(1),
         };
-        History::new(crate::protocol::position::Epoch(1), 1, bounds)
+        History::new(crate::protocol::position::Epoch(1), 1, bounds).unwrap()
     }
 
     fn text(payload: &str) -> Command {

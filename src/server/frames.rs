@@ -197,11 +197,6 @@ impl SharedFrames {
         self.0.positioned.as_ref()
     }
 
-    /// Bytes of the frames and of their compressed ones.
-    pub fn len_with_deflated(&self) -> usize {
-        self.0.bytes.len() + self.0.deflated.as_ref().map_or(0, |d| d.0.bytes.len())
-    }
-
     /// The frames' payloads in order, each with whether it is compressed.
     pub fn payloads(&self) -> impl Iterator<Item = (&[u8], bool)> {
         let mut rest = self.bytes();
@@ -226,6 +221,20 @@ impl SharedFrames {
             deflated: self.0.deflated.as_ref().map(|d| d.skip(n)),
             positioned: self.0.positioned.as_ref().map(|p| p.skip(n)),
         }))
+    }
+
+    /// Whole frames encoded elsewhere (a record of the history), back to
+    /// back.
+    pub fn from_encoded(bytes: Vec<u8>) -> SharedFrames {
+        let mut frames = SharedFrames(Arc::new(Frames {
+            count: 0,
+            bytes: bytes.into_boxed_slice(),
+            deflated: None,
+            positioned: None,
+        }));
+        let count = frames.payloads().count() as u32;
+        Arc::get_mut(&mut frames.0).expect("not shared yet").count = count;
+        frames
     }
 
     /// Bytes already encoded (one frame, or the unwritten rest of one).

@@ -1,46 +1,28 @@
 //! Positions and history: every message the loop frames gets the next
-//! position of its source, and the batches framed are kept, as framed
-//! (with positions, compressed too), within bounds of count, bytes and
-//! age, so that a client coming back with `?since=` is given what it
-//! missed, from the same shared buffers, and told honestly whether that
-//! is everything.
+//! position of its source, and what was framed (with positions, and
+//! compressed too) is kept in a ring in shared memory within bounds of
+//! count, bytes and age (see `ring`), so that a client coming back with
+//! `?since=` is given what it missed, as framed, and told honestly
+//! whether that is everything.
 //!
-//! A batch holds messages for the same recipients; the history keeps
-//! batches whole, with the positions of their first and last messages,
-//! so a resume finds its place with a binary search, and only a batch cut
-//! by its `since` is copied.
+//! A lone server writes its own ring. The instances of a supervisor read
+//! the supervisor's, which it writes before it hands them each line: a
+//! host holds its history once, and a client of an instance that died
+//! resumes on any other. A batch of messages for the same recipients is
+//! one record, found by its positions with a binary search.
 
 use std::cell::Cell;
-use std::collections::VecDeque;
+use std::io;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::protocol::position::{Epoch, Position, Status};
 use crate::protocol::ws::OpCode;
 use crate::server::feed::Recipients;
 use crate::server::frames::SharedFrames;
-
-/// What the history may hold at most.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bounds {
-    /// Messages (0: no history).
-    pub messages: usize,
-    /// Bytes of frames (the positioned frames and their compressed ones).
-    pub bytes: usize,
-    /// How long a message is kept.
-    pub age: Duration,
-}
-
-/// A batch kept: its messages' positions, recipients and frames.
-#[derive(Debug)]
-struct Entry {
-    first: u64,
-    last: u64,
-    at: Instant,
-    to: Recipients,
-    frames: SharedFrames,
-    bytes: usize,
-}
+pub use crate::server::ring::Bounds;
+use crate::server::ring::{Kind, Ring};
 
 /// What a resuming connection was addressed as at its upgrade: the
 /// messages of the history it is given.
@@ -53,27 +35,40 @@ pub struct Filter {
 }
 
 impl Filter {
-    /// Whether messages for `to` were for it.
-    fn wants(&self, to: &Recipients) -> bool {
-        match to {
-            Recipients::All => true,
-            Recipients::Channels(names) => names
-                .iter()
-                .any(|n| self.channels.iter().any(|c| **c == **n)),
-            Recipients::Id(id) => self.id.as_deref() == Some(id.as_str()),
+    /// Whether messages for `kind` `names` (as a record holds them) were for it.
+    fn wants(&self, kind: Kind, names: &[u8]) -> bool {
+        match kind {
+            Kind::All => true,
+            Kind::Channels => names
+                .split(|&b| b == b',')
+                .any(|n| self.channels.iter().any(|c| c.as_bytes() == n)),
+            Kind::Id => self.id.as_deref().map(str::as_bytes) == Some(names),
             // A connection of its own, which is gone: a resume is another.
-            Recipients::Conn(_) => false,
+            Kind::Conn => false,
         }
     }
 }
 
+/// How `to` is kept in a record.
+fn audience(to: &Recipients) -> (Kind, Vec<u8>) {
+    match to {
+        Recipients::All => (Kind::All, Vec::new()),
+        Recipients::Channels(names) => (Kind::Channels, names.join(",").into_bytes()),
+        Recipients::Id(id) => (Kind::Id, id.as_bytes().to_vec()),
+        Recipients::Conn(_) => (Kind::Conn, Vec::new()),
+    }
+}
+
 /// A connection's replay: the messages after `from` up to `through`
-/// (positions in the current epoch) that its filter wants.
+/// (positions in the current epoch) that its filter wants. When
+/// `through` is past what this loop has framed (the client came from an
+/// instance further on), the replay waits until it has, and the
+/// connection's live messages up to `through` are skipped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Replay {
     /// Given up to here.
     pub from: u64,
-    /// To be given up to here (the last position before its live messages).
+    /// To be given up to here.
     pub through: u64,
     /// Which messages it is given.
     pub filter: Arc<Filter>,
@@ -92,39 +87,37 @@ pub struct Progress {
 /// The positions given out and the history kept.
 #[derive(Debug)]
 pub struct History {
-    epoch: Epoch,
-    /// The last position given out (one before the first, before any).
+    ring: Ring,
+    /// The last position this loop gave out.
     last: u64,
-    /// Every message up to here is gone (or was never known here): a
-    /// `since` before it is a gap.
-    forgotten: u64,
-    bounds: Bounds,
-    entries: VecDeque<Entry>,
-    messages: usize,
-    bytes: usize,
     /// When a gap was last logged, and the gaps met since.
     gap_logged: Cell<Option<Instant>>,
     gaps_unlogged: Cell<u64>,
 }
 
-/// Batches one visit of a replay looks at, at most.
+/// Records one visit of a replay looks at, at most.
 pub const SCAN_PER_VISIT: usize = 4096;
 
-/// A gap is logged at most this often (with the count of those between).
-const GAP_LOG_EVERY: Duration = Duration::from_secs(60);
+/// A gap is logged at most this often.
+const GAP_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl History {
-    /// A history of `epoch` whose first position will be `first`.
-    pub fn new(epoch: Epoch, first: u64, bounds: Bounds) -> History {
+    /// A history of its own, of `epoch`, whose first position will be `first`.
+    pub fn new(epoch: Epoch, first: u64, bounds: Bounds) -> io::Result<History> {
         let before = first.saturating_sub(1);
+        Ok(History::on(Ring::create(bounds, epoch, before)?, before))
+    }
+
+    /// The history another process writes (a supervisor's), from its
+    /// descriptor; this loop's first position will be `first`.
+    pub fn shared(fd: OwnedFd, first: u64) -> io::Result<History> {
+        Ok(History::on(Ring::open(fd)?, first.saturating_sub(1)))
+    }
+
+    fn on(ring: Ring, last: u64) -> History {
         History {
-            epoch,
-            last: before,
-            forgotten: before,
-            bounds,
-            entries: VecDeque::new(),
-            messages: 0,
-            bytes: 0,
+            ring,
+            last,
             gap_logged: Cell::new(None),
             gaps_unlogged: Cell::new(0),
         }
@@ -138,16 +131,21 @@ impl History {
         self.current()
     }
 
-    /// The last position given out.
+    /// The last position this loop gave out.
     pub fn current(&self) -> Position {
+        self.at(self.last)
+    }
+
+    fn at(&self, seq: u64) -> Position {
         Position {
-            epoch: self.epoch,
-            seq: self.last,
+            epoch: self.ring.epoch(),
+            seq,
         }
     }
 
     /// Keeps a batch just framed (its messages numbered `first..=last`),
-    /// then drops the oldest batches over the bounds.
+    /// if this loop writes the history, then drops the oldest batches
+    /// over the bounds.
     pub fn keep(
         &mut self,
         first: u64,
@@ -156,84 +154,54 @@ impl History {
         frames: &SharedFrames,
         now: Instant,
     ) {
-        if self.bounds.messages == 0 {
-            self.forgotten = last;
-            return;
-        }
-        let Some(frames) = frames.positioned() else {
+        let Some(frames) = frames.positioned().filter(|_| self.ring.is_writer()) else {
             return;
         };
-        let bytes = frames.len_with_deflated();
-        self.messages += frames.count();
-        self.bytes += bytes;
-        self.entries.push_back(Entry {
-            first,
-            last,
-            at: now,
-            to: to.clone(),
-            frames: frames.clone(),
-            bytes,
-        });
-        self.evict(now);
+        let compressed = frames.for_connection(true, false);
+        let compressed =
+            match compressed.count() == frames.count() && compressed.bytes() != frames.bytes() {
+                true => compressed.bytes(),
+                false => &[],
+            };
+        let (kind, names) = audience(to);
+        let span = (first, last, frames.count());
+        self.ring
+            .append(span, (kind, &names), frames.bytes(), compressed, now);
     }
 
-    /// Drops the oldest messages while the history is over a bound: whole
-    /// batches, but the first messages of a batch only when that is all
-    /// the count bound asks.
+    /// Drops the messages older than the age bound (if this loop writes
+    /// the history).
     pub fn evict(&mut self, now: Instant) {
-        let bounds = self.bounds;
-        while let Some(oldest) = self.entries.front_mut() {
-            let excess = self.messages.saturating_sub(bounds.messages);
-            let whole = self.bytes > bounds.bytes
-                || now.saturating_duration_since(oldest.at) > bounds.age
-                || excess >= oldest.frames.count();
-            if whole {
-                let oldest = self.entries.pop_front().expect("a front");
-                self.messages -= oldest.frames.count();
-                self.bytes -= oldest.bytes;
-                self.forgotten = oldest.last;
-                continue;
-            }
-            if excess > 0 {
-                let seqs: Vec<u64> = oldest.frames.payloads().map(seq_of).collect();
-                oldest.frames = oldest.frames.skip(excess);
-                oldest.first = seqs[excess];
-                self.forgotten = seqs[excess - 1];
-                let bytes = oldest.frames.len_with_deflated();
-                self.bytes -= oldest.bytes - bytes;
-                oldest.bytes = bytes;
-                self.messages -= excess;
-            }
-            break;
-        }
+        self.ring.evict(now, 0, 0);
     }
 
     /// What a client resuming after `since` (as given) is told, and the
-    /// replay it gets, if any.
+    /// replay it gets (from, through), if any.
     pub fn resume(&self, since: &[u8], now: Instant) -> (Status, Option<(u64, u64)>) {
         let current = self.current();
         let since = match Position::parse(since) {
-            Some(since) if since.epoch == self.epoch && since.seq <= self.last => since.seq,
+            Some(since)
+                if since.epoch == current.epoch && since.seq <= self.ring.last().max(self.last) =>
+            {
+                since.seq
+            }
             _ => return (Status::Unknown { current }, None),
         };
-        let replay = |from: u64| (from < self.last).then_some((from, self.last));
-        if since >= self.forgotten {
-            return (Status::Recovered { current }, replay(since));
+        if since >= self.ring.forgotten() {
+            let replay = (since != self.last).then_some((since, self.last.max(since)));
+            return (Status::Recovered { current }, replay);
         }
         let from = self.oldest();
         self.log_gap(from, now);
-        (Status::Gap { from, current }, replay(self.forgotten))
+        let forgotten = self.ring.forgotten();
+        let replay = (forgotten < self.last).then_some((forgotten, self.last));
+        (Status::Gap { from, current }, replay)
     }
 
     /// The oldest position held, or the next to be given out.
     fn oldest(&self) -> Position {
-        Position {
-            epoch: self.epoch,
-            seq: self
-                .entries
-                .front()
-                .map_or(self.last.saturating_add(1), |e| e.first),
-        }
+        let next = self.ring.last().max(self.last).saturating_add(1);
+        self.at(self.ring.oldest_first().unwrap_or(next))
     }
 
     /// Logs a resume that met a gap: the first, then at most one line
@@ -258,7 +226,7 @@ impl History {
 
     /// Gathers into `out` the frames of `replay` a connection gets
     /// (compressed if `deflate`), up to about `room` bytes and
-    /// [`SCAN_PER_VISIT`] batches looked at. If the history has dropped
+    /// [`SCAN_PER_VISIT`] records looked at. If the history has dropped
     /// some of what was left, a gap status goes first.
     pub fn gather(
         &self,
@@ -268,43 +236,59 @@ impl History {
         out: &mut Vec<SharedFrames>,
     ) -> Progress {
         let mut from = replay.from;
-        let overrun = from < self.forgotten;
-        if overrun {
-            let status = Status::Gap {
-                from: self.oldest(),
-                current: self.current(),
-            };
-            out.push(SharedFrames::encode(
-                OpCode::Text,
-                status.message().as_bytes(),
-            ));
-            from = self.forgotten;
-        }
-        let start = self.entries.partition_point(|e| e.last <= from);
+        let mut overrun = false;
         let mut taken = 0;
-        for (scanned, entry) in self.entries.range(start..).enumerate() {
-            if from >= replay.through {
+        let mut scanned = 0;
+        // A copy that raced the writer means the history moved on past it:
+        // the next round starts from what it holds.
+        for _round in 0..3 {
+            if from < self.ring.forgotten() && !overrun {
+                overrun = true;
+                let status = Status::Gap {
+                    from: self.oldest(),
+                    current: self.current(),
+                };
+                out.push(SharedFrames::encode(
+                    OpCode::Text,
+                    status.message().as_bytes(),
+                ));
+                from = self.ring.forgotten();
+            }
+            let (start, records) = self.ring.find(from);
+            let mut raced = false;
+            for n in start..records {
+                if from >= replay.through {
+                    break;
+                }
+                if taken >= room || scanned == SCAN_PER_VISIT {
+                    return Progress {
+                        more: Some(from),
+                        overrun,
+                    };
+                }
+                scanned += 1;
+                let wanted = |kind, names: &[u8]| replay.filter.wants(kind, names);
+                let Ok(record) = self.ring.read(n, deflate, wanted) else {
+                    raced = true;
+                    break;
+                };
+                if record.first > replay.through {
+                    break;
+                }
+                if let Some(bytes) = record.frames {
+                    let mut frames = SharedFrames::from_encoded(bytes);
+                    if from >= record.first {
+                        let before = frames.payloads().take_while(|p| seq_of(*p) <= from).count();
+                        frames = frames.skip(before);
+                    }
+                    taken += frames.bytes().len();
+                    out.push(frames);
+                }
+                from = record.last;
+            }
+            if !raced {
                 break;
             }
-            if taken >= room || scanned == SCAN_PER_VISIT {
-                return Progress {
-                    more: Some(from),
-                    overrun,
-                };
-            }
-            if replay.filter.wants(&entry.to) {
-                let frames = match from >= entry.first {
-                    true => {
-                        let before = entry.frames.payloads().take_while(|p| seq_of(*p) <= from);
-                        entry.frames.skip(before.count())
-                    }
-                    false => entry.frames.clone(),
-                };
-                let frames = frames.for_connection(deflate, false).clone();
-                taken += frames.bytes().len();
-                out.push(frames);
-            }
-            from = entry.last;
         }
         Progress {
             more: None,
@@ -312,20 +296,78 @@ impl History {
         }
     }
 
-    /// Messages held now.
-    pub fn messages(&self) -> usize {
-        self.messages
+    /// Messages and bytes held now.
+    pub fn held(&self) -> (u64, u64) {
+        self.ring.held()
+    }
+}
+
+/// The history a supervisor keeps for its instances: each message of its
+/// input, framed with its position (and compressed, as the instances
+/// would), in a ring in shared memory that the instances read (see
+/// [`Config::history_fd`](crate::Config::history_fd)). The host holds it
+/// once, and it outlives any instance.
+#[derive(Debug)]
+pub struct SharedHistory {
+    history: History,
+    /// Messages at least this long are compressed too (permessage-deflate on).
+    deflate_min: Option<usize>,
+}
+
+impl SharedHistory {
+    /// A history within `config`'s bounds, of a new epoch (or its
+    /// `epoch`), for positions numbered from 1.
+    pub fn create(config: &crate::Config) -> io::Result<SharedHistory> {
+        let bounds = Bounds {
+            messages: config.history_messages,
+            bytes: config.history_bytes,
+            age: config.history_age,
+        };
+        let epoch = config.epoch.unwrap_or_default();
+        Ok(SharedHistory {
+            history: History::new(epoch, 1, bounds)?,
+            deflate_min: config.deflate.then_some(config.deflate_min_bytes),
+        })
     }
 
-    /// Bytes of frames held now.
-    pub fn bytes(&self) -> usize {
-        self.bytes
+    /// Its epoch.
+    pub fn epoch(&self) -> Epoch {
+        self.history.ring.epoch()
+    }
+
+    /// The descriptor of its memory, made inheritable: the number to name
+    /// to the processes this one starts.
+    pub fn inheritable_fd(&self) -> io::Result<i32> {
+        use std::os::fd::AsRawFd;
+        Ok(self.history.ring.memory().inheritable()?.as_raw_fd())
+    }
+
+    /// Keeps message `seq` (its position) for `to`.
+    pub fn append(&mut self, seq: u64, to: &Recipients, kind: crate::MessageKind, payload: &[u8]) {
+        let position = self.history.assign(Some(seq));
+        let deflated = self
+            .deflate_min
+            .filter(|&min| payload.len() >= min)
+            .map(|_| crate::protocol::ws::compress::deflate_message(payload));
+        let frames = SharedFrames::encode_batch([crate::server::frames::Message {
+            opcode: kind.opcode(),
+            payload,
+            deflated: deflated.as_deref(),
+            position: Some(position),
+        }]);
+        let seq = position.seq;
+        self.history.keep(seq, seq, to, &frames, Instant::now());
+    }
+
+    /// Drops what is older than the age bound.
+    pub fn evict(&mut self) {
+        self.history.evict(Instant::now());
     }
 }
 
 /// The position of a positioned message, from its payload (a stored
 /// block first if it is compressed).
-fn seq_of((payload, compressed): (&[u8], bool)) -> u64 {
+pub fn seq_of((payload, compressed): (&[u8], bool)) -> u64 {
     let text = if compressed { &payload[5..] } else { payload };
     let printed = &text[..text.iter().position(|&b| b == b' ').unwrap_or(0)];
     Position::parse(printed).map_or(0, |p| p.seq)
@@ -335,6 +377,7 @@ fn seq_of((payload, compressed): (&[u8], bool)) -> u64 {
 mod tests {
     use super::*;
     use crate::server::frames::Message;
+    use std::time::Duration;
 
     const EPOCH: Epoch = Epoch(0xabc);
 
@@ -344,6 +387,10 @@ mod tests {
             bytes,
             age: Duration::from_secs(age_secs),
         }
+    }
+
+    fn history(bounds: Bounds) -> History {
+        History::new(EPOCH, 1, bounds).unwrap()
     }
 
     /// Frames `texts` into one batch, as the feed does, and keeps it.
@@ -383,66 +430,73 @@ mod tests {
         Position { epoch: EPOCH, seq }.to_string().into_bytes()
     }
 
+    fn at(seq: u64) -> Position {
+        Position { epoch: EPOCH, seq }
+    }
+
     #[test]
-    fn the_count_bound_drops_the_oldest_messages_even_within_a_batch() {
+    fn the_count_bound_drops_the_oldest_batches() {
         let now = Instant::now();
-        let mut history = History::new(EPOCH, 1, bounds(3, 1 << 20, 60));
+        let mut history = history(bounds(3, 1 << 20, 60));
         keep(&mut history, &["a", "b"], Recipients::All, now);
-        keep(&mut history, &["c", "d"], Recipients::All, now);
-        assert_eq!(history.messages(), 3);
+        keep(&mut history, &["c"], Recipients::All, now);
+        assert_eq!(history.held().0, 3);
+        keep(&mut history, &["d"], Recipients::All, now);
+        assert_eq!(history.held().0, 2, "a and b leave together");
         assert_eq!(
-            replay(&history, 1, Filter::default()),
-            [
-                "0000000000000abc.2 b",
-                "0000000000000abc.3 c",
-                "0000000000000abc.4 d"
-            ]
+            replay(&history, 2, Filter::default()),
+            ["0000000000000abc.3 c", "0000000000000abc.4 d"]
         );
-        let (status, replayed) = history.resume(&since(0), now);
+        let (status, replayed) = history.resume(&since(1), now);
         assert_eq!(
             status,
             Status::Gap {
-                from: Position {
-                    epoch: EPOCH,
-                    seq: 2
-                },
-                current: Position {
-                    epoch: EPOCH,
-                    seq: 4
-                },
+                from: at(3),
+                current: at(4)
             }
         );
-        assert_eq!(replayed, Some((1, 4)), "from what the history holds");
-        let (status, replayed) = history.resume(&since(1), now);
-        assert!(matches!(status, Status::Recovered { .. }), "{status:?}");
-        assert_eq!(replayed, Some((1, 4)));
-        keep(&mut history, &["e", "f", "g", "h"], Recipients::All, now);
-        assert_eq!(history.messages(), 3, "a batch over the bound is cut too");
+        assert_eq!(replayed, Some((2, 4)), "from what the history holds");
+        let (status, replayed) = history.resume(&since(2), now);
+        assert_eq!(status, Status::Recovered { current: at(4) });
+        assert_eq!(replayed, Some((2, 4)));
+        let (status, replayed) = history.resume(&since(4), now);
         assert_eq!(
-            replay(&history, 5, Filter::default()),
-            [
-                "0000000000000abc.6 f",
-                "0000000000000abc.7 g",
-                "0000000000000abc.8 h"
-            ]
+            (status, replayed),
+            (Status::Recovered { current: at(4) }, None)
+        );
+        keep(&mut history, &["e", "f", "g", "h"], Recipients::All, now);
+        assert_eq!(
+            history.held().0,
+            0,
+            "a batch over the bound by itself is not kept"
+        );
+        let (status, _) = history.resume(&since(4), now);
+        assert_eq!(
+            status,
+            Status::Gap {
+                from: at(9),
+                current: at(8)
+            },
+            "nothing held"
         );
     }
 
     #[test]
     fn the_byte_and_age_bounds_drop_the_oldest_batches() {
         let now = Instant::now();
-        let frame = "0000000000000abc.1 x".len() + 2;
-        let mut history = History::new(EPOCH, 1, bounds(100, 2 * frame, 60));
+        // A record: 16 bytes of head, then the frame "0000000000000abc.N x" (22).
+        let record = (16 + 22usize).next_multiple_of(8);
+        let mut history = history(bounds(100, 2 * record, 60));
         for text in ["x", "y", "z"] {
             keep(&mut history, &[text], Recipients::All, now);
         }
-        assert_eq!((history.messages(), history.bytes()), (2, 2 * frame));
+        assert_eq!(history.held(), (2, 2 * record as u64));
         assert_eq!(
             replay(&history, 1, Filter::default()),
             ["0000000000000abc.2 y", "0000000000000abc.3 z"]
         );
 
-        let mut history = History::new(EPOCH, 1, bounds(100, 1 << 20, 10));
+        let mut history = self::history(bounds(100, 1 << 20, 10));
         keep(&mut history, &["old"], Recipients::All, now);
         keep(
             &mut history,
@@ -456,19 +510,13 @@ mod tests {
             ["0000000000000abc.2 new"]
         );
         history.evict(now + Duration::from_secs(17));
-        assert_eq!(history.messages(), 0);
+        assert_eq!(history.held().0, 0);
         let (status, replayed) = history.resume(&since(1), now);
         assert_eq!(
             status,
             Status::Gap {
-                from: Position {
-                    epoch: EPOCH,
-                    seq: 3
-                },
-                current: Position {
-                    epoch: EPOCH,
-                    seq: 2
-                },
+                from: at(3),
+                current: at(2)
             },
             "nothing held: the reach is the next position"
         );
@@ -478,7 +526,7 @@ mod tests {
     #[test]
     fn a_replay_follows_the_filter_and_starts_inside_a_batch() {
         let now = Instant::now();
-        let mut history = History::new(EPOCH, 1, bounds(100, 1 << 20, 60));
+        let mut history = history(bounds(100, 1 << 20, 60));
         let channels =
             |names: &[&str]| Recipients::Channels(names.iter().map(|n| n.to_string()).collect());
         keep(&mut history, &["1", "2", "3"], channels(&["a"]), now);
@@ -514,7 +562,7 @@ mod tests {
     #[test]
     fn a_replay_goes_a_room_at_a_time_and_a_gap_is_told_if_it_falls_behind() {
         let now = Instant::now();
-        let mut history = History::new(EPOCH, 1, bounds(4, 1 << 20, 60));
+        let mut history = history(bounds(4, 1 << 20, 60));
         for text in ["a", "b", "c", "d"] {
             keep(&mut history, &[text], Recipients::All, now);
         }
@@ -561,19 +609,46 @@ mod tests {
     }
 
     #[test]
-    fn positions_follow_their_source_and_never_go_back() {
-        let mut history = History::new(EPOCH, 10, bounds(0, 0, 1));
-        assert_eq!(history.current().seq, 9);
-        assert_eq!(history.assign(None).seq, 10);
-        assert_eq!(history.assign(Some(15)).seq, 15);
+    fn positions_follow_their_source_and_a_reader_shares_the_writers_history() {
+        let now = Instant::now();
+        let mut writer = history(bounds(10, 1 << 20, 60));
+        keep(&mut writer, &["a"], Recipients::All, now);
+        assert_eq!(writer.assign(Some(15)).seq, 15);
         assert_eq!(
-            history.assign(Some(12)).seq,
+            writer.assign(Some(12)).seq,
             16,
             "never one given out before"
         );
-        let (status, _) = history.resume(&since(16), Instant::now());
-        assert!(matches!(status, Status::Recovered { .. }));
-        let (status, _) = history.resume(&since(17), Instant::now());
-        assert!(matches!(status, Status::Unknown { .. }), "never given out");
+        let fd = writer
+            .ring
+            .memory()
+            .inheritable()
+            .unwrap()
+            .try_clone_to_owned()
+            .unwrap();
+        let mut reader = History::shared(fd, 1).unwrap();
+        assert_eq!(reader.current(), at(0), "the reader has framed nothing yet");
+        let (status, replayed) = reader.resume(&since(0), now);
+        assert_eq!(status, Status::Recovered { current: at(0) });
+        assert_eq!(replayed, None, "nothing this loop gave out: all live");
+        reader.assign(Some(1));
+        assert_eq!(
+            replay(&reader, 0, Filter::default()),
+            ["0000000000000abc.1 a"]
+        );
+        let (status, _) = reader.resume(&since(17), now);
+        assert_eq!(
+            status,
+            Status::Unknown { current: at(1) },
+            "never given out anywhere"
+        );
+        keep(&mut writer, &["b"], Recipients::All, now);
+        let (status, replayed) = reader.resume(&since(17), now);
+        assert_eq!(
+            status,
+            Status::Recovered { current: at(1) },
+            "given out by the writer"
+        );
+        assert_eq!(replayed, Some((17, 17)), "waits for this loop to frame it");
     }
 }

@@ -118,8 +118,9 @@ impl Server {
             self.routes.subscription_count() as u64,
         );
         Metrics::set(&metrics.connections_with_id, self.routes.id_count() as u64);
-        Metrics::set(&metrics.history_messages, self.history.messages() as u64);
-        Metrics::set(&metrics.history_bytes, self.history.bytes() as u64);
+        let (messages, bytes) = self.history.held();
+        Metrics::set(&metrics.history_messages, messages);
+        Metrics::set(&metrics.history_bytes, bytes);
         let age = self.feed.oldest_age(now).as_micros();
         Metrics::set(
             &metrics.broadcast_queue_age_us,

@@ -41,6 +41,7 @@ pub(crate) mod output;
 mod owed;
 mod per_ip;
 mod pool;
+mod ring;
 mod routes;
 mod targeted;
 mod timer;
@@ -48,12 +49,14 @@ mod upstream;
 
 use crate::config::{Config, ConfigError};
 use crate::ops::metrics::{LoopHistogram, LoopMax, Metrics, MetricsSnapshot, Tally};
+use crate::ops::sys;
 use crate::protocol::commands::ConnRef;
 use crate::protocol::ws::{CloseCode, MessageKind};
 use accept::{listen, Door};
 pub use feed::Recipients;
 use handle::Shared;
 pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone, UpstreamReader};
+pub use history::SharedHistory;
 use housekeeping::StatsLine;
 use key::ConnKey;
 
@@ -357,8 +360,13 @@ impl Server {
             bytes: config.history_bytes,
             age: config.history_age,
         };
-        let epoch = config.epoch.unwrap_or_default();
-        let history = History::new(epoch, config.first_position, bounds);
+        let history = match config.history_fd {
+            Some(fd) => History::shared(sys::inherited_fd(fd)?, config.first_position)?,
+            None => {
+                let epoch = config.epoch.unwrap_or_default();
+                History::new(epoch, config.first_position, bounds)?
+            }
+        };
         Ok(Server {
             alarm: Alarm::new(poll.registry(), ALARM)?,
             poll,
@@ -610,6 +618,9 @@ impl Server {
                     let (first, last) = (batch.first, batch.last);
                     self.history
                         .keep(first, last, &batch.to, &batch.frames, Instant::now());
+                    if self.targeted.has_parked() {
+                        self.release_framed(last);
+                    }
                     match batch.to {
                         Recipients::All => self.stream.push(batch.frames),
                         to => self.address_frames(&to, batch.frames),

@@ -61,11 +61,29 @@ pub(super) struct Targeted {
     floor: Option<Seq>,
     /// The recipients of the command being addressed.
     recipients: Vec<Slot>,
-    /// Connections whose replay waits for their queue to drain before
-    /// going on (see [`Unfinished`](crate::server::owed::Unfinished)), by slot: the connection's serial and
-    /// its items left, in order. It takes no part in walks meanwhile, and
-    /// items addressed to it join these.
-    parked: HashMap<Slot, (u32, Vec<Addressed>)>,
+    /// Connections whose replay waits (see
+    /// [`Unfinished`](crate::server::owed::Unfinished)), by slot. Such a
+    /// connection takes no part in walks meanwhile, and items addressed
+    /// to it join those it has parked here.
+    parked: HashMap<Slot, Parked>,
+}
+
+/// What a connection's replay waits for before it goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Until {
+    /// Its queue to drain (the socket took what it was given).
+    Drained,
+    /// The loop to have framed up to this position (the client came from
+    /// an instance further on).
+    Framed(u64),
+}
+
+/// A connection's items left, waiting.
+#[derive(Debug)]
+struct Parked {
+    serial: u32,
+    items: Vec<Addressed>,
+    until: Until,
 }
 
 /// One recipient's turn in a walk: the connection that held `slot` when
@@ -123,8 +141,8 @@ impl Targeted {
         };
         self.order = self.order.wrapping_add(1);
         self.floor = Some(self.floor.map_or(cursor, |floor| earlier(floor, cursor)));
-        if let Some((_, items)) = self.parked.get_mut(&slot).filter(|(s, _)| *s == serial) {
-            items.push(addressed);
+        if let Some(parked) = self.parked.get_mut(&slot).filter(|p| p.serial == serial) {
+            parked.items.push(addressed);
             return mark;
         }
         let ahead = self.walk.get(self.at).is_some_and(|a| slot >= a.slot);
@@ -178,17 +196,22 @@ impl Targeted {
         }
     }
 
-    /// Takes back what a visit left of a connection's items: parked until
-    /// its queue drains if `parked`, else for the next walk. Returns the
+    /// Takes back what a visit left of a connection's items: parked
+    /// until what `park` says, or for the next walk. Returns the
     /// connection's mark.
     pub(super) fn leave(
         &mut self,
         (slot, serial, mark): (Slot, u32, WalkMark),
         items: Vec<Addressed>,
-        park: bool,
+        park: Option<Until>,
     ) -> WalkMark {
-        if park {
-            self.parked.insert(slot, (serial, items));
+        if let Some(until) = park {
+            let parked = Parked {
+                serial,
+                items,
+                until,
+            };
+            self.parked.insert(slot, parked);
             return mark.or(Some(self.generation));
         }
         for addressed in items {
@@ -201,15 +224,36 @@ impl Targeted {
         self.next_mark()
     }
 
-    /// The items parked for the connection `serial` in `slot`, if any,
-    /// now for the next walk; returns the connection's mark then.
+    /// The items the connection `serial` in `slot` parked until its
+    /// queue drained, if any, now for the next walk; returns the
+    /// connection's mark then.
     pub(super) fn unpark(&mut self, slot: Slot, serial: u32) -> Option<WalkMark> {
-        let (parked, _) = self.parked.get(&slot)?;
-        if *parked != serial {
+        let parked = self.parked.get(&slot)?;
+        if parked.serial != serial || parked.until != Until::Drained {
             return None;
         }
-        let (_, items) = self.parked.remove(&slot).expect("parked");
-        Some(self.leave((slot, serial, None), items, false))
+        let parked = self.parked.remove(&slot).expect("parked");
+        Some(self.leave((slot, serial, None), parked.items, None))
+    }
+
+    /// The connections whose items waited for the loop to frame up to
+    /// `framed` or less: their items are now for the next walk. Returns
+    /// each one's slot, serial and mark then.
+    pub(super) fn framed(&mut self, framed: u64) -> Vec<(Slot, u32, WalkMark)> {
+        let due = |p: &Parked| matches!(p.until, Until::Framed(through) if through <= framed);
+        let slots: Vec<Slot> = self
+            .parked
+            .iter()
+            .filter(|(_, p)| due(p))
+            .map(|(slot, _)| *slot)
+            .collect();
+        let mut marked = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let parked = self.parked.remove(&slot).expect("parked");
+            let mark = self.leave((slot, parked.serial, None), parked.items, None);
+            marked.push((slot, parked.serial, mark));
+        }
+        marked
     }
 
     /// Forgets what was parked for the connection in `slot` (closed).
@@ -280,6 +324,20 @@ impl Server {
             let earlier = |a, b| stream.earlier(a, b);
             let mark = self.targeted.push(recipient, after, item, earlier);
             conn.mark_walk(mark);
+        }
+    }
+
+    /// Releases the replays that waited for the loop to frame up to
+    /// `framed`: the connections are marked for the next walk.
+    pub(super) fn release_framed(&mut self, framed: u64) {
+        for (slot, serial, mark) in self.targeted.framed(framed) {
+            if let Some(conn) = self
+                .conns
+                .get_mut(slot as usize)
+                .filter(|c| c.serial() == serial)
+            {
+                conn.mark_walk(mark);
+            }
         }
     }
 

@@ -16,7 +16,7 @@ use std::io::{self, BufRead};
 use crate::sources::{Control, CONTROL};
 use wspush::protocol::commands::{self, Audience, Closing, Command, Payload};
 use wspush::protocol::lines::{Line, Lines};
-use wspush::{BroadcastError, Handle, MessageKind, Recipients, ServerGone};
+use wspush::{BroadcastError, Handle, MessageKind, Recipients, ServerGone, SharedHistory};
 
 /// What a line of input is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -93,15 +93,13 @@ pub fn pump(
             }
             Err(e) => return PumpEnd::Failed(e),
         };
-        let done = match mode {
-            InputMode::Lines => send(handle, seq, Recipients::All, MessageKind::Text, text.into()),
-            InputMode::Commands => match commands::parse(&text) {
-                Ok(command) => carry_out(handle, command, seq),
-                Err(e) => {
-                    reject(handle, lines.number(), &e.to_string());
-                    continue;
-                }
-            },
+        let done = match interpret(mode, &text) {
+            Ok(Interpreted::Message(to, kind, payload)) => send(handle, seq, to, kind, payload),
+            Ok(Interpreted::Command(command)) => carry_out(handle, command),
+            Err(e) => {
+                reject(handle, lines.number(), &e);
+                continue;
+            }
         };
         match done {
             Ok(()) => {}
@@ -127,27 +125,48 @@ fn send(
     }
 }
 
-/// Hands a parsed command (of line `seq`, if numbered) to the loop.
-fn carry_out(
-    handle: &Handle,
-    command: Command<'_>,
-    seq: Option<u64>,
-) -> Result<(), BroadcastError> {
-    match command {
-        Command::Send { to, payload } => {
-            let to = match to {
-                Audience::All => Recipients::All,
-                Audience::Channels(channels) => {
-                    Recipients::Channels(channels.iter().map(String::from).collect())
-                }
-                Audience::Id(id) => Recipients::Id(id.into()),
-                Audience::Conn(conn) => Recipients::Conn(conn),
-            };
-            match payload {
-                Payload::Text(text) => send(handle, seq, to, MessageKind::Text, text.into()),
-                Payload::Binary(bytes) => send(handle, seq, to, MessageKind::Binary, bytes),
-            }
+/// What a line of input asks for.
+enum Interpreted<'a> {
+    /// A message: whom to, text or binary, the payload.
+    Message(Recipients, MessageKind, Vec<u8>),
+    /// Another command (a subscription change, a close).
+    Command(Command<'a>),
+}
+
+/// What the line `text` asks for in `mode`, or why it is not valid.
+fn interpret(mode: InputMode, text: &str) -> Result<Interpreted<'_>, String> {
+    let command = match mode {
+        InputMode::Lines => {
+            let payload = text.as_bytes().to_vec();
+            return Ok(Interpreted::Message(
+                Recipients::All,
+                MessageKind::Text,
+                payload,
+            ));
         }
+        InputMode::Commands => commands::parse(text).map_err(|e| e.to_string())?,
+    };
+    let Command::Send { to, payload } = command else {
+        return Ok(Interpreted::Command(command));
+    };
+    let to = match to {
+        Audience::All => Recipients::All,
+        Audience::Channels(channels) => {
+            Recipients::Channels(channels.iter().map(String::from).collect())
+        }
+        Audience::Id(id) => Recipients::Id(id.into()),
+        Audience::Conn(conn) => Recipients::Conn(conn),
+    };
+    Ok(match payload {
+        Payload::Text(text) => Interpreted::Message(to, MessageKind::Text, text.into()),
+        Payload::Binary(bytes) => Interpreted::Message(to, MessageKind::Binary, bytes),
+    })
+}
+
+/// Hands a command other than a message to the loop.
+fn carry_out(handle: &Handle, command: Command<'_>) -> Result<(), BroadcastError> {
+    match command {
+        Command::Send { .. } => unreachable!("messages are interpreted apart"),
         Command::Subscribe { id, channels } => {
             handle.subscribe(id, &channels.iter().collect::<Vec<_>>())
         }
@@ -161,6 +180,60 @@ fn carry_out(
             };
             handle.close(whom, code, reason)
         }
+    }
+}
+
+/// What a supervisor keeps of its input for its instances: every message,
+/// framed with its position (its line's number), in the host's history.
+#[derive(Debug)]
+pub struct Recorder {
+    history: SharedHistory,
+    mode: InputMode,
+    max_line_bytes: usize,
+    max_message_bytes: usize,
+}
+
+impl Recorder {
+    /// Keeps the messages of input read in `mode` in `history`.
+    pub fn new(
+        history: SharedHistory,
+        mode: InputMode,
+        max_line_bytes: usize,
+        max_message_bytes: usize,
+    ) -> Recorder {
+        Recorder {
+            history,
+            mode,
+            max_line_bytes,
+            max_message_bytes,
+        }
+    }
+
+    /// The history's descriptor, for the instances to inherit.
+    pub fn inheritable_fd(&self) -> io::Result<i32> {
+        self.history.inheritable_fd()
+    }
+
+    /// Keeps the messages of `chunk` (whole lines, the first numbered
+    /// `first`), judged as an instance judges them.
+    pub fn record(&mut self, chunk: &[u8], first: u64) {
+        let mut lines = Lines::new(chunk, self.max_line_bytes);
+        while let Ok(Some(line)) = lines.next_line() {
+            let Line::Text(text) = line else {
+                continue;
+            };
+            if let Ok(Interpreted::Message(to, kind, payload)) = interpret(self.mode, &text) {
+                if payload.len() <= self.max_message_bytes {
+                    let seq = first + lines.number() - 1;
+                    self.history.append(seq, &to, kind, &payload);
+                }
+            }
+        }
+    }
+
+    /// Drops what is older than the history's age bound.
+    pub fn evict(&mut self) {
+        self.history.evict();
     }
 }
 

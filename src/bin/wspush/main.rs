@@ -18,8 +18,7 @@ use wspush::sys::raise_open_file_limit;
 
 use input::{InputMode, PumpEnd};
 use rlimit::{connection_capacity, instances_for};
-use supervisor::{OnExit, Policy, Supervisor, EPOCH_ENV, FIRST_LINE_ENV, INSTANCE_ENV};
-use wspush::protocol::position::Epoch;
+use supervisor::{OnExit, Policy, Supervisor, FIRST_LINE_ENV, HISTORY_FD_ENV, INSTANCE_ENV};
 
 mod input;
 mod merge;
@@ -30,8 +29,8 @@ mod supervisor;
 use redis_feed::RedisFeed;
 use sources::Control;
 use wspush::{
-    Config, Degraded, Handle, Overflow, Server, SlowConsumerPolicy, TokenError, Tokens,
-    UpstreamConfig, UpstreamReader, MAX_DURATION, MAX_MESSAGE_LIMIT,
+    Config, Degraded, Handle, Overflow, Server, SharedHistory, SlowConsumerPolicy, TokenError,
+    Tokens, UpstreamConfig, UpstreamReader, MAX_DURATION, MAX_MESSAGE_LIMIT,
 };
 
 /// A WebSocket push server: every line on standard input is broadcast as
@@ -438,9 +437,9 @@ fn config(cli: &Cli) -> Result<Config, String> {
         history_messages: cli.history_messages,
         history_bytes: cli.history_bytes,
         history_age: cli.history_age,
-        epoch: std::env::var(EPOCH_ENV)
+        history_fd: std::env::var(HISTORY_FD_ENV)
             .ok()
-            .and_then(|e| Epoch::parse(e.as_bytes())),
+            .and_then(|fd| fd.parse().ok()),
         first_position: std::env::var(FIRST_LINE_ENV)
             .ok()
             .and_then(|n| n.parse().ok())
@@ -698,12 +697,17 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
         stop_grace: config.shutdown_timeout + Duration::from_secs(5),
     };
     let feed = redis_feed(cli)?;
-    let supervisor = Supervisor::start(&program, &args, count, policy, cli.upstream.is_some())
+    let max_message = config.max_message_bytes as usize;
+    let max_line = input::max_line_bytes(cli.input, max_message);
+    let history = SharedHistory::create(&config)
+        .map_err(|e| format!("cannot make the history's shared memory: {e}"))?;
+    let recorder = input::Recorder::new(history, cli.input, max_line, max_message);
+    let merge = cli.upstream.is_some();
+    let supervisor = Supervisor::start(&program, &args, count, policy, merge, recorder)
         .map_err(|e| e.to_string())?;
     log::info!(
         "listening on {listen} with {count} instances, up to {per_instance} connections each"
     );
-    let max_line = input::max_line_bytes(cli.input, config.max_message_bytes as usize);
     let chunks = sources::spawn(io::stdin(), feed, max_line, supervisor.waker())
         .map_err(|e| format!("cannot start the input readers: {e}"))?;
     supervisor.run(chunks).map_err(|e| e.to_string())

@@ -48,15 +48,15 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use rustix::process::{kill_process, Pid, Signal};
 use signal_hook::consts::{SIGCHLD, SIGINT, SIGTERM};
 
+use crate::input::Recorder;
 use crate::merge::{self, Merge};
 use crate::sources::{Control, CONTROL};
-use wspush::protocol::position::Epoch;
 
 /// The environment variable that tells an instance its number (1-based).
 pub const INSTANCE_ENV: &str = "WSPUSH_INSTANCE";
-/// The environment variable that tells an instance the epoch of the
-/// positions (every instance of a supervisor gives the same).
-pub const EPOCH_ENV: &str = "WSPUSH_EPOCH";
+/// The environment variable that names the descriptor of the host's
+/// history, which the supervisor writes and its instances read.
+pub const HISTORY_FD_ENV: &str = "WSPUSH_HISTORY_FD";
 /// The environment variable that tells an instance the number of the
 /// first input line it reads (the lines before it went to the others):
 /// a line's number is its messages' position on every instance.
@@ -70,6 +70,9 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
 pub const YOUNG: Duration = Duration::from_secs(5);
 /// Young deaths in a row of one instance that make a crash loop.
 pub const CRASH_LOOP: u32 = 5;
+
+/// How often the history's messages older than its age bound are dropped.
+const EVICT_EVERY: Duration = Duration::from_secs(1);
 
 const SIGNALS: Token = Token(usize::MAX);
 /// The poll's one waker: an input reader has a chunk, or the merged
@@ -261,14 +264,14 @@ struct Instance {
 struct Program {
     path: PathBuf,
     args: Vec<OsString>,
-    /// The epoch of the positions the instances give.
-    epoch: Epoch,
+    /// The descriptor of the history the instances read.
+    history_fd: i32,
 }
 
 impl Program {
     /// Starts instance `number`: its number in [`INSTANCE_ENV`], the
-    /// epoch and the number of the first line it reads (`first_line`, if
-    /// the input is open), its own process group (a terminal's Ctrl-C
+    /// history's descriptor and the number of the first line it reads
+    /// (`first_line`, if the input is open), its own process group (a terminal's Ctrl-C
     /// reaches only the supervisor, which forwards it once), SIGTERM as
     /// its parent-death signal (no orphans if the supervisor is killed),
     /// and a pipe for its input (or nothing, once the input has ended).
@@ -282,7 +285,7 @@ impl Program {
         command
             .args(&self.args)
             .env(INSTANCE_ENV, number.to_string())
-            .env(EPOCH_ENV, self.epoch.to_string())
+            .env(HISTORY_FD_ENV, self.history_fd.to_string())
             .env(FIRST_LINE_ENV, first_line.unwrap_or(1).to_string())
             .stdin(if first_line.is_some() {
                 Stdio::piped()
@@ -324,18 +327,22 @@ pub struct Supervisor {
     feed_lost: Option<Rc<[u8]>>,
     /// Input lines handed to the instances so far (control lines apart).
     lines: u64,
+    /// Keeps the messages of the input in the host's history.
+    recorder: Recorder,
 }
 
 impl Supervisor {
     /// Starts `count` instances of `program args…` (see [`Program::spawn`]).
     /// With `merge_output`, their standard outputs are merged into this
-    /// one's, whole lines at a time (see [`Merge`]).
+    /// one's, whole lines at a time (see [`Merge`]). The input's messages
+    /// are kept in `recorder`'s history before the instances get them.
     pub fn start(
         program: &Path,
         args: &[OsString],
         count: usize,
         policy: Policy,
         merge_output: bool,
+        recorder: Recorder,
     ) -> Result<Supervisor, SupervisorError> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKE)?;
@@ -355,9 +362,10 @@ impl Supervisor {
             program: Program {
                 path: program.to_path_buf(),
                 args: args.to_vec(),
-                epoch: Epoch::new(),
+                history_fd: recorder.inheritable_fd()?,
             },
             lines: 0,
+            recorder,
             instances: Vec::with_capacity(count),
             policy,
             poll,
@@ -410,8 +418,13 @@ impl Supervisor {
         let mut input_open = true;
         let mut failure = None;
         let mut stop_deadline: Option<Instant> = None;
+        let mut next_eviction = Instant::now() + EVICT_EVERY;
         loop {
             let now = Instant::now();
+            if now >= next_eviction {
+                self.recorder.evict();
+                next_eviction = now + EVICT_EVERY;
+            }
             if self.take_signal(SIGCHLD) {
                 if let Some(error) = self.reap(now, stop_deadline.is_some())? {
                     failure.get_or_insert(error);
@@ -452,7 +465,9 @@ impl Supervisor {
             }
             let timeout = self
                 .next_deadline(stop_deadline)
-                .map(|at| at.saturating_duration_since(now));
+                .map_or(next_eviction, |at| at.min(next_eviction))
+                .saturating_duration_since(now);
+            let timeout = Some(timeout);
             match self.poll.poll(&mut events, timeout) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 result => result?,
@@ -510,6 +525,7 @@ impl Supervisor {
                 _ => None,
             };
         } else {
+            self.recorder.record(&chunk, self.lines + 1);
             self.lines += chunk.iter().filter(|&&b| b == b'\n').count() as u64;
         }
         for index in 0..self.instances.len() {
@@ -803,6 +819,11 @@ mod tests {
         vec!["-c".into(), script.into()]
     }
 
+    fn recorder() -> Recorder {
+        let history = wspush::SharedHistory::create(&wspush::Config::default()).unwrap();
+        Recorder::new(history, crate::input::InputMode::Lines, 1024, 1024)
+    }
+
     fn policy(on_exit: OnExit) -> Policy {
         Policy {
             on_exit,
@@ -821,6 +842,7 @@ mod tests {
             3,
             policy(OnExit::Stop),
             false,
+            recorder(),
         )
         .unwrap();
         let started = Instant::now();
@@ -849,6 +871,7 @@ mod tests {
             2,
             policy(OnExit::Restart),
             false,
+            recorder(),
         )
         .unwrap();
         let started = Instant::now();

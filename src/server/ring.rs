@@ -1,0 +1,510 @@
+//! The history's storage: records in a ring in shared memory, which one
+//! process writes (a lone server's loop, or the supervisor of several) and
+//! any process on the host maps and reads (every instance), so a host
+//! holds its history once, and an instance that dies loses none of it.
+//!
+//! The memory holds a header of 64-bit words, an index of slots (a
+//! record's first and last positions and where it is) and the data: each
+//! record is its recipients and its frames as framed (with positions,
+//! and compressed ones beside them). The writer keeps the history within
+//! its bounds by moving `oldest` on (what readers may use); the ring has
+//! twice that room, so a record dropped from the history stays intact a
+//! while longer. Readers copy a record out, then check that the writer
+//! has not written over it meanwhile (`reserve`, then `records`): a copy
+//! that fails the check is discarded.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{fence, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::ops::sys::SharedMemory;
+use crate::protocol::position::Epoch;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"wspushH1");
+/// The header's words, by index.
+const MAGIC_AT: usize = 0;
+const EPOCH: usize = 1;
+const DATA: usize = 2;
+const SLOTS: usize = 3;
+/// The data the writer may be writing, up to (absolute bytes).
+const RESERVE: usize = 4;
+/// The records written so far.
+const RECORDS: usize = 5;
+/// The oldest record in the history.
+const OLDEST: usize = 6;
+/// Every message up to this position has left the history.
+const FORGOTTEN: usize = 7;
+/// The last position written.
+const LAST: usize = 8;
+/// Messages and bytes in the history.
+const MESSAGES: usize = 9;
+const BYTES: usize = 10;
+const HEADER_LEN: usize = 4096;
+/// A slot: first and last positions, and where the record is.
+const SLOT_LEN: usize = 24;
+/// A record's head: total length, frames' length, compressed frames'
+/// length, recipients' length and kind.
+const RECORD_HEAD: usize = 16;
+
+/// Who a record's messages were for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Everyone.
+    All = 0,
+    /// The subscribers of the channels named (comma-separated).
+    Channels = 1,
+    /// The connections of the client id named.
+    Id = 2,
+    /// One connection (never replayed: a resume is another connection).
+    Conn = 3,
+}
+
+impl Kind {
+    fn of(byte: u8) -> Kind {
+        match byte {
+            0 => Kind::All,
+            1 => Kind::Channels,
+            2 => Kind::Id,
+            _ => Kind::Conn,
+        }
+    }
+}
+
+/// What the history may hold at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Messages (0: no history).
+    pub messages: usize,
+    /// Bytes of records.
+    pub bytes: usize,
+    /// How long a message is kept.
+    pub age: Duration,
+}
+
+/// A record copied out: its positions, recipients and frames.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The first message's position.
+    pub first: u64,
+    /// The last message's position.
+    pub last: u64,
+    /// Who it was for.
+    pub kind: Kind,
+    /// The names (see [`Kind`]).
+    pub names: Vec<u8>,
+    /// The frames (the compressed ones if asked for and there are), if
+    /// the reader wanted them.
+    pub frames: Option<Vec<u8>>,
+}
+
+/// A record the writer keeps track of.
+#[derive(Debug)]
+struct Kept {
+    last: u64,
+    end: u64,
+    len: usize,
+    messages: usize,
+    at: Instant,
+}
+
+/// The writer's side.
+#[derive(Debug)]
+struct Writer {
+    bounds: Bounds,
+    kept: VecDeque<Kept>,
+}
+
+/// The ring, mapped; with the writer's bookkeeping if this process writes.
+#[derive(Debug)]
+pub struct Ring {
+    mem: SharedMemory,
+    data: u64,
+    slots: u64,
+    data_at: usize,
+    writer: Option<Writer>,
+}
+
+/// The copy raced the writer: the record was written over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overrun;
+
+impl Ring {
+    /// A new ring for `bounds`, written by this process, of `epoch`
+    /// positions; the last position before its first is `before`.
+    pub fn create(bounds: Bounds, epoch: Epoch, before: u64) -> io::Result<Ring> {
+        let slots = (2 * bounds.messages.max(1) + 1) as u64;
+        let data = (2 * bounds.bytes.max(1)).next_multiple_of(8) as u64;
+        let data_at = (HEADER_LEN + slots as usize * SLOT_LEN).next_multiple_of(4096);
+        let mem = SharedMemory::create("wspush-history", data_at + data as usize)?;
+        for (word, value) in [
+            (EPOCH, epoch.0),
+            (DATA, data),
+            (SLOTS, slots),
+            (FORGOTTEN, before),
+            (LAST, before),
+            (MAGIC_AT, MAGIC),
+        ] {
+            mem.word(word * 8).store(value, Ordering::Release);
+        }
+        Ok(Ring {
+            mem,
+            data,
+            slots,
+            data_at,
+            writer: Some(Writer {
+                bounds,
+                kept: VecDeque::new(),
+            }),
+        })
+    }
+
+    /// The ring another process writes, from its descriptor.
+    pub fn open(fd: OwnedFd) -> io::Result<Ring> {
+        let mem = SharedMemory::open(fd)?;
+        let invalid = |what| io::Error::new(io::ErrorKind::InvalidData, what);
+        if mem.len() < HEADER_LEN || mem.word(MAGIC_AT * 8).load(Ordering::Acquire) != MAGIC {
+            return Err(invalid("not a wspush history"));
+        }
+        let data = mem.word(DATA * 8).load(Ordering::Relaxed);
+        let slots = mem.word(SLOTS * 8).load(Ordering::Relaxed);
+        let data_at = (HEADER_LEN + slots as usize * SLOT_LEN).next_multiple_of(4096);
+        if data_at as u64 + data != mem.len() as u64 {
+            return Err(invalid("a history of the wrong size"));
+        }
+        Ok(Ring {
+            mem,
+            data,
+            slots,
+            data_at,
+            writer: None,
+        })
+    }
+
+    /// The shared memory (to hand its descriptor on).
+    pub fn memory(&self) -> &SharedMemory {
+        &self.mem
+    }
+
+    /// Whether this process writes it.
+    pub fn is_writer(&self) -> bool {
+        self.writer.is_some()
+    }
+
+    fn load(&self, word: usize) -> u64 {
+        self.mem.word(word * 8).load(Ordering::Acquire)
+    }
+
+    fn store(&self, word: usize, value: u64) {
+        self.mem.word(word * 8).store(value, Ordering::Release);
+    }
+
+    /// The epoch of its positions.
+    pub fn epoch(&self) -> Epoch {
+        Epoch(self.load(EPOCH))
+    }
+
+    /// The last position written.
+    pub fn last(&self) -> u64 {
+        self.load(LAST)
+    }
+
+    /// Every message up to this position has left the history.
+    pub fn forgotten(&self) -> u64 {
+        self.load(FORGOTTEN)
+    }
+
+    /// Messages and bytes in the history now.
+    pub fn held(&self) -> (u64, u64) {
+        (self.load(MESSAGES), self.load(BYTES))
+    }
+
+    /// The oldest position held, if any (a slot read as it is: a reader
+    /// checks what it copies).
+    pub fn oldest_first(&self) -> Option<u64> {
+        let oldest = self.load(OLDEST);
+        (oldest < self.load(RECORDS)).then(|| self.slot(oldest).0)
+    }
+
+    /// The slot of record `n`: first, last, where.
+    fn slot(&self, n: u64) -> (u64, u64, u64) {
+        let at = HEADER_LEN / 8 + (n % self.slots) as usize * SLOT_LEN / 8;
+        (self.load(at), self.load(at + 1), self.load(at + 2))
+    }
+
+    /// The first record in the history whose last position is after
+    /// `after`, and the records written (so `n..records` are to read).
+    pub fn find(&self, after: u64) -> (u64, u64) {
+        let records = self.load(RECORDS);
+        let (mut low, mut high) = (self.load(OLDEST), records);
+        while low < high {
+            let mid = low + (high - low) / 2;
+            if self.slot(mid).1 <= after {
+                low = mid + 1;
+            } else {
+                high = mid;
+            }
+        }
+        (low, records)
+    }
+
+    /// Copies record `n` out, with its frames (the compressed ones if
+    /// `deflated` and it has some) if `wanted` wants its recipients;
+    /// checks it was not written over meanwhile.
+    pub fn read(
+        &self,
+        n: u64,
+        deflated: bool,
+        wanted: impl Fn(Kind, &[u8]) -> bool,
+    ) -> Result<Record, Overrun> {
+        let (first, last, start) = self.slot(n);
+        let at = self.data_at + (start % self.data) as usize;
+        let mut head = [0u8; RECORD_HEAD];
+        self.mem.read(at, &mut head);
+        let word =
+            |i: usize| u32::from_le_bytes(head[i * 4..i * 4 + 4].try_into().unwrap()) as usize;
+        let (len, plain, compressed) = (word(0), word(1), word(2));
+        let (names_len, kind) = (
+            usize::from(head[12]) | usize::from(head[13]) << 8,
+            Kind::of(head[14]),
+        );
+        let fits = RECORD_HEAD + names_len + plain + compressed <= len
+            && (start % self.data) + len as u64 <= self.data;
+        let mut record = None;
+        if fits {
+            let mut names = vec![0u8; names_len];
+            self.mem.read(at + RECORD_HEAD, &mut names);
+            let frames = wanted(kind, &names).then(|| {
+                let (skip, take) = match deflated && compressed > 0 {
+                    true => (plain, compressed),
+                    false => (0, plain),
+                };
+                let mut frames = vec![0u8; take];
+                self.mem
+                    .read(at + RECORD_HEAD + names_len + skip, &mut frames);
+                frames
+            });
+            record = Some(Record {
+                first,
+                last,
+                kind,
+                names,
+                frames,
+            });
+        }
+        fence(Ordering::Acquire);
+        let intact = self.load(RESERVE) <= start + self.data && self.load(RECORDS) < n + self.slots;
+        match record {
+            Some(record) if intact => Ok(record),
+            _ => Err(Overrun),
+        }
+    }
+
+    /// Appends a record of messages `first..=last` (`count` of them) for
+    /// `kind` `names`, its frames and compressed frames, dropping the
+    /// oldest records as the bounds ask. A record over a bound by itself
+    /// is not kept (it and all before it are forgotten).
+    pub fn append(
+        &mut self,
+        (first, last, count): (u64, u64, usize),
+        (kind, names): (Kind, &[u8]),
+        frames: &[u8],
+        compressed: &[u8],
+        now: Instant,
+    ) {
+        let writer = self
+            .writer
+            .as_mut()
+            .expect("bug: appending to a history read-only here");
+        let names = &names[..names.len().min(u16::MAX as usize)];
+        let len = (RECORD_HEAD + names.len() + frames.len() + compressed.len()).next_multiple_of(8);
+        let bounds = writer.bounds;
+        if count > bounds.messages || len > bounds.bytes {
+            self.evict(now, usize::MAX, 0);
+            self.store(FORGOTTEN, last);
+            self.store(LAST, last);
+            return;
+        }
+        self.evict(now, count, len);
+        let records = self.load(RECORDS);
+        let reserve = self.load(RESERVE);
+        let mut start = reserve;
+        if start % self.data + len as u64 > self.data {
+            start = start.next_multiple_of(self.data);
+        }
+        let end = start + len as u64;
+        // What it writes over, and the slot it takes, leave the history first.
+        while self
+            .writer_kept_front()
+            .is_some_and(|k| k.end + self.data - (k.len as u64) < end)
+            || records - self.load(OLDEST) + 1 > self.slots
+        {
+            self.drop_oldest();
+        }
+        self.store(RESERVE, end);
+        fence(Ordering::Release);
+        let mut head = [0u8; RECORD_HEAD];
+        head[0..4].copy_from_slice(&(len as u32).to_le_bytes());
+        head[4..8].copy_from_slice(&(frames.len() as u32).to_le_bytes());
+        head[8..12].copy_from_slice(&(compressed.len() as u32).to_le_bytes());
+        head[12..14].copy_from_slice(&(names.len() as u16).to_le_bytes());
+        head[14] = kind as u8;
+        let at = self.data_at + (start % self.data) as usize;
+        self.mem.write(at, &head);
+        self.mem.write(at + RECORD_HEAD, names);
+        self.mem.write(at + RECORD_HEAD + names.len(), frames);
+        self.mem
+            .write(at + RECORD_HEAD + names.len() + frames.len(), compressed);
+        let slot = HEADER_LEN / 8 + (records % self.slots) as usize * SLOT_LEN / 8;
+        self.store(slot, first);
+        self.store(slot + 1, last);
+        self.store(slot + 2, start);
+        self.store(RECORDS, records + 1);
+        self.store(LAST, last);
+        let writer = self.writer.as_mut().expect("the writer");
+        writer.kept.push_back(Kept {
+            last,
+            end,
+            len,
+            messages: count,
+            at: now,
+        });
+        let (messages, bytes) = self.held();
+        self.store(MESSAGES, messages + count as u64);
+        self.store(BYTES, bytes + len as u64);
+    }
+
+    fn writer_kept_front(&self) -> Option<&Kept> {
+        self.writer.as_ref()?.kept.front()
+    }
+
+    /// Drops the oldest records while, with `messages` and `bytes` more,
+    /// the history would be over a bound, or they are too old.
+    pub fn evict(&mut self, now: Instant, messages: usize, bytes: usize) {
+        let Some(writer) = &self.writer else {
+            return;
+        };
+        let bounds = writer.bounds;
+        while let Some(oldest) = self.writer_kept_front() {
+            let (held_messages, held_bytes) = self.held();
+            let over = held_messages as usize + messages.min(bounds.messages + 1) > bounds.messages
+                || held_bytes as usize + bytes > bounds.bytes
+                || now.saturating_duration_since(oldest.at) > bounds.age;
+            if !over {
+                break;
+            }
+            self.drop_oldest();
+        }
+    }
+
+    /// Moves the oldest record out of the history.
+    fn drop_oldest(&mut self) {
+        let Some(kept) = self.writer.as_mut().and_then(|w| w.kept.pop_front()) else {
+            return;
+        };
+        self.store(FORGOTTEN, kept.last);
+        self.store(OLDEST, self.load(OLDEST) + 1);
+        let (messages, bytes) = self.held();
+        self.store(MESSAGES, messages - kept.messages as u64);
+        self.store(BYTES, bytes - kept.len as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bounds(messages: usize, bytes: usize) -> Bounds {
+        Bounds {
+            messages,
+            bytes,
+            age: Duration::from_secs(60),
+        }
+    }
+
+    fn everything(_: Kind, _: &[u8]) -> bool {
+        true
+    }
+
+    #[test]
+    fn records_written_are_read_back_through_another_mapping() {
+        let now = Instant::now();
+        let mut ring = Ring::create(bounds(10, 4096), Epoch(7), 0).unwrap();
+        ring.append(
+            (1, 2, 2),
+            (Kind::Channels, b"a,b"),
+            b"frames",
+            b"zipped",
+            now,
+        );
+        ring.append((3, 3, 1), (Kind::All, b""), b"more", b"", now);
+        let fd = ring
+            .memory()
+            .inheritable()
+            .unwrap()
+            .try_clone_to_owned()
+            .unwrap();
+        let reader = Ring::open(fd).unwrap();
+        assert!(!reader.is_writer());
+        assert_eq!(
+            (reader.epoch(), reader.last(), reader.forgotten()),
+            (Epoch(7), 3, 0)
+        );
+        assert_eq!(reader.find(0), (0, 2));
+        assert_eq!(reader.find(2), (1, 2));
+        assert_eq!(reader.find(3), (2, 2));
+        let first = reader.read(0, true, everything).unwrap();
+        assert_eq!(
+            first,
+            Record {
+                first: 1,
+                last: 2,
+                kind: Kind::Channels,
+                names: b"a,b".to_vec(),
+                frames: Some(b"zipped".to_vec()),
+            }
+        );
+        let second = reader.read(1, true, everything).unwrap();
+        assert_eq!(
+            second.frames.unwrap(),
+            b"more",
+            "no compressed frames: the plain ones"
+        );
+        let unwanted = reader.read(1, false, |kind, _| kind == Kind::Id).unwrap();
+        assert_eq!((unwanted.last, unwanted.frames), (3, None));
+    }
+
+    #[test]
+    fn the_oldest_records_leave_as_the_bounds_ask_and_a_copy_written_over_is_refused() {
+        let now = Instant::now();
+        let mut ring = Ring::create(bounds(3, 1024), Epoch(1), 0).unwrap();
+        for seq in 1..=5 {
+            ring.append((seq, seq, 1), (Kind::All, b""), &[seq as u8; 100], b"", now);
+        }
+        assert_eq!(ring.held().0, 3);
+        assert_eq!((ring.forgotten(), ring.oldest_first()), (2, Some(3)));
+        assert_eq!(ring.find(0).0, 2, "the oldest held");
+        // The ring has twice the bound's room: record 0 is out of the
+        // history but still intact until written over.
+        assert!(ring.read(0, false, everything).is_ok());
+        for seq in 6..=40 {
+            ring.append((seq, seq, 1), (Kind::All, b""), &[seq as u8; 100], b"", now);
+        }
+        assert_eq!(ring.read(0, false, everything), Err(Overrun));
+        let (n, records) = ring.find(37);
+        assert_eq!((n, records), (37, 40));
+        assert_eq!(
+            ring.read(n, false, everything).unwrap().frames.unwrap(),
+            [38u8; 100]
+        );
+        ring.evict(now + Duration::from_secs(61), 0, 0);
+        assert_eq!(
+            (ring.held(), ring.forgotten(), ring.oldest_first()),
+            ((0, 0), 40, None)
+        );
+        // A record over the byte bound is not kept.
+        ring.append((41, 41, 1), (Kind::All, b""), &[0; 2000], b"", now);
+        assert_eq!((ring.held().0, ring.forgotten(), ring.last()), (0, 41, 41));
+    }
+}
