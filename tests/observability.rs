@@ -131,17 +131,28 @@ fn with_demo_a_plain_get_of_the_root_is_the_page_and_the_upgrade_still_works() {
     assert_eq!(page.body, wspush::http::DEMO_PAGE);
     assert!(
         page.body.starts_with("<!doctype html>")
-            && page.body.contains("new WebSocket(url)")
-            && page.body.contains("location.host + \"/\""),
+            && page.body.contains("wspush.connect(url")
+            && page.body.contains("location.origin + \"/\""),
         "{}",
         page.body
     );
+    let script = http_get(server.addr, "/wspush.js", "");
+    assert_eq!(script.status, 200);
+    assert_eq!(
+        script.header("Content-Type"),
+        Some("text/javascript; charset=utf-8")
+    );
+    assert_eq!(script.body, wspush::http::CLIENT_SCRIPT);
     let mut client = connect(server.addr, "/");
     server.process.send(b"to the page\n");
     assert_eq!(client.read().unwrap(), Message::text("to the page"));
     let metrics = http_get(server.addr, "/metrics", "").body;
     assert_eq!(
         sample(&metrics, "wspush_http_requests_total{path=\"/\"}"),
+        1
+    );
+    assert_eq!(
+        sample(&metrics, "wspush_http_requests_total{path=\"/wspush.js\"}"),
         1
     );
     assert_eq!(sample(&metrics, "wspush_upgrades_total"), 1);
