@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::compression::Inflating;
-use crate::conn::{Conn, Context, Expect, Transition};
+use crate::conn::{Conn, Context, Expect, Query, Transition};
 use crate::dial::{self, Failure};
 use crate::message::Padding;
 use crate::stats::Tally;
@@ -41,6 +41,9 @@ pub struct ClientPlan {
     pub deflate: bool,
     /// The channel the connections subscribe to in their URL, if any.
     pub channel: Option<String>,
+    /// The connections ask for positions, and resume after the last one
+    /// they had when they are dialed again.
+    pub positions: bool,
     /// How long a connection may stay connecting or upgrading.
     pub connect_timeout: Duration,
 }
@@ -61,13 +64,24 @@ pub struct Clients {
     pending: usize,
     open: usize,
     opened: usize,
+    /// What the connections' URLs ask for.
+    query: Query,
+    /// Connections dropped to be dialed again, each at its time.
+    redials: VecDeque<(usize, Instant)>,
 }
 
 impl Clients {
     /// An empty set following `plan`.
     pub fn new(plan: ClientPlan) -> io::Result<Self> {
         assert!(!plan.sources.is_empty(), "at least one source address");
+        let query = Query {
+            channel: plan.channel.clone(),
+            positions: plan.positions,
+            epoch: None,
+        };
         Ok(Clients {
+            query,
+            redials: VecDeque::new(),
             poll: Poll::new()?,
             events: Events::with_capacity(EVENTS_PER_POLL),
             conns: Vec::new(),
@@ -89,32 +103,62 @@ impl Clients {
 
     /// Starts `count` more connections.
     pub fn start(&mut self, count: usize) {
-        let now = Instant::now();
         for _ in 0..count {
             let index = self.conns.len();
-            let id = self.plan.first_id + index as u64;
-            let source = self.plan.sources[id as usize % self.plan.sources.len()];
-            let registry = self.poll.registry();
-            match dial::dial(
-                source,
-                self.plan.servers[id as usize % self.plan.servers.len()],
-                id,
-                self.plan.deflate,
-                self.plan.channel.as_deref(),
-                registry,
-                Token(index),
-                Interest::READABLE,
-            ) {
-                Ok(dialed) => {
-                    self.conns.push(Conn::dialed(dialed));
-                    self.pending_since.push_back((index, now));
-                    self.pending += 1;
-                }
-                Err(failure) => {
-                    self.conns.push(Conn::dead());
-                    self.tally.failed(failure.label());
-                }
+            self.conns.push(Conn::dead());
+            self.dial(index);
+        }
+    }
+
+    /// Dials connection `index` (again, keeping what it received).
+    fn dial(&mut self, index: usize) {
+        let id = self.plan.first_id + index as u64;
+        let source = self.plan.sources[id as usize % self.plan.sources.len()];
+        let query = self.query.after_id(self.conns[index].last_position());
+        match dial::dial(
+            source,
+            self.plan.servers[id as usize % self.plan.servers.len()],
+            id,
+            self.plan.deflate,
+            &query,
+            self.poll.registry(),
+            Token(index),
+            Interest::READABLE,
+        ) {
+            Ok(dialed) => {
+                self.conns[index].redialed(dialed);
+                self.pending_since.push_back((index, Instant::now()));
+                self.pending += 1;
             }
+            Err(failure) => self.tally.failed(failure.label()),
+        }
+    }
+
+    /// Drops every open connection at once and dials them again, spread
+    /// evenly over `within` (each resumes after its last position, if it
+    /// asks for positions).
+    pub fn storm(&mut self, within: Duration) {
+        let open: Vec<usize> = (0..self.conns.len())
+            .filter(|&i| self.conns[i].is_open())
+            .collect();
+        let start = Instant::now();
+        let step = within / (open.len().max(1) as u32);
+        for (n, &index) in open.iter().enumerate() {
+            self.conns[index].drop_socket();
+            self.redials.push_back((index, start + step * n as u32));
+        }
+        self.open -= open.len();
+    }
+
+    /// Dials the dropped connections whose time has come.
+    fn redial_due(&mut self) {
+        let now = Instant::now();
+        while let Some(&(index, at)) = self.redials.front() {
+            if at > now {
+                return;
+            }
+            self.redials.pop_front();
+            self.dial(index);
         }
     }
 
@@ -153,6 +197,11 @@ impl Clients {
     /// the connect timeout; returns how many events there were (at most
     /// [`EVENTS_PER_POLL`]).
     pub fn step(&mut self, timeout: Duration) -> io::Result<usize> {
+        self.redial_due();
+        let timeout = match self.redials.front() {
+            Some(&(_, at)) => timeout.min(at.saturating_duration_since(Instant::now())),
+            None => timeout,
+        };
         match self.poll.poll(&mut self.events, Some(timeout)) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(0),
@@ -169,7 +218,7 @@ impl Clients {
             },
             inflating: &mut self.inflating,
             tally: &mut self.tally,
-            channel: self.plan.channel.as_deref(),
+            query: &mut self.query,
         };
         let mut handled = 0;
         for event in self.events.iter() {

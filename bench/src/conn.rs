@@ -49,8 +49,63 @@ pub struct Context<'a> {
     pub inflating: &'a mut Inflating,
     /// Where deliveries are recorded.
     pub tally: &'a mut Tally,
-    /// The channel the connections subscribe to in their URL, if any.
-    pub channel: Option<&'a str>,
+    /// What the connections ask for besides their id (see [`Query`]).
+    pub query: &'a mut Query,
+}
+
+/// What a connection's URL asks for besides its id: a channel, and
+/// positions (or, once it has had one, to resume after it).
+#[derive(Debug, Clone, Default)]
+pub struct Query {
+    /// The channel to subscribe to, if any.
+    pub channel: Option<String>,
+    /// Ask for positions.
+    pub positions: bool,
+    /// The epoch of the positions, once a connection was told it.
+    pub epoch: Option<String>,
+}
+
+impl Query {
+    /// The query after `id=ID` for a connection whose last position was
+    /// `last` (0: none).
+    pub fn after_id(&self, last: u32) -> String {
+        let mut query = String::new();
+        if let Some(channel) = &self.channel {
+            query.push_str("&channel=");
+            query.push_str(channel);
+        }
+        match (&self.epoch, self.positions, last) {
+            (Some(epoch), true, 1..) => query.push_str(&format!("&since={epoch}.{last}")),
+            (_, true, _) => query.push_str("&positions=1"),
+            _ => {}
+        }
+        query
+    }
+
+    /// Splits a positioned message into its position's number and its
+    /// payload; takes a status message (`{...}`) in, learning the epoch
+    /// from it, and returns its status instead.
+    fn split<'p>(&mut self, payload: &'p [u8]) -> Result<(u32, &'p [u8]), Option<String>> {
+        if payload.first() == Some(&b'{') {
+            let text = std::str::from_utf8(payload).map_err(|_| None)?;
+            let field = |name: &str| {
+                let key = format!("\"{name}\":\"");
+                let start = text.find(&key)? + key.len();
+                Some(text[start..start + text[start..].find('"')?].to_string())
+            };
+            if let Some((epoch, _)) = field("position").as_deref().and_then(|p| p.split_once('.')) {
+                self.epoch = Some(epoch.to_string());
+            }
+            return Err(field("status"));
+        }
+        let space = payload.iter().position(|&b| b == b' ').ok_or(None)?;
+        let position = std::str::from_utf8(&payload[..space]).map_err(|_| None)?;
+        let seq = position
+            .split_once('.')
+            .and_then(|(_, n)| n.parse().ok())
+            .ok_or(None)?;
+        Ok((seq, &payload[space + 1..]))
+    }
 }
 
 /// What every message a push connection receives must be.
@@ -74,6 +129,9 @@ pub struct Conn {
     reader: FrameReader,
     /// Sequence number of the next message in order.
     next_seq: u32,
+    /// The number of the last position it was given (0: none), to resume
+    /// after.
+    last: u32,
 }
 
 impl Conn {
@@ -85,7 +143,28 @@ impl Conn {
             phase: Phase::dialed(dialed.requested),
             reader: FrameReader::new(),
             next_seq: 1,
+            last: 0,
         }
+    }
+
+    /// The same connection dialed again (after [`Conn::drop_socket`]): it
+    /// keeps what it has received and its last position.
+    pub fn redialed(&mut self, dialed: dial::Dialed) {
+        self.stream = Some(dialed.stream);
+        self.phase = Phase::dialed(dialed.requested);
+        self.reader = FrameReader::new();
+    }
+
+    /// Closes its socket at once, as a client that drops its connection
+    /// does (it is dialed again with [`Conn::redialed`]).
+    pub fn drop_socket(&mut self) {
+        self.stream = None;
+        self.phase = Phase::Dead;
+    }
+
+    /// The number of the last position it was given (0: none).
+    pub fn last_position(&self) -> u32 {
+        self.last
     }
 
     /// A connection that failed before it had a socket.
@@ -95,6 +174,7 @@ impl Conn {
             phase: Phase::Dead,
             reader: FrameReader::new(),
             next_seq: 1,
+            last: 0,
         }
     }
 
@@ -133,7 +213,8 @@ impl Conn {
                     return Ok(Transition::Same);
                 }
                 let server = cx.servers[id as usize % cx.servers.len()];
-                dial::send_request(self.stream(), id, cx.expect.deflate, cx.channel, server)?;
+                let query = cx.query.after_id(self.last);
+                dial::send_request(self.stream(), id, cx.expect.deflate, &query, server)?;
                 // From here on only reads matter (pongs are written whole).
                 cx.registry
                     .reregister(self.stream(), token, Interest::READABLE)
@@ -172,7 +253,13 @@ impl Conn {
         self.phase = Phase::Open;
         if !upgraded.early.is_empty() {
             let now = sys::now_ns();
-            self.on_bytes(&upgraded.early, now, cx.expect, cx.inflating, cx.tally)?;
+            let parts = (
+                cx.expect,
+                &mut *cx.inflating,
+                &mut *cx.tally,
+                &mut *cx.query,
+            );
+            self.on_bytes(&upgraded.early, now, parts)?;
         }
         // The socket was registered before the request went out, so data
         // after this read raises a new edge (see `read_frames`).
@@ -191,7 +278,13 @@ impl Conn {
                 return Err(Failure::Closed { upgrading: false });
             }
             let now = sys::now_ns();
-            self.on_bytes(&cx.scratch[..n], now, cx.expect, cx.inflating, cx.tally)?;
+            let parts = (
+                cx.expect,
+                &mut *cx.inflating,
+                &mut *cx.tally,
+                &mut *cx.query,
+            );
+            self.on_bytes(&cx.scratch[..n], now, parts)?;
             // A read that did not fill the buffer emptied the socket, and new
             // data will raise a new edge (epoll(7)): skip the EAGAIN read.
             if n < cx.scratch.len() && !drain {
@@ -206,27 +299,41 @@ impl Conn {
         &mut self,
         bytes: &[u8],
         now: u64,
-        expect: Expect,
-        inflating: &mut Inflating,
-        tally: &mut Tally,
+        (expect, inflating, tally, query): (Expect, &mut Inflating, &mut Tally, &mut Query),
     ) -> Result<(), Failure> {
         let Conn {
             stream,
             reader,
             next_seq,
+            last,
             ..
         } = self;
         let stream = stream.as_mut().expect("live connection has a socket");
+        // A position and a space come before the payload.
+        let room = expect.payload_len + if query.positions { 64 } else { 0 };
         reader.feed(bytes, |f| match f.opcode {
             opcode::TEXT | opcode::BINARY if f.fin => {
                 if f.compressed && !expect.deflate {
                     return Err(FrameError::ReservedBits.into());
                 }
-                let plain = if f.compressed {
-                    inflating.plain(f.payload, expect.payload_len)
+                let mut plain = if f.compressed {
+                    inflating.plain(f.payload, room)
                 } else {
                     Some(f.payload)
                 };
+                if let (true, Some(whole)) = (query.positions, plain) {
+                    match query.split(whole) {
+                        Ok((seq, payload)) => {
+                            *last = seq;
+                            plain = Some(payload);
+                        }
+                        Err(Some(status)) => {
+                            tally.status(&status);
+                            return Ok(());
+                        }
+                        Err(None) => plain = None,
+                    }
+                }
                 let plain_len = plain.map_or(0, <[u8]>::len);
                 tally.payload(f.payload.len(), plain_len, f.compressed);
                 let stamp = plain

@@ -150,12 +150,12 @@ pub fn dial(
     server: SocketAddr,
     id: u64,
     deflate: bool,
-    channel: Option<&str>,
+    query: &str,
     registry: &Registry,
     token: Token,
     interest: Interest,
 ) -> Result<Dialed, Failure> {
-    let path = default_path(id, channel);
+    let path = default_path(id, query);
     let ask = Ask {
         path: &path,
         deflate,
@@ -246,13 +246,10 @@ pub fn connected(stream: &TcpStream) -> Result<bool, Failure> {
     }
 }
 
-/// The path connection `id` asks for unless told otherwise: `/ws?id=ID`,
-/// and `&channel=NAME` to subscribe to a channel.
-fn default_path(id: u64, channel: Option<&str>) -> String {
-    match channel {
-        Some(channel) => format!("/ws?id={id}&channel={channel}"),
-        None => format!("/ws?id={id}"),
-    }
+/// The path connection `id` asks for unless told otherwise: `/ws?id=ID`
+/// and `query` (e.g. `&channel=NAME&positions=1`).
+fn default_path(id: u64, query: &str) -> String {
+    format!("/ws?id={id}{query}")
 }
 
 /// Connection `id`'s upgrade request for `ask`.
@@ -261,16 +258,16 @@ fn request(id: u64, ask: Ask<'_>, server: SocketAddr) -> Vec<u8> {
     handshake::client_request(&server.to_string(), ask.path, &key, ask.deflate)
 }
 
-/// Sends connection `id`'s upgrade request for `/ws?id=ID` (and
-/// `channel`) once [`connected`] says the connect completed.
+/// Sends connection `id`'s upgrade request for `/ws?id=ID` and `query`
+/// once [`connected`] says the connect completed.
 pub fn send_request(
     stream: &mut TcpStream,
     id: u64,
     deflate: bool,
-    channel: Option<&str>,
+    query: &str,
     server: SocketAddr,
 ) -> Result<(), Failure> {
-    let path = default_path(id, channel);
+    let path = default_path(id, query);
     send_request_path(
         stream,
         id,
@@ -377,7 +374,7 @@ mod tests {
             server,
             7,
             false,
-            None,
+            "",
             poll.registry(),
             Token(0),
             Interest::READABLE,
@@ -416,7 +413,7 @@ mod tests {
             server,
             1,
             false,
-            None,
+            "",
             poll.registry(),
             Token(0),
             Interest::READABLE,

@@ -138,7 +138,7 @@ impl Echoers {
                 self.server,
                 id as u64,
                 self.deflate,
-                None,
+                "",
                 registry,
                 Token(id),
                 interest,
@@ -283,7 +283,7 @@ impl Echoers {
                 if !dial::connected(stream)? {
                     return Ok(());
                 }
-                dial::send_request(stream, id as u64, self.deflate, None, self.server)?;
+                dial::send_request(stream, id as u64, self.deflate, "", self.server)?;
                 conn.phase = Phase::Upgrading(Vec::new());
             }
             Phase::Upgrading(_) | Phase::Open => {}

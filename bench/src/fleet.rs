@@ -302,6 +302,12 @@ impl Fleet {
         Ok(merged)
     }
 
+    /// Has every worker drop its open connections and dial them again,
+    /// spread over `within_ms` (see [`Command::Storm`]).
+    pub fn storm(&mut self, within_ms: u64) -> Result<(), Error> {
+        self.broadcast(&Command::Storm { within_ms })
+    }
+
     /// Stops the workers and merges what they observed.
     pub fn finish(&mut self) -> Result<Observed, Error> {
         self.broadcast(&Command::Finish)?;

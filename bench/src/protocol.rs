@@ -37,6 +37,10 @@ pub struct Plan {
     /// The channel the connections subscribe to in their URL, if any.
     #[serde(default)]
     pub channel: Option<String>,
+    /// The connections ask for positions (`&positions=1`), and resume
+    /// with `&since=` when they reconnect.
+    #[serde(default)]
+    pub positions: bool,
     /// How long a connection may stay connecting or upgrading, in ms.
     pub connect_timeout_ms: u64,
 }
@@ -75,6 +79,13 @@ pub enum Command {
     },
     /// Stop watching the stream and report what it observed of it.
     EndStream,
+    /// Drop every open connection at once and dial each again (resuming
+    /// after the last position it had, with positions), spread over
+    /// `within_ms`.
+    Storm {
+        /// The reconnects are spread over this long, in ms.
+        within_ms: u64,
+    },
     /// Report everything observed and exit.
     Finish,
 }
@@ -177,6 +188,7 @@ mod tests {
             padding: Padding::Json,
             deflate: true,
             channel: Some("hot".into()),
+            positions: false,
             connect_timeout_ms: 10_000,
         });
         let reports = [

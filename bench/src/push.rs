@@ -190,6 +190,20 @@ pub struct PushOptions {
     /// `--conns`, that gets the stream too).
     #[arg(long, value_name = "MS")]
     pub probe_ms: Option<u64>,
+    /// The connections ask for positions (`&positions=1`): each message
+    /// comes as its position, a space and the payload, checked as before;
+    /// a connection dialed again resumes with `&since=` its last position.
+    #[arg(long)]
+    pub positions: bool,
+    /// This many seconds into the feed, every connection is dropped by
+    /// its client at once and dialed again (a reconnect storm), spread
+    /// over `--storm-within-ms`; the feed's report counts what each
+    /// connection received, which must still be every line once, in order.
+    #[arg(long, value_name = "SECS", requires = "feed_rate")]
+    pub storm_at_secs: Option<f64>,
+    /// The reconnects of a storm are spread over this long.
+    #[arg(long, value_name = "MS", default_value_t = 2000)]
+    pub storm_within_ms: u64,
 }
 
 impl PushOptions {
@@ -354,6 +368,7 @@ pub fn measure_hosts(
         padding: options.padding,
         deflate: options.deflate,
         channel: options.channel.clone(),
+        positions: options.positions,
         connect_timeout_ms: options.connect_timeout * 1000,
     };
     let shares = pacing::split_evenly(options.conns, workers);
@@ -637,8 +652,17 @@ impl Run<'_> {
         let mut deadline = None;
         let mut checked = start;
         let mut complete = false;
+        let mut storm = o.storm_at_secs.map(Duration::from_secs_f64);
         loop {
             let now = Instant::now();
+            if storm.is_some_and(|at| now >= start + at) {
+                eprintln!(
+                    "[{}] reconnect storm: every connection dropped and dialed again",
+                    self.label
+                );
+                self.fleet.storm(o.storm_within_ms)?;
+                storm = None;
+            }
             let due = match rate {
                 None => count,
                 Some(r) => (((now - start).as_secs_f64() * r) as u32 + 1).min(count),
@@ -1073,6 +1097,7 @@ fn summarise(
             open: o.open_conns as u64,
             failed: observed.failed(),
             failures: observed.failures.clone(),
+            statuses: observed.statuses.clone(),
             setup_secs: o.setup.as_secs_f64(),
             rate: o.ramp.summary(o.setup),
             workers,

@@ -134,6 +134,10 @@ pub struct ConnectionReport {
     pub failed: u64,
     /// Failures by kind, over the whole run.
     pub failures: BTreeMap<String, u64>,
+    /// What connections that asked for positions were told first, by
+    /// status (with `--positions`).
+    #[serde(default)]
+    pub statuses: BTreeMap<String, u64>,
     /// From the first connect to the last upgrade.
     pub setup_secs: f64,
     /// Upgrades per second: average, slowest and fastest whole second.
@@ -386,6 +390,9 @@ impl RunReport {
             c.sources
         );
         let _ = writeln!(out, "  failures     {}", failures(&c.failures));
+        if !c.statuses.is_empty() {
+            let _ = writeln!(out, "  told first   {}", failures(&c.statuses));
+        }
         let _ = writeln!(
             out,
             "  memory       {} server processes, {} listening sockets",
@@ -543,6 +550,7 @@ pub(crate) fn sample(server: &str, round: u32, per_conn: [f64; 3]) -> RunReport 
             open: 100,
             failed: 0,
             failures: BTreeMap::new(),
+            statuses: BTreeMap::new(),
             setup_secs: 0.5,
             rate: RampSummary {
                 average: 200.0,

@@ -81,6 +81,10 @@ pub struct Observed {
     pub payloads: Payloads,
     /// Connection failures by kind.
     pub failures: BTreeMap<String, u64>,
+    /// What connections that asked for positions were told first, by
+    /// status (`position`, `recovered`, `gap`, `unknown`).
+    #[serde(default)]
+    pub statuses: BTreeMap<String, u64>,
 }
 
 /// Message payloads received: how many, how many compressed
@@ -140,6 +144,9 @@ impl Observed {
         self.payloads.merge(&other.payloads);
         for (kind, n) in &other.failures {
             *self.failures.entry(kind.clone()).or_insert(0) += n;
+        }
+        for (status, n) in &other.statuses {
+            *self.statuses.entry(status.clone()).or_insert(0) += n;
         }
     }
 
@@ -228,6 +235,7 @@ pub struct Tally {
     corrupt: u64,
     payloads: Payloads,
     failures: BTreeMap<String, u64>,
+    statuses: BTreeMap<String, u64>,
 }
 
 impl Default for Tally {
@@ -248,6 +256,7 @@ impl Tally {
             corrupt: 0,
             payloads: Payloads::default(),
             failures: BTreeMap::new(),
+            statuses: BTreeMap::new(),
         }
     }
 
@@ -355,6 +364,11 @@ impl Tally {
         *self.failures.entry(kind).or_insert(0) += 1;
     }
 
+    /// Counts a status message a connection was told.
+    pub fn status(&mut self, status: &str) {
+        *self.statuses.entry(status.to_string()).or_insert(0) += 1;
+    }
+
     /// Connection failures so far, all kinds together.
     pub fn failures(&self) -> u64 {
         self.failures.values().sum()
@@ -370,6 +384,7 @@ impl Tally {
             corrupt: self.corrupt,
             payloads: self.payloads,
             failures: self.failures.clone(),
+            statuses: self.statuses.clone(),
         }
     }
 }

@@ -69,6 +69,7 @@ pub fn run(input: impl Read + Send + 'static, mut output: impl Write) -> Result<
         padding: plan.padding,
         deflate: plan.deflate,
         channel: plan.channel,
+        positions: plan.positions,
         connect_timeout: Duration::from_millis(plan.connect_timeout_ms),
     })?;
     let commands = spawn_command_reader(input, clients.waker()?)?;
@@ -126,6 +127,7 @@ fn serve(
                 Command::Plan(_) => return Err("a worker gets one plan".into()),
                 Command::Open { count } => clients.start(count),
                 Command::Abandon => clients.abandon_pending(),
+                Command::Storm { within_ms } => clients.storm(Duration::from_millis(within_ms)),
                 Command::Arm { seq, nap_us } => {
                     let open = clients.open() as u32;
                     clients.tally_mut().arm(seq, open);

@@ -109,3 +109,47 @@ fn the_feed_search_halves_the_rate_while_none_holds() {
     assert!(report.streams.is_empty(), "nothing held, nothing to hold");
     assert_eq!(report.delivery.lost, 0);
 }
+
+#[test]
+fn a_reconnect_storm_during_a_feed_loses_nothing_with_positions() {
+    let (server, report) = measure_embedded(&[
+        "--conns",
+        "300",
+        "--per-worker",
+        "150",
+        "--messages",
+        "1",
+        "--payload-bytes",
+        "64",
+        "--positions",
+        "--feed-rate",
+        "200",
+        "--feed-secs",
+        "2",
+        "--storm-at-secs",
+        "0.5",
+        "--storm-within-ms",
+        "500",
+    ]);
+    let feed = &report.streams[0];
+    assert!(feed.complete, "{}", feed.render());
+    assert_eq!(feed.received, feed.expected, "{}", feed.render());
+    let d = &report.delivery;
+    assert_eq!(
+        (d.lost, d.duplicates, d.out_of_order, d.corrupt),
+        (0, 0, 0, 0)
+    );
+    let told = &report.connections.statuses;
+    assert_eq!(told.get("position"), Some(&300), "{told:?}");
+    assert_eq!(
+        told.get("recovered"),
+        Some(&300),
+        "every connection resumed: {told:?}"
+    );
+    let m = server.metrics();
+    assert_eq!(
+        (m.resumes_recovered, m.resumes_gap, m.resumes_unknown),
+        (300, 0, 0)
+    );
+    assert_eq!(m.upgrades, 600);
+}
