@@ -645,6 +645,9 @@ fn the_clients_of_a_killed_instance_resume_on_any_other_and_lose_nothing() {
     supervised
         .0
         .wait_for(&format!("instance {victim} started again"));
+    supervised
+        .0
+        .wait_for(&format!("wspush#{victim}] listening on "));
     // Resumes on the new process of the victim too (of 20, some land there).
     let mut fresh =
         connect_spread_with(&supervised, addr, 200..220, &format!("&since={}", last[0]));

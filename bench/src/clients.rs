@@ -245,8 +245,18 @@ impl Clients {
                     } else {
                         self.pending -= 1;
                     }
-                    conn.kill();
                     cx.tally.failed(failure.label());
+                    if was_open && cx.query.positions {
+                        // Dropped by the server: dial again after 0 to 2 s,
+                        // as a client would, and resume.
+                        conn.drop_socket();
+                        let wait = Duration::from_millis(id.wrapping_mul(7919) % 2000);
+                        let at = Instant::now() + wait;
+                        let place = self.redials.partition_point(|&(_, t)| t <= at);
+                        self.redials.insert(place, (token.0, at));
+                    } else {
+                        conn.kill();
+                    }
                 }
             }
         }

@@ -204,6 +204,11 @@ pub struct PushOptions {
     /// The reconnects of a storm are spread over this long.
     #[arg(long, value_name = "MS", default_value_t = 2000)]
     pub storm_within_ms: u64,
+    /// This many seconds into the feed, one instance of the server (run
+    /// with `--processes`) is killed with SIGKILL; its clients, dropped,
+    /// dial again after 0 to 2 s (resuming, with `--positions`).
+    #[arg(long, value_name = "SECS", requires = "feed_rate")]
+    pub kill_instance_at_secs: Option<f64>,
 }
 
 impl PushOptions {
@@ -653,8 +658,14 @@ impl Run<'_> {
         let mut checked = start;
         let mut complete = false;
         let mut storm = o.storm_at_secs.map(Duration::from_secs_f64);
+        let mut kill = o.kill_instance_at_secs.map(Duration::from_secs_f64);
         loop {
             let now = Instant::now();
+            if kill.is_some_and(|at| now >= start + at) {
+                let pid = self.target.kill_an_instance()?;
+                eprintln!("[{}] killed instance process {pid} (SIGKILL)", self.label);
+                kill = None;
+            }
             if storm.is_some_and(|at| now >= start + at) {
                 eprintln!(
                     "[{}] reconnect storm: every connection dropped and dialed again",

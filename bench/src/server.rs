@@ -220,6 +220,26 @@ impl Target for Server {
             Some(status) => Err(io::Error::other(format!("server exited: {status}"))),
         }
     }
+
+    /// Kills the supervisor's first child.
+    fn kill_an_instance(&mut self) -> io::Result<u32> {
+        let pid = self.pid();
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))?;
+        let child: u32 = children
+            .split_whitespace()
+            .next()
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| {
+                io::Error::other("the server has no instances (run it with --processes)")
+            })?;
+        let killed = std::process::Command::new("kill")
+            .args(["-9", &child.to_string()])
+            .status()?;
+        match killed.success() {
+            true => Ok(child),
+            false => Err(io::Error::other(format!("kill -9 {child} failed"))),
+        }
+    }
 }
 
 impl Drop for Server {

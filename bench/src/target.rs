@@ -24,6 +24,11 @@ pub trait Target {
     fn usage(&self) -> io::Result<Usage>;
     /// An error if the server has gone away.
     fn check_alive(&mut self) -> io::Result<()>;
+    /// Kills (SIGKILL) one instance of a server that runs several under a
+    /// supervisor (`--processes`); returns its process id.
+    fn kill_an_instance(&mut self) -> io::Result<u32> {
+        Err(io::Error::other("this server has no instances to kill"))
+    }
 }
 
 /// A server started by someone else: process `pid` (and its descendants)
