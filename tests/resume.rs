@@ -133,11 +133,7 @@ fn a_resume_from_before_the_history_is_told_the_gap_and_gets_what_is_held() {
     publish(&server, &["a", "b"]);
     let since = positioned(&mut client, 2)[0].0.clone();
     drop(client);
-    // One at a time: the history keeps batches whole, and these are four
-    // batches of one.
-    for line in ["c", "d", "e", "f"] {
-        publish(&server, &[line]);
-    }
+    publish(&server, &["c", "d", "e", "f"]);
     let mut back = connect(server.addr, &format!("/?since={since}"));
     let (name, current, from) = status(&mut back);
     assert_eq!(name, "gap");
@@ -253,6 +249,8 @@ fn a_client_that_keeps_reconnecting_during_a_feed_gets_every_line_once() {
     let server = TestServer::start(Config::default());
     let handle = server.handle.clone();
     const LINES: usize = 2000;
+    let mut client = connect(server.addr, "/?positions=1");
+    let mut last = status(&mut client).1;
     let feed = std::thread::spawn(move || {
         for i in 0..LINES {
             handle.broadcast_text(i.to_string()).unwrap();
@@ -262,8 +260,6 @@ fn a_client_that_keeps_reconnecting_during_a_feed_gets_every_line_once() {
         }
     });
     let mut got: Vec<usize> = Vec::new();
-    let mut client = connect(server.addr, "/?positions=1");
-    let mut last = status(&mut client).1;
     let mut resumes = 0;
     while got.len() < LINES {
         // A few messages, then drop the connection and resume.

@@ -242,9 +242,7 @@ pub struct Batch {
     pub to: Recipients,
     /// The messages' frames, back to back (with their positions too).
     pub frames: SharedFrames,
-    /// The first and last messages' positions.
-    pub first: u64,
-    /// See `first`.
+    /// The last message's position.
     pub last: u64,
     /// Bytes given back to the gate for them.
     pub cost: usize,
@@ -359,11 +357,10 @@ impl Feed {
             });
         let frames = SharedFrames::encode_batch(sends);
         let cost = self.queue.drain(..count).map(|c| c.cost()).sum();
-        let (first, last) = (positions[0].seq, positions[count - 1].seq);
+        let last = positions[count - 1].seq;
         Some(Taken::Batch(Batch {
             to,
             frames,
-            first,
             last,
             cost,
         }))

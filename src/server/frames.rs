@@ -197,15 +197,21 @@ impl SharedFrames {
         self.0.positioned.as_ref()
     }
 
-    /// The frames' payloads in order, each with whether it is compressed.
-    pub fn payloads(&self) -> impl Iterator<Item = (&[u8], bool)> {
+    /// The frames in order: each whole, and its payload with whether it
+    /// is compressed.
+    pub fn frames(&self) -> impl Iterator<Item = (&[u8], (&[u8], bool))> {
         let mut rest = self.bytes();
         std::iter::from_fn(move || {
             let (start, end, compressed) = frame_bounds(rest)?;
-            let payload = &rest[start..end];
-            rest = &rest[end..];
-            Some((payload, compressed))
+            let (frame, after) = rest.split_at(end);
+            rest = after;
+            Some((frame, (&frame[start..], compressed)))
         })
+    }
+
+    /// The frames' payloads in order, each with whether it is compressed.
+    pub fn payloads(&self) -> impl Iterator<Item = (&[u8], bool)> {
+        self.frames().map(|(_, payload)| payload)
     }
 
     /// The same frames but the first `n` (and the same of the compressed

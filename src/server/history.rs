@@ -8,8 +8,8 @@
 //! A lone server writes its own ring. The instances of a supervisor read
 //! the supervisor's, which it writes before it hands them each line: a
 //! host holds its history once, and a client of an instance that died
-//! resumes on any other. A batch of messages for the same recipients is
-//! one record, found by its positions with a binary search.
+//! resumes on any other. Each message is a record, found by its position
+//! with a binary search.
 
 use std::cell::Cell;
 use std::io;
@@ -143,30 +143,25 @@ impl History {
         }
     }
 
-    /// Keeps a batch just framed (its messages numbered `first..=last`),
-    /// if this loop writes the history, then drops the oldest batches
-    /// over the bounds.
-    pub fn keep(
-        &mut self,
-        first: u64,
-        last: u64,
-        to: &Recipients,
-        frames: &SharedFrames,
-        now: Instant,
-    ) {
+    /// Keeps the messages of a batch just framed, each its own record
+    /// (so the bounds count messages), if this loop writes the history;
+    /// the oldest leave as the bounds ask.
+    pub fn keep(&mut self, to: &Recipients, frames: &SharedFrames, now: Instant) {
         let Some(frames) = frames.positioned().filter(|_| self.ring.is_writer()) else {
             return;
         };
         let compressed = frames.for_connection(true, false);
-        let compressed =
-            match compressed.count() == frames.count() && compressed.bytes() != frames.bytes() {
-                true => compressed.bytes(),
-                false => &[],
-            };
+        let mut compressed = (compressed.count() == frames.count()
+            && compressed.bytes() != frames.bytes())
+        .then(|| compressed.frames());
         let (kind, names) = audience(to);
-        let span = (first, last, frames.count());
-        self.ring
-            .append(span, (kind, &names), frames.bytes(), compressed, now);
+        for (frame, payload) in frames.frames() {
+            let seq = seq_of(payload);
+            let zipped = compressed.as_mut().and_then(Iterator::next);
+            let zipped = zipped.map_or(&[][..], |(frame, _)| frame);
+            self.ring
+                .append((seq, seq, 1), (kind, &names), frame, zipped, now);
+        }
     }
 
     /// Drops the messages older than the age bound (if this loop writes
@@ -226,8 +221,9 @@ impl History {
 
     /// Gathers into `out` the frames of `replay` a connection gets
     /// (compressed if `deflate`), up to about `room` bytes and
-    /// [`SCAN_PER_VISIT`] records looked at. If the history has dropped
-    /// some of what was left, a gap status goes first.
+    /// [`SCAN_PER_VISIT`] records looked at: copied back to back into one
+    /// buffer, so the visit writes them with one `writev`. If the history
+    /// has dropped some of what was left, a gap status goes first.
     pub fn gather(
         &self,
         replay: &Replay,
@@ -237,13 +233,19 @@ impl History {
     ) -> Progress {
         let mut from = replay.from;
         let mut overrun = false;
-        let mut taken = 0;
         let mut scanned = 0;
+        let mut copied = Vec::new();
+        let flush = |copied: &mut Vec<u8>, out: &mut Vec<SharedFrames>| {
+            if !copied.is_empty() {
+                out.push(SharedFrames::from_encoded(std::mem::take(copied)));
+            }
+        };
         // A copy that raced the writer means the history moved on past it:
         // the next round starts from what it holds.
         for _round in 0..3 {
             if from < self.ring.forgotten() && !overrun {
                 overrun = true;
+                flush(&mut copied, out);
                 let status = Status::Gap {
                     from: self.oldest(),
                     current: self.current(),
@@ -260,7 +262,8 @@ impl History {
                 if from >= replay.through {
                     break;
                 }
-                if taken >= room || scanned == SCAN_PER_VISIT {
+                if copied.len() >= room || scanned == SCAN_PER_VISIT {
+                    flush(&mut copied, out);
                     return Progress {
                         more: Some(from),
                         overrun,
@@ -275,14 +278,15 @@ impl History {
                 if record.first > replay.through {
                     break;
                 }
-                if let Some(bytes) = record.frames {
-                    let mut frames = SharedFrames::from_encoded(bytes);
-                    if from >= record.first {
+                match record.frames {
+                    Some(bytes) if from >= record.first => {
+                        // Cut by `from`: only its messages after it.
+                        let frames = SharedFrames::from_encoded(bytes);
                         let before = frames.payloads().take_while(|p| seq_of(*p) <= from).count();
-                        frames = frames.skip(before);
+                        copied.extend_from_slice(frames.skip(before).bytes());
                     }
-                    taken += frames.bytes().len();
-                    out.push(frames);
+                    Some(bytes) => copied.extend_from_slice(&bytes),
+                    None => {}
                 }
                 from = record.last;
             }
@@ -290,6 +294,7 @@ impl History {
                 break;
             }
         }
+        flush(&mut copied, out);
         Progress {
             more: None,
             overrun,
@@ -355,8 +360,7 @@ impl SharedHistory {
             deflated: deflated.as_deref(),
             position: Some(position),
         }]);
-        let seq = position.seq;
-        self.history.keep(seq, seq, to, &frames, Instant::now());
+        self.history.keep(to, &frames, Instant::now());
     }
 
     /// Drops what is older than the age bound.
@@ -403,8 +407,7 @@ mod tests {
                 deflated: None,
                 position: Some(*p),
             }));
-        let (first, last) = (positions[0].seq, positions[positions.len() - 1].seq);
-        history.keep(first, last, &to, &frames, at);
+        history.keep(&to, &frames, at);
     }
 
     /// The payloads a replay of everything after `from` gives, for `filter`.
@@ -435,30 +438,32 @@ mod tests {
     }
 
     #[test]
-    fn the_count_bound_drops_the_oldest_batches() {
+    fn the_count_bound_drops_the_oldest_messages_even_of_a_batch() {
         let now = Instant::now();
         let mut history = history(bounds(3, 1 << 20, 60));
         keep(&mut history, &["a", "b"], Recipients::All, now);
         keep(&mut history, &["c"], Recipients::All, now);
         assert_eq!(history.held().0, 3);
         keep(&mut history, &["d"], Recipients::All, now);
-        assert_eq!(history.held().0, 2, "a and b leave together");
-        assert_eq!(
-            replay(&history, 2, Filter::default()),
-            ["0000000000000abc.3 c", "0000000000000abc.4 d"]
-        );
-        let (status, replayed) = history.resume(&since(1), now);
+        assert_eq!(history.held().0, 3, "a left, b stays");
+        let held = [
+            "0000000000000abc.2 b",
+            "0000000000000abc.3 c",
+            "0000000000000abc.4 d",
+        ];
+        assert_eq!(replay(&history, 1, Filter::default()), held);
+        let (status, replayed) = history.resume(&since(0), now);
         assert_eq!(
             status,
             Status::Gap {
-                from: at(3),
+                from: at(2),
                 current: at(4)
             }
         );
-        assert_eq!(replayed, Some((2, 4)), "from what the history holds");
-        let (status, replayed) = history.resume(&since(2), now);
+        assert_eq!(replayed, Some((1, 4)), "from what the history holds");
+        let (status, replayed) = history.resume(&since(1), now);
         assert_eq!(status, Status::Recovered { current: at(4) });
-        assert_eq!(replayed, Some((2, 4)));
+        assert_eq!(replayed, Some((1, 4)));
         let (status, replayed) = history.resume(&since(4), now);
         assert_eq!(
             (status, replayed),
@@ -467,18 +472,23 @@ mod tests {
         keep(&mut history, &["e", "f", "g", "h"], Recipients::All, now);
         assert_eq!(
             history.held().0,
-            0,
-            "a batch over the bound by itself is not kept"
+            3,
+            "a batch larger than the bound keeps its last"
         );
         let (status, _) = history.resume(&since(4), now);
         assert_eq!(
             status,
             Status::Gap {
-                from: at(9),
+                from: at(6),
                 current: at(8)
-            },
-            "nothing held"
+            }
         );
+        let held = [
+            "0000000000000abc.6 f",
+            "0000000000000abc.7 g",
+            "0000000000000abc.8 h",
+        ];
+        assert_eq!(replay(&history, 5, Filter::default()), held);
     }
 
     #[test]
@@ -592,9 +602,10 @@ mod tests {
                 overrun: true
             }
         );
+        assert_eq!(out.len(), 2, "the status, then what is held in one buffer");
         let texts: Vec<Vec<u8>> = out
             .iter()
-            .map(|f| f.payloads().next().unwrap().0.to_vec())
+            .flat_map(|f| f.payloads().map(|(p, _)| p.to_vec()).collect::<Vec<_>>())
             .collect();
         assert_eq!(
             texts,

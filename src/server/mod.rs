@@ -615,11 +615,9 @@ impl Server {
                     self.commands_taken += count;
                     Metrics::add(&metrics.broadcasts, count);
                     Metrics::incr(&metrics.broadcast_batches);
-                    let (first, last) = (batch.first, batch.last);
-                    self.history
-                        .keep(first, last, &batch.to, &batch.frames, Instant::now());
+                    self.history.keep(&batch.to, &batch.frames, Instant::now());
                     if self.targeted.has_parked() {
-                        self.release_framed(last);
+                        self.release_framed(batch.last);
                     }
                     match batch.to {
                         Recipients::All => self.stream.push(batch.frames),

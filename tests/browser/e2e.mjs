@@ -367,6 +367,35 @@ await check("the served client keeps the page's count exact across server-side d
   assertEqual((await server.metrics()).get('wspush_resumes_total{result="gap"}'), 1, "the gap counted");
 });
 
+await check("the served client keeps the page's count exact while each instance is killed and restarted", async (scope) => {
+  const server = await scope.server(["--demo", "--processes", "2"]);
+  const instances = () =>
+    fs.readFileSync(`/proc/${server.child.pid}/task/${server.child.pid}/children`, "utf8").trim().split(/\s+/).map(Number);
+  await waitUntil("two instances", () => instances().length === 2);
+  const page = await scope.page(server.url("/"));
+  await waitForState(page, "open");
+  const lines = Array.from({ length: 300 }, (_, i) => `line ${i + 1}`);
+  server.feed(lines.slice(0, 100));
+  await waitUntil("100 messages on the page", async () => (await shown(page)).count >= 100);
+  // Each instance in turn (the page is on one of them) is killed; lines
+  // keep coming while it is started again.
+  for (const [i, victim] of instances().entries()) {
+    process.kill(victim, "SIGKILL");
+    await waitUntil(`instance ${victim} to be replaced`, () => {
+      const now = instances();
+      return now.length === 2 && !now.includes(victim);
+    });
+    server.feed(lines.slice(100 * (i + 1), 100 * (i + 2)));
+  }
+  const now = await waitUntil("300 messages on the page", async () => {
+    const now = await shown(page);
+    return now.count >= 300 && now.state === "open" && now;
+  });
+  assertEqual(now.messages, lines, "every line once, in order");
+  if (now.closes.length < 1) throw new Error("the page's connection was never dropped");
+  assertEqual(now.resume, "recovered", "what its last connection was told");
+});
+
 await browser.close();
 await chromiumServer.close();
 finish();
