@@ -120,6 +120,7 @@ fn check_result(buf: &[u8], result: Result<HeadStatus<'_>, Rejection>, rules: &H
                 Endpoint::Health => true,
                 Endpoint::Metrics => rules.endpoints.metrics,
                 Endpoint::Demo => rules.endpoints.demo,
+                Endpoint::Client => rules.endpoints.websocket,
             };
             assert!(served, "{endpoint:?} is not served");
         }
