@@ -177,6 +177,12 @@ impl Clients {
         self.open
     }
 
+    /// Connections that are open or will be again: upgraded, dialing or
+    /// upgrading, or dropped and waiting to be dialed again.
+    pub fn coming(&self) -> usize {
+        self.open + self.pending + self.redials.len()
+    }
+
     /// Connections that completed the upgrade, including those that failed since.
     pub fn opened(&self) -> usize {
         self.opened
@@ -246,9 +252,10 @@ impl Clients {
                         self.pending -= 1;
                     }
                     cx.tally.failed(failure.label());
-                    if was_open && cx.query.positions {
-                        // Dropped by the server: dial again after 0 to 2 s,
-                        // as a client would, and resume.
+                    if cx.query.positions && (was_open || conn.last_position() > 0) {
+                        // Dropped by the server, or refused coming back:
+                        // dial again after 0 to 2 s, as a client would,
+                        // and resume.
                         conn.drop_socket();
                         let wait = Duration::from_millis(id.wrapping_mul(7919) % 2000);
                         let at = Instant::now() + wait;

@@ -222,8 +222,9 @@ fn report_receipts(
         .tally()
         .receipts(armed.seq)
         .expect("armed messages are announced");
-    // Connections that failed meanwhile will not receive it.
-    let done = receipts.received as usize >= clients.open().min(receipts.expected as usize);
+    // Connections that failed meanwhile will not receive it (those dialed
+    // again will).
+    let done = receipts.received as usize >= clients.coming().min(receipts.expected as usize);
     let now = Instant::now();
     if done || (receipts != armed.reported && now >= armed.last_report + RECEIVED_EVERY) {
         protocol::send(
@@ -241,7 +242,7 @@ fn report_receipts(
 }
 
 /// [`report_receipts`] for a stream: done once every connection still
-/// open (of those expected) has every message of it.
+/// open or coming back (of those expected) has every message of it.
 fn report_stream(
     clients: &Clients,
     armed: &mut Armed,
@@ -250,7 +251,7 @@ fn report_stream(
     output: &mut impl Write,
 ) -> Result<bool, Error> {
     let received = clients.tally().stream_received();
-    let wanted = u64::from(count) * clients.open().min(expected as usize) as u64;
+    let wanted = u64::from(count) * clients.coming().min(expected as usize) as u64;
     let done = received >= wanted;
     let now = Instant::now();
     let changed = armed.stream_reported != received;

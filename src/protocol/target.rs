@@ -2,7 +2,7 @@
 //! request, stored without a heap allocation when it is short.
 
 use crate::protocol::auth::TOKEN_PARAM;
-use crate::protocol::query::{params, CHANNEL_PARAM, ID_PARAM};
+use crate::protocol::query::{params, CHANNEL_PARAM, ID_PARAM, POSITIONS_PARAM, SINCE_PARAM};
 
 /// Longest target stored inline, e.g. `/ws?id=0123456789ab` fits.
 const INLINE: usize = 22;
@@ -68,15 +68,18 @@ impl Default for RequestTarget {
 
 impl RequestTarget {
     /// The target a connection keeps of the one it asked for: without its
-    /// `token` parameter (a token is never kept) and its `channel`
-    /// parameters (channels live in the loop's routes, and change), with
+    /// `token` parameter (a token is never kept), its `channel`
+    /// parameters (channels live in the loop's routes, and change) and its
+    /// `positions` and `since` (acted on at the upgrade, and kept as one
+    /// flag), with
     /// `id=ADDED` appended when the id came from a token rather than the
     /// query. Copied once, onto the heap only when longer than 22 bytes.
     pub fn kept(target: &str, added_id: Option<&str>) -> RequestTarget {
         let (path, query) = target.split_once('?').unwrap_or((target, ""));
         let pairs = query.split('&').filter(|pair| {
             let key = pair.split_once('=').map_or(*pair, |(key, _)| key);
-            !pair.is_empty() && key != TOKEN_PARAM && key != CHANNEL_PARAM
+            !pair.is_empty()
+                && ![TOKEN_PARAM, CHANNEL_PARAM, POSITIONS_PARAM, SINCE_PARAM].contains(&key)
         });
         let added = added_id.map(|id| ["id=", id]);
         let mut out = Builder::default();
@@ -133,8 +136,10 @@ mod tests {
     }
 
     #[test]
-    fn the_token_and_channels_are_not_kept() {
+    fn the_token_channels_and_positions_are_not_kept() {
         let cases = [
+            ("/ws?id=1234567&positions=1", None, "/ws?id=1234567"),
+            ("/ws?since=00c0ffee1234abcd.9&id=1", None, "/ws?id=1"),
             ("/ws?token=s3cret", None, "/ws"),
             ("/ws?id=1&token=x", None, "/ws?id=1"),
             ("/ws?token=x&id=1", None, "/ws?id=1"),
@@ -155,5 +160,10 @@ mod tests {
         }
         assert_eq!(RequestTarget::kept("/ws?x=1&id=7", None).id(), Some("7"));
         assert_eq!(RequestTarget::kept("/ws?x=1", None).id(), None);
+        let resumed = RequestTarget::kept("/ws?id=123456789&since=00c0ffee1234abcd.99999", None);
+        assert!(
+            matches!(resumed, RequestTarget::Inline { .. }),
+            "{resumed:?}"
+        );
     }
 }
