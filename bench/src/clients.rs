@@ -280,9 +280,16 @@ impl Clients {
                 if now.duration_since(since) < self.plan.connect_timeout {
                     return;
                 }
-                self.conns[index].kill();
                 self.pending -= 1;
                 self.tally.failed(Failure::Timeout.label());
+                if self.query.positions && self.conns[index].last_position() > 0 {
+                    // Coming back: try again, as a client would.
+                    self.conns[index].drop_socket();
+                    self.pending_since.pop_front();
+                    self.dial(index);
+                    continue;
+                }
+                self.conns[index].kill();
             }
             self.pending_since.pop_front();
         }
