@@ -78,6 +78,7 @@ impl Clients {
             channel: plan.channel.clone(),
             positions: plan.positions,
             epoch: None,
+            offset: None,
         };
         Ok(Clients {
             query,
@@ -114,7 +115,8 @@ impl Clients {
     fn dial(&mut self, index: usize) {
         let id = self.plan.first_id + index as u64;
         let source = self.plan.sources[id as usize % self.plan.sources.len()];
-        let query = self.query.after_id(self.conns[index].last_position());
+        let last = self.query.last_before(self.conns[index].next_seq());
+        let query = self.query.after_id(last);
         match dial::dial(
             source,
             self.plan.servers[id as usize % self.plan.servers.len()],
@@ -252,7 +254,7 @@ impl Clients {
                         self.pending -= 1;
                     }
                     cx.tally.failed(failure.label());
-                    if cx.query.positions && (was_open || conn.last_position() > 0) {
+                    if cx.query.positions && (was_open || conn.next_seq() > 1) {
                         // Dropped by the server, or refused coming back:
                         // dial again after 0 to 2 s, as a client would,
                         // and resume.
@@ -282,7 +284,7 @@ impl Clients {
                 }
                 self.pending -= 1;
                 self.tally.failed(Failure::Timeout.label());
-                if self.query.positions && self.conns[index].last_position() > 0 {
+                if self.query.positions && self.conns[index].next_seq() > 1 {
                     // Coming back: try again, as a client would.
                     self.conns[index].drop_socket();
                     self.pending_since.pop_front();

@@ -63,12 +63,25 @@ pub struct Query {
     pub positions: bool,
     /// The epoch of the positions, once a connection was told it.
     pub epoch: Option<String>,
+    /// A message's position less its stamp's sequence number, the same
+    /// for every message of a run (its lines are numbered as sent): so a
+    /// connection's position is known from the next message it expects,
+    /// and takes no room in its state. Learned from the first message.
+    pub offset: Option<i64>,
 }
 
 impl Query {
+    /// The position of the last message before `next_seq` (0: none yet).
+    pub fn last_before(&self, next_seq: u32) -> u64 {
+        match self.offset {
+            Some(offset) if next_seq > 1 => (i64::from(next_seq) - 1 + offset).max(0) as u64,
+            _ => 0,
+        }
+    }
+
     /// The query after `id=ID` for a connection whose last position was
     /// `last` (0: none).
-    pub fn after_id(&self, last: u32) -> String {
+    pub fn after_id(&self, last: u64) -> String {
         let mut query = String::new();
         if let Some(channel) = &self.channel {
             query.push_str("&channel=");
@@ -85,7 +98,7 @@ impl Query {
     /// Splits a positioned message into its position's number and its
     /// payload; takes a status message (`{...}`) in, learning the epoch
     /// from it, and returns its status instead.
-    fn split<'p>(&mut self, payload: &'p [u8]) -> Result<(u32, &'p [u8]), Option<String>> {
+    fn split<'p>(&mut self, payload: &'p [u8]) -> Result<(u64, &'p [u8]), Option<String>> {
         if payload.first() == Some(&b'{') {
             let text = std::str::from_utf8(payload).map_err(|_| None)?;
             let field = |name: &str| {
@@ -127,11 +140,9 @@ pub struct Conn {
     stream: Option<TcpStream>,
     phase: Phase,
     reader: FrameReader,
-    /// Sequence number of the next message in order.
+    /// Sequence number of the next message in order (with positions, the
+    /// position to resume after follows from it: see [`Query::offset`]).
     next_seq: u32,
-    /// The number of the last position it was given (0: none), to resume
-    /// after.
-    last: u32,
 }
 
 impl Conn {
@@ -143,7 +154,6 @@ impl Conn {
             phase: Phase::dialed(dialed.requested),
             reader: FrameReader::new(),
             next_seq: 1,
-            last: 0,
         }
     }
 
@@ -162,9 +172,9 @@ impl Conn {
         self.phase = Phase::Dead;
     }
 
-    /// The number of the last position it was given (0: none).
-    pub fn last_position(&self) -> u32 {
-        self.last
+    /// The sequence number of the next message it expects.
+    pub fn next_seq(&self) -> u32 {
+        self.next_seq
     }
 
     /// A connection that failed before it had a socket.
@@ -174,7 +184,6 @@ impl Conn {
             phase: Phase::Dead,
             reader: FrameReader::new(),
             next_seq: 1,
-            last: 0,
         }
     }
 
@@ -213,7 +222,7 @@ impl Conn {
                     return Ok(Transition::Same);
                 }
                 let server = cx.servers[id as usize % cx.servers.len()];
-                let query = cx.query.after_id(self.last);
+                let query = cx.query.after_id(cx.query.last_before(self.next_seq));
                 dial::send_request(self.stream(), id, cx.expect.deflate, &query, server)?;
                 // From here on only reads matter (pongs are written whole).
                 cx.registry
@@ -305,7 +314,6 @@ impl Conn {
             stream,
             reader,
             next_seq,
-            last,
             ..
         } = self;
         let stream = stream.as_mut().expect("live connection has a socket");
@@ -321,10 +329,11 @@ impl Conn {
                 } else {
                     Some(f.payload)
                 };
+                let mut position = None;
                 if let (true, Some(whole)) = (query.positions, plain) {
                     match query.split(whole) {
                         Ok((seq, payload)) => {
-                            *last = seq;
+                            position = Some(seq);
                             plain = Some(payload);
                         }
                         Err(Some(status)) => {
@@ -338,8 +347,19 @@ impl Conn {
                 tally.payload(f.payload.len(), plain_len, f.compressed);
                 let stamp = plain
                     .and_then(|p| message::decode_padded(p, expect.payload_len, expect.padding));
+                // Every message's position is its stamp's plus one offset.
+                let offset =
+                    |stamp: &message::Stamp, position: u64| position as i64 - i64::from(stamp.seq);
+                let misplaced = match (stamp, position) {
+                    (Some(stamp), Some(position)) => {
+                        *query.offset.get_or_insert(offset(&stamp, position))
+                            != offset(&stamp, position)
+                    }
+                    _ => false,
+                };
                 match stamp {
                     None => tally.corrupt(),
+                    Some(_) if misplaced => tally.corrupt(),
                     Some(stamp) => {
                         let order = match stamp.seq.cmp(next_seq) {
                             std::cmp::Ordering::Equal => Order::Next,
