@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tungstenite::Message;
 use util::{connect, texts, Client, TestServer};
-use wspush::{Config, MessageKind, Recipients};
+use wspush::{Config, MessageKind, Recipients, Server};
 
 /// The status message a client is told first: (status, position, from).
 fn status(client: &mut Client) -> (String, String, Option<String>) {
@@ -279,4 +279,75 @@ fn a_client_that_keeps_reconnecting_during_a_feed_gets_every_line_once() {
     feed.join().unwrap();
     assert_eq!(got, (0..LINES).collect::<Vec<_>>(), "none lost, none twice");
     assert!(resumes > 100, "{resumes} resumes");
+}
+
+/// The text payloads of the next `n` frames on a raw connection.
+fn raw_texts(stream: &mut std::net::TcpStream, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|_| {
+            let frame = util::read_frame(stream).expect("a frame");
+            assert_eq!(frame.opcode, 0x1, "text");
+            String::from_utf8(frame.payload).unwrap()
+        })
+        .collect()
+}
+
+/// Sends an upgrade request for `path` and steps `server` until it has
+/// answered it; returns the connection after the 101.
+fn upgrade_in_step(
+    server: &mut Server,
+    path: &str,
+    with_the_request: impl FnOnce(&mut Server),
+) -> std::net::TcpStream {
+    let mut stream = util::raw(server.local_addr());
+    std::io::Write::write_all(&mut stream, util::upgrade_request(path).as_bytes()).unwrap();
+    with_the_request(server);
+    let upgrades = server.handle().metrics().upgrades;
+    util::poll_until(server, "the upgrade", |s| {
+        s.handle().metrics().upgrades > upgrades
+    });
+    assert_eq!(util::read_response(&mut stream).status, 101);
+    stream
+}
+
+#[test]
+fn a_message_published_at_the_upgrade_arrives_once_whichever_side_of_the_seam_it_falls() {
+    let mut server = Server::bind(Config::default()).unwrap();
+    let handle = server.handle();
+    let step = |server: &mut Server| {
+        for _ in 0..20 {
+            server.poll_once(Some(Duration::from_millis(5))).unwrap();
+        }
+    };
+    let mut first = upgrade_in_step(&mut server, "/?positions=1", |_| {});
+    let current = |status: &str| status.split(r#""position":""#).nth(1).unwrap()[..18].to_string();
+    let since = current(&raw_texts(&mut first, 1)[0]);
+    // Queued before the request is read: the loop reads the request, then
+    // frames the message in the same iteration, so it is live for the
+    // new connection (after the seam).
+    let mut after = upgrade_in_step(&mut server, &format!("/?since={since}"), |_| {
+        handle.broadcast_text("during").unwrap();
+    });
+    step(&mut server);
+    let got = raw_texts(&mut after, 2);
+    assert!(got[0].contains(r#""status":"recovered""#), "{got:?}");
+    assert!(got[1].ends_with(" during"), "{got:?}");
+    // Framed one iteration before the request is read (and not yet
+    // delivered to anyone): in the history, so replayed (before the seam).
+    handle.broadcast_text("framed").unwrap();
+    server.poll_once(Some(Duration::ZERO)).unwrap();
+    let mut before = upgrade_in_step(&mut server, &format!("/?since={since}"), |_| {});
+    step(&mut server);
+    handle.broadcast_text("end").unwrap();
+    step(&mut server);
+    let got = raw_texts(&mut before, 4);
+    assert!(got[0].contains(r#""status":"recovered""#), "{got:?}");
+    let payloads: Vec<&str> = got[1..]
+        .iter()
+        .map(|m| m.split_once(' ').unwrap().1)
+        .collect();
+    assert_eq!(payloads, ["during", "framed", "end"], "each once, in order");
+    let got = raw_texts(&mut after, 2);
+    let payloads: Vec<&str> = got.iter().map(|m| m.split_once(' ').unwrap().1).collect();
+    assert_eq!(payloads, ["framed", "end"]);
 }
