@@ -1263,7 +1263,7 @@ mod tests {
                 messages: &mut self.messages,
                 gathered: &mut self.gathered,
                 now: Instant::now(),
-                next_batch: 0,
+                next_batch: Seq(0),
                 history: &self.history,
                 replays: &mut self.replays,
                 unfinished: &mut self.unfinished,
@@ -1470,7 +1470,7 @@ mod tests {
         assert_eq!(rig.tally.write_would_block, 2, "both queued");
         assert_eq!(rig.conn.interest_change(), Some(true));
         assert_eq!(rig.conn.interest_change(), None, "only on a change");
-        assert_eq!(rig.conn.next_batch(), Some(2));
+        assert_eq!(rig.conn.next_batch(), Some(Seq(2)));
 
         let total = big.bytes().len() + small.bytes().len();
         let reader = read_in_background(&rig.client, total);

@@ -377,7 +377,7 @@ mod tests {
             };
             assert_eq!(texts(&frames(client)), expected, "client {i}");
         }
-        assert_eq!(server.stream.next_seq(), 2);
+        assert_eq!(server.stream.next_seq(), crate::server::fanout::Seq(2));
         assert!(server.targeted.is_idle() && server.targeted.floor().is_none());
     }
 

@@ -20,8 +20,22 @@
 use crate::server::frames::SharedFrames;
 
 /// A batch's number. Numbers wrap around; a connection is never owed more
-/// than the batches kept, so distances stay small.
-pub type Seq = u32;
+/// than the batches kept, so distances stay small. Four bytes, so a
+/// connection keeps its next one in its output queue's spare bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Seq(pub u32);
+
+impl Seq {
+    /// The number `n` batches after this one.
+    pub fn plus(self, n: usize) -> Seq {
+        Seq(self.0.wrapping_add(n as u32))
+    }
+
+    /// How many batches this one is after `from` (counting round the wrap).
+    pub fn since(self, from: Seq) -> usize {
+        self.0.wrapping_sub(from.0) as usize
+    }
+}
 
 /// The batches some connection may still be owed, and the pass under way.
 #[derive(Debug, Default)]
@@ -47,7 +61,7 @@ impl Stream {
     /// The number the next batch framed gets (what a connection that
     /// upgrades now starts at).
     pub fn next_seq(&self) -> Seq {
-        self.first.wrapping_add(self.log.len() as Seq)
+        self.first.plus(self.log.len())
     }
 
     /// Adds a batch at the end of the stream.
@@ -57,8 +71,8 @@ impl Stream {
 
     /// The batches from `from` up to (not including) `to`.
     pub fn between(&self, from: Seq, to: Seq) -> &[SharedFrames] {
-        let start = from.wrapping_sub(self.first) as usize;
-        let end = to.wrapping_sub(self.first) as usize;
+        let start = from.since(self.first);
+        let end = to.since(self.first);
         debug_assert!(
             start <= end && end <= self.log.len(),
             "bug: outside the stream"
@@ -104,15 +118,15 @@ impl Stream {
     /// targeted walk may still be owed).
     pub fn trim(&mut self, floor: Option<Seq>) {
         let keep_from = floor.map_or(self.delivered, |f| self.earlier(f, self.delivered));
-        let done = keep_from.wrapping_sub(self.first) as usize;
-        self.log.drain(..done.min(self.log.len()));
-        self.first = self.first.wrapping_add(done.min(u32::MAX as usize) as Seq);
+        let done = keep_from.since(self.first).min(self.log.len());
+        self.log.drain(..done);
+        self.first = self.first.plus(done);
     }
 
     /// The earlier of two batch numbers still in the stream (or just past
     /// its end).
     pub fn earlier(&self, a: Seq, b: Seq) -> Seq {
-        if a.wrapping_sub(self.first) <= b.wrapping_sub(self.first) {
+        if a.since(self.first) <= b.since(self.first) {
             a
         } else {
             b
@@ -194,18 +208,21 @@ mod tests {
     #[test]
     fn numbers_wrap_around() {
         let mut stream = Stream {
-            first: Seq::MAX - 1,
-            delivered: Seq::MAX - 1,
+            first: Seq(u32::MAX - 1),
+            delivered: Seq(u32::MAX - 1),
             ..Stream::default()
         };
         let start = stream.next_seq();
         for text in ["x", "y", "z"] {
             stream.push(batch(text));
         }
-        assert_eq!(stream.next_seq(), 1);
+        assert_eq!(stream.next_seq(), Seq(1));
         assert_eq!(texts(stream.between(start, stream.next_seq())), b"xyz");
-        assert_eq!(texts(stream.between(Seq::MAX, stream.next_seq())), b"yz");
-        assert_eq!(texts(stream.between(0, stream.next_seq())), b"z");
+        assert_eq!(
+            texts(stream.between(Seq(u32::MAX), stream.next_seq())),
+            b"yz"
+        );
+        assert_eq!(texts(stream.between(Seq(0), stream.next_seq())), b"z");
         stream.begin_pass();
         stream.end_pass();
         stream.trim(None);
@@ -225,7 +242,7 @@ mod tests {
         stream.trim(Some(waiting));
         assert_eq!(stream.kept(), 2, "the walk's connection has neither");
         assert_eq!(texts(stream.between(waiting, stream.next_seq())), b"ab");
-        stream.trim(Some(waiting.wrapping_add(1)));
+        stream.trim(Some(waiting.plus(1)));
         assert_eq!(stream.kept(), 1);
         stream.trim(None);
         assert_eq!((stream.kept(), stream.is_busy()), (0, false));

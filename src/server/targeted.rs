@@ -444,7 +444,7 @@ mod tests {
     }
 
     fn min(a: Seq, b: Seq) -> Seq {
-        a.min(b)
+        Seq(a.0.min(b.0))
     }
 
     #[test]
@@ -452,7 +452,7 @@ mod tests {
         let mut targeted = Targeted::default();
         assert!(targeted.is_idle() && targeted.next_turn().is_none());
         for (slot, text) in [(5, "a"), (2, "b"), (5, "c"), (9, "d"), (2, "e")] {
-            targeted.push((slot, 1, None), 0, frames(text, 0), min);
+            targeted.push((slot, 1, None), Seq(0), frames(text, Seq(0)), min);
         }
         let mut visits = Vec::new();
         while let Some(turn) = targeted.next_turn() {
@@ -469,20 +469,26 @@ mod tests {
     #[test]
     fn items_addressed_during_a_walk_join_it_ahead_of_it_and_wait_for_the_next_behind() {
         let mut targeted = Targeted::default();
-        let first = targeted.push((1, 7, None), 3, frames("a", 3), min);
-        let two = targeted.push((2, 7, None), 3, frames("b", 3), min);
+        let first = targeted.push((1, 7, None), Seq(3), frames("a", Seq(3)), min);
+        let two = targeted.push((2, 7, None), Seq(3), frames("b", Seq(3)), min);
         assert_eq!(first, two);
-        targeted.push((3, 7, None), 3, frames("c", 3), min);
+        targeted.push((3, 7, None), Seq(3), frames("c", Seq(3)), min);
         let turn = targeted.next_turn().unwrap();
         assert_eq!(turn.slot, 1);
         // The walk is at slot 2: slot 1 is behind it, slots 2 and 4 ahead.
-        let behind = targeted.push((1, 7, first), 4, frames("d", 5), min);
+        let behind = targeted.push((1, 7, first), Seq(4), frames("d", Seq(5)), min);
         assert_ne!(behind, first, "the next walk's");
         assert!(targeted.waits_for_next(behind));
-        assert_eq!(targeted.push((2, 7, two), 4, frames("e", 5), min), two);
-        assert_eq!(targeted.push((4, 7, None), 4, frames("f", 5), min), first);
-        assert_eq!(targeted.next_after(), Some(5));
-        assert_eq!(targeted.floor(), Some(3));
+        assert_eq!(
+            targeted.push((2, 7, two), Seq(4), frames("e", Seq(5)), min),
+            two
+        );
+        assert_eq!(
+            targeted.push((4, 7, None), Seq(4), frames("f", Seq(5)), min),
+            first
+        );
+        assert_eq!(targeted.next_after(), Some(Seq(5)));
+        assert_eq!(targeted.floor(), Some(Seq(3)));
         let mut visits = Vec::new();
         while let Some(turn) = targeted.next_turn() {
             let texts: Vec<u8> = targeted.items(turn.items).iter().map(text).collect();
@@ -501,8 +507,8 @@ mod tests {
     #[test]
     fn a_later_connection_in_the_same_slot_has_a_turn_of_its_own() {
         let mut targeted = Targeted::default();
-        targeted.push((4, 1, None), 0, frames("a", 0), min);
-        targeted.push((4, 2, None), 0, frames("b", 0), min);
+        targeted.push((4, 1, None), Seq(0), frames("a", Seq(0)), min);
+        targeted.push((4, 2, None), Seq(0), frames("b", Seq(0)), min);
         let old = targeted.next_turn().unwrap();
         let new = targeted.next_turn().unwrap();
         assert_eq!((old.slot, old.serial, new.slot, new.serial), (4, 1, 4, 2));
