@@ -242,8 +242,8 @@ pub struct Batch {
     pub to: Recipients,
     /// The messages' frames, back to back (with their positions too).
     pub frames: SharedFrames,
-    /// The last message's position.
-    pub last: u64,
+    /// The messages' positions, in order.
+    pub positions: Vec<u64>,
     /// Bytes given back to the gate for them.
     pub cost: usize,
 }
@@ -357,11 +357,11 @@ impl Feed {
             });
         let frames = SharedFrames::encode_batch(sends);
         let cost = self.queue.drain(..count).map(|c| c.cost()).sum();
-        let last = positions[count - 1].seq;
+        let positions = positions.iter().map(|p| p.seq).collect();
         Some(Taken::Batch(Batch {
             to,
             frames,
-            last,
+            positions,
             cost,
         }))
     }

@@ -143,10 +143,16 @@ impl History {
         }
     }
 
-    /// Keeps the messages of a batch just framed, each its own record
-    /// (so the bounds count messages), if this loop writes the history;
-    /// the oldest leave as the bounds ask.
-    pub fn keep(&mut self, to: &Recipients, frames: &SharedFrames, now: Instant) {
+    /// Keeps the messages of a batch just framed (at `positions`), each
+    /// its own record (so the bounds count messages), if this loop writes
+    /// the history; the oldest leave as the bounds ask.
+    pub fn keep(
+        &mut self,
+        to: &Recipients,
+        frames: &SharedFrames,
+        positions: &[u64],
+        now: Instant,
+    ) {
         let Some(frames) = frames.positioned().filter(|_| self.ring.is_writer()) else {
             return;
         };
@@ -155,8 +161,7 @@ impl History {
             && compressed.bytes() != frames.bytes())
         .then(|| compressed.frames());
         let (kind, names) = audience(to);
-        for (frame, payload) in frames.frames() {
-            let seq = seq_of(payload);
+        for ((frame, _), &seq) in frames.frames().zip(positions) {
             let zipped = compressed.as_mut().and_then(Iterator::next);
             let zipped = zipped.map_or(&[][..], |(frame, _)| frame);
             self.ring
@@ -360,7 +365,8 @@ impl SharedHistory {
             deflated: deflated.as_deref(),
             position: Some(position),
         }]);
-        self.history.keep(to, &frames, Instant::now());
+        self.history
+            .keep(to, &frames, &[position.seq], Instant::now());
     }
 
     /// Drops what is older than the age bound.
@@ -407,7 +413,8 @@ mod tests {
                 deflated: None,
                 position: Some(*p),
             }));
-        history.keep(&to, &frames, at);
+        let seqs: Vec<u64> = positions.iter().map(|p| p.seq).collect();
+        history.keep(&to, &frames, &seqs, at);
     }
 
     /// The payloads a replay of everything after `from` gives, for `filter`.

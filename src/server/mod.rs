@@ -615,9 +615,11 @@ impl Server {
                     self.commands_taken += count;
                     Metrics::add(&metrics.broadcasts, count);
                     Metrics::incr(&metrics.broadcast_batches);
-                    self.history.keep(&batch.to, &batch.frames, Instant::now());
+                    let now = Instant::now();
+                    self.history
+                        .keep(&batch.to, &batch.frames, &batch.positions, now);
                     if self.targeted.has_parked() {
-                        self.release_framed(batch.last);
+                        self.release_framed(self.history.current().seq);
                     }
                     match batch.to {
                         Recipients::All => self.stream.push(batch.frames),
