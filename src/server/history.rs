@@ -156,10 +156,9 @@ impl History {
         let Some(frames) = frames.positioned().filter(|_| self.ring.is_writer()) else {
             return;
         };
+        // The compressed frames, if the batch has some (else `frames` itself).
         let compressed = frames.for_connection(true, false);
-        let mut compressed = (compressed.count() == frames.count()
-            && compressed.bytes() != frames.bytes())
-        .then(|| compressed.frames());
+        let mut compressed = (!std::ptr::eq(compressed, frames)).then(|| compressed.frames());
         let (kind, names) = audience(to);
         for ((frame, _), &seq) in frames.frames().zip(positions) {
             let zipped = compressed.as_mut().and_then(Iterator::next);
@@ -668,5 +667,40 @@ mod tests {
             "given out by the writer"
         );
         assert_eq!(replayed, Some((17, 17)), "waits for this loop to frame it");
+    }
+
+    #[test]
+    fn a_replay_to_a_connection_with_deflate_gets_the_compressed_frames_kept() {
+        use crate::protocol::ws::{compress, inflate::Inflater};
+        let now = Instant::now();
+        let mut history = history(bounds(10, 1 << 20, 60));
+        let text = "bid 1.0842 ask 1.0843 ".repeat(40);
+        let deflated = compress::deflate_message(text.as_bytes());
+        let position = history.assign(None);
+        let frames = SharedFrames::encode_batch([Message {
+            opcode: OpCode::Text,
+            payload: text.as_bytes(),
+            deflated: Some(&deflated),
+            position: Some(position),
+        }]);
+        history.keep(&Recipients::All, &frames, &[position.seq], now);
+        let replay = Replay {
+            from: 0,
+            through: 1,
+            filter: Arc::new(Filter::default()),
+        };
+        for deflate in [false, true] {
+            let mut out = Vec::new();
+            history.gather(&replay, deflate, usize::MAX, &mut out);
+            let (payload, compressed) = out[0].payloads().next().unwrap();
+            assert_eq!(compressed, deflate);
+            let mut plain = payload.to_vec();
+            if compressed {
+                Inflater::default()
+                    .inflate(payload, 1 << 20, &mut plain)
+                    .unwrap();
+            }
+            assert_eq!(plain, format!("0000000000000abc.1 {text}").as_bytes());
+        }
     }
 }
