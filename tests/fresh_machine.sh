@@ -10,8 +10,6 @@
 #      it (what a user does before the million-connection run).
 # The namespace's own values go with it; apply.sh raises only the fs.*
 # values that are below what it needs, as it would on the host.
-# WSPUSH_TEST_NETNS=required makes the tests that build their own namespace
-# fail instead of skip if they cannot.
 #
 # Needs root (unshare -n) or user namespaces (unshare -rn). Extra arguments
 # go to cargo test. Exit status: the first failing run's, else 0.
@@ -26,7 +24,6 @@ if [[ $(id -u) == 0 ]]; then
 else
   unshare=(unshare -rn)
 fi
-export WSPUSH_TEST_NETNS=required
 
 logs="$(mktemp -d)"
 trap 'rm -rf "$logs"' EXIT

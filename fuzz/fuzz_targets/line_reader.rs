@@ -1,18 +1,18 @@
-//! The broadcast input's line reader, read in chunks of any size.
+//! The input's line splitter and judge, handed a stream in chunks of any
+//! size.
 //!
-//! Input: `[limit, n, size_1 .. size_n, stream ..]`. The stream is read
-//! through a `BufRead` that hands out `size_i + 1` bytes at a time,
-//! cycling (all at once when `n % 8` is 0); a size of 255 is a read
-//! interrupted by a signal instead. The lines must be the stream split on
-//! `\n` (no line after a last `\n`), each without one `\r` before its end,
-//! judged too long (over `limit` bytes), not UTF-8, or text; and reading
-//! holds no more than the limit of any line: no allocation while reading
-//! is larger than a buffer grown to `limit + 1` bytes.
+//! Input: `[limit, n, size_1 .. size_n, stream ..]`. The stream is handed
+//! over `size_i + 1` bytes at a time, cycling (all at once when `n % 8` is
+//! 0). The lines must be the stream split on `\n` (no line after a last
+//! `\n`), each without one `\r` before its end, judged too long (over
+//! `limit` bytes), not UTF-8 (with its bytes), or text, numbered from 1;
+//! and splitting holds no more than the limit of any line: no allocation
+//! while splitting is larger than a buffer grown to `limit + 2` bytes.
 
 #![no_main]
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::io::{self, BufRead, Read};
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use libfuzzer_sys::fuzz_target;
@@ -54,62 +54,26 @@ unsafe impl GlobalAlloc for Watched {
 #[global_allocator]
 static ALLOCATOR: Watched = Watched;
 
-/// A `BufRead` over `data` whose reads return the given sizes.
-struct Chunked<'a> {
-    data: &'a [u8],
-    sizes: std::iter::Cycle<std::slice::Iter<'a, u8>>,
-    current: &'a [u8],
-    interrupted: bool,
+/// A line as judged, owned.
+#[derive(Debug, PartialEq, Eq)]
+enum Judged {
+    Text(String),
+    TooLong,
+    NotUtf8(Vec<u8>),
 }
 
-impl<'a> Chunked<'a> {
-    fn new(data: &'a [u8], sizes: &'a [u8]) -> Chunked<'a> {
-        Chunked {
-            data,
-            sizes: sizes.iter().cycle(),
-            current: &[],
-            interrupted: false,
+impl From<Line<'_>> for Judged {
+    fn from(line: Line<'_>) -> Judged {
+        match line {
+            Line::Text(text) => Judged::Text(text.to_string()),
+            Line::TooLong => Judged::TooLong,
+            Line::NotUtf8(bytes) => Judged::NotUtf8(bytes.to_vec()),
         }
-    }
-}
-
-impl Read for Chunked<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let available = self.fill_buf()?;
-        let n = available.len().min(buf.len());
-        buf[..n].copy_from_slice(&available[..n]);
-        self.consume(n);
-        Ok(n)
-    }
-}
-
-impl BufRead for Chunked<'_> {
-    fn fill_buf(&mut self) -> io::Result<&[u8]> {
-        if self.current.is_empty() && !self.data.is_empty() {
-            let size = match self.sizes.next() {
-                None => self.data.len(),
-                // Interrupted at most once in a row, so reading goes on.
-                Some(255) if !self.interrupted => {
-                    self.interrupted = true;
-                    return Err(io::ErrorKind::Interrupted.into());
-                }
-                Some(&size) => usize::from(size) + 1,
-            };
-            self.interrupted = false;
-            let (chunk, rest) = self.data.split_at(size.min(self.data.len()));
-            self.current = chunk;
-            self.data = rest;
-        }
-        Ok(self.current)
-    }
-
-    fn consume(&mut self, amount: usize) {
-        self.current = &self.current[amount..];
     }
 }
 
 /// The lines of `stream` by the rules, straight from their statement.
-fn expected(stream: &[u8], limit: usize) -> Vec<Line> {
+fn expected(stream: &[u8], limit: usize) -> Vec<Judged> {
     if stream.is_empty() {
         return Vec::new();
     }
@@ -118,11 +82,11 @@ fn expected(stream: &[u8], limit: usize) -> Vec<Line> {
         .map(|line| {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             if line.len() > limit {
-                Line::TooLong
+                Judged::TooLong
             } else {
                 match std::str::from_utf8(line) {
-                    Ok(text) => Line::Text(text.to_string()),
-                    Err(_) => Line::NotUtf8,
+                    Ok(text) => Judged::Text(text.to_string()),
+                    Err(_) => Judged::NotUtf8(line.to_vec()),
                 }
             }
         })
@@ -140,21 +104,33 @@ fuzz_target!(|data: &[u8]| {
     }
     let (sizes, stream) = rest.split_at(count);
     let want = expected(stream, limit);
-    let mut lines = Lines::new(Chunked::new(stream, sizes), limit);
+    let mut got = Vec::with_capacity(want.len() + 1);
+    let mut lines = Lines::new(limit);
+    let mut record = |number: u64, line: Line<'_>| {
+        assert_eq!(number, got.len() as u64 + 1, "numbered in order from 1");
+        got.push(Judged::from(line));
+        ControlFlow::<()>::Continue(())
+    };
     LARGEST.store(0, Ordering::Relaxed);
     WATCHING.store(true, Ordering::Relaxed);
-    let mut count = 0;
-    while let Some(line) = lines.next_line().expect("reads never fail") {
-        assert!(count < want.len(), "an extra line: {line:?}");
-        assert_eq!(line, want[count], "line {}", count + 1);
-        count += 1;
-        assert_eq!(lines.number(), count as u64);
+    let mut rest = stream;
+    let mut sizes = sizes.iter().cycle();
+    while !rest.is_empty() {
+        let size = sizes
+            .next()
+            .map_or(rest.len(), |&size| usize::from(size) + 1);
+        let (chunk, after) = rest.split_at(size.min(rest.len()));
+        let _ = lines.push(chunk, &mut record);
+        rest = after;
     }
+    let _ = lines.finish(&mut record);
     WATCHING.store(false, Ordering::Relaxed);
-    assert_eq!(count, want.len(), "lines missing");
     let largest = LARGEST.load(Ordering::Relaxed);
+    // What `got` itself grew to is not the splitter's: its room was made
+    // before watching, for every line there is and one more.
+    assert_eq!(got, want);
     assert!(
-        largest <= (2 * (limit + 1)).max(8),
+        largest <= (2 * (limit + 2)).max(8),
         "an allocation of {largest} bytes for a limit of {limit}"
     );
 });

@@ -12,6 +12,7 @@
 //! gives the same line the same position.
 
 use std::io::{self, BufRead};
+use std::ops::ControlFlow;
 
 use crate::sources::{Control, CONTROL};
 use wspush::protocol::commands::{self, Audience, Closing, Command, Payload};
@@ -54,60 +55,103 @@ pub fn max_line_bytes(mode: InputMode, max_message_bytes: usize) -> usize {
 /// `controlled` (an instance reading its supervisor), control lines are
 /// carried out.
 pub fn pump(
-    input: impl BufRead,
+    mut input: impl BufRead,
     handle: &Handle,
     mode: InputMode,
     max_line_bytes: usize,
     controlled: bool,
     first_line: Option<u64>,
 ) -> PumpEnd {
-    let mut lines = Lines::new(input, max_line_bytes);
-    let mut controls = 0;
+    let mut lines = Lines::new(max_line_bytes);
+    let mut pump = Pump {
+        handle,
+        mode,
+        max_line_bytes,
+        controlled,
+        first_line,
+        controls: 0,
+    };
     loop {
-        let line = lines.next_line();
-        let seq = first_line.map(|first| (first + lines.number()).saturating_sub(1 + controls));
+        let chunk = match input.fill_buf() {
+            Ok(chunk) => chunk,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return PumpEnd::Failed(e),
+        };
+        if chunk.is_empty() {
+            return match lines.finish(|number, line| pump.line(number, line)) {
+                ControlFlow::Break(end) => end,
+                ControlFlow::Continue(()) => PumpEnd::Eof,
+            };
+        }
+        let read = chunk.len();
+        if let ControlFlow::Break(end) = lines.push(chunk, |number, line| pump.line(number, line)) {
+            return end;
+        }
+        input.consume(read);
+    }
+}
+
+/// What the pump carries from one line to the next.
+struct Pump<'h> {
+    handle: &'h Handle,
+    mode: InputMode,
+    max_line_bytes: usize,
+    controlled: bool,
+    first_line: Option<u64>,
+    /// Control lines so far: they take no position.
+    controls: u64,
+}
+
+impl Pump<'_> {
+    /// Carries out input line `number`; breaks when the server is gone.
+    fn line(&mut self, number: u64, line: Line<'_>) -> ControlFlow<PumpEnd> {
+        let handle = self.handle;
         let text = match line {
-            Ok(None) => return PumpEnd::Eof,
-            Ok(Some(Line::Text(text))) => text,
-            Ok(Some(Line::TooLong)) => {
-                let limit = match mode {
+            Line::Text(text) => text,
+            Line::TooLong => {
+                let limit = match self.mode {
                     InputMode::Lines => "message",
                     InputMode::Commands => "command line",
                 };
-                let why = format!("longer than the {max_line_bytes}-byte {limit} limit");
-                reject(handle, lines.number(), &why);
-                continue;
+                let why = format!("longer than the {}-byte {limit} limit", self.max_line_bytes);
+                reject(handle, number, &why);
+                return ControlFlow::Continue(());
             }
-            Ok(Some(Line::NotUtf8)) => {
-                match Control::parse(lines.rejected()) {
-                    Some(control) if controlled => {
-                        controls += 1;
+            Line::NotUtf8(bytes) => {
+                match Control::parse(bytes) {
+                    Some(control) if self.controlled => {
+                        self.controls += 1;
                         carry_out_control(handle, control)
                     }
-                    _ if controlled && lines.rejected().first() == Some(&CONTROL) => {
-                        reject(handle, lines.number(), "not a control line")
+                    _ if self.controlled && bytes.first() == Some(&CONTROL) => {
+                        reject(handle, number, "not a control line")
                     }
-                    _ => reject(handle, lines.number(), "not valid UTF-8"),
+                    _ => reject(handle, number, "not valid UTF-8"),
                 }
-                continue;
+                return ControlFlow::Continue(());
             }
-            Err(e) => return PumpEnd::Failed(e),
         };
-        let done = match interpret(mode, &text) {
+        let seq = self
+            .first_line
+            .map(|first| (first + number).saturating_sub(1 + self.controls));
+        let done = match interpret(self.mode, text) {
             Ok(Interpreted::Message(to, kind, payload)) => send(handle, seq, to, kind, payload),
             Ok(Interpreted::Command(command)) => carry_out(handle, command),
             Err(e) => {
-                reject(handle, lines.number(), &e);
-                continue;
+                reject(handle, number, &e);
+                return ControlFlow::Continue(());
             }
         };
         match done {
             Ok(()) => {}
-            Err(BroadcastError::Gone(ServerGone)) => return PumpEnd::ServerGone,
+            Err(BroadcastError::Gone(ServerGone)) => {
+                return ControlFlow::Break(PumpEnd::ServerGone)
+            }
             // Counted and logged by the handle (over the message limit).
             Err(BroadcastError::TooBig(_)) => {}
-            Err(e) => reject(handle, lines.number(), &e.to_string()),
+            Err(e) => reject(handle, number, &e.to_string()),
         }
+        ControlFlow::Continue(())
     }
 }
 
@@ -217,18 +261,20 @@ impl Recorder {
     /// Keeps the messages of `chunk` (whole lines, the first numbered
     /// `first`), judged as an instance judges them.
     pub fn record(&mut self, chunk: &[u8], first: u64) {
-        let mut lines = Lines::new(chunk, self.max_line_bytes);
-        while let Ok(Some(line)) = lines.next_line() {
+        let mut lines = Lines::new(self.max_line_bytes);
+        let mut keep = |number: u64, line: Line<'_>| {
             let Line::Text(text) = line else {
-                continue;
+                return ControlFlow::<()>::Continue(());
             };
-            if let Ok(Interpreted::Message(to, kind, payload)) = interpret(self.mode, &text) {
+            if let Ok(Interpreted::Message(to, kind, payload)) = interpret(self.mode, text) {
                 if payload.len() <= self.max_message_bytes {
-                    let seq = first + lines.number() - 1;
-                    self.history.append(seq, &to, kind, &payload);
+                    self.history.append(first + number - 1, &to, kind, &payload);
                 }
             }
-        }
+            ControlFlow::Continue(())
+        };
+        let _ = lines.push(chunk, &mut keep);
+        let _ = lines.finish(&mut keep);
     }
 
     /// Drops what is older than the history's age bound.

@@ -9,12 +9,14 @@
 //! fill their pipes and then their own bounds, and pause their clients.
 
 use std::io::{self, Read, Write};
+use std::ops::ControlFlow;
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use mio::unix::pipe::Receiver;
 use mio::{Interest, Registry, Token, Waker};
+use wspush::protocol::lines::Splitter;
 
 /// Chunks of lines the writer thread may hold.
 const CHUNKS: usize = 16;
@@ -34,11 +36,12 @@ pub fn instance_of(token: Token) -> Option<usize> {
 /// Output pipes' tokens start here (input pipes use the instance number).
 const OUTPUT_TOKENS: usize = 1 << 20;
 
-/// One instance's output: its pipe and the start of a line not complete yet.
+/// One instance's output: its pipe and its lines (an instance's own lines
+/// are not limited: they pass whole, however long).
 #[derive(Debug)]
 struct Output {
     pipe: Receiver,
-    partial: Vec<u8>,
+    lines: Splitter,
 }
 
 /// The merged output.
@@ -96,7 +99,7 @@ impl Merge {
         registry.register(&mut pipe, token(number), Interest::READABLE)?;
         self.outputs[number - 1] = Some(Output {
             pipe,
-            partial: Vec::new(),
+            lines: Splitter::new(usize::MAX),
         });
         Ok(())
     }
@@ -110,10 +113,10 @@ impl Merge {
         self.read_all(number, true);
         if let Some(mut output) = self.outputs[number - 1].take() {
             let _ = registry.deregister(&mut output.pipe);
-            if !output.partial.is_empty() {
+            if output.lines.unfinished() > 0 {
                 log::warn!(
                     "instance {number} ended in the middle of an upstream line: dropped its {} bytes",
-                    output.partial.len()
+                    output.lines.unfinished()
                 );
             }
         }
@@ -143,15 +146,15 @@ impl Merge {
                     return;
                 }
             };
-            let got = &buf[..n];
-            let Some(last) = got.iter().rposition(|&b| b == b'\n') else {
-                output.partial.extend_from_slice(got);
-                continue;
-            };
-            let mut lines = std::mem::take(&mut output.partial);
-            lines.extend_from_slice(&got[..=last]);
-            output.partial.extend_from_slice(&got[last + 1..]);
-            self.pass_on(lines, block);
+            let mut lines = Vec::new();
+            let _ = output.lines.split(&buf[..n], |piece| {
+                lines.extend_from_slice(piece.bytes);
+                lines.push(b'\n');
+                ControlFlow::<()>::Continue(())
+            });
+            if !lines.is_empty() {
+                self.pass_on(lines, block);
+            }
         }
     }
 

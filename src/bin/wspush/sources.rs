@@ -17,6 +17,7 @@
 //! the supervisor writes control lines.
 
 use std::io::{self, Read, Write};
+use std::ops::ControlFlow;
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +25,7 @@ use std::time::Duration;
 use mio::Waker;
 
 use crate::redis_feed::{FeedEvent, RedisFeed};
+use wspush::protocol::lines::Splitter;
 
 /// The first byte of a control line.
 pub const CONTROL: u8 = 0xFF;
@@ -76,48 +78,22 @@ impl Control {
 /// longer line is cut and the rest of it dropped (the instance still
 /// skips it as too long, even if it ends with a `\r` it strips).
 #[derive(Debug)]
-pub struct WholeLines {
-    max_line: usize,
-    /// The line begun and not ended yet (at most `max_line + 2` bytes).
-    partial: Vec<u8>,
-    /// Bytes of the line begun, including those dropped.
-    begun: usize,
-}
+pub struct WholeLines(Splitter);
 
 impl WholeLines {
     /// Lines of at most `max_line` bytes pass whole.
     pub fn new(max_line: usize) -> WholeLines {
-        WholeLines {
-            max_line,
-            partial: Vec::new(),
-            begun: 0,
-        }
+        WholeLines(Splitter::new(max_line))
     }
 
     /// Takes `bytes` and appends the lines they end to `out`.
-    pub fn push(&mut self, mut bytes: &[u8], out: &mut Vec<u8>) {
-        while let Some(end) = bytes.iter().position(|&b| b == b'\n') {
-            let line = &bytes[..end];
-            if self.begun == 0 && line.len() <= self.max_line {
-                put_line(line, out);
-            } else {
-                self.take(line);
-                put_line(&self.partial, out);
-                self.partial.clear();
-                self.begun = 0;
-            }
-            bytes = &bytes[end + 1..];
-        }
-        self.take(bytes);
+    pub fn push(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
+        let _ = self.0.split(bytes, |piece| put_line(piece.bytes, out));
     }
 
     /// Ends the line begun, if any (at the end of the input).
     pub fn finish(&mut self, out: &mut Vec<u8>) {
-        if self.begun > 0 {
-            put_line(&self.partial, out);
-            self.partial.clear();
-            self.begun = 0;
-        }
+        let _ = self.0.finish(|piece| put_line(piece.bytes, out));
     }
 
     /// Appends one message's lines to `out`: its bytes, then a line end
@@ -128,23 +104,17 @@ impl WholeLines {
             self.push(b"\n", out);
         }
     }
-
-    fn take(&mut self, part: &[u8]) {
-        let room = (self.max_line + 2).saturating_sub(self.partial.len());
-        self.partial
-            .extend_from_slice(&part[..part.len().min(room)]);
-        self.begun += part.len();
-    }
 }
 
 /// Appends `line` and its end to `out`, a leading [`CONTROL`] escaped.
-fn put_line(line: &[u8], out: &mut Vec<u8>) {
+fn put_line(line: &[u8], out: &mut Vec<u8>) -> ControlFlow<()> {
     let start = out.len();
     out.extend_from_slice(line);
     out.push(b'\n');
     if line.first() == Some(&CONTROL) {
         out[start] = ESCAPED;
     }
+    ControlFlow::Continue(())
 }
 
 /// The Redis feed as a byte stream for a reader of input lines (the server
@@ -301,7 +271,7 @@ mod tests {
         for _ in 0..1000 {
             lines.push(&[b'x'; 1000], &mut out);
         }
-        assert!(out.is_empty() && lines.partial.len() == 6);
+        assert!(out.is_empty() && lines.0.unfinished() == 6);
     }
 
     #[test]

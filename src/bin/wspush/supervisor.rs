@@ -1,8 +1,10 @@
 //! `--processes N`: a small supervisor process that starts N ordinary
 //! single-threaded instances of a server on one address (`SO_REUSEPORT`, so
 //! the kernel spreads connections among them), hands each instance every
-//! byte of its standard input in the same order, forwards SIGINT/SIGTERM,
-//! and keeps the instances running, as nginx's master process does:
+//! line of its standard input in the same order (whole lines; a line over
+//! the limit cut two bytes past it, and a data line's leading 0xFF made
+//! 0xFE: [`crate::sources`]), forwards SIGINT/SIGTERM, and keeps the
+//! instances running, as nginx's master process does:
 //!
 //! - **An instance that dies is started again**, after a backoff that
 //!   doubles while it keeps dying young ([`MIN_BACKOFF`] to
