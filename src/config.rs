@@ -48,8 +48,11 @@ pub struct UpstreamConfig {
 }
 
 /// Server configuration. [`Config::default`] listens on `127.0.0.1:0` with
-/// the production defaults.
+/// the production defaults; [`Config::with`] changes some of them (more
+/// settings may come, so a `Config` is not built field by field outside
+/// this crate).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Config {
     /// Address to listen on; port 0 picks a free port.
     pub listen: SocketAddr,
@@ -231,59 +234,96 @@ pub const MAX_SILENT_INTERVALS: u16 = 0x7FFE;
 /// The largest `max_message_bytes`: frames are tracked with 32-bit offsets.
 pub const MAX_MESSAGE_LIMIT: u64 = (u32::MAX - 16) as u64;
 
-/// A setting out of range.
+/// Why a [`Config`] is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError(pub String);
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A setting outside what it may be.
+    OutOfRange {
+        /// The setting, in words (`"max message bytes"`).
+        setting: &'static str,
+        /// What it must be (`"at least 1"`).
+        must_be: String,
+    },
+    /// The upgrade path does not start with `/`, or has a query.
+    Path(String),
+    /// The demo page with an upgrade path other than `/`.
+    DemoPath(String),
+    /// An allowed origin that is not an origin: why.
+    Origin(String),
+}
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            ConfigError::OutOfRange { setting, must_be } => {
+                write!(f, "{setting} must be {must_be}")
+            }
+            ConfigError::Path(path) => {
+                write!(f, "path must start with '/' and have no query: {path:?}")
+            }
+            ConfigError::DemoPath(path) => write!(
+                f,
+                "the demo page connects to /, so the demo needs path / or none, not {path:?}"
+            ),
+            ConfigError::Origin(why) => f.write_str(why),
+        }
     }
 }
 
 impl std::error::Error for ConfigError {}
 
+/// `setting` must be `must_be`.
+fn out_of_range(setting: &'static str, must_be: impl Into<String>) -> Result<(), ConfigError> {
+    Err(ConfigError::OutOfRange {
+        setting,
+        must_be: must_be.into(),
+    })
+}
+
 impl Config {
+    /// This configuration with `change` applied:
+    /// `Config::default().with(|c| c.max_connections = 10_000)`.
+    pub fn with(mut self, change: impl FnOnce(&mut Config)) -> Config {
+        change(&mut self);
+        self
+    }
+
     /// Checks every setting; the server refuses to start otherwise.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let fail = |msg: String| Err(ConfigError(msg));
         if let Some(path) = &self.path {
             if !path.starts_with('/') || path.contains('?') {
-                return fail(format!(
-                    "path must start with '/' and have no query: {path:?}"
-                ));
+                return Err(ConfigError::Path(path.clone()));
             }
         }
         if let (true, Some(path)) = (self.demo, &self.path) {
             if path != "/" {
-                return fail(format!(
-                    "the demo page connects to /, so the demo needs path / or none, not {path:?}"
-                ));
+                return Err(ConfigError::DemoPath(path.clone()));
             }
         }
         if self.max_message_bytes == 0 || self.max_message_bytes > MAX_MESSAGE_LIMIT {
-            return fail(format!("max message bytes must be 1..={MAX_MESSAGE_LIMIT}"));
+            return out_of_range("max message bytes", format!("1..={MAX_MESSAGE_LIMIT}"));
         }
         if self.max_connections == 0 {
-            return fail("max connections must be at least 1".into());
+            return out_of_range("max connections", "at least 1");
         }
         if !(256..=1 << 20).contains(&self.max_head_bytes) {
-            return fail("max head bytes must be 256..=1048576".into());
+            return out_of_range("max head bytes", "256..=1048576");
         }
         if self.max_queued_bytes == 0 {
-            return fail("max queued bytes must be at least 1".into());
+            return out_of_range("max queued bytes", "at least 1");
         }
         if self.max_pending_bytes == 0 {
-            return fail("max pending bytes must be at least 1".into());
+            return out_of_range("max pending bytes", "at least 1");
         }
         if self.upstream.is_some_and(|up| up.max_bytes == 0) {
-            return fail("upstream max bytes must be at least 1".into());
+            return out_of_range("upstream max bytes", "at least 1");
         }
         if self.max_channels_per_connection == 0 || self.max_channels == 0 {
-            return fail("max channels (per connection and in all) must be at least 1".into());
+            return out_of_range("max channels (per connection and in all)", "at least 1");
         }
         if self.fanout_budget == 0 {
-            return fail("fan-out budget must be at least 1 connection".into());
+            return out_of_range("fan-out budget", "at least 1 connection");
         }
         let durations = [
             ("handshake timeout", self.handshake_timeout),
@@ -294,7 +334,7 @@ impl Config {
             ("history age", self.history_age),
         ];
         if let Some((name, _)) = durations.iter().find(|(_, d)| d.is_zero()) {
-            return fail(format!("{name} must be longer than zero"));
+            return out_of_range(name, "longer than zero");
         }
         let stats = ("stats interval", self.stats_interval.unwrap_or_default());
         if let Some((name, _)) = durations
@@ -302,34 +342,36 @@ impl Config {
             .chain([&stats])
             .find(|(_, d)| *d > MAX_DURATION)
         {
-            return fail(format!("{name} must be at most 365 days"));
+            return out_of_range(name, "at most 365 days");
         }
         if self.idle_timeout < self.ping_interval {
-            return fail(
-                "idle timeout must be at least the ping interval (a client that only answers pings would time out)".into(),
+            return out_of_range(
+                "idle timeout",
+                "at least the ping interval (a client that only answers pings would time out)",
             );
         }
         if self.idle_timeout.as_nanos() / self.ping_interval.as_nanos()
             >= u128::from(MAX_SILENT_INTERVALS)
         {
-            return fail(format!(
-                "idle timeout must be under {MAX_SILENT_INTERVALS} ping intervals"
-            ));
+            return out_of_range(
+                "idle timeout",
+                format!("under {MAX_SILENT_INTERVALS} ping intervals"),
+            );
         }
         if self.max_connections_per_ip == Some(0) {
-            return fail("max connections per IP must be at least 1".into());
+            return out_of_range("max connections per IP", "at least 1");
         }
         for origin in &self.allowed_origins {
-            auth::check_origin(origin).map_err(ConfigError)?;
+            auth::check_origin(origin).map_err(ConfigError::Origin)?;
         }
         if self.stats_interval.is_some_and(|d| d.is_zero()) {
-            return fail("stats interval must be longer than zero".into());
+            return out_of_range("stats interval", "longer than zero");
         }
         if self.batch_delay > MAX_BATCH_DELAY {
-            return fail(format!(
-                "batch delay must be at most {} ms",
-                MAX_BATCH_DELAY.as_millis()
-            ));
+            return out_of_range(
+                "batch delay",
+                format!("at most {} ms", MAX_BATCH_DELAY.as_millis()),
+            );
         }
         Ok(())
     }
@@ -342,66 +384,141 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_bad_values_are_named() {
         assert_eq!(Config::default().validate(), Ok(()));
-        let bad = [
+        // Each with the setting it is out of range in (None: another error,
+        // checked below).
+        let bad: [(Config, Option<&str>); 13] = [
+            (
+                Config {
+                    path: Some("ws".into()),
+                    ..Config::default()
+                },
+                None,
+            ),
+            (
+                Config {
+                    demo: true,
+                    path: Some("/ws".into()),
+                    ..Config::default()
+                },
+                None,
+            ),
+            (
+                Config {
+                    max_message_bytes: 0,
+                    ..Config::default()
+                },
+                Some("max message bytes"),
+            ),
+            (
+                Config {
+                    max_connections: 0,
+                    ..Config::default()
+                },
+                Some("max connections"),
+            ),
+            (
+                Config {
+                    max_head_bytes: 10,
+                    ..Config::default()
+                },
+                Some("max head bytes"),
+            ),
+            (
+                Config {
+                    close_timeout: Duration::ZERO,
+                    ..Config::default()
+                },
+                Some("close timeout"),
+            ),
+            (
+                Config {
+                    ping_interval: Duration::from_secs(10),
+                    idle_timeout: Duration::from_secs(5),
+                    ..Config::default()
+                },
+                Some("idle timeout"),
+            ),
+            (
+                Config {
+                    ping_interval: Duration::from_millis(1),
+                    idle_timeout: Duration::from_secs(3600),
+                    ..Config::default()
+                },
+                Some("idle timeout"),
+            ),
+            (
+                Config {
+                    max_connections_per_ip: Some(0),
+                    ..Config::default()
+                },
+                Some("max connections per IP"),
+            ),
+            (
+                Config {
+                    allowed_origins: vec!["https://example.com/".into()],
+                    ..Config::default()
+                },
+                None,
+            ),
+            (
+                Config {
+                    batch_delay: MAX_BATCH_DELAY + Duration::from_nanos(1),
+                    ..Config::default()
+                },
+                Some("batch delay"),
+            ),
+            (
+                Config {
+                    shutdown_timeout: MAX_DURATION + Duration::from_nanos(1),
+                    ..Config::default()
+                },
+                Some("shutdown timeout"),
+            ),
+            (
+                Config {
+                    stats_interval: Some(MAX_DURATION + Duration::from_secs(1)),
+                    ..Config::default()
+                },
+                Some("stats interval"),
+            ),
+        ];
+        for (config, setting) in bad {
+            let error = config.validate().expect_err(&format!("{config:?}"));
+            match (&error, setting) {
+                (ConfigError::OutOfRange { setting: named, .. }, Some(setting)) => {
+                    assert_eq!(*named, setting, "{config:?}")
+                }
+                (ConfigError::OutOfRange { .. }, None) => panic!("{error} for {config:?}"),
+                (_, None) => {}
+                (_, Some(setting)) => panic!("{error}, not about {setting}, for {config:?}"),
+            }
+            assert!(!error.to_string().is_empty());
+        }
+        assert_eq!(
             Config {
                 path: Some("ws".into()),
                 ..Config::default()
-            },
+            }
+            .validate(),
+            Err(ConfigError::Path("ws".into()))
+        );
+        assert_eq!(
             Config {
                 demo: true,
                 path: Some("/ws".into()),
                 ..Config::default()
-            },
-            Config {
-                max_message_bytes: 0,
-                ..Config::default()
-            },
-            Config {
-                max_connections: 0,
-                ..Config::default()
-            },
-            Config {
-                max_head_bytes: 10,
-                ..Config::default()
-            },
-            Config {
-                close_timeout: Duration::ZERO,
-                ..Config::default()
-            },
-            Config {
-                ping_interval: Duration::from_secs(10),
-                idle_timeout: Duration::from_secs(5),
-                ..Config::default()
-            },
-            Config {
-                ping_interval: Duration::from_millis(1),
-                idle_timeout: Duration::from_secs(3600),
-                ..Config::default()
-            },
-            Config {
-                max_connections_per_ip: Some(0),
-                ..Config::default()
-            },
+            }
+            .validate(),
+            Err(ConfigError::DemoPath("/ws".into()))
+        );
+        assert!(matches!(
             Config {
                 allowed_origins: vec!["https://example.com/".into()],
                 ..Config::default()
-            },
-            Config {
-                batch_delay: MAX_BATCH_DELAY + Duration::from_nanos(1),
-                ..Config::default()
-            },
-            Config {
-                shutdown_timeout: MAX_DURATION + Duration::from_nanos(1),
-                ..Config::default()
-            },
-            Config {
-                stats_interval: Some(MAX_DURATION + Duration::from_secs(1)),
-                ..Config::default()
-            },
-        ];
-        for config in bad {
-            assert!(config.validate().is_err(), "{config:?}");
-        }
+            }
+            .validate(),
+            Err(ConfigError::Origin(_))
+        ));
         for path in [None, Some("/".to_string())] {
             let demo = Config {
                 demo: true,

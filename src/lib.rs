@@ -17,7 +17,7 @@
 //! use std::time::Duration;
 //! use wspush::{Config, MessageKind, Server};
 //!
-//! let mut server = Server::bind(Config { echo: false, ..Config::default() })?;
+//! let mut server = Server::bind(Config::default().with(|c| c.echo = false))?;
 //! let addr = server.local_addr(); // port 0 picked a free port
 //! # let _ = addr;
 //! // Deterministic tests drive the loop one step at a time ...

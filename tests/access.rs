@@ -11,11 +11,10 @@ use wspush::{Config, Tokens};
 const ORIGIN: &str = "https://app.example.com";
 
 fn guarded() -> TestServer {
-    TestServer::start(Config {
-        allowed_origins: vec![ORIGIN.into()],
-        tokens: Some(Tokens::new(["s3cret-token", "second"]).unwrap()),
-        ..Config::default()
-    })
+    TestServer::start(Config::default().with(|c| {
+        c.allowed_origins = vec![ORIGIN.into()];
+        c.tokens = Some(Tokens::new(["s3cret-token", "second"]).unwrap());
+    }))
 }
 
 /// Sends an upgrade request for `target` with `extra` header lines and

@@ -228,12 +228,11 @@ fn a_close_by_id_comes_after_what_was_sent_before_it() {
 
 #[test]
 fn upgrades_ask_for_an_id_and_channels_within_the_limits() {
-    let server = TestServer::start(Config {
-        max_channels_per_connection: 2,
-        max_channels: 3,
-        allowed_channels: vec![wspush::protocol::names::Pattern::parse("news.*").unwrap()],
-        ..Config::default()
-    });
+    let server = TestServer::start(Config::default().with(|c| {
+        c.max_channels_per_connection = 2;
+        c.max_channels = 3;
+        c.allowed_channels = vec![wspush::protocol::names::Pattern::parse("news.*").unwrap()];
+    }));
     let addr = server.addr;
     assert_eq!(status(addr, "/?id=a&id=b"), 400);
     assert_eq!(status(addr, "/?id=a%20b"), 400);
@@ -259,10 +258,9 @@ fn upgrades_ask_for_an_id_and_channels_within_the_limits() {
 #[test]
 fn a_token_binds_its_bearer_to_its_channels_and_id() {
     let tokens = Tokens::parse(b"alice-t id=alice channels=dm.alice,public\nany-t\n").unwrap();
-    let server = TestServer::start(Config {
-        tokens: Some(tokens),
-        ..Config::default()
-    });
+    let server = TestServer::start(Config::default().with(|c| {
+        c.tokens = Some(tokens);
+    }));
     let addr = server.addr;
     assert_eq!(status(addr, "/?token=alice-t&channel=news"), 403);
     assert_eq!(status(addr, "/?token=alice-t&id=bob"), 403);

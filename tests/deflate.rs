@@ -19,12 +19,11 @@ const RSV1: u8 = 0x40;
 
 /// A server that echoes, with deflate on (or off).
 fn echo_server(deflate: bool) -> TestServer {
-    TestServer::start(Config {
-        echo: true,
-        deflate,
-        max_message_bytes: 64 * 1024,
-        ..Config::default()
-    })
+    TestServer::start(Config::default().with(|c| {
+        c.echo = true;
+        c.deflate = deflate;
+        c.max_message_bytes = 64 * 1024;
+    }))
 }
 
 /// An upgraded raw client that offered `offer` (if any); the response's
@@ -216,11 +215,10 @@ fn inflated(payload: &[u8]) -> Vec<u8> {
 
 #[test]
 fn a_broadcast_is_compressed_once_for_the_connections_that_negotiated_it() {
-    let server = TestServer::start(Config {
-        deflate: true,
-        deflate_min_bytes: 256,
-        ..Config::default()
-    });
+    let server = TestServer::start(Config::default().with(|c| {
+        c.deflate = true;
+        c.deflate_min_bytes = 256;
+    }));
     // Nothing is compressed while no connection has deflate.
     let (mut plain, _) = upgrade(server.addr, None);
     let big = "{\"symbol\":\"EURUSD\",\"bid\":1.0842,\"ask\":1.0843}".repeat(30);

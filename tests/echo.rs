@@ -15,11 +15,10 @@ use wspush::Config;
 const MIB: usize = 1 << 20;
 
 fn big_echo_server() -> TestServer {
-    TestServer::start(Config {
-        echo: true,
-        max_message_bytes: 16 * MIB as u64,
-        ..Config::default()
-    })
+    TestServer::start(Config::default().with(|c| {
+        c.echo = true;
+        c.max_message_bytes = 16 * MIB as u64;
+    }))
 }
 
 fn pattern(len: usize) -> Vec<u8> {

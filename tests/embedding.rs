@@ -85,20 +85,18 @@ fn a_handle_broadcasts_and_shuts_down_from_other_threads() {
 
 #[test]
 fn bind_refuses_invalid_settings_and_taken_ports() {
-    let bad = Config {
-        max_connections: 0,
-        ..Config::default()
-    };
+    let bad = Config::default().with(|c| {
+        c.max_connections = 0;
+    });
     match Server::bind(bad).unwrap_err() {
         BindError::Config(e) => assert!(e.to_string().contains("max connections"), "{e}"),
         other => panic!("{other}"),
     }
 
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let config = Config {
-        listen: taken.local_addr().unwrap(),
-        ..Config::default()
-    };
+    let config = Config::default().with(|c| {
+        c.listen = taken.local_addr().unwrap();
+    });
     match Server::bind(config).unwrap_err() {
         BindError::Io(e) => assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse),
         other => panic!("{other}"),
@@ -107,10 +105,9 @@ fn bind_refuses_invalid_settings_and_taken_ports() {
 
 #[test]
 fn broadcasts_over_the_message_limit_are_refused_and_counted() {
-    let mut server = Server::bind(Config {
-        max_message_bytes: 4,
-        ..Config::default()
-    })
+    let mut server = Server::bind(Config::default().with(|c| {
+        c.max_message_bytes = 4;
+    }))
     .unwrap();
     let too_big = MessageTooBig { len: 5, limit: 4 };
     assert_eq!(server.broadcast(MessageKind::Text, b"12345"), Err(too_big));
@@ -134,10 +131,9 @@ fn broadcasts_over_the_message_limit_are_refused_and_counted() {
 /// both pings, the one after it, and one more. Returns the batch waits
 /// counted before each of the last two polls and after them.
 fn batch_waits_around_two_pings(batch_delay: Duration) -> [u64; 3] {
-    let mut server = Server::bind(Config {
-        batch_delay,
-        ..Config::default()
-    })
+    let mut server = Server::bind(Config::default().with(|c| {
+        c.batch_delay = batch_delay;
+    }))
     .unwrap();
     let addr = server.local_addr();
     let mut clients = [raw(addr), raw(addr)];
@@ -254,11 +250,10 @@ fn shut_down_without_blocking(handle: &Handle) {
 #[test]
 fn a_shutdown_behind_a_full_queue_returns_at_once_and_sends_what_came_before_it() {
     const TOTAL: u64 = 6000;
-    let mut server = Server::bind(Config {
-        // About 1,000 one-byte messages.
-        max_pending_bytes: 64 * 1024,
-        ..Config::default()
-    })
+    let mut server = Server::bind(Config::default().with(|c| {
+        c.// About 1 = // About 1; c.000 one-byte messages.
+        max_pending_bytes = 64 * 1024;
+    }))
     .unwrap();
     let handle = server.handle();
     let client = count_until_close(server.local_addr());
@@ -289,11 +284,10 @@ fn a_shutdown_behind_a_full_queue_returns_at_once_and_sends_what_came_before_it(
 
 #[test]
 fn a_shutdown_gives_queued_broadcasts_half_its_timeout_then_abandons_the_rest() {
-    let mut server = Server::bind(Config {
-        shutdown_timeout: Duration::from_nanos(2),
-        max_pending_bytes: 64 * 1024,
-        ..Config::default()
-    })
+    let mut server = Server::bind(Config::default().with(|c| {
+        c.shutdown_timeout = Duration::from_nanos(2);
+        c.max_pending_bytes = 64 * 1024;
+    }))
     .unwrap();
     let handle = server.handle();
     let client = count_until_close(server.local_addr());

@@ -22,11 +22,10 @@ use wspush::{Config, MetricsSnapshot};
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn config() -> Config {
-    Config {
-        echo: true,
-        close_timeout: CLOSE_TIMEOUT,
-        ..Config::default()
-    }
+    Config::default().with(|c| {
+        c.echo = true;
+        c.close_timeout = CLOSE_TIMEOUT;
+    })
 }
 
 fn echo_server() -> TestServer {
@@ -326,10 +325,9 @@ fn payloads_of_every_length_encoding_are_echoed_identical() {
 
 #[test]
 fn a_message_of_exactly_the_limit_is_echoed() {
-    let server = TestServer::start(Config {
-        max_message_bytes: 1000,
-        ..config()
-    });
+    let server = TestServer::start(config().with(|c| {
+        c.max_message_bytes = 1000;
+    }));
     let mut stream = util::raw_upgraded(server.addr);
     stream.write_all(&client_frame(BINARY, &[7; 1000])).unwrap();
     expect_frame(&mut stream, 0x2, &[7; 1000]);
@@ -480,10 +478,9 @@ fn invalid_utf8_fails_fast_inside_a_frame_whose_rest_never_comes() {
 // Message size limit → 1009
 
 fn limited_server() -> TestServer {
-    TestServer::start(Config {
-        max_message_bytes: 1000,
-        ..config()
-    })
+    TestServer::start(config().with(|c| {
+        c.max_message_bytes = 1000;
+    }))
 }
 
 #[test]
@@ -678,10 +675,9 @@ fn after_the_clients_close_the_server_sends_only_its_close() {
 
 #[test]
 fn push_mode_discards_and_counts_client_messages_but_answers_pings() {
-    let server = TestServer::start(Config {
-        close_timeout: CLOSE_TIMEOUT,
-        ..Config::default()
-    });
+    let server = TestServer::start(Config::default().with(|c| {
+        c.close_timeout = CLOSE_TIMEOUT;
+    }));
     let mut stream = util::raw_upgraded(server.addr);
     let wire = [
         client_frame(TEXT, b"nobody listens"),

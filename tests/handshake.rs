@@ -26,11 +26,10 @@ fn request() -> String {
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn echo_config() -> Config {
-    Config {
-        echo: true,
-        close_timeout: CLOSE_TIMEOUT,
-        ..Config::default()
-    }
+    Config::default().with(|c| {
+        c.echo = true;
+        c.close_timeout = CLOSE_TIMEOUT;
+    })
 }
 
 fn server() -> TestServer {
@@ -275,10 +274,9 @@ fn token_lists_and_case_are_accepted_from_tungstenite() {
 
 #[test]
 fn a_path_with_a_query_is_served_when_a_path_is_set() {
-    let server = TestServer::start(Config {
-        path: Some("/ws".into()),
-        ..echo_config()
-    });
+    let server = TestServer::start(echo_config().with(|c| {
+        c.path = Some("/ws".into());
+    }));
     let mut stream = util::raw(server.addr);
     stream
         .write_all(util::upgrade_request("/ws?id=01").as_bytes())
@@ -382,10 +380,9 @@ fn http_1_0_is_400() {
 
 #[test]
 fn another_path_is_404_when_a_path_is_set() {
-    let server = TestServer::start(Config {
-        path: Some("/ws".into()),
-        ..echo_config()
-    });
+    let server = TestServer::start(echo_config().with(|c| {
+        c.path = Some("/ws".into());
+    }));
     expect_rejected(
         &server,
         util::upgrade_request("/other").as_bytes(),
@@ -484,10 +481,9 @@ fn more_headers_than_the_parser_holds_is_431() {
 
 #[test]
 fn the_server_stays_healthy_after_rejections() {
-    let server = TestServer::start(Config {
-        path: Some("/ws".into()),
-        ..echo_config()
-    });
+    let server = TestServer::start(echo_config().with(|c| {
+        c.path = Some("/ws".into());
+    }));
     let bad: Vec<Vec<u8>> = vec![
         b"garbage\r\n\r\n".to_vec(),
         util::upgrade_request("/nope").into_bytes(),
@@ -537,10 +533,9 @@ fn a_client_that_connects_and_sends_nothing_is_closed_by_the_handshake_timeout()
     // The listener defers accepting until data arrives (TCP_DEFER_ACCEPT):
     // a silent client is accepted only once the kernel gives up waiting
     // (about a second), and then its handshake deadline applies as usual.
-    let server = TestServer::start(Config {
-        handshake_timeout: Duration::from_millis(300),
-        ..echo_config()
-    });
+    let server = TestServer::start(echo_config().with(|c| {
+        c.handshake_timeout = Duration::from_millis(300);
+    }));
     let mut silent = util::raw(server.addr);
     util::expect_eof(&mut silent);
     let m = server.wait_for("the timeout", |m| m.closed_handshake_timeout == 1);
@@ -552,10 +547,9 @@ fn a_client_that_connects_and_sends_nothing_is_closed_by_the_handshake_timeout()
 
 #[test]
 fn a_handshake_that_does_not_complete_in_time_is_closed() {
-    let server = TestServer::start(Config {
-        handshake_timeout: Duration::from_millis(300),
-        ..echo_config()
-    });
+    let server = TestServer::start(echo_config().with(|c| {
+        c.handshake_timeout = Duration::from_millis(300);
+    }));
     // An upgraded connection has no handshake deadline any more.
     let mut upgraded = util::connect(server.addr, "/");
     let mut stream = util::raw(server.addr);

@@ -13,12 +13,11 @@ const PING: u8 = 0x9;
 const CLOSE: u8 = 0x8;
 
 fn heartbeat_server(ping_ms: u64, idle_ms: u64) -> TestServer {
-    TestServer::start(Config {
-        ping_interval: Duration::from_millis(ping_ms),
-        idle_timeout: Duration::from_millis(idle_ms),
-        close_timeout: Duration::from_millis(200),
-        ..Config::default()
-    })
+    TestServer::start(Config::default().with(|c| {
+        c.ping_interval = Duration::from_millis(ping_ms);
+        c.idle_timeout = Duration::from_millis(idle_ms);
+        c.close_timeout = Duration::from_millis(200);
+    }))
 }
 
 #[test]

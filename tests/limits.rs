@@ -18,10 +18,9 @@ use wspush::Config;
 
 #[test]
 fn connections_past_the_limit_get_503_and_capacity_comes_back() {
-    let server = TestServer::start(Config {
-        max_connections: 2,
-        ..Config::default()
-    });
+    let server = TestServer::start(Config::default().with(|c| {
+        c.max_connections = 2;
+    }));
     let first = connect(server.addr, "/");
     let _second = connect(server.addr, "/");
 
@@ -117,10 +116,9 @@ fn upgrade(stream: &mut std::net::TcpStream) -> u16 {
 
 #[test]
 fn an_address_past_its_connection_limit_gets_429_and_others_do_not() {
-    let server = TestServer::start(Config {
-        max_connections_per_ip: Some(2),
-        ..Config::default()
-    });
+    let server = TestServer::start(Config::default().with(|c| {
+        c.max_connections_per_ip = Some(2);
+    }));
     let mut first = connect_from([127, 0, 0, 1], server.addr);
     let mut second = connect_from([127, 0, 0, 1], server.addr);
     assert_eq!((upgrade(&mut first), upgrade(&mut second)), (101, 101));
@@ -155,11 +153,10 @@ fn clients_that_never_read_hold_at_most_their_queue_limit() {
     const LIMIT: usize = 64 * 1024;
     const MESSAGES: usize = 400;
     const SIZE: usize = 16 * 1024;
-    let server = TestServer::start(Config {
-        max_queued_bytes: LIMIT,
-        slow_consumer: wspush::SlowConsumerPolicy::Drop,
-        ..Config::default()
-    });
+    let server = TestServer::start(Config::default().with(|c| {
+        c.max_queued_bytes = LIMIT;
+        c.slow_consumer = wspush::SlowConsumerPolicy::Drop;
+    }));
     let stalled: Vec<_> = (0..STALLED).map(|_| stalled_client(server.addr)).collect();
     let addr = server.addr;
     let reader = std::thread::spawn(move || {
@@ -212,12 +209,11 @@ fn clients_that_never_read_hold_at_most_their_queue_limit() {
 /// and nothing queued.
 #[test]
 fn a_shutdown_that_gives_up_on_a_stalled_client_uncounts_its_queue() {
-    let mut server = wspush::Server::bind(Config {
-        shutdown_timeout: Duration::from_millis(200),
-        max_queued_bytes: 64 * 1024,
-        slow_consumer: wspush::SlowConsumerPolicy::Drop,
-        ..Config::default()
-    })
+    let mut server = wspush::Server::bind(Config::default().with(|c| {
+        c.shutdown_timeout = Duration::from_millis(200);
+        c.max_queued_bytes = 64 * 1024;
+        c.slow_consumer = wspush::SlowConsumerPolicy::Drop;
+    }))
     .unwrap();
     let addr = server.local_addr();
     let handle = server.handle();
@@ -251,11 +247,10 @@ fn a_shutdown_that_gives_up_on_a_stalled_client_uncounts_its_queue() {
 /// frame queued for it is either received whole or counted as discarded.
 #[test]
 fn a_slow_consumer_closed_has_every_frame_meant_for_it_accounted_for() {
-    let server = TestServer::start(Config {
-        max_queued_bytes: 64 * 1024,
-        close_timeout: Duration::from_millis(200),
-        ..Config::default()
-    });
+    let server = TestServer::start(Config::default().with(|c| {
+        c.max_queued_bytes = 64 * 1024;
+        c.close_timeout = Duration::from_millis(200);
+    }));
     let mut stalled = stalled_client(server.addr);
     let payload = "x".repeat(16 * 1024);
     let mut sent = 0;

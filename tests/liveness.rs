@@ -112,13 +112,12 @@ impl Drop for Peer {
 
 /// A server with short heartbeats listening on `listen`.
 fn server(listen: SocketAddr) -> TestServer {
-    TestServer::start(Config {
-        listen,
-        ping_interval: PING,
-        idle_timeout: IDLE,
-        close_timeout: CLOSE,
-        ..Config::default()
-    })
+    TestServer::start(Config::default().with(|c| {
+        c.listen = listen;
+        c.ping_interval = PING;
+        c.idle_timeout = IDLE;
+        c.close_timeout = CLOSE;
+    }))
 }
 
 /// Broadcasts a line every 20 ms until `stop` says so.

@@ -11,10 +11,9 @@ use wspush::Config;
 
 #[test]
 fn metrics_count_what_happened() {
-    let server = TestServer::start(Config {
-        path: Some("/ws".into()),
-        ..Config::default()
-    });
+    let server = TestServer::start(Config::default().with(|c| {
+        c.path = Some("/ws".into());
+    }));
     let mut a = connect(server.addr, "/ws");
     let mut b = connect(server.addr, "/ws");
     server.handle.broadcast_text("hello").unwrap();
@@ -66,10 +65,9 @@ fn metrics_count_what_happened() {
 
 #[test]
 fn a_metrics_listener_serves_metrics_and_nothing_else() {
-    let server = TestServer::start(Config {
-        metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
-        ..Config::default()
-    });
+    let server = TestServer::start(Config::default().with(|c| {
+        c.metrics_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    }));
     let metrics_addr = server.metrics_addr.expect("a metrics listener");
     let _client = connect(server.addr, "/");
 
@@ -95,10 +93,9 @@ fn a_metrics_listener_serves_metrics_and_nothing_else() {
 #[test]
 fn the_open_gauge_counts_websocket_connections_only() {
     for metrics_listen in [None, Some(SocketAddr::from(([127, 0, 0, 1], 0)))] {
-        let server = TestServer::start(Config {
-            metrics_listen,
-            ..Config::default()
-        });
+        let server = TestServer::start(Config::default().with(|c| {
+            c.metrics_listen = metrics_listen;
+        }));
         let scrape_at = server.metrics_addr.unwrap_or(server.addr);
         let gauges = || {
             let page = http_get(scrape_at, "/metrics", "").body;

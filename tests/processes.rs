@@ -252,19 +252,16 @@ fn with_on_instance_exit_stop_a_dying_instance_stops_the_supervisor_with_a_clear
 
 #[test]
 fn two_servers_share_one_port_with_reuse_port() {
-    let first = TestServer::start(Config {
-        reuse_port: true,
-        ..Config::default()
-    });
-    let second = TestServer::start(Config {
-        listen: first.addr,
-        reuse_port: true,
-        ..Config::default()
-    });
-    let without = wspush::Server::bind(Config {
-        listen: first.addr,
-        ..Config::default()
-    });
+    let first = TestServer::start(Config::default().with(|c| {
+        c.reuse_port = true;
+    }));
+    let second = TestServer::start(Config::default().with(|c| {
+        c.listen = first.addr;
+        c.reuse_port = true;
+    }));
+    let without = wspush::Server::bind(Config::default().with(|c| {
+        c.listen = first.addr;
+    }));
     match without.unwrap_err() {
         wspush::BindError::Io(e) => {
             assert_eq!(

@@ -124,10 +124,9 @@ fn a_resume_is_given_what_it_missed_in_order_then_goes_on_live() {
 
 #[test]
 fn a_resume_from_before_the_history_is_told_the_gap_and_gets_what_is_held() {
-    let server = TestServer::start(Config {
-        history_messages: 3,
-        ..Config::default()
-    });
+    let server = TestServer::start(Config::default().with(|c| {
+        c.history_messages = 3;
+    }));
     let mut client = connect(server.addr, "/?positions=1");
     status(&mut client);
     publish(&server, &["a", "b"]);
@@ -222,10 +221,9 @@ fn a_replay_gives_only_what_was_addressed_to_the_client_each_once() {
 
 #[test]
 fn a_replay_larger_than_the_queue_goes_out_in_parts_in_order() {
-    let server = TestServer::start(Config {
-        max_queued_bytes: 4096,
-        ..Config::default()
-    });
+    let server = TestServer::start(Config::default().with(|c| {
+        c.max_queued_bytes = 4096;
+    }));
     let mut client = connect(server.addr, "/?positions=1");
     let since = status(&mut client).1;
     drop(client);

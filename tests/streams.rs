@@ -92,10 +92,9 @@ fn a_burst_queued_together_goes_out_as_one_batch_in_order() {
 #[test]
 fn a_connection_that_upgrades_during_a_pass_gets_exactly_the_lines_taken_after_it() {
     // One connection per loop iteration: a fan-out to 40 takes 40 of them.
-    let mut server = Server::bind(Config {
-        fanout_budget: 1,
-        ..Config::default()
-    })
+    let mut server = Server::bind(Config::default().with(|c| {
+        c.fanout_budget = 1;
+    }))
     .unwrap();
     let addr = server.local_addr();
     let mut clients = upgraded_clients(&mut server, 40);
@@ -150,10 +149,9 @@ fn a_connection_that_upgrades_during_a_pass_gets_exactly_the_lines_taken_after_i
 fn a_ping_during_a_long_channel_delivery_is_answered_before_it_ends() {
     // One connection per loop iteration: a message to 40 subscribers of
     // a channel takes 40 of them, as a broadcast's pass does.
-    let mut server = Server::bind(Config {
-        fanout_budget: 1,
-        ..Config::default()
-    })
+    let mut server = Server::bind(Config::default().with(|c| {
+        c.fanout_budget = 1;
+    }))
     .unwrap();
     let mut clients = upgraded_clients_at(&mut server, 40, "/?channel=hot");
     let handle = server.handle();
@@ -186,10 +184,9 @@ fn a_ping_during_a_long_channel_delivery_is_answered_before_it_ends() {
 
 #[test]
 fn a_line_framed_during_a_pass_reaches_the_connections_ahead_in_that_pass() {
-    let mut server = Server::bind(Config {
-        fanout_budget: 1,
-        ..Config::default()
-    })
+    let mut server = Server::bind(Config::default().with(|c| {
+        c.fanout_budget = 1;
+    }))
     .unwrap();
     let mut clients = upgraded_clients(&mut server, 10);
     server.broadcast(MessageKind::Text, b"A").unwrap();
@@ -299,12 +296,11 @@ fn stalled_under_bursts(policy: SlowConsumerPolicy) -> (TestServer, TcpStream) {
     // parallel runs, the history's writes made batches large enough to
     // overflow it now and then (release builds frame as fast with
     // history as without: bench/RESULTS.md).
-    let server = TestServer::start(Config {
-        max_queued_bytes: 16 * 1024,
-        slow_consumer: policy,
-        history_messages: 0,
-        ..Config::default()
-    });
+    let server = TestServer::start(Config::default().with(|c| {
+        c.max_queued_bytes = 16 * 1024;
+        c.slow_consumer = policy;
+        c.history_messages = 0;
+    }));
     let stalled = util::stalling_client(server.addr);
     // Read in 64 KiB gulps, so that the reader keeps up with the bursts and
     // only the stalled client goes over the queue limit.
@@ -400,10 +396,9 @@ fn read_one(stream: &mut TcpStream) -> Option<usize> {
 fn a_producer_faster_than_the_fan_out_waits_and_loses_nothing() {
     const LINES: usize = 20_000;
     const BOUND: usize = 32 * 1024;
-    let mut server = Server::bind(Config {
-        max_pending_bytes: BOUND,
-        ..Config::default()
-    })
+    let mut server = Server::bind(Config::default().with(|c| {
+        c.max_pending_bytes = BOUND;
+    }))
     .unwrap();
     let addr = server.local_addr();
     let connecting: Vec<_> = (0..20)

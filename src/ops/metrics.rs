@@ -14,8 +14,10 @@ macro_rules! metrics {
             $( $(#[$doc])* pub $name: AtomicU64, )*
         }
 
-        /// A copy of every counter at one moment.
+        /// A copy of every counter at one moment (more may come: read
+        /// its fields, don't build one).
         #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+        #[non_exhaustive]
         pub struct MetricsSnapshot {
             $( $(#[$doc])* pub $name: u64, )*
         }

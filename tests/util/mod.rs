@@ -69,10 +69,9 @@ impl TestServer {
     }
 
     pub fn echo() -> TestServer {
-        TestServer::start(Config {
-            echo: true,
-            ..Config::default()
-        })
+        TestServer::start(Config::default().with(|c| {
+            c.echo = true;
+        }))
     }
 
     /// Shuts the server down and waits for its loop to return.

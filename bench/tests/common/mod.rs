@@ -31,10 +31,9 @@ pub struct Embedded {
 impl Embedded {
     /// Binds a wspush server on 127.0.0.1:0 (echoing if `echo`) and runs it.
     pub fn start(echo: bool) -> Embedded {
-        let mut server = wspush::Server::bind(wspush::Config {
-            echo,
-            ..wspush::Config::default()
-        })
+        let mut server = wspush::Server::bind(wspush::Config::default().with(|c| {
+            c.echo = echo;
+        }))
         .expect("bind");
         let addr = server.local_addr();
         let handle = server.handle();

@@ -406,60 +406,59 @@ fn config(cli: &Cli) -> Result<Config, String> {
         }
         None => None,
     };
-    let config = Config {
-        listen: cli.listen,
-        reuse_port: cli.reuse_port,
-        path: cli.path.clone(),
-        demo: cli.demo,
-        echo: cli.echo,
-        deflate: cli.deflate == OnOff::On,
-        deflate_min_bytes: cli.deflate_min_bytes,
-        max_message_bytes: cli.max_message_bytes,
-        max_queued_bytes: cli.max_queued_bytes,
-        max_pending_bytes: cli.max_pending_bytes,
-        slow_consumer: match cli.slow_consumer {
+    let config = Config::default().with(|c| {
+        c.listen = cli.listen;
+        c.reuse_port = cli.reuse_port;
+        c.path = cli.path.clone();
+        c.demo = cli.demo;
+        c.echo = cli.echo;
+        c.deflate = cli.deflate == OnOff::On;
+        c.deflate_min_bytes = cli.deflate_min_bytes;
+        c.max_message_bytes = cli.max_message_bytes;
+        c.max_queued_bytes = cli.max_queued_bytes;
+        c.max_pending_bytes = cli.max_pending_bytes;
+        c.slow_consumer = match cli.slow_consumer {
             SlowConsumer::Close => SlowConsumerPolicy::Close,
             SlowConsumer::Drop => SlowConsumerPolicy::Drop,
-        },
-        handshake_timeout: cli.handshake_timeout,
-        close_timeout: cli.close_timeout,
-        shutdown_timeout: cli.shutdown_timeout,
-        ping_interval: cli.ping_interval,
-        idle_timeout: cli.idle_timeout.unwrap_or(2 * cli.ping_interval),
-        max_connections_per_ip: cli.max_connections_per_ip,
-        allowed_origins: cli.allow_origin.clone(),
-        tokens,
-        metrics_listen: cli.metrics_listen.map(instance_metrics_address),
-        allowed_channels: cli.allow_channel.clone(),
-        max_channels_per_connection: cli.max_channels_per_connection,
-        max_channels: cli.max_channels,
-        instance: instance_number().map_or(0, u32::from),
-        history_messages: cli.history_messages,
-        history_bytes: cli.history_bytes,
-        history_age: cli.history_age,
-        history_fd: std::env::var(HISTORY_FD_ENV)
+        };
+        c.handshake_timeout = cli.handshake_timeout;
+        c.close_timeout = cli.close_timeout;
+        c.shutdown_timeout = cli.shutdown_timeout;
+        c.ping_interval = cli.ping_interval;
+        c.idle_timeout = cli.idle_timeout.unwrap_or(2 * cli.ping_interval);
+        c.max_connections_per_ip = cli.max_connections_per_ip;
+        c.allowed_origins = cli.allow_origin.clone();
+        c.tokens = tokens;
+        c.metrics_listen = cli.metrics_listen.map(instance_metrics_address);
+        c.allowed_channels = cli.allow_channel.clone();
+        c.max_channels_per_connection = cli.max_channels_per_connection;
+        c.max_channels = cli.max_channels;
+        c.instance = instance_number().map_or(0, u32::from);
+        c.history_messages = cli.history_messages;
+        c.history_bytes = cli.history_bytes;
+        c.history_age = cli.history_age;
+        c.history_fd = std::env::var(HISTORY_FD_ENV)
             .ok()
-            .and_then(|fd| fd.parse().ok()),
-        first_position: std::env::var(FIRST_LINE_ENV)
+            .and_then(|fd| fd.parse().ok());
+        c.first_position = std::env::var(FIRST_LINE_ENV)
             .ok()
             .and_then(|n| n.parse().ok())
-            .unwrap_or(1),
-        upstream: cli.upstream.map(|UpstreamTo::Stdout| UpstreamConfig {
+            .unwrap_or(1);
+        c.upstream = cli.upstream.map(|UpstreamTo::Stdout| UpstreamConfig {
             max_bytes: cli.upstream_max_bytes,
             overflow: match cli.upstream_overflow {
                 UpstreamOverflow::Pause => Overflow::Pause,
                 UpstreamOverflow::Drop => Overflow::Drop,
             },
             events: cli.upstream_events,
-        }),
-        stats_interval: (!cli.quiet).then_some(cli.stats_interval),
-        batch_delay: cli.batch_delay,
-        degraded: match cli.healthz_degraded {
+        });
+        c.stats_interval = (!cli.quiet).then_some(cli.stats_interval);
+        c.batch_delay = cli.batch_delay;
+        c.degraded = match cli.healthz_degraded {
             HealthzDegraded::Ok => Degraded::Ok,
             HealthzDegraded::Unavailable => Degraded::Unavailable,
-        },
-        ..Config::default()
-    };
+        };
+    });
     config
         .validate()
         .map_err(|e| format!("invalid setting: {e}"))?;
