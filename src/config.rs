@@ -10,6 +10,7 @@ use crate::protocol::position::Epoch;
 
 /// What to do with a broadcast for a connection whose output queue is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum SlowConsumerPolicy {
     /// Close the connection with 1008 (counted in `closed_slow_consumer`).
     Close,
@@ -19,6 +20,7 @@ pub enum SlowConsumerPolicy {
 
 /// What happens to a client message when the reader is a bound behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Overflow {
     /// Stop reading clients until the reader catches up.
     Pause,
@@ -28,11 +30,14 @@ pub enum Overflow {
 
 /// How `/healthz` answers while a feed of the input (Redis) is lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Degraded {
     /// `200 degraded`: the server still serves its clients, so a load
     /// balancer keeps it (every host loses the same feed at once).
+    #[cfg_attr(feature = "cli", value(name = "200"))]
     Ok,
     /// `503 degraded`: a load balancer takes the server out.
+    #[cfg_attr(feature = "cli", value(name = "503"))]
     Unavailable,
 }
 

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, Parser, ValueEnum};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use socket2::{Domain, Socket, Type};
@@ -105,7 +105,7 @@ struct Cli {
     history_age: Duration,
     /// What a connection whose queue is full gets instead of a broadcast.
     #[arg(long, value_name = "POLICY", default_value = "close")]
-    slow_consumer: SlowConsumer,
+    slow_consumer: SlowConsumerPolicy,
     /// Send every connection a ping this often.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration, allow_hyphen_values = true)]
     ping_interval: Duration,
@@ -144,16 +144,16 @@ struct Cli {
     /// --redis-channel is read as standard input would read it, beside it
     /// (redis://[:PASSWORD@]HOST[:PORT][/DB]). Reconnects with backoff;
     /// what is published while it is lost is lost, and counted as an outage.
-    #[arg(long, value_name = "URL", requires = "redis_channel")]
+    #[arg(long, value_name = "URL", requires = "redis_channel", help_heading = REDIS_HEADING)]
     redis: Option<String>,
     /// A Redis channel to subscribe to (repeatable; a name with *, ? or [
     /// is a pattern, PSUBSCRIBE).
-    #[arg(long, value_name = "NAME", requires = "redis")]
+    #[arg(long, value_name = "NAME", requires = "redis", help_heading = REDIS_HEADING)]
     redis_channel: Vec<String>,
     /// What GET /healthz answers while the Redis feed is lost: 200 or 503,
     /// with the body `degraded`.
     #[arg(long, value_name = "STATUS", value_enum, default_value = "200")]
-    healthz_degraded: HealthzDegraded,
+    healthz_degraded: Degraded,
     /// Write what clients send to standard output, a line per message:
     /// `msg KEY ID text PAYLOAD` (\\, \n and \r escaped) or `msg KEY ID binary BASE64`.
     #[arg(long, value_name = "WHERE", value_enum)]
@@ -173,7 +173,7 @@ struct Cli {
         default_value = "pause",
         requires = "upstream"
     )]
-    upstream_overflow: UpstreamOverflow,
+    upstream_overflow: Overflow,
     /// Channels a client may ask for with ?channel= unless its token grants
     /// its own (repeatable; * stands for any run, e.g. news.*); others get
     /// HTTP 403. Unset: any channel.
@@ -208,13 +208,13 @@ struct Cli {
     /// Run N single-threaded instances behind SO_REUSEPORT under a small
     /// supervisor that hands each of them every input line. `auto`: one per
     /// core, or as many as --total-connections needs if that is more.
-    #[arg(long, value_name = "N|auto")]
+    #[arg(long, value_name = "N|auto", help_heading = SUPERVISOR_HEADING)]
     processes: Option<Processes>,
     /// Connections the whole server should hold, over all its instances.
     /// With --processes auto, enough instances start for N, each planned at
     /// 90% of what it may hold (its open-file limit, or --max-connections);
     /// with --processes N, a warning says if N instances hold fewer.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), requires = "processes")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), requires = "processes", help_heading = SUPERVISOR_HEADING)]
     total_connections: Option<u64>,
     /// With --processes: what an instance that exits unasked gets. `restart`:
     /// started again with backoff (its clients reconnect, the others keep
@@ -224,27 +224,19 @@ struct Cli {
         long,
         value_name = "POLICY",
         default_value = "restart",
-        requires = "processes"
+        requires = "processes",
+        help_heading = SUPERVISOR_HEADING
     )]
-    on_instance_exit: InstanceExit,
+    on_instance_exit: OnExit,
     /// With --processes: input an instance that does not take it (stopped,
     /// or far behind) may have waiting, in bytes; past it the instance is
     /// killed and started again. The others are never held back.
-    #[arg(long, value_name = "N", default_value_t = 64 << 20, value_parser = positive, requires = "processes")]
+    #[arg(long, value_name = "N", default_value_t = 64 << 20, value_parser = positive, requires = "processes", help_heading = SUPERVISOR_HEADING)]
     instance_backlog: usize,
     /// With --processes: an instance that takes no input this long while
     /// some waits for it is killed and started again.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration, requires = "processes")]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration, requires = "processes", help_heading = SUPERVISOR_HEADING)]
     instance_stall_timeout: Duration,
-}
-
-/// `--on-instance-exit` values.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum InstanceExit {
-    /// Start it again, with backoff.
-    Restart,
-    /// Stop every instance and exit 1.
-    Stop,
 }
 
 /// A switch.
@@ -254,26 +246,6 @@ enum OnOff {
     On,
     /// Off.
     Off,
-}
-
-/// `--healthz-degraded` values.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum HealthzDegraded {
-    /// 200: the load balancer keeps the server (it still serves its clients).
-    #[value(name = "200")]
-    Ok,
-    /// 503: the load balancer takes it out.
-    #[value(name = "503")]
-    Unavailable,
-}
-
-/// `--slow-consumer` values.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum SlowConsumer {
-    /// Close it with 1008 (policy violation).
-    Close,
-    /// Skip the message for it.
-    Drop,
 }
 
 /// `--processes` value.
@@ -417,10 +389,7 @@ fn config(cli: &Cli) -> Result<Config, String> {
         c.max_message_bytes = cli.max_message_bytes;
         c.max_queued_bytes = cli.max_queued_bytes;
         c.max_pending_bytes = cli.max_pending_bytes;
-        c.slow_consumer = match cli.slow_consumer {
-            SlowConsumer::Close => SlowConsumerPolicy::Close,
-            SlowConsumer::Drop => SlowConsumerPolicy::Drop,
-        };
+        c.slow_consumer = cli.slow_consumer;
         c.handshake_timeout = cli.handshake_timeout;
         c.close_timeout = cli.close_timeout;
         c.shutdown_timeout = cli.shutdown_timeout;
@@ -446,18 +415,12 @@ fn config(cli: &Cli) -> Result<Config, String> {
             .unwrap_or(1);
         c.upstream = cli.upstream.map(|UpstreamTo::Stdout| UpstreamConfig {
             max_bytes: cli.upstream_max_bytes,
-            overflow: match cli.upstream_overflow {
-                UpstreamOverflow::Pause => Overflow::Pause,
-                UpstreamOverflow::Drop => Overflow::Drop,
-            },
+            overflow: cli.upstream_overflow,
             events: cli.upstream_events,
         });
         c.stats_interval = (!cli.quiet).then_some(cli.stats_interval);
         c.batch_delay = cli.batch_delay;
-        c.degraded = match cli.healthz_degraded {
-            HealthzDegraded::Ok => Degraded::Ok,
-            HealthzDegraded::Unavailable => Degraded::Unavailable,
-        };
+        c.degraded = cli.healthz_degraded;
     });
     config
         .validate()
@@ -479,15 +442,6 @@ fn instance_metrics_address(mut addr: SocketAddr) -> SocketAddr {
 enum UpstreamTo {
     /// Standard output.
     Stdout,
-}
-
-/// `--upstream-overflow`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum UpstreamOverflow {
-    /// Stop reading clients until standard output catches up.
-    Pause,
-    /// Drop client messages and count them.
-    Drop,
 }
 
 /// Writes the upstream lines to standard output until the server is gone;
@@ -686,10 +640,7 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
         "--reuse-port".into(),
     ]);
     let policy = Policy {
-        on_exit: match cli.on_instance_exit {
-            InstanceExit::Restart => OnExit::Restart,
-            InstanceExit::Stop => OnExit::Stop,
-        },
+        on_exit: cli.on_instance_exit,
         max_backlog: cli.instance_backlog,
         stall_timeout: cli.instance_stall_timeout,
         // Instances get their shutdown timeout, and some time to exit after it.
@@ -712,20 +663,31 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     supervisor.run(chunks).map_err(|e| e.to_string())
 }
 
-/// Flags of the supervisor only, each with a value: an instance must not
-/// supervise, and the supervisor holds the one Redis subscription.
-const SUPERVISOR_FLAGS: [&str; 7] = [
-    "--processes",
-    "--total-connections",
-    "--on-instance-exit",
-    "--instance-backlog",
-    "--instance-stall-timeout",
-    "--redis",
-    "--redis-channel",
-];
+/// The help heading of the supervisor's own flags: an instance must not
+/// supervise.
+const SUPERVISOR_HEADING: &str = "Supervisor (--processes)";
+/// The help heading of the Redis input's flags: under `--processes` the
+/// supervisor holds the one Redis subscription, not its instances.
+const REDIS_HEADING: &str = "Redis input (under --processes, the supervisor's)";
+
+/// The flags an instance is not given: those under the two headings above,
+/// as `--name`, each taking a value.
+fn supervisor_flags() -> Vec<String> {
+    Cli::command()
+        .get_arguments()
+        .filter(|arg| {
+            matches!(
+                arg.get_help_heading(),
+                Some(SUPERVISOR_HEADING | REDIS_HEADING)
+            )
+        })
+        .filter_map(|arg| arg.get_long().map(|long| format!("--{long}")))
+        .collect()
+}
 
 /// The command line without the supervisor's flags.
 fn instance_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
+    let flags = supervisor_flags();
     let mut out = Vec::new();
     let mut skip_value = false;
     for arg in args {
@@ -733,9 +695,9 @@ fn instance_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
             continue;
         }
         let text = arg.to_string_lossy();
-        if SUPERVISOR_FLAGS.contains(&&*text) {
+        if flags.iter().any(|flag| *flag == text) {
             skip_value = true;
-        } else if !SUPERVISOR_FLAGS
+        } else if !flags
             .iter()
             .any(|flag| text.starts_with(&format!("{flag}=")))
         {
@@ -807,6 +769,30 @@ mod tests {
             .map(OsString::from)
             .collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn the_supervisor_flags_are_those_under_its_headings_and_each_takes_a_value() {
+        let mut flags = supervisor_flags();
+        flags.sort();
+        assert_eq!(
+            flags,
+            [
+                "--instance-backlog",
+                "--instance-stall-timeout",
+                "--on-instance-exit",
+                "--processes",
+                "--redis",
+                "--redis-channel",
+                "--total-connections"
+            ]
+        );
+        let command = Cli::command();
+        for arg in command.get_arguments() {
+            if flags.contains(&format!("--{}", arg.get_long().unwrap_or_default())) {
+                assert!(arg.get_action().takes_values(), "{:?}", arg.get_long());
+            }
+        }
     }
 
     #[test]

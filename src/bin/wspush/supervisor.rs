@@ -81,8 +81,9 @@ const SIGNALS: Token = Token(usize::MAX);
 /// output's writer has room again.
 const WAKE: Token = Token(usize::MAX - 1);
 
-/// What the supervisor does when an instance exits unasked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the supervisor does when an instance exits unasked
+/// (`--on-instance-exit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OnExit {
     /// Start it again (with backoff; a crash loop stops everything).
     Restart,
