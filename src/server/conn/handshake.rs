@@ -2,7 +2,8 @@
 //! answered with 101 or an HTTP error, or handed to the loop to answer
 //! (`/healthz`, `/metrics`, the demo page: see [`Verdict::Serve`]).
 
-use super::{CloseReason, Conn, Ctx, DeflateUse, Outgoing, Phase, Verdict};
+use super::output::{Message, Outgoing, Transport};
+use super::{CloseReason, Conn, Ctx, DeflateUse, Phase, Verdict};
 use crate::ops::metrics::Metrics;
 use crate::protocol::http::{
     self, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
@@ -12,7 +13,7 @@ use crate::protocol::query::{self, Limits, Resume};
 use crate::protocol::target::RequestTarget;
 use crate::protocol::ws::header::MAX_HEADER_LEN;
 use crate::protocol::ws::Decoder;
-use crate::protocol::ws::{FrameHeader, OpCode};
+use crate::protocol::ws::OpCode;
 use crate::server::heartbeat::Liveness;
 use crate::server::history::{Filter, Replay};
 use crate::server::key::ConnKey;
@@ -53,8 +54,9 @@ impl Conn {
                     &mut response,
                 );
                 self.phase = Phase::Open(Decoder::default());
-                self.deflate = DeflateUse::of(upgrade.deflate.as_ref());
-                if self.deflate != DeflateUse::Off {
+                let deflate = DeflateUse::of(upgrade.deflate.as_ref());
+                self.transport = Transport::WebSocket(deflate);
+                if deflate != DeflateUse::Off {
                     Metrics::incr(&ctx.metrics.connections_deflate);
                 }
                 self.out.set_next_batch(ctx.next_batch);
@@ -169,9 +171,9 @@ impl Conn {
         }
         let message = status.message();
         let mut frame = [0u8; MAX_HEADER_LEN];
-        let header = FrameHeader::server(OpCode::Text, message.len() as u64);
-        let len = header.encode(&mut frame);
-        [&frame[..len], message.as_bytes()].concat()
+        let message = Message::plain(OpCode::Text, message.as_bytes());
+        let len = self.transport.head(message, &mut frame);
+        [&frame[..len], message.payload].concat()
     }
 
     /// Answers with an HTTP error and lingers until the client goes.

@@ -1,0 +1,121 @@
+//! The close stage: how a connection ends. The server's close (a close
+//! frame, then waiting for the client's), a protocol error's (a close with
+//! its code, then lingering), the client's end of the TCP connection, and
+//! the end itself, once the loop has taken the connection out of the slab:
+//! its resources given back and the close counted.
+
+use super::output::{Message, Outgoing};
+use super::{CloseReason, Conn, Ctx, DeflateUse, Phase, Verdict};
+use crate::ops::metrics::Metrics;
+use crate::protocol::ws::{CloseCode, OpCode, ProtocolError};
+use crate::server::key::ConnKey;
+
+impl Conn {
+    /// Ends the connection (the loop has taken it out of the slab): clears
+    /// its deadline, takes it out of the routes, returns its buffers to
+    /// the pool, uncounts its queued output (counting the frames
+    /// discarded), counts the close by `reason` and takes it off its
+    /// gauge. The socket closes as it drops.
+    pub fn close(mut self, key: ConnKey, reason: CloseReason, ctx: &mut Ctx<'_>) {
+        let metrics = ctx.metrics;
+        self.deadline.clear(ctx.timers);
+        if self.is_websocket() {
+            ctx.routes.leave(key.slot(), self.target.id());
+            if let Some(upstream) = ctx.upstream.as_deref_mut() {
+                let conn = self.conn_ref(key, ctx.config.instance);
+                upstream.closed(conn, self.target.id(), reason.code());
+            }
+        }
+        self.discard_output(true, ctx.tally);
+        if let Some(input) = self.input.take() {
+            ctx.pool.give_back(input);
+        }
+        self.drop_message(key, ctx);
+        Metrics::incr(reason.counter(metrics));
+        Metrics::decr(if self.is_websocket() {
+            &metrics.connections_open
+        } else {
+            &metrics.connections_http
+        });
+        if self.transport.deflate() != DeflateUse::Off {
+            Metrics::decr(&metrics.connections_deflate);
+        }
+        log::debug!("connection {key} closed: {reason:?}");
+    }
+
+    /// Starts a server-initiated close: sends a close frame after whatever
+    /// is queued, then waits (bounded by the close timeout) for the
+    /// client's close.
+    pub fn begin_close(
+        &mut self,
+        key: ConnKey,
+        code: CloseCode,
+        why: &str,
+        reason: CloseReason,
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
+        let Phase::Open(decoder) = self.phase else {
+            return Verdict::Keep;
+        };
+        self.phase = Phase::CloseSent { decoder, reason };
+        self.arm(key, ctx.config.close_timeout, ctx);
+        self.send_close(code, why, ctx)
+    }
+
+    /// Fails the connection: a close frame with the error's code, then linger.
+    pub(super) fn fail(
+        &mut self,
+        key: ConnKey,
+        error: ProtocolError,
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
+        log::debug!("protocol error from {}: {error:?}", self.target());
+        let code = error.close_code();
+        let already_closing = !self.is_open();
+        self.linger(key, CloseReason::Failed(code), ctx);
+        if already_closing {
+            return Verdict::after(self.send(Outgoing::Queued, ctx));
+        }
+        self.send_close(code, error.reason(), ctx)
+    }
+
+    /// Enters the lingering phase with its deadline; drops a half-built message.
+    pub(super) fn linger(&mut self, key: ConnKey, reason: CloseReason, ctx: &mut Ctx<'_>) {
+        self.drop_message(key, ctx);
+        self.phase = Phase::Lingering {
+            reason,
+            write_shut: false,
+            upgraded: self.is_websocket(),
+        };
+        self.arm(key, ctx.config.close_timeout, ctx);
+    }
+
+    pub(super) fn send_close(&mut self, code: CloseCode, why: &str, ctx: &mut Ctx<'_>) -> Verdict {
+        let mut payload = [0u8; 2 + 123];
+        payload[..2].copy_from_slice(&code.0.to_be_bytes());
+        let why = &why.as_bytes()[..why.len().min(123)];
+        payload[2..2 + why.len()].copy_from_slice(why);
+        let payload = &payload[..2 + why.len()];
+        let close = Outgoing::Frame(Message::plain(OpCode::Close, payload));
+        Verdict::after(self.send(close, ctx))
+    }
+
+    /// Gives back the buffer of a message being assembled, if any.
+    pub(super) fn drop_message(&mut self, key: ConnKey, ctx: &mut Ctx<'_>) {
+        if std::mem::take(&mut self.assembling) {
+            if let Some(message) = ctx.messages.remove(&key) {
+                ctx.pool.give_back(message);
+            }
+        }
+    }
+
+    /// The client closed its side.
+    pub(super) fn on_eof(&mut self) -> Verdict {
+        match self.phase {
+            Phase::Lingering { reason, .. } | Phase::CloseSent { reason, .. } => {
+                Verdict::Close(reason)
+            }
+            Phase::Handshake(_) | Phase::Open(_) => Verdict::Close(CloseReason::Abnormal),
+        }
+    }
+}

@@ -1,0 +1,552 @@
+//! One client connection: a state machine over its phases, driven by
+//! readiness events, broadcasts and its deadline. Every handler returns a
+//! [`Verdict`] that the loop acts on in one place, and every byte the
+//! connection writes goes through one output path, `Conn::send`, which
+//! answers with one [`Sent`].
+//!
+//! ```text
+//! Handshake ──101──▶ Open ──server closes (1001/1008)──▶ CloseSent
+//!     │               │                                     │
+//!     │ 4xx, or a     │ client close / protocol error       │ client close
+//!     │ /healthz,     │                                     │
+//!     │ /metrics or demo page answer                        │
+//!     ▼               ▼                                     ▼
+//!   Lingering: flush what is queued, half-close (FIN), read until EOF ──▶ closed
+//! ```
+//!
+//! The module is cut by stage: this file holds the connection, its phases,
+//! its deadlines and heartbeat visits; `handshake` the request and its
+//! answer; `input` what is read (frames decoded, messages inflated, then
+//! upstream, echoed or answered); `output` what is written (the send path,
+//! its transport, delivery visits); `close` how a connection ends.
+
+use std::time::{Duration, Instant};
+
+use mio::net::TcpStream;
+
+use crate::config::Config;
+use crate::ops::metrics::{Metrics, Tally};
+use crate::protocol::commands::ConnRef;
+use crate::protocol::deflate::{Agreed, MAX_WINDOW_BITS};
+use crate::protocol::http::{Endpoint, Endpoints};
+use crate::protocol::target::RequestTarget;
+use crate::protocol::ws::inflate::Inflater;
+use crate::protocol::ws::{CloseCode, Decoder};
+use crate::server::fanout::Seq;
+use crate::server::frames::SharedFrames;
+use crate::server::heartbeat::{Liveness, Visit};
+use crate::server::history::{History, Replay};
+use crate::server::key::ConnKey;
+use crate::server::output::{OutQueue, Sent};
+use crate::server::owed::Unfinished;
+use crate::server::pool::{BufferPool, PooledBuf};
+use crate::server::routes::Routes;
+use crate::server::targeted::WalkMark;
+use crate::server::timer::{Deadline, Tick, TimerWheel};
+use crate::server::upstream::Outbox;
+
+mod close;
+mod handshake;
+mod input;
+mod output;
+#[cfg(test)]
+mod rig;
+
+use output::{Outgoing, Transport};
+
+/// Why a connection ended; each reason has its own counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The close handshake completed; the client's code (1005: it gave none).
+    Normal(CloseCode),
+    /// The server failed the connection with this code (1002, 1007, 1009).
+    Failed(CloseCode),
+    /// The output queue went over its limit (1008).
+    SlowConsumer,
+    /// Nothing was heard from the client for the idle timeout (1001).
+    IdleTimeout,
+    /// The upgrade request did not arrive in time.
+    HandshakeTimeout,
+    /// The upgrade request was refused with an HTTP error.
+    Rejected,
+    /// A plain HTTP request (`/healthz`, `/metrics`, the demo page) was answered.
+    Http,
+    /// The server is shutting down (1001).
+    Shutdown,
+    /// A publisher closed it (`close`, or `Handle::close`) with this code.
+    Publisher(CloseCode),
+    /// The TCP connection ended without a close handshake.
+    Abnormal,
+}
+
+impl CloseReason {
+    /// The counter this reason is recorded in.
+    pub fn counter(self, metrics: &Metrics) -> &std::sync::atomic::AtomicU64 {
+        match self {
+            CloseReason::Normal(_) => &metrics.closed_normal,
+            CloseReason::Failed(CloseCode::INVALID_PAYLOAD) => &metrics.closed_invalid_payload,
+            CloseReason::Failed(CloseCode::MESSAGE_TOO_BIG) => &metrics.closed_message_too_big,
+            CloseReason::Failed(_) => &metrics.closed_protocol_error,
+            CloseReason::SlowConsumer => &metrics.closed_slow_consumer,
+            CloseReason::IdleTimeout => &metrics.closed_idle_timeout,
+            CloseReason::Http => &metrics.closed_http,
+            CloseReason::HandshakeTimeout => &metrics.closed_handshake_timeout,
+            CloseReason::Rejected => &metrics.closed_rejected,
+            CloseReason::Shutdown => &metrics.closed_shutdown,
+            CloseReason::Publisher(_) => &metrics.closed_publisher,
+            CloseReason::Abnormal => &metrics.closed_abnormal,
+        }
+    }
+}
+
+impl CloseReason {
+    /// The close code a WebSocket connection ended with, as upstream
+    /// `close` lines give it: the one sent or received, 1006 when the
+    /// connection just ended.
+    pub fn code(self) -> CloseCode {
+        match self {
+            CloseReason::Normal(code)
+            | CloseReason::Failed(code)
+            | CloseReason::Publisher(code) => code,
+            CloseReason::SlowConsumer => CloseCode::POLICY_VIOLATION,
+            CloseReason::IdleTimeout | CloseReason::Shutdown => CloseCode::GOING_AWAY,
+            CloseReason::HandshakeTimeout
+            | CloseReason::Rejected
+            | CloseReason::Http
+            | CloseReason::Abnormal => CloseCode(1006),
+        }
+    }
+}
+
+/// What the loop must do with a connection after a handler ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Keep it; wait for its next event.
+    Keep,
+    /// Keep it, and run its read handler again soon: it used its read
+    /// budget with more input waiting.
+    ReadAgain,
+    /// It asked for this plain HTTP endpoint and is lingering: the loop,
+    /// which holds what the answer reports, renders it and hands it to
+    /// [`Conn::respond`].
+    Serve(Endpoint),
+    /// Keep it, and read it again once the upstream reader has caught up
+    /// (reading clients is paused until then).
+    AwaitUpstream,
+    /// Drop the TCP connection now.
+    Close(CloseReason),
+}
+
+impl Verdict {
+    /// The verdict after a send: close if the socket failed, else keep.
+    fn after(sent: Result<Sent, CloseReason>) -> Verdict {
+        match sent {
+            Ok(_) => Verdict::Keep,
+            Err(reason) => Verdict::Close(reason),
+        }
+    }
+}
+
+/// The phases of a connection, each with only its own data.
+#[derive(Debug)]
+enum Phase {
+    /// Reading the HTTP request; what it may ask for depends on the listener.
+    Handshake(Endpoints),
+    /// Upgraded: frames flow both ways.
+    Open(Decoder),
+    /// The server sent a close frame; client frames are read (data
+    /// discarded) until the client's close arrives.
+    CloseSent {
+        decoder: Decoder,
+        reason: CloseReason,
+    },
+    /// Nothing more will be queued: flush, half-close, then discard input
+    /// until the client closes too or the deadline passes.
+    Lingering {
+        reason: CloseReason,
+        write_shut: bool,
+        /// It was a WebSocket connection (it is counted as one until it
+        /// closes), not a plain HTTP request.
+        upgraded: bool,
+    },
+}
+
+/// What permessage-deflate gives a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeflateUse {
+    /// Not negotiated.
+    Off,
+    /// Negotiated with a window under 32 KiB (`server_max_window_bits`):
+    /// its compressed messages are inflated, but what it is sent goes
+    /// plain, since the loop compresses with a 32 KiB window.
+    Inflate,
+    /// Negotiated: it inflates, and gets compressed broadcasts and echoes.
+    Full,
+}
+
+impl DeflateUse {
+    /// What `agreed` gives.
+    pub fn of(agreed: Option<&Agreed>) -> DeflateUse {
+        match agreed {
+            None => DeflateUse::Off,
+            Some(a) if a.server_window_bits < MAX_WINDOW_BITS => DeflateUse::Inflate,
+            Some(_) => DeflateUse::Full,
+        }
+    }
+}
+
+/// The loop's permessage-deflate work space, its buffers' capacity kept
+/// between messages (each at most about `--max-message-bytes`): the
+/// input stage inflates with it, the output stage compresses echoes.
+#[derive(Debug, Default)]
+pub struct DeflateScratch {
+    /// The one inflater of compressed client messages.
+    inflater: Inflater,
+    /// Where a compressed client message is inflated.
+    inflated: Vec<u8>,
+    /// Where an echo is compressed.
+    compressed: Vec<u8>,
+}
+
+/// Messages being assembled from several pieces, by connection.
+pub type Assemblies = std::collections::HashMap<ConnKey, PooledBuf>;
+
+/// The loop-owned resources a handler may use.
+pub struct Ctx<'a> {
+    /// Limits and modes.
+    pub config: &'a Config,
+    /// Where partial input and echo messages are buffered.
+    pub pool: &'a mut BufferPool,
+    /// Deadlines.
+    pub timers: &'a mut TimerWheel,
+    /// Counters.
+    pub metrics: &'a Metrics,
+    /// Counts gathered during this loop iteration.
+    pub tally: &'a mut Tally,
+    /// Frames of a connection's own that answer what one read brought
+    /// (echoes, pongs), gathered to go out in one `write()` once the read
+    /// is processed: a read holding many messages costs one system call,
+    /// not one per message. Empty between reads; its capacity is the
+    /// loop's, allocated once.
+    pub replies: &'a mut Vec<u8>,
+    /// Client ids and channel subscriptions.
+    pub routes: &'a mut Routes,
+    /// Where client messages go, when they go upstream.
+    pub upstream: Option<&'a mut Outbox>,
+    /// The loop's permessage-deflate work space.
+    pub deflate: &'a mut DeflateScratch,
+    /// The messages being assembled from several pieces (echoed, sent
+    /// upstream or inflated), by connection: few connections have one, so
+    /// the buffer is not in every connection's slot.
+    pub messages: &'a mut Assemblies,
+    /// The frames a delivery visit gathers for one connection, as
+    /// references. Empty between visits; its capacity is kept.
+    pub gathered: &'a mut Vec<SharedFrames>,
+    /// The time this loop iteration started.
+    pub now: Instant,
+    /// The broadcast batch the loop frames next: where a connection that
+    /// upgrades now starts.
+    pub next_batch: Seq,
+    /// The positions given out and the history kept.
+    pub history: &'a History,
+    /// Replays asked for by connections that upgraded, for the loop to
+    /// address to them.
+    pub replays: &'a mut Vec<(ConnKey, Replay)>,
+    /// What a delivery visit left of the connection's items, if it could
+    /// not give them all (a replay larger than its queue has room for).
+    pub unfinished: &'a mut Option<Unfinished>,
+}
+
+/// One client connection.
+#[derive(Debug)]
+pub struct Conn {
+    stream: TcpStream,
+    phase: Phase,
+    out: OutQueue,
+    /// Received bytes not consumed yet (a partial request head or frame).
+    input: Option<PooledBuf>,
+    /// When the current phase times out, if it can.
+    deadline: Deadline,
+    /// The socket is registered for writability (output is pending).
+    writable_interest: bool,
+    /// Reading stopped because output backed up (echo backpressure).
+    read_paused: bool,
+    /// A message is being assembled from several pieces in the loop's
+    /// [`Ctx::messages`].
+    assembling: bool,
+    /// Heartbeat state while open (two bytes that fit in padding).
+    liveness: Liveness,
+    /// How its messages go on the wire (with what permessage-deflate,
+    /// negotiated at the upgrade, gives it).
+    transport: Transport,
+    /// It asked for positions: it gets each message as its position, a
+    /// space and the payload.
+    positions: bool,
+    /// The walk its targeted items wait for, if any (see `targeted`).
+    walk: WalkMark,
+    /// Its serial: which connection of those that held its slot it is.
+    serial: u32,
+    target: RequestTarget,
+}
+
+impl Conn {
+    /// A freshly accepted connection, waiting for its request; `endpoints`
+    /// says what the listener it came from serves. It has no deadline
+    /// until [`Conn::on_accepted`] finds the request incomplete.
+    pub fn accepted(stream: TcpStream, endpoints: Endpoints, serial: u32) -> Conn {
+        Conn {
+            stream,
+            phase: Phase::Handshake(endpoints),
+            out: OutQueue::default(),
+            input: None,
+            deadline: Deadline::default(),
+            writable_interest: false,
+            read_paused: false,
+            assembling: false,
+            liveness: Liveness::default(),
+            transport: Transport::WebSocket(DeflateUse::Off),
+            positions: false,
+            walk: None,
+            serial,
+            target: RequestTarget::default(),
+        }
+    }
+
+    /// The first read, right after the socket was accepted and registered:
+    /// the request usually came with the connection (the listener defers
+    /// accepting until data arrives), and only a connection still waiting
+    /// for it gets the handshake deadline, so most never touch the timer
+    /// wheel. A short read ends it, as after an edge: whatever arrives
+    /// after the registration raises an event.
+    pub fn on_accepted(&mut self, key: ConnKey, scratch: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
+        let verdict = self.on_readable(key, true, scratch, ctx);
+        let waiting = matches!(self.phase, Phase::Handshake(_));
+        if waiting && !matches!(verdict, Verdict::Close(_)) {
+            self.arm(key, ctx.config.handshake_timeout, ctx);
+        }
+        verdict
+    }
+
+    /// The socket, for (re)registration.
+    pub fn stream_mut(&mut self) -> &mut TcpStream {
+        &mut self.stream
+    }
+
+    /// The request target (path and query) of the upgrade request; empty
+    /// until the handshake completes.
+    pub fn target(&self) -> &str {
+        self.target.as_str()
+    }
+
+    /// Its client id, if it has one.
+    pub fn id(&self) -> Option<&str> {
+        self.target.id()
+    }
+
+    /// Whether the connection is upgraded and not closing.
+    pub fn is_open(&self) -> bool {
+        matches!(self.phase, Phase::Open(_))
+    }
+
+    /// Whether the connection was upgraded (open or closing): it is a
+    /// WebSocket connection, counted as such until it is closed.
+    pub fn is_websocket(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Open(_) | Phase::CloseSent { .. } | Phase::Lingering { upgraded: true, .. }
+        )
+    }
+
+    /// The first broadcast batch it has not had yet, if it is open.
+    pub fn next_batch(&self) -> Option<Seq> {
+        self.is_open().then(|| self.out.next_batch())
+    }
+
+    /// Its serial (see [`Serials`](crate::server::key::Serials)).
+    pub fn serial(&self) -> u32 {
+        self.serial
+    }
+
+    /// Its key as `conn` commands and upstream lines give it.
+    pub fn conn_ref(&self, key: ConnKey, instance: u32) -> ConnRef {
+        ConnRef {
+            instance,
+            slot: key.slot(),
+            serial: self.serial,
+        }
+    }
+
+    /// Output bytes queued, not yet taken by the socket.
+    pub fn queued_bytes(&self) -> usize {
+        self.out.queued_bytes()
+    }
+
+    /// The walk its targeted items wait for, if any.
+    pub fn walk_mark(&self) -> WalkMark {
+        self.walk
+    }
+
+    /// Marks it as waiting for a walk (or for none).
+    pub fn mark_walk(&mut self, mark: WalkMark) {
+        self.walk = mark;
+    }
+
+    /// Whether `tick` is this connection's current deadline (timer entries
+    /// for deadlines that were re-armed or cleared are stale).
+    pub fn is_due(&self, tick: Tick) -> bool {
+        self.deadline.is(tick)
+    }
+
+    /// The connection's deadline passed.
+    pub fn on_deadline(&mut self, timers: &mut TimerWheel) -> Verdict {
+        self.deadline.clear(timers);
+        match self.phase {
+            Phase::Handshake(_) => Verdict::Close(CloseReason::HandshakeTimeout),
+            Phase::CloseSent { reason, .. } | Phase::Lingering { reason, .. } => {
+                Verdict::Close(reason)
+            }
+            Phase::Open(_) => Verdict::Keep,
+        }
+    }
+
+    /// A heartbeat visit (see [`Liveness::visit`]): a connection silent
+    /// too long is closed with 1001, others get the shared ping unless
+    /// their queue has no room for it (they are behind already; the
+    /// silence count runs on).
+    ///
+    /// Silence is judged by what the loop has read, and a loaded loop can
+    /// be behind its readiness events (one poll hands over at most 1,024):
+    /// so before closing, the socket is read, and a client whose pong was
+    /// waiting there is kept.
+    pub fn on_heartbeat(
+        &mut self,
+        key: ConnKey,
+        ping: &SharedFrames,
+        close_after: u16,
+        scratch: &mut [u8],
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
+        if !self.is_open() {
+            return Verdict::Keep;
+        }
+        let mut visit = self.liveness.visit(close_after);
+        if visit == Visit::Close {
+            let verdict = self.on_readable(key, false, scratch, ctx);
+            if verdict != Verdict::Keep || !self.is_open() {
+                return verdict;
+            }
+            if self.liveness.heard_since_visit() {
+                visit = self.liveness.visit(close_after);
+            }
+        }
+        match visit {
+            Visit::Skip => return Verdict::Keep,
+            Visit::Ping => {}
+            Visit::Close => {
+                log::debug!("connection {key} idle: closing");
+                return self.begin_close(
+                    key,
+                    CloseCode::GOING_AWAY,
+                    "idle timeout",
+                    CloseReason::IdleTimeout,
+                    ctx,
+                );
+            }
+        }
+        match self.send(Outgoing::Shared(std::slice::from_ref(ping)), ctx) {
+            Err(reason) => Verdict::Close(reason),
+            Ok(Sent::Dropped { .. }) => Verdict::Keep,
+            Ok(Sent::Written | Sent::Queued) => {
+                Metrics::incr(&ctx.metrics.pings_sent);
+                Verdict::Keep
+            }
+        }
+    }
+
+    fn arm(&mut self, key: ConnKey, after: Duration, ctx: &mut Ctx<'_>) {
+        let tick = ctx.timers.tick_at(ctx.now + after);
+        self.deadline.arm(ctx.timers, key, tick);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rig::{Rig, REQUEST};
+    use super::*;
+    use std::io::{Read, Write};
+
+    #[test]
+    fn only_a_connection_still_waiting_for_its_request_gets_a_deadline() {
+        let mut rig = Rig::accepted();
+        rig.client.write_all(&REQUEST[..20]).unwrap();
+        let verdict = rig.drive(|conn, scratch, ctx| conn.on_accepted(ConnKey(0), scratch, ctx));
+        assert_eq!(verdict, Verdict::Keep);
+        assert!(!rig.conn.is_open());
+        assert!(rig.timers.next_at().is_some());
+
+        let mut rig = Rig::accepted();
+        rig.client.write_all(REQUEST).unwrap();
+        let give_up = Instant::now() + Duration::from_secs(5);
+        while rig.conn.stream.peek(&mut [0]).is_err() {
+            // Until the request is there, as at accept.
+            assert!(Instant::now() < give_up, "the request never arrived");
+            std::thread::yield_now();
+        }
+        let verdict = rig.drive(|conn, scratch, ctx| conn.on_accepted(ConnKey(0), scratch, ctx));
+        assert_eq!(verdict, Verdict::Keep);
+        assert!(rig.conn.is_open());
+        assert_eq!(rig.timers.next_at(), None);
+    }
+
+    #[test]
+    fn a_pong_the_loop_has_not_read_yet_keeps_the_connection() {
+        let mut rig = Rig::upgraded();
+        assert_eq!(rig.visit(), Verdict::Keep, "first visit: skipped");
+        assert_eq!(rig.visit(), Verdict::Keep, "second: pinged");
+        assert_eq!(rig.client_frame_start(), [0x89, 0x00]);
+        // The client answers, but the loop is behind and has not read it
+        // when the third visit comes.
+        rig.client.write_all(&[0x8A, 0x80, 1, 2, 3, 4]).unwrap();
+        rig.wait_until_readable(6);
+        assert_eq!(rig.visit(), Verdict::Keep);
+        assert!(rig.conn.is_open(), "closed although its pong had arrived");
+        assert_eq!(
+            rig.client_frame_start(),
+            [0x89, 0x00],
+            "pinged again instead"
+        );
+    }
+
+    #[test]
+    fn a_client_silent_for_the_idle_timeout_is_closed_with_1001() {
+        let mut rig = Rig::upgraded();
+        for _ in 0..2 {
+            assert_eq!(rig.visit(), Verdict::Keep);
+        }
+        assert_eq!(rig.client_frame_start(), [0x89, 0x00]);
+        rig.visit();
+        assert!(!rig.conn.is_open());
+        assert_eq!(rig.client_frame_start(), [0x88, 2 + 12]);
+        let mut payload = [0u8; 14];
+        rig.client.read_exact(&mut payload).unwrap();
+        assert_eq!(&payload, b"\x03\xe9idle timeout");
+    }
+
+    /// The per-connection budget: a slab slot is at most 104 bytes, all
+    /// an idle connection costs in user space (its serial included; an
+    /// id or a channel adds a record in the routes). mio's `TcpStream` is
+    /// 4 bytes in a release build; a debug build's carries a selector id
+    /// besides (16 bytes with padding), which the budget allows for.
+    #[test]
+    fn connection_state_is_small() {
+        use std::mem::size_of;
+        let socket_extra = size_of::<TcpStream>() - 4;
+        let budget = (104 + socket_extra).next_multiple_of(8);
+        assert!(
+            size_of::<Conn>() <= budget,
+            "a slot of {} bytes, over {budget}",
+            size_of::<Conn>()
+        );
+        assert!(size_of::<Phase>() <= 28 && size_of::<OutQueue>() <= 24);
+    }
+}

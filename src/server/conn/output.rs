@@ -1,0 +1,594 @@
+//! The output stage: what a connection writes. Every byte goes through
+//! one function, `Conn::send`, whatever it is (a reply gathered during a
+//! read, a frame of its own, an HTTP answer, the shared frames a delivery
+//! visit gives it, or what is queued once the socket is writable), in one
+//! `write`/`writev` per call, and answers with one [`Sent`]. How a message
+//! is put on the wire (framing, compression) is the connection's
+//! [`Transport`], a parameter of that path.
+
+use std::net::Shutdown;
+
+use super::{CloseReason, Conn, Ctx, DeflateUse, Phase, Verdict};
+use crate::config::{Config, SlowConsumerPolicy};
+use crate::ops::metrics::{Metrics, Tally};
+use crate::protocol::http::{self, MAX_RESPONSE_LEN};
+use crate::protocol::ws::compress::{deflate_into, Level};
+use crate::protocol::ws::header::MAX_HEADER_LEN;
+use crate::protocol::ws::{CloseCode, FrameHeader, OpCode};
+use crate::server::frames::SharedFrames;
+use crate::server::history::{seq_of, Replay};
+use crate::server::key::ConnKey;
+use crate::server::output::Sent;
+use crate::server::owed::{Item, Owed, Unfinished};
+
+/// How a connection's messages are put on the wire: the one part of the
+/// send path that depends on the protocol the connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Transport {
+    /// WebSocket frames (RFC 6455), with what permessage-deflate gives it.
+    WebSocket(DeflateUse),
+}
+
+impl Transport {
+    /// What permessage-deflate gives the connection.
+    pub(super) fn deflate(self) -> DeflateUse {
+        match self {
+            Transport::WebSocket(deflate) => deflate,
+        }
+    }
+
+    /// Whether it gets compressed frames (broadcasts, replays, echoes).
+    fn compressed(self) -> bool {
+        self.deflate() == DeflateUse::Full
+    }
+
+    /// Which of the shared `frames` it gets: compressed or plain, with
+    /// positions or without.
+    fn frames(self, frames: &SharedFrames, positions: bool) -> &SharedFrames {
+        frames.for_connection(self.compressed(), positions)
+    }
+
+    /// Whether a message of its own, `opcode` with `len` bytes, goes
+    /// compressed ([`Level::Single`]: it is for this connection alone): a
+    /// data message of `--deflate-min-bytes` or more, when it gets
+    /// compressed frames.
+    fn compresses(self, opcode: OpCode, len: usize, config: &Config) -> bool {
+        !opcode.is_control() && self.compressed() && len >= config.deflate_min_bytes
+    }
+
+    /// Encodes the head of `message` into `head`; returns its length.
+    pub(super) fn head(self, message: Message<'_>, head: &mut [u8; MAX_HEADER_LEN]) -> usize {
+        let len = message.payload.len() as u64;
+        match self {
+            Transport::WebSocket(_) => {
+                FrameHeader::server_message(message.opcode, len, message.compressed).encode(head)
+            }
+        }
+    }
+}
+
+/// A message of the connection's own, as it goes out.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Message<'a> {
+    /// What it is.
+    pub(super) opcode: OpCode,
+    /// Its payload (compressed if `compressed`).
+    pub(super) payload: &'a [u8],
+    /// The payload is compressed (permessage-deflate).
+    pub(super) compressed: bool,
+}
+
+impl<'a> Message<'a> {
+    /// A message of `opcode` with `payload`, not compressed.
+    pub(super) fn plain(opcode: OpCode, payload: &'a [u8]) -> Message<'a> {
+        Message {
+            opcode,
+            payload,
+            compressed: false,
+        }
+    }
+}
+
+/// Everything a connection writes, each through `Conn::send`.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Outgoing<'a> {
+    /// A message answering what the current read brought (a pong, an
+    /// echo): gathered with the others in [`Ctx::replies`], written once
+    /// the read is processed.
+    Reply(Message<'a>),
+    /// A message of its own that goes out now (a close).
+    Frame(Message<'a>),
+    /// An HTTP response: head and body.
+    Response(&'a [u8], &'a [u8]),
+    /// Broadcast batches or the ping, shared with other connections:
+    /// [`Sent::Dropped`] for those the queue has no room for.
+    Shared(&'a [SharedFrames]),
+    /// The gathered replies, at the end of a read.
+    Replies,
+    /// What is queued, now that the socket is writable.
+    Queued,
+}
+
+impl Conn {
+    /// The socket is writable: flush the queue; a drained queue may let
+    /// the connection half-close or resume reading.
+    pub fn on_writable(&mut self, key: ConnKey, scratch: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
+        match self.send(Outgoing::Queued, ctx) {
+            Err(reason) => Verdict::Close(reason),
+            Ok(Sent::Written) if self.read_paused => self.on_readable(key, false, scratch, ctx),
+            Ok(_) => Verdict::Keep,
+        }
+    }
+
+    /// Answers the endpoint it asked for (see [`Verdict::Serve`]) with
+    /// `200 OK` and `body`, then reads on, discarding, until the client
+    /// goes.
+    pub fn respond(
+        &mut self,
+        status: http::PageStatus,
+        content_type: &str,
+        body: &[u8],
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
+        debug_assert!(
+            matches!(
+                self.phase,
+                Phase::Lingering {
+                    reason: CloseReason::Http,
+                    ..
+                }
+            ),
+            "bug: only a plain HTTP request is answered with a body"
+        );
+        let mut head = [0u8; MAX_RESPONSE_LEN];
+        let len = http::write_page_head(status, content_type, body.len(), &mut head);
+        match self.send(Outgoing::Response(&head[..len], body), ctx) {
+            // Reading stopped at the request to let the loop answer it.
+            Ok(_) => Verdict::ReadAgain,
+            Err(reason) => Verdict::Close(reason),
+        }
+    }
+
+    /// Returns `Some(want)` when the writable interest must change to `want`.
+    pub fn interest_change(&mut self) -> Option<bool> {
+        let want = !self.out.is_empty();
+        (want != self.writable_interest).then(|| {
+            self.writable_interest = want;
+            want
+        })
+    }
+
+    /// A delivery visit (see `delivery`): writes what this connection is
+    /// owed, in order, with one `writev`: the stream's batches it has not
+    /// had, each of its own items after the batches framed before it, and
+    /// the batches after them up to `owed.up_to`. A close among its items
+    /// goes out after what precedes it, and the rest is not sent. Counts
+    /// what became of the messages: delivered, or missed.
+    pub fn deliver(&mut self, key: ConnKey, owed: Owed<'_>, ctx: &mut Ctx<'_>) -> Verdict {
+        if !self.is_open() {
+            return Verdict::Keep;
+        }
+        let transport = self.transport;
+        let positions = self.positions;
+        let mut gathered = std::mem::take(ctx.gathered);
+        // After a replay, what it gave (up to `skip`) is not given again.
+        let mut skip = None;
+        let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames], skip| {
+            let frames = frames.iter().map(|f| transport.frames(f, positions));
+            match skip {
+                None => gathered.extend(frames.cloned()),
+                Some(through) => gathered.extend(frames.filter_map(|f| after_position(f, through))),
+            }
+        };
+        let mut cursor = self.out.next_batch();
+        let mut close = None;
+        for (at, item) in owed.items.iter().map(|a| &a.item).enumerate() {
+            gather(
+                &mut gathered,
+                owed.stream.between(cursor, item.after()),
+                skip,
+            );
+            cursor = item.after();
+            match item {
+                Item::Frames { frames, .. } => {
+                    gather(&mut gathered, std::slice::from_ref(frames), skip)
+                }
+                Item::Close { code, reason, .. } => {
+                    close = Some((*code, reason));
+                    break;
+                }
+                Item::Replay { after, replay } => {
+                    let pending: usize = gathered.iter().map(|f| f.bytes().len()).sum();
+                    let used = self.out.queued_bytes() + pending;
+                    let room = ctx.config.max_queued_bytes.saturating_sub(used);
+                    let progress =
+                        ctx.history
+                            .gather(replay, transport.compressed(), room, &mut gathered);
+                    if progress.overrun {
+                        Metrics::incr(&ctx.metrics.replay_overruns);
+                    }
+                    // Not all given yet, or the client is ahead of this
+                    // loop (it waits until the loop has framed as far).
+                    let framed = ctx.history.current().seq;
+                    let more = progress
+                        .more
+                        .or((replay.through > framed).then_some(framed));
+                    if let Some(from) = more {
+                        let replay = Replay {
+                            from: from.max(replay.from),
+                            ..replay.clone()
+                        };
+                        let item = Item::Replay {
+                            after: *after,
+                            replay,
+                        };
+                        *ctx.unfinished = Some(Unfinished { at, item });
+                        break;
+                    }
+                    skip = Some(replay.through);
+                }
+            }
+        }
+        if close.is_none() && ctx.unfinished.is_none() {
+            gather(&mut gathered, owed.stream.between(cursor, owed.up_to), skip);
+            cursor = owed.up_to;
+        }
+        self.out.set_next_batch(cursor);
+        let mut verdict = Verdict::Keep;
+        if !gathered.is_empty() {
+            verdict = self.deliver_frames(key, &gathered, ctx);
+            gathered.clear();
+        }
+        *ctx.gathered = gathered;
+        match close {
+            Some((code, reason)) if verdict == Verdict::Keep => {
+                self.begin_close(key, code, reason, CloseReason::Publisher(code), ctx)
+            }
+            _ => verdict,
+        }
+    }
+
+    /// [`Conn::deliver`] of the frames this connection gets.
+    fn deliver_frames(
+        &mut self,
+        key: ConnKey,
+        owed: &[SharedFrames],
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
+        let messages = |frames: &[SharedFrames]| frames.iter().map(|f| f.count() as u64).sum();
+        match self.send(Outgoing::Shared(owed), ctx) {
+            Err(reason) => return Verdict::Close(reason),
+            Ok(Sent::Written) => ctx.tally.broadcast_deliveries += messages(owed),
+            Ok(Sent::Queued) => {
+                ctx.tally.broadcast_deliveries += messages(owed);
+                ctx.tally.write_would_block += 1;
+            }
+            Ok(Sent::Dropped { kept }) => {
+                let (taken, missed) = owed.split_at(kept);
+                ctx.tally.broadcast_deliveries += messages(taken);
+                ctx.tally.slow_consumer_drops += messages(missed);
+                ctx.tally.write_would_block += 1;
+                return self.on_slow_consumer(key, messages(missed), ctx);
+            }
+        }
+        Verdict::Keep
+    }
+
+    /// Broadcasts found its queue full: under policy `drop` it misses
+    /// them; under `close` its output not started yet is discarded and it
+    /// is closed with 1008.
+    fn on_slow_consumer(&mut self, key: ConnKey, missed: u64, ctx: &mut Ctx<'_>) -> Verdict {
+        match ctx.config.slow_consumer {
+            SlowConsumerPolicy::Drop => {
+                log::debug!(
+                    "slow consumer {key}: {} bytes queued, {missed} broadcasts dropped for it",
+                    self.out.queued_bytes(),
+                );
+                Verdict::Keep
+            }
+            SlowConsumerPolicy::Close => {
+                let dropped = self.discard_output(false, ctx.tally);
+                log::debug!(
+                    "slow consumer {key}: {} bytes queued, {dropped} frames dropped, closing",
+                    self.out.queued_bytes()
+                );
+                self.begin_close(
+                    key,
+                    CloseCode::POLICY_VIOLATION,
+                    "slow consumer",
+                    CloseReason::SlowConsumer,
+                    ctx,
+                )
+            }
+        }
+    }
+
+    /// Answers what the current read brought with a message (a pong, an
+    /// echo), gathered with the read's other replies; compressed when the
+    /// transport says so.
+    pub(super) fn reply(&mut self, opcode: OpCode, payload: &[u8], ctx: &mut Ctx<'_>) -> Verdict {
+        if !self.transport.compresses(opcode, payload.len(), ctx.config) {
+            let reply = Outgoing::Reply(Message::plain(opcode, payload));
+            return Verdict::after(self.send(reply, ctx));
+        }
+        let mut compressed = std::mem::take(&mut ctx.deflate.compressed);
+        deflate_into(payload, Level::Single, &mut compressed);
+        let message = Message {
+            opcode,
+            payload: &compressed,
+            compressed: true,
+        };
+        let verdict = Verdict::after(self.send(Outgoing::Reply(message), ctx));
+        ctx.deflate.compressed = compressed;
+        verdict
+    }
+
+    /// The connection's one output path: writes `out` after whatever was
+    /// gathered and queued before it (so replies to a read go out before
+    /// any frame that follows them, in the same `writev`), counts what it
+    /// wrote and queued, and, lingering with nothing left to write,
+    /// half-closes. A failed socket is `Err` with the reason to close.
+    pub(super) fn send(
+        &mut self,
+        out: Outgoing<'_>,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<Sent, CloseReason> {
+        let mut header = [0u8; MAX_HEADER_LEN];
+        if let Outgoing::Reply(message) = out {
+            let len = self.transport.head(message, &mut header);
+            if let Some(sent) = self.gather(&[&header[..len], message.payload], ctx)? {
+                return Ok(sent);
+            }
+        }
+        let replies: &[u8] = ctx.replies;
+        if matches!(out, Outgoing::Replies) && replies.is_empty() {
+            // Nothing written, nothing to half-close after: a connection
+            // that just asked for an endpoint lingers until the loop has
+            // handed it the answer (`Verdict::Serve`).
+            return Ok(Sent::taken(&self.out));
+        }
+        let before = self.out.queued_bytes();
+        let (sent, offered, frames) = match out {
+            Outgoing::Reply(message) | Outgoing::Frame(message) => {
+                let len = self.transport.head(message, &mut header);
+                let parts = [replies, &header[..len], message.payload];
+                let sent = self.out.send_private(&parts, &mut self.stream);
+                (sent, total_len(&parts), 1)
+            }
+            Outgoing::Response(head, body) => {
+                let parts = [replies, head, body];
+                let sent = self.out.send_private(&parts, &mut self.stream);
+                (sent, total_len(&parts), 0)
+            }
+            Outgoing::Replies => {
+                let sent = self.out.send_private(&[replies], &mut self.stream);
+                (sent, replies.len(), 0)
+            }
+            Outgoing::Shared(shared) => {
+                let limit = ctx.config.max_queued_bytes;
+                let sent = self
+                    .write_ahead(replies)
+                    .and_then(|()| self.out.send_shared(shared, limit, &mut self.stream));
+                let taken = match sent {
+                    Ok(Sent::Dropped { kept }) => &shared[..kept],
+                    _ => shared,
+                };
+                let offered = replies.len() + taken.iter().map(|f| f.bytes().len()).sum::<usize>();
+                let frames = taken.iter().map(SharedFrames::count).sum();
+                (sent, offered, frames)
+            }
+            Outgoing::Queued => {
+                let sent = self
+                    .write_ahead(replies)
+                    .and_then(|()| self.out.flush(&mut self.stream));
+                (sent, replies.len(), 0)
+            }
+        };
+        ctx.replies.clear();
+        let sent = sent.map_err(|e| {
+            log::debug!("write failed: {e}");
+            CloseReason::Abnormal
+        })?;
+        ctx.tally.frames_sent += frames as u64;
+        let after = self.out.queued_bytes();
+        ctx.tally.wrote(before + offered - after, before, after);
+        self.half_close_when_flushed()?;
+        Ok(sent)
+    }
+
+    /// Writes (or queues) the gathered replies ahead of what [`Conn::send`]
+    /// writes next with a call of its own.
+    fn write_ahead(&mut self, replies: &[u8]) -> std::io::Result<()> {
+        if !replies.is_empty() {
+            self.out.send_private(&[replies], &mut self.stream)?;
+        }
+        Ok(())
+    }
+
+    /// Adds a reply frame to the gathered replies, writing those first
+    /// when it does not fit behind them; `None` when it is larger than the
+    /// gathering buffer and must go out on its own, without the copy.
+    fn gather(&mut self, frame: &[&[u8]], ctx: &mut Ctx<'_>) -> Result<Option<Sent>, CloseReason> {
+        let len = total_len(frame);
+        if len > ctx.replies.capacity() - ctx.replies.len() {
+            self.send(Outgoing::Replies, ctx)?;
+        }
+        if len > ctx.replies.capacity() {
+            return Ok(None);
+        }
+        ctx.tally.frames_sent += 1;
+        frame
+            .iter()
+            .for_each(|part| ctx.replies.extend_from_slice(part));
+        Ok(Some(Sent::Queued))
+    }
+
+    /// Discards queued output, what is not started yet or (`all`: the
+    /// connection is going) everything, counting its frames as discarded;
+    /// returns how many.
+    pub(super) fn discard_output(&mut self, all: bool, tally: &mut Tally) -> usize {
+        let before = self.out.queued_bytes();
+        let dropped = if all {
+            std::mem::take(&mut self.out).queued_frames()
+        } else {
+            self.out.drop_unstarted()
+        };
+        tally.wrote(0, before, self.out.queued_bytes());
+        tally.frames_discarded += dropped as u64;
+        dropped
+    }
+
+    /// Lingering with everything written: send FIN (the server closes the
+    /// TCP connection first, RFC 6455 §7.1.1) and wait for the client's.
+    fn half_close_when_flushed(&mut self) -> Result<(), CloseReason> {
+        if let Phase::Lingering {
+            reason, write_shut, ..
+        } = &mut self.phase
+        {
+            if !*write_shut && self.out.is_empty() {
+                *write_shut = true;
+                if let Err(e) = self.stream.shutdown(Shutdown::Write) {
+                    log::debug!("shutdown failed: {e}");
+                    return Err(*reason);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The messages of positioned `frames` after position `through`: all of
+/// them, some (copied), or none.
+fn after_position(frames: &SharedFrames, through: u64) -> Option<SharedFrames> {
+    let positions = || frames.payloads().map(seq_of);
+    if positions().last()? <= through {
+        return None;
+    }
+    match positions().take_while(|&seq| seq <= through).count() {
+        0 => Some(frames.clone()),
+        given => Some(frames.skip(given)),
+    }
+}
+
+/// The bytes in `parts`.
+fn total_len(parts: &[&[u8]]) -> usize {
+    parts.iter().map(|p| p.len()).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::rig::{client_frame, read_in_background, Rig};
+    use super::*;
+    use crate::server::fanout::Seq;
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn replies_to_one_read_go_out_in_order_and_before_the_close() {
+        let mut rig = Rig::upgraded();
+        // Room for one 22-byte pong at a time: the gathered replies are
+        // written when the next does not fit, and a pong larger than the
+        // room goes out on its own, all in order.
+        rig.replies = Vec::with_capacity(40);
+        let payloads: Vec<Vec<u8>> = [20, 20, 20, 125, 3, 0]
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| vec![b'a' + i as u8; len])
+            .collect();
+        let mut wire: Vec<u8> = payloads.iter().flat_map(|p| client_frame(0x9, p)).collect();
+        wire.extend(client_frame(0x8, &1000u16.to_be_bytes()));
+        rig.client.write_all(&wire).unwrap();
+        rig.wait_until_readable(wire.len());
+        rig.drive(|conn, scratch, ctx| conn.on_readable(ConnKey(0), false, scratch, ctx));
+        assert!(rig.replies.is_empty(), "the replies were written");
+        for payload in &payloads {
+            assert_eq!(rig.client_frame_start(), [0x8A, payload.len() as u8]);
+            let mut got = vec![0u8; payload.len()];
+            rig.client.read_exact(&mut got).unwrap();
+            assert_eq!(&got, payload);
+        }
+        assert_eq!(rig.client_frame_start(), [0x88, 2], "the close comes last");
+        let mut code = [0u8; 2];
+        rig.client.read_exact(&mut code).unwrap();
+        assert_eq!(u16::from_be_bytes(code), 1000);
+        let mut rest = Vec::new();
+        rig.client.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "then the half-close: {rest:?}");
+    }
+
+    #[test]
+    fn writable_interest_follows_the_queue_between_empty_and_not() {
+        let mut rig = Rig::upgraded();
+        rig.config.max_queued_bytes = 64 << 20;
+        assert_eq!(rig.conn.interest_change(), None, "nothing queued yet");
+        let written_before = rig.tally.bytes_written;
+        // More than the socket buffers take while the client reads nothing.
+        let big = SharedFrames::encode(OpCode::Binary, &vec![7u8; 16 << 20]);
+        let small = SharedFrames::encode(OpCode::Text, b"after");
+        for frames in [&big, &small] {
+            assert_eq!(rig.offer(frames), Verdict::Keep);
+        }
+        assert_eq!(rig.tally.broadcast_deliveries, 2);
+        assert_eq!(rig.tally.write_would_block, 2, "both queued");
+        assert_eq!(rig.conn.interest_change(), Some(true));
+        assert_eq!(rig.conn.interest_change(), None, "only on a change");
+        assert_eq!(rig.conn.next_batch(), Some(Seq(2)));
+
+        let total = big.bytes().len() + small.bytes().len();
+        let reader = read_in_background(&rig.client, total);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !rig.conn.out.is_empty() {
+            assert!(Instant::now() < deadline, "the queue never drained");
+            let verdict =
+                rig.drive(|conn, scratch, ctx| conn.on_writable(ConnKey(0), scratch, ctx));
+            assert_eq!(verdict, Verdict::Keep);
+            std::thread::yield_now();
+        }
+        assert_eq!(rig.conn.interest_change(), Some(false));
+        assert_eq!(rig.conn.interest_change(), None);
+        let got = reader.join().unwrap();
+        assert_eq!(&got[got.len() - 7..], b"\x81\x05after", "in order, whole");
+        assert_eq!(rig.tally.queued_bytes, 0, "every queued byte uncounted");
+        assert_eq!(rig.tally.bytes_written - written_before, total as u64);
+    }
+
+    #[test]
+    fn a_full_queue_drops_broadcasts_or_closes_by_policy() {
+        for policy in [SlowConsumerPolicy::Drop, SlowConsumerPolicy::Close] {
+            let mut rig = Rig::upgraded();
+            rig.config.max_queued_bytes = 1 << 20;
+            rig.config.slow_consumer = policy;
+            let frame = SharedFrames::encode(OpCode::Binary, &vec![1u8; 256 << 10]);
+            let mut verdict = Verdict::Keep;
+            let mut offered = 0u32;
+            while rig.tally.slow_consumer_drops == 0 {
+                assert!(offered < 1000, "the queue never filled");
+                offered += 1;
+                verdict = rig.offer(&frame);
+            }
+            assert_eq!(rig.tally.slow_consumer_drops, 1, "{policy:?}");
+            assert_eq!(
+                rig.tally.broadcast_deliveries + 1,
+                u64::from(offered),
+                "{policy:?}: each offered one delivered or dropped"
+            );
+            match policy {
+                SlowConsumerPolicy::Drop => {
+                    assert_eq!(verdict, Verdict::Keep);
+                    assert!(rig.conn.is_open());
+                    assert_eq!(rig.tally.frames_discarded, 0);
+                }
+                SlowConsumerPolicy::Close => {
+                    assert_eq!(verdict, Verdict::Keep, "closing, the close frame queued");
+                    assert!(!rig.conn.is_open());
+                    assert!(rig.tally.frames_discarded > 0, "unstarted frames discarded");
+                    assert_eq!(
+                        rig.conn.out.queued_frames(),
+                        2,
+                        "the started one and the close"
+                    );
+                }
+            }
+        }
+    }
+}
