@@ -17,8 +17,9 @@
 //! The module is cut by stage: this file holds the connection, its phases,
 //! its deadlines and heartbeat visits; `handshake` the request and its
 //! answer; `input` what is read (frames decoded, messages inflated, then
-//! upstream, echoed or answered); `output` what is written (the send path,
-//! its transport, delivery visits); `close` how a connection ends.
+//! sent upstream, echoed or answered); `output` what is written (the one
+//! send path, with the connection's transport as its parameter);
+//! `deliver` what a delivery visit gives it; `close` how it ends.
 
 use std::time::{Duration, Instant};
 
@@ -46,6 +47,7 @@ use crate::server::timer::{Deadline, Tick, TimerWheel};
 use crate::server::upstream::Outbox;
 
 mod close;
+mod deliver;
 mod handshake;
 mod input;
 mod output;

@@ -9,17 +9,15 @@
 use std::net::Shutdown;
 
 use super::{CloseReason, Conn, Ctx, DeflateUse, Phase, Verdict};
-use crate::config::{Config, SlowConsumerPolicy};
-use crate::ops::metrics::{Metrics, Tally};
+use crate::config::Config;
+use crate::ops::metrics::Tally;
 use crate::protocol::http::{self, MAX_RESPONSE_LEN};
 use crate::protocol::ws::compress::{deflate_into, Level};
 use crate::protocol::ws::header::MAX_HEADER_LEN;
-use crate::protocol::ws::{CloseCode, FrameHeader, OpCode};
+use crate::protocol::ws::{FrameHeader, OpCode};
 use crate::server::frames::SharedFrames;
-use crate::server::history::{seq_of, Replay};
 use crate::server::key::ConnKey;
 use crate::server::output::Sent;
-use crate::server::owed::{Item, Owed, Unfinished};
 
 /// How a connection's messages are put on the wire: the one part of the
 /// send path that depends on the protocol the connection speaks.
@@ -38,13 +36,13 @@ impl Transport {
     }
 
     /// Whether it gets compressed frames (broadcasts, replays, echoes).
-    fn compressed(self) -> bool {
+    pub(super) fn compressed(self) -> bool {
         self.deflate() == DeflateUse::Full
     }
 
     /// Which of the shared `frames` it gets: compressed or plain, with
     /// positions or without.
-    fn frames(self, frames: &SharedFrames, positions: bool) -> &SharedFrames {
+    pub(super) fn frames(self, frames: &SharedFrames, positions: bool) -> &SharedFrames {
         frames.for_connection(self.compressed(), positions)
     }
 
@@ -156,151 +154,6 @@ impl Conn {
             self.writable_interest = want;
             want
         })
-    }
-
-    /// A delivery visit (see `delivery`): writes what this connection is
-    /// owed, in order, with one `writev`: the stream's batches it has not
-    /// had, each of its own items after the batches framed before it, and
-    /// the batches after them up to `owed.up_to`. A close among its items
-    /// goes out after what precedes it, and the rest is not sent. Counts
-    /// what became of the messages: delivered, or missed.
-    pub fn deliver(&mut self, key: ConnKey, owed: Owed<'_>, ctx: &mut Ctx<'_>) -> Verdict {
-        if !self.is_open() {
-            return Verdict::Keep;
-        }
-        let transport = self.transport;
-        let positions = self.positions;
-        let mut gathered = std::mem::take(ctx.gathered);
-        // After a replay, what it gave (up to `skip`) is not given again.
-        let mut skip = None;
-        let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames], skip| {
-            let frames = frames.iter().map(|f| transport.frames(f, positions));
-            match skip {
-                None => gathered.extend(frames.cloned()),
-                Some(through) => gathered.extend(frames.filter_map(|f| after_position(f, through))),
-            }
-        };
-        let mut cursor = self.out.next_batch();
-        let mut close = None;
-        for (at, item) in owed.items.iter().map(|a| &a.item).enumerate() {
-            gather(
-                &mut gathered,
-                owed.stream.between(cursor, item.after()),
-                skip,
-            );
-            cursor = item.after();
-            match item {
-                Item::Frames { frames, .. } => {
-                    gather(&mut gathered, std::slice::from_ref(frames), skip)
-                }
-                Item::Close { code, reason, .. } => {
-                    close = Some((*code, reason));
-                    break;
-                }
-                Item::Replay { after, replay } => {
-                    let pending: usize = gathered.iter().map(|f| f.bytes().len()).sum();
-                    let used = self.out.queued_bytes() + pending;
-                    let room = ctx.config.max_queued_bytes.saturating_sub(used);
-                    let progress =
-                        ctx.history
-                            .gather(replay, transport.compressed(), room, &mut gathered);
-                    if progress.overrun {
-                        Metrics::incr(&ctx.metrics.replay_overruns);
-                    }
-                    // Not all given yet, or the client is ahead of this
-                    // loop (it waits until the loop has framed as far).
-                    let framed = ctx.history.current().seq;
-                    let more = progress
-                        .more
-                        .or((replay.through > framed).then_some(framed));
-                    if let Some(from) = more {
-                        let replay = Replay {
-                            from: from.max(replay.from),
-                            ..replay.clone()
-                        };
-                        let item = Item::Replay {
-                            after: *after,
-                            replay,
-                        };
-                        *ctx.unfinished = Some(Unfinished { at, item });
-                        break;
-                    }
-                    skip = Some(replay.through);
-                }
-            }
-        }
-        if close.is_none() && ctx.unfinished.is_none() {
-            gather(&mut gathered, owed.stream.between(cursor, owed.up_to), skip);
-            cursor = owed.up_to;
-        }
-        self.out.set_next_batch(cursor);
-        let mut verdict = Verdict::Keep;
-        if !gathered.is_empty() {
-            verdict = self.deliver_frames(key, &gathered, ctx);
-            gathered.clear();
-        }
-        *ctx.gathered = gathered;
-        match close {
-            Some((code, reason)) if verdict == Verdict::Keep => {
-                self.begin_close(key, code, reason, CloseReason::Publisher(code), ctx)
-            }
-            _ => verdict,
-        }
-    }
-
-    /// [`Conn::deliver`] of the frames this connection gets.
-    fn deliver_frames(
-        &mut self,
-        key: ConnKey,
-        owed: &[SharedFrames],
-        ctx: &mut Ctx<'_>,
-    ) -> Verdict {
-        let messages = |frames: &[SharedFrames]| frames.iter().map(|f| f.count() as u64).sum();
-        match self.send(Outgoing::Shared(owed), ctx) {
-            Err(reason) => return Verdict::Close(reason),
-            Ok(Sent::Written) => ctx.tally.broadcast_deliveries += messages(owed),
-            Ok(Sent::Queued) => {
-                ctx.tally.broadcast_deliveries += messages(owed);
-                ctx.tally.write_would_block += 1;
-            }
-            Ok(Sent::Dropped { kept }) => {
-                let (taken, missed) = owed.split_at(kept);
-                ctx.tally.broadcast_deliveries += messages(taken);
-                ctx.tally.slow_consumer_drops += messages(missed);
-                ctx.tally.write_would_block += 1;
-                return self.on_slow_consumer(key, messages(missed), ctx);
-            }
-        }
-        Verdict::Keep
-    }
-
-    /// Broadcasts found its queue full: under policy `drop` it misses
-    /// them; under `close` its output not started yet is discarded and it
-    /// is closed with 1008.
-    fn on_slow_consumer(&mut self, key: ConnKey, missed: u64, ctx: &mut Ctx<'_>) -> Verdict {
-        match ctx.config.slow_consumer {
-            SlowConsumerPolicy::Drop => {
-                log::debug!(
-                    "slow consumer {key}: {} bytes queued, {missed} broadcasts dropped for it",
-                    self.out.queued_bytes(),
-                );
-                Verdict::Keep
-            }
-            SlowConsumerPolicy::Close => {
-                let dropped = self.discard_output(false, ctx.tally);
-                log::debug!(
-                    "slow consumer {key}: {} bytes queued, {dropped} frames dropped, closing",
-                    self.out.queued_bytes()
-                );
-                self.begin_close(
-                    key,
-                    CloseCode::POLICY_VIOLATION,
-                    "slow consumer",
-                    CloseReason::SlowConsumer,
-                    ctx,
-                )
-            }
-        }
     }
 
     /// Answers what the current read brought with a message (a pong, an
@@ -457,19 +310,6 @@ impl Conn {
     }
 }
 
-/// The messages of positioned `frames` after position `through`: all of
-/// them, some (copied), or none.
-fn after_position(frames: &SharedFrames, through: u64) -> Option<SharedFrames> {
-    let positions = || frames.payloads().map(seq_of);
-    if positions().last()? <= through {
-        return None;
-    }
-    match positions().take_while(|&seq| seq <= through).count() {
-        0 => Some(frames.clone()),
-        given => Some(frames.skip(given)),
-    }
-}
-
 /// The bytes in `parts`.
 fn total_len(parts: &[&[u8]]) -> usize {
     parts.iter().map(|p| p.len()).sum()
@@ -550,45 +390,5 @@ mod tests {
         assert_eq!(&got[got.len() - 7..], b"\x81\x05after", "in order, whole");
         assert_eq!(rig.tally.queued_bytes, 0, "every queued byte uncounted");
         assert_eq!(rig.tally.bytes_written - written_before, total as u64);
-    }
-
-    #[test]
-    fn a_full_queue_drops_broadcasts_or_closes_by_policy() {
-        for policy in [SlowConsumerPolicy::Drop, SlowConsumerPolicy::Close] {
-            let mut rig = Rig::upgraded();
-            rig.config.max_queued_bytes = 1 << 20;
-            rig.config.slow_consumer = policy;
-            let frame = SharedFrames::encode(OpCode::Binary, &vec![1u8; 256 << 10]);
-            let mut verdict = Verdict::Keep;
-            let mut offered = 0u32;
-            while rig.tally.slow_consumer_drops == 0 {
-                assert!(offered < 1000, "the queue never filled");
-                offered += 1;
-                verdict = rig.offer(&frame);
-            }
-            assert_eq!(rig.tally.slow_consumer_drops, 1, "{policy:?}");
-            assert_eq!(
-                rig.tally.broadcast_deliveries + 1,
-                u64::from(offered),
-                "{policy:?}: each offered one delivered or dropped"
-            );
-            match policy {
-                SlowConsumerPolicy::Drop => {
-                    assert_eq!(verdict, Verdict::Keep);
-                    assert!(rig.conn.is_open());
-                    assert_eq!(rig.tally.frames_discarded, 0);
-                }
-                SlowConsumerPolicy::Close => {
-                    assert_eq!(verdict, Verdict::Keep, "closing, the close frame queued");
-                    assert!(!rig.conn.is_open());
-                    assert!(rig.tally.frames_discarded > 0, "unstarted frames discarded");
-                    assert_eq!(
-                        rig.conn.out.queued_frames(),
-                        2,
-                        "the started one and the close"
-                    );
-                }
-            }
-        }
     }
 }
