@@ -324,6 +324,28 @@ mod tests {
     use std::time::{Duration, Instant};
 
     #[test]
+    fn only_data_messages_of_the_minimum_size_go_compressed_and_only_with_full_deflate() {
+        let config = Config {
+            deflate_min_bytes: 10,
+            ..Config::default()
+        };
+        for (deflate, opcode, len, compressed) in [
+            (DeflateUse::Full, OpCode::Text, 10, true),
+            (DeflateUse::Full, OpCode::Binary, 9, false),
+            (DeflateUse::Full, OpCode::Pong, 125, false),
+            (DeflateUse::Inflate, OpCode::Text, 1000, false),
+            (DeflateUse::Off, OpCode::Binary, 1000, false),
+        ] {
+            let transport = Transport::WebSocket(deflate);
+            assert_eq!(
+                transport.compresses(opcode, len, &config),
+                compressed,
+                "{deflate:?} {opcode:?} {len}"
+            );
+        }
+    }
+
+    #[test]
     fn replies_to_one_read_go_out_in_order_and_before_the_close() {
         let mut rig = Rig::upgraded();
         // Room for one 22-byte pong at a time: the gathered replies are
