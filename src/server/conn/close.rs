@@ -90,6 +90,8 @@ impl Conn {
         self.arm(key, ctx.config.close_timeout, ctx);
     }
 
+    /// Sends a close frame with `code` and `why` (cut to the 123 bytes a
+    /// control frame has room for).
     pub(super) fn send_close(&mut self, code: CloseCode, why: &str, ctx: &mut Ctx<'_>) -> Verdict {
         let mut payload = [0u8; 2 + 123];
         payload[..2].copy_from_slice(&code.0.to_be_bytes());
