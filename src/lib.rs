@@ -34,28 +34,43 @@
 //!
 //! The crate is layered, and each layer uses only those below it:
 //!
-//! - [`protocol`]: pure code over byte slices, no I/O: the WebSocket codec
-//!   ([`ws`]), the HTTP upgrade ([`http`]), tokens and origins, request
-//!   targets, the input line rules. It can be used on its own.
+//! - the protocol (`protocol`): pure code over byte slices, no I/O: the
+//!   WebSocket codec, the HTTP upgrade, tokens and origins, request
+//!   targets, the input line rules and the command language, whose types
+//!   are public: a [`Command`] parses from a line, and its [`Recipients`]
+//!   hold a [`ChannelName`], a [`ClientId`] or a [`ConnRef`], each checked
+//!   once as it is made (by a parse, or by [`ChannelName::new`] and
+//!   [`ClientId::new`]) and never again.
 //! - the loop (`server`): the poll loop, the connection state machine, the
 //!   output queues, the buffer pool, time events, heartbeats and the
 //!   fan-out of broadcasts: [`Server`], [`Handle`] and [`Config`].
 //! - operations (`ops`): metrics ([`MetricsSnapshot`]) and the OS calls
-//!   ([`sys`], the crate's only `unsafe` code).
+//!   (`sys`, the crate's only `unsafe` code).
 //!
 //! The `wspush` binary (`src/bin/wspush/`) adds the command line, the
 //! standard-input reader and the `--processes` supervisor.
+//!
+//! ## Features
+//!
+//! `redis` and `cli` are the binary's (the Redis input; clap's
+//! `ValueEnum` on the settings' enums). `internals` makes `protocol` and
+//! `sys` public, for the binary, the bench and the fuzz targets. All three
+//! are on by default for the binary's sake; an embedder takes
+//! `default-features = false` and sees the API above.
 #![deny(missing_docs)]
 
 mod config;
 mod ops;
+#[cfg(feature = "internals")]
 pub mod protocol;
+#[cfg(not(feature = "internals"))]
+mod protocol;
 mod server;
 #[cfg(test)]
 mod testing;
 
+#[cfg(feature = "internals")]
 pub use ops::sys;
-pub use protocol::{http, ws};
 
 pub use config::{
     Config, ConfigError, Degraded, Overflow, SlowConsumerPolicy, UpstreamConfig,
@@ -63,9 +78,11 @@ pub use config::{
 };
 pub use ops::metrics::MetricsSnapshot;
 pub use protocol::auth::{TokenError, Tokens};
-pub use protocol::commands::ConnRef;
+pub use protocol::commands::{Command, CommandError, ConnRef, Payload, Recipients, MAX_REASON_LEN};
+pub use protocol::names::{ChannelName, ClientId, NameError, Pattern, MAX_NAME_LEN};
+pub use protocol::position::Epoch;
 pub use protocol::ws::{CloseCode, MessageKind};
 pub use server::{
-    BindError, BroadcastError, ConnectionInfo, Handle, MessageTooBig, Recipients, Server,
-    ServerGone, SharedHistory, UpstreamReader,
+    BindError, BroadcastError, ConnectionInfo, Handle, MessageTooBig, Server, ServerGone,
+    SharedHistory, UpstreamReader,
 };

@@ -9,16 +9,13 @@ use std::thread;
 use tungstenite::protocol::frame::coding::CloseCode as WsCloseCode;
 use tungstenite::Message;
 use util::{
-    connect, poll_until, raw, read_response, texts, upgrade_request, Binary, Client, TestServer,
+    channel, channels, client_id, connect, poll_until, raw, read_response, texts, upgrade_request,
+    Binary, Client, TestServer,
 };
-use wspush::{CloseCode, Config, MessageKind, Recipients, Server, Tokens};
-
-fn channels(names: &[&str]) -> Recipients {
-    Recipients::Channels(names.iter().map(|n| n.to_string()).collect())
-}
+use wspush::{CloseCode, Config, MessageKind, Pattern, Recipients, Server, Tokens};
 
 fn id(name: &str) -> Recipients {
-    Recipients::Id(name.into())
+    Recipients::Id(client_id(name))
 }
 
 /// Broadcasts `END` and checks that it is the next thing every client
@@ -176,17 +173,19 @@ fn subscriptions_change_at_run_time() {
     let h = &server.handle;
     h.send(channels(&["news"]), MessageKind::Text, "before")
         .unwrap();
-    h.subscribe("alice", &["news", "sport"]).unwrap();
+    h.subscribe(client_id("alice"), [channel("news"), channel("sport")])
+        .unwrap();
     h.send(channels(&["news"]), MessageKind::Text, "during")
         .unwrap();
     h.send(channels(&["sport"]), MessageKind::Text, "sport")
         .unwrap();
-    h.unsubscribe("alice", &["news", "chat"]).unwrap();
+    h.unsubscribe(client_id("alice"), [channel("news"), channel("chat")])
+        .unwrap();
     h.send(channels(&["news"]), MessageKind::Text, "after")
         .unwrap();
     h.send(channels(&["chat"]), MessageKind::Text, "chat")
         .unwrap();
-    h.subscribe("nobody", &["news"]).unwrap();
+    h.subscribe(client_id("nobody"), [channel("news")]).unwrap();
     assert_eq!(texts(&mut alice, 2), ["during", "sport"]);
     assert_eq!(texts(&mut alice2, 2), ["during", "sport"]);
     assert_eq!(texts(&mut bob, 3), ["before", "during", "after"]);
@@ -231,7 +230,7 @@ fn upgrades_ask_for_an_id_and_channels_within_the_limits() {
     let server = TestServer::start(Config::default().with(|c| {
         c.max_channels_per_connection = 2;
         c.max_channels = 3;
-        c.allowed_channels = vec![wspush::protocol::names::Pattern::parse("news.*").unwrap()];
+        c.allowed_channels = vec![Pattern::parse("news.*").unwrap()];
     }));
     let addr = server.addr;
     assert_eq!(status(addr, "/?id=a&id=b"), 400);

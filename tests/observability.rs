@@ -125,7 +125,7 @@ fn with_demo_a_plain_get_of_the_root_is_the_page_and_the_upgrade_still_works() {
         page.header("Content-Type"),
         Some("text/html; charset=utf-8")
     );
-    assert_eq!(page.body, wspush::http::DEMO_PAGE);
+    assert_eq!(page.body, wspush::protocol::http::DEMO_PAGE);
     assert!(
         page.body.starts_with("<!doctype html>")
             && page.body.contains("wspush.connect(url")
@@ -139,7 +139,7 @@ fn with_demo_a_plain_get_of_the_root_is_the_page_and_the_upgrade_still_works() {
         script.header("Content-Type"),
         Some("text/javascript; charset=utf-8")
     );
-    assert_eq!(script.body, wspush::http::CLIENT_SCRIPT);
+    assert_eq!(script.body, wspush::protocol::http::CLIENT_SCRIPT);
     let mut client = connect(server.addr, "/");
     server.process.send(b"to the page\n");
     assert_eq!(client.read().unwrap(), Message::text("to the page"));

@@ -9,7 +9,7 @@ mod util;
 use std::time::Duration;
 
 use tungstenite::Message;
-use util::{connect, texts, Client, TestServer};
+use util::{channels, client_id, connect, texts, Client, TestServer};
 use wspush::{Config, MessageKind, Recipients, Server};
 
 /// The status message a client is told first: (status, position, from).
@@ -51,10 +51,6 @@ fn publish(server: &TestServer, lines: &[&str]) {
     }
     let taken = before + lines.len() as u64;
     server.wait_for("the loop to take the lines", |m| m.broadcasts >= taken);
-}
-
-fn channels(names: &[&str]) -> Recipients {
-    Recipients::Channels(names.iter().map(|n| n.to_string()).collect())
 }
 
 #[test]
@@ -187,8 +183,8 @@ fn a_replay_gives_only_what_was_addressed_to_the_client_each_once() {
         (channels(&["a"]), "to a"),
         (channels(&["c"]), "to c"),
         (channels(&["a", "b"]), "to a and b"),
-        (Recipients::Id("ann".into()), "to ann"),
-        (Recipients::Id("bob".into()), "to bob"),
+        (Recipients::Id(client_id("ann")), "to ann"),
+        (Recipients::Id(client_id("bob")), "to bob"),
         (Recipients::All, "to all"),
         (channels(&["b", "c"]), "to b and c"),
     ];

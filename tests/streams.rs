@@ -12,10 +12,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use util::{
-    client_frame, poll_until, raw, raw_upgraded, read_frame, read_response, upgrade_request,
-    TestServer, PING,
+    channels, client_frame, poll_until, raw, raw_upgraded, read_frame, read_response,
+    upgrade_request, TestServer, PING,
 };
-use wspush::{Config, MessageKind, Recipients, Server, SlowConsumerPolicy};
+use wspush::{Config, MessageKind, Server, SlowConsumerPolicy};
 
 /// `count` raw clients upgraded against a server polled meanwhile.
 fn upgraded_clients(server: &mut Server, count: usize) -> Vec<TcpStream> {
@@ -155,7 +155,7 @@ fn a_ping_during_a_long_channel_delivery_is_answered_before_it_ends() {
     .unwrap();
     let mut clients = upgraded_clients_at(&mut server, 40, "/?channel=hot");
     let handle = server.handle();
-    let hot = || Recipients::Channels(vec!["hot".into()]);
+    let hot = || channels(&["hot"]);
     handle.send(hot(), MessageKind::Text, "A").unwrap();
     poll_until(&mut server, "the first delivery", |s| {
         s.metrics().broadcast_deliveries >= 1

@@ -13,16 +13,14 @@
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use libfuzzer_sys::fuzz_target;
-use wspush::protocol::commands::{
-    self, Audience, Closing, Command, ConnRef, Payload, MAX_REASON_LEN,
-};
-use wspush::protocol::names;
+use wspush::protocol::commands;
+use wspush::{ChannelName, ClientId, Command, ConnRef, Payload, Recipients, MAX_REASON_LEN};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(line) = std::str::from_utf8(data) else {
         return;
     };
-    let Ok(command) = commands::parse(line) else {
+    let Ok(command) = Command::parse(line) else {
         return;
     };
     let canonical = match &command {
@@ -35,16 +33,10 @@ fuzz_target!(|data: &[u8]| {
                 Payload::Binary(bytes) => (":b64", BASE64.encode(bytes)),
             };
             let to = match to {
-                Audience::All => format!("all{suffix}"),
-                Audience::Channels(list) => {
-                    list.iter().for_each(|c| names::check(c).unwrap());
-                    format!("pub{suffix} {}", list.iter().collect::<Vec<_>>().join(","))
-                }
-                Audience::Id(id) => {
-                    names::check(id).unwrap();
-                    format!("id{suffix} {id}")
-                }
-                Audience::Conn(key) => {
+                Recipients::All => format!("all{suffix}"),
+                Recipients::Channels(list) => format!("pub{suffix} {}", channel_list(list)),
+                Recipients::Id(id) => format!("id{suffix} {}", client_id(id)),
+                Recipients::Conn(key) => {
                     check_key(*key);
                     format!("conn{suffix} {key}")
                 }
@@ -52,33 +44,44 @@ fuzz_target!(|data: &[u8]| {
             format!("{to} {body}")
         }
         Command::Subscribe { id, channels } | Command::Unsubscribe { id, channels } => {
-            names::check(id).unwrap();
-            channels.iter().for_each(|c| names::check(c).unwrap());
             let verb = if matches!(command, Command::Subscribe { .. }) {
                 "sub"
             } else {
                 "unsub"
             };
-            format!(
-                "{verb} {id} {}",
-                channels.iter().collect::<Vec<_>>().join(",")
-            )
+            format!("{verb} {} {}", client_id(id), channel_list(channels))
         }
         Command::Close { who, code, reason } => {
             assert!(commands::may_send(*code) && reason.len() <= MAX_REASON_LEN);
             let who = match who {
-                Closing::Id(id) => format!("id {id}"),
-                Closing::Conn(key) => {
+                Recipients::Id(id) => format!("id {}", client_id(id)),
+                Recipients::Conn(key) => {
                     check_key(*key);
                     format!("conn {key}")
                 }
+                other => panic!("a close is for an id or a connection: {other:?}"),
             };
             format!("close {who} {} {reason}", code.0)
         }
     };
-    let again = commands::parse(&canonical).expect("the canonical form parses");
+    let again = Command::parse(&canonical).expect("the canonical form parses");
     assert_eq!(command, again, "{line:?} → {canonical:?}");
 });
+
+/// The names, comma-separated, each one a valid name as it stands.
+fn channel_list(list: &[ChannelName]) -> String {
+    let names: Vec<&str> = list.iter().map(ChannelName::as_str).collect();
+    names
+        .iter()
+        .for_each(|n| assert!(ChannelName::new(n).is_ok(), "{n:?}"));
+    names.join(",")
+}
+
+/// The id, a valid id as it stands.
+fn client_id(id: &ClientId) -> &str {
+    assert!(ClientId::new(id.as_str()).is_ok(), "{id:?}");
+    id.as_str()
+}
 
 fn check_key(key: ConnRef) {
     assert_eq!(ConnRef::parse(&key.to_string()), Some(key));

@@ -24,10 +24,10 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use wspush::ws::compress::deflate_message;
-use wspush::ws::decoder::{parse_close, MAX_CONTROL_PAYLOAD};
-use wspush::ws::inflate::{InflateError, Inflater};
-use wspush::ws::{CloseFrame, Decoder, Event, MessageKind, ProtocolError};
+use wspush::protocol::ws::compress::deflate_message;
+use wspush::protocol::ws::decoder::{parse_close, MAX_CONTROL_PAYLOAD};
+use wspush::protocol::ws::inflate::{InflateError, Inflater};
+use wspush::protocol::ws::{CloseFrame, Decoder, Event, MessageKind, ProtocolError};
 
 /// The structured input.
 #[derive(Arbitrary, Debug)]

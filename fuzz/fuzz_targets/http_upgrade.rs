@@ -11,7 +11,7 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use wspush::http::{
+use wspush::protocol::http::{
     self, Endpoint, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
 };
 use wspush::Tokens;

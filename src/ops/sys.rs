@@ -14,8 +14,6 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::process::CommandExt;
-use std::process::Command;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
 
@@ -23,8 +21,14 @@ use rustix::fs::{fstat, ftruncate, memfd_create, MemfdFlags};
 use rustix::io::{fcntl_setfd, FdFlags};
 use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
 
-use rustix::process::{
-    getrlimit, set_parent_process_death_signal, setrlimit, Resource, Rlimit, Signal,
+// What only the binary, the bench and the tests call (see `internals`).
+#[cfg(feature = "internals")]
+use {
+    rustix::process::{
+        getrlimit, set_parent_process_death_signal, setrlimit, Resource, Rlimit, Signal,
+    },
+    std::os::unix::process::CommandExt,
+    std::process::Command,
 };
 
 /// Releases the allocator's free memory to the kernel. Costs a walk over
@@ -68,6 +72,7 @@ pub fn set_tcp_defer_accept(socket: &impl AsFd, secs: u32) -> io::Result<()> {
 }
 
 /// The signal a child gets when its parent dies.
+#[cfg(feature = "internals")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ParentDeath {
     /// SIGTERM: it may shut down cleanly (a supervisor's instances).
@@ -79,6 +84,7 @@ pub enum ParentDeath {
 /// Makes the process `command` starts receive `signal` when its parent
 /// dies (`PR_SET_PDEATHSIG`, kept across `exec`): no orphans if the parent
 /// is killed.
+#[cfg(feature = "internals")]
 pub fn die_with_parent(command: &mut Command, signal: ParentDeath) {
     let signal = match signal {
         ParentDeath::Term => Signal::TERM,
@@ -98,6 +104,7 @@ pub fn die_with_parent(command: &mut Command, signal: ParentDeath) {
 /// soft limit (`u64::MAX` for unlimited). Every socket is a file
 /// descriptor, so this bounds the connections a process can hold; the hard
 /// limit only root or the service manager can raise.
+#[cfg(feature = "internals")]
 pub fn raise_open_file_limit() -> io::Result<u64> {
     let limit = getrlimit(Resource::Nofile);
     if limit.current != limit.maximum {
@@ -193,13 +200,8 @@ impl SharedMemory {
     }
 
     /// Its size, in bytes.
-    pub fn len(&self) -> usize {
+    pub fn size(&self) -> usize {
         self.len
-    }
-
-    /// Whether it is empty (never: mappings have a size).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The 64-bit word at `offset` (a multiple of 8, inside), for atomic
@@ -288,7 +290,7 @@ mod tests {
         use std::sync::atomic::Ordering;
         let mine = SharedMemory::create("wspush-test", 8192).unwrap();
         let theirs = SharedMemory::open(mine.fd.try_clone().unwrap()).unwrap();
-        assert_eq!(theirs.len(), 8192);
+        assert_eq!(theirs.size(), 8192);
         mine.write(100, b"hello");
         mine.word(8).store(42, Ordering::Release);
         let mut out = [0u8; 5];

@@ -72,7 +72,8 @@ impl std::error::Error for TokenError {}
 
 impl Tokens {
     /// Parses a token file's text: one token per line, optionally
-    /// followed by `channels=PATTERN,...` and `id=ID` (see [`Grant`]);
+    /// followed by `channels=PATTERN,...` (the channels its bearer may
+    /// subscribe to) and `id=ID` (the client id its bearer must use);
     /// blank lines and lines starting with `#` are skipped; surrounding
     /// whitespace is trimmed. (Reading the file is the caller's.)
     pub fn parse(text: &[u8]) -> Result<Tokens, TokenError> {
@@ -140,15 +141,10 @@ impl Tokens {
         Ok(Tokens { digests, grants })
     }
 
-    /// Whether `presented` is one of the tokens.
-    pub fn contains(&self, presented: &[u8]) -> bool {
-        self.find(presented).is_some()
-    }
-
     /// The position of `presented` among the tokens. Every stored digest
     /// is compared in full whatever matches, so the time depends only on
     /// how many tokens there are.
-    pub fn find(&self, presented: &[u8]) -> Option<usize> {
+    pub(crate) fn find(&self, presented: &[u8]) -> Option<usize> {
         let presented = digest(presented);
         let mut found = usize::MAX;
         for (index, stored) in self.digests.iter().enumerate() {
@@ -166,7 +162,7 @@ impl Tokens {
     }
 
     /// What the token at `index` (from [`Tokens::find`]) grants.
-    pub fn grant(&self, index: usize) -> &Grant {
+    pub(crate) fn grant(&self, index: usize) -> &Grant {
         &self.grants[index]
     }
 }
@@ -278,9 +274,9 @@ mod tests {
     #[test]
     fn tokens_match_exactly_and_print_nothing() {
         let tokens = Tokens::new(["s3cret", "other-token"]).unwrap();
-        assert!(tokens.contains(b"s3cret") && tokens.contains(b"other-token"));
+        assert!(tokens.find(b"s3cret").is_some() && tokens.find(b"other-token").is_some());
         for wrong in [&b""[..], b"s3cre", b"s3cret ", b"S3CRET", b"s3cret\0"] {
-            assert!(!tokens.contains(wrong), "{wrong:?}");
+            assert!(tokens.find(wrong).is_none(), "{wrong:?}");
         }
         let printed = format!("{tokens:?}");
         assert!(!printed.contains("s3cret"), "{printed}");
@@ -292,8 +288,8 @@ mod tests {
     #[test]
     fn token_files_skip_comments_and_name_bad_lines_without_the_token() {
         let tokens = Tokens::parse(b"# clients\n\n  alpha  \r\nbeta\n").unwrap();
-        assert!(tokens.contains(b"alpha") && tokens.contains(b"beta"));
-        assert!(!tokens.contains(b"# clients"));
+        assert!(tokens.find(b"alpha").is_some() && tokens.find(b"beta").is_some());
+        assert!(tokens.find(b"# clients").is_none());
 
         let error = Tokens::parse(b"alpha\nsecret with space\n").unwrap_err();
         assert_eq!(

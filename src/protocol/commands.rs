@@ -23,7 +23,7 @@ use std::fmt;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 
-use crate::protocol::names::{self, NameError};
+use crate::protocol::names::{ChannelName, ClientId, NameError};
 use crate::protocol::ws::CloseCode;
 
 /// The longest close reason, in bytes: a close frame's payload is at
@@ -67,34 +67,49 @@ impl fmt::Display for ConnRef {
     }
 }
 
-/// A list of channel names as a command gives it: `a,b,c`, each valid.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Channels<'a>(&'a str);
-
-impl<'a> Channels<'a> {
-    /// Checks a comma-separated list of names.
-    pub fn parse(text: &'a str) -> Result<Channels<'a>, NameError> {
-        text.split(',').try_for_each(names::check)?;
-        Ok(Channels(text))
-    }
-
-    /// The names, in the order given (a name given twice comes twice).
-    pub fn iter(&self) -> impl Iterator<Item = &'a str> + Clone {
-        self.0.split(',')
-    }
-}
-
-/// Who a message goes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Audience<'a> {
+/// Who a message (or a close) is for, its names checked as they were
+/// made. It is queued with every targeted message, so it is small: 24
+/// bytes, and one allocation per name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recipients {
     /// Every open connection.
     All,
     /// The subscribers of any of these channels, each once.
-    Channels(Channels<'a>),
+    Channels(Box<[ChannelName]>),
     /// Every connection of this client id.
-    Id(&'a str),
+    Id(ClientId),
     /// One connection.
     Conn(ConnRef),
+}
+
+impl Recipients {
+    /// The bytes of the names it holds (what a queued command is charged
+    /// for them).
+    pub(crate) fn names_len(&self) -> usize {
+        match self {
+            Recipients::All | Recipients::Conn(_) => 0,
+            Recipients::Channels(names) => names_len(names),
+            Recipients::Id(id) => id.as_str().len(),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Recipients {
+    /// The subscribers of `names` (valid names).
+    pub(crate) fn channels(names: &[&str]) -> Recipients {
+        Recipients::Channels(names.iter().map(|n| ChannelName::new(n).unwrap()).collect())
+    }
+
+    /// The connections of client `id` (a valid id).
+    pub(crate) fn id(id: &str) -> Recipients {
+        Recipients::Id(ClientId::new(id).unwrap())
+    }
+}
+
+/// The bytes of `names`.
+pub(crate) fn names_len(names: &[ChannelName]) -> usize {
+    names.iter().map(|n| n.as_str().len()).sum()
 }
 
 /// A message's payload.
@@ -106,43 +121,35 @@ pub enum Payload<'a> {
     Binary(Vec<u8>),
 }
 
-/// Whose connections a `close` closes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Closing<'a> {
-    /// Every connection of this client id.
-    Id(&'a str),
-    /// One connection.
-    Conn(ConnRef),
-}
-
-/// One parsed line.
+/// One parsed line: what it asks for, its names already checked, its
+/// payload and reason borrowed from the line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command<'a> {
     /// Send a message.
     Send {
         /// Who gets it.
-        to: Audience<'a>,
+        to: Recipients,
         /// What it holds.
         payload: Payload<'a>,
     },
     /// Subscribe a client's connections to channels.
     Subscribe {
         /// The client id.
-        id: &'a str,
+        id: ClientId,
         /// The channels.
-        channels: Channels<'a>,
+        channels: Box<[ChannelName]>,
     },
     /// Unsubscribe a client's connections from channels.
     Unsubscribe {
         /// The client id.
-        id: &'a str,
+        id: ClientId,
         /// The channels.
-        channels: Channels<'a>,
+        channels: Box<[ChannelName]>,
     },
     /// Close connections with a close frame.
     Close {
-        /// Whose.
-        who: Closing<'a>,
+        /// Whose: a client id's connections or one connection.
+        who: Recipients,
         /// The close code (1000 unless given).
         code: CloseCode,
         /// The reason (may be empty), at most [`MAX_REASON_LEN`] bytes.
@@ -200,52 +207,54 @@ impl fmt::Display for CommandError {
 
 impl std::error::Error for CommandError {}
 
-/// Parses one line (without its line ending).
-pub fn parse(line: &str) -> Result<Command<'_>, CommandError> {
-    if line.is_empty() {
-        return Err(CommandError::Empty);
-    }
-    let (verb, rest) = split(line);
-    let (verb, binary) = match verb.strip_suffix(":b64") {
-        Some(verb) => (verb, true),
-        None => (verb, false),
-    };
-    match verb {
-        "all" => send(Audience::All, rest, binary),
-        "pub" => {
-            let (channels, body) = split(rest.ok_or(CommandError::Missing("channels"))?);
-            send(Audience::Channels(channels_arg(channels)?), body, binary)
+impl Command<'_> {
+    /// Parses one line (without its line ending).
+    pub fn parse(line: &str) -> Result<Command<'_>, CommandError> {
+        if line.is_empty() {
+            return Err(CommandError::Empty);
         }
-        "id" => {
-            let (id, body) = split(rest.ok_or(CommandError::Missing("id"))?);
-            send(Audience::Id(id_arg(id)?), body, binary)
-        }
-        "conn" => {
-            let (key, body) = split(rest.ok_or(CommandError::Missing("connection key"))?);
-            send(Audience::Conn(key_arg(key)?), body, binary)
-        }
-        "sub" | "unsub" if !binary => {
-            let (id, channels) = split(rest.ok_or(CommandError::Missing("id"))?);
-            let id = id_arg(id)?;
-            let (channels, extra) = split(channels.ok_or(CommandError::Missing("channels"))?);
-            if extra.is_some() {
-                return Err(CommandError::TrailingWords);
+        let (verb, rest) = split(line);
+        let (verb, binary) = match verb.strip_suffix(":b64") {
+            Some(verb) => (verb, true),
+            None => (verb, false),
+        };
+        match verb {
+            "all" => send(Recipients::All, rest, binary),
+            "pub" => {
+                let (channels, body) = split(rest.ok_or(CommandError::Missing("channels"))?);
+                send(Recipients::Channels(channels_arg(channels)?), body, binary)
             }
-            let channels = channels_arg(channels)?;
-            Ok(if verb == "sub" {
-                Command::Subscribe { id, channels }
-            } else {
-                Command::Unsubscribe { id, channels }
-            })
+            "id" => {
+                let (id, body) = split(rest.ok_or(CommandError::Missing("id"))?);
+                send(Recipients::Id(id_arg(id)?), body, binary)
+            }
+            "conn" => {
+                let (key, body) = split(rest.ok_or(CommandError::Missing("connection key"))?);
+                send(Recipients::Conn(key_arg(key)?), body, binary)
+            }
+            "sub" | "unsub" if !binary => {
+                let (id, channels) = split(rest.ok_or(CommandError::Missing("id"))?);
+                let id = id_arg(id)?;
+                let (channels, extra) = split(channels.ok_or(CommandError::Missing("channels"))?);
+                if extra.is_some() {
+                    return Err(CommandError::TrailingWords);
+                }
+                let channels = channels_arg(channels)?;
+                Ok(if verb == "sub" {
+                    Command::Subscribe { id, channels }
+                } else {
+                    Command::Unsubscribe { id, channels }
+                })
+            }
+            "close" if !binary => close(rest.ok_or(CommandError::Missing("id or conn"))?),
+            _ => Err(CommandError::UnknownVerb),
         }
-        "close" if !binary => close(rest.ok_or(CommandError::Missing("id or conn"))?),
-        _ => Err(CommandError::UnknownVerb),
     }
 }
 
 /// A message to `to` with the rest of the line, `body`, as its payload.
 fn send<'a>(
-    to: Audience<'a>,
+    to: Recipients,
     body: Option<&'a str>,
     binary: bool,
 ) -> Result<Command<'a>, CommandError> {
@@ -268,8 +277,8 @@ fn close(args: &str) -> Result<Command<'_>, CommandError> {
     };
     let (who, rest) = split(rest.ok_or(CommandError::Missing(missing))?);
     let who = match kind {
-        "id" => Closing::Id(id_arg(who)?),
-        _ => Closing::Conn(key_arg(who)?),
+        "id" => Recipients::Id(id_arg(who)?),
+        _ => Recipients::Conn(key_arg(who)?),
     };
     let (code, reason) = match rest {
         None => (CloseCode::NORMAL, ""),
@@ -292,13 +301,18 @@ fn split(text: &str) -> (&str, Option<&str>) {
     }
 }
 
-fn id_arg(id: &str) -> Result<&str, CommandError> {
-    names::check(id).map_err(|why| CommandError::BadName("id", why))?;
-    Ok(id)
+fn id_arg(id: &str) -> Result<ClientId, CommandError> {
+    ClientId::new(id).map_err(|why| CommandError::BadName("id", why))
 }
 
-fn channels_arg(channels: &str) -> Result<Channels<'_>, CommandError> {
-    Channels::parse(channels).map_err(|why| CommandError::BadName("channel", why))
+/// A comma-separated list of channel names, in the order given (a name
+/// given twice comes twice).
+fn channels_arg(channels: &str) -> Result<Box<[ChannelName]>, CommandError> {
+    channels
+        .split(',')
+        .map(ChannelName::new)
+        .collect::<Result<_, _>>()
+        .map_err(|why| CommandError::BadName("channel", why))
 }
 
 fn key_arg(key: &str) -> Result<ConnRef, CommandError> {
@@ -326,15 +340,21 @@ pub fn may_send(code: CloseCode) -> bool {
 mod tests {
     use super::*;
 
-    fn text<'a>(to: Audience<'a>, body: &'a str) -> Command<'a> {
+    fn text(to: Recipients, body: &str) -> Command<'_> {
         Command::Send {
             to,
             payload: Payload::Text(body),
         }
     }
 
-    fn chans(list: &str) -> Channels<'_> {
-        Channels::parse(list).unwrap()
+    fn chans(list: &str) -> Box<[ChannelName]> {
+        list.split(',')
+            .map(|n| ChannelName::new(n).unwrap())
+            .collect()
+    }
+
+    fn id(name: &str) -> ClientId {
+        ClientId::new(name).unwrap()
     }
 
     const KEY: ConnRef = ConnRef {
@@ -346,73 +366,76 @@ mod tests {
     #[test]
     fn every_command_parses() {
         let cases: Vec<(&str, Command<'_>)> = vec![
-            ("all hello world", text(Audience::All, "hello world")),
-            ("all", text(Audience::All, "")),
-            ("all ", text(Audience::All, "")),
+            ("all hello world", text(Recipients::All, "hello world")),
+            ("all", text(Recipients::All, "")),
+            ("all ", text(Recipients::All, "")),
             (
                 "all  two spaces kept ",
-                text(Audience::All, " two spaces kept "),
+                text(Recipients::All, " two spaces kept "),
             ),
             (
                 "pub news.eu breaking",
-                text(Audience::Channels(chans("news.eu")), "breaking"),
+                text(Recipients::Channels(chans("news.eu")), "breaking"),
             ),
             (
                 "pub a,b,c x y",
-                text(Audience::Channels(chans("a,b,c")), "x y"),
+                text(Recipients::Channels(chans("a,b,c")), "x y"),
             ),
-            ("pub news", text(Audience::Channels(chans("news")), "")),
-            ("id alice hi there", text(Audience::Id("alice"), "hi there")),
+            ("pub news", text(Recipients::Channels(chans("news")), "")),
+            (
+                "id alice hi there",
+                text(Recipients::Id(id("alice")), "hi there"),
+            ),
             (
                 "conn 2.17.5 just you",
-                text(Audience::Conn(KEY), "just you"),
+                text(Recipients::Conn(KEY), "just you"),
             ),
             (
                 "all:b64 AAEC/w==",
                 Command::Send {
-                    to: Audience::All,
+                    to: Recipients::All,
                     payload: Payload::Binary(vec![0, 1, 2, 255]),
                 },
             ),
             (
                 "pub:b64 a,b aGk=",
                 Command::Send {
-                    to: Audience::Channels(chans("a,b")),
+                    to: Recipients::Channels(chans("a,b")),
                     payload: Payload::Binary(b"hi".to_vec()),
                 },
             ),
             (
                 "id:b64 bob",
                 Command::Send {
-                    to: Audience::Id("bob"),
+                    to: Recipients::Id(id("bob")),
                     payload: Payload::Binary(Vec::new()),
                 },
             ),
             (
                 "conn:b64 2.17.5 AA==",
                 Command::Send {
-                    to: Audience::Conn(KEY),
+                    to: Recipients::Conn(KEY),
                     payload: Payload::Binary(vec![0]),
                 },
             ),
             (
                 "sub alice news,chat",
                 Command::Subscribe {
-                    id: "alice",
+                    id: id("alice"),
                     channels: chans("news,chat"),
                 },
             ),
             (
                 "unsub alice chat",
                 Command::Unsubscribe {
-                    id: "alice",
+                    id: id("alice"),
                     channels: chans("chat"),
                 },
             ),
             (
                 "close id alice",
                 Command::Close {
-                    who: Closing::Id("alice"),
+                    who: Recipients::Id(id("alice")),
                     code: CloseCode(1000),
                     reason: "",
                 },
@@ -420,7 +443,7 @@ mod tests {
             (
                 "close id alice 4001",
                 Command::Close {
-                    who: Closing::Id("alice"),
+                    who: Recipients::Id(id("alice")),
                     code: CloseCode(4001),
                     reason: "",
                 },
@@ -428,14 +451,14 @@ mod tests {
             (
                 "close conn 2.17.5 1008 banned for spam",
                 Command::Close {
-                    who: Closing::Conn(KEY),
+                    who: Recipients::Conn(KEY),
                     code: CloseCode(1008),
                     reason: "banned for spam",
                 },
             ),
         ];
         for (line, want) in cases {
-            assert_eq!(parse(line), Ok(want), "{line:?}");
+            assert_eq!(Command::parse(line), Ok(want), "{line:?}");
         }
     }
 
@@ -483,7 +506,7 @@ mod tests {
             (&long_reason, ReasonTooLong),
         ];
         for (line, want) in cases {
-            assert_eq!(parse(line), Err(want), "{line:?}");
+            assert_eq!(Command::parse(line), Err(want), "{line:?}");
         }
         assert_eq!(
             BadName("channel", NameError::BadByte(b';')).to_string(),
@@ -499,6 +522,27 @@ mod tests {
             ConnRef::parse("0.0.0").map(|k| k.to_string()).as_deref(),
             Some("0.0.0")
         );
-        assert_eq!(chans("a,b,a").iter().collect::<Vec<_>>(), ["a", "b", "a"]);
+    }
+
+    #[test]
+    fn channel_lists_keep_their_order_and_repeats() {
+        let Ok(Command::Send { to, .. }) = Command::parse("pub b,a,b x") else {
+            panic!("a message");
+        };
+        let Recipients::Channels(names) = to else {
+            panic!("channels");
+        };
+        let names: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["b", "a", "b"]);
+    }
+
+    #[test]
+    fn recipients_stay_small_as_they_are_queued() {
+        assert_eq!(std::mem::size_of::<Recipients>(), 24);
+        assert_eq!(
+            Recipients::Channels(chans("news,eu")).names_len()
+                + Recipients::Id(id("bob")).names_len(),
+            9
+        );
     }
 }

@@ -300,6 +300,7 @@ pub struct HandshakeRules<'a> {
 /// `Upgrade: websocket` and `Connection: upgrade` (400),
 /// `Sec-WebSocket-Version: 13` (426), a `Sec-WebSocket-Key` that is base64
 /// of 16 bytes (400), the `Origin` (403), and the token (401).
+#[cfg(any(test, feature = "internals"))]
 pub fn parse_request<'a>(
     buf: &'a [u8],
     rules: &HandshakeRules<'_>,

@@ -6,6 +6,8 @@ pub mod auth;
 pub mod commands;
 pub mod deflate;
 pub mod http;
+// The binary's input; the library has none.
+#[cfg(feature = "internals")]
 pub mod lines;
 pub mod names;
 pub mod position;

@@ -62,6 +62,57 @@ fn check_with(name: &str, allowed: impl Fn(u8) -> bool) -> Result<(), NameError>
     }
 }
 
+/// Declares a name type: a `Box<str>` checked by [`check`] when it is
+/// made, so that code which takes one never checks it again.
+macro_rules! name_type {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(Box<str>);
+
+        impl $name {
+            /// Checks `name` and keeps it, or says why it is not valid.
+            pub fn new(name: &str) -> Result<$name, NameError> {
+                check(name)?;
+                Ok($name(name.into()))
+            }
+
+            /// The name as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl TryFrom<&str> for $name {
+            type Error = NameError;
+
+            fn try_from(name: &str) -> Result<$name, NameError> {
+                $name::new(name)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+name_type!(
+    /// A channel name: 1 to [`MAX_NAME_LEN`] bytes of ASCII letters, digits
+    /// and `- _ . : @`, checked once where it is made ([`ChannelName::new`],
+    /// or a command's parse) and never again.
+    ChannelName
+);
+
+name_type!(
+    /// A client id: 1 to [`MAX_NAME_LEN`] bytes of ASCII letters, digits
+    /// and `- _ . : @`, checked once where it is made ([`ClientId::new`],
+    /// or a command's parse) and never again.
+    ClientId
+);
+
 /// A pattern over channel names: a name in which `*` stands for any run
 /// of bytes, so `news.*` allows `news.eu` and `news.`, and `*` allows
 /// every channel.
@@ -150,6 +201,25 @@ mod tests {
             NameError::BadByte(b',').to_string(),
             "holds ',': only letters, digits and - _ . : @ are allowed"
         );
+    }
+
+    #[test]
+    fn channel_names_and_ids_are_checked_as_they_are_made() {
+        for good in ["news.eu", "user@example.com", &"x".repeat(64)] {
+            assert_eq!(ChannelName::new(good).unwrap().as_str(), good);
+            assert_eq!(ClientId::try_from(good).unwrap().as_str(), good);
+        }
+        let bad: [(&str, NameError); 4] = [
+            ("", NameError::Empty),
+            (&"x".repeat(65), NameError::TooLong),
+            ("a,b", NameError::BadByte(b',')),
+            ("news.*", NameError::BadByte(b'*')),
+        ];
+        for (name, why) in bad {
+            assert_eq!(ChannelName::try_from(name), Err(why), "{name:?}");
+            assert_eq!(ClientId::new(name), Err(why), "{name:?}");
+        }
+        assert_eq!(ClientId::new("alice").unwrap().to_string(), "alice");
     }
 
     #[test]

@@ -233,8 +233,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::protocol::commands::Recipients;
     use crate::protocol::ws::{CloseCode, MessageKind};
-    use crate::server::Recipients;
 
     /// A server whose slices visit `budget` connections, and `count`
     /// clients upgraded as `/?id=u{i}`, with `&channel=hot` where `hot(i)`.
@@ -341,7 +341,7 @@ mod tests {
         let hot = |i: usize| !i.is_multiple_of(3);
         let (mut server, mut clients) = server_and_clients(BUDGET, 30, hot);
         let handle = server.handle();
-        let to_hot = || Recipients::Channels(vec!["hot".into()]);
+        let to_hot = || Recipients::channels(&["hot"]);
         for text in ["p0", "p1", "p2"] {
             handle.send(to_hot(), MessageKind::Text, text).unwrap();
         }
@@ -388,7 +388,7 @@ mod tests {
         let handle = server.handle();
         handle.broadcast_text("before").unwrap();
         for i in 0..24 {
-            let whom = Recipients::Id(format!("u{i}"));
+            let whom = Recipients::id(&format!("u{i}"));
             handle.close(whom, CloseCode(4000), "bye").unwrap();
         }
         handle.broadcast_text("after").unwrap();

@@ -15,7 +15,8 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::protocol::commands::ConnRef;
+use crate::protocol::commands::{self, Recipients};
+use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::ws::{CloseCode, MessageKind};
 use crate::server::frames::{encoded_len, Message, SharedFrames};
 use crate::server::history::History;
@@ -24,29 +25,6 @@ use crate::server::history::History;
 /// the channel and the loop's queue, its `Vec` and its time stamp. So even
 /// empty messages cannot queue without bound.
 pub const COMMAND_OVERHEAD: usize = 64;
-
-/// Who a message (or a close) is for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Recipients {
-    /// Every open connection.
-    All,
-    /// The subscribers of any of these channels, each once.
-    Channels(Vec<String>),
-    /// Every connection of this client id.
-    Id(String),
-    /// One connection.
-    Conn(ConnRef),
-}
-
-impl Recipients {
-    fn names_len(&self) -> usize {
-        match self {
-            Recipients::All | Recipients::Conn(_) => 0,
-            Recipients::Channels(names) => names.iter().map(String::len).sum(),
-            Recipients::Id(id) => id.len(),
-        }
-    }
-}
 
 /// What a command asks the loop to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,9 +46,9 @@ pub enum Action {
         /// Subscribe, or unsubscribe.
         on: bool,
         /// The client id.
-        id: String,
+        id: ClientId,
         /// The channels.
-        channels: Vec<String>,
+        channels: Box<[ChannelName]>,
     },
     /// Close connections with a close frame.
     Close {
@@ -95,7 +73,7 @@ impl Action {
                     ..
                 } => payload.len() + deflated.as_ref().map_or(0, |d| d.len()) + to.names_len(),
                 Action::Subscribe { id, channels, .. } => {
-                    id.len() + channels.iter().map(String::len).sum::<usize>()
+                    id.as_str().len() + commands::names_len(channels)
                 }
                 Action::Close { whom, reason, .. } => whom.names_len() + reason.len(),
             }
@@ -461,9 +439,9 @@ mod tests {
     fn a_batch_holds_messages_for_the_same_recipients_and_stops_at_a_control() {
         let (sender, receiver) = mpsc::channel();
         let mut feed = Feed::new(receiver);
-        let news = || Recipients::Channels(vec!["news".into()]);
+        let news = || Recipients::channels(&["news"]);
         let close = Action::Close {
-            whom: Recipients::Id("bob".into()),
+            whom: Recipients::id("bob"),
             code: CloseCode::NORMAL,
             reason: "bye".into(),
         };

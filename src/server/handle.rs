@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use mio::Waker;
 
 use crate::ops::metrics::{LoopHistogram, Metrics, MetricsSnapshot};
-use crate::protocol::commands::{self, MAX_REASON_LEN};
-use crate::protocol::names::{self, NameError};
+use crate::protocol::commands::{self, Recipients, MAX_REASON_LEN};
+use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::ws::{compress, CloseCode, MessageKind};
 use crate::server::check_message_limit;
-use crate::server::feed::{Action, Command, Gate, Recipients};
+use crate::server::feed::{Action, Command, Gate};
 use crate::server::upstream::Shelf;
 
 /// State shared between the loop and its handles.
@@ -129,25 +129,8 @@ pub enum BroadcastError {
     TooBig(MessageTooBig),
     /// The loop has stopped.
     Gone(ServerGone),
-    /// A channel name or client id is not valid.
-    BadName(NameError),
     /// A close code a server may not send, or a reason over 123 bytes.
     BadClose,
-}
-
-impl From<NameError> for BroadcastError {
-    fn from(e: NameError) -> Self {
-        BroadcastError::BadName(e)
-    }
-}
-
-/// Checks the names in `to`.
-fn check_recipients(to: &Recipients) -> Result<(), NameError> {
-    match to {
-        Recipients::All | Recipients::Conn(_) => Ok(()),
-        Recipients::Id(id) => names::check(id),
-        Recipients::Channels(channels) => channels.iter().try_for_each(|c| names::check(c)),
-    }
 }
 
 impl std::fmt::Display for BroadcastError {
@@ -155,7 +138,6 @@ impl std::fmt::Display for BroadcastError {
         match self {
             BroadcastError::TooBig(e) => e.fmt(f),
             BroadcastError::Gone(e) => e.fmt(f),
-            BroadcastError::BadName(e) => write!(f, "a channel name or id {e}"),
             BroadcastError::BadClose => f.write_str(
                 "a close code is 1000-1003, 1007-1011 or 3000-4999, with at most 123 bytes of reason",
             ),
@@ -289,7 +271,6 @@ impl Handle {
         kind: MessageKind,
         payload: impl Into<Vec<u8>>,
     ) -> Result<(), BroadcastError> {
-        check_recipients(&to)?;
         let payload = payload.into();
         let shared = &self.shared;
         check_message_limit(&payload, shared.max_message_bytes, &shared.metrics)?;
@@ -298,30 +279,30 @@ impl Handle {
 
     /// Subscribes the connections of client `id` to `channels` (those
     /// open when the loop takes the command).
-    pub fn subscribe(&self, id: &str, channels: &[&str]) -> Result<(), BroadcastError> {
-        self.change_subscription(true, id, channels)
+    pub fn subscribe(
+        &self,
+        id: ClientId,
+        channels: impl Into<Box<[ChannelName]>>,
+    ) -> Result<(), ServerGone> {
+        self.change_subscription(true, id, channels.into())
     }
 
     /// Unsubscribes the connections of client `id` from `channels`.
-    pub fn unsubscribe(&self, id: &str, channels: &[&str]) -> Result<(), BroadcastError> {
-        self.change_subscription(false, id, channels)
+    pub fn unsubscribe(
+        &self,
+        id: ClientId,
+        channels: impl Into<Box<[ChannelName]>>,
+    ) -> Result<(), ServerGone> {
+        self.change_subscription(false, id, channels.into())
     }
 
     fn change_subscription(
         &self,
         on: bool,
-        id: &str,
-        channels: &[&str],
-    ) -> Result<(), BroadcastError> {
-        names::check(id)?;
-        channels.iter().try_for_each(|c| names::check(c))?;
-        let channels = channels.iter().map(|c| c.to_string()).collect();
-        let action = Action::Subscribe {
-            on,
-            id: id.into(),
-            channels,
-        };
-        Ok(self.queue(action, None)?)
+        id: ClientId,
+        channels: Box<[ChannelName]>,
+    ) -> Result<(), ServerGone> {
+        self.queue(Action::Subscribe { on, id, channels }, None)
     }
 
     /// Closes the connections of `whom` with a close frame carrying
@@ -332,7 +313,6 @@ impl Handle {
         code: CloseCode,
         reason: &str,
     ) -> Result<(), BroadcastError> {
-        check_recipients(&whom)?;
         if !commands::may_send(code) || reason.len() > MAX_REASON_LEN {
             return Err(BroadcastError::BadClose);
         }

@@ -17,9 +17,9 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::protocol::commands::Recipients;
 use crate::protocol::position::{Epoch, Position, Status};
 use crate::protocol::ws::OpCode;
-use crate::server::feed::Recipients;
 use crate::server::frames::SharedFrames;
 pub use crate::server::ring::Bounds;
 use crate::server::ring::{Kind, Ring};
@@ -53,8 +53,11 @@ impl Filter {
 fn audience(to: &Recipients) -> (Kind, Vec<u8>) {
     match to {
         Recipients::All => (Kind::All, Vec::new()),
-        Recipients::Channels(names) => (Kind::Channels, names.join(",").into_bytes()),
-        Recipients::Id(id) => (Kind::Id, id.as_bytes().to_vec()),
+        Recipients::Channels(names) => {
+            let names: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
+            (Kind::Channels, names.join(",").into_bytes())
+        }
+        Recipients::Id(id) => (Kind::Id, id.as_str().as_bytes().to_vec()),
         Recipients::Conn(_) => (Kind::Conn, Vec::new()),
     }
 }
@@ -543,13 +546,16 @@ mod tests {
     fn a_replay_follows_the_filter_and_starts_inside_a_batch() {
         let now = Instant::now();
         let mut history = history(bounds(100, 1 << 20, 60));
-        let channels =
-            |names: &[&str]| Recipients::Channels(names.iter().map(|n| n.to_string()).collect());
-        keep(&mut history, &["1", "2", "3"], channels(&["a"]), now);
-        keep(&mut history, &["4"], channels(&["b", "a"]), now);
-        keep(&mut history, &["5"], Recipients::Id("ann".into()), now);
-        keep(&mut history, &["6"], Recipients::Id("bob".into()), now);
-        keep(&mut history, &["7"], channels(&["c"]), now);
+        keep(
+            &mut history,
+            &["1", "2", "3"],
+            Recipients::channels(&["a"]),
+            now,
+        );
+        keep(&mut history, &["4"], Recipients::channels(&["b", "a"]), now);
+        keep(&mut history, &["5"], Recipients::id("ann"), now);
+        keep(&mut history, &["6"], Recipients::id("bob"), now);
+        keep(&mut history, &["7"], Recipients::channels(&["c"]), now);
         keep(&mut history, &["8"], Recipients::All, now);
         let ann = Filter {
             id: Some("ann".into()),

@@ -160,13 +160,13 @@ impl Ring {
     pub fn open(fd: OwnedFd) -> io::Result<Ring> {
         let mem = SharedMemory::open(fd)?;
         let invalid = |what| io::Error::new(io::ErrorKind::InvalidData, what);
-        if mem.len() < HEADER_LEN || mem.word(MAGIC_AT * 8).load(Ordering::Acquire) != MAGIC {
+        if mem.size() < HEADER_LEN || mem.word(MAGIC_AT * 8).load(Ordering::Acquire) != MAGIC {
             return Err(invalid("not a wspush history"));
         }
         let data = mem.word(DATA * 8).load(Ordering::Relaxed);
         let slots = mem.word(SLOTS * 8).load(Ordering::Relaxed);
         let data_at = (HEADER_LEN + slots as usize * SLOT_LEN).next_multiple_of(4096);
-        if data_at as u64 + data != mem.len() as u64 {
+        if data_at as u64 + data != mem.size() as u64 {
             return Err(invalid("a history of the wrong size"));
         }
         Ok(Ring {

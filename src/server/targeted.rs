@@ -24,9 +24,10 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::ops::metrics::Metrics;
+use crate::protocol::commands::Recipients;
+use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::ws::CloseCode;
 use crate::server::fanout::Seq;
-use crate::server::feed::Recipients;
 use crate::server::frames::SharedFrames;
 use crate::server::key::ConnKey;
 use crate::server::owed::{Addressed, Item};
@@ -364,14 +365,24 @@ impl Server {
     }
 
     /// Subscribes (or unsubscribes) client `id`'s open connections.
-    pub(super) fn change_subscription(&mut self, on: bool, id: &str, channels: &[String]) {
-        self.find_recipients(&Recipients::Id(id.to_string()));
+    pub(super) fn change_subscription(
+        &mut self,
+        on: bool,
+        id: &ClientId,
+        channels: &[ChannelName],
+    ) {
+        self.find_recipients(&Recipients::Id(id.clone()));
         let metrics = &self.shared.metrics;
         for &slot in &self.targeted.recipients {
             for channel in channels {
                 if !on {
-                    self.routes.unsubscribe(slot, Some(id), channel);
-                } else if self.routes.subscribe(slot, Some(id), channel).is_err() {
+                    self.routes
+                        .unsubscribe(slot, Some(id.as_str()), channel.as_str());
+                } else if self
+                    .routes
+                    .subscribe(slot, Some(id.as_str()), channel.as_str())
+                    .is_err()
+                {
                     Metrics::incr(&metrics.subscriptions_refused);
                     log::warn!("subscription of {id} to {channel} refused: at the channel limit");
                 }
@@ -397,7 +408,12 @@ impl Server {
             }
             Recipients::Channels(channels) => {
                 for channel in channels {
-                    recipients.extend(self.routes.subscribers(channel).iter().filter(|s| open(s)));
+                    recipients.extend(
+                        self.routes
+                            .subscribers(channel.as_str())
+                            .iter()
+                            .filter(|s| open(s)),
+                    );
                 }
                 if channels.len() > 1 {
                     recipients.sort_unstable();
@@ -406,7 +422,7 @@ impl Server {
             }
             Recipients::Id(id) => {
                 let id_of = |slot: Slot| conns.get(slot as usize).and_then(|c| c.id());
-                recipients.extend(self.routes.holders(id, id_of).filter(|s| open(s)));
+                recipients.extend(self.routes.holders(id.as_str(), id_of).filter(|s| open(s)));
             }
             Recipients::Conn(conn) => {
                 let holder = conns.get(conn.slot as usize);

@@ -12,7 +12,22 @@ use std::time::Duration;
 
 use tungstenite::stream::MaybeTlsStream;
 use tungstenite::WebSocket;
-use wspush::{Config, Handle, Server};
+use wspush::{ChannelName, ClientId, Config, Handle, Recipients, Server};
+
+/// The subscribers of `names` (valid channel names).
+pub fn channels(names: &[&str]) -> Recipients {
+    Recipients::Channels(names.iter().map(|n| channel(n)).collect())
+}
+
+/// A valid channel name.
+pub fn channel(name: &str) -> ChannelName {
+    ChannelName::new(name).expect("a valid channel name")
+}
+
+/// A valid client id.
+pub fn client_id(id: &str) -> ClientId {
+    ClientId::new(id).expect("a valid client id")
+}
 
 /// How long any single read in a test may block before the test fails
 /// instead of hanging.

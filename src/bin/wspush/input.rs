@@ -1,8 +1,8 @@
 //! Standard input to the loop. In `lines` mode each line, judged by the
 //! rules of [`wspush::protocol::lines`], is broadcast; in `commands` mode
-//! each line is a command of [`wspush::protocol::commands`]. Either way
-//! the work goes through a [`Handle`], and a skipped line is logged with
-//! its number and counted in `input_lines_rejected`. End of input ends
+//! each line is a [`wspush::Command`]. Either way the work goes through a
+//! [`Handle`], and a skipped line is logged with its number and counted in
+//! `input_lines_rejected`. End of input ends
 //! the pump, not the server. An instance of a supervisor also takes the
 //! supervisor's control lines ([`crate::sources`]) from its input.
 //!
@@ -15,9 +15,10 @@ use std::io::{self, BufRead};
 use std::ops::ControlFlow;
 
 use crate::sources::{Control, CONTROL};
-use wspush::protocol::commands::{self, Audience, Closing, Command, Payload};
 use wspush::protocol::lines::{Line, Lines};
-use wspush::{BroadcastError, Handle, MessageKind, Recipients, ServerGone, SharedHistory};
+use wspush::{
+    BroadcastError, Command, Handle, MessageKind, Payload, Recipients, ServerGone, SharedHistory,
+};
 
 /// What a line of input is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -188,18 +189,10 @@ fn interpret(mode: InputMode, text: &str) -> Result<Interpreted<'_>, String> {
                 payload,
             ));
         }
-        InputMode::Commands => commands::parse(text).map_err(|e| e.to_string())?,
+        InputMode::Commands => Command::parse(text).map_err(|e| e.to_string())?,
     };
     let Command::Send { to, payload } = command else {
         return Ok(Interpreted::Command(command));
-    };
-    let to = match to {
-        Audience::All => Recipients::All,
-        Audience::Channels(channels) => {
-            Recipients::Channels(channels.iter().map(String::from).collect())
-        }
-        Audience::Id(id) => Recipients::Id(id.into()),
-        Audience::Conn(conn) => Recipients::Conn(conn),
     };
     Ok(match payload {
         Payload::Text(text) => Interpreted::Message(to, MessageKind::Text, text.into()),
@@ -211,19 +204,9 @@ fn interpret(mode: InputMode, text: &str) -> Result<Interpreted<'_>, String> {
 fn carry_out(handle: &Handle, command: Command<'_>) -> Result<(), BroadcastError> {
     match command {
         Command::Send { .. } => unreachable!("messages are interpreted apart"),
-        Command::Subscribe { id, channels } => {
-            handle.subscribe(id, &channels.iter().collect::<Vec<_>>())
-        }
-        Command::Unsubscribe { id, channels } => {
-            handle.unsubscribe(id, &channels.iter().collect::<Vec<_>>())
-        }
-        Command::Close { who, code, reason } => {
-            let whom = match who {
-                Closing::Id(id) => Recipients::Id(id.into()),
-                Closing::Conn(conn) => Recipients::Conn(conn),
-            };
-            handle.close(whom, code, reason)
-        }
+        Command::Subscribe { id, channels } => Ok(handle.subscribe(id, channels)?),
+        Command::Unsubscribe { id, channels } => Ok(handle.unsubscribe(id, channels)?),
+        Command::Close { who, code, reason } => handle.close(who, code, reason),
     }
 }
 

@@ -61,7 +61,7 @@ pub enum MessageKind {
 
 impl MessageKind {
     /// The opcode that starts a message of this kind.
-    pub fn opcode(self) -> OpCode {
+    pub(crate) fn opcode(self) -> OpCode {
         match self {
             MessageKind::Text => OpCode::Text,
             MessageKind::Binary => OpCode::Binary,

@@ -21,9 +21,6 @@ use super::codes::OpCode;
 /// The longest possible header: 2 + 8 (64-bit length) + 4 (masking key).
 pub const MAX_HEADER_LEN: usize = 14;
 
-/// The longest header a server writes (it never masks): 2 + 8.
-pub const MAX_SERVER_HEADER_LEN: usize = 10;
-
 /// RSV1 in [`FrameHeader::rsv`]: permessage-deflate's "compressed" bit
 /// (RFC 7692 §6).
 pub const RSV1: u8 = 0b100;

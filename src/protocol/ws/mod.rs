@@ -11,5 +11,7 @@ pub mod mask;
 pub mod utf8;
 
 pub use codes::{CloseCode, MessageKind, OpCode};
-pub use decoder::{CloseFrame, Decoder, Event, ProtocolError};
+#[cfg(feature = "internals")]
+pub use decoder::CloseFrame;
+pub use decoder::{Decoder, Event, ProtocolError};
 pub use header::FrameHeader;
