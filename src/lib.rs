@@ -15,7 +15,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use wspush::{Config, MessageKind, Server};
+//! use wspush::{ChannelName, ClientId, Config, MessageKind, Recipients, Server};
 //!
 //! let mut server = Server::bind(Config::default().with(|c| c.echo = false))?;
 //! let addr = server.local_addr(); // port 0 picked a free port
@@ -27,6 +27,10 @@
 //! let handle = server.handle();
 //! let loop_thread = std::thread::spawn(move || server.run());
 //! handle.broadcast_text("hello")?;
+//! // Names are checked once, as they are made; a bad one is a NameError.
+//! let news = ChannelName::new("news")?;
+//! handle.subscribe(ClientId::new("alice")?, [news.clone()])?;
+//! handle.send(Recipients::Channels(Box::new([news])), MessageKind::Text, "hi")?;
 //! handle.shutdown()?;
 //! loop_thread.join().map_err(|_| "the loop thread panicked")??;
 //! # Ok::<(), Box<dyn std::error::Error>>(())

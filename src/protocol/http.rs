@@ -33,8 +33,8 @@ pub struct Upgrade<'a> {
     pub target: &'a str,
     /// The `Sec-WebSocket-Accept` value answering the client's key.
     pub accept: [u8; 28],
-    /// Where the token it presented is among the [`Tokens`], when tokens
-    /// are required (see [`Tokens::grant`]).
+    /// Where the token it presented is among the [`Tokens`] (which tells
+    /// what it grants), when tokens are required.
     pub token: Option<usize>,
     /// The permessage-deflate terms agreed, if the client offered it and
     /// the server takes it.
