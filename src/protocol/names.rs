@@ -67,7 +67,7 @@ fn check_with(name: &str, allowed: impl Fn(u8) -> bool) -> Result<(), NameError>
 macro_rules! name_type {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
         pub struct $name(Box<str>);
 
         impl $name {
