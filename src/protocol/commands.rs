@@ -69,7 +69,8 @@ impl fmt::Display for ConnRef {
 
 /// Who a message (or a close) is for, its names checked as they were
 /// made. It is queued with every targeted message, so it is small: 24
-/// bytes, and one allocation per name.
+/// bytes beside its names (one allocation each, and one more for a list
+/// of channels).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Recipients {
     /// Every open connection.
