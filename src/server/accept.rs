@@ -1,65 +1,33 @@
-//! Accepting connections: the listening sockets, admission (limits, the
-//! slab, the poll registration) and refusals before a connection exists.
+//! Accepting connections: admission (limits, the slab, the poll
+//! registration) and refusals before a connection exists.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
-use std::time::{Duration, Instant};
 
-use mio::net::{TcpListener, TcpStream};
-use mio::{Interest, Token};
-use socket2::{Domain, Socket, Type};
+use mio::net::TcpStream;
+use mio::{Interest, Registry, Token};
 
+use crate::config::Config;
 use crate::ops::metrics::Metrics;
-use crate::ops::sys;
 use crate::protocol::http::{Endpoints, Rejection, MAX_RESPONSE_LEN};
-use crate::server::conn::Conn;
+use crate::server::connections::Connections;
 use crate::server::key::ConnKey;
-use crate::server::nonblocking::attempt;
-use crate::server::{Lifecycle, Server};
+use crate::server::sockets::{Door, Sockets};
 
-/// Accept queue length asked of the kernel (capped by net.core.somaxconn).
-const LISTEN_BACKLOG: i32 = 65_535;
 /// Connections accepted per wake-up before the loop serves the others.
-const ACCEPTS_PER_WAKE: usize = 256;
-/// How long accepting pauses when file descriptors run out.
-pub(super) const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+pub(super) const ACCEPTS_PER_WAKE: usize = 256;
 
-/// The listener a connection came in through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Door {
-    /// The main listener: WebSocket upgrades (and `/healthz`, the demo
-    /// page if on, and `/metrics` unless it has a listener of its own).
-    Main,
-    /// `metrics_listen`: `/metrics` and `/healthz` only.
-    Metrics,
-}
-
-/// A listening socket: `SO_REUSEADDR` (restarts while old connections sit
-/// in TIME_WAIT), `SO_REUSEPORT` when asked, `TCP_NODELAY` (Linux copies it
-/// to every accepted socket, saving a syscall per connection),
-/// `TCP_DEFER_ACCEPT`, and a deep accept queue for connection bursts (the
-/// kernel caps it at somaxconn).
-///
-/// `TCP_DEFER_ACCEPT`: the kernel hands a connection to `accept()` only
-/// once its first data (the upgrade or HTTP request) arrived, so one
-/// wake-up accepts, reads and answers it, and the handshake's bare ACK
-/// wakes nobody. A client that connects and sends nothing stays half-open
-/// in the kernel (no descriptor, no slab slot) for about
-/// `DEFER_ACCEPT_SECS`; then the kernel resends its SYN-ACK, the client's
-/// answer completes the connection, and it is accepted and given
-/// `handshake_timeout` like any other.
-pub(super) fn listen(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
-    const DEFER_ACCEPT_SECS: u32 = 1;
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), None)?;
-    socket.set_reuse_address(true)?;
-    if reuse_port {
-        socket.set_reuse_port(true)?;
-    }
-    socket.set_tcp_nodelay(true)?;
-    sys::set_tcp_defer_accept(&socket, DEFER_ACCEPT_SECS)?;
-    socket.bind(&addr.into())?;
-    socket.listen(LISTEN_BACKLOG)?;
-    Ok(TcpListener::from_std(socket.into()))
+/// What one turn at a listener came to.
+#[derive(Debug)]
+pub(super) enum Accepted {
+    /// A connection, in the slab under this key: the loop reads it at once.
+    Admitted(ConnKey),
+    /// A connection refused (over a limit), or an accept that failed.
+    Refused,
+    /// The backlog is empty.
+    Empty,
+    /// File descriptors or kernel memory ran out: retrying at once would spin.
+    Exhausted(io::Error),
 }
 
 /// Out of file descriptors or kernel memory: retrying at once would spin.
@@ -82,98 +50,84 @@ fn refuse(mut stream: TcpStream, rejection: Rejection, scratch: &mut [u8]) {
     let _ = stream.shutdown(Shutdown::Write);
 }
 
-impl Server {
-    /// Accepts until the backlog is empty, the per-wake cap is reached, or
-    /// file descriptors run out (then pauses instead of spinning).
-    pub(super) fn accept(&mut self, door: Door, now: Instant) {
-        self.accept_again[door as usize] = false;
-        if self.accept_paused_until.is_some() || self.lifecycle != Lifecycle::Running {
-            return;
-        }
-        for _ in 0..ACCEPTS_PER_WAKE {
-            let listener = match (door, &self.metrics_listener) {
-                (Door::Main, _) => &self.listener,
-                (Door::Metrics, Some(listener)) => listener,
-                (Door::Metrics, None) => return,
+/// Takes the next connection waiting at `door` into `conns`, or refuses
+/// it (reading its request into `scratch`).
+pub(super) fn accept_one(
+    door: Door,
+    io: &Sockets,
+    conns: &mut Connections,
+    scratch: &mut [u8],
+    config: &Config,
+    metrics: &Metrics,
+) -> Accepted {
+    match io.accept(door) {
+        Ok(Some((stream, peer))) => {
+            let admission = Admission {
+                registry: io.registry(),
+                metrics_listener: io.has_metrics_listener(),
+                config,
+                metrics,
             };
-            match attempt(|| listener.accept()) {
-                Ok(Some((stream, peer))) => self.admit(stream, peer, door, now),
-                Ok(None) => return,
-                Err(e) if is_resource_exhaustion(&e) => return self.pause_accepting(&e, now),
-                Err(e) => {
-                    Metrics::incr(&self.shared.metrics.accept_errors);
-                    log::debug!("accept failed: {e}");
-                }
-            }
+            admission.admit(conns, stream, peer, door, scratch)
         }
-        self.accept_again[door as usize] = true;
-    }
-
-    fn pause_accepting(&mut self, error: &io::Error, now: Instant) {
-        Metrics::incr(&self.shared.metrics.accept_pauses);
-        self.accept_paused_until = Some(now + ACCEPT_PAUSE);
-        if self
-            .last_accept_warning
-            .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1))
-        {
-            self.last_accept_warning = Some(now);
-            log::warn!(
-                "accept paused for {ACCEPT_PAUSE:?}: {error} ({} connections open; raise the open-file limit or --max-connections)",
-                self.conns.len()
-            );
+        Ok(None) => Accepted::Empty,
+        Err(e) if is_resource_exhaustion(&e) => Accepted::Exhausted(e),
+        Err(e) => {
+            Metrics::incr(&metrics.accept_errors);
+            log::debug!("accept failed: {e}");
+            Accepted::Refused
         }
     }
+}
 
-    pub(super) fn resume_accepting(&mut self, now: Instant) {
-        if self.accept_paused_until.is_some_and(|until| now >= until) {
-            self.accept_paused_until = None;
-            self.accept_again = [true; 2];
-        }
-        if self.accept_paused_until.is_none() {
-            for door in [Door::Main, Door::Metrics] {
-                if self.accept_again[door as usize] {
-                    self.accept(door, now);
-                }
-            }
-        }
-    }
+/// What admitting a connection goes by.
+struct Admission<'a> {
+    registry: &'a Registry,
+    /// `/metrics` has a listener of its own.
+    metrics_listener: bool,
+    config: &'a Config,
+    metrics: &'a Metrics,
+}
 
+impl Admission<'_> {
     /// Takes a new TCP connection into the slab, or refuses it with 503
     /// when the server is full or 429 when its address is.
-    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, door: Door, now: Instant) {
-        let metrics = &self.shared.metrics;
+    fn admit(
+        &self,
+        conns: &mut Connections,
+        mut stream: TcpStream,
+        peer: SocketAddr,
+        door: Door,
+        scratch: &mut [u8],
+    ) -> Accepted {
+        let metrics = self.metrics;
         Metrics::incr(&metrics.connections_accepted);
-        if self.conns.len() >= self.config.max_connections {
+        if conns.len() >= self.config.max_connections {
             Metrics::incr(&metrics.rejected_503);
-            refuse(stream, Rejection::ServiceUnavailable, &mut self.scratch);
-            return;
+            refuse(stream, Rejection::ServiceUnavailable, scratch);
+            return Accepted::Refused;
         }
-        let key = self.conns.vacant_key();
-        if let (Door::Main, Some(per_ip)) = (door, &mut self.per_ip) {
-            if per_ip.admit(ConnKey(key), peer.ip()).is_err() {
-                Metrics::incr(&metrics.rejected_429);
-                log::debug!("{} holds its maximum of connections: 429", peer.ip());
-                refuse(stream, Rejection::TooManyRequests, &mut self.scratch);
-                return;
-            }
+        let key = ConnKey(conns.slab.vacant_key());
+        if door == Door::Main && conns.admit_peer(key, peer.ip()).is_err() {
+            Metrics::incr(&metrics.rejected_429);
+            log::debug!("{} holds its maximum of connections: 429", peer.ip());
+            refuse(stream, Rejection::TooManyRequests, scratch);
+            return Accepted::Refused;
         }
         if let Err(e) = self
-            .poll
-            .registry()
-            .register(&mut stream, Token(key), Interest::READABLE)
+            .registry
+            .register(&mut stream, Token(key.0), Interest::READABLE)
         {
             Metrics::incr(&metrics.accept_errors);
             log::warn!("register failed: {e}");
-            if let Some(per_ip) = &mut self.per_ip {
-                per_ip.release(ConnKey(key));
-            }
-            return;
+            conns.release_peer(key);
+            return Accepted::Refused;
         }
         Metrics::incr(&metrics.connections_http);
         let endpoints = match door {
             Door::Main => Endpoints {
                 websocket: true,
-                metrics: self.metrics_listener.is_none(),
+                metrics: !self.metrics_listener,
                 demo: self.config.demo,
             },
             Door::Metrics => Endpoints {
@@ -182,14 +136,6 @@ impl Server {
                 demo: false,
             },
         };
-        let serial = self.serials.assign();
-        self.conns.insert(Conn::accepted(stream, endpoints, serial));
-        self.key_bound = self.key_bound.max(key + 1);
-        // The request arrived with the connection (the listener defers
-        // accepting until it has): reading now saves a trip through the poll.
-        let parts = self.parts(now);
-        let mut ctx = parts.ctx;
-        let verdict = parts.conns[key].on_accepted(ConnKey(key), parts.scratch, &mut ctx);
-        self.settle(ConnKey(key), verdict);
+        Accepted::Admitted(conns.insert(stream, endpoints))
     }
 }

@@ -16,8 +16,6 @@
 //! answers with one [`Verdict`]; the verdicts other than keep are acted
 //! on in one place, the loop's `settle`, once the slice is over.
 
-use std::time::Instant;
-
 use mio::Registry;
 use slab::Slab;
 
@@ -27,8 +25,8 @@ use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
 use crate::server::fanout::Stream;
 use crate::server::key::ConnKey;
 use crate::server::owed::{Addressed, Item, Owed, Unfinished};
+use crate::server::sync_interest;
 use crate::server::targeted::{Targeted, Turn, Until};
-use crate::server::{sync_interest, Server};
 
 /// Bytes one slice hands to sockets (or queues), at most, before the loop
 /// serves other events again (besides [`Config::fanout_budget`] visits).
@@ -190,39 +188,53 @@ impl Visitor<'_, '_> {
     }
 }
 
-impl Server {
-    /// Carries every delivery one slice further under one budget: the
-    /// walk over targeted items first, then the pass; then drops the
-    /// batches no connection needs any more, and acts on the verdicts.
-    pub(super) fn deliver_slice(&mut self, now: Instant) {
-        let mut stream = std::mem::take(&mut self.stream);
-        let mut targeted = std::mem::take(&mut self.targeted);
-        let mut unsettled = std::mem::take(&mut self.unsettled);
-        let key_bound = self.key_bound;
-        let parts = self.parts(now);
-        let mut visitor = Visitor {
-            conns: parts.conns,
-            registry: parts.registry,
-            ctx: parts.ctx,
-            unsettled: &mut unsettled,
-        };
-        visitor.ctx.next_batch = stream.next_seq();
-        let mut budget = Budget::new(visitor.ctx.config, visitor.ctx.tally);
-        visitor.walk(&mut targeted, &stream, &mut budget);
-        visitor.pass(&mut stream, key_bound, &mut budget);
-        targeted.settle_floor();
-        stream.trim(targeted.floor());
-        self.stream = stream;
-        self.targeted = targeted;
-        for (key, verdict) in unsettled.drain(..) {
-            self.settle(key, verdict);
-        }
-        self.unsettled = unsettled;
-    }
+/// The deliveries under way: the broadcast stream with its pass, the
+/// targeted items with their walk, and the verdicts a slice leaves.
+#[derive(Debug, Default)]
+pub(super) struct Delivery {
+    /// The broadcast batches, and the pass carrying them to the connections.
+    pub(super) stream: Stream,
+    /// Messages and closes for some connections, on their way.
+    pub(super) targeted: Targeted,
+    /// Reused for the verdicts a delivery slice leaves to act on.
+    unsettled: Vec<(ConnKey, Verdict)>,
+}
 
+impl Delivery {
     /// Whether some delivery is under way or may be owed.
     pub(super) fn delivering(&self) -> bool {
         self.stream.is_busy() || !self.targeted.is_idle()
+    }
+
+    /// Carries every delivery one slice further under one budget, visiting
+    /// `conns` below `key_bound` with `ctx`: the walk over targeted items
+    /// first, then the pass; then drops the batches no connection needs
+    /// any more. Returns the verdicts other than keep, for the loop to act
+    /// on (give the list back with [`Delivery::settled`]).
+    pub(super) fn slice(
+        &mut self,
+        (conns, key_bound): (&mut Slab<Conn>, usize),
+        registry: &Registry,
+        ctx: Ctx<'_>,
+    ) -> Vec<(ConnKey, Verdict)> {
+        let mut unsettled = std::mem::take(&mut self.unsettled);
+        let mut visitor = Visitor {
+            conns,
+            registry,
+            ctx,
+            unsettled: &mut unsettled,
+        };
+        let mut budget = Budget::new(visitor.ctx.config, visitor.ctx.tally);
+        visitor.walk(&mut self.targeted, &self.stream, &mut budget);
+        visitor.pass(&mut self.stream, key_bound, &mut budget);
+        self.targeted.settle_floor();
+        self.stream.trim(self.targeted.floor());
+        unsettled
+    }
+
+    /// Takes back the emptied list [`Delivery::slice`] gave.
+    pub(super) fn settled(&mut self, unsettled: Vec<(ConnKey, Verdict)>) {
+        self.unsettled = unsettled;
     }
 }
 
@@ -230,11 +242,12 @@ impl Server {
 mod tests {
     use std::io::{ErrorKind, Read, Write};
     use std::net::TcpStream;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use super::*;
     use crate::protocol::commands::Recipients;
     use crate::protocol::ws::{CloseCode, MessageKind};
+    use crate::server::Server;
 
     /// A server whose slices visit `budget` connections, and `count`
     /// clients upgraded as `/?id=u{i}`, with `&channel=hot` where `hot(i)`.
@@ -285,7 +298,8 @@ mod tests {
 
     /// Takes what the handles queued and frames it, as an iteration does.
     fn take_commands(server: &mut Server) {
-        server.feed.take_arrivals();
+        server.intake.woken();
+        server.intake.take_arrivals(&server.report.shared);
         server.frame_waiting();
     }
 
@@ -363,7 +377,7 @@ mod tests {
         handle.send(to_hot(), MessageKind::Text, "p3").unwrap();
         handle.broadcast_text("b1").unwrap();
         take_commands(&mut server);
-        while server.delivering() {
+        while server.delivery.delivering() {
             assert!(slice(&mut server, &clients, &mut reached) <= BUDGET);
             slices += 1;
             assert!(slices < 100, "the deliveries never ended");
@@ -377,8 +391,12 @@ mod tests {
             };
             assert_eq!(texts(&frames(client)), expected, "client {i}");
         }
-        assert_eq!(server.stream.next_seq(), crate::server::fanout::Seq(2));
-        assert!(server.targeted.is_idle() && server.targeted.floor().is_none());
+        assert_eq!(
+            server.delivery.stream.next_seq(),
+            crate::server::fanout::Seq(2)
+        );
+        let targeted = &server.delivery.targeted;
+        assert!(targeted.is_idle() && targeted.floor().is_none());
     }
 
     #[test]
@@ -395,7 +413,7 @@ mod tests {
         take_commands(&mut server);
         let mut reached = vec![false; clients.len()];
         let mut slices = 0;
-        while server.delivering() {
+        while server.delivery.delivering() {
             let newly = slice(&mut server, &clients, &mut reached);
             assert!(newly <= BUDGET, "{newly} reached in one slice");
             slices += 1;

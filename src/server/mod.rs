@@ -14,18 +14,20 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mio::net::TcpListener;
-use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use mio::{Interest, Registry, Token};
 use slab::Slab;
 
 mod accept;
+mod address;
 mod alarm;
 mod batching;
+mod buffers;
+mod clock;
 pub(crate) mod conn;
+mod connections;
 mod delivery;
 mod endpoints;
 mod fanout;
@@ -34,69 +36,47 @@ mod frames;
 mod handle;
 mod heartbeat;
 mod history;
-mod housekeeping;
+mod intake;
 mod key;
+mod lifecycle;
 mod nonblocking;
 pub(crate) mod output;
 mod owed;
 mod per_ip;
 mod pool;
+mod records;
+mod report;
 mod ring;
 mod routes;
+mod sockets;
 mod targeted;
 mod timer;
 mod upstream;
 
 use crate::config::{Config, ConfigError};
-use crate::ops::metrics::{LoopHistogram, LoopMax, Metrics, MetricsSnapshot, Tally};
-use crate::ops::sys;
+use crate::ops::metrics::{LoopHistogram, Metrics, MetricsSnapshot};
 use crate::protocol::commands::{ConnRef, Recipients};
+use crate::protocol::http::Endpoint;
 use crate::protocol::ws::{CloseCode, MessageKind};
-use accept::{listen, Door};
+use accept::{Accepted, ACCEPTS_PER_WAKE};
+use address::Directory;
+use buffers::Buffers;
+use clock::Clock;
+use connections::Connections;
+use delivery::Delivery;
 use handle::Shared;
 pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone, UpstreamReader};
 pub use history::SharedHistory;
-use housekeeping::StatsLine;
+use intake::Intake;
 use key::ConnKey;
+use lifecycle::Lifecycle;
+use records::Records;
+use report::Report;
+use sockets::{Door, Sockets, ALARM, LISTENER, METRICS_LISTENER, WAKER};
 
-use crate::server::alarm::Alarm;
-use crate::server::batching::Batching;
-use crate::server::conn::{Assemblies, CloseReason, Conn, Ctx, DeflateScratch, Verdict};
-use crate::server::fanout::Stream;
-use crate::server::feed::{Action, Command, Feed, Gate, Taken};
-use crate::server::frames::SharedFrames;
-use crate::server::heartbeat::Heartbeat;
-use crate::server::history::{Bounds, History, Replay};
-use crate::server::key::Serials;
-use crate::server::owed::Unfinished;
-use crate::server::per_ip::PerIpLimit;
-use crate::server::pool::BufferPool;
-use crate::server::routes::Routes;
-use crate::server::targeted::Targeted;
-use crate::server::timer::{Tick, TimerWheel};
+use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
+use crate::server::feed::{Action, Command, Gate, Taken};
 use crate::server::upstream::{Outbox, Shelf};
-
-const LISTENER: Token = Token(usize::MAX);
-const WAKER: Token = Token(usize::MAX - 1);
-const METRICS_LISTENER: Token = Token(usize::MAX - 2);
-const ALARM: Token = Token(usize::MAX - 3);
-
-/// Readiness events taken per poll.
-const EVENTS_CAPACITY: usize = 1024;
-/// Size of the loop's one read buffer; every connection reads into it.
-const SCRATCH_BYTES: usize = 64 * 1024;
-/// Frames in one broadcast batch, at most (a single larger message goes
-/// alone): about what a loopback socket takes in one write.
-const MAX_BATCH_BYTES: usize = 64 * 1024;
-/// Timer wheel resolution and size (100 ms × 1024 = 102 s per rotation).
-const TIMER_RESOLUTION: Duration = Duration::from_millis(100);
-const TIMER_SLOTS: usize = 1024;
-/// Slab slots reserved up front (address space only: untouched pages cost
-/// no memory), so growing to many connections never copies the slab.
-const SLAB_RESERVE: usize = 1 << 20;
-/// Input buffers allocated at start, and kept idle at most.
-const POOL_PREALLOCATED: usize = 64;
-const POOL_MAX_IDLE: usize = 1024;
 
 /// An open WebSocket connection, as seen from the embedding program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,16 +118,6 @@ impl Ready {
         write: false,
         edge: false,
     };
-}
-
-/// Shutdown progress.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Lifecycle {
-    Running,
-    /// Closing connections; give up on the rest at the deadline.
-    Draining {
-        deadline: Instant,
-    },
 }
 
 /// Why [`Server::bind`] failed.
@@ -193,111 +163,59 @@ impl std::error::Error for BindError {
 /// server.run()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// The loop is made of parts, each owning what one kind of work needs;
+/// a step borrows the parts it uses, and a connection handler gets its
+/// [`Ctx`] split from several of them (see [`Server::handling`]).
 #[derive(Debug)]
 pub struct Server {
-    poll: Poll,
-    /// Rings for the next time event.
-    alarm: Alarm,
-    events: Events,
-    listener: TcpListener,
-    local_addr: SocketAddr,
-    metrics_listener: Option<TcpListener>,
-    conns: Slab<Conn>,
-    /// One more than the highest key ever used: the heartbeat sweeps `0..key_bound`.
-    key_bound: usize,
-    heartbeat: Heartbeat,
-    per_ip: Option<PerIpLimit>,
-    pool: BufferPool,
-    scratch: Box<[u8]>,
-    /// See [`Ctx::replies`].
-    replies: Vec<u8>,
-    /// See [`Ctx::deflate`].
-    deflate: DeflateScratch,
-    /// Client ids and channel subscriptions.
-    routes: Routes,
-    /// Messages and closes for some connections, on their way.
-    targeted: Targeted,
-    /// The serial of the next connection (see [`ConnRef`]).
-    serials: Serials,
-    /// Client messages on their way to the upstream reader, if they go there.
-    upstream: Option<Outbox>,
-    /// Connections whose reading waits for the upstream reader.
-    upstream_waiting: Vec<ConnKey>,
-    /// The body of the last `/metrics` answer, its capacity kept.
-    page: Vec<u8>,
-    timers: TimerWheel,
+    /// Limits and modes.
     config: Config,
-    shared: Arc<Shared>,
-    /// Broadcasts queued for the loop.
-    feed: Feed,
-    command_sender: Sender<Command>,
-    /// Broadcasts may have arrived on the channel (the waker fired).
-    commands_pending: bool,
-    /// Broadcasts framed into batches so far.
-    commands_taken: u64,
-    /// The broadcast batches, and the pass carrying them to the connections.
-    stream: Stream,
-    /// When the loop saw a handle's shutdown request.
-    shutdown_seen: Option<Instant>,
-    /// Connections that used their read budget with input left.
-    read_again: Vec<ConnKey>,
-    /// Accepting stopped at its cap with connections left in the backlog
-    /// (per [`Door`]).
-    accept_again: [bool; 2],
-    /// Accepting is paused (file descriptors ran out) until then.
-    accept_paused_until: Option<Instant>,
-    last_accept_warning: Option<Instant>,
-    /// Reused buffers for deadlines due, and for verdicts a delivery
-    /// slice leaves to act on.
-    expired: Vec<(ConnKey, Tick)>,
-    unsettled: Vec<(ConnKey, Verdict)>,
-    /// See [`Ctx::gathered`].
-    gathered: Vec<SharedFrames>,
-    /// See [`Ctx::messages`].
-    messages: Assemblies,
-    /// The positions given out and the history kept (see [`Ctx::history`]).
-    history: History,
-    /// See [`Ctx::replays`].
-    replays: Vec<(ConnKey, Replay)>,
-    /// See [`Ctx::unfinished`].
-    unfinished: Option<Unfinished>,
+    /// The poll, its events and the listeners.
+    sockets: Sockets,
+    /// The connections and the reading that waits.
+    conns: Connections,
+    /// What the handlers borrow: the read buffer, replies, the pool, ...
+    buffers: Buffers,
+    /// The routes, the history and the replays asked of it.
+    records: Records,
+    /// The stream and its pass, the targeted items and their walk.
+    delivery: Delivery,
+    /// The commands queued by handles.
+    intake: Intake,
+    /// Deadlines, the heartbeat, the alarm, batching.
+    clock: Clock,
+    /// Running or draining, and whether accepting is paused.
     lifecycle: Lifecycle,
-    tally: Tally,
-    loop_max: LoopMax,
-    /// When the last poll returned, until its iteration is counted.
-    busy_since: Option<Instant>,
-    /// When the pool next gives back buffers that sat unused (only while
-    /// it has surplus, or freed buffers the allocator still holds).
-    next_trim: Option<Instant>,
-    /// The pool's count of freed buffers when the allocator last returned memory.
-    released_at_last_return: u64,
-    stats: Option<StatsLine>,
-    batching: Batching,
+    /// The state shared with the handles, the counts and the stats line.
+    report: Report,
 }
 
 impl Drop for Server {
     /// Tells the handles that their requests have no one to go to, and
     /// how many broadcasts it took from them (the rest were abandoned).
     fn drop(&mut self) {
-        let shared = &self.shared;
+        let shared = &self.report.shared;
         shared
             .broadcasts_taken
-            .store(self.commands_taken, Ordering::Relaxed);
+            .store(self.intake.taken(), Ordering::Relaxed);
         shared.gone.store(true, Ordering::Release);
         shared.gate.close();
-        if let Some(upstream) = &mut self.upstream {
+        if let Some(upstream) = &mut self.conns.upstream {
             upstream.hand_over();
         }
         shared.shelf.close();
     }
 }
 
-/// The parts of a server a connection handler works with, borrowed apart.
-struct Parts<'a> {
+/// The parts of a server a connection handler (or a delivery slice)
+/// works with, borrowed apart.
+struct Handling<'a> {
     conns: &'a mut Slab<Conn>,
     registry: &'a Registry,
     scratch: &'a mut [u8],
     ctx: Ctx<'a>,
+    delivery: &'a mut Delivery,
 }
 
 impl Server {
@@ -310,32 +228,9 @@ impl Server {
 
     /// [`Server::bind`] once the configuration is known to be valid.
     fn open(config: Config) -> io::Result<Server> {
-        let poll = Poll::new()?;
-        let mut listener = listen(config.listen, config.reuse_port).map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen))
-        })?;
-        let local_addr = listener.local_addr()?;
-        poll.registry()
-            .register(&mut listener, LISTENER, Interest::READABLE)?;
-        let metrics_listener = match config.metrics_listen {
-            Some(addr) => {
-                let mut metrics_listener = listen(addr, false).map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("cannot listen on {addr} for metrics: {e}"),
-                    )
-                })?;
-                poll.registry().register(
-                    &mut metrics_listener,
-                    METRICS_LISTENER,
-                    Interest::READABLE,
-                )?;
-                Some(metrics_listener)
-            }
-            None => None,
-        };
+        let sockets = Sockets::open(&config)?;
         let shared = Arc::new(Shared {
-            waker: Waker::new(poll.registry(), WAKER)?,
+            waker: sockets.waker()?,
             wake_pending: AtomicBool::new(false),
             broadcasts_queued: AtomicU64::new(0),
             broadcasts_taken: AtomicU64::new(0),
@@ -351,102 +246,44 @@ impl Server {
         let upstream = config
             .upstream
             .map(|up| Outbox::new(up, Arc::clone(&shared.shelf)));
-        let (command_sender, commands) = mpsc::channel();
         let now = Instant::now();
-        let batching = Batching::new(config.batch_delay);
-        let bounds = Bounds {
-            messages: config.history_messages,
-            bytes: config.history_bytes,
-            age: config.history_age,
-        };
-        let history = match config.history_fd {
-            Some(fd) => History::shared(sys::inherited_fd(fd)?, config.first_position)?,
-            None => {
-                let epoch = config.epoch.unwrap_or_default();
-                History::new(epoch, config.first_position, bounds)?
-            }
-        };
         Ok(Server {
-            alarm: Alarm::new(poll.registry(), ALARM)?,
-            poll,
-            events: Events::with_capacity(EVENTS_CAPACITY),
-            listener,
-            local_addr,
-            metrics_listener,
-            conns: Slab::with_capacity(config.max_connections.min(SLAB_RESERVE)),
-            key_bound: 0,
-            heartbeat: Heartbeat::new(config.ping_interval, config.idle_timeout, now),
-            per_ip: config.max_connections_per_ip.map(PerIpLimit::new),
-            pool: BufferPool::new(config.max_head_bytes, POOL_PREALLOCATED, POOL_MAX_IDLE),
-            scratch: vec![0; SCRATCH_BYTES.max(config.max_head_bytes)].into_boxed_slice(),
-            replies: Vec::with_capacity(SCRATCH_BYTES),
-            deflate: DeflateScratch::default(),
-            routes: Routes::new(config.max_channels),
-            targeted: Targeted::default(),
-            serials: Serials::default(),
-            upstream,
-            upstream_waiting: Vec::new(),
-            page: Vec::new(),
-            timers: TimerWheel::new(TIMER_RESOLUTION, TIMER_SLOTS, now),
-            stats: config.stats_interval.map(|every| StatsLine {
-                every,
-                next_at: now + every,
-                last: MetricsSnapshot::default(),
-            }),
+            clock: Clock::new(&config, sockets.registry(), now)?,
+            conns: Connections::new(&config, upstream),
+            buffers: Buffers::new(&config),
+            records: Records::new(&config)?,
+            delivery: Delivery::default(),
+            intake: Intake::new(),
+            lifecycle: Lifecycle::new(),
+            report: Report::new(shared, &config, now),
+            sockets,
             config,
-            shared,
-            feed: Feed::new(commands),
-            command_sender,
-            commands_pending: false,
-            commands_taken: 0,
-            stream: Stream::default(),
-            shutdown_seen: None,
-            read_again: Vec::new(),
-            accept_again: [false; 2],
-            accept_paused_until: None,
-            last_accept_warning: None,
-            expired: Vec::new(),
-            unsettled: Vec::new(),
-            gathered: Vec::new(),
-            messages: Assemblies::new(),
-            history,
-            replays: Vec::new(),
-            unfinished: None,
-            lifecycle: Lifecycle::Running,
-            tally: Tally::default(),
-            loop_max: LoopMax::default(),
-            busy_since: None,
-            next_trim: None,
-            released_at_last_return: 0,
-            batching,
         })
     }
 
     /// The address the listener is bound to (with the real port when 0 was asked).
     pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+        self.sockets.local_addr()
     }
 
     /// The address `/metrics` is served on when it has a listener of its own.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.metrics_listener
-            .as_ref()
-            .and_then(|l| l.local_addr().ok())
+        self.sockets.metrics_addr()
     }
 
     /// The reader of what clients send, when [`Config::upstream`] is set:
     /// the lines of the `upstream` format, taken in order from any thread.
     pub fn upstream(&self) -> Option<UpstreamReader> {
-        self.upstream.as_ref().map(|_| UpstreamReader {
-            shared: Arc::clone(&self.shared),
+        self.conns.upstream.as_ref().map(|_| UpstreamReader {
+            shared: Arc::clone(&self.report.shared),
         })
     }
 
     /// A handle for other threads.
     pub fn handle(&self) -> Handle {
         Handle {
-            commands: self.command_sender.clone(),
-            shared: Arc::clone(&self.shared),
+            commands: self.intake.sender(),
+            shared: Arc::clone(&self.report.shared),
         }
     }
 
@@ -455,12 +292,13 @@ impl Server {
     /// are published once per loop iteration, so they may lag the
     /// connection counts by that iteration's work.
     pub fn metrics(&self) -> MetricsSnapshot {
-        self.shared.snapshot()
+        self.report.shared.snapshot()
     }
 
     /// The open WebSocket connections.
     pub fn connections(&self) -> impl Iterator<Item = ConnectionInfo<'_>> {
         self.conns
+            .slab
             .iter()
             .filter(|(_, conn)| conn.is_open())
             .map(|(slot, conn)| ConnectionInfo {
@@ -472,10 +310,7 @@ impl Server {
     /// Whether a shutdown finished: every connection is closed, or the
     /// close timeout passed.
     pub fn is_finished(&self) -> bool {
-        match self.lifecycle {
-            Lifecycle::Running => false,
-            Lifecycle::Draining { deadline } => self.conns.is_empty() || Instant::now() >= deadline,
-        }
+        self.lifecycle.is_finished(self.conns.is_empty())
     }
 
     /// Runs the loop until a shutdown finishes, then drops what is left.
@@ -494,26 +329,23 @@ impl Server {
     /// handles every event, due deadline and queued command.
     pub fn poll_once(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         let before_poll = Instant::now();
-        let handled = self.record_iteration(before_poll);
+        let handled = self.report.record_iteration(before_poll);
         let timeout = self.poll_timeout(timeout, before_poll)?;
-        let timeout = self.wait_for_batch(timeout, handled);
-        if let Err(e) = self.poll.poll(&mut self.events, timeout) {
-            return if e.kind() == io::ErrorKind::Interrupted {
-                Ok(())
-            } else {
-                Err(e)
-            };
-        }
+        let timeout = self
+            .clock
+            .wait_for_batch(timeout, handled, self.report.metrics());
+        let Some(events) = self.sockets.wait(timeout)? else {
+            return Ok(());
+        };
         let now = Instant::now();
-        self.busy_since = Some(now);
-        let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
-        self.batching.observe(events.iter().count());
+        self.report.busy_from(now);
+        self.clock.observe(events.iter().count());
         for event in events.iter() {
             match event.token() {
                 LISTENER => self.accept(Door::Main, now),
                 METRICS_LISTENER => self.accept(Door::Metrics, now),
-                WAKER => self.commands_pending = true,
-                ALARM => self.alarm.rang(),
+                WAKER => self.intake.woken(),
+                ALARM => self.clock.rang(),
                 Token(key) => {
                     let hangup = event.is_read_closed() || event.is_error();
                     let ready = Ready {
@@ -525,16 +357,12 @@ impl Server {
                 }
             }
         }
-        self.events = events;
+        self.sockets.put_back(events);
         self.retry_reads(now);
         self.expire_deadlines(now);
         self.sweep_heartbeats(now);
         self.resume_accepting(now);
-        if self.commands_pending {
-            self.shared.wake_pending.store(false, Ordering::Release);
-            self.commands_pending = false;
-            self.feed.take_arrivals();
-        }
+        self.intake.take_arrivals(&self.report.shared);
         self.advance_broadcasts(now);
         self.housekeeping(now);
         Ok(())
@@ -547,18 +375,18 @@ impl Server {
     /// [`Server::poll_once`] calls). Refused (and counted) when larger
     /// than `max_message_bytes`.
     pub fn broadcast(&mut self, kind: MessageKind, payload: &[u8]) -> Result<(), MessageTooBig> {
-        let shared = &self.shared;
+        let shared = &self.report.shared;
         check_message_limit(payload, shared.max_message_bytes, &shared.metrics)?;
         shared.broadcasts_queued.fetch_add(1, Ordering::AcqRel);
         let action = shared.send_action(Recipients::All, kind, payload.to_vec());
         shared.gate.force_acquire(action.cost());
         let now = Instant::now();
-        self.feed.push(Command {
+        self.intake.push(Command {
             action,
             queued_at: now,
             seq: None,
         });
-        if self.delivering() {
+        if self.delivery.delivering() {
             self.frame_waiting();
         } else {
             self.advance_broadcasts(now);
@@ -574,17 +402,16 @@ impl Server {
     /// handle asked for a shutdown, sends what was queued before it (for
     /// at most half the shutdown timeout), then begins the shutdown.
     fn advance_broadcasts(&mut self, now: Instant) {
-        if self.lifecycle != Lifecycle::Running {
-            return self.abandon_commands();
+        if !self.lifecycle.is_running() {
+            return self.intake.abandon(&self.report.shared);
         }
-        let shutdown_after = self.shared.shutdown_after.load(Ordering::Acquire);
-        if shutdown_after != u64::MAX {
-            let seen = *self.shutdown_seen.get_or_insert(now);
+        if let Some(all_taken) = self.intake.shutdown_asked(&self.report.shared) {
+            let seen = self.lifecycle.shutdown_seen(now);
             let flush_until = seen + self.config.shutdown_timeout / 2;
-            if self.commands_taken >= shutdown_after || now >= flush_until {
+            if all_taken || now >= flush_until {
                 // Nothing more is framed; what was goes out first.
-                self.abandon_commands();
-                if !self.delivering() {
+                self.intake.abandon(&self.report.shared);
+                if !self.delivery.delivering() {
                     return self.begin_shutdown(now);
                 }
                 return self.deliver_slice(now);
@@ -600,60 +427,38 @@ impl Server {
     /// batches addressed to them (as are closes), subscription changes
     /// are made. Delivery carries them on (see `delivery`).
     fn frame_waiting(&mut self) {
-        let shutdown_after = self.shared.shutdown_after.load(Ordering::Acquire);
-        loop {
-            let allowed = shutdown_after.saturating_sub(self.commands_taken);
-            let Some(taken) = self.feed.next(MAX_BATCH_BYTES, allowed, &mut self.history) else {
-                break;
-            };
-            let metrics = &self.shared.metrics;
+        let shared = &self.report.shared;
+        let shutdown_after = shared.shutdown_after.load(Ordering::Acquire);
+        let history = &mut self.records.history;
+        let mut dir = Directory::new(
+            &mut self.delivery,
+            &mut self.conns.slab,
+            &mut self.records.routes,
+            self.config.instance,
+            &shared.metrics,
+        );
+        while let Some(taken) = self.intake.next(shutdown_after, shared, history) {
             match taken {
                 Taken::Batch(batch) => {
-                    self.shared.gate.release(batch.cost);
-                    let count = batch.frames.count() as u64;
-                    self.commands_taken += count;
-                    Metrics::add(&metrics.broadcasts, count);
-                    Metrics::incr(&metrics.broadcast_batches);
                     let now = Instant::now();
-                    self.history
-                        .keep(&batch.to, &batch.frames, &batch.positions, now);
-                    if self.targeted.has_parked() {
-                        self.release_framed(self.history.current().seq);
+                    history.keep(&batch.to, &batch.frames, &batch.positions, now);
+                    if dir.targeted.has_parked() {
+                        dir.release_framed(history.current().seq);
                     }
                     match batch.to {
-                        Recipients::All => self.stream.push(batch.frames),
-                        to => self.address_frames(&to, batch.frames),
+                        Recipients::All => dir.stream.push(batch.frames),
+                        to => dir.address_frames(&to, batch.frames),
                     }
                 }
-                Taken::Control(action, cost) => {
-                    self.shared.gate.release(cost);
-                    self.commands_taken += 1;
-                    match action {
-                        Action::Subscribe { on, id, channels } => {
-                            self.change_subscription(on, &id, &channels)
-                        }
-                        Action::Close { whom, code, reason } => {
-                            self.address_close(&whom, code, &reason)
-                        }
-                        Action::Send { .. } => unreachable!("sends come framed"),
+                Taken::Control(action, _) => match action {
+                    Action::Subscribe { on, id, channels } => {
+                        dir.change_subscription(on, &id, &channels)
                     }
-                }
+                    Action::Close { whom, code, reason } => dir.address_close(&whom, code, &reason),
+                    Action::Send { .. } => unreachable!("sends come framed"),
+                },
             }
         }
-    }
-
-    /// After a poll that found several events, whose handling took
-    /// `handled`, waits what is left of the batch delay (within `timeout`)
-    /// so that the next poll collects what arrives meanwhile; returns what
-    /// is left of `timeout`.
-    fn wait_for_batch(&mut self, timeout: Option<Duration>, handled: Duration) -> Option<Duration> {
-        let wait = self.batching.wait_before_poll(timeout, handled);
-        if wait.is_zero() {
-            return timeout;
-        }
-        std::thread::sleep(wait);
-        Metrics::incr(&self.shared.metrics.loop_batch_waits);
-        timeout.map(|t| t - wait)
     }
 
     /// How long the next poll may wait: not at all when work is pending,
@@ -664,16 +469,15 @@ impl Server {
         requested: Option<Duration>,
         now: Instant,
     ) -> io::Result<Option<Duration>> {
-        let accept_pending =
-            self.accept_again.contains(&true) && self.accept_paused_until.is_none();
-        let broadcasting = self.delivering() || !self.feed.is_empty();
-        let work_pending = broadcasting || accept_pending || !self.read_again.is_empty();
-        let sweep_pending = self.heartbeat_due(now) && !broadcasting;
-        if self.commands_pending || work_pending || sweep_pending {
+        let accept_pending = self.lifecycle.accepts_pending();
+        let broadcasting = self.delivery.delivering() || self.intake.is_waiting();
+        let work_pending = broadcasting || accept_pending || self.conns.reads_pending();
+        let sweep_pending = self.clock.heartbeat_due(now, self.sweeping()) && !broadcasting;
+        if self.intake.is_woken() || work_pending || sweep_pending {
             return Ok(Some(Duration::ZERO));
         }
         if let Some(at) = self.next_time_event() {
-            self.alarm.ring_by(at, now)?;
+            self.clock.ring_by(at, now)?;
         }
         Ok(requested)
     }
@@ -682,66 +486,77 @@ impl Server {
     /// sweep, the end of an accept pause or of the shutdown, the pool's
     /// trim or the stats line.
     fn next_time_event(&self) -> Option<Instant> {
-        let (lifecycle_deadline, heartbeat) = match self.lifecycle {
-            Lifecycle::Draining { deadline } => (Some(deadline), None),
-            Lifecycle::Running => (
-                None,
-                (!self.conns.is_empty()).then(|| self.heartbeat.next_at()),
-            ),
-        };
+        let [paused_until, draining_until] = self.lifecycle.next_at();
         [
-            self.timers.next_at(),
-            self.accept_paused_until,
-            lifecycle_deadline,
-            heartbeat,
-            self.next_trim,
-            self.stats.as_ref().map(|s| s.next_at),
+            self.clock.next_at(self.sweeping()),
+            paused_until,
+            draining_until,
+            self.buffers.next_trim(),
+            self.report.stats_at(),
         ]
         .into_iter()
         .flatten()
         .min()
     }
 
+    /// Whether the heartbeat sweeps: the loop runs and holds connections.
+    fn sweeping(&self) -> bool {
+        self.lifecycle.is_running() && !self.conns.is_empty()
+    }
+
     /// Borrows the loop's parts apart so a connection can be handled while
-    /// the slab, registry and pool are all in use.
-    fn parts(&mut self, now: Instant) -> Parts<'_> {
-        Parts {
-            conns: &mut self.conns,
-            registry: self.poll.registry(),
-            scratch: &mut self.scratch,
+    /// the slab, registry and pool are all in use: the one place a [`Ctx`]
+    /// is made.
+    fn handling(&mut self, now: Instant) -> Handling<'_> {
+        let Server {
+            config,
+            sockets,
+            conns,
+            buffers,
+            records,
+            delivery,
+            clock,
+            report,
+            ..
+        } = self;
+        Handling {
+            conns: &mut conns.slab,
+            registry: sockets.registry(),
+            scratch: &mut buffers.scratch,
             ctx: Ctx {
-                config: &self.config,
-                pool: &mut self.pool,
-                timers: &mut self.timers,
-                metrics: &self.shared.metrics,
-                tally: &mut self.tally,
-                replies: &mut self.replies,
-                routes: &mut self.routes,
-                upstream: self.upstream.as_mut(),
-                deflate: &mut self.deflate,
-                gathered: &mut self.gathered,
-                messages: &mut self.messages,
+                config,
+                pool: &mut buffers.pool,
+                timers: &mut clock.timers,
+                metrics: &report.shared.metrics,
+                tally: &mut report.tally,
+                replies: &mut buffers.replies,
+                routes: &mut records.routes,
+                upstream: conns.upstream.as_mut(),
+                deflate: &mut buffers.deflate,
+                gathered: &mut buffers.gathered,
+                messages: &mut buffers.messages,
                 now,
-                next_batch: self.stream.next_seq(),
-                history: &self.history,
-                replays: &mut self.replays,
-                unfinished: &mut self.unfinished,
+                next_batch: delivery.stream.next_seq(),
+                history: &records.history,
+                replays: &mut records.replays,
+                unfinished: &mut buffers.unfinished,
             },
+            delivery,
         }
     }
 
     fn on_conn_event(&mut self, key: ConnKey, ready: Ready, now: Instant) {
-        let parts = self.parts(now);
-        let mut ctx = parts.ctx;
-        let Some(conn) = parts.conns.get_mut(key.0) else {
+        let handling = self.handling(now);
+        let mut ctx = handling.ctx;
+        let Some(conn) = handling.conns.get_mut(key.0) else {
             return; // A spurious event for a connection already closed.
         };
         let mut verdict = Verdict::Keep;
         if ready.write {
-            verdict = conn.on_writable(key, parts.scratch, &mut ctx);
+            verdict = conn.on_writable(key, handling.scratch, &mut ctx);
         }
         if ready.read && verdict == Verdict::Keep {
-            verdict = conn.on_readable(key, ready.edge, parts.scratch, &mut ctx);
+            verdict = conn.on_readable(key, ready.edge, handling.scratch, &mut ctx);
         }
         self.settle(key, verdict);
     }
@@ -749,8 +564,15 @@ impl Server {
     /// Acts on a handler's verdict: close, schedule another read, and keep
     /// the writable interest in step with the output queue.
     fn settle(&mut self, key: ConnKey, verdict: Verdict) {
-        if !self.replays.is_empty() {
-            self.address_replays();
+        if !self.records.replays.is_empty() {
+            let mut dir = Directory::new(
+                &mut self.delivery,
+                &mut self.conns.slab,
+                &mut self.records.routes,
+                self.config.instance,
+                &self.report.shared.metrics,
+            );
+            dir.address_replays(&mut self.records.replays);
         }
         match verdict {
             Verdict::Close(reason) => return self.close(key, reason),
@@ -758,18 +580,19 @@ impl Server {
                 let answered = self.serve(key, endpoint);
                 return self.settle(key, answered);
             }
-            Verdict::ReadAgain => self.read_again.push(key),
-            Verdict::AwaitUpstream => self.upstream_waiting.push(key),
+            Verdict::ReadAgain => self.conns.read_again(key),
+            Verdict::AwaitUpstream => self.conns.await_upstream(key),
             Verdict::Keep => {}
         }
-        let registry = self.poll.registry();
-        if let Some(conn) = self.conns.get_mut(key.0) {
+        let registry = self.sockets.registry();
+        let targeted = &mut self.delivery.targeted;
+        if let Some(conn) = self.conns.slab.get_mut(key.0) {
             if !sync_interest(registry, key, conn) {
                 return self.close(key, CloseReason::Abnormal);
             }
-            if self.targeted.has_parked() && conn.queued_bytes() == 0 {
+            if targeted.has_parked() && conn.queued_bytes() == 0 {
                 // Its queue drained: its replay goes on.
-                if let Some(mark) = self.targeted.unpark(key.slot(), conn.serial()) {
+                if let Some(mark) = targeted.unpark(key.slot(), conn.serial()) {
                     conn.mark_walk(mark);
                 }
             }
@@ -777,64 +600,44 @@ impl Server {
     }
 
     fn close(&mut self, key: ConnKey, reason: CloseReason) {
-        let Some(conn) = self.conns.try_remove(key.0) else {
+        let Some(conn) = self.conns.remove(key) else {
             return;
         };
-        self.targeted.forget(key.slot());
-        if let Some(per_ip) = &mut self.per_ip {
-            per_ip.release(key);
-        }
-        let mut ctx = self.parts(Instant::now()).ctx;
+        self.delivery.targeted.forget(key.slot());
+        let mut ctx = self.handling(Instant::now()).ctx;
         conn.close(key, reason, &mut ctx);
     }
 
     fn close_all(&mut self, reason: CloseReason) {
-        let keys: Vec<usize> = self.conns.iter().map(|(key, _)| key).collect();
+        let keys: Vec<usize> = self.conns.slab.iter().map(|(key, _)| key).collect();
         for key in keys {
             self.close(ConnKey(key), reason);
         }
     }
 
     fn retry_reads(&mut self, now: Instant) {
-        let mut keys = std::mem::take(&mut self.read_again);
+        let mut keys = self.conns.take_reads();
         for key in keys.drain(..) {
             self.on_conn_event(key, Ready::RETRY_READ, now);
         }
-        if self.read_again.is_empty() {
-            self.read_again = keys;
-        }
-    }
-
-    /// Empties the queue without sending: counts and logs what it held.
-    fn abandon_commands(&mut self) {
-        let (abandoned, cost) = self.feed.discard_all();
-        self.shared.gate.release(cost);
-        if abandoned > 0 {
-            Metrics::add(&self.shared.metrics.broadcasts_abandoned, abandoned);
-            log::warn!("{abandoned} queued broadcasts not sent: the server is shutting down");
-        }
+        self.conns.reads_done(keys);
     }
 
     /// Stops accepting and starts closing every connection with 1001; gives
     /// up on them the shutdown timeout after the request was seen.
     fn begin_shutdown(&mut self, now: Instant) {
-        if self.lifecycle != Lifecycle::Running {
+        if !self
+            .lifecycle
+            .begin_draining(now, self.config.shutdown_timeout)
+        {
             return;
         }
         log::info!("shutting down: closing {} connections", self.conns.len());
-        self.lifecycle = Lifecycle::Draining {
-            deadline: self.shutdown_seen.unwrap_or(now) + self.config.shutdown_timeout,
-        };
-        let registry = self.poll.registry();
-        for listener in std::iter::once(&mut self.listener).chain(&mut self.metrics_listener) {
-            if let Err(e) = registry.deregister(listener) {
-                log::warn!("deregistering a listener failed: {e}");
-            }
-        }
+        self.sockets.stop_listening();
         let mut closing = Vec::with_capacity(self.conns.len());
-        let parts = self.parts(now);
-        let mut ctx = parts.ctx;
-        for (key, conn) in parts.conns.iter_mut() {
+        let handling = self.handling(now);
+        let mut ctx = handling.ctx;
+        for (key, conn) in handling.conns.iter_mut() {
             let verdict = if conn.is_open() {
                 conn.begin_close(
                     ConnKey(key),
@@ -851,6 +654,152 @@ impl Server {
         for (key, verdict) in closing {
             self.settle(ConnKey(key), verdict);
         }
+    }
+
+    /// Accepts at `door` until the backlog is empty, the per-wake cap is
+    /// reached, or file descriptors run out (then pauses instead of
+    /// spinning); each connection is read at once.
+    fn accept(&mut self, door: Door, now: Instant) {
+        if !self.lifecycle.begin_accepting(door) {
+            return;
+        }
+        for _ in 0..ACCEPTS_PER_WAKE {
+            let metrics = &self.report.shared.metrics;
+            let scratch = &mut self.buffers.scratch;
+            match accept::accept_one(
+                door,
+                &self.sockets,
+                &mut self.conns,
+                scratch,
+                &self.config,
+                metrics,
+            ) {
+                Accepted::Admitted(key) => self.on_accepted(key, now),
+                Accepted::Refused => {}
+                Accepted::Empty => return,
+                Accepted::Exhausted(e) => {
+                    let open = self.conns.len();
+                    return self.lifecycle.pause_accepting(&e, now, open, metrics);
+                }
+            }
+        }
+        self.lifecycle.accept_again(door);
+    }
+
+    /// The request arrived with the connection (the listener defers
+    /// accepting until it has): reading now saves a trip through the poll.
+    fn on_accepted(&mut self, key: ConnKey, now: Instant) {
+        let handling = self.handling(now);
+        let mut ctx = handling.ctx;
+        let verdict = handling.conns[key.0].on_accepted(key, handling.scratch, &mut ctx);
+        self.settle(key, verdict);
+    }
+
+    /// Accepts again where connections were left, once a pause is over.
+    fn resume_accepting(&mut self, now: Instant) {
+        let again = self.lifecycle.resume_accepting(now);
+        for door in [Door::Main, Door::Metrics] {
+            if again[door as usize] {
+                self.accept(door, now);
+            }
+        }
+    }
+
+    /// Answers `endpoint` on connection `key` (see `endpoints`).
+    fn serve(&mut self, key: ConnKey, endpoint: Endpoint) -> Verdict {
+        if endpoint == Endpoint::Metrics {
+            // Include what this loop iteration has gathered so far.
+            self.publish_metrics(Instant::now());
+        }
+        let mut page = std::mem::take(&mut self.report.page);
+        let answer = endpoints::answer(
+            endpoint,
+            &self.report.shared,
+            self.config.degraded,
+            &mut page,
+        );
+        let handling = self.handling(Instant::now());
+        let mut ctx = handling.ctx;
+        let verdict = match handling.conns.get_mut(key.0) {
+            Some(conn) => conn.respond(answer.status, answer.content_type, answer.body, &mut ctx),
+            None => Verdict::Keep,
+        };
+        self.report.page = page;
+        verdict
+    }
+
+    fn expire_deadlines(&mut self, now: Instant) {
+        let mut due = self.clock.due_deadlines(now);
+        for (key, tick) in due.drain(..) {
+            let conn = self.conns.slab.get_mut(key.0);
+            let Some(conn) = conn.filter(|conn| conn.is_due(tick)) else {
+                continue; // Stale: re-armed, cleared, or the slot was reused.
+            };
+            let verdict = conn.on_deadline(&mut self.clock.timers);
+            self.settle(key, verdict);
+        }
+        self.clock.deadlines_done(due);
+    }
+
+    /// Runs the heartbeat slice that is due (at most
+    /// [`Config::fanout_budget`] keys; the rest in the next iterations):
+    /// pings, and closes connections silent for the idle timeout. While a
+    /// broadcast is on its way to every connection (and a little after)
+    /// the sweep is postponed instead, up to one interval a pass (see
+    /// `heartbeat`). Messages for some connections do not postpone it: the
+    /// others get no data meanwhile, and a proxy in front of them sees
+    /// only the pings.
+    fn sweep_heartbeats(&mut self, now: Instant) {
+        let state = (self.sweeping(), self.delivery.stream.is_busy());
+        let bounds = (self.conns.key_bound(), self.config.fanout_budget);
+        let Some(due) = self.clock.heartbeat_keys(now, state, bounds) else {
+            return;
+        };
+        let ping = self.clock.heartbeat.ping().clone();
+        let close_after = self.clock.heartbeat.close_after();
+        for key in due {
+            let handling = self.handling(now);
+            let mut ctx = handling.ctx;
+            let Some(conn) = handling.conns.get_mut(key) else {
+                continue;
+            };
+            let verdict =
+                conn.on_heartbeat(ConnKey(key), &ping, close_after, handling.scratch, &mut ctx);
+            self.settle(ConnKey(key), verdict);
+        }
+    }
+
+    /// The end of every loop iteration: give idle pool buffers back, keep
+    /// the history's bounds, hand the upstream lines over, publish the
+    /// metrics, and log the stats line when it is due.
+    fn housekeeping(&mut self, now: Instant) {
+        self.buffers.trim_pool(now);
+        self.records.upkeep(now);
+        self.conns.hand_over_upstream();
+        self.publish_metrics(now);
+        self.report.log_stats(now);
+    }
+
+    /// Publishes what the loop counts on its own (see [`Report::publish`]).
+    fn publish_metrics(&mut self, now: Instant) {
+        let queue_age = self.intake.oldest_age(now);
+        self.report
+            .publish(&self.buffers.pool, &self.records, queue_age);
+    }
+
+    /// Carries every delivery one slice further (see `delivery`), then
+    /// acts on the verdicts.
+    fn deliver_slice(&mut self, now: Instant) {
+        let key_bound = self.conns.key_bound();
+        let handling = self.handling(now);
+        let conns = (handling.conns, key_bound);
+        let mut unsettled = handling
+            .delivery
+            .slice(conns, handling.registry, handling.ctx);
+        for (key, verdict) in unsettled.drain(..) {
+            self.settle(key, verdict);
+        }
+        self.delivery.settled(unsettled);
     }
 }
 
@@ -903,10 +852,16 @@ mod tests {
         let now = Instant::now();
         // One listener hit its per-wake cap, then the other ran out of
         // file descriptors in the same turn.
-        server.accept_again = [true, false];
-        server.accept_paused_until = Some(now + accept::ACCEPT_PAUSE);
+        server.lifecycle.accept_again(Door::Main);
+        let exhausted = io::Error::from_raw_os_error(24);
+        let metrics = &server.report.shared.metrics;
+        server
+            .lifecycle
+            .pause_accepting(&exhausted, now, 0, metrics);
         assert_eq!(server.poll_timeout(None, now).unwrap(), None);
-        server.accept_paused_until = None;
+        server
+            .lifecycle
+            .resume_accepting(now + lifecycle::ACCEPT_PAUSE);
         assert_eq!(
             server.poll_timeout(None, now).unwrap(),
             Some(Duration::ZERO)

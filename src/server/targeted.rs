@@ -1,7 +1,8 @@
 //! Messages and closes for some connections: a channel's subscribers, a
 //! client id's connections, one connection. They never go through the
 //! pass over every connection. As the loop takes them from the feed, each
-//! is addressed to its recipients, found through the routes, as an item
+//! is addressed to its recipients, found through the routes (see
+//! `address`), as an item
 //! "after stream batch N, this". A walk then visits the recipients in key
 //! order, a budgeted slice per loop iteration like the pass (see
 //! `delivery`), and gives each one everything it is owed in one visit: the
@@ -19,20 +20,11 @@
 //! of the walk before gives it the batches only up to the next walk's
 //! first item.
 
-use std::collections::HashMap;
-use std::ops::Range;
-use std::sync::Arc;
-
-use crate::ops::metrics::Metrics;
-use crate::protocol::commands::Recipients;
-use crate::protocol::names::{ChannelName, ClientId};
-use crate::protocol::ws::CloseCode;
 use crate::server::fanout::Seq;
-use crate::server::frames::SharedFrames;
-use crate::server::key::ConnKey;
 use crate::server::owed::{Addressed, Item};
 use crate::server::routes::Slot;
-use crate::server::Server;
+use std::collections::HashMap;
+use std::ops::Range;
 
 /// Which walk a connection's last items are in: the connection keeps the
 /// walk's parity while it has items waiting (one byte in its padding).
@@ -60,8 +52,8 @@ pub(super) struct Targeted {
     /// The earliest stream batch a connection with items waiting may
     /// still be owed (the stream keeps it).
     floor: Option<Seq>,
-    /// The recipients of the command being addressed.
-    recipients: Vec<Slot>,
+    /// The recipients of the command being addressed (see `address`).
+    pub(super) recipients: Vec<Slot>,
     /// Connections whose replay waits (see
     /// [`Unfinished`](crate::server::owed::Unfinished)), by slot. Such a
     /// connection takes no part in walks meanwhile, and items addressed
@@ -288,162 +280,11 @@ impl Targeted {
     }
 }
 
-impl Server {
-    /// Addresses a batch of messages to `to`'s open connections now.
-    pub(super) fn address_frames(&mut self, to: &Recipients, frames: SharedFrames) {
-        let after = self.stream.next_seq();
-        self.address(to, || Item::Frames {
-            after,
-            frames: frames.clone(),
-        });
-    }
-
-    /// Addresses a close to `whom`'s open connections now.
-    pub(super) fn address_close(&mut self, whom: &Recipients, code: CloseCode, reason: &str) {
-        let after = self.stream.next_seq();
-        let reason: Arc<str> = reason.into();
-        self.address(whom, || Item::Close {
-            after,
-            code,
-            reason: Arc::clone(&reason),
-        });
-    }
-
-    /// Addresses the replays the connections that upgraded asked for,
-    /// each before anything live: at the batch it starts at.
-    pub(super) fn address_replays(&mut self) {
-        let stream = &self.stream;
-        for (key, replay) in self.replays.drain(..) {
-            let Some(conn) = self.conns.get_mut(key.0) else {
-                continue;
-            };
-            let Some(after) = conn.next_batch() else {
-                continue;
-            };
-            let recipient = (key.slot(), conn.serial(), conn.walk_mark());
-            let item = Item::Replay { after, replay };
-            let earlier = |a, b| stream.earlier(a, b);
-            let mark = self.targeted.push(recipient, after, item, earlier);
-            conn.mark_walk(mark);
-        }
-    }
-
-    /// Releases the replays that waited for the loop to frame up to
-    /// `framed`: the connections are marked for the next walk.
-    pub(super) fn release_framed(&mut self, framed: u64) {
-        for (slot, serial, mark) in self.targeted.framed(framed) {
-            if let Some(conn) = self
-                .conns
-                .get_mut(slot as usize)
-                .filter(|c| c.serial() == serial)
-            {
-                conn.mark_walk(mark);
-            }
-        }
-    }
-
-    /// Gives each of `to`'s open connections an item, and marks it as
-    /// waiting for the next walk.
-    fn address(&mut self, to: &Recipients, item: impl Fn() -> Item) {
-        self.find_recipients(to);
-        let recipients = std::mem::take(&mut self.targeted.recipients);
-        let stream = &self.stream;
-        for &slot in &recipients {
-            let key = ConnKey(slot as usize);
-            let Some(conn) = self.conns.get_mut(key.0) else {
-                continue;
-            };
-            let Some(cursor) = conn.next_batch() else {
-                continue;
-            };
-            let recipient = (slot, conn.serial(), conn.walk_mark());
-            let earlier = |a, b| stream.earlier(a, b);
-            let mark = self.targeted.push(recipient, cursor, item(), earlier);
-            conn.mark_walk(mark);
-        }
-        self.targeted.recipients = recipients;
-    }
-
-    /// Subscribes (or unsubscribes) client `id`'s open connections.
-    pub(super) fn change_subscription(
-        &mut self,
-        on: bool,
-        id: &ClientId,
-        channels: &[ChannelName],
-    ) {
-        self.find_recipients(&Recipients::Id(id.clone()));
-        let metrics = &self.shared.metrics;
-        for &slot in &self.targeted.recipients {
-            for channel in channels {
-                if !on {
-                    self.routes
-                        .unsubscribe(slot, Some(id.as_str()), channel.as_str());
-                } else if self
-                    .routes
-                    .subscribe(slot, Some(id.as_str()), channel.as_str())
-                    .is_err()
-                {
-                    Metrics::incr(&metrics.subscriptions_refused);
-                    log::warn!("subscription of {id} to {channel} refused: at the channel limit");
-                }
-            }
-        }
-    }
-
-    /// Puts the open connections `to` names into `targeted.recipients`,
-    /// each once; counts a command that names none.
-    fn find_recipients(&mut self, to: &Recipients) {
-        let recipients = &mut self.targeted.recipients;
-        recipients.clear();
-        let conns = &self.conns;
-        let open = |slot: &Slot| conns.get(*slot as usize).is_some_and(|c| c.is_open());
-        match to {
-            Recipients::All => {
-                recipients.extend(
-                    conns
-                        .iter()
-                        .filter(|(_, c)| c.is_open())
-                        .map(|(k, _)| k as Slot),
-                );
-            }
-            Recipients::Channels(channels) => {
-                for channel in channels {
-                    recipients.extend(
-                        self.routes
-                            .subscribers(channel.as_str())
-                            .iter()
-                            .filter(|s| open(s)),
-                    );
-                }
-                if channels.len() > 1 {
-                    recipients.sort_unstable();
-                    recipients.dedup();
-                }
-            }
-            Recipients::Id(id) => {
-                let id_of = |slot: Slot| conns.get(slot as usize).and_then(|c| c.id());
-                recipients.extend(self.routes.holders(id.as_str(), id_of).filter(|s| open(s)));
-            }
-            Recipients::Conn(conn) => {
-                let holder = conns.get(conn.slot as usize);
-                if conn.instance == self.config.instance
-                    && holder.is_some_and(|c| c.serial() == conn.serial)
-                    && open(&conn.slot)
-                {
-                    recipients.push(conn.slot);
-                }
-            }
-        }
-        if recipients.is_empty() {
-            Metrics::incr(&self.shared.metrics.commands_unmatched);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::protocol::ws::OpCode;
+    use crate::server::frames::SharedFrames;
 
     fn frames(text: &str, after: Seq) -> Item {
         Item::Frames {

@@ -1,0 +1,129 @@
+//! The loop's time events: the alarm that ends a poll when one is due,
+//! the connections' deadlines, the heartbeat sweep's schedule, and the
+//! batching of polls under load.
+
+use std::io;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use mio::Registry;
+
+use crate::config::Config;
+use crate::ops::metrics::Metrics;
+use crate::server::alarm::Alarm;
+use crate::server::batching::Batching;
+use crate::server::heartbeat::Heartbeat;
+use crate::server::key::ConnKey;
+use crate::server::sockets::ALARM;
+use crate::server::timer::{Tick, TimerWheel};
+
+/// Timer wheel resolution and size (100 ms × 1024 = 102 s per rotation).
+const TIMER_RESOLUTION: Duration = Duration::from_millis(100);
+const TIMER_SLOTS: usize = 1024;
+
+/// The time events the loop keeps and the alarm that rings for them.
+#[derive(Debug)]
+pub(super) struct Clock {
+    /// Rings for the next time event.
+    alarm: Alarm,
+    /// Handshake and close deadlines.
+    pub(super) timers: TimerWheel,
+    /// Reused for the deadlines due.
+    expired: Vec<(ConnKey, Tick)>,
+    /// When the heartbeat visits which connections.
+    pub(super) heartbeat: Heartbeat,
+    batching: Batching,
+}
+
+impl Clock {
+    /// The clock for `config`'s intervals, its alarm registered in the poll.
+    pub(super) fn new(config: &Config, registry: &Registry, now: Instant) -> io::Result<Clock> {
+        Ok(Clock {
+            alarm: Alarm::new(registry, ALARM)?,
+            timers: TimerWheel::new(TIMER_RESOLUTION, TIMER_SLOTS, now),
+            expired: Vec::new(),
+            heartbeat: Heartbeat::new(config.ping_interval, config.idle_timeout, now),
+            batching: Batching::new(config.batch_delay),
+        })
+    }
+
+    /// The alarm rang.
+    pub(super) fn rang(&mut self) {
+        self.alarm.rang();
+    }
+
+    /// Sets the alarm for `at`, unless it rings earlier already.
+    pub(super) fn ring_by(&mut self, at: Instant, now: Instant) -> io::Result<()> {
+        self.alarm.ring_by(at, now)
+    }
+
+    /// Records how many events the last poll returned.
+    pub(super) fn observe(&mut self, events: usize) {
+        self.batching.observe(events);
+    }
+
+    /// After a poll that found several events, whose handling took
+    /// `handled`, waits what is left of the batch delay (within `timeout`)
+    /// so that the next poll collects what arrives meanwhile; returns what
+    /// is left of `timeout`.
+    pub(super) fn wait_for_batch(
+        &self,
+        timeout: Option<Duration>,
+        handled: Duration,
+        metrics: &Metrics,
+    ) -> Option<Duration> {
+        let wait = self.batching.wait_before_poll(timeout, handled);
+        if wait.is_zero() {
+            return timeout;
+        }
+        std::thread::sleep(wait);
+        Metrics::incr(&metrics.loop_batch_waits);
+        timeout.map(|t| t - wait)
+    }
+
+    /// The deadlines due at `now`, in a reused list (give it back with
+    /// [`Clock::deadlines_done`]).
+    pub(super) fn due_deadlines(&mut self, now: Instant) -> Vec<(ConnKey, Tick)> {
+        let mut due = std::mem::take(&mut self.expired);
+        self.timers.expire(now, &mut due);
+        due
+    }
+
+    /// Takes back the emptied list of deadlines due.
+    pub(super) fn deadlines_done(&mut self, due: Vec<(ConnKey, Tick)>) {
+        self.expired = due;
+    }
+
+    /// Whether heartbeat visits are due now, if `sweeping` (the loop runs
+    /// and holds connections).
+    pub(super) fn heartbeat_due(&self, now: Instant, sweeping: bool) -> bool {
+        sweeping && now >= self.heartbeat.next_at()
+    }
+
+    /// The keys the heartbeat visits now if `sweeping`, at most `budget`
+    /// below `key_bound`; none while it yields to deliveries (a broadcast
+    /// `broadcasting` postpones the sweep, see `heartbeat`).
+    pub(super) fn heartbeat_keys(
+        &mut self,
+        now: Instant,
+        (sweeping, broadcasting): (bool, bool),
+        (key_bound, budget): (usize, usize),
+    ) -> Option<Range<usize>> {
+        if broadcasting {
+            self.heartbeat.delivering(now);
+        }
+        if !self.heartbeat_due(now, sweeping) || self.heartbeat.yield_to_deliveries(now) {
+            return None;
+        }
+        Some(self.heartbeat.due(now, key_bound, budget))
+    }
+
+    /// The earliest deadline, or heartbeat slice if `sweeping`.
+    pub(super) fn next_at(&self, sweeping: bool) -> Option<Instant> {
+        let heartbeat = sweeping.then(|| self.heartbeat.next_at());
+        [self.timers.next_at(), heartbeat]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+}

@@ -1,0 +1,72 @@
+//! What the loop knows of its connections and of what it sent: the
+//! routes (client ids, channel subscriptions), the history of positioned
+//! messages, and the replays of it that connections asked for.
+
+use std::io;
+use std::time::Instant;
+
+use crate::config::Config;
+use crate::ops::metrics::Metrics;
+use crate::ops::sys;
+use crate::server::history::{Bounds, History, Replay};
+use crate::server::key::ConnKey;
+use crate::server::routes::Routes;
+
+/// The routes, the history and the replays asked of it.
+#[derive(Debug)]
+pub(super) struct Records {
+    /// Client ids and channel subscriptions.
+    pub(super) routes: Routes,
+    /// The positions given out and the history kept (see
+    /// [`Ctx::history`](crate::server::conn::Ctx::history)).
+    pub(super) history: History,
+    /// See [`Ctx::replays`](crate::server::conn::Ctx::replays).
+    pub(super) replays: Vec<(ConnKey, Replay)>,
+}
+
+impl Records {
+    /// Empty routes, and the history `config` asks for: a ring of its
+    /// own, or the one a supervisor shares.
+    pub(super) fn new(config: &Config) -> io::Result<Records> {
+        let bounds = Bounds {
+            messages: config.history_messages,
+            bytes: config.history_bytes,
+            age: config.history_age,
+        };
+        let history = match config.history_fd {
+            Some(fd) => History::shared(sys::inherited_fd(fd)?, config.first_position)?,
+            None => {
+                let epoch = config.epoch.unwrap_or_default();
+                History::new(epoch, config.first_position, bounds)?
+            }
+        };
+        Ok(Records {
+            routes: Routes::new(config.max_channels),
+            history,
+            replays: Vec::new(),
+        })
+    }
+
+    /// Drops the history's messages past its bounds, and gives the
+    /// allocator back the table a grown index left free.
+    pub(super) fn upkeep(&mut self, now: Instant) {
+        self.history.evict(now);
+        if self.routes.take_grown() {
+            // A grown index left its old, smaller table free.
+            sys::release_free_memory();
+        }
+    }
+
+    /// Sets the gauges of the routes and the history.
+    pub(super) fn publish(&self, metrics: &Metrics) {
+        Metrics::set(&metrics.channels, self.routes.channel_count() as u64);
+        Metrics::set(
+            &metrics.subscriptions,
+            self.routes.subscription_count() as u64,
+        );
+        Metrics::set(&metrics.connections_with_id, self.routes.id_count() as u64);
+        let (messages, bytes) = self.history.held();
+        Metrics::set(&metrics.history_messages, messages);
+        Metrics::set(&metrics.history_bytes, bytes);
+    }
+}

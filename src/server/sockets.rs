@@ -1,0 +1,187 @@
+//! The loop's sockets: the poll, its events, the listening sockets and the
+//! tokens reserved for what is not a connection.
+
+use std::io;
+use std::net::SocketAddr;
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use socket2::{Domain, Socket, Type};
+
+use crate::config::Config;
+use crate::ops::sys;
+use crate::server::nonblocking::attempt;
+
+/// The main listener's token.
+pub(super) const LISTENER: Token = Token(usize::MAX);
+/// The token of the waker a handle rings when it queued something.
+pub(super) const WAKER: Token = Token(usize::MAX - 1);
+/// The metrics listener's token.
+pub(super) const METRICS_LISTENER: Token = Token(usize::MAX - 2);
+/// The alarm's token (see `alarm`).
+pub(super) const ALARM: Token = Token(usize::MAX - 3);
+
+/// Readiness events taken per poll.
+const EVENTS_CAPACITY: usize = 1024;
+/// Accept queue length asked of the kernel (capped by net.core.somaxconn).
+const LISTEN_BACKLOG: i32 = 65_535;
+
+/// The listener a connection came in through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Door {
+    /// The main listener: WebSocket upgrades (and `/healthz`, the demo
+    /// page if on, and `/metrics` unless it has a listener of its own).
+    Main,
+    /// `metrics_listen`: `/metrics` and `/healthz` only.
+    Metrics,
+}
+
+/// The poll and what is registered in it besides the connections: the
+/// listener, the optional metrics listener (the waker and the alarm
+/// register through [`Sockets::registry`]).
+#[derive(Debug)]
+pub(super) struct Sockets {
+    poll: Poll,
+    events: Events,
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    metrics_listener: Option<TcpListener>,
+}
+
+impl Sockets {
+    /// A new poll with `config`'s listen address (and metrics address, if
+    /// any) bound and registered.
+    pub(super) fn open(config: &Config) -> io::Result<Sockets> {
+        let poll = Poll::new()?;
+        let mut listener = listen(config.listen, config.reuse_port).map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen))
+        })?;
+        let local_addr = listener.local_addr()?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let metrics_listener = match config.metrics_listen {
+            Some(addr) => {
+                let mut metrics_listener = listen(addr, false).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("cannot listen on {addr} for metrics: {e}"),
+                    )
+                })?;
+                poll.registry().register(
+                    &mut metrics_listener,
+                    METRICS_LISTENER,
+                    Interest::READABLE,
+                )?;
+                Some(metrics_listener)
+            }
+            None => None,
+        };
+        Ok(Sockets {
+            poll,
+            events: Events::with_capacity(EVENTS_CAPACITY),
+            listener,
+            local_addr,
+            metrics_listener,
+        })
+    }
+
+    /// Where sockets are registered.
+    pub(super) fn registry(&self) -> &Registry {
+        self.poll.registry()
+    }
+
+    /// The waker handles ring (see [`WAKER`]).
+    pub(super) fn waker(&self) -> io::Result<Waker> {
+        Waker::new(self.registry(), WAKER)
+    }
+
+    /// The address the listener is bound to.
+    pub(super) fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The metrics listener's address, if there is one.
+    pub(super) fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+    }
+
+    /// Whether `/metrics` has a listener of its own.
+    pub(super) fn has_metrics_listener(&self) -> bool {
+        self.metrics_listener.is_some()
+    }
+
+    /// Waits for readiness, at most `timeout`, and hands the events out
+    /// (give them back with [`Sockets::put_back`]); `None` if the wait was
+    /// interrupted.
+    pub(super) fn wait(
+        &mut self,
+        timeout: Option<std::time::Duration>,
+    ) -> io::Result<Option<Events>> {
+        if let Err(e) = self.poll.poll(&mut self.events, timeout) {
+            return if e.kind() == io::ErrorKind::Interrupted {
+                Ok(None)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(Some(std::mem::replace(
+            &mut self.events,
+            Events::with_capacity(0),
+        )))
+    }
+
+    /// Takes back the events [`Sockets::wait`] handed out, for the next poll.
+    pub(super) fn put_back(&mut self, events: Events) {
+        self.events = events;
+    }
+
+    /// The next connection waiting at `door`'s listener, if any.
+    pub(super) fn accept(&self, door: Door) -> io::Result<Option<(TcpStream, SocketAddr)>> {
+        let listener = match (door, &self.metrics_listener) {
+            (Door::Main, _) => &self.listener,
+            (Door::Metrics, Some(listener)) => listener,
+            (Door::Metrics, None) => return Ok(None),
+        };
+        attempt(|| listener.accept())
+    }
+
+    /// Takes the listeners out of the poll: no connection is accepted any more.
+    pub(super) fn stop_listening(&mut self) {
+        let registry = self.poll.registry();
+        for listener in std::iter::once(&mut self.listener).chain(&mut self.metrics_listener) {
+            if let Err(e) = registry.deregister(listener) {
+                log::warn!("deregistering a listener failed: {e}");
+            }
+        }
+    }
+}
+
+/// A listening socket: `SO_REUSEADDR` (restarts while old connections sit
+/// in TIME_WAIT), `SO_REUSEPORT` when asked, `TCP_NODELAY` (Linux copies it
+/// to every accepted socket, saving a syscall per connection),
+/// `TCP_DEFER_ACCEPT`, and a deep accept queue for connection bursts (the
+/// kernel caps it at somaxconn).
+///
+/// `TCP_DEFER_ACCEPT`: the kernel hands a connection to `accept()` only
+/// once its first data (the upgrade or HTTP request) arrived, so one
+/// wake-up accepts, reads and answers it, and the handshake's bare ACK
+/// wakes nobody. A client that connects and sends nothing stays half-open
+/// in the kernel (no descriptor, no slab slot) for about
+/// `DEFER_ACCEPT_SECS`; then the kernel resends its SYN-ACK, the client's
+/// answer completes the connection, and it is accepted and given
+/// `handshake_timeout` like any other.
+fn listen(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
+    const DEFER_ACCEPT_SECS: u32 = 1;
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), None)?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.set_tcp_nodelay(true)?;
+    sys::set_tcp_defer_accept(&socket, DEFER_ACCEPT_SECS)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    Ok(TcpListener::from_std(socket.into()))
+}
