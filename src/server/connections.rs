@@ -4,6 +4,7 @@
 use std::net::IpAddr;
 
 use mio::net::TcpStream;
+use mio::{Interest, Registry};
 use slab::Slab;
 
 use crate::config::Config;
@@ -136,6 +137,26 @@ impl Connections {
                 self.upstream_waiting.dedup();
                 self.read_again.append(&mut self.upstream_waiting);
             }
+        }
+    }
+}
+
+/// Registers or drops writable interest when the connection's output
+/// queue changed between empty and not; `false` if the registry failed.
+pub(super) fn sync_interest(registry: &Registry, key: ConnKey, conn: &mut Conn) -> bool {
+    let Some(want_writable) = conn.interest_change() else {
+        return true;
+    };
+    let interest = if want_writable {
+        Interest::READABLE | Interest::WRITABLE
+    } else {
+        Interest::READABLE
+    };
+    match registry.reregister(conn.stream_mut(), key.into(), interest) {
+        Ok(()) => true,
+        Err(e) => {
+            log::debug!("reregister failed: {e}");
+            false
         }
     }
 }

@@ -22,10 +22,10 @@ use slab::Slab;
 use crate::config::Config;
 use crate::ops::metrics::Tally;
 use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
+use crate::server::connections::sync_interest;
 use crate::server::fanout::Stream;
 use crate::server::key::ConnKey;
 use crate::server::owed::{Addressed, Item, Owed, Unfinished};
-use crate::server::sync_interest;
 use crate::server::targeted::{Targeted, Turn, Until};
 
 /// Bytes one slice hands to sockets (or queues), at most, before the loop

@@ -1,6 +1,9 @@
-//! The loop as a value: one `mio::Poll`, the listener (and an optional
-//! metrics listener), a `Slab` of connections, the buffer pool, the timer
-//! wheel, the heartbeat sweep and the command channel.
+//! The loop as a value made of a few parts, each in a module of its own:
+//! the sockets (the `mio::Poll`, the listener and an optional metrics
+//! listener), the connections (a `Slab`), the buffers handlers borrow, the
+//! records (routes, history), the deliveries, the intake of commands, the
+//! clock, the lifecycle and the report (metrics). Each step borrows the
+//! parts it needs; `handling` runs connection handlers on them.
 //! [`Server::poll_once`] is one step, waiting at most the caller's
 //! timeout; [`Server::run`] loops until shutdown. A [`Handle`] broadcasts
 //! and shuts down from any thread.
@@ -17,8 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mio::{Interest, Registry, Token};
-use slab::Slab;
+use mio::Token;
 
 mod accept;
 mod address;
@@ -34,6 +36,7 @@ mod fanout;
 mod feed;
 mod frames;
 mod handle;
+mod handling;
 mod heartbeat;
 mod history;
 mod intake;
@@ -56,9 +59,7 @@ mod upstream;
 use crate::config::{Config, ConfigError};
 use crate::ops::metrics::{LoopHistogram, Metrics, MetricsSnapshot};
 use crate::protocol::commands::{ConnRef, Recipients};
-use crate::protocol::http::Endpoint;
-use crate::protocol::ws::{CloseCode, MessageKind};
-use accept::{Accepted, ACCEPTS_PER_WAKE};
+use crate::protocol::ws::MessageKind;
 use address::Directory;
 use buffers::Buffers;
 use clock::Clock;
@@ -66,6 +67,7 @@ use connections::Connections;
 use delivery::Delivery;
 use handle::Shared;
 pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone, UpstreamReader};
+use handling::Ready;
 pub use history::SharedHistory;
 use intake::Intake;
 use key::ConnKey;
@@ -74,7 +76,7 @@ use records::Records;
 use report::Report;
 use sockets::{Door, Sockets, ALARM, LISTENER, METRICS_LISTENER, WAKER};
 
-use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
+use crate::server::conn::CloseReason;
 use crate::server::feed::{Action, Command, Gate, Taken};
 use crate::server::upstream::{Outbox, Shelf};
 
@@ -100,24 +102,6 @@ impl ConnectionInfo<'_> {
     pub fn query(&self) -> Option<&str> {
         self.target.split_once('?').map(|(_, query)| query)
     }
-}
-
-/// What to do for a connection on one turn of the loop.
-#[derive(Debug, Clone, Copy)]
-struct Ready {
-    read: bool,
-    write: bool,
-    /// Answering an epoll edge without hang-up (see [`Conn::on_readable`]).
-    edge: bool,
-}
-
-impl Ready {
-    /// Read without an event to go by: until WouldBlock.
-    const RETRY_READ: Ready = Ready {
-        read: true,
-        write: false,
-        edge: false,
-    };
 }
 
 /// Why [`Server::bind`] failed.
@@ -166,7 +150,7 @@ impl std::error::Error for BindError {
 ///
 /// The loop is made of parts, each owning what one kind of work needs;
 /// a step borrows the parts it uses, and a connection handler gets its
-/// [`Ctx`] split from several of them (see [`Server::handling`]).
+/// context split from several of them (see `handling`).
 #[derive(Debug)]
 pub struct Server {
     /// Limits and modes.
@@ -206,16 +190,6 @@ impl Drop for Server {
         }
         shared.shelf.close();
     }
-}
-
-/// The parts of a server a connection handler (or a delivery slice)
-/// works with, borrowed apart.
-struct Handling<'a> {
-    conns: &'a mut Slab<Conn>,
-    registry: &'a Registry,
-    scratch: &'a mut [u8],
-    ctx: Ctx<'a>,
-    delivery: &'a mut Delivery,
 }
 
 impl Server {
@@ -346,15 +320,7 @@ impl Server {
                 METRICS_LISTENER => self.accept(Door::Metrics, now),
                 WAKER => self.intake.woken(),
                 ALARM => self.clock.rang(),
-                Token(key) => {
-                    let hangup = event.is_read_closed() || event.is_error();
-                    let ready = Ready {
-                        read: event.is_readable() || hangup,
-                        write: event.is_writable() || event.is_write_closed(),
-                        edge: !hangup,
-                    };
-                    self.on_conn_event(ConnKey(key), ready, now);
-                }
+                Token(key) => self.on_conn_event(ConnKey(key), Ready::from(event), now),
             }
         }
         self.sockets.put_back(events);
@@ -504,271 +470,6 @@ impl Server {
         self.lifecycle.is_running() && !self.conns.is_empty()
     }
 
-    /// Borrows the loop's parts apart so a connection can be handled while
-    /// the slab, registry and pool are all in use: the one place a [`Ctx`]
-    /// is made.
-    fn handling(&mut self, now: Instant) -> Handling<'_> {
-        let Server {
-            config,
-            sockets,
-            conns,
-            buffers,
-            records,
-            delivery,
-            clock,
-            report,
-            ..
-        } = self;
-        Handling {
-            conns: &mut conns.slab,
-            registry: sockets.registry(),
-            scratch: &mut buffers.scratch,
-            ctx: Ctx {
-                config,
-                pool: &mut buffers.pool,
-                timers: &mut clock.timers,
-                metrics: &report.shared.metrics,
-                tally: &mut report.tally,
-                replies: &mut buffers.replies,
-                routes: &mut records.routes,
-                upstream: conns.upstream.as_mut(),
-                deflate: &mut buffers.deflate,
-                gathered: &mut buffers.gathered,
-                messages: &mut buffers.messages,
-                now,
-                next_batch: delivery.stream.next_seq(),
-                history: &records.history,
-                replays: &mut records.replays,
-                unfinished: &mut buffers.unfinished,
-            },
-            delivery,
-        }
-    }
-
-    fn on_conn_event(&mut self, key: ConnKey, ready: Ready, now: Instant) {
-        let handling = self.handling(now);
-        let mut ctx = handling.ctx;
-        let Some(conn) = handling.conns.get_mut(key.0) else {
-            return; // A spurious event for a connection already closed.
-        };
-        let mut verdict = Verdict::Keep;
-        if ready.write {
-            verdict = conn.on_writable(key, handling.scratch, &mut ctx);
-        }
-        if ready.read && verdict == Verdict::Keep {
-            verdict = conn.on_readable(key, ready.edge, handling.scratch, &mut ctx);
-        }
-        self.settle(key, verdict);
-    }
-
-    /// Acts on a handler's verdict: close, schedule another read, and keep
-    /// the writable interest in step with the output queue.
-    fn settle(&mut self, key: ConnKey, verdict: Verdict) {
-        if !self.records.replays.is_empty() {
-            let mut dir = Directory::new(
-                &mut self.delivery,
-                &mut self.conns.slab,
-                &mut self.records.routes,
-                self.config.instance,
-                &self.report.shared.metrics,
-            );
-            dir.address_replays(&mut self.records.replays);
-        }
-        match verdict {
-            Verdict::Close(reason) => return self.close(key, reason),
-            Verdict::Serve(endpoint) => {
-                let answered = self.serve(key, endpoint);
-                return self.settle(key, answered);
-            }
-            Verdict::ReadAgain => self.conns.read_again(key),
-            Verdict::AwaitUpstream => self.conns.await_upstream(key),
-            Verdict::Keep => {}
-        }
-        let registry = self.sockets.registry();
-        let targeted = &mut self.delivery.targeted;
-        if let Some(conn) = self.conns.slab.get_mut(key.0) {
-            if !sync_interest(registry, key, conn) {
-                return self.close(key, CloseReason::Abnormal);
-            }
-            if targeted.has_parked() && conn.queued_bytes() == 0 {
-                // Its queue drained: its replay goes on.
-                if let Some(mark) = targeted.unpark(key.slot(), conn.serial()) {
-                    conn.mark_walk(mark);
-                }
-            }
-        }
-    }
-
-    fn close(&mut self, key: ConnKey, reason: CloseReason) {
-        let Some(conn) = self.conns.remove(key) else {
-            return;
-        };
-        self.delivery.targeted.forget(key.slot());
-        let mut ctx = self.handling(Instant::now()).ctx;
-        conn.close(key, reason, &mut ctx);
-    }
-
-    fn close_all(&mut self, reason: CloseReason) {
-        let keys: Vec<usize> = self.conns.slab.iter().map(|(key, _)| key).collect();
-        for key in keys {
-            self.close(ConnKey(key), reason);
-        }
-    }
-
-    fn retry_reads(&mut self, now: Instant) {
-        let mut keys = self.conns.take_reads();
-        for key in keys.drain(..) {
-            self.on_conn_event(key, Ready::RETRY_READ, now);
-        }
-        self.conns.reads_done(keys);
-    }
-
-    /// Stops accepting and starts closing every connection with 1001; gives
-    /// up on them the shutdown timeout after the request was seen.
-    fn begin_shutdown(&mut self, now: Instant) {
-        if !self
-            .lifecycle
-            .begin_draining(now, self.config.shutdown_timeout)
-        {
-            return;
-        }
-        log::info!("shutting down: closing {} connections", self.conns.len());
-        self.sockets.stop_listening();
-        let mut closing = Vec::with_capacity(self.conns.len());
-        let handling = self.handling(now);
-        let mut ctx = handling.ctx;
-        for (key, conn) in handling.conns.iter_mut() {
-            let verdict = if conn.is_open() {
-                conn.begin_close(
-                    ConnKey(key),
-                    CloseCode::GOING_AWAY,
-                    "server shutting down",
-                    CloseReason::Shutdown,
-                    &mut ctx,
-                )
-            } else {
-                Verdict::Close(CloseReason::Shutdown)
-            };
-            closing.push((key, verdict));
-        }
-        for (key, verdict) in closing {
-            self.settle(ConnKey(key), verdict);
-        }
-    }
-
-    /// Accepts at `door` until the backlog is empty, the per-wake cap is
-    /// reached, or file descriptors run out (then pauses instead of
-    /// spinning); each connection is read at once.
-    fn accept(&mut self, door: Door, now: Instant) {
-        if !self.lifecycle.begin_accepting(door) {
-            return;
-        }
-        for _ in 0..ACCEPTS_PER_WAKE {
-            let metrics = &self.report.shared.metrics;
-            let scratch = &mut self.buffers.scratch;
-            match accept::accept_one(
-                door,
-                &self.sockets,
-                &mut self.conns,
-                scratch,
-                &self.config,
-                metrics,
-            ) {
-                Accepted::Admitted(key) => self.on_accepted(key, now),
-                Accepted::Refused => {}
-                Accepted::Empty => return,
-                Accepted::Exhausted(e) => {
-                    let open = self.conns.len();
-                    return self.lifecycle.pause_accepting(&e, now, open, metrics);
-                }
-            }
-        }
-        self.lifecycle.accept_again(door);
-    }
-
-    /// The request arrived with the connection (the listener defers
-    /// accepting until it has): reading now saves a trip through the poll.
-    fn on_accepted(&mut self, key: ConnKey, now: Instant) {
-        let handling = self.handling(now);
-        let mut ctx = handling.ctx;
-        let verdict = handling.conns[key.0].on_accepted(key, handling.scratch, &mut ctx);
-        self.settle(key, verdict);
-    }
-
-    /// Accepts again where connections were left, once a pause is over.
-    fn resume_accepting(&mut self, now: Instant) {
-        let again = self.lifecycle.resume_accepting(now);
-        for door in [Door::Main, Door::Metrics] {
-            if again[door as usize] {
-                self.accept(door, now);
-            }
-        }
-    }
-
-    /// Answers `endpoint` on connection `key` (see `endpoints`).
-    fn serve(&mut self, key: ConnKey, endpoint: Endpoint) -> Verdict {
-        if endpoint == Endpoint::Metrics {
-            // Include what this loop iteration has gathered so far.
-            self.publish_metrics(Instant::now());
-        }
-        let mut page = std::mem::take(&mut self.report.page);
-        let answer = endpoints::answer(
-            endpoint,
-            &self.report.shared,
-            self.config.degraded,
-            &mut page,
-        );
-        let handling = self.handling(Instant::now());
-        let mut ctx = handling.ctx;
-        let verdict = match handling.conns.get_mut(key.0) {
-            Some(conn) => conn.respond(answer.status, answer.content_type, answer.body, &mut ctx),
-            None => Verdict::Keep,
-        };
-        self.report.page = page;
-        verdict
-    }
-
-    fn expire_deadlines(&mut self, now: Instant) {
-        let mut due = self.clock.due_deadlines(now);
-        for (key, tick) in due.drain(..) {
-            let conn = self.conns.slab.get_mut(key.0);
-            let Some(conn) = conn.filter(|conn| conn.is_due(tick)) else {
-                continue; // Stale: re-armed, cleared, or the slot was reused.
-            };
-            let verdict = conn.on_deadline(&mut self.clock.timers);
-            self.settle(key, verdict);
-        }
-        self.clock.deadlines_done(due);
-    }
-
-    /// Runs the heartbeat slice that is due (at most
-    /// [`Config::fanout_budget`] keys; the rest in the next iterations):
-    /// pings, and closes connections silent for the idle timeout. While a
-    /// broadcast is on its way to every connection (and a little after)
-    /// the sweep is postponed instead, up to one interval a pass (see
-    /// `heartbeat`). Messages for some connections do not postpone it: the
-    /// others get no data meanwhile, and a proxy in front of them sees
-    /// only the pings.
-    fn sweep_heartbeats(&mut self, now: Instant) {
-        let state = (self.sweeping(), self.delivery.stream.is_busy());
-        let bounds = (self.conns.key_bound(), self.config.fanout_budget);
-        let Some(due) = self.clock.heartbeat_keys(now, state, bounds) else {
-            return;
-        };
-        let ping = self.clock.heartbeat.ping().clone();
-        let close_after = self.clock.heartbeat.close_after();
-        for key in due {
-            let handling = self.handling(now);
-            let mut ctx = handling.ctx;
-            let Some(conn) = handling.conns.get_mut(key) else {
-                continue;
-            };
-            let verdict =
-                conn.on_heartbeat(ConnKey(key), &ping, close_after, handling.scratch, &mut ctx);
-            self.settle(ConnKey(key), verdict);
-        }
-    }
-
     /// The end of every loop iteration: give idle pool buffers back, keep
     /// the history's bounds, hand the upstream lines over, publish the
     /// metrics, and log the stats line when it is due.
@@ -785,21 +486,6 @@ impl Server {
         let queue_age = self.intake.oldest_age(now);
         self.report
             .publish(&self.buffers.pool, &self.records, queue_age);
-    }
-
-    /// Carries every delivery one slice further (see `delivery`), then
-    /// acts on the verdicts.
-    fn deliver_slice(&mut self, now: Instant) {
-        let key_bound = self.conns.key_bound();
-        let handling = self.handling(now);
-        let conns = (handling.conns, key_bound);
-        let mut unsettled = handling
-            .delivery
-            .slice(conns, handling.registry, handling.ctx);
-        for (key, verdict) in unsettled.drain(..) {
-            self.settle(key, verdict);
-        }
-        self.delivery.settled(unsettled);
     }
 }
 
@@ -820,26 +506,6 @@ pub(super) fn check_message_limit(
     };
     log::warn!("broadcast refused: {refused}");
     Err(refused)
-}
-
-/// Registers or drops writable interest when the connection's output
-/// queue changed between empty and not; `false` if the registry failed.
-pub(super) fn sync_interest(registry: &Registry, key: ConnKey, conn: &mut Conn) -> bool {
-    let Some(want_writable) = conn.interest_change() else {
-        return true;
-    };
-    let interest = if want_writable {
-        Interest::READABLE | Interest::WRITABLE
-    } else {
-        Interest::READABLE
-    };
-    match registry.reregister(conn.stream_mut(), key.into(), interest) {
-        Ok(()) => true,
-        Err(e) => {
-            log::debug!("reregister failed: {e}");
-            false
-        }
-    }
 }
 
 #[cfg(test)]

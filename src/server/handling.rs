@@ -1,0 +1,345 @@
+//! Running connection handlers on the loop's parts and acting on their
+//! verdicts. [`Handling`] is the one place a handler's [`Ctx`] is made,
+//! by borrowing the parts apart; every event that reaches a connection
+//! (readiness, an accept, a deadline, a heartbeat visit, an endpoint, a
+//! delivery slice) runs its handler with it, and the verdict goes to
+//! `settle`, the one place verdicts are acted on.
+
+use std::time::Instant;
+
+use mio::event::Event;
+use mio::Registry;
+use slab::Slab;
+
+use crate::protocol::http::Endpoint;
+use crate::protocol::ws::CloseCode;
+use crate::server::accept::{self, Accepted, ACCEPTS_PER_WAKE};
+use crate::server::address::Directory;
+use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
+use crate::server::connections::sync_interest;
+use crate::server::delivery::Delivery;
+use crate::server::endpoints;
+use crate::server::key::ConnKey;
+use crate::server::sockets::Door;
+use crate::server::Server;
+
+/// What to do for a connection on one turn of the loop.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ready {
+    read: bool,
+    write: bool,
+    /// Answering an epoll edge without hang-up (see [`Conn::on_readable`]).
+    edge: bool,
+}
+
+impl From<&Event> for Ready {
+    fn from(event: &Event) -> Ready {
+        let hangup = event.is_read_closed() || event.is_error();
+        Ready {
+            read: event.is_readable() || hangup,
+            write: event.is_writable() || event.is_write_closed(),
+            edge: !hangup,
+        }
+    }
+}
+
+impl Ready {
+    /// Read without an event to go by: until WouldBlock.
+    const RETRY_READ: Ready = Ready {
+        read: true,
+        write: false,
+        edge: false,
+    };
+}
+
+/// The parts of a server a connection handler (or a delivery slice)
+/// works with, borrowed apart.
+pub(super) struct Handling<'a> {
+    conns: &'a mut Slab<Conn>,
+    registry: &'a Registry,
+    scratch: &'a mut [u8],
+    ctx: Ctx<'a>,
+    delivery: &'a mut Delivery,
+}
+
+impl Server {
+    /// Borrows the loop's parts apart so a connection can be handled while
+    /// the slab, registry and pool are all in use: the one place a [`Ctx`]
+    /// is made.
+    pub(super) fn handling(&mut self, now: Instant) -> Handling<'_> {
+        let Server {
+            config,
+            sockets,
+            conns,
+            buffers,
+            records,
+            delivery,
+            clock,
+            report,
+            ..
+        } = self;
+        Handling {
+            conns: &mut conns.slab,
+            registry: sockets.registry(),
+            scratch: &mut buffers.scratch,
+            ctx: Ctx {
+                config,
+                pool: &mut buffers.pool,
+                timers: &mut clock.timers,
+                metrics: &report.shared.metrics,
+                tally: &mut report.tally,
+                replies: &mut buffers.replies,
+                routes: &mut records.routes,
+                upstream: conns.upstream.as_mut(),
+                deflate: &mut buffers.deflate,
+                gathered: &mut buffers.gathered,
+                messages: &mut buffers.messages,
+                now,
+                next_batch: delivery.stream.next_seq(),
+                history: &records.history,
+                replays: &mut records.replays,
+                unfinished: &mut buffers.unfinished,
+            },
+            delivery,
+        }
+    }
+
+    pub(super) fn on_conn_event(&mut self, key: ConnKey, ready: Ready, now: Instant) {
+        let handling = self.handling(now);
+        let mut ctx = handling.ctx;
+        let Some(conn) = handling.conns.get_mut(key.0) else {
+            return; // A spurious event for a connection already closed.
+        };
+        let mut verdict = Verdict::Keep;
+        if ready.write {
+            verdict = conn.on_writable(key, handling.scratch, &mut ctx);
+        }
+        if ready.read && verdict == Verdict::Keep {
+            verdict = conn.on_readable(key, ready.edge, handling.scratch, &mut ctx);
+        }
+        self.settle(key, verdict);
+    }
+
+    /// Acts on a handler's verdict: close, schedule another read, and keep
+    /// the writable interest in step with the output queue.
+    fn settle(&mut self, key: ConnKey, verdict: Verdict) {
+        if !self.records.replays.is_empty() {
+            let mut dir = Directory::new(
+                &mut self.delivery,
+                &mut self.conns.slab,
+                &mut self.records.routes,
+                self.config.instance,
+                &self.report.shared.metrics,
+            );
+            dir.address_replays(&mut self.records.replays);
+        }
+        match verdict {
+            Verdict::Close(reason) => return self.close(key, reason),
+            Verdict::Serve(endpoint) => {
+                let answered = self.serve(key, endpoint);
+                return self.settle(key, answered);
+            }
+            Verdict::ReadAgain => self.conns.read_again(key),
+            Verdict::AwaitUpstream => self.conns.await_upstream(key),
+            Verdict::Keep => {}
+        }
+        let registry = self.sockets.registry();
+        let targeted = &mut self.delivery.targeted;
+        if let Some(conn) = self.conns.slab.get_mut(key.0) {
+            if !sync_interest(registry, key, conn) {
+                return self.close(key, CloseReason::Abnormal);
+            }
+            if targeted.has_parked() && conn.queued_bytes() == 0 {
+                // Its queue drained: its replay goes on.
+                if let Some(mark) = targeted.unpark(key.slot(), conn.serial()) {
+                    conn.mark_walk(mark);
+                }
+            }
+        }
+    }
+
+    fn close(&mut self, key: ConnKey, reason: CloseReason) {
+        let Some(conn) = self.conns.remove(key) else {
+            return;
+        };
+        self.delivery.targeted.forget(key.slot());
+        let mut ctx = self.handling(Instant::now()).ctx;
+        conn.close(key, reason, &mut ctx);
+    }
+
+    pub(super) fn close_all(&mut self, reason: CloseReason) {
+        let keys: Vec<usize> = self.conns.slab.iter().map(|(key, _)| key).collect();
+        for key in keys {
+            self.close(ConnKey(key), reason);
+        }
+    }
+
+    pub(super) fn retry_reads(&mut self, now: Instant) {
+        let mut keys = self.conns.take_reads();
+        for key in keys.drain(..) {
+            self.on_conn_event(key, Ready::RETRY_READ, now);
+        }
+        self.conns.reads_done(keys);
+    }
+
+    /// Stops accepting and starts closing every connection with 1001; gives
+    /// up on them the shutdown timeout after the request was seen.
+    pub(super) fn begin_shutdown(&mut self, now: Instant) {
+        if !self
+            .lifecycle
+            .begin_draining(now, self.config.shutdown_timeout)
+        {
+            return;
+        }
+        log::info!("shutting down: closing {} connections", self.conns.len());
+        self.sockets.stop_listening();
+        let mut closing = Vec::with_capacity(self.conns.len());
+        let handling = self.handling(now);
+        let mut ctx = handling.ctx;
+        for (key, conn) in handling.conns.iter_mut() {
+            let verdict = if conn.is_open() {
+                conn.begin_close(
+                    ConnKey(key),
+                    CloseCode::GOING_AWAY,
+                    "server shutting down",
+                    CloseReason::Shutdown,
+                    &mut ctx,
+                )
+            } else {
+                Verdict::Close(CloseReason::Shutdown)
+            };
+            closing.push((key, verdict));
+        }
+        for (key, verdict) in closing {
+            self.settle(ConnKey(key), verdict);
+        }
+    }
+
+    /// Accepts at `door` until the backlog is empty, the per-wake cap is
+    /// reached, or file descriptors run out (then pauses instead of
+    /// spinning); each connection is read at once.
+    pub(super) fn accept(&mut self, door: Door, now: Instant) {
+        if !self.lifecycle.begin_accepting(door) {
+            return;
+        }
+        for _ in 0..ACCEPTS_PER_WAKE {
+            let metrics = &self.report.shared.metrics;
+            let scratch = &mut self.buffers.scratch;
+            match accept::accept_one(
+                door,
+                &self.sockets,
+                &mut self.conns,
+                scratch,
+                &self.config,
+                metrics,
+            ) {
+                Accepted::Admitted(key) => self.on_accepted(key, now),
+                Accepted::Refused => {}
+                Accepted::Empty => return,
+                Accepted::Exhausted(e) => {
+                    let open = self.conns.len();
+                    return self.lifecycle.pause_accepting(&e, now, open, metrics);
+                }
+            }
+        }
+        self.lifecycle.accept_again(door);
+    }
+
+    /// The request arrived with the connection (the listener defers
+    /// accepting until it has): reading now saves a trip through the poll.
+    fn on_accepted(&mut self, key: ConnKey, now: Instant) {
+        let handling = self.handling(now);
+        let mut ctx = handling.ctx;
+        let verdict = handling.conns[key.0].on_accepted(key, handling.scratch, &mut ctx);
+        self.settle(key, verdict);
+    }
+
+    /// Accepts again where connections were left, once a pause is over.
+    pub(super) fn resume_accepting(&mut self, now: Instant) {
+        let again = self.lifecycle.resume_accepting(now);
+        for door in [Door::Main, Door::Metrics] {
+            if again[door as usize] {
+                self.accept(door, now);
+            }
+        }
+    }
+
+    /// Answers `endpoint` on connection `key` (see `endpoints`).
+    fn serve(&mut self, key: ConnKey, endpoint: Endpoint) -> Verdict {
+        if endpoint == Endpoint::Metrics {
+            // Include what this loop iteration has gathered so far.
+            self.publish_metrics(Instant::now());
+        }
+        let mut page = std::mem::take(&mut self.report.page);
+        let answer = endpoints::answer(
+            endpoint,
+            &self.report.shared,
+            self.config.degraded,
+            &mut page,
+        );
+        let handling = self.handling(Instant::now());
+        let mut ctx = handling.ctx;
+        let verdict = match handling.conns.get_mut(key.0) {
+            Some(conn) => conn.respond(answer.status, answer.content_type, answer.body, &mut ctx),
+            None => Verdict::Keep,
+        };
+        self.report.page = page;
+        verdict
+    }
+
+    pub(super) fn expire_deadlines(&mut self, now: Instant) {
+        let mut due = self.clock.due_deadlines(now);
+        for (key, tick) in due.drain(..) {
+            let conn = self.conns.slab.get_mut(key.0);
+            let Some(conn) = conn.filter(|conn| conn.is_due(tick)) else {
+                continue; // Stale: re-armed, cleared, or the slot was reused.
+            };
+            let verdict = conn.on_deadline(&mut self.clock.timers);
+            self.settle(key, verdict);
+        }
+        self.clock.deadlines_done(due);
+    }
+
+    /// Runs the heartbeat slice that is due (at most
+    /// [`Config::fanout_budget`] keys; the rest in the next iterations):
+    /// pings, and closes connections silent for the idle timeout. While a
+    /// broadcast is on its way to every connection (and a little after)
+    /// the sweep is postponed instead, up to one interval a pass (see
+    /// `heartbeat`). Messages for some connections do not postpone it: the
+    /// others get no data meanwhile, and a proxy in front of them sees
+    /// only the pings.
+    pub(super) fn sweep_heartbeats(&mut self, now: Instant) {
+        let state = (self.sweeping(), self.delivery.stream.is_busy());
+        let bounds = (self.conns.key_bound(), self.config.fanout_budget);
+        let Some(due) = self.clock.heartbeat_keys(now, state, bounds) else {
+            return;
+        };
+        let ping = self.clock.heartbeat.ping().clone();
+        let close_after = self.clock.heartbeat.close_after();
+        for key in due {
+            let handling = self.handling(now);
+            let mut ctx = handling.ctx;
+            let Some(conn) = handling.conns.get_mut(key) else {
+                continue;
+            };
+            let verdict =
+                conn.on_heartbeat(ConnKey(key), &ping, close_after, handling.scratch, &mut ctx);
+            self.settle(ConnKey(key), verdict);
+        }
+    }
+
+    /// Carries every delivery one slice further (see `delivery`), then
+    /// acts on the verdicts.
+    pub(super) fn deliver_slice(&mut self, now: Instant) {
+        let key_bound = self.conns.key_bound();
+        let handling = self.handling(now);
+        let conns = (handling.conns, key_bound);
+        let mut unsettled = handling
+            .delivery
+            .slice(conns, handling.registry, handling.ctx);
+        for (key, verdict) in unsettled.drain(..) {
+            self.settle(key, verdict);
+        }
+        self.delivery.settled(unsettled);
+    }
+}
