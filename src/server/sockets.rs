@@ -3,6 +3,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
@@ -115,10 +116,7 @@ impl Sockets {
     /// Waits for readiness, at most `timeout`, and hands the events out
     /// (give them back with [`Sockets::put_back`]); `None` if the wait was
     /// interrupted.
-    pub(super) fn wait(
-        &mut self,
-        timeout: Option<std::time::Duration>,
-    ) -> io::Result<Option<Events>> {
+    pub(super) fn wait(&mut self, timeout: Option<Duration>) -> io::Result<Option<Events>> {
         if let Err(e) = self.poll.poll(&mut self.events, timeout) {
             return if e.kind() == io::ErrorKind::Interrupted {
                 Ok(None)
