@@ -13,19 +13,17 @@ pub(super) const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 /// Shutdown progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    Running,
+    /// Serving; `shutdown_seen` is when the loop saw a handle's shutdown
+    /// request, if it did (what was queued before it goes out first).
+    Running { shutdown_seen: Option<Instant> },
     /// Closing connections; give up on the rest at the deadline.
-    Draining {
-        deadline: Instant,
-    },
+    Draining { deadline: Instant },
 }
 
 /// The loop's shutdown progress and the state of accepting.
 #[derive(Debug)]
 pub(super) struct Lifecycle {
     state: State,
-    /// When the loop saw a handle's shutdown request.
-    shutdown_seen: Option<Instant>,
     /// Accepting stopped at its cap with connections left in the backlog
     /// (per [`Door`]).
     accept_again: [bool; 2],
@@ -38,8 +36,9 @@ impl Lifecycle {
     /// Running, accepting.
     pub(super) fn new() -> Lifecycle {
         Lifecycle {
-            state: State::Running,
-            shutdown_seen: None,
+            state: State::Running {
+                shutdown_seen: None,
+            },
             accept_again: [false; 2],
             accept_paused_until: None,
             last_accept_warning: None,
@@ -48,32 +47,35 @@ impl Lifecycle {
 
     /// No shutdown has begun.
     pub(super) fn is_running(&self) -> bool {
-        self.state == State::Running
+        matches!(self.state, State::Running { .. })
     }
 
     /// Whether a shutdown finished: every connection is closed (`closed`),
     /// or the close timeout passed.
     pub(super) fn is_finished(&self, closed: bool) -> bool {
         match self.state {
-            State::Running => false,
+            State::Running { .. } => false,
             State::Draining { deadline } => closed || Instant::now() >= deadline,
         }
     }
 
     /// When the loop first saw the shutdown request (`now`, if this is the
-    /// first time).
+    /// first time, or if draining began).
     pub(super) fn shutdown_seen(&mut self, now: Instant) -> Instant {
-        *self.shutdown_seen.get_or_insert(now)
+        match &mut self.state {
+            State::Running { shutdown_seen } => *shutdown_seen.get_or_insert(now),
+            State::Draining { .. } => now,
+        }
     }
 
     /// Begins draining, to give up `timeout` after the shutdown request
     /// was seen; `false` if it had begun.
     pub(super) fn begin_draining(&mut self, now: Instant, timeout: Duration) -> bool {
-        if self.state != State::Running {
+        let State::Running { shutdown_seen } = self.state else {
             return false;
-        }
+        };
         self.state = State::Draining {
-            deadline: self.shutdown_seen.unwrap_or(now) + timeout,
+            deadline: shutdown_seen.unwrap_or(now) + timeout,
         };
         true
     }
@@ -83,7 +85,7 @@ impl Lifecycle {
     pub(super) fn next_at(&self) -> [Option<Instant>; 2] {
         let deadline = match self.state {
             State::Draining { deadline } => Some(deadline),
-            State::Running => None,
+            State::Running { .. } => None,
         };
         [self.accept_paused_until, deadline]
     }
@@ -92,7 +94,7 @@ impl Lifecycle {
     /// or over.
     pub(super) fn begin_accepting(&mut self, door: Door) -> bool {
         self.accept_again[door as usize] = false;
-        self.accept_paused_until.is_none() && self.state == State::Running
+        self.accept_paused_until.is_none() && self.is_running()
     }
 
     /// Accepting at `door` stopped at its cap with connections left.
