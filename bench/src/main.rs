@@ -6,19 +6,25 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use serde::Serialize;
-use wspush_bench::channels::{self, ChannelsOptions};
-use wspush_bench::compare::{self, CompareOptions};
-use wspush_bench::deflate::{self, DeflateOptions};
-use wspush_bench::echo::{self, EchoOptions, EchoOutcome};
-use wspush_bench::fleet::Launch;
-use wspush_bench::hosts::{self, HostsOptions};
-use wspush_bench::push::{self, PushOptions, RunInfo};
+use wspush_bench::fleet::coordinator::Launch;
+use wspush_bench::fleet::worker;
+use wspush_bench::observe::sys;
+use wspush_bench::report::plot;
+use wspush_bench::report::RunInfo;
 use wspush_bench::report::RunReport;
-use wspush_bench::server::{self, ServerSpec};
-use wspush_bench::supervisor::{self, Processes};
+use wspush_bench::scenario::channels::{self, ChannelsOptions};
+use wspush_bench::scenario::compare::{self, CompareOptions};
+use wspush_bench::scenario::deflate::{self, DeflateOptions};
+use wspush_bench::scenario::echo::{self, EchoOptions, EchoOutcome};
+use wspush_bench::scenario::hosts::{self, HostsOptions};
+use wspush_bench::scenario::push::{self, PushOptions};
+use wspush_bench::scenario::swarm;
+use wspush_bench::scenario::trickle::{self, TrickleOptions};
+use wspush_bench::target::floor;
+use wspush_bench::target::server::{self, ServerSpec};
+use wspush_bench::target::supervisor::{self, Processes};
 use wspush_bench::target::External;
-use wspush_bench::trickle::{self, TrickleOptions};
-use wspush_bench::{floor, plot, swarm, sys, worker, Error};
+use wspush_bench::Error;
 
 #[derive(Debug, Parser)]
 #[command(version, about, long_about = None)]

@@ -11,13 +11,14 @@ use std::thread;
 use std::time::Duration;
 
 use common::{info, push_options, Embedded};
-use wspush_bench::echo::{self, EchoOptions};
-use wspush_bench::fleet::Launch;
-use wspush_bench::procfs::{self, Usage};
-use wspush_bench::push;
-use wspush_bench::server::{self, Server};
+use wspush_bench::fleet::coordinator::Launch;
+use wspush_bench::observe::procfs::{self, Usage};
+use wspush_bench::observe::sys;
+use wspush_bench::scenario::echo::{self, EchoOptions};
+use wspush_bench::scenario::push;
+use wspush_bench::target::floor;
+use wspush_bench::target::server::{self, Server};
 use wspush_bench::target::{self, Target};
-use wspush_bench::{floor, sys};
 
 /// The floor on a thread of this process, fed through a socket pair.
 struct InProcessFloor {

@@ -6,8 +6,8 @@
 mod common;
 
 use common::{info, measure_embedded, push_options, Embedded};
-use wspush_bench::fleet::Launch;
-use wspush_bench::push;
+use wspush_bench::fleet::coordinator::Launch;
+use wspush_bench::scenario::push;
 
 #[test]
 fn two_thousand_connections_over_four_sources_get_every_broadcast_once() {

@@ -3,7 +3,8 @@
 
 use std::process::Command;
 
-use wspush_bench::{procfs, push};
+use wspush_bench::client::dial;
+use wspush_bench::observe::procfs;
 
 const CHECK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tuning/check.sh");
 
@@ -11,7 +12,7 @@ const CHECK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tuning/check.sh");
 fn check_sh_asks_for_the_source_addresses_the_bench_uses() {
     let ports = procfs::local_port_range().unwrap();
     for conns in [100_000, 1_000_000] {
-        let bench = push::sources_for(conns, ports).unwrap();
+        let bench = dial::sources_for(conns, ports).unwrap();
         let output = Command::new(CHECK)
             .args([&conns.to_string(), "--both-ends", "--source-addrs", "1"])
             .output()

@@ -11,10 +11,11 @@ use std::process::Command;
 use std::thread::{self, JoinHandle};
 
 use clap::Parser;
-use wspush_bench::fleet::Launch;
-use wspush_bench::procfs::{self, Usage};
-use wspush_bench::push::{self, PushOptions, RunInfo};
+use wspush_bench::fleet::coordinator::Launch;
+use wspush_bench::observe::procfs::{self, Usage};
+use wspush_bench::report::RunInfo;
 use wspush_bench::report::RunReport;
+use wspush_bench::scenario::push::{self, PushOptions};
 use wspush_bench::target::Target;
 
 /// wspush running on a thread of this process, driven through its `Handle`.

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::io;
 
-use crate::sys;
+use crate::observe::sys;
 
 /// Resources used by a set of processes at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -13,9 +13,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 use wspush::sys::ParentDeath;
 
-use crate::procfs::{self, Usage};
-use crate::sys;
+use crate::observe::cpu::wait_quiet;
+use crate::observe::procfs::{self, Usage};
+use crate::observe::sys;
 use crate::target::{self, Target};
+use crate::Error;
 
 /// Command (or label) that stands for this program's own `floor` server;
 /// as the first word of a command, the rest are `floor`'s options.
@@ -246,6 +248,30 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Waits for a quiet machine (if `wait_quiet_secs` > 0), then spawns
+/// `spec` on `port` (or a free one) and waits until it listens; returns
+/// the server, its command line and its port.
+pub fn start_server(
+    spec: &ServerSpec,
+    port: Option<u16>,
+    wait_quiet_secs: u64,
+    start_timeout_secs: u64,
+) -> Result<(Server, String, u16), Error> {
+    if wait_quiet_secs > 0 {
+        wait_quiet(Duration::from_secs(wait_quiet_secs))?;
+    }
+    let exe = std::env::current_exe()?;
+    let port = match port {
+        Some(port) => port,
+        None => free_port()?,
+    };
+    let command = command_line(&spec.command, port, &exe);
+    eprintln!("[{}] starting: {command}", spec.label);
+    let mut server = Server::spawn(&command)?;
+    server.wait_listening(port, Duration::from_secs(start_timeout_secs))?;
+    Ok((server, command, port))
 }
 
 #[cfg(test)]

@@ -7,25 +7,29 @@
 
 use std::io::{self, IsTerminal, Write};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::fleet::{Fleet, Launch};
-use crate::format;
-use crate::latency::LatencyReport;
-use crate::message::{self, Padding, Stamp};
-use crate::pacing::{self, Schedule};
-use crate::probe::Probes;
-use crate::procfs::{self, Usage};
-use crate::protocol::{Plan, Report};
-use crate::ramp::Ramp;
+use crate::client::dial::auto_sources;
+use crate::client::pacing::{self, Schedule};
+use crate::client::probe::Probes;
+use crate::fleet::coordinator::{Fleet, Launch};
+use crate::fleet::protocol::{Plan, Report};
+use crate::observe::cpu::{CpuMark, QUIET_SHARE};
+use crate::observe::format;
+use crate::observe::latency::LatencyReport;
+use crate::observe::procfs::{self, Usage};
+use crate::observe::ramp::Ramp;
+use crate::observe::sys;
+use crate::report::RunInfo;
 use crate::report::{
     BroadcastReport, ConnectionReport, CpuReport, DeliveryReport, Memory, MemoryReport, RunReport,
     StreamReport,
 };
-use crate::server::{self, Server, ServerSpec};
+use crate::target::server::start_server;
+use crate::target::server::ServerSpec;
 use crate::target::Target;
-use crate::{sys, Error};
+use crate::wire::message::{self, Padding, Stamp};
+use crate::Error;
 
 /// Descriptors a worker needs besides one per connection.
 const SPARE_FDS: usize = 64;
@@ -41,15 +45,6 @@ const CHECK_EVERY: Duration = Duration::from_millis(100);
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 const PROGRESS_LOG_EVERY: Duration = Duration::from_secs(5);
 
-/// Share of the local port range, in %, a source address is given at most
-/// when `--sources` is chosen automatically (`tuning/check.sh` plans the
-/// same). `connect()` tries even ports first (odd ones are left to
-/// `bind(0)`); once the even half of the range is taken, every connect
-/// scans all of it before finding an odd port, and the setup rate falls
-/// from ~10,000/s to ~500/s (measured here: 14,000 connections from one
-/// address in 1.4 s, 15,000 in 2.8 s).
-const PORT_RANGE_PERCENT: u32 = 45;
-
 /// Steps of the feed rate search at most.
 const MAX_SEARCH_STEPS: u32 = 12;
 
@@ -60,10 +55,6 @@ const HOLD_TRIES: u32 = 3;
 /// The search stops once the lowest failing rate is within this factor of
 /// the highest passing one.
 const SEARCH_PRECISION: f64 = 1.1;
-
-/// CPU share (of one CPU) that other processes may use during a phase
-/// before the report warns that the machine was not quiet.
-const QUIET_SHARE: f64 = 0.1;
 
 /// Parameters of a `push` run.
 #[derive(Debug, Clone, clap::Args)]
@@ -261,41 +252,6 @@ impl PushOptions {
     }
 }
 
-/// What a run is called in its report.
-#[derive(Debug, Clone)]
-pub struct RunInfo {
-    /// Label of the server.
-    pub server: String,
-    /// The command that started it (or how it was reached).
-    pub command: String,
-    /// Round of a comparison (from 1).
-    pub round: u32,
-}
-
-/// Waits for a quiet machine (if `wait_quiet_secs` > 0), then spawns
-/// `spec` on `port` (or a free one) and waits until it listens; returns
-/// the server, its command line and its port.
-pub fn start_server(
-    spec: &ServerSpec,
-    port: Option<u16>,
-    wait_quiet_secs: u64,
-    start_timeout_secs: u64,
-) -> Result<(Server, String, u16), Error> {
-    if wait_quiet_secs > 0 {
-        wait_quiet(Duration::from_secs(wait_quiet_secs))?;
-    }
-    let exe = std::env::current_exe()?;
-    let port = match port {
-        Some(port) => port,
-        None => server::free_port()?,
-    };
-    let command = server::command_line(&spec.command, port, &exe);
-    eprintln!("[{}] starting: {command}", spec.label);
-    let mut server = Server::spawn(&command)?;
-    server.wait_listening(port, Duration::from_secs(start_timeout_secs))?;
-    Ok((server, command, port))
-}
-
 /// Spawns `spec` on a free port, measures it with worker processes of
 /// this program, and stops it (also on error).
 pub fn run(spec: &ServerSpec, options: &PushOptions, round: u32) -> Result<RunReport, Error> {
@@ -400,23 +356,6 @@ pub fn measure_hosts(
     ))
 }
 
-/// Enough source addresses for `conns` connections to use at most
-/// [`PORT_RANGE_PERCENT`] of the local port range of each.
-fn auto_sources(conns: usize) -> Result<u8, Error> {
-    let ports = procfs::local_port_range()?;
-    sources_for(conns, ports)
-        .ok_or_else(|| format!("{conns} connections need more than 250 source addresses").into())
-}
-
-/// Source addresses for `conns` connections when each may use
-/// `PORT_RANGE_PERCENT` of `ports` local ports (`None` beyond 250).
-pub fn sources_for(conns: usize, ports: u32) -> Option<u8> {
-    let per_source = (ports as usize * PORT_RANGE_PERCENT as usize / 100).max(1);
-    u8::try_from(conns.div_ceil(per_source).max(1))
-        .ok()
-        .filter(|&n| n <= 250)
-}
-
 /// Everything a run observed, before it is summarised.
 pub struct Observations {
     /// Server usage before the connections.
@@ -462,7 +401,7 @@ pub struct Observations {
     /// The highest feed rate the search found, held for `--feed-secs`.
     pub max_feed_rate: Option<f64>,
     /// What the connections observed.
-    pub observed: crate::stats::Observed,
+    pub observed: crate::observe::stats::Observed,
 }
 
 /// One measurement in progress.
@@ -942,86 +881,6 @@ fn is_held(feed: &StreamReport, max_p99_ms: f64) -> bool {
     feed.complete && feed.received >= feed.expected && feed.latency.p99_us <= max_p99_ms * 1e3
 }
 
-/// Seconds in a row the machine must be quiet for [`wait_quiet`]. The
-/// kernel goes on working for tens of seconds after a big run ends (closing
-/// its sockets, freeing and handing back their memory), in bursts with
-/// quiet seconds between them.
-const QUIET_STREAK: u32 = 5;
-
-/// Waits until the machine has been quiet for `QUIET_STREAK` seconds in
-/// a row, for at most `limit`.
-pub fn wait_quiet(limit: Duration) -> Result<(), Error> {
-    let deadline = Instant::now() + limit;
-    let mut streak = 0;
-    loop {
-        let before = CpuMark::take(0, procfs::own_cpu_ns()?)?;
-        thread::sleep(Duration::from_secs(1));
-        let share = CpuMark::take(0, procfs::own_cpu_ns()?)?.others_since(&before);
-        streak = if share <= QUIET_SHARE { streak + 1 } else { 0 };
-        if streak >= QUIET_STREAK {
-            return Ok(());
-        }
-        if sys::interrupted() {
-            return Err(io::Error::from(io::ErrorKind::Interrupted).into());
-        }
-        if Instant::now() >= deadline {
-            eprintln!(
-                "machine still busy ({:.0}% of a CPU) after {limit:?}; going ahead",
-                share * 100.0
-            );
-            return Ok(());
-        }
-    }
-}
-
-/// CPU counters at one moment, to tell how much CPU time processes other
-/// than the server and the client used in between two marks.
-pub struct CpuMark {
-    /// When the mark was taken.
-    pub at: Instant,
-    /// Busy time of all CPUs.
-    pub machine_ns: u64,
-    /// Of that, interrupts (mostly softirq: on loopback, the TCP work of
-    /// both ends; see [`procfs::MachineCpu`]).
-    pub interrupts_ns: u64,
-    /// Of that, the `ksoftirqd` threads (softirq work the kernel deferred).
-    pub softirq_threads_ns: u64,
-    /// CPU time of the client.
-    pub client_ns: u64,
-    /// CPU time of the server's processes.
-    pub server_ns: u64,
-}
-
-impl CpuMark {
-    /// Marks now, given the server's and the client's CPU time so far.
-    pub fn take(server_ns: u64, client_ns: u64) -> io::Result<CpuMark> {
-        let machine = procfs::machine_cpu()?;
-        Ok(CpuMark {
-            at: Instant::now(),
-            machine_ns: machine.busy_ns,
-            interrupts_ns: machine.interrupts_ns,
-            softirq_threads_ns: machine.softirq_threads_ns,
-            client_ns,
-            server_ns,
-        })
-    }
-
-    /// Share of one CPU that other processes used since `earlier`
-    /// (`ksoftirqd` is not counted: it does the network work of whoever
-    /// sends, mostly our own traffic).
-    pub fn others_since(&self, earlier: &CpuMark) -> f64 {
-        let machine = (self.machine_ns.saturating_sub(self.softirq_threads_ns)).saturating_sub(
-            earlier
-                .machine_ns
-                .saturating_sub(earlier.softirq_threads_ns),
-        );
-        let ours =
-            (self.client_ns + self.server_ns).saturating_sub(earlier.client_ns + earlier.server_ns);
-        let wall = self.at.duration_since(earlier.at).as_nanos().max(1);
-        machine.saturating_sub(ours) as f64 / wall as f64
-    }
-}
-
 /// The live progress line on standard error: redrawn in place on a
 /// terminal, written as a plain line every few seconds elsewhere.
 struct ProgressLine<'a> {
@@ -1157,22 +1016,5 @@ fn summarise(
         feed_search: o.feed_search,
         max_feed_rate: o.max_feed_rate,
         warnings,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_source_address_gets_at_most_45_percent_of_the_port_range() {
-        // The default range 32768-60999 has 28,232 ports: 12,704 per address.
-        assert_eq!(sources_for(1_000_000, 28_232), Some(79));
-        assert_eq!(sources_for(100_000, 28_232), Some(8));
-        assert_eq!(sources_for(12_704, 28_232), Some(1));
-        assert_eq!(sources_for(12_705, 28_232), Some(2));
-        assert_eq!(sources_for(1, 1), Some(1));
-        assert_eq!(sources_for(1_000_000, 55_536), Some(41));
-        assert_eq!(sources_for(10_000_000, 28_232), None);
     }
 }

@@ -9,12 +9,13 @@
 
 use serde::Serialize;
 
-use crate::echo::{self, EchoOptions, EchoOutcome};
-use crate::format;
-use crate::push::{self, PushOptions};
+use crate::observe::format;
+use crate::observe::sys;
 use crate::report::{RunReport, StreamReport};
-use crate::server::ServerSpec;
-use crate::{sys, Error};
+use crate::scenario::echo::{self, EchoOptions, EchoOutcome};
+use crate::scenario::push::{self, PushOptions};
+use crate::target::server::ServerSpec;
+use crate::Error;
 
 /// Parameters of a comparison besides the push options.
 #[derive(Debug, Clone, clap::Args)]
@@ -34,7 +35,7 @@ pub struct CompareOptions {
     #[arg(long, default_value_t = 1)]
     pub rounds: u32,
     /// Server whose setup rate and fan-out the `×base` columns divide by.
-    #[arg(long, default_value = crate::server::FLOOR)]
+    #[arg(long, default_value = crate::target::server::FLOOR)]
     pub baseline: String,
     /// Skip the echo measurement.
     #[arg(long)]

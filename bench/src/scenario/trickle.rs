@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::handshake;
-use crate::procfs;
-use crate::push::start_server;
-use crate::server::ServerSpec;
+use crate::observe::procfs;
+use crate::target::server::start_server;
+use crate::target::server::ServerSpec;
+use crate::wire::handshake;
 use crate::Error;
 
 /// What `trickle` does.

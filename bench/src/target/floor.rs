@@ -36,7 +36,7 @@
 //!
 //! Standard input is read by a helper thread that hands finished frames to
 //! the loop through a channel and a `Waker`; EOF stops the reading, not the
-//! server. The server runs until it is killed. [`crate::supervisor`] runs
+//! server. The server runs until it is killed. [`crate::target::supervisor`] runs
 //! several of them behind one port.
 
 use std::collections::HashMap;
@@ -51,8 +51,8 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 use socket2::{Domain, Socket, Type};
 
-use crate::frame::{self, opcode};
-use crate::handshake;
+use crate::wire::frame::{self, opcode};
+use crate::wire::handshake;
 
 /// Listen backlog; the kernel caps it at `net.core.somaxconn`.
 const BACKLOG: i32 = 4096;
@@ -461,7 +461,7 @@ fn read_lines(input: impl Read, frames: mpsc::Sender<Vec<u8>>, waker: Waker) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conn::MASK;
+    use crate::wire::frame::MASK;
 
     #[test]
     fn a_request_names_a_channel_only_as_a_whole_parameter() {

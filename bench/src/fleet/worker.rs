@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use mio::Waker;
 
-use crate::clients::{ClientPlan, Clients, EVENTS_PER_POLL};
-use crate::protocol::{self, Command, Counts, Report};
-use crate::stats::Receipts;
+use crate::client::clients::{ClientPlan, Clients, EVENTS_PER_POLL};
+use crate::fleet::protocol::{self, Command, Counts, Report};
+use crate::observe::stats::Receipts;
 use crate::Error;
 
 /// Least time between two `Progress` reports.

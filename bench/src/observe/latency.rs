@@ -3,7 +3,7 @@
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::format::{duration_us, us};
+use crate::observe::format::{duration_us, us};
 
 /// Quantiles at which the latency CDF is sampled for the plot: every
 /// percent, then the tail.
@@ -87,10 +87,22 @@ impl LatencyReport {
     }
 }
 
+/// What the probes measured during one stream.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbeReport {
+    /// From `connect()` to the whole 101 response of a new connection.
+    pub upgrade: LatencyReport,
+    /// From a ping written on a connected client to its pong read.
+    pub ping: LatencyReport,
+    /// Why a probe stopped early (no answer within 30 s, or an error):
+    /// the server did not answer it at all.
+    pub stopped: Vec<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::new_histogram;
+    use crate::observe::stats::new_histogram;
 
     #[test]
     fn latency_cdf_is_monotonic_and_ends_at_the_maximum() {

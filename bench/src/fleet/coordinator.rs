@@ -17,10 +17,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 use wspush::sys::ParentDeath;
 
-use crate::pacing;
-use crate::protocol::{self, Command, Counts, Plan, Report};
-use crate::stats::{Observed, StreamReceipts};
-use crate::{sys, worker, Error};
+use crate::client::pacing;
+use crate::fleet::protocol::{self, Command, Counts, Plan, Report};
+use crate::fleet::worker;
+use crate::observe::stats::{Observed, StreamReceipts};
+use crate::observe::sys;
+use crate::Error;
 
 /// How long workers get to answer `Arm` and `Finish`.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,13 +1,20 @@
-//! The server under test as a measurement sees it: something that takes
-//! broadcast lines and whose processes can be watched. A server the bench
-//! spawned ([`crate::server::Server`]) is one; a server started by someone
-//! else is an [`External`] one, fed through a FIFO; tests embed one.
+//! The server under test: something that takes broadcast lines and whose
+//! processes can be watched ([`Target`]). A server the bench spawned
+//! ([`server::Server`]) is one; a server started by someone else is an
+//! [`External`] one, fed through a FIFO; tests embed one. Also here: the
+//! supervisor of several processes, and the bench's own bare-epoll
+//! reference server, the floor. Built on [`crate::observe`]; the floor
+//! speaks [`crate::wire`].
+
+pub mod floor;
+pub mod server;
+pub mod supervisor;
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
 
-use crate::procfs::{self, Usage};
+use crate::observe::procfs::{self, Usage};
 
 /// A server being measured.
 pub trait Target {

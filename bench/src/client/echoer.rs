@@ -16,13 +16,13 @@ use mio::event::Event;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
-use crate::compression::{Deflater, Inflater};
-use crate::conn::MASK;
-use crate::dial::{self, Failure, Phase};
-use crate::frame::{self, opcode, FrameError, FrameReader};
-use crate::message::{self, EchoStamp};
-use crate::stats::{self, MAX_LATENCY_NS};
-use crate::sys;
+use crate::client::dial::{self, Failure, Phase};
+use crate::observe::stats::{self, MAX_LATENCY_NS};
+use crate::observe::sys;
+use crate::wire::compression::{Deflater, Inflater};
+use crate::wire::frame::MASK;
+use crate::wire::frame::{self, opcode, FrameError, FrameReader};
+use crate::wire::message::{self, EchoStamp};
 
 /// Readiness events taken from the kernel per `epoll_wait`.
 const EVENTS_PER_POLL: usize = 1024;

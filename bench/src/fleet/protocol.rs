@@ -15,8 +15,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::message::Padding;
-use crate::stats::{Observed, Receipts, StreamReceipts};
+use crate::observe::stats::{Observed, Receipts, StreamReceipts};
+use crate::wire::message::Padding;
 
 /// What one worker connects to, and how.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -29,15 +29,16 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use serde::{Deserialize, Serialize};
 
-use crate::conn::not_a_message;
-use crate::dial::{self, Failure, Phase};
-use crate::fleet::{spawn_report_reader, Launch, WorkerPipes};
-use crate::frame::{opcode, FrameReader};
-use crate::message;
-use crate::pacing::{self, Schedule};
-use crate::protocol;
+use crate::client::conn::not_a_message;
+use crate::client::dial::{self, Failure, Phase};
+use crate::client::pacing::{self, Schedule};
+use crate::fleet::coordinator::{spawn_report_reader, Launch, WorkerPipes};
+use crate::fleet::protocol;
+use crate::observe::sys;
 use crate::target::Target;
-use crate::{sys, Error};
+use crate::wire::frame::{opcode, FrameReader};
+use crate::wire::message;
+use crate::Error;
 
 /// Readiness events taken per `epoll_wait`.
 const EVENTS_PER_POLL: usize = 1024;
@@ -913,8 +914,8 @@ mod tests {
             crate::target::write_line(&mut self.feed, line)
         }
 
-        fn usage(&self) -> io::Result<crate::procfs::Usage> {
-            crate::procfs::tree_usage(std::process::id())
+        fn usage(&self) -> io::Result<crate::observe::procfs::Usage> {
+            crate::observe::procfs::tree_usage(std::process::id())
         }
 
         fn check_alive(&mut self) -> io::Result<()> {
@@ -926,15 +927,15 @@ mod tests {
     /// `paths`, by three workers, of two lines sent through a floor with
     /// `options`, sorted; `expected` of them, waited for.
     fn floor_receipts(
-        options: crate::floor::FloorOptions,
+        options: crate::target::floor::FloorOptions,
         paths: Paths,
         expected: usize,
     ) -> Vec<(u64, u32)> {
-        let listener = crate::floor::bind((Ipv4Addr::LOCALHOST, 0).into(), false).unwrap();
+        let listener = crate::target::floor::bind((Ipv4Addr::LOCALHOST, 0).into(), false).unwrap();
         let server = listener.local_addr().unwrap();
         let (feed, input) = UnixStream::pair().unwrap();
         // The floor runs until the test process ends.
-        thread::spawn(move || crate::floor::serve_with(listener, input, options));
+        thread::spawn(move || crate::target::floor::serve_with(listener, input, options));
         let mut floor = Floor { feed };
         let plan = SwarmPlan {
             server,
@@ -993,7 +994,7 @@ mod tests {
 
     #[test]
     fn a_floor_with_a_channel_writes_only_to_the_connections_that_named_it() {
-        let options = crate::floor::FloorOptions {
+        let options = crate::target::floor::FloorOptions {
             channel: Some("hot".into()),
             ..Default::default()
         };

@@ -29,28 +29,27 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::fleet::Launch;
-use crate::format::{bytes, duration_us, failures, grouped, render_columns};
-use crate::latency::LatencyReport;
-use crate::message::{self, Stamp};
-use crate::procfs::{self, Usage};
-use crate::push::{self, CpuMark};
+use crate::client::dial;
+use crate::fleet::coordinator::Launch;
+use crate::observe::cpu::{CpuMark, QUIET_SHARE};
+use crate::observe::format::{bytes, duration_us, failures, grouped, render_columns};
+use crate::observe::latency::LatencyReport;
+use crate::observe::procfs::{self, Usage};
+use crate::observe::stats::{self, Receipts};
+use crate::observe::sys;
 use crate::report::{BroadcastReport, Spread};
-use crate::server::{self, Server, ServerSpec};
-use crate::stats::{self, Receipts};
-use crate::swarm::{self, Event, Paths, Setup, Swarm, SwarmPlan};
+use crate::scenario::swarm::{self, Event, Paths, Setup, Swarm, SwarmPlan};
+use crate::target::server::{self, Server, ServerSpec};
 use crate::target::Target;
-use crate::{sys, Error};
+use crate::wire::feed::splitmix64;
+use crate::wire::message::{self, Stamp};
+use crate::Error;
 
 /// Sequence number of the closing `all` of `fanout` (messages count from 1).
 pub const SENTINEL: u32 = 0;
 
 /// How often a wait checks the server.
 const CHECK_EVERY: Duration = Duration::from_millis(100);
-
-/// Share of a CPU other processes may use during a phase before the
-/// report warns.
-const QUIET_SHARE: f64 = 0.1;
 
 /// What `channels` measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -497,14 +496,6 @@ pub fn line(prefix: &str, stamp: Stamp, size: usize) -> Vec<u8> {
     out
 }
 
-/// SplitMix64: a well-mixed 64-bit value for each input.
-pub fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// The target of message `seq` among `count` candidates, for `seed`.
 pub fn target(seed: u64, seq: u32, count: usize) -> usize {
     (splitmix64(seed.wrapping_mul(0x1_0000_0001) ^ u64::from(seq)) % count.max(1) as u64) as usize
@@ -634,7 +625,7 @@ impl Stage {
             command: command.into(),
         };
         let (server, command, port) =
-            push::start_server(&spec, None, o.wait_quiet, o.start_timeout)?;
+            server::start_server(&spec, None, o.wait_quiet, o.start_timeout)?;
         Ok(Stage {
             label: label.into(),
             command,
@@ -651,7 +642,7 @@ impl Stage {
     fn connect(&mut self, o: &ChannelsOptions, paths: Paths, count: u64) -> Result<(), Error> {
         let sources = match o.sources {
             Some(n) => n,
-            None => push::sources_for(count as usize, procfs::local_port_range()?)
+            None => dial::sources_for(count as usize, procfs::local_port_range()?)
                 .ok_or("too many connections for 250 source addresses")?,
         };
         let plan = SwarmPlan {

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::channels::splitmix64;
+use crate::wire::feed::feed;
 use crate::Error;
 
 /// The tail a sync flush leaves, which permessage-deflate drops from each
@@ -83,40 +83,6 @@ impl DeflateRun {
         }
         out
     }
-}
-
-/// A feed of order-book messages: `levels` price levels per side, prices
-/// and sizes moving a little from one message to the next.
-pub fn feed(messages: usize, levels: usize) -> Vec<Vec<u8>> {
-    let symbols = ["EURUSD", "GBPUSD", "USDJPY", "BTCUSD", "ETHUSD", "XAUUSD"];
-    let mut state = 1u64;
-    let mut next = move || {
-        state = splitmix64(state);
-        state
-    };
-    (0..messages)
-        .map(|seq| {
-            let symbol = symbols[seq % symbols.len()];
-            let mid = 1000.0 + (next() % 100_000) as f64 / 100.0;
-            let side = |sign: f64, next: &mut dyn FnMut() -> u64| {
-                (0..levels)
-                    .map(|i| {
-                        let price = mid + sign * (i as f64 + 1.0) * 0.05;
-                        format!("[{price:.2},{}]", 1000 + next() % 250_000)
-                    })
-                    .collect::<Vec<_>>()
-                    .join(",")
-            };
-            let bids = side(-1.0, &mut next);
-            let asks = side(1.0, &mut next);
-            format!(
-                "{{\"type\":\"book\",\"symbol\":\"{symbol}\",\"seq\":{seq},\"ts\":\"2026-12-01T12:00:{:02}.{:06}Z\",\"bids\":[{bids}],\"asks\":[{asks}],\"source\":\"feed-a\",\"status\":\"open\"}}",
-                seq % 60,
-                next() % 1_000_000
-            )
-            .into_bytes()
-        })
-        .collect()
 }
 
 /// Measures every candidate on the feed.

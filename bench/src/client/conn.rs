@@ -13,17 +13,12 @@ use mio::event::Event;
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 
-use crate::compression::Inflating;
-use crate::dial::{self, Failure, Phase};
-use crate::frame::{self, opcode, FrameError, FrameReader};
-use crate::message::{self, Padding};
-use crate::stats::{Order, Tally};
-use crate::sys;
-
-/// Mask for the few frames a client sends (pongs): RFC 6455's example key.
-/// Masking defends browsers against cache poisoning through proxies; there
-/// is no proxy on loopback, so a fixed key is enough.
-pub const MASK: [u8; 4] = [0x37, 0xfa, 0x21, 0x3d];
+use crate::client::dial::{self, Failure, Phase};
+use crate::observe::stats::{Order, Tally};
+use crate::observe::sys;
+use crate::wire::compression::Inflating;
+use crate::wire::frame::{self, opcode, FrameError, FrameReader, MASK};
+use crate::wire::message::{self, Padding};
 
 /// What a readiness event did to a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -366,7 +361,9 @@ impl Conn {
                             std::cmp::Ordering::Greater => Order::Skipped,
                             std::cmp::Ordering::Less => Order::Duplicate,
                         };
-                        if tally.delivered(stamp, order, now) && order != Order::Duplicate {
+                        if tally.delivered(stamp.seq, stamp.sent_ns, order, now)
+                            && order != Order::Duplicate
+                        {
                             *next_seq = stamp.seq + 1;
                         }
                     }

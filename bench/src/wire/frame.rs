@@ -24,6 +24,11 @@ pub mod opcode {
     pub const PONG: u8 = 0xA;
 }
 
+/// Mask for the few frames a client sends (pongs): RFC 6455's example key.
+/// Masking defends browsers against cache poisoning through proxies; there
+/// is no proxy on loopback, so a fixed key is enough.
+pub const MASK: [u8; 4] = [0x37, 0xfa, 0x21, 0x3d];
+
 /// Largest payload the reader accepts; the push messages are tens of bytes.
 pub const MAX_PAYLOAD: usize = 1 << 20;
 

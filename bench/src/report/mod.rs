@@ -1,16 +1,30 @@
-//! The results of a push run, rendered as a human-readable report or as
-//! JSON (serde).
+//! The report: the results of a run, rendered as a human-readable table or
+//! as JSON (serde), and as an SVG plot ([`plot`]). Built on
+//! [`crate::observe`] only.
+
+pub mod plot;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::format::{bytes, duration_us, failures, grouped, render_columns, us};
-use crate::latency::LatencyReport;
-use crate::probe::ProbeReport;
-use crate::ramp::RampSummary;
-use crate::stats::{Payloads, Receipts};
+use crate::observe::format::{bytes, duration_us, failures, grouped, render_columns, us};
+use crate::observe::latency::LatencyReport;
+use crate::observe::latency::ProbeReport;
+use crate::observe::ramp::RampSummary;
+use crate::observe::stats::{Payloads, Receipts};
+
+/// What a run is called in its report.
+#[derive(Debug, Clone)]
+pub struct RunInfo {
+    /// Label of the server.
+    pub server: String,
+    /// The command that started it (or how it was reached).
+    pub command: String,
+    /// Round of a comparison (from 1).
+    pub round: u32,
+}
 
 /// Everything measured for one server in one run.
 #[derive(Debug, Clone, Serialize)]
@@ -159,8 +173,8 @@ pub struct Memory {
     pub pss_bytes: u64,
 }
 
-impl From<crate::procfs::Usage> for Memory {
-    fn from(u: crate::procfs::Usage) -> Memory {
+impl From<crate::observe::procfs::Usage> for Memory {
+    fn from(u: crate::observe::procfs::Usage) -> Memory {
         Memory {
             rss_bytes: u.rss_bytes,
             pss_bytes: u.pss_bytes,
@@ -535,7 +549,7 @@ pub(crate) fn sample(server: &str, round: u32, per_conn: [f64; 3]) -> RunReport 
         .iter()
         .map(|&p| receipts(100, 100, 2_000, 1_000 + (p * 100.0 * 1e3) as u64))
         .collect();
-    let mut h = crate::stats::new_histogram();
+    let mut h = crate::observe::stats::new_histogram();
     h.record(250_000_000).unwrap();
     let memory = |rss, pss| Memory {
         rss_bytes: rss,
@@ -610,7 +624,7 @@ pub(crate) fn sample(server: &str, round: u32, per_conn: [f64; 3]) -> RunReport 
 /// A stream of `lines` lines to 100 connections, done in `secs`, for tests.
 #[cfg(test)]
 pub(crate) fn sample_stream(kind: &str, lines: u32, secs: f64) -> StreamReport {
-    let mut h = crate::stats::new_histogram();
+    let mut h = crate::observe::stats::new_histogram();
     h.record(20_000_000).unwrap();
     StreamReport {
         kind: kind.into(),

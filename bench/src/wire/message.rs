@@ -10,7 +10,7 @@
 //!   every byte depends on the sequence number and its position, so that
 //!   the echo can be checked byte for byte without keeping a copy.
 //!
-//! `sent_ns` is [`crate::sys::now_ns`] (CLOCK_MONOTONIC), shared by all
+//! `sent_ns` is [`crate::observe::sys::now_ns`] (CLOCK_MONOTONIC), shared by all
 //! processes.
 
 use serde::{Deserialize, Serialize};
@@ -82,7 +82,7 @@ impl Padding {
 /// The order book of [`Padding::Json`].
 fn json_padding() -> &'static [u8] {
     static JSON: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
-    JSON.get_or_init(|| crate::deflate::feed(1, 25).remove(0))
+    JSON.get_or_init(|| crate::wire::feed::feed(1, 25).remove(0))
 }
 
 /// The message for `stamp`, padded with `.` to `size` bytes; `None` if the

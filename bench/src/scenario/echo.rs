@@ -13,16 +13,17 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::echoer::Echoers;
-use crate::format;
-use crate::latency::LatencyReport;
-use crate::message::{self, EchoStamp};
-use crate::pacing::Schedule;
-use crate::procfs;
-use crate::push::RunInfo;
-use crate::server::ServerSpec;
+use crate::client::echoer::Echoers;
+use crate::client::pacing::Schedule;
+use crate::observe::format;
+use crate::observe::latency::LatencyReport;
+use crate::observe::procfs;
+use crate::observe::sys;
+use crate::report::RunInfo;
+use crate::target::server::ServerSpec;
 use crate::target::Target;
-use crate::{sys, Error};
+use crate::wire::message::{self, EchoStamp};
+use crate::Error;
 
 /// Descriptors this process needs besides one per connection.
 const SPARE_FDS: usize = 64;
@@ -355,7 +356,7 @@ pub fn next_rate(
 /// stops the server.
 pub fn run(spec: &ServerSpec, options: &EchoOptions, round: u32) -> Result<EchoOutcome, Error> {
     options.check()?;
-    let (mut server, command, port) = crate::push::start_server(
+    let (mut server, command, port) = crate::target::server::start_server(
         spec,
         options.port,
         options.wait_quiet,
@@ -594,7 +595,7 @@ mod tests {
 
     #[test]
     fn passing_needs_the_latency_nothing_lost_and_the_rate() {
-        let mut h = crate::stats::new_histogram();
+        let mut h = crate::observe::stats::new_histogram();
         h.record(10_000_000).unwrap();
         let good = EchoReport {
             server: "s".into(),

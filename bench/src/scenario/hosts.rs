@@ -19,11 +19,12 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::fleet::Launch;
-use crate::procfs::Usage;
-use crate::push::{self, PushOptions, RunInfo};
+use crate::fleet::coordinator::Launch;
+use crate::observe::procfs::Usage;
+use crate::report::RunInfo;
 use crate::report::RunReport;
-use crate::server::{self, Server};
+use crate::scenario::push::{self, PushOptions};
+use crate::target::server::{self, Server};
 use crate::target::Target;
 use crate::Error;
 

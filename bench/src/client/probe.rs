@@ -11,29 +11,16 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
 
-use crate::conn::MASK;
-use crate::frame::{self, opcode, FrameError, FrameReader};
-use crate::handshake;
-use crate::latency::LatencyReport;
-use crate::stats::{new_histogram, MAX_LATENCY_NS};
+use crate::observe::latency::{LatencyReport, ProbeReport};
+use crate::observe::stats::{new_histogram, MAX_LATENCY_NS};
+use crate::wire::frame::MASK;
+use crate::wire::frame::{self, opcode, FrameError, FrameReader};
+use crate::wire::handshake;
 use crate::Error;
 
 /// Longest a probe waits for an answer before it fails.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// What the probes measured during one stream.
-#[derive(Debug, Clone, Serialize)]
-pub struct ProbeReport {
-    /// From `connect()` to the whole 101 response of a new connection.
-    pub upgrade: LatencyReport,
-    /// From a ping written on a connected client to its pong read.
-    pub ping: LatencyReport,
-    /// Why a probe stopped early (no answer within 30 s, or an error):
-    /// the server did not answer it at all.
-    pub stopped: Vec<String>,
-}
 
 /// What one probe thread measured, and why it stopped early, if it did.
 type Samples = (Histogram<u64>, Option<String>);

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::compression::Inflating;
-use crate::conn::{Conn, Context, Expect, Query, Transition};
-use crate::dial::{self, Failure};
-use crate::message::Padding;
-use crate::stats::Tally;
+use crate::client::conn::{Conn, Context, Expect, Query, Transition};
+use crate::client::dial::{self, Failure};
+use crate::observe::stats::Tally;
+use crate::wire::compression::Inflating;
+use crate::wire::message::Padding;
 
 /// Readiness events taken from the kernel per `epoll_wait`.
 pub const EVENTS_PER_POLL: usize = 1024;

@@ -7,8 +7,6 @@ use std::collections::BTreeMap;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use crate::message::Stamp;
-
 /// Highest latency the histogram records exactly (60 s); larger values are clamped.
 pub const MAX_LATENCY_NS: u64 = 60_000_000_000;
 
@@ -24,7 +22,7 @@ pub struct Receipts {
     pub expected: u32,
     /// Connections that have received it (in order or after a skip).
     pub received: u32,
-    /// Time of the earliest receipt ([`crate::sys::now_ns`]), 0 if none.
+    /// Time of the earliest receipt ([`crate::observe::sys::now_ns`]), 0 if none.
     pub first_ns: u64,
     /// Time of the latest receipt, 0 if none.
     pub last_ns: u64,
@@ -187,7 +185,7 @@ struct Stream {
 pub struct StreamReceipts {
     /// Deliveries of the stream's messages.
     pub received: u64,
-    /// Time of the latest of them ([`crate::sys::now_ns`]), 0 if none.
+    /// Time of the latest of them ([`crate::observe::sys::now_ns`]), 0 if none.
     pub last_ns: u64,
     /// Their latency histogram as `(value ns, count)` pairs.
     pub latency: Vec<(u64, u64)>,
@@ -316,10 +314,11 @@ impl Tally {
         self.messages.get((seq as usize).checked_sub(1)?)
     }
 
-    /// Records a delivery received at `received_ns`; returns false (and counts
+    /// Records a delivery of message `seq`, sent at `sent_ns` and received
+    /// at `received_ns`; returns false (and counts
     /// it as corrupt) if it names a message that was never announced.
-    pub fn delivered(&mut self, stamp: Stamp, order: Order, received_ns: u64) -> bool {
-        let Some(receipts) = (stamp.seq as usize)
+    pub fn delivered(&mut self, seq: u32, sent_ns: u64, order: Order, received_ns: u64) -> bool {
+        let Some(receipts) = (seq as usize)
             .checked_sub(1)
             .and_then(|i| self.messages.get_mut(i))
         else {
@@ -335,11 +334,9 @@ impl Tally {
             Order::Next => {}
         }
         receipts.record(received_ns);
-        let latency = received_ns
-            .saturating_sub(stamp.sent_ns)
-            .clamp(1, MAX_LATENCY_NS);
+        let latency = received_ns.saturating_sub(sent_ns).clamp(1, MAX_LATENCY_NS);
         match &mut self.stream {
-            Some(s) if (s.first..s.first + s.count).contains(&stamp.seq) => {
+            Some(s) if (s.first..s.first + s.count).contains(&seq) => {
                 s.received += 1;
                 s.last_ns = s.last_ns.max(received_ns);
                 s.latency.saturating_record(latency);
@@ -393,16 +390,12 @@ impl Tally {
 mod tests {
     use super::*;
 
-    fn stamp(seq: u32, sent_ns: u64) -> Stamp {
-        Stamp { seq, sent_ns }
-    }
-
     #[test]
     fn tracks_first_and_last_receipt_and_latency() {
         let mut tally = Tally::new();
         tally.arm(1, 3);
-        assert!(tally.delivered(stamp(1, 1_000), Order::Next, 5_000));
-        assert!(tally.delivered(stamp(1, 1_000), Order::Next, 3_000));
+        assert!(tally.delivered(1, 1_000, Order::Next, 5_000));
+        assert!(tally.delivered(1, 1_000, Order::Next, 3_000));
         let m = tally.receipts(1).unwrap();
         assert_eq!((m.received, m.first_ns, m.last_ns), (2, 5_000, 5_000));
         let observed = tally.observed();
@@ -416,10 +409,10 @@ mod tests {
         let mut tally = Tally::new();
         tally.arm(1, 1);
         tally.arm(2, 1);
-        assert!(tally.delivered(stamp(2, 20), Order::Skipped, 30));
-        assert!(tally.delivered(stamp(1, 10), Order::Duplicate, 40));
-        assert!(!tally.delivered(stamp(3, 30), Order::Next, 50));
-        assert!(!tally.delivered(stamp(0, 30), Order::Next, 50));
+        assert!(tally.delivered(2, 20, Order::Skipped, 30));
+        assert!(tally.delivered(1, 10, Order::Duplicate, 40));
+        assert!(!tally.delivered(3, 30, Order::Next, 50));
+        assert!(!tally.delivered(0, 30, Order::Next, 50));
         tally.corrupt();
         let o = tally.observed();
         assert_eq!((o.out_of_order, o.duplicates, o.corrupt), (1, 1, 3));
@@ -433,13 +426,13 @@ mod tests {
     fn a_stream_keeps_its_own_receipts_and_latency() {
         let mut tally = Tally::new();
         tally.arm(1, 2);
-        tally.delivered(stamp(1, 100), Order::Next, 200);
+        tally.delivered(1, 100, Order::Next, 200);
         tally.arm_stream(2, 3, 2);
         for seq in 2..=4 {
-            tally.delivered(stamp(seq, 1_000), Order::Next, 1_000 + 10 * u64::from(seq));
+            tally.delivered(seq, 1_000, Order::Next, 1_000 + 10 * u64::from(seq));
         }
         // A late delivery of the message sent alone is not the stream's.
-        tally.delivered(stamp(1, 100), Order::Next, 5_000);
+        tally.delivered(1, 100, Order::Next, 5_000);
         let stream = tally.stream_receipts();
         assert_eq!((stream.received, stream.last_ns), (3, 1_040));
         assert_eq!(stream.histogram().len(), 3);
@@ -473,14 +466,14 @@ mod tests {
     fn observations_merge_across_workers() {
         let mut a = Tally::new();
         a.arm(1, 2);
-        a.delivered(stamp(1, 100), Order::Next, 1_100);
-        a.delivered(stamp(1, 100), Order::Next, 1_300);
+        a.delivered(1, 100, Order::Next, 1_100);
+        a.delivered(1, 100, Order::Next, 1_300);
         a.failed("timeout".into());
         let mut b = Tally::new();
         b.arm(1, 2);
         b.arm(2, 2);
-        b.delivered(stamp(1, 100), Order::Next, 900);
-        b.delivered(stamp(2, 5_000), Order::Skipped, 7_000);
+        b.delivered(1, 100, Order::Next, 900);
+        b.delivered(2, 5_000, Order::Skipped, 7_000);
         b.failed("timeout".into());
 
         let mut merged = Observed::default();

@@ -1,0 +1,12 @@
+//! What the bench observes and how it writes it: the clients' receipts and
+//! latency, the processes' and the machine's CPU and memory from `/proc`,
+//! the connection ramp, the few raw OS calls, and the number formats. It
+//! imports nothing else from the crate.
+
+pub mod cpu;
+pub mod format;
+pub mod latency;
+pub mod procfs;
+pub mod ramp;
+pub mod stats;
+pub mod sys;

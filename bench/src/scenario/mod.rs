@@ -1,0 +1,11 @@
+//! The measurements the binary's subcommands run, one module each. They
+//! use every other layer; only `main.rs` uses them.
+
+pub mod channels;
+pub mod compare;
+pub mod deflate;
+pub mod echo;
+pub mod hosts;
+pub mod push;
+pub mod swarm;
+pub mod trickle;
