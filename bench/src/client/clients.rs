@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::client::conn::{Conn, Context, Expect, Query, Transition};
+use crate::client::conn::{Conn, Context, Expect, InOrder, Query, Transition};
 use crate::client::dial::{self, Failure};
 use crate::observe::stats::Tally;
 use crate::wire::compression::Inflating;
@@ -18,10 +18,10 @@ use crate::wire::message::Padding;
 pub const EVENTS_PER_POLL: usize = 1024;
 
 /// Size of the buffer every read goes through.
-const SCRATCH_BYTES: usize = 64 * 1024;
+pub const SCRATCH_BYTES: usize = 64 * 1024;
 
-/// Token of the [`Waker`] that interrupts [`Clients::step`].
-const WAKER: Token = Token(usize::MAX);
+/// Token of the [`Waker`] that interrupts a loop's step.
+pub const WAKER: Token = Token(usize::MAX);
 
 /// Where and how a set of clients connects.
 #[derive(Debug, Clone)]
@@ -219,14 +219,16 @@ impl Clients {
             registry: self.poll.registry(),
             servers: &self.plan.servers,
             scratch: &mut self.scratch,
-            expect: Expect {
-                payload_len: self.plan.payload_len,
-                padding: self.plan.padding,
-                deflate: self.plan.deflate,
+            check: InOrder {
+                expect: Expect {
+                    payload_len: self.plan.payload_len,
+                    padding: self.plan.padding,
+                    deflate: self.plan.deflate,
+                },
+                inflating: &mut self.inflating,
+                tally: &mut self.tally,
+                query: &mut self.query,
             },
-            inflating: &mut self.inflating,
-            tally: &mut self.tally,
-            query: &mut self.query,
         };
         let mut handled = 0;
         for event in self.events.iter() {
@@ -253,8 +255,8 @@ impl Clients {
                     } else {
                         self.pending -= 1;
                     }
-                    cx.tally.failed(failure.label());
-                    if cx.query.positions && (was_open || conn.next_seq() > 1) {
+                    cx.check.tally.failed(failure.label());
+                    if cx.check.query.positions && (was_open || conn.next_seq() > 1) {
                         // Dropped by the server, or refused coming back:
                         // dial again after 0 to 2 s, as a client would,
                         // and resume.

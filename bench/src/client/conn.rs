@@ -1,6 +1,7 @@
-//! One push client connection: a raw non-blocking socket that connects,
-//! upgrades, then reads broadcast frames and checks they arrive exactly
-//! once, in order.
+//! One client connection: a raw non-blocking socket that connects,
+//! upgrades, then reads broadcast frames and hands each message to a
+//! [`Check`]: [`InOrder`] (push: exactly once, in order, into a tally), or
+//! the receipts a `channels` worker reports.
 //!
 //! The state is deliberately small (a socket, a phase, a [`FrameReader`]
 //! and the next expected sequence number: 80 bytes) so that a million fit
@@ -17,7 +18,7 @@ use crate::client::dial::{self, Failure, Phase};
 use crate::observe::stats::{Order, Tally};
 use crate::observe::sys;
 use crate::wire::compression::Inflating;
-use crate::wire::frame::{self, opcode, FrameError, FrameReader, MASK};
+use crate::wire::frame::{self, opcode, Frame, FrameError, FrameReader, MASK};
 use crate::wire::message::{self, Padding};
 
 /// What a readiness event did to a connection.
@@ -30,7 +31,7 @@ pub enum Transition {
 }
 
 /// Shared, per-step context for handling a connection's events.
-pub struct Context<'a> {
+pub struct Context<'a, C> {
     /// The poll registry the sockets are registered with.
     pub registry: &'a Registry,
     /// The server's addresses (connection `id` dialed `servers[id %
@@ -38,6 +39,32 @@ pub struct Context<'a> {
     pub servers: &'a [SocketAddr],
     /// Buffer every read goes through.
     pub scratch: &'a mut [u8],
+    /// How the messages are checked.
+    pub check: C,
+}
+
+/// How a connection's messages are checked, and what it asks for.
+pub trait Check {
+    /// Whether connections offer (and require) permessage-deflate.
+    fn deflate(&self) -> bool;
+
+    /// The path and query connection `id` asks for, expecting message
+    /// `next_seq` next.
+    fn path(&self, id: u64, next_seq: u32) -> String;
+
+    /// Checks a whole data message received at `now` by connection `id`,
+    /// which expected message `next_seq`.
+    fn message(
+        &mut self,
+        id: u64,
+        frame: &Frame<'_>,
+        next_seq: &mut u32,
+        now: u64,
+    ) -> Result<(), Failure>;
+}
+
+/// The push check: every message once, in order, counted in a [`Tally`].
+pub struct InOrder<'a> {
     /// What the messages are expected to be.
     pub expect: Expect,
     /// Where compressed messages are inflated.
@@ -201,12 +228,12 @@ impl Conn {
     /// Handles a readiness event for connection `id`, registered as `token`.
     ///
     /// On `Err` the caller counts the failure and calls [`Conn::kill`].
-    pub fn on_event(
+    pub fn on_event<C: Check>(
         &mut self,
         id: u64,
         token: Token,
         event: &Event,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, C>,
     ) -> Result<Transition, Failure> {
         // After a hang-up or error, read to the end: the short-read shortcut
         // below could otherwise leave the EOF unseen.
@@ -217,8 +244,12 @@ impl Conn {
                     return Ok(Transition::Same);
                 }
                 let server = cx.servers[id as usize % cx.servers.len()];
-                let query = cx.query.after_id(cx.query.last_before(self.next_seq));
-                dial::send_request(self.stream(), id, cx.expect.deflate, &query, server)?;
+                let path = cx.check.path(id, self.next_seq);
+                let ask = dial::Ask {
+                    path: &path,
+                    deflate: cx.check.deflate(),
+                };
+                dial::send_request_path(self.stream(), id, ask, server)?;
                 // From here on only reads matter (pongs are written whole).
                 cx.registry
                     .reregister(self.stream(), token, Interest::READABLE)
@@ -231,7 +262,7 @@ impl Conn {
                 }
             }
             Phase::Upgrading(_) => self.read_upgrade(id, cx, drain),
-            Phase::Open => self.read_frames(cx, drain).map(|()| Transition::Same),
+            Phase::Open => self.read_frames(id, cx, drain).map(|()| Transition::Same),
             Phase::Dead => Ok(Transition::Same),
         }
     }
@@ -240,40 +271,38 @@ impl Conn {
         self.stream.as_mut().expect("live connection has a socket")
     }
 
-    fn read_upgrade(
+    fn read_upgrade<C: Check>(
         &mut self,
         id: u64,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, C>,
         drain: bool,
     ) -> Result<Transition, Failure> {
         let Conn { stream, phase, .. } = self;
         let (Some(stream), Phase::Upgrading(head)) = (stream, phase) else {
             unreachable!("read_upgrade outside the upgrading phase");
         };
-        let deflate = cx.expect.deflate;
+        let deflate = cx.check.deflate();
         let Some(upgraded) = dial::read_upgrade(stream, head, cx.scratch, id, deflate)? else {
             return Ok(Transition::Same);
         };
         self.phase = Phase::Open;
         if !upgraded.early.is_empty() {
-            let now = sys::now_ns();
-            let parts = (
-                cx.expect,
-                &mut *cx.inflating,
-                &mut *cx.tally,
-                &mut *cx.query,
-            );
-            self.on_bytes(&upgraded.early, now, parts)?;
+            self.on_bytes(id, &upgraded.early, sys::now_ns(), &mut cx.check)?;
         }
         // The socket was registered before the request went out, so data
         // after this read raises a new edge (see `read_frames`).
         if drain || !upgraded.emptied {
-            self.read_frames(cx, drain)?;
+            self.read_frames(id, cx, drain)?;
         }
         Ok(Transition::Opened)
     }
 
-    fn read_frames(&mut self, cx: &mut Context<'_>, drain: bool) -> Result<(), Failure> {
+    fn read_frames<C: Check>(
+        &mut self,
+        id: u64,
+        cx: &mut Context<'_, C>,
+        drain: bool,
+    ) -> Result<(), Failure> {
         loop {
             let Some(n) = dial::read_some(self.stream(), cx.scratch)? else {
                 return Ok(());
@@ -282,13 +311,7 @@ impl Conn {
                 return Err(Failure::Closed { upgrading: false });
             }
             let now = sys::now_ns();
-            let parts = (
-                cx.expect,
-                &mut *cx.inflating,
-                &mut *cx.tally,
-                &mut *cx.query,
-            );
-            self.on_bytes(&cx.scratch[..n], now, parts)?;
+            self.on_bytes(id, &cx.scratch[..n], now, &mut cx.check)?;
             // A read that did not fill the buffer emptied the socket, and new
             // data will raise a new edge (epoll(7)): skip the EAGAIN read.
             if n < cx.scratch.len() && !drain {
@@ -297,13 +320,14 @@ impl Conn {
         }
     }
 
-    /// Feeds received bytes through the frame reader and checks each
-    /// message (inflated first if compressed).
+    /// Feeds received bytes through the frame reader: whole data messages
+    /// go to the check, other frames to [`not_a_message`].
     fn on_bytes(
         &mut self,
+        id: u64,
         bytes: &[u8],
         now: u64,
-        (expect, inflating, tally, query): (Expect, &mut Inflating, &mut Tally, &mut Query),
+        check: &mut impl Check,
     ) -> Result<(), Failure> {
         let Conn {
             stream,
@@ -312,73 +336,98 @@ impl Conn {
             ..
         } = self;
         let stream = stream.as_mut().expect("live connection has a socket");
-        // A position and a space come before the payload.
-        let room = expect.payload_len + if query.positions { 64 } else { 0 };
         reader.feed(bytes, |f| match f.opcode {
-            opcode::TEXT | opcode::BINARY if f.fin => {
-                if f.compressed && !expect.deflate {
-                    return Err(FrameError::ReservedBits.into());
-                }
-                let mut plain = if f.compressed {
-                    inflating.plain(f.payload, room)
-                } else {
-                    Some(f.payload)
-                };
-                let mut position = None;
-                if let (true, Some(whole)) = (query.positions, plain) {
-                    match query.split(whole) {
-                        Ok((seq, payload)) => {
-                            position = Some(seq);
-                            plain = Some(payload);
-                        }
-                        Err(Some(status)) => {
-                            tally.status(&status);
-                            return Ok(());
-                        }
-                        Err(None) => plain = None,
-                    }
-                }
-                let plain_len = plain.map_or(0, <[u8]>::len);
-                tally.payload(f.payload.len(), plain_len, f.compressed);
-                let stamp = plain
-                    .and_then(|p| message::decode_padded(p, expect.payload_len, expect.padding));
-                // Every message's position is its stamp's plus one offset.
-                let offset =
-                    |stamp: &message::Stamp, position: u64| position as i64 - i64::from(stamp.seq);
-                let misplaced = match (stamp, position) {
-                    (Some(stamp), Some(position)) => {
-                        *query.offset.get_or_insert(offset(&stamp, position))
-                            != offset(&stamp, position)
-                    }
-                    _ => false,
-                };
-                match stamp {
-                    None => tally.corrupt(),
-                    Some(_) if misplaced => tally.corrupt(),
-                    Some(stamp) => {
-                        let order = match stamp.seq.cmp(next_seq) {
-                            std::cmp::Ordering::Equal => Order::Next,
-                            std::cmp::Ordering::Greater => Order::Skipped,
-                            std::cmp::Ordering::Less => Order::Duplicate,
-                        };
-                        if tally.delivered(stamp.seq, stamp.sent_ns, order, now)
-                            && order != Order::Duplicate
-                        {
-                            *next_seq = stamp.seq + 1;
-                        }
-                    }
-                }
-                Ok(())
-            }
+            opcode::TEXT | opcode::BINARY if f.fin => check.message(id, &f, next_seq, now),
             other => not_a_message(stream, other, f.payload),
         })
+    }
+}
+
+impl Check for InOrder<'_> {
+    fn deflate(&self) -> bool {
+        self.expect.deflate
+    }
+
+    fn path(&self, id: u64, next_seq: u32) -> String {
+        let query = self.query.after_id(self.query.last_before(next_seq));
+        dial::default_path(id, &query)
+    }
+
+    /// Inflates the message if compressed, takes its position off, and
+    /// counts it as next, skipped ahead, duplicate or corrupt.
+    fn message(
+        &mut self,
+        _id: u64,
+        f: &Frame<'_>,
+        next_seq: &mut u32,
+        now: u64,
+    ) -> Result<(), Failure> {
+        let InOrder {
+            expect,
+            inflating,
+            tally,
+            query,
+        } = self;
+        // A position and a space come before the payload.
+        let room = expect.payload_len + if query.positions { 64 } else { 0 };
+        if f.compressed && !expect.deflate {
+            return Err(FrameError::ReservedBits.into());
+        }
+        let mut plain = if f.compressed {
+            inflating.plain(f.payload, room)
+        } else {
+            Some(f.payload)
+        };
+        let mut position = None;
+        if let (true, Some(whole)) = (query.positions, plain) {
+            match query.split(whole) {
+                Ok((seq, payload)) => {
+                    position = Some(seq);
+                    plain = Some(payload);
+                }
+                Err(Some(status)) => {
+                    tally.status(&status);
+                    return Ok(());
+                }
+                Err(None) => plain = None,
+            }
+        }
+        let plain_len = plain.map_or(0, <[u8]>::len);
+        tally.payload(f.payload.len(), plain_len, f.compressed);
+        let stamp =
+            plain.and_then(|p| message::decode_padded(p, expect.payload_len, expect.padding));
+        // Every message's position is its stamp's plus one offset.
+        let offset = |stamp: &message::Stamp, position: u64| position as i64 - i64::from(stamp.seq);
+        let misplaced = match (stamp, position) {
+            (Some(stamp), Some(position)) => {
+                *query.offset.get_or_insert(offset(&stamp, position)) != offset(&stamp, position)
+            }
+            _ => false,
+        };
+        match stamp {
+            None => tally.corrupt(),
+            Some(_) if misplaced => tally.corrupt(),
+            Some(stamp) => {
+                let order = match stamp.seq.cmp(next_seq) {
+                    std::cmp::Ordering::Equal => Order::Next,
+                    std::cmp::Ordering::Greater => Order::Skipped,
+                    std::cmp::Ordering::Less => Order::Duplicate,
+                };
+                if tally.delivered(stamp.seq, stamp.sent_ns, order, now)
+                    && order != Order::Duplicate
+                {
+                    *next_seq = stamp.seq + 1;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
 /// A frame other than a whole data message, on a client that expects only
 /// those: a ping is answered with a pong, a pong ignored; a fragment, a
 /// close or an unknown opcode fails the connection.
-pub fn not_a_message(stream: &mut TcpStream, op: u8, payload: &[u8]) -> Result<(), Failure> {
+fn not_a_message(stream: &mut TcpStream, op: u8, payload: &[u8]) -> Result<(), Failure> {
     match op {
         opcode::TEXT | opcode::BINARY | opcode::CONTINUATION => Err(Failure::Fragmented),
         opcode::PING => {

@@ -248,7 +248,7 @@ pub fn connected(stream: &TcpStream) -> Result<bool, Failure> {
 
 /// The path connection `id` asks for unless told otherwise: `/ws?id=ID`
 /// and `query` (e.g. `&channel=NAME&positions=1`).
-fn default_path(id: u64, query: &str) -> String {
+pub fn default_path(id: u64, query: &str) -> String {
     format!("/ws?id={id}{query}")
 }
 

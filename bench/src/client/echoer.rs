@@ -16,6 +16,7 @@ use mio::event::Event;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
+use crate::client::clients::EVENTS_PER_POLL;
 use crate::client::dial::{self, Failure, Phase};
 use crate::observe::stats::{self, MAX_LATENCY_NS};
 use crate::observe::sys;
@@ -23,9 +24,6 @@ use crate::wire::compression::{Deflater, Inflater};
 use crate::wire::frame::MASK;
 use crate::wire::frame::{self, opcode, FrameError, FrameReader};
 use crate::wire::message::{self, EchoStamp};
-
-/// Readiness events taken from the kernel per `epoll_wait`.
-const EVENTS_PER_POLL: usize = 1024;
 
 /// Size of the buffer every read goes through.
 const SCRATCH_BYTES: usize = 256 * 1024;

@@ -24,30 +24,20 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use mio::event::Event as Readiness;
-use mio::net::TcpStream;
-use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use mio::{Events, Interest, Poll, Token, Waker};
 use serde::{Deserialize, Serialize};
 
-use crate::client::conn::not_a_message;
-use crate::client::dial::{self, Failure, Phase};
+use crate::client::clients::{EVENTS_PER_POLL, SCRATCH_BYTES, WAKER};
+use crate::client::conn::{Check, Conn, Context, Transition};
+use crate::client::dial::{self, Failure};
 use crate::client::pacing::{self, Schedule};
 use crate::fleet::coordinator::{spawn_report_reader, Launch, WorkerPipes};
 use crate::fleet::protocol;
 use crate::observe::sys;
 use crate::target::Target;
-use crate::wire::frame::{opcode, FrameReader};
+use crate::wire::frame::Frame;
 use crate::wire::message;
 use crate::Error;
-
-/// Readiness events taken per `epoll_wait`.
-const EVENTS_PER_POLL: usize = 1024;
-
-/// Size of the buffer every read goes through.
-const SCRATCH_BYTES: usize = 64 * 1024;
-
-/// Token of the waker that tells the loop its input ended.
-const WAKER: Token = Token(usize::MAX);
 
 /// Receipts a worker holds back at most before reporting them.
 const BATCH: usize = 1024;
@@ -235,123 +225,30 @@ pub fn worker(input: impl Read + Send + 'static, mut output: impl Write) -> Resu
     }
 }
 
-/// One client connection.
-#[derive(Debug)]
-struct Conn {
-    stream: Option<TcpStream>,
-    phase: Phase,
-    reader: FrameReader,
-}
-
-/// What a readiness event did to a connection.
-enum Transition {
-    Same,
-    Opened,
-}
-
-/// What handling an event needs besides the connection.
-struct Cx<'a> {
-    registry: &'a Registry,
-    server: SocketAddr,
+/// The `channels` check: every message's receipt, for the coordinator
+/// to judge.
+struct Receipts<'a> {
     paths: Paths,
-    scratch: &'a mut [u8],
     payload_bytes: usize,
     got: &'a mut Vec<Receipt>,
     out: &'a mut Vec<Report>,
 }
 
-impl Conn {
-    fn on_event(
-        &mut self,
-        id: u64,
-        token: Token,
-        event: &Readiness,
-        cx: &mut Cx<'_>,
-    ) -> Result<Transition, Failure> {
-        let drain = event.is_read_closed() || event.is_error();
-        if matches!(self.phase, Phase::Connecting) {
-            let stream = self.stream.as_mut().expect("live connection");
-            if !dial::connected(stream)? {
-                return Ok(Transition::Same);
-            }
-            let path = cx.paths.path(id);
-            let ask = dial::Ask {
-                path: &path,
-                deflate: false,
-            };
-            dial::send_request_path(stream, id, ask, cx.server)?;
-            cx.registry
-                .reregister(stream, token, Interest::READABLE)
-                .map_err(|e| Failure::Io(e.kind()))?;
-            self.phase = Phase::Upgrading(Vec::new());
-            if !event.is_readable() {
-                return Ok(Transition::Same);
-            }
-        }
-        match &mut self.phase {
-            Phase::Upgrading(head) => {
-                let stream = self.stream.as_mut().expect("live connection");
-                let Some(upgraded) = dial::read_upgrade(stream, head, cx.scratch, id, false)?
-                else {
-                    return Ok(Transition::Same);
-                };
-                self.phase = Phase::Open;
-                if !upgraded.early.is_empty() {
-                    self.on_bytes(id, &upgraded.early, sys::now_ns(), cx)?;
-                }
-                if drain || !upgraded.emptied {
-                    self.read_frames(id, cx, drain)?;
-                }
-                Ok(Transition::Opened)
-            }
-            Phase::Open => self.read_frames(id, cx, drain).map(|()| Transition::Same),
-            Phase::Connecting | Phase::Dead => Ok(Transition::Same),
-        }
+impl Check for Receipts<'_> {
+    fn deflate(&self) -> bool {
+        false
     }
 
-    fn read_frames(&mut self, id: u64, cx: &mut Cx<'_>, drain: bool) -> Result<(), Failure> {
-        loop {
-            let stream = self.stream.as_mut().expect("live connection");
-            let Some(n) = dial::read_some(stream, cx.scratch)? else {
-                return Ok(());
-            };
-            if n == 0 {
-                return Err(Failure::Closed { upgrading: false });
-            }
-            let now = sys::now_ns();
-            // The scratch buffer is borrowed by the frames: take it out of cx.
-            let scratch = std::mem::take(&mut cx.scratch);
-            let result = self.on_bytes(id, &scratch[..n], now, cx);
-            cx.scratch = scratch;
-            result?;
-            // A short read emptied the socket (edge-triggered: new data
-            // raises a new event).
-            if n < cx.scratch.len() && !drain {
-                return Ok(());
-            }
-        }
+    fn path(&self, id: u64, _next_seq: u32) -> String {
+        self.paths.path(id)
     }
 
-    fn on_bytes(
-        &mut self,
-        id: u64,
-        bytes: &[u8],
-        now: u64,
-        cx: &mut Cx<'_>,
-    ) -> Result<(), Failure> {
-        let Conn { stream, reader, .. } = self;
-        let stream = stream.as_mut().expect("live connection");
-        let (size, got, out) = (cx.payload_bytes, &mut *cx.got, &mut *cx.out);
-        reader.feed(bytes, |f| match f.opcode {
-            opcode::TEXT | opcode::BINARY if f.fin => {
-                match message::decode(f.payload, size) {
-                    Some(stamp) => got.push((id, stamp.seq, stamp.sent_ns, now)),
-                    None => out.push(Report::Corrupt { conn: id }),
-                }
-                Ok(())
-            }
-            other => not_a_message(stream, other, f.payload),
-        })
+    fn message(&mut self, id: u64, f: &Frame<'_>, _: &mut u32, now: u64) -> Result<(), Failure> {
+        match message::decode(f.payload, self.payload_bytes) {
+            Some(stamp) => self.got.push((id, stamp.seq, stamp.sent_ns, now)),
+            None => self.out.push(Report::Corrupt { conn: id }),
+        }
+        Ok(())
     }
 }
 
@@ -422,20 +319,12 @@ impl ConnSet {
             );
             match dialed {
                 Ok(d) => {
-                    self.conns.push(Conn {
-                        phase: Phase::dialed(d.requested),
-                        stream: Some(d.stream),
-                        reader: FrameReader::new(),
-                    });
+                    self.conns.push(Conn::dialed(d));
                     self.pending_since.push_back((index, now));
                     self.pending += 1;
                 }
                 Err(failure) => {
-                    self.conns.push(Conn {
-                        stream: None,
-                        phase: Phase::Dead,
-                        reader: FrameReader::new(),
-                    });
+                    self.conns.push(Conn::dead());
                     self.fail(id, &failure);
                 }
             }
@@ -540,14 +429,16 @@ impl ConnSet {
                 out,
                 ..
             } = self;
-            let mut cx = Cx {
+            let mut cx = Context {
                 registry: poll.registry(),
-                server: plan.server,
-                paths: plan.paths,
+                servers: std::slice::from_ref(&plan.server),
                 scratch,
-                payload_bytes: plan.payload_bytes,
-                got,
-                out,
+                check: Receipts {
+                    paths: plan.paths,
+                    payload_bytes: plan.payload_bytes,
+                    got,
+                    out,
+                },
             };
             for event in events.iter() {
                 let token = event.token();
@@ -555,7 +446,7 @@ impl ConnSet {
                     continue;
                 }
                 let conn = &mut conns[token.0];
-                let was_open = matches!(conn.phase, Phase::Open);
+                let was_open = conn.is_open();
                 let id = plan.first + token.0 as u64;
                 match conn.on_event(id, token, event, &mut cx) {
                     Ok(Transition::Same) => {}
@@ -566,7 +457,7 @@ impl ConnSet {
                     Err(failure) => {
                         if was_open {
                             *open -= 1;
-                            cx.out.push(Report::Lost {
+                            cx.check.out.push(Report::Lost {
                                 conn: id,
                                 why: failure.label(),
                             });
@@ -574,8 +465,7 @@ impl ConnSet {
                             *pending -= 1;
                             failed.push((id, failure));
                         }
-                        conn.stream = None;
-                        conn.phase = Phase::Dead;
+                        conn.kill();
                     }
                 }
             }
@@ -596,12 +486,11 @@ impl ConnSet {
         let timeout = Duration::from_millis(self.plan.connect_timeout_ms);
         while let Some(&(index, since)) = self.pending_since.front() {
             let conn = &mut self.conns[index];
-            if matches!(conn.phase, Phase::Connecting | Phase::Upgrading(_)) {
+            if conn.is_pending() {
                 if now.duration_since(since) < timeout {
                     return;
                 }
-                conn.stream = None;
-                conn.phase = Phase::Dead;
+                conn.kill();
                 self.pending -= 1;
                 self.fail(self.plan.first + index as u64, &Failure::Timeout);
             }
