@@ -7,8 +7,10 @@
 //! - [`wire`]: frames, handshake, permessage-deflate, payloads, the JSON
 //!   feed; pure, no imports from the crate;
 //! - [`observe`]: receipts, latency, `/proc`, CPU marks, formats;
-//! - [`client`]: dialing, the connection state machine, the per-process
-//!   loop, probes;
+//! - [`client`]: dialing, the one connection state machine
+//!   ([`client::conn::Conn`]) with a [`client::conn::Check`] per kind of
+//!   run (in order for push, receipts for `channels`, echoes for `echo`),
+//!   the one per-process loop ([`client::clients::Clients`]), probes;
 //! - [`fleet`]: worker processes, their protocol and the coordinator;
 //! - [`target`]: the server under test (spawned or running) and the floor,
 //!   the bare reference server;

@@ -1,29 +1,33 @@
-//! The client side of a push run in one process: many [`Conn`]s driven by
-//! one epoll loop (mio's `Poll`), reading through one shared scratch buffer.
+//! The client side of a run in one process: many [`Conn`]s driven by one
+//! epoll loop (mio's `Poll`), reading through one shared scratch buffer,
+//! their messages judged by one [`Check`] (push, receipts or echo).
 
 use std::collections::VecDeque;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::client::conn::{Conn, Context, Expect, InOrder, Query, Transition};
+use crate::client::conn::{Check, Conn, Context, Transition};
 use crate::client::dial::{self, Failure};
-use crate::observe::stats::Tally;
-use crate::wire::compression::Inflating;
-use crate::wire::message::Padding;
 
 /// Readiness events taken from the kernel per `epoll_wait`.
 pub const EVENTS_PER_POLL: usize = 1024;
 
-/// Size of the buffer every read goes through.
-pub const SCRATCH_BYTES: usize = 64 * 1024;
-
 /// Token of the [`Waker`] that interrupts a loop's step.
 pub const WAKER: Token = Token(usize::MAX);
 
-/// Where and how a set of clients connects.
+/// An open connection's id, socket and what its check keeps, with the check.
+pub type OpenConn<'a, C> = (
+    u64,
+    &'a mut TcpStream,
+    &'a mut <C as Check>::State,
+    &'a mut C,
+);
+
+/// Where a set of clients connects.
 #[derive(Debug, Clone)]
 pub struct ClientPlan {
     /// The server's addresses; connection `id` dials `servers[id % len]`.
@@ -33,67 +37,81 @@ pub struct ClientPlan {
     /// Id of this set's first connection (ids name the connections in
     /// their upgrade request and pick their source address).
     pub first_id: u64,
-    /// Size of every broadcast payload.
-    pub payload_len: usize,
-    /// What pads each broadcast after its stamp.
-    pub padding: Padding,
-    /// The connections offer permessage-deflate (and require it).
-    pub deflate: bool,
-    /// The channel the connections subscribe to in their URL, if any.
-    pub channel: Option<String>,
-    /// The connections ask for positions, and resume after the last one
-    /// they had when they are dialed again.
-    pub positions: bool,
     /// How long a connection may stay connecting or upgrading.
     pub connect_timeout: Duration,
 }
 
-/// A set of client connections to one server and what they observed.
-pub struct Clients {
+/// A set of client connections to one server, and the check that judges
+/// what they receive.
+pub struct Clients<C: Check> {
     poll: Poll,
     events: Events,
-    conns: Vec<Conn>,
+    conns: Vec<Conn<C::State>>,
     scratch: Box<[u8]>,
     plan: ClientPlan,
-    tally: Tally,
-    /// Compressed broadcasts inflated (with `plan.deflate`).
-    inflating: Inflating,
+    check: C,
     /// Connections that were pending when last looked at, oldest first,
     /// with the time they started.
     pending_since: VecDeque<(usize, Instant)>,
+    book: Book,
+}
+
+/// The loop's counts of its connections, and those waiting to be dialed
+/// again.
+#[derive(Default)]
+struct Book {
     pending: usize,
     open: usize,
     opened: usize,
-    /// What the connections' URLs ask for.
-    query: Query,
     /// Connections dropped to be dialed again, each at its time.
     redials: VecDeque<(usize, Instant)>,
 }
 
-impl Clients {
-    /// An empty set following `plan`.
-    pub fn new(plan: ClientPlan) -> io::Result<Self> {
-        assert!(!plan.sources.is_empty(), "at least one source address");
-        let query = Query {
-            channel: plan.channel.clone(),
-            positions: plan.positions,
-            epoch: None,
-            offset: None,
-        };
+impl Book {
+    /// Settles connection `index` (`id`) after `failure`: dialed again
+    /// after 0 to 2 s, as a client would, if the check says so, else dead.
+    fn failed<C: Check>(
+        &mut self,
+        conn: &mut Conn<C::State>,
+        check: &mut C,
+        (index, id): (usize, u64),
+        failure: Failure,
+        was_open: bool,
+    ) {
+        if was_open {
+            self.open -= 1;
+        } else {
+            self.pending -= 1;
+        }
+        if check.failed(id, conn.state_mut(), failure, was_open) {
+            conn.kill();
+            let wait = Duration::from_millis(id.wrapping_mul(7919) % 2000);
+            let at = Instant::now() + wait;
+            let place = self.redials.partition_point(|&(_, t)| t <= at);
+            self.redials.insert(place, (index, at));
+        } else {
+            conn.kill();
+        }
+    }
+}
+
+impl<C: Check> Clients<C> {
+    /// An empty set following `plan`, judged by `check`.
+    pub fn new(plan: ClientPlan, check: C) -> io::Result<Self> {
+        if plan.sources.is_empty() || plan.servers.is_empty() {
+            return Err(io::Error::other(
+                "a plan needs a server and a source address",
+            ));
+        }
         Ok(Clients {
-            query,
-            redials: VecDeque::new(),
             poll: Poll::new()?,
             events: Events::with_capacity(EVENTS_PER_POLL),
             conns: Vec::new(),
-            scratch: vec![0; SCRATCH_BYTES].into_boxed_slice(),
+            scratch: vec![0; C::SCRATCH_BYTES].into_boxed_slice(),
             plan,
-            tally: Tally::new(),
-            inflating: Inflating::default(),
+            check,
             pending_since: VecDeque::new(),
-            pending: 0,
-            open: 0,
-            opened: 0,
+            book: Book::default(),
         })
     }
 
@@ -104,6 +122,7 @@ impl Clients {
 
     /// Starts `count` more connections.
     pub fn start(&mut self, count: usize) {
+        self.conns.reserve(count);
         for _ in 0..count {
             let index = self.conns.len();
             self.conns.push(Conn::dead());
@@ -115,24 +134,30 @@ impl Clients {
     fn dial(&mut self, index: usize) {
         let id = self.plan.first_id + index as u64;
         let source = self.plan.sources[id as usize % self.plan.sources.len()];
-        let last = self.query.last_before(self.conns[index].next_seq());
-        let query = self.query.after_id(last);
-        match dial::dial(
-            source,
-            self.plan.servers[id as usize % self.plan.servers.len()],
-            id,
-            self.plan.deflate,
-            &query,
-            self.poll.registry(),
-            Token(index),
-            Interest::READABLE,
-        ) {
+        let server = self.plan.servers[id as usize % self.plan.servers.len()];
+        let conn = &mut self.conns[index];
+        let path = self.check.path(id, conn.state());
+        let ask = dial::Ask {
+            path: &path,
+            deflate: self.check.deflate(),
+        };
+        // A connection that queues requests keeps writable interest: a
+        // request that did not fit waits for it.
+        let interest = if C::WRITES {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        };
+        let registry = self.poll.registry();
+        match dial::dial(source, server, id, ask, registry, Token(index), interest) {
             Ok(dialed) => {
-                self.conns[index].redialed(dialed);
+                conn.redialed(dialed);
                 self.pending_since.push_back((index, Instant::now()));
-                self.pending += 1;
+                self.book.pending += 1;
             }
-            Err(failure) => self.tally.failed(failure.label()),
+            Err(failure) => {
+                self.check.failed(id, conn.state_mut(), failure, false);
+            }
         }
     }
 
@@ -146,20 +171,22 @@ impl Clients {
         let start = Instant::now();
         let step = within / (open.len().max(1) as u32);
         for (n, &index) in open.iter().enumerate() {
-            self.conns[index].drop_socket();
-            self.redials.push_back((index, start + step * n as u32));
+            self.conns[index].kill();
+            self.book
+                .redials
+                .push_back((index, start + step * n as u32));
         }
-        self.open -= open.len();
+        self.book.open -= open.len();
     }
 
     /// Dials the dropped connections whose time has come.
     fn redial_due(&mut self) {
         let now = Instant::now();
-        while let Some(&(index, at)) = self.redials.front() {
+        while let Some(&(index, at)) = self.book.redials.front() {
             if at > now {
                 return;
             }
-            self.redials.pop_front();
+            self.book.redials.pop_front();
             self.dial(index);
         }
     }
@@ -171,33 +198,50 @@ impl Clients {
 
     /// Connections still connecting or upgrading.
     pub fn pending(&self) -> usize {
-        self.pending
+        self.book.pending
     }
 
     /// Upgraded connections that are still alive.
     pub fn open(&self) -> usize {
-        self.open
+        self.book.open
     }
 
     /// Connections that are open or will be again: upgraded, dialing or
     /// upgrading, or dropped and waiting to be dialed again.
     pub fn coming(&self) -> usize {
-        self.open + self.pending + self.redials.len()
+        self.book.open + self.book.pending + self.book.redials.len()
     }
 
     /// Connections that completed the upgrade, including those that failed since.
     pub fn opened(&self) -> usize {
-        self.opened
+        self.book.opened
     }
 
-    /// What the connections observed.
-    pub fn tally(&self) -> &Tally {
-        &self.tally
+    /// The check, and what it recorded.
+    pub fn check(&self) -> &C {
+        &self.check
     }
 
-    /// What the connections observed, for announcing messages.
-    pub fn tally_mut(&mut self) -> &mut Tally {
-        &mut self.tally
+    /// The check, to tell it what is coming or to take what it recorded.
+    pub fn check_mut(&mut self) -> &mut C {
+        &mut self.check
+    }
+
+    /// Connection `index`'s id, socket and what the check keeps for it,
+    /// with the check, while it is open; see [`Clients::fail_open`].
+    pub fn open_conn(&mut self, index: usize) -> Option<OpenConn<'_, C>> {
+        let id = self.plan.first_id + index as u64;
+        let (stream, state) = self.conns.get_mut(index)?.open_parts()?;
+        Some((id, stream, state, &mut self.check))
+    }
+
+    /// Settles open connection `index` after a failure outside the loop's
+    /// events (a write of its own).
+    pub fn fail_open(&mut self, index: usize, failure: Failure) {
+        let id = self.plan.first_id + index as u64;
+        let conn = &mut self.conns[index];
+        self.book
+            .failed(conn, &mut self.check, (index, id), failure, true);
     }
 
     /// Waits up to `timeout` for readiness (or the waker) and handles
@@ -206,7 +250,7 @@ impl Clients {
     /// [`EVENTS_PER_POLL`]).
     pub fn step(&mut self, timeout: Duration) -> io::Result<usize> {
         self.redial_due();
-        let timeout = match self.redials.front() {
+        let timeout = match self.book.redials.front() {
             Some(&(_, at)) => timeout.min(at.saturating_duration_since(Instant::now())),
             None => timeout,
         };
@@ -215,60 +259,42 @@ impl Clients {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(0),
             Err(e) => return Err(e),
         }
+        let Clients {
+            poll,
+            events,
+            conns,
+            scratch,
+            plan,
+            check,
+            book,
+            ..
+        } = self;
         let mut cx = Context {
-            registry: self.poll.registry(),
-            servers: &self.plan.servers,
-            scratch: &mut self.scratch,
-            check: InOrder {
-                expect: Expect {
-                    payload_len: self.plan.payload_len,
-                    padding: self.plan.padding,
-                    deflate: self.plan.deflate,
-                },
-                inflating: &mut self.inflating,
-                tally: &mut self.tally,
-                query: &mut self.query,
-            },
+            registry: poll.registry(),
+            servers: &plan.servers,
+            scratch,
+            check,
         };
         let mut handled = 0;
-        for event in self.events.iter() {
+        for event in events.iter() {
             handled += 1;
             let token = event.token();
             if token == WAKER {
                 continue;
             }
-            let conn = &mut self.conns[token.0];
+            let conn = &mut conns[token.0];
             let was_open = conn.is_open();
-            let id = self.plan.first_id + token.0 as u64;
+            let id = plan.first_id + token.0 as u64;
             match conn.on_event(id, token, event, &mut cx) {
                 Ok(Transition::Same) => {}
                 Ok(Transition::Opened) => {
-                    self.pending -= 1;
-                    self.open += 1;
-                    self.opened += 1;
+                    book.pending -= 1;
+                    book.open += 1;
+                    book.opened += 1;
                 }
-                Err(failure) => {
-                    // A connection that was pending may have opened and failed
-                    // within this one event; it still leaves the pending count.
-                    if was_open {
-                        self.open -= 1;
-                    } else {
-                        self.pending -= 1;
-                    }
-                    cx.check.tally.failed(failure.label());
-                    if cx.check.query.positions && (was_open || conn.next_seq() > 1) {
-                        // Dropped by the server, or refused coming back:
-                        // dial again after 0 to 2 s, as a client would,
-                        // and resume.
-                        conn.drop_socket();
-                        let wait = Duration::from_millis(id.wrapping_mul(7919) % 2000);
-                        let at = Instant::now() + wait;
-                        let place = self.redials.partition_point(|&(_, t)| t <= at);
-                        self.redials.insert(place, (token.0, at));
-                    } else {
-                        conn.kill();
-                    }
-                }
+                // A connection that was pending may have opened and failed
+                // within this one event; it still leaves the pending count.
+                Err(failure) => book.failed(conn, cx.check, (token.0, id), failure, was_open),
             }
         }
         self.expire(Instant::now());
@@ -284,16 +310,20 @@ impl Clients {
                 if now.duration_since(since) < self.plan.connect_timeout {
                     return;
                 }
-                self.pending -= 1;
-                self.tally.failed(Failure::Timeout.label());
-                if self.query.positions && self.conns[index].next_seq() > 1 {
+                self.book.pending -= 1;
+                let id = self.plan.first_id + index as u64;
+                let conn = &mut self.conns[index];
+                if self
+                    .check
+                    .failed(id, conn.state_mut(), Failure::Timeout, false)
+                {
                     // Coming back: try again, as a client would.
-                    self.conns[index].drop_socket();
+                    conn.kill();
                     self.pending_since.pop_front();
                     self.dial(index);
                     continue;
                 }
-                self.conns[index].kill();
+                conn.kill();
             }
             self.pending_since.pop_front();
         }
@@ -305,9 +335,11 @@ impl Clients {
             let conn = &mut self.conns[index];
             if conn.is_pending() {
                 conn.kill();
-                self.tally.failed(Failure::Timeout.label());
+                let id = self.plan.first_id + index as u64;
+                self.check
+                    .failed(id, conn.state_mut(), Failure::Timeout, false);
             }
         }
-        self.pending = 0;
+        self.book.pending = 0;
     }
 }

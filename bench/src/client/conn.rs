@@ -1,12 +1,13 @@
 //! One client connection: a raw non-blocking socket that connects,
-//! upgrades, then reads broadcast frames and hands each message to a
-//! [`Check`]: [`InOrder`] (push: exactly once, in order, into a tally), or
-//! the receipts a `channels` worker reports.
+//! upgrades, then reads frames and hands each message to a [`Check`]:
+//! [`InOrder`] (push: exactly once, in order, into a tally), the receipts
+//! a `channels` worker reports ([`crate::client::receipts`]), or echoes
+//! checked against the requests sent ([`crate::client::echoer`]).
 //!
 //! The state is deliberately small (a socket, a phase, a [`FrameReader`]
-//! and the next expected sequence number: 80 bytes) so that a million fit
-//! in a few worker processes without the client costing more than the
-//! server it measures.
+//! and what the check keeps per connection; for push the next expected
+//! sequence number: 80 bytes) so that a million fit in a few worker
+//! processes without the client costing more than the server it measures.
 
 use std::net::SocketAddr;
 
@@ -40,39 +41,80 @@ pub struct Context<'a, C> {
     /// Buffer every read goes through.
     pub scratch: &'a mut [u8],
     /// How the messages are checked.
-    pub check: C,
+    pub check: &'a mut C,
 }
 
-/// How a connection's messages are checked, and what it asks for.
+/// How a connection's messages are checked, what it asks for, and what
+/// becomes of it when it fails.
 pub trait Check {
+    /// What each connection keeps for the check beside its socket.
+    type State: Default + std::fmt::Debug;
+
+    /// Size of the buffer every read goes through.
+    const SCRATCH_BYTES: usize = 64 * 1024;
+
+    /// Whether connections queue output of their own (requests): they
+    /// keep writable interest, flush their queue when writable, and leave
+    /// pings unanswered (a pong could cut into a queued request).
+    const WRITES: bool = false;
+
     /// Whether connections offer (and require) permessage-deflate.
     fn deflate(&self) -> bool;
 
-    /// The path and query connection `id` asks for, expecting message
-    /// `next_seq` next.
-    fn path(&self, id: u64, next_seq: u32) -> String;
+    /// The path and query connection `id` asks for, in `state`.
+    fn path(&self, id: u64, state: &Self::State) -> String;
 
-    /// Checks a whole data message received at `now` by connection `id`,
-    /// which expected message `next_seq`.
+    /// Checks a whole data message received at `now` by connection `id`.
     fn message(
         &mut self,
         id: u64,
         frame: &Frame<'_>,
-        next_seq: &mut u32,
+        state: &mut Self::State,
         now: u64,
     ) -> Result<(), Failure>;
+
+    /// Counts `bytes` read by an upgraded connection.
+    fn received(&mut self, _bytes: usize) {}
+
+    /// Writes what the connection has queued, as far as the socket takes
+    /// it (with [`Check::WRITES`]).
+    fn flush(&mut self, _stream: &mut TcpStream, _state: &mut Self::State) -> Result<(), Failure> {
+        Ok(())
+    }
+
+    /// Records that connection `id` failed (`was_open`: after its
+    /// upgrade); returns whether to dial it again.
+    fn failed(
+        &mut self,
+        id: u64,
+        state: &mut Self::State,
+        failure: Failure,
+        was_open: bool,
+    ) -> bool;
+}
+
+/// What a push connection keeps: the sequence number of the next message
+/// in order (with positions, the position to resume after follows from
+/// it: see [`Query::offset`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NextSeq(pub u32);
+
+impl Default for NextSeq {
+    fn default() -> Self {
+        NextSeq(1)
+    }
 }
 
 /// The push check: every message once, in order, counted in a [`Tally`].
-pub struct InOrder<'a> {
+pub struct InOrder {
     /// What the messages are expected to be.
     pub expect: Expect,
     /// Where compressed messages are inflated.
-    pub inflating: &'a mut Inflating,
-    /// Where deliveries are recorded.
-    pub tally: &'a mut Tally,
+    pub inflating: Inflating,
+    /// Where deliveries (and failures) are recorded.
+    pub tally: Tally,
     /// What the connections ask for besides their id (see [`Query`]).
-    pub query: &'a mut Query,
+    pub query: Query,
 }
 
 /// What a connection's URL asks for besides its id: a channel, and
@@ -155,57 +197,54 @@ pub struct Expect {
     pub deflate: bool,
 }
 
-/// One client connection; see the module documentation.
+/// One client connection, with what its check keeps in `S`; see the
+/// module documentation.
 #[derive(Debug)]
-pub struct Conn {
+pub struct Conn<S> {
     /// `None` once the connection failed.
     stream: Option<TcpStream>,
     phase: Phase,
     reader: FrameReader,
-    /// Sequence number of the next message in order (with positions, the
-    /// position to resume after follows from it: see [`Query::offset`]).
-    next_seq: u32,
+    /// What the check keeps for it.
+    state: S,
 }
 
-impl Conn {
-    /// A connection that [`dial::dial`] started: upgrading if its request
-    /// went out already, else still connecting.
-    pub fn dialed(dialed: dial::Dialed) -> Conn {
-        Conn {
-            stream: Some(dialed.stream),
-            phase: Phase::dialed(dialed.requested),
-            reader: FrameReader::new(),
-            next_seq: 1,
-        }
-    }
-
-    /// The same connection dialed again (after [`Conn::drop_socket`]): it
-    /// keeps what it has received and its last position.
+impl<S: Default> Conn<S> {
+    /// The same connection dialed again (after [`Conn::kill`]): it keeps
+    /// what the check keeps for it (for push, its last position).
     pub fn redialed(&mut self, dialed: dial::Dialed) {
         self.stream = Some(dialed.stream);
         self.phase = Phase::dialed(dialed.requested);
         self.reader = FrameReader::new();
     }
 
-    /// Closes its socket at once, as a client that drops its connection
-    /// does (it is dialed again with [`Conn::redialed`]).
-    pub fn drop_socket(&mut self) {
-        self.stream = None;
-        self.phase = Phase::Dead;
+    /// What the check keeps for it.
+    pub fn state(&self) -> &S {
+        &self.state
     }
 
-    /// The sequence number of the next message it expects.
-    pub fn next_seq(&self) -> u32 {
-        self.next_seq
+    /// What the check keeps for it, to change.
+    pub fn state_mut(&mut self) -> &mut S {
+        &mut self.state
     }
 
-    /// A connection that failed before it had a socket.
-    pub fn dead() -> Conn {
+    /// A connection without a socket yet (or that failed before it had
+    /// one); [`Conn::redialed`] gives it one.
+    pub fn dead() -> Conn<S> {
         Conn {
             stream: None,
             phase: Phase::Dead,
             reader: FrameReader::new(),
-            next_seq: 1,
+            state: S::default(),
+        }
+    }
+
+    /// Its socket and what the check keeps for it, while it is upgraded
+    /// and alive.
+    pub fn open_parts(&mut self) -> Option<(&mut TcpStream, &mut S)> {
+        match (&mut self.stream, &self.phase) {
+            (Some(stream), Phase::Open) => Some((stream, &mut self.state)),
+            _ => None,
         }
     }
 
@@ -219,7 +258,9 @@ impl Conn {
         matches!(self.phase, Phase::Open)
     }
 
-    /// Closes the socket after a failure; events for it are ignored from now on.
+    /// Closes the socket (after a failure, or as a client that drops its
+    /// connection does); events for it are ignored from now on, until it
+    /// is dialed again with [`Conn::redialed`].
     pub fn kill(&mut self) {
         self.stream = None;
         self.phase = Phase::Dead;
@@ -228,7 +269,7 @@ impl Conn {
     /// Handles a readiness event for connection `id`, registered as `token`.
     ///
     /// On `Err` the caller counts the failure and calls [`Conn::kill`].
-    pub fn on_event<C: Check>(
+    pub fn on_event<C: Check<State = S>>(
         &mut self,
         id: u64,
         token: Token,
@@ -244,16 +285,19 @@ impl Conn {
                     return Ok(Transition::Same);
                 }
                 let server = cx.servers[id as usize % cx.servers.len()];
-                let path = cx.check.path(id, self.next_seq);
+                let path = cx.check.path(id, &self.state);
                 let ask = dial::Ask {
                     path: &path,
                     deflate: cx.check.deflate(),
                 };
-                dial::send_request_path(self.stream(), id, ask, server)?;
-                // From here on only reads matter (pongs are written whole).
-                cx.registry
-                    .reregister(self.stream(), token, Interest::READABLE)
-                    .map_err(|e| Failure::Io(e.kind()))?;
+                dial::send_request(self.stream(), id, ask, server)?;
+                // From here on only reads matter (pongs are written whole),
+                // unless the connection queues requests of its own.
+                if !C::WRITES {
+                    cx.registry
+                        .reregister(self.stream(), token, Interest::READABLE)
+                        .map_err(|e| Failure::Io(e.kind()))?;
+                }
                 self.phase = Phase::Upgrading(Vec::new());
                 if event.is_readable() {
                     self.read_upgrade(id, cx, drain)
@@ -262,7 +306,19 @@ impl Conn {
                 }
             }
             Phase::Upgrading(_) => self.read_upgrade(id, cx, drain),
-            Phase::Open => self.read_frames(id, cx, drain).map(|()| Transition::Same),
+            Phase::Open => {
+                if C::WRITES {
+                    if event.is_writable() {
+                        let Conn { stream, state, .. } = self;
+                        let stream = stream.as_mut().expect("live connection has a socket");
+                        cx.check.flush(stream, state)?;
+                    }
+                    if !event.is_readable() && !drain {
+                        return Ok(Transition::Same);
+                    }
+                }
+                self.read_frames(id, cx, drain).map(|()| Transition::Same)
+            }
             Phase::Dead => Ok(Transition::Same),
         }
     }
@@ -271,7 +327,7 @@ impl Conn {
         self.stream.as_mut().expect("live connection has a socket")
     }
 
-    fn read_upgrade<C: Check>(
+    fn read_upgrade<C: Check<State = S>>(
         &mut self,
         id: u64,
         cx: &mut Context<'_, C>,
@@ -287,7 +343,7 @@ impl Conn {
         };
         self.phase = Phase::Open;
         if !upgraded.early.is_empty() {
-            self.on_bytes(id, &upgraded.early, sys::now_ns(), &mut cx.check)?;
+            self.on_bytes(id, &upgraded.early, sys::now_ns(), cx.check)?;
         }
         // The socket was registered before the request went out, so data
         // after this read raises a new edge (see `read_frames`).
@@ -297,7 +353,7 @@ impl Conn {
         Ok(Transition::Opened)
     }
 
-    fn read_frames<C: Check>(
+    fn read_frames<C: Check<State = S>>(
         &mut self,
         id: u64,
         cx: &mut Context<'_, C>,
@@ -310,8 +366,9 @@ impl Conn {
             if n == 0 {
                 return Err(Failure::Closed { upgrading: false });
             }
+            cx.check.received(n);
             let now = sys::now_ns();
-            self.on_bytes(id, &cx.scratch[..n], now, &mut cx.check)?;
+            self.on_bytes(id, &cx.scratch[..n], now, cx.check)?;
             // A read that did not fill the buffer emptied the socket, and new
             // data will raise a new edge (epoll(7)): skip the EAGAIN read.
             if n < cx.scratch.len() && !drain {
@@ -322,35 +379,44 @@ impl Conn {
 
     /// Feeds received bytes through the frame reader: whole data messages
     /// go to the check, other frames to [`not_a_message`].
-    fn on_bytes(
+    fn on_bytes<C: Check<State = S>>(
         &mut self,
         id: u64,
         bytes: &[u8],
         now: u64,
-        check: &mut impl Check,
+        check: &mut C,
     ) -> Result<(), Failure> {
         let Conn {
             stream,
             reader,
-            next_seq,
+            state,
             ..
         } = self;
         let stream = stream.as_mut().expect("live connection has a socket");
         reader.feed(bytes, |f| match f.opcode {
-            opcode::TEXT | opcode::BINARY if f.fin => check.message(id, &f, next_seq, now),
-            other => not_a_message(stream, other, f.payload),
+            opcode::TEXT | opcode::BINARY if f.fin => check.message(id, &f, state, now),
+            other => not_a_message(stream, other, f.payload, !C::WRITES),
         })
     }
 }
 
-impl Check for InOrder<'_> {
+impl Check for InOrder {
+    type State = NextSeq;
+
     fn deflate(&self) -> bool {
         self.expect.deflate
     }
 
-    fn path(&self, id: u64, next_seq: u32) -> String {
-        let query = self.query.after_id(self.query.last_before(next_seq));
+    fn path(&self, id: u64, state: &NextSeq) -> String {
+        let query = self.query.after_id(self.query.last_before(state.0));
         dial::default_path(id, &query)
+    }
+
+    /// Counts the failure; with positions, a connection dropped by the
+    /// server or refused coming back is dialed again, and resumes.
+    fn failed(&mut self, _id: u64, state: &mut NextSeq, failure: Failure, was_open: bool) -> bool {
+        self.tally.failed(failure.label());
+        self.query.positions && (was_open || state.0 > 1)
     }
 
     /// Inflates the message if compressed, takes its position off, and
@@ -359,7 +425,7 @@ impl Check for InOrder<'_> {
         &mut self,
         _id: u64,
         f: &Frame<'_>,
-        next_seq: &mut u32,
+        NextSeq(next_seq): &mut NextSeq,
         now: u64,
     ) -> Result<(), Failure> {
         let InOrder {
@@ -425,11 +491,17 @@ impl Check for InOrder<'_> {
 }
 
 /// A frame other than a whole data message, on a client that expects only
-/// those: a ping is answered with a pong, a pong ignored; a fragment, a
-/// close or an unknown opcode fails the connection.
-fn not_a_message(stream: &mut TcpStream, op: u8, payload: &[u8]) -> Result<(), Failure> {
+/// those: a ping is answered with a pong if `pong`, a pong ignored; a
+/// fragment, a close or an unknown opcode fails the connection.
+fn not_a_message(
+    stream: &mut TcpStream,
+    op: u8,
+    payload: &[u8],
+    pong: bool,
+) -> Result<(), Failure> {
     match op {
         opcode::TEXT | opcode::BINARY | opcode::CONTINUATION => Err(Failure::Fragmented),
+        opcode::PING if !pong => Ok(()),
         opcode::PING => {
             let mut pong = Vec::with_capacity(payload.len() + 6);
             frame::encode(&mut pong, opcode::PONG, payload, Some(MASK));
@@ -451,9 +523,9 @@ mod tests {
         // test. (Debug builds of mio add a selector id to every socket.)
         let limit = if cfg!(debug_assertions) { 96 } else { 80 };
         assert!(
-            std::mem::size_of::<Conn>() <= limit,
+            std::mem::size_of::<Conn<NextSeq>>() <= limit,
             "{}",
-            std::mem::size_of::<Conn>()
+            std::mem::size_of::<Conn<NextSeq>>()
         );
     }
 }

@@ -131,9 +131,18 @@ pub struct Dialed {
     pub requested: bool,
 }
 
+/// What an upgrade request asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    /// The path (and query).
+    pub path: &'a str,
+    /// Whether it offers permessage-deflate.
+    pub deflate: bool,
+}
+
 /// Starts connection `id`: a non-blocking connect from `source` (port
 /// chosen by the kernel at connect time) to `server`, then its upgrade
-/// request at once (offering permessage-deflate if `deflate`), and
+/// request for `ask` at once (its key is connection `id`'s), and
 /// registers the socket under `token`.
 ///
 /// On loopback the whole TCP handshake happens inside `connect()` (the
@@ -144,37 +153,7 @@ pub struct Dialed {
 /// connect. Then the socket is registered for `interest` only. If the
 /// socket does not take the request yet, it is registered for reading and
 /// writing, and the caller finishes the connect on the writable event.
-#[allow(clippy::too_many_arguments)]
 pub fn dial(
-    source: Ipv4Addr,
-    server: SocketAddr,
-    id: u64,
-    deflate: bool,
-    query: &str,
-    registry: &Registry,
-    token: Token,
-    interest: Interest,
-) -> Result<Dialed, Failure> {
-    let path = default_path(id, query);
-    let ask = Ask {
-        path: &path,
-        deflate,
-    };
-    dial_path(source, server, id, ask, registry, token, interest)
-}
-
-/// What an upgrade request asks for.
-#[derive(Debug, Clone, Copy)]
-pub struct Ask<'a> {
-    /// The path (and query).
-    pub path: &'a str,
-    /// Whether it offers permessage-deflate.
-    pub deflate: bool,
-}
-
-/// [`dial`] with the upgrade request for `ask`'s path instead of
-/// `/ws?id=ID` (the key is still connection `id`'s).
-pub fn dial_path(
     source: Ipv4Addr,
     server: SocketAddr,
     id: u64,
@@ -258,29 +237,9 @@ fn request(id: u64, ask: Ask<'_>, server: SocketAddr) -> Vec<u8> {
     handshake::client_request(&server.to_string(), ask.path, &key, ask.deflate)
 }
 
-/// Sends connection `id`'s upgrade request for `/ws?id=ID` and `query`
-/// once [`connected`] says the connect completed.
+/// Sends connection `id`'s upgrade request for `ask` once [`connected`]
+/// says the connect completed.
 pub fn send_request(
-    stream: &mut TcpStream,
-    id: u64,
-    deflate: bool,
-    query: &str,
-    server: SocketAddr,
-) -> Result<(), Failure> {
-    let path = default_path(id, query);
-    send_request_path(
-        stream,
-        id,
-        Ask {
-            path: &path,
-            deflate,
-        },
-        server,
-    )
-}
-
-/// [`send_request`] for `ask`.
-pub fn send_request_path(
     stream: &mut TcpStream,
     id: u64,
     ask: Ask<'_>,
@@ -399,8 +358,10 @@ mod tests {
             Ipv4Addr::LOCALHOST,
             server,
             7,
-            false,
-            "",
+            Ask {
+                path: "/ws?id=7",
+                deflate: false,
+            },
             poll.registry(),
             Token(0),
             Interest::READABLE,
@@ -438,8 +399,10 @@ mod tests {
             Ipv4Addr::LOCALHOST,
             server,
             1,
-            false,
-            "",
+            Ask {
+                path: "/ws?id=1",
+                deflate: false,
+            },
             poll.registry(),
             Token(0),
             Interest::READABLE,

@@ -1,6 +1,7 @@
 //! The client: dialing and upgrading a connection, the connection's state
-//! machine, the mio loop that drives a process's connections, the pacing
-//! of what it sends, and the blocking probes. Built on [`crate::wire`],
+//! machine with its checks (in order, receipts, echo), the one mio loop
+//! that drives a process's connections, the pacing of what it sends, and
+//! the blocking probes. Built on [`crate::wire`],
 //! recording into [`crate::observe`].
 
 pub mod clients;
@@ -9,3 +10,4 @@ pub mod dial;
 pub mod echoer;
 pub mod pacing;
 pub mod probe;
+pub mod receipts;

@@ -14,8 +14,10 @@ use std::time::{Duration, Instant};
 use mio::Waker;
 
 use crate::client::clients::{ClientPlan, Clients, EVENTS_PER_POLL};
+use crate::client::conn::{Expect, InOrder, Query};
 use crate::fleet::protocol::{self, Command, Counts, Report};
-use crate::observe::stats::Receipts;
+use crate::observe::stats::{Receipts, Tally};
+use crate::wire::compression::Inflating;
 use crate::Error;
 
 /// Least time between two `Progress` reports.
@@ -61,17 +63,28 @@ pub fn run(input: impl Read + Send + 'static, mut output: impl Write) -> Result<
     let Command::Plan(plan) = protocol::parse(&first)? else {
         return Err("a worker's first command must be its plan".into());
     };
-    let mut clients = Clients::new(ClientPlan {
+    let check = InOrder {
+        expect: Expect {
+            payload_len: plan.payload_bytes,
+            padding: plan.padding,
+            deflate: plan.deflate,
+        },
+        inflating: Inflating::default(),
+        tally: Tally::new(),
+        query: Query {
+            channel: plan.channel,
+            positions: plan.positions,
+            epoch: None,
+            offset: None,
+        },
+    };
+    let client_plan = ClientPlan {
         servers: plan.servers,
         sources: plan.sources,
         first_id: plan.first_id,
-        payload_len: plan.payload_bytes,
-        padding: plan.padding,
-        deflate: plan.deflate,
-        channel: plan.channel,
-        positions: plan.positions,
         connect_timeout: Duration::from_millis(plan.connect_timeout_ms),
-    })?;
+    };
+    let mut clients = Clients::new(client_plan, check)?;
     let commands = spawn_command_reader(input, clients.waker()?)?;
     match serve(&mut clients, &commands, &mut output) {
         Ok(()) => Ok(()),
@@ -109,7 +122,7 @@ fn spawn_command_reader(
 
 /// The worker's loop after its plan.
 fn serve(
-    clients: &mut Clients,
+    clients: &mut Clients<InOrder>,
     commands: &mpsc::Receiver<io::Result<Command>>,
     output: &mut impl Write,
 ) -> Result<(), Error> {
@@ -130,7 +143,7 @@ fn serve(
                 Command::Storm { within_ms } => clients.storm(Duration::from_millis(within_ms)),
                 Command::Arm { seq, nap_us } => {
                     let open = clients.open() as u32;
-                    clients.tally_mut().arm(seq, open);
+                    clients.check_mut().tally.arm(seq, open);
                     protocol::send(output, &Report::Armed { seq, open })?;
                     armed = Some(Armed {
                         seq,
@@ -148,7 +161,7 @@ fn serve(
                     nap_us,
                 } => {
                     let open = clients.open() as u32;
-                    clients.tally_mut().arm_stream(first, count, open);
+                    clients.check_mut().tally.arm_stream(first, count, open);
                     protocol::send(output, &Report::Armed { seq: first, open })?;
                     armed = Some(Armed {
                         seq: first,
@@ -165,12 +178,12 @@ fn serve(
                 }
                 Command::EndStream => {
                     armed = None;
-                    let receipts = clients.tally().stream_receipts();
-                    let first = clients.tally().stream_first().unwrap_or(0);
+                    let receipts = clients.check().tally.stream_receipts();
+                    let first = clients.check().tally.stream_first().unwrap_or(0);
                     protocol::send(output, &Report::StreamEnded { first, receipts })?;
                 }
                 Command::Finish => {
-                    let observed = clients.tally().observed();
+                    let observed = clients.check().tally.observed();
                     protocol::send(output, &Report::Final(Box::new(observed)))?;
                     return Ok(());
                 }
@@ -211,7 +224,7 @@ fn serve(
 /// complete here, or now and then while it is not; returns whether it is
 /// complete.
 fn report_receipts(
-    clients: &Clients,
+    clients: &Clients<InOrder>,
     armed: &mut Armed,
     output: &mut impl Write,
 ) -> Result<bool, Error> {
@@ -219,7 +232,8 @@ fn report_receipts(
         return report_stream(clients, armed, count, expected, output);
     }
     let receipts = *clients
-        .tally()
+        .check()
+        .tally
         .receipts(armed.seq)
         .expect("armed messages are announced");
     // Connections that failed meanwhile will not receive it (those dialed
@@ -244,13 +258,13 @@ fn report_receipts(
 /// [`report_receipts`] for a stream: done once every connection still
 /// open or coming back (of those expected) has every message of it.
 fn report_stream(
-    clients: &Clients,
+    clients: &Clients<InOrder>,
     armed: &mut Armed,
     count: u32,
     expected: u32,
     output: &mut impl Write,
 ) -> Result<bool, Error> {
-    let received = clients.tally().stream_received();
+    let received = clients.check().tally.stream_received();
     let wanted = u64::from(count) * clients.coming().min(expected as usize) as u64;
     let done = received >= wanted;
     let now = Instant::now();
@@ -270,12 +284,12 @@ fn report_stream(
     Ok(done)
 }
 
-fn counts(clients: &Clients) -> Counts {
+fn counts(clients: &Clients<InOrder>) -> Counts {
     Counts {
         started: clients.started(),
         pending: clients.pending(),
         open: clients.open(),
         opened: clients.opened(),
-        failed: clients.tally().failures(),
+        failed: clients.check().tally.failures(),
     }
 }

@@ -30,6 +30,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::client::dial;
+use crate::client::receipts::{spread, Event, Paths};
 use crate::fleet::coordinator::Launch;
 use crate::observe::cpu::{CpuMark, QUIET_SHARE};
 use crate::observe::format::{bytes, duration_us, failures, grouped, render_columns};
@@ -38,7 +39,7 @@ use crate::observe::procfs::{self, Usage};
 use crate::observe::stats::{self, Receipts};
 use crate::observe::sys;
 use crate::report::{BroadcastReport, Spread};
-use crate::scenario::swarm::{self, Event, Paths, Setup, Swarm, SwarmPlan};
+use crate::scenario::swarm::{self, Setup, Swarm, SwarmPlan};
 use crate::target::server::{self, Server, ServerSpec};
 use crate::target::Target;
 use crate::wire::feed::splitmix64;
@@ -1044,7 +1045,7 @@ fn fanout(o: &ChannelsOptions) -> Result<FanoutRun, Error> {
         n,
     )?;
     let open = open_mask(n, &ws.setup.failed);
-    let is_sub = |i: u64| swarm::spread(i, subscribers, n);
+    let is_sub = |i: u64| spread(i, subscribers, n);
     let subs: Vec<u64> = (0..n).filter(|&i| open[i as usize] && is_sub(i)).collect();
     ws.pump(settle)?;
     let before = ws.mark()?;

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::client::echoer::Echoers;
+use crate::client::clients::Clients;
+use crate::client::echoer::{self, Echo};
 use crate::client::pacing::Schedule;
 use crate::observe::format;
 use crate::observe::latency::LatencyReport;
@@ -462,7 +463,7 @@ pub fn measure(
     let sources = (0..options.sources)
         .map(|i| Ipv4Addr::new(127, 0, 0, 2 + i))
         .collect();
-    let mut echoers = Echoers::new(addr, sources, options.payload_bytes, options.deflate)?;
+    let mut echoers = echoer::clients(addr, sources, options.payload_bytes, options.deflate)?;
     connect_all(target, &mut echoers, options)?;
     let open = echoers.open();
     if open == 0 {
@@ -543,7 +544,7 @@ pub fn measure(
 /// Opens every connection at the connect rate, or gives up at the timeout.
 fn connect_all(
     target: &mut dyn Target,
-    echoers: &mut Echoers,
+    echoers: &mut Clients<Echo>,
     options: &EchoOptions,
 ) -> Result<(), Error> {
     let schedule = Schedule::new(f64::from(options.connect_rate), options.conns as u64);

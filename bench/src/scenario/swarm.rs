@@ -13,7 +13,6 @@
 //! until its standard input ends, and exits.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::fmt::Write as _;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr};
 use std::os::unix::net::UnixStream;
@@ -24,19 +23,15 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use mio::{Events, Interest, Poll, Token, Waker};
 use serde::{Deserialize, Serialize};
 
-use crate::client::clients::{EVENTS_PER_POLL, SCRATCH_BYTES, WAKER};
-use crate::client::conn::{Check, Conn, Context, Transition};
-use crate::client::dial::{self, Failure};
+use crate::client::clients::{ClientPlan, Clients};
 use crate::client::pacing::{self, Schedule};
+use crate::client::receipts::{Event, Paths, Receipts};
 use crate::fleet::coordinator::{spawn_report_reader, Launch, WorkerPipes};
 use crate::fleet::protocol;
 use crate::observe::sys;
 use crate::target::Target;
-use crate::wire::frame::Frame;
-use crate::wire::message;
 use crate::Error;
 
 /// Receipts a worker holds back at most before reporting them.
@@ -57,76 +52,6 @@ const CHECK_EVERY: Duration = Duration::from_millis(100);
 /// How often the coordinator logs the setup's progress.
 const LOG_EVERY: Duration = Duration::from_secs(5);
 
-/// The path each connection asks for, by its index `i` (from 0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Paths {
-    /// `/`.
-    Plain,
-    /// `/?id=u{i}`.
-    Id,
-    /// `/?id=u{i}&channel=c{i % channels}`.
-    IdChannel {
-        /// Channels in all.
-        channels: u64,
-    },
-    /// `/?id=u{i}` and `per` channels `c{(i + k * step) % channels}` for
-    /// `k` in `0..per` (distinct when `k * step % channels` is for `k <
-    /// per`, as for 10, 7919 and 1000).
-    IdChannels {
-        /// Channels per connection.
-        per: u32,
-        /// Channels in all.
-        channels: u64,
-        /// Step between a connection's channels.
-        step: u64,
-    },
-    /// `/?channel=hot` for `subscribers` of the `total` connections,
-    /// spread evenly (see [`spread`]); `/` for the others.
-    Hot {
-        /// Connections on `hot`.
-        subscribers: u64,
-        /// All connections.
-        total: u64,
-    },
-    /// `/?channel=ch{i}`: a channel of its own.
-    OwnChannel,
-}
-
-impl Paths {
-    /// The path of connection `i`.
-    pub fn path(&self, i: u64) -> String {
-        match *self {
-            Paths::Plain => "/".into(),
-            Paths::Id => format!("/?id=u{i}"),
-            Paths::IdChannel { channels } => format!("/?id=u{i}&channel=c{}", i % channels.max(1)),
-            Paths::IdChannels {
-                per,
-                channels,
-                step,
-            } => {
-                let mut path = format!("/?id=u{i}");
-                for k in 0..u64::from(per) {
-                    let channel = (i + k * step) % channels.max(1);
-                    write!(path, "&channel=c{channel}").expect("writing to a String");
-                }
-                path
-            }
-            Paths::Hot { subscribers, total } if spread(i, subscribers, total) => {
-                "/?channel=hot".into()
-            }
-            Paths::Hot { .. } => "/".into(),
-            Paths::OwnChannel => format!("/?channel=ch{i}"),
-        }
-    }
-}
-
-/// Whether `i` is one of `count` indices spread evenly over `0..total`:
-/// exactly `min(count, total)` of them are.
-pub fn spread(i: u64, count: u64, total: u64) -> bool {
-    let count = count.min(total);
-    total > 0 && (i + 1) * count / total > i * count / total
-}
-
 /// What one worker connects to, and how.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SwarmPlan {
@@ -146,13 +71,9 @@ pub struct SwarmPlan {
     pub max_in_flight: usize,
     /// How long a connection may stay connecting or upgrading, in ms.
     pub connect_timeout_ms: u64,
-    /// Size of every message payload ([`message::encode`]).
+    /// Size of every message payload ([`crate::wire::message::encode`]).
     pub payload_bytes: usize,
 }
-
-/// One message received: connection index, sequence number, send time (from
-/// the payload) and receipt time, both [`sys::now_ns`].
-pub type Receipt = (u64, u32, u64, u64);
 
 /// Worker → coordinator.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -170,23 +91,11 @@ pub enum Report {
         open: u64,
         /// Indices of the connections that failed.
         failed: Vec<u64>,
-        /// Failures by kind ([`Failure::label`]).
+        /// Failures by kind ([`crate::client::dial::Failure::label`]).
         failures: BTreeMap<String, u64>,
     },
-    /// Messages received, in the order each connection read them.
-    Got(Vec<Receipt>),
-    /// An open connection failed.
-    Lost {
-        /// Its index.
-        conn: u64,
-        /// Why ([`Failure::label`]).
-        why: String,
-    },
-    /// A connection received a payload that is not a message.
-    Corrupt {
-        /// Its index.
-        conn: u64,
-    },
+    /// Receipts, or a connection lost or sent a corrupt payload.
+    Event(Event),
     /// The worker stopped because of an error.
     Failed(String),
 }
@@ -207,16 +116,23 @@ pub fn worker(input: impl Read + Send + 'static, mut output: impl Write) -> Resu
         )
         .into());
     }
-    let mut set = ConnSet::new(plan)?;
+    let servers = vec![plan.server];
+    let client_plan = ClientPlan {
+        servers,
+        sources: plan.sources.clone(),
+        first_id: plan.first,
+        connect_timeout: Duration::from_millis(plan.connect_timeout_ms),
+    };
+    let mut clients = Clients::new(client_plan, Receipts::new(plan.paths, plan.payload_bytes))?;
     let ended = Arc::new(AtomicBool::new(false));
-    let waker = Waker::new(set.poll.registry(), WAKER)?;
+    let waker = clients.waker()?;
     let flag = Arc::clone(&ended);
     thread::Builder::new().name("input".into()).spawn(move || {
         let _ = io::copy(&mut input, &mut io::sink());
         flag.store(true, Ordering::Relaxed);
         let _ = waker.wake();
     })?;
-    match set.serve(&ended, &mut output) {
+    match serve(&mut clients, &plan, &ended, &mut output) {
         Ok(()) => Ok(()),
         Err(e) => {
             let _ = protocol::send(&mut output, &Report::Failed(e.to_string()));
@@ -225,297 +141,96 @@ pub fn worker(input: impl Read + Send + 'static, mut output: impl Write) -> Resu
     }
 }
 
-/// The `channels` check: every message's receipt, for the coordinator
-/// to judge.
-struct Receipts<'a> {
-    paths: Paths,
-    payload_bytes: usize,
-    got: &'a mut Vec<Receipt>,
-    out: &'a mut Vec<Report>,
-}
-
-impl Check for Receipts<'_> {
-    fn deflate(&self) -> bool {
-        false
-    }
-
-    fn path(&self, id: u64, _next_seq: u32) -> String {
-        self.paths.path(id)
-    }
-
-    fn message(&mut self, id: u64, f: &Frame<'_>, _: &mut u32, now: u64) -> Result<(), Failure> {
-        match message::decode(f.payload, self.payload_bytes) {
-            Some(stamp) => self.got.push((id, stamp.seq, stamp.sent_ns, now)),
-            None => self.out.push(Report::Corrupt { conn: id }),
+/// Opens the connections, then reports receipts until `ended`.
+fn serve(
+    clients: &mut Clients<Receipts>,
+    plan: &SwarmPlan,
+    ended: &AtomicBool,
+    output: &mut impl Write,
+) -> Result<(), Error> {
+    let count = plan.count as usize;
+    let schedule = Schedule::new(plan.rate.max(1e-3), plan.count);
+    let start = Instant::now();
+    let mut ready = false;
+    let mut last_progress = start;
+    let mut reported = (0, 0);
+    let mut got_since = None;
+    loop {
+        if ended.load(Ordering::Relaxed) {
+            return flush(clients, &mut got_since, output);
         }
-        Ok(())
-    }
-}
-
-/// A worker's connections.
-struct ConnSet {
-    poll: Poll,
-    events: Events,
-    conns: Vec<Conn>,
-    scratch: Box<[u8]>,
-    plan: SwarmPlan,
-    /// Connections that were pending when last looked at, oldest first.
-    pending_since: VecDeque<(usize, Instant)>,
-    pending: usize,
-    open: usize,
-    failed: Vec<u64>,
-    failures: BTreeMap<String, u64>,
-    got: Vec<Receipt>,
-    got_since: Option<Instant>,
-    out: Vec<Report>,
-}
-
-impl ConnSet {
-    fn new(plan: SwarmPlan) -> io::Result<ConnSet> {
-        if plan.sources.is_empty() {
-            return Err(io::Error::other("a plan needs a source address"));
-        }
-        Ok(ConnSet {
-            poll: Poll::new()?,
-            events: Events::with_capacity(EVENTS_PER_POLL),
-            conns: Vec::with_capacity(plan.count as usize),
-            scratch: vec![0; SCRATCH_BYTES].into_boxed_slice(),
-            plan,
-            pending_since: VecDeque::new(),
-            pending: 0,
-            open: 0,
-            failed: Vec::new(),
-            failures: BTreeMap::new(),
-            got: Vec::new(),
-            got_since: None,
-            out: Vec::new(),
-        })
-    }
-
-    fn fail(&mut self, id: u64, failure: &Failure) {
-        self.failed.push(id);
-        *self.failures.entry(failure.label()).or_default() += 1;
-    }
-
-    /// Starts `count` more connections.
-    fn start(&mut self, count: usize) {
         let now = Instant::now();
-        for _ in 0..count {
-            let index = self.conns.len();
-            let id = self.plan.first + index as u64;
-            let source = self.plan.sources[id as usize % self.plan.sources.len()];
-            let path = self.plan.paths.path(id);
-            let dialed = dial::dial_path(
-                source,
-                self.plan.server,
-                id,
-                dial::Ask {
-                    path: &path,
-                    deflate: false,
-                },
-                self.poll.registry(),
-                Token(index),
-                Interest::READABLE,
-            );
-            match dialed {
-                Ok(d) => {
-                    self.conns.push(Conn::dialed(d));
-                    self.pending_since.push_back((index, now));
-                    self.pending += 1;
-                }
-                Err(failure) => {
-                    self.conns.push(Conn::dead());
-                    self.fail(id, &failure);
-                }
-            }
+        if clients.started() < count {
+            let due = schedule.due(now - start) as usize;
+            let room = plan.max_in_flight.max(1).saturating_sub(clients.pending());
+            clients.start(due.saturating_sub(clients.started()).min(room));
         }
-    }
-
-    /// Opens the connections, then reports receipts until `ended`.
-    fn serve(&mut self, ended: &AtomicBool, output: &mut impl Write) -> Result<(), Error> {
-        let count = self.plan.count as usize;
-        let schedule = Schedule::new(self.plan.rate.max(1e-3), self.plan.count);
-        let start = Instant::now();
-        let mut ready = false;
-        let mut last_progress = start;
-        let mut reported = (0, 0);
-        loop {
-            if ended.load(Ordering::Relaxed) {
-                return self.flush(output);
-            }
-            let now = Instant::now();
-            if self.conns.len() < count {
-                let due = schedule.due(now - start) as usize;
-                let room = self.plan.max_in_flight.max(1).saturating_sub(self.pending);
-                self.start(due.saturating_sub(self.conns.len()).min(room));
-            }
-            if !ready && self.conns.len() == count && self.pending == 0 {
-                ready = true;
-                self.flush(output)?;
+        if !ready && clients.started() == count && clients.pending() == 0 {
+            ready = true;
+            flush(clients, &mut got_since, output)?;
+            let check = clients.check();
+            protocol::send(
+                output,
+                &Report::Ready {
+                    open: clients.open() as u64,
+                    failed: check.failed.clone(),
+                    failures: check.failures.clone(),
+                },
+            )?;
+        } else if !ready && now >= last_progress + PROGRESS_EVERY {
+            let progress = (clients.open() as u64, clients.check().failed.len() as u64);
+            if progress != reported {
                 protocol::send(
                     output,
-                    &Report::Ready {
-                        open: self.open as u64,
-                        failed: self.failed.clone(),
-                        failures: self.failures.clone(),
+                    &Report::Progress {
+                        open: progress.0,
+                        failed: progress.1,
                     },
                 )?;
-            } else if !ready && now >= last_progress + PROGRESS_EVERY {
-                let progress = (self.open as u64, self.failed.len() as u64);
-                if progress != reported {
-                    protocol::send(
-                        output,
-                        &Report::Progress {
-                            open: progress.0,
-                            failed: progress.1,
-                        },
-                    )?;
-                    reported = progress;
-                }
-                last_progress = now;
+                reported = progress;
             }
-            for report in self.out.drain(..) {
-                protocol::send(output, &report)?;
-            }
-            let flush_at = self.got_since.map(|t| t + BATCH_DELAY);
-            if self.got.len() >= BATCH || flush_at.is_some_and(|t| now >= t) {
-                self.flush(output)?;
-            }
-            let timeout = if self.conns.len() < count {
-                Duration::from_millis(1)
-            } else if let Some(t) = self.got_since.map(|t| t + BATCH_DELAY) {
-                t.saturating_duration_since(now)
-            } else if !ready {
-                Duration::from_millis(10)
-            } else {
-                IDLE_POLL
-            };
-            self.step(timeout)?;
+            last_progress = now;
         }
-    }
-
-    /// Reports the receipts held back.
-    fn flush(&mut self, output: &mut impl Write) -> Result<(), Error> {
-        for report in self.out.drain(..) {
-            protocol::send(output, &report)?;
+        for event in clients.check_mut().events.drain(..) {
+            protocol::send(output, &Report::Event(event))?;
         }
-        if !self.got.is_empty() {
-            protocol::send(output, &Report::Got(std::mem::take(&mut self.got)))?;
+        let flush_at = got_since.map(|t| t + BATCH_DELAY);
+        if clients.check().got.len() >= BATCH || flush_at.is_some_and(|t| now >= t) {
+            flush(clients, &mut got_since, output)?;
         }
-        self.got_since = None;
-        Ok(())
-    }
-
-    /// Waits up to `timeout` for readiness and handles it, then fails the
-    /// connections pending for too long.
-    fn step(&mut self, timeout: Duration) -> io::Result<()> {
-        match self.poll.poll(&mut self.events, Some(timeout)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
-            Err(e) => return Err(e),
-        }
-        let had = self.got.len();
-        let mut failed = Vec::new();
-        {
-            let ConnSet {
-                poll,
-                events,
-                conns,
-                scratch,
-                plan,
-                pending,
-                open,
-                got,
-                out,
-                ..
-            } = self;
-            let mut cx = Context {
-                registry: poll.registry(),
-                servers: std::slice::from_ref(&plan.server),
-                scratch,
-                check: Receipts {
-                    paths: plan.paths,
-                    payload_bytes: plan.payload_bytes,
-                    got,
-                    out,
-                },
-            };
-            for event in events.iter() {
-                let token = event.token();
-                if token == WAKER {
-                    continue;
-                }
-                let conn = &mut conns[token.0];
-                let was_open = conn.is_open();
-                let id = plan.first + token.0 as u64;
-                match conn.on_event(id, token, event, &mut cx) {
-                    Ok(Transition::Same) => {}
-                    Ok(Transition::Opened) => {
-                        *pending -= 1;
-                        *open += 1;
-                    }
-                    Err(failure) => {
-                        if was_open {
-                            *open -= 1;
-                            cx.check.out.push(Report::Lost {
-                                conn: id,
-                                why: failure.label(),
-                            });
-                        } else {
-                            *pending -= 1;
-                            failed.push((id, failure));
-                        }
-                        conn.kill();
-                    }
-                }
-            }
-        }
-        for (id, failure) in failed {
-            self.fail(id, &failure);
-        }
-        if self.got.len() > had && self.got_since.is_none() {
-            self.got_since = Some(Instant::now());
-        }
-        self.expire(Instant::now());
-        Ok(())
-    }
-
-    /// Fails the connections pending for longer than the connect timeout
-    /// (they started in order: only the front of the queue is looked at).
-    fn expire(&mut self, now: Instant) {
-        let timeout = Duration::from_millis(self.plan.connect_timeout_ms);
-        while let Some(&(index, since)) = self.pending_since.front() {
-            let conn = &mut self.conns[index];
-            if conn.is_pending() {
-                if now.duration_since(since) < timeout {
-                    return;
-                }
-                conn.kill();
-                self.pending -= 1;
-                self.fail(self.plan.first + index as u64, &Failure::Timeout);
-            }
-            self.pending_since.pop_front();
+        let timeout = if clients.started() < count {
+            Duration::from_millis(1)
+        } else if let Some(t) = got_since.map(|t| t + BATCH_DELAY) {
+            t.saturating_duration_since(now)
+        } else if !ready {
+            Duration::from_millis(10)
+        } else {
+            IDLE_POLL
+        };
+        let had = clients.check().got.len();
+        clients.step(timeout)?;
+        if clients.check().got.len() > had && got_since.is_none() {
+            got_since = Some(Instant::now());
         }
     }
 }
 
-/// What a worker reported after its setup.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Event {
-    /// Messages received.
-    Got(Vec<Receipt>),
-    /// An open connection failed.
-    Lost {
-        /// Its index.
-        conn: u64,
-        /// Why.
-        why: String,
-    },
-    /// A connection received a payload that is not a message.
-    Corrupt {
-        /// Its index.
-        conn: u64,
-    },
+/// Reports the receipts held back.
+fn flush(
+    clients: &mut Clients<Receipts>,
+    got_since: &mut Option<Instant>,
+    output: &mut impl Write,
+) -> Result<(), Error> {
+    let check = clients.check_mut();
+    for event in check.events.drain(..) {
+        protocol::send(output, &Report::Event(event))?;
+    }
+    if !check.got.is_empty() {
+        let got = std::mem::take(&mut check.got);
+        protocol::send(output, &Report::Event(Event::Got(got)))?;
+    }
+    *got_since = None;
+    Ok(())
 }
 
 /// The setup of a [`Swarm`]'s connections.
@@ -730,9 +445,7 @@ pub fn check(server: &mut dyn Target) -> Result<(), Error> {
 
 fn event_of(report: Report) -> Option<Event> {
     match report {
-        Report::Got(receipts) => Some(Event::Got(receipts)),
-        Report::Lost { conn, why } => Some(Event::Lost { conn, why }),
-        Report::Corrupt { conn } => Some(Event::Corrupt { conn }),
+        Report::Event(event) => Some(event),
         Report::Progress { .. } | Report::Ready { .. } | Report::Failed(_) => None,
     }
 }
@@ -740,58 +453,8 @@ fn event_of(report: Report) -> Option<Event> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paths_follow_their_templates() {
-        assert_eq!(Paths::Plain.path(7), "/");
-        assert_eq!(Paths::Id.path(7), "/?id=u7");
-        assert_eq!(
-            Paths::IdChannel { channels: 100 }.path(1234),
-            "/?id=u1234&channel=c34"
-        );
-        let ten = Paths::IdChannels {
-            per: 10,
-            channels: 1000,
-            step: 7919,
-        };
-        let path = ten.path(5);
-        assert!(
-            path.starts_with("/?id=u5&channel=c5&channel=c924&"),
-            "{path}"
-        );
-        let channels: std::collections::BTreeSet<&str> = path
-            .split('&')
-            .filter_map(|p| p.strip_prefix("channel="))
-            .collect();
-        assert_eq!(channels.len(), 10, "ten distinct channels: {path}");
-        for i in 0..2000 {
-            let p = ten.path(i);
-            let distinct: std::collections::BTreeSet<&str> = p.split('&').skip(1).collect();
-            assert_eq!(distinct.len(), 10);
-        }
-        assert_eq!(Paths::OwnChannel.path(99_999), "/?channel=ch99999");
-        let hot = Paths::Hot {
-            subscribers: 190,
-            total: 19_000,
-        };
-        let on_hot = (0..19_000)
-            .filter(|&i| hot.path(i) == "/?channel=hot")
-            .count();
-        assert_eq!(on_hot, 190);
-        assert_eq!(hot.path(0), "/");
-    }
-
-    #[test]
-    fn spread_picks_exactly_count_evenly() {
-        for (count, total) in [(190, 19_000), (1, 1), (3, 10), (10, 10), (0, 5), (7, 3)] {
-            let picked: Vec<u64> = (0..total).filter(|&i| spread(i, count, total)).collect();
-            assert_eq!(picked.len() as u64, count.min(total), "{count} of {total}");
-        }
-        // 1% of 19,000: every hundredth, from 99.
-        assert!(spread(99, 190, 19_000) && spread(199, 190, 19_000));
-        assert!(!spread(100, 190, 19_000));
-        assert!(!spread(0, 1, 0));
-    }
+    use crate::client::receipts::spread;
+    use crate::wire::message;
 
     /// The floor on a thread of this process, fed through a socket pair.
     struct Floor {
@@ -923,11 +586,14 @@ mod tests {
                 failed: vec![5],
                 failures: BTreeMap::from([("refused".to_string(), 1)]),
             },
-            Report::Got(vec![(1, 2, 3, 4), (u64::MAX, u32::MAX, u64::MAX, 0)]),
-            Report::Lost {
+            Report::Event(Event::Got(vec![
+                (1, 2, 3, 4),
+                (u64::MAX, u32::MAX, u64::MAX, 0),
+            ])),
+            Report::Event(Event::Lost {
                 conn: 3,
                 why: "closed by server".into(),
-            },
+            }),
         ];
         for r in &reports {
             protocol::send(&mut out, r).unwrap();
