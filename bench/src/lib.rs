@@ -11,7 +11,9 @@
 //!   ([`client::conn::Conn`]) with a [`client::conn::Check`] per kind of
 //!   run (in order for push, receipts for `channels`, echoes for `echo`),
 //!   the one per-process loop ([`client::clients::Clients`]), probes;
-//! - [`fleet`]: worker processes, their protocol and the coordinator;
+//! - [`fleet`]: worker processes, their one protocol and the one
+//!   coordinator ([`fleet::coordinator::Fleet`]), for push (granted
+//!   openings, armed broadcasts) and `channels` (receipts);
 //! - [`target`]: the server under test (spawned or running) and the floor,
 //!   the bare reference server;
 //! - [`report`]: tables and plots of a run;

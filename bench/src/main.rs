@@ -18,7 +18,6 @@ use wspush_bench::scenario::deflate::{self, DeflateOptions};
 use wspush_bench::scenario::echo::{self, EchoOptions, EchoOutcome};
 use wspush_bench::scenario::hosts::{self, HostsOptions};
 use wspush_bench::scenario::push::{self, PushOptions};
-use wspush_bench::scenario::swarm;
 use wspush_bench::scenario::trickle::{self, TrickleOptions};
 use wspush_bench::target::floor;
 use wspush_bench::target::server::{self, ServerSpec};
@@ -203,13 +202,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// (Internal) a client worker process of `push`, driven through its
-    /// standard input and output.
+    /// (Internal) a client worker process of `push` or `channels`, driven
+    /// through its standard input and output.
     #[command(hide = true)]
     Worker,
-    /// (Internal) a client worker process of `channels`.
-    #[command(hide = true)]
-    ChannelsWorker,
 }
 
 fn main() -> ExitCode {
@@ -253,7 +249,6 @@ fn main() -> ExitCode {
         Command::Deflate { options, json } => deflate::run(&options)
             .and_then(|report| print_report(&report, json, deflate::DeflateRun::render_text)),
         Command::Worker => worker::run(std::io::stdin(), std::io::stdout().lock()),
-        Command::ChannelsWorker => swarm::worker(std::io::stdin(), std::io::stdout().lock()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

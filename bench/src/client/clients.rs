@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token, Waker};
+use serde::{Deserialize, Serialize};
 
 use crate::client::conn::{Check, Conn, Context, Transition};
 use crate::client::dial::{self, Failure};
@@ -18,6 +19,32 @@ pub const EVENTS_PER_POLL: usize = 1024;
 
 /// Token of the [`Waker`] that interrupts a loop's step.
 pub const WAKER: Token = Token(usize::MAX);
+
+/// Counters of a loop's connections (a worker's, or all workers' added up).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    /// Connections started.
+    pub started: usize,
+    /// Connections connecting or upgrading now.
+    pub pending: usize,
+    /// Connections upgraded and alive now.
+    pub open: usize,
+    /// Connections that completed the upgrade, alive or not.
+    pub opened: usize,
+    /// Connections that failed, at any stage.
+    pub failed: u64,
+}
+
+impl Counts {
+    /// Adds another worker's counters.
+    pub fn add(&mut self, other: &Counts) {
+        self.started += other.started;
+        self.pending += other.pending;
+        self.open += other.open;
+        self.opened += other.opened;
+        self.failed += other.failed;
+    }
+}
 
 /// An open connection's id, socket and what its check keeps, with the check.
 pub type OpenConn<'a, C> = (
@@ -217,6 +244,17 @@ impl<C: Check> Clients<C> {
         self.book.opened
     }
 
+    /// The loop's counters, with `failed` as the check counted them.
+    pub fn counts(&self, failed: u64) -> Counts {
+        Counts {
+            started: self.started(),
+            pending: self.pending(),
+            open: self.open(),
+            opened: self.opened(),
+            failed,
+        }
+    }
+
     /// The check, and what it recorded.
     pub fn check(&self) -> &C {
         &self.check
@@ -341,5 +379,25 @@ impl<C: Check> Clients<C> {
             }
         }
         self.book.pending = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_add_up() {
+        let mut total = Counts::default();
+        let one = Counts {
+            started: 5,
+            pending: 1,
+            open: 3,
+            opened: 4,
+            failed: 1,
+        };
+        total.add(&one);
+        total.add(&one);
+        assert_eq!((total.started, total.open, total.failed), (10, 6, 2));
     }
 }

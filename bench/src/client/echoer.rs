@@ -104,7 +104,7 @@ pub fn clients(
 
 impl Clients<Echo> {
     /// Counters so far.
-    pub fn counts(&self) -> &EchoCounts {
+    pub fn echo_counts(&self) -> &EchoCounts {
         &self.check().counts
     }
 
@@ -115,7 +115,7 @@ impl Clients<Echo> {
 
     /// Requests sent whose echo has not come back (on live connections).
     pub fn outstanding(&self) -> u64 {
-        let counts = self.counts();
+        let counts = self.echo_counts();
         counts.sent - counts.echoed - counts.lost
     }
 

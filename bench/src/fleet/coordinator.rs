@@ -1,12 +1,13 @@
 //! The coordinator's side of the workers: launching them (as processes of
-//! this program, or as threads in tests), granting connection attempts,
-//! collecting their reports, and stopping them.
+//! this program, or as threads in tests), granting connection attempts
+//! (push) or waiting until they are ready (`channels`), collecting their
+//! reports, and stopping them.
 //!
 //! One process may hold at most `RLIMIT_NOFILE` descriptors (20,000 here,
 //! and the hard limit cannot be raised), so a million connections need
 //! dozens of workers; each gets a share no larger than `--per-worker`.
 
-use serde::de::DeserializeOwned;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
@@ -17,8 +18,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 use wspush::sys::ParentDeath;
 
+use crate::client::clients::Counts;
 use crate::client::pacing;
-use crate::fleet::protocol::{self, Command, Counts, Plan, Report};
+use crate::client::receipts::Event;
+use crate::fleet::protocol::{self, Command, Plan, Report};
 use crate::fleet::worker;
 use crate::observe::stats::{Observed, StreamReceipts};
 use crate::observe::sys;
@@ -26,6 +29,13 @@ use crate::Error;
 
 /// How long workers get to answer `Arm` and `Finish`.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often the coordinator checks the server while it waits for
+/// receipts workers.
+const CHECK_EVERY: Duration = Duration::from_millis(100);
+
+/// How often the coordinator logs the receipts workers' setup.
+const LOG_EVERY: Duration = Duration::from_secs(5);
 
 /// How workers run.
 #[derive(Debug, Clone)]
@@ -115,12 +125,29 @@ struct Worker {
     socket: Option<UnixStream>,
 }
 
-/// The running workers of one push run; stopped on drop.
+/// The running workers of one run; stopped (their connections closed) on
+/// drop.
 pub struct Fleet {
     workers: Vec<Worker>,
     /// Reports of all workers, tagged with the worker's index; `None` when
     /// a worker's output ended.
     reports: mpsc::Receiver<(usize, Option<io::Result<Report>>)>,
+    /// Receipts workers' events that arrived before the last was ready.
+    early: VecDeque<Event>,
+    started: Instant,
+}
+
+/// The setup of a receipts run's connections.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Setup {
+    /// Connections open.
+    pub open: u64,
+    /// Indices of the connections that failed, in order.
+    pub failed: Vec<u64>,
+    /// Failures by kind.
+    pub failures: BTreeMap<String, u64>,
+    /// Seconds from the launch until every connection was open or failed.
+    pub secs: f64,
 }
 
 impl Fleet {
@@ -147,15 +174,17 @@ impl Fleet {
                 finished: false,
                 socket,
             };
-            let plan = Plan {
-                first_id,
-                ..plan.clone()
-            };
+            let plan = plan.share(first_id, capacity, shares.iter().sum());
             protocol::send(&mut worker.commands, &Command::Plan(plan))?;
             first_id += capacity as u64;
             workers.push(worker);
         }
-        Ok(Fleet { workers, reports })
+        Ok(Fleet {
+            workers,
+            reports,
+            early: VecDeque::new(),
+            started: Instant::now(),
+        })
     }
 
     /// Number of workers.
@@ -331,6 +360,62 @@ impl Fleet {
         Ok(merged)
     }
 
+    /// Waits until every receipts worker is ready, for at most `timeout`,
+    /// calling `check` (that the server is alive) now and then; logs
+    /// progress to standard error as `label`.
+    pub fn wait_ready(
+        &mut self,
+        timeout: Duration,
+        mut check: impl FnMut() -> Result<(), Error>,
+        label: &str,
+    ) -> Result<Setup, Error> {
+        let deadline = Instant::now() + timeout;
+        let mut ready = vec![false; self.len()];
+        let mut setup = Setup::default();
+        let mut logged = Instant::now();
+        while ready.iter().any(|&r| !r) {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(format!(
+                    "[{label}] the connections were not all open or failed within {timeout:?}"
+                )
+                .into());
+            }
+            if now >= logged + LOG_EVERY {
+                let counts = self.counts();
+                eprintln!("[{label}] {} open, {} failed", counts.open, counts.failed);
+                logged = now;
+            }
+            check()?;
+            match self.next_report(CHECK_EVERY)? {
+                Some((index, Report::Ready { failed, failures })) if !ready[index] => {
+                    ready[index] = true;
+                    setup.failed.extend(failed);
+                    for (kind, n) in failures {
+                        *setup.failures.entry(kind).or_default() += n;
+                    }
+                }
+                Some((_, Report::Event(event))) => self.early.push_back(event),
+                _ => {}
+            }
+        }
+        setup.open = self.counts().open as u64;
+        setup.secs = self.started.elapsed().as_secs_f64();
+        setup.failed.sort_unstable();
+        Ok(setup)
+    }
+
+    /// The next event of a receipts worker, waiting up to `timeout`.
+    pub fn next_event(&mut self, timeout: Duration) -> Result<Option<Event>, Error> {
+        if let Some(event) = self.early.pop_front() {
+            return Ok(Some(event));
+        }
+        match self.next_report(timeout)? {
+            Some((_, Report::Event(event))) => Ok(Some(event)),
+            _ => Ok(None),
+        }
+    }
+
     /// Sends `command` to every worker.
     fn broadcast(&mut self, command: &Command) -> Result<(), Error> {
         for w in &mut self.workers {
@@ -378,10 +463,10 @@ impl Drop for Fleet {
 
 /// Reads a worker's reports (one JSON line each) on a thread of their
 /// own and forwards them tagged with `index`; `None` at their end.
-pub fn spawn_report_reader<T: DeserializeOwned + Send + 'static>(
+fn spawn_report_reader(
     index: usize,
     output: Box<dyn Read + Send>,
-    tx: mpsc::Sender<(usize, Option<io::Result<T>>)>,
+    tx: mpsc::Sender<(usize, Option<io::Result<Report>>)>,
 ) -> io::Result<()> {
     thread::Builder::new()
         .name(format!("reports-{index}"))

@@ -1,7 +1,11 @@
-//! The line protocol between the coordinator of a push run and its
-//! workers: one JSON object per line, commands one way, reports the other.
+//! The line protocol between the coordinator and its workers: one JSON
+//! object per line, commands one way, reports the other.
 //!
-//! A worker gets its [`Plan`] first, then `Open` grants during the setup,
+//! A worker gets its [`Plan`] first. With [`Plan::receipts`] (the
+//! `channels` runs) it opens its connections at its own pace, reports
+//! `Ready` once every one is open or failed, then every receipt (`Event`s,
+//! in batches: at most a millisecond late, or 1,024 at a time) until its
+//! input ends. Otherwise (push) it gets `Open` grants during the setup,
 //! one `Arm` before each broadcast (answered with `Armed` and, once the
 //! message has reached all its connections, `Received { done: true }`),
 //! for a stream of messages one `ArmStream` (answered with `Armed`, then
@@ -15,6 +19,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::client::clients::Counts;
+use crate::client::receipts::{Event, Paths};
 use crate::observe::stats::{Observed, Receipts, StreamReceipts};
 use crate::wire::message::Padding;
 
@@ -43,6 +49,41 @@ pub struct Plan {
     pub positions: bool,
     /// How long a connection may stay connecting or upgrading, in ms.
     pub connect_timeout_ms: u64,
+    /// Report every message's receipt instead of checking the order.
+    #[serde(default)]
+    pub receipts: Option<ReceiptsPlan>,
+}
+
+/// What a worker reporting receipts opens, at its own pace.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ReceiptsPlan {
+    /// The path of each connection.
+    pub paths: Paths,
+    /// Connections of the worker.
+    pub count: u64,
+    /// Connections started per second.
+    pub rate: f64,
+    /// Most connections connecting or upgrading at once.
+    pub max_in_flight: usize,
+}
+
+impl Plan {
+    /// The plan of the worker holding `share` connections from `first_id`
+    /// on, of `total`: a receipts worker gets its share of the rate and of
+    /// the connections in flight.
+    pub fn share(&self, first_id: u64, share: usize, total: usize) -> Plan {
+        let fraction = share as f64 / total.max(1) as f64;
+        Plan {
+            first_id,
+            receipts: self.receipts.map(|r| ReceiptsPlan {
+                count: share as u64,
+                rate: r.rate * fraction,
+                max_in_flight: ((r.max_in_flight as f64 * fraction).ceil() as usize).max(1),
+                ..r
+            }),
+            ..self.clone()
+        }
+    }
 }
 
 /// Coordinator → worker.
@@ -90,32 +131,6 @@ pub enum Command {
     Finish,
 }
 
-/// Counters of a worker's connections.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counts {
-    /// Connections started.
-    pub started: usize,
-    /// Connections connecting or upgrading now.
-    pub pending: usize,
-    /// Connections upgraded and alive now.
-    pub open: usize,
-    /// Connections that completed the upgrade, alive or not.
-    pub opened: usize,
-    /// Connections that failed, at any stage.
-    pub failed: u64,
-}
-
-impl Counts {
-    /// Adds another worker's counters.
-    pub fn add(&mut self, other: &Counts) {
-        self.started += other.started;
-        self.pending += other.pending;
-        self.open += other.open;
-        self.opened += other.opened;
-        self.failed += other.failed;
-    }
-}
-
 /// Worker → coordinator.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Report {
@@ -157,6 +172,15 @@ pub enum Report {
     },
     /// Answer to `Finish`.
     Final(Box<Observed>),
+    /// A receipts worker's connections are all open or failed.
+    Ready {
+        /// Indices of the connections that failed.
+        failed: Vec<u64>,
+        /// Failures by kind ([`crate::client::dial::Failure::label`]).
+        failures: std::collections::BTreeMap<String, u64>,
+    },
+    /// Receipts, or a connection lost or sent a corrupt payload.
+    Event(Event),
     /// The worker stopped because of an error.
     Failed(String),
 }
@@ -190,6 +214,15 @@ mod tests {
             channel: Some("hot".into()),
             positions: false,
             connect_timeout_ms: 10_000,
+            receipts: Some(ReceiptsPlan {
+                paths: Paths::Hot {
+                    subscribers: 3,
+                    total: 300,
+                },
+                count: 19_000,
+                rate: 5000.0,
+                max_in_flight: 256,
+            }),
         });
         let reports = [
             Report::Progress(Counts {
@@ -210,6 +243,18 @@ mod tests {
                 done: true,
             },
             Report::Final(Box::default()),
+            Report::Ready {
+                failed: vec![5],
+                failures: std::collections::BTreeMap::from([("refused".to_string(), 1)]),
+            },
+            Report::Event(Event::Got(vec![
+                (1, 2, 3, 4),
+                (u64::MAX, u32::MAX, u64::MAX, 0),
+            ])),
+            Report::Event(Event::Lost {
+                conn: 3,
+                why: "closed by server".into(),
+            }),
             Report::Failed("boom\nwith a newline".into()),
         ];
         let mut out = Vec::new();
@@ -225,20 +270,5 @@ mod tests {
         }
         assert!(lines.next().is_none());
         assert!(parse::<Command>("{\"Open\":{}}").is_err());
-    }
-
-    #[test]
-    fn counts_add_up() {
-        let mut total = Counts::default();
-        let one = Counts {
-            started: 5,
-            pending: 1,
-            open: 3,
-            opened: 4,
-            failed: 1,
-        };
-        total.add(&one);
-        total.add(&one);
-        assert_eq!((total.started, total.open, total.failed), (10, 6, 2));
     }
 }

@@ -1,7 +1,8 @@
 //! A worker: one process (or, in tests, one thread) holding a share of a
-//! push run's connections, driven by the coordinator through the
-//! [`protocol`]: it opens connections when granted, counts
-//! the receipts of each broadcast, and reports.
+//! run's connections, driven by the coordinator through the
+//! [`protocol`]: for push it opens connections when granted, counts the
+//! receipts of each broadcast, and reports; for `channels` it opens its
+//! connections at its own pace and reports every receipt.
 //!
 //! Commands arrive on a helper thread that wakes the epoll loop through a
 //! [`mio::Waker`], so a worker blocked in `epoll_wait` reacts at once.
@@ -13,10 +14,13 @@ use std::time::{Duration, Instant};
 
 use mio::Waker;
 
+use crate::client::clients::Counts;
 use crate::client::clients::{ClientPlan, Clients, EVENTS_PER_POLL};
 use crate::client::conn::{Expect, InOrder, Query};
-use crate::fleet::protocol::{self, Command, Counts, Report};
-use crate::observe::stats::{Receipts, Tally};
+use crate::client::pacing::Schedule;
+use crate::client::receipts::{Event, Receipts};
+use crate::fleet::protocol::{self, Command, ReceiptsPlan, Report};
+use crate::observe::stats::{self, Tally};
 use crate::wire::compression::Inflating;
 use crate::Error;
 
@@ -28,6 +32,15 @@ const RECEIVED_EVERY: Duration = Duration::from_millis(50);
 
 /// Longest a worker blocks in `epoll_wait` when nothing is happening.
 const IDLE_POLL: Duration = Duration::from_millis(100);
+
+/// Least time between two `Progress` reports of a receipts worker.
+const RECEIPTS_PROGRESS_EVERY: Duration = Duration::from_millis(50);
+
+/// Receipts a worker holds back at most before reporting them.
+const BATCH: usize = 1024;
+
+/// How long a receipt waits at most before it is reported.
+const BATCH_DELAY: Duration = Duration::from_millis(1);
 
 /// What a worker is collecting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +61,7 @@ struct Armed {
     /// polls without blocking and naps in between, until it is done.
     napping: bool,
     last_report: Instant,
-    reported: Receipts,
+    reported: stats::Receipts,
     /// Stream deliveries last reported.
     stream_reported: u64,
 }
@@ -63,6 +76,28 @@ pub fn run(input: impl Read + Send + 'static, mut output: impl Write) -> Result<
     let Command::Plan(plan) = protocol::parse(&first)? else {
         return Err("a worker's first command must be its plan".into());
     };
+    let client_plan = ClientPlan {
+        servers: plan.servers,
+        sources: plan.sources,
+        first_id: plan.first_id,
+        connect_timeout: Duration::from_millis(plan.connect_timeout_ms),
+    };
+    if let Some(receipts) = plan.receipts {
+        let needed = receipts.count as usize + 64;
+        let limit = wspush::sys::raise_open_file_limit()? as usize;
+        if needed > limit {
+            return Err(format!(
+                "{} connections need {needed} open files, the limit is {limit}",
+                receipts.count
+            )
+            .into());
+        }
+        let check = Receipts::new(receipts.paths, plan.payload_bytes);
+        let mut clients = Clients::new(client_plan, check)?;
+        let commands = spawn_command_reader(input, clients.waker()?)?;
+        let served = serve_receipts(&mut clients, &receipts, &commands, &mut output);
+        return reported(served, &mut output);
+    }
     let check = InOrder {
         expect: Expect {
             payload_len: plan.payload_bytes,
@@ -78,22 +113,19 @@ pub fn run(input: impl Read + Send + 'static, mut output: impl Write) -> Result<
             offset: None,
         },
     };
-    let client_plan = ClientPlan {
-        servers: plan.servers,
-        sources: plan.sources,
-        first_id: plan.first_id,
-        connect_timeout: Duration::from_millis(plan.connect_timeout_ms),
-    };
     let mut clients = Clients::new(client_plan, check)?;
     let commands = spawn_command_reader(input, clients.waker()?)?;
-    match serve(&mut clients, &commands, &mut output) {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            // The coordinator may be gone too; the error is returned anyway.
-            let _ = protocol::send(&mut output, &Report::Failed(e.to_string()));
-            Err(e)
-        }
+    let served = serve(&mut clients, &commands, &mut output);
+    reported(served, &mut output)
+}
+
+/// `served`, its error also reported to the coordinator.
+fn reported(served: Result<(), Error>, output: &mut impl Write) -> Result<(), Error> {
+    if let Err(e) = &served {
+        // The coordinator may be gone too; the error is returned anyway.
+        let _ = protocol::send(output, &Report::Failed(e.to_string()));
     }
+    served
 }
 
 /// Reads commands on a thread of their own and hands them over, waking
@@ -151,7 +183,7 @@ fn serve(
                         nap: Duration::from_micros(nap_us),
                         napping: false,
                         last_report: Instant::now(),
-                        reported: Receipts::default(),
+                        reported: stats::Receipts::default(),
                         stream_reported: 0,
                     });
                 }
@@ -172,7 +204,7 @@ fn serve(
                         nap: Duration::from_micros(nap_us),
                         napping: false,
                         last_report: Instant::now(),
-                        reported: Receipts::default(),
+                        reported: stats::Receipts::default(),
                         stream_reported: 0,
                     });
                 }
@@ -285,11 +317,90 @@ fn report_stream(
 }
 
 fn counts(clients: &Clients<InOrder>) -> Counts {
-    Counts {
-        started: clients.started(),
-        pending: clients.pending(),
-        open: clients.open(),
-        opened: clients.opened(),
-        failed: clients.check().tally.failures(),
+    clients.counts(clients.check().tally.failures())
+}
+
+/// A receipts worker's loop after its plan: opens its connections at its
+/// pace, then reports receipts until its input ends.
+fn serve_receipts(
+    clients: &mut Clients<Receipts>,
+    plan: &ReceiptsPlan,
+    commands: &mpsc::Receiver<io::Result<Command>>,
+    output: &mut impl Write,
+) -> Result<(), Error> {
+    let count = plan.count as usize;
+    let schedule = Schedule::new(plan.rate.max(1e-3), plan.count);
+    let start = Instant::now();
+    let mut ready = false;
+    let mut last_progress = start;
+    let mut reported = Counts::default();
+    let mut got_since = None;
+    loop {
+        match commands.try_recv() {
+            Ok(command) => return Err(format!("a receipts worker got {:?}", command?).into()),
+            Err(TryRecvError::Empty) => {}
+            Err(TryRecvError::Disconnected) => return flush(clients, &mut got_since, output),
+        }
+        let now = Instant::now();
+        if clients.started() < count {
+            let due = schedule.due(now - start) as usize;
+            let room = plan.max_in_flight.max(1).saturating_sub(clients.pending());
+            clients.start(due.saturating_sub(clients.started()).min(room));
+        }
+        if !ready && clients.started() == count && clients.pending() == 0 {
+            ready = true;
+            flush(clients, &mut got_since, output)?;
+            let check = clients.check();
+            let counts = clients.counts(check.failed.len() as u64);
+            protocol::send(output, &Report::Progress(counts))?;
+            let (failed, failures) = (check.failed.clone(), check.failures.clone());
+            protocol::send(output, &Report::Ready { failed, failures })?;
+        } else if !ready && now >= last_progress + RECEIPTS_PROGRESS_EVERY {
+            let counts = clients.counts(clients.check().failed.len() as u64);
+            if counts != reported {
+                protocol::send(output, &Report::Progress(counts))?;
+                reported = counts;
+            }
+            last_progress = now;
+        }
+        for event in clients.check_mut().events.drain(..) {
+            protocol::send(output, &Report::Event(event))?;
+        }
+        let flush_at = got_since.map(|t| t + BATCH_DELAY);
+        if clients.check().got.len() >= BATCH || flush_at.is_some_and(|t| now >= t) {
+            flush(clients, &mut got_since, output)?;
+        }
+        let timeout = if clients.started() < count {
+            Duration::from_millis(1)
+        } else if let Some(t) = got_since.map(|t| t + BATCH_DELAY) {
+            t.saturating_duration_since(now)
+        } else if !ready {
+            Duration::from_millis(10)
+        } else {
+            IDLE_POLL
+        };
+        let had = clients.check().got.len();
+        clients.step(timeout)?;
+        if clients.check().got.len() > had && got_since.is_none() {
+            got_since = Some(Instant::now());
+        }
     }
+}
+
+/// Reports the receipts held back.
+fn flush(
+    clients: &mut Clients<Receipts>,
+    got_since: &mut Option<Instant>,
+    output: &mut impl Write,
+) -> Result<(), Error> {
+    let check = clients.check_mut();
+    for event in check.events.drain(..) {
+        protocol::send(output, &Report::Event(event))?;
+    }
+    if !check.got.is_empty() {
+        let got = std::mem::take(&mut check.got);
+        protocol::send(output, &Report::Event(Event::Got(got)))?;
+    }
+    *got_since = None;
+    Ok(())
 }

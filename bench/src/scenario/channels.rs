@@ -16,7 +16,7 @@
 //!   subscriber, written as fast as the server takes them: messages a
 //!   second until all are delivered, each exactly to its subscriber.
 //!
-//! The clients are [`Swarm`] workers; every receipt comes back to the
+//! The clients are [`Fleet`] workers; every receipt comes back to the
 //! [`Ledger`] here, which judges it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -30,8 +30,10 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::client::dial;
+use crate::client::pacing;
 use crate::client::receipts::{spread, Event, Paths};
-use crate::fleet::coordinator::Launch;
+use crate::fleet::coordinator::{Fleet, Launch, Setup};
+use crate::fleet::protocol::{Plan, ReceiptsPlan};
 use crate::observe::cpu::{CpuMark, QUIET_SHARE};
 use crate::observe::format::{bytes, duration_us, failures, grouped, render_columns};
 use crate::observe::latency::LatencyReport;
@@ -39,9 +41,8 @@ use crate::observe::procfs::{self, Usage};
 use crate::observe::stats::{self, Receipts};
 use crate::observe::sys;
 use crate::report::{BroadcastReport, Spread};
-use crate::scenario::swarm::{self, Setup, Swarm, SwarmPlan};
 use crate::target::server::{self, Server, ServerSpec};
-use crate::target::Target;
+use crate::target::{self, Target};
 use crate::wire::feed::splitmix64;
 use crate::wire::message::{self, Stamp};
 use crate::Error;
@@ -575,7 +576,7 @@ struct Stage {
     command: String,
     server: Server,
     addr: SocketAddr,
-    swarm: Option<Swarm>,
+    fleet: Option<Fleet>,
     setup: Setup,
     ledger: Ledger,
     warnings: Vec<String>,
@@ -632,7 +633,7 @@ impl Stage {
             command,
             server,
             addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
-            swarm: None,
+            fleet: None,
             setup: Setup::default(),
             ledger: Ledger::new(0),
             warnings: Vec::new(),
@@ -646,24 +647,34 @@ impl Stage {
             None => dial::sources_for(count as usize, procfs::local_port_range()?)
                 .ok_or("too many connections for 250 source addresses")?,
         };
-        let plan = SwarmPlan {
-            server: self.addr,
+        let plan = Plan {
+            servers: vec![self.addr],
             sources: (0..sources)
                 .map(|i| Ipv4Addr::new(127, 0, 0, 2 + i))
                 .collect(),
-            paths,
-            first: 0,
-            count,
-            rate: o.rate,
-            max_in_flight: o.max_in_flight,
-            connect_timeout_ms: o.connect_timeout * 1000,
+            first_id: 0,
             payload_bytes: o.payload_bytes,
+            padding: Default::default(),
+            deflate: false,
+            channel: None,
+            positions: false,
+            connect_timeout_ms: o.connect_timeout * 1000,
+            receipts: Some(ReceiptsPlan {
+                paths,
+                count,
+                rate: o.rate,
+                max_in_flight: o.max_in_flight,
+            }),
         };
         let launch = Launch::Processes {
             exe: std::env::current_exe()?,
         };
-        let mut swarm = Swarm::launch(&launch, &plan, o.per_worker)?;
-        self.setup = swarm.wait_ready(o.setup_timeout(count), &mut self.server, &self.label)?;
+        let parts = (count as usize).div_ceil(o.per_worker.max(1)).max(1);
+        let shares = pacing::split_evenly(count as usize, parts);
+        let mut fleet = Fleet::launch(&launch, &plan, &shares)?;
+        let server = &mut self.server;
+        let timeout = o.setup_timeout(count);
+        self.setup = fleet.wait_ready(timeout, || target::check(server), &self.label)?;
         eprintln!(
             "[{}] {} of {} connections open in {:.2} s ({} failed)",
             self.label,
@@ -672,7 +683,7 @@ impl Stage {
             self.setup.secs,
             self.setup.failed.len()
         );
-        self.swarm = Some(swarm);
+        self.fleet = Some(fleet);
         self.ledger = Ledger::new(count);
         if self.setup.open == 0 {
             return Err(format!("[{}] no connection opened", self.label).into());
@@ -688,7 +699,7 @@ impl Stage {
             open: self.setup.open,
             failures: self.setup.failures.clone(),
             setup_secs: self.setup.secs,
-            client_processes: self.swarm.as_ref().map_or(0, Swarm::len),
+            client_processes: self.fleet.as_ref().map_or(0, Fleet::len),
             server_processes: self.server.usage()?.processes,
         })
     }
@@ -710,12 +721,12 @@ impl Stage {
                 return Ok(false);
             }
             if now >= checked + CHECK_EVERY {
-                swarm::check(&mut self.server)?;
+                target::check(&mut self.server)?;
                 checked = now;
             }
             let left = deadline.saturating_duration_since(now).min(CHECK_EVERY);
-            let swarm = self.swarm.as_mut().expect("connected");
-            if let Some(event) = swarm.next(left)? {
+            let fleet = self.fleet.as_mut().expect("connected");
+            if let Some(event) = fleet.next_event(left)? {
                 self.ledger.absorb(event);
             }
         }
@@ -730,7 +741,7 @@ impl Stage {
     fn idle(&mut self, duration: Duration) -> Result<(), Error> {
         let deadline = Instant::now() + duration;
         while Instant::now() < deadline {
-            swarm::check(&mut self.server)?;
+            target::check(&mut self.server)?;
             thread::sleep(
                 deadline
                     .saturating_duration_since(Instant::now())
@@ -742,7 +753,7 @@ impl Stage {
 
     /// CPU counters now, to tell whether others were busy.
     fn mark(&self) -> Result<CpuMark, Error> {
-        let workers = match &self.swarm {
+        let workers = match &self.fleet {
             Some(s) => procfs::processes_usage(&s.pids())?.cpu_ns,
             None => 0,
         };
@@ -767,7 +778,7 @@ impl Stage {
 
     /// Closes the connections, then stops the server.
     fn finish(mut self) -> Vec<String> {
-        self.swarm = None;
+        self.fleet = None;
         self.server.stop();
         self.warnings
     }

@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -19,10 +18,9 @@ use crate::client::pacing::Schedule;
 use crate::observe::format;
 use crate::observe::latency::LatencyReport;
 use crate::observe::procfs;
-use crate::observe::sys;
 use crate::report::RunInfo;
 use crate::target::server::ServerSpec;
-use crate::target::Target;
+use crate::target::{self, Target};
 use crate::wire::message::{self, EchoStamp};
 use crate::Error;
 
@@ -469,7 +467,7 @@ pub fn measure(
     if open == 0 {
         return Err(format!(
             "no echo connection opened: {}",
-            format::failures(&echoers.counts().failures)
+            format::failures(&echoers.echo_counts().failures)
         )
         .into());
     }
@@ -483,33 +481,33 @@ pub fn measure(
     let mut checked = start;
     loop {
         let now = Instant::now();
-        let sent = echoers.counts().sent;
+        let sent = echoers.echo_counts().sent;
         if sent >= total || now >= send_deadline + MAX_WAIT {
             break;
         }
         if now >= checked + Duration::from_millis(100) {
-            check(target)?;
+            target::check(target)?;
             checked = now;
         }
         let due = schedule.due(now - start).saturating_sub(sent);
         if due > 0 && echoers.send(due) == 0 {
             break; // every connection has failed
         }
-        let next = schedule.due_at(echoers.counts().sent);
+        let next = schedule.due_at(echoers.echo_counts().sent);
         let wait = (start + next).saturating_duration_since(Instant::now());
         echoers.step(wait.min(MAX_WAIT))?;
     }
     let send_secs = start.elapsed().as_secs_f64();
     let drain_deadline = Instant::now() + Duration::from_secs(options.drain_secs);
     while echoers.outstanding() > 0 && Instant::now() < drain_deadline {
-        check(target)?;
+        target::check(target)?;
         echoers.step(MAX_WAIT)?;
     }
     let wall = start.elapsed().as_secs_f64();
     let after = target.usage()?;
     let client_cpu = procfs::own_cpu_ns()?.saturating_sub(client_before);
 
-    let counts = echoers.counts();
+    let counts = echoers.echo_counts();
     let server_ns = after.cpu_ns.saturating_sub(before.cpu_ns);
     let mbps = |bytes: u64| bytes as f64 * 8.0 / send_secs / 1e6;
     Ok(EchoReport {
@@ -555,21 +553,13 @@ fn connect_all(
             echoers.abandon_pending();
             break;
         }
-        check(target)?;
+        target::check(target)?;
         let due = schedule.due(start.elapsed()) as usize;
         let room = options.max_in_flight.saturating_sub(echoers.pending());
         echoers.start(due.saturating_sub(echoers.started()).min(room));
         echoers.step(Duration::from_millis(1))?;
     }
     Ok(())
-}
-
-/// Fails if the run was interrupted or the server died.
-fn check(target: &mut dyn Target) -> Result<(), Error> {
-    if sys::interrupted() {
-        return Err(io::Error::from(io::ErrorKind::Interrupted).into());
-    }
-    Ok(target.check_alive()?)
 }
 
 #[cfg(test)]

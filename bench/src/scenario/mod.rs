@@ -7,5 +7,4 @@ pub mod deflate;
 pub mod echo;
 pub mod hosts;
 pub mod push;
-pub mod swarm;
 pub mod trickle;

@@ -331,6 +331,7 @@ pub fn measure_hosts(
         channel: options.channel.clone(),
         positions: options.positions,
         connect_timeout_ms: options.connect_timeout * 1000,
+        receipts: None,
     };
     let shares = pacing::split_evenly(options.conns, workers);
     let fleet = Fleet::launch(launch, &plan, &shares)?;

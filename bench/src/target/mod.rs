@@ -15,6 +15,8 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use crate::observe::procfs::{self, Usage};
+use crate::observe::sys;
+use crate::Error;
 
 /// A server being measured.
 pub trait Target {
@@ -105,4 +107,12 @@ pub fn write_line(out: &mut impl Write, line: &[u8]) -> io::Result<()> {
     buf.extend_from_slice(line);
     buf.push(b'\n');
     out.write_all(&buf)
+}
+
+/// Fails if the run was interrupted or the server died.
+pub fn check(server: &mut dyn Target) -> Result<(), Error> {
+    if sys::interrupted() {
+        return Err(io::Error::from(io::ErrorKind::Interrupted).into());
+    }
+    Ok(server.check_alive()?)
 }
