@@ -869,10 +869,7 @@ impl Run<'_> {
 
     /// Fails if the run was interrupted or the server died.
     fn check(&mut self) -> Result<(), Error> {
-        if sys::interrupted() {
-            return Err(io::Error::from(io::ErrorKind::Interrupted).into());
-        }
-        Ok(self.target.check_alive()?)
+        crate::target::check(self.target)
     }
 }
 
