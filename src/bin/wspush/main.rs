@@ -13,8 +13,8 @@ use clap::{CommandFactory, Parser, ValueEnum};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use socket2::{Domain, Socket, Type};
-use wspush::protocol::names::Pattern;
 use wspush::sys::raise_open_file_limit;
+use wspush::Pattern;
 
 use input::{InputMode, PumpEnd};
 use rlimit::{connection_capacity, instances_for};

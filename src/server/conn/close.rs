@@ -5,7 +5,7 @@
 //! its resources given back and the close counted.
 
 use super::output::{Message, Outgoing};
-use super::{CloseReason, Conn, Ctx, DeflateUse, Phase, Verdict};
+use super::{CloseReason, Conn, Ctx, Phase, Verdict};
 use crate::ops::metrics::Metrics;
 use crate::protocol::ws::{CloseCode, OpCode, ProtocolError};
 use crate::server::key::ConnKey;
@@ -37,7 +37,7 @@ impl Conn {
         } else {
             &metrics.connections_http
         });
-        if self.transport.deflate() != DeflateUse::Off {
+        if self.transport.deflate().negotiated() {
             Metrics::decr(&metrics.connections_deflate);
         }
         log::debug!("connection {key} closed: {reason:?}");

@@ -56,7 +56,7 @@ impl Conn {
                 self.phase = Phase::Open(Decoder::default());
                 let deflate = DeflateUse::of(upgrade.deflate.as_ref());
                 self.transport = Transport::WebSocket(deflate);
-                if deflate != DeflateUse::Off {
+                if deflate.negotiated() {
                     Metrics::incr(&ctx.metrics.connections_deflate);
                 }
                 self.out.set_next_batch(ctx.next_batch);

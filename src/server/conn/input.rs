@@ -5,7 +5,7 @@
 //! gathered replies.
 
 use super::output::{Message, Outgoing};
-use super::{CloseReason, Conn, Ctx, DeflateUse, Phase, Verdict};
+use super::{CloseReason, Conn, Ctx, Phase, Verdict};
 use crate::config::Config;
 use crate::ops::metrics::Metrics;
 use crate::protocol::ws::inflate::InflateError;
@@ -137,7 +137,7 @@ impl Conn {
                 Phase::Open(decoder) | Phase::CloseSent { decoder, .. } => decoder.decode(
                     &mut bytes[pos..],
                     ctx.config.max_message_bytes,
-                    self.transport.deflate() != DeflateUse::Off,
+                    self.transport.deflate().negotiated(),
                 ),
                 Phase::Handshake(_) | Phase::Lingering { .. } => {
                     return (bytes.len(), Verdict::Keep)

@@ -195,6 +195,11 @@ impl DeflateUse {
             Some(_) => DeflateUse::Full,
         }
     }
+
+    /// Whether permessage-deflate was negotiated at all.
+    pub fn negotiated(self) -> bool {
+        self != DeflateUse::Off
+    }
 }
 
 /// The loop's permessage-deflate work space, its buffers' capacity kept
