@@ -18,7 +18,8 @@
 //!   the bare reference server;
 //! - [`report`]: tables and plots of a run;
 //! - [`scenario`]: the subcommands' measurements (`push`, `echo`, `compare`,
-//!   `channels`, `hosts`, `trickle`, `deflate`); only the binary uses them.
+//!   `channels`, `hosts`, `trickle`, `deflate`); nothing in the library
+//!   below them uses them (the binary and the tests do).
 //!
 //! The library exists so that tests can run the same measurement against an
 //! embedded server: [`scenario::push::measure`] takes any

@@ -17,7 +17,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::protocol::commands::Recipients;
+use crate::protocol::commands::{self, Recipients};
 use crate::protocol::position::{Epoch, Position, Status};
 use crate::protocol::ws::OpCode;
 use crate::server::frames::SharedFrames;
@@ -54,8 +54,14 @@ fn audience(to: &Recipients) -> (Kind, Vec<u8>) {
     match to {
         Recipients::All => (Kind::All, Vec::new()),
         Recipients::Channels(names) => {
-            let names: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
-            (Kind::Channels, names.join(",").into_bytes())
+            let mut joined = Vec::with_capacity(commands::names_len(names) + names.len());
+            for (i, name) in names.iter().enumerate() {
+                if i > 0 {
+                    joined.push(b',');
+                }
+                joined.extend_from_slice(name.as_str().as_bytes());
+            }
+            (Kind::Channels, joined)
         }
         Recipients::Id(id) => (Kind::Id, id.as_str().as_bytes().to_vec()),
         Recipients::Conn(_) => (Kind::Conn, Vec::new()),

@@ -59,8 +59,9 @@ impl Lifecycle {
         }
     }
 
-    /// When the loop first saw the shutdown request (`now`, if this is the
-    /// first time, or if draining began).
+    /// When the loop, still running, first saw the shutdown request (`now`
+    /// if this is the first time). The loop asks only while running; once
+    /// draining has begun the answer is just `now`.
     pub(super) fn shutdown_seen(&mut self, now: Instant) -> Instant {
         match &mut self.state {
             State::Running { shutdown_seen } => *shutdown_seen.get_or_insert(now),

@@ -83,7 +83,9 @@ pub trait Check {
     }
 
     /// Records that connection `id` failed (`was_open`: after its
-    /// upgrade); returns whether to dial it again.
+    /// upgrade); returns whether to dial it again. The answer is taken for
+    /// a connection that failed once its socket was up; one whose dial
+    /// failed, or that was abandoned still pending, is counted only.
     fn failed(
         &mut self,
         id: u64,

@@ -1,7 +1,7 @@
 //! What the bench observes and how it writes it: the clients' receipts and
 //! latency, the processes' and the machine's CPU and memory from `/proc`,
 //! the connection ramp, the few raw OS calls, and the number formats. It
-//! imports nothing else from the crate.
+//! imports nothing from the crate's other layers (only its `Error`).
 
 pub mod cpu;
 pub mod format;

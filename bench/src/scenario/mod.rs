@@ -1,5 +1,6 @@
 //! The measurements the binary's subcommands run, one module each. They
-//! use every other layer; only `main.rs` uses them.
+//! use every other layer; no other layer uses them (the binary and the
+//! tests do).
 
 pub mod channels;
 pub mod compare;
