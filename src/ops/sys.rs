@@ -139,7 +139,8 @@ pub fn inherited_fd(fd: i32) -> io::Result<OwnedFd> {
 /// those it is handed to (by descriptor: see [`SharedMemory::inheritable`]).
 /// The one who writes publishes through atomic words; readers copy bytes
 /// out and check those words again after (a seqlock), since the bytes may
-/// change under them.
+/// change under them. A part meant for every process to update is mapped
+/// again on its own, read-write ([`SharedMemory::open_part`]).
 #[derive(Debug)]
 pub struct SharedMemory {
     ptr: NonNull<u8>,
@@ -158,17 +159,31 @@ impl SharedMemory {
     pub fn create(name: &str, len: usize) -> io::Result<SharedMemory> {
         let fd = memfd_create(name, MemfdFlags::CLOEXEC)?;
         ftruncate(&fd, len as u64)?;
-        SharedMemory::map(fd, len, true)
+        SharedMemory::map(fd, 0, len, true)
     }
 
     /// Maps a memory file another process made, read-only.
     pub fn open(fd: OwnedFd) -> io::Result<SharedMemory> {
         let len = usize::try_from(fstat(&fd)?.st_size)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a negative size"))?;
-        SharedMemory::map(fd, len, false)
+        SharedMemory::map(fd, 0, len, false)
     }
 
-    fn map(fd: OwnedFd, len: usize, writable: bool) -> io::Result<SharedMemory> {
+    /// Maps `len` bytes at `offset` (page-aligned) of the memory file
+    /// `whole` is a mapping of, read-write, on their own: words every
+    /// process of the host may update.
+    pub fn open_part(whole: &SharedMemory, offset: usize, len: usize) -> io::Result<SharedMemory> {
+        let inside = offset.checked_add(len).is_some_and(|end| end <= whole.len);
+        if !inside {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a part past the end of the memory file",
+            ));
+        }
+        SharedMemory::map(whole.fd.try_clone()?, offset, len, true)
+    }
+
+    fn map(fd: OwnedFd, offset: usize, len: usize, writable: bool) -> io::Result<SharedMemory> {
         if len == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -179,10 +194,21 @@ impl SharedMemory {
             true => ProtFlags::READ | ProtFlags::WRITE,
             false => ProtFlags::READ,
         };
-        // SAFETY: a new mapping at an address the kernel picks, of a file
-        // this value keeps open; it aliases no Rust object, and it is
-        // unmapped only in `drop`.
-        let ptr = unsafe { mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, &fd, 0)? };
+        let offset = offset as u64;
+        // SAFETY: a new mapping at an address the kernel picks (the kernel
+        // refuses an offset not page-aligned), of a file this value keeps
+        // open; it aliases no Rust object, and it is unmapped only in
+        // `drop`.
+        let ptr = unsafe {
+            mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                MapFlags::SHARED,
+                &fd,
+                offset,
+            )?
+        };
         let ptr = NonNull::new(ptr.cast()).ok_or_else(io::Error::last_os_error)?;
         Ok(SharedMemory {
             ptr,

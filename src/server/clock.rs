@@ -102,17 +102,18 @@ impl Clock {
 
     /// The keys the heartbeat visits now if `sweeping`, at most `budget`
     /// below `key_bound`; none while it yields to deliveries (a broadcast
-    /// `broadcasting` postpones the sweep, see `heartbeat`).
+    /// `broadcasting` here, or one of another instance of the host at
+    /// `host_delivery`) or to an accept storm (see `heartbeat`).
     pub(super) fn heartbeat_keys(
         &mut self,
         now: Instant,
-        (sweeping, broadcasting): (bool, bool),
+        (sweeping, broadcasting, host_delivery): (bool, bool, Option<Instant>),
         (key_bound, budget): (usize, usize),
     ) -> Option<Range<usize>> {
         if broadcasting {
             self.heartbeat.delivering(now);
         }
-        if !self.heartbeat_due(now, sweeping) || self.heartbeat.yield_to_deliveries(now) {
+        if !self.heartbeat_due(now, sweeping) || self.heartbeat.yield_to_work(now, host_delivery) {
             return None;
         }
         Some(self.heartbeat.due(now, key_bound, budget))

@@ -233,7 +233,10 @@ impl Server {
                 &self.config,
                 metrics,
             ) {
-                Accepted::Admitted(key) => self.on_accepted(key, now),
+                Accepted::Admitted(key) => {
+                    self.clock.heartbeat.accepted();
+                    self.on_accepted(key, now)
+                }
                 Accepted::Refused => {}
                 Accepted::Empty => return,
                 Accepted::Exhausted(e) => {
@@ -303,13 +306,19 @@ impl Server {
     /// Runs the heartbeat slice that is due (at most
     /// [`Config::fanout_budget`] keys; the rest in the next iterations):
     /// pings, and closes connections silent for the idle timeout. While a
-    /// broadcast is on its way to every connection (and a little after)
-    /// the sweep is postponed instead, up to one interval a pass (see
+    /// broadcast is on its way to every connection in any instance of the
+    /// host (and a little after), or connections arrive in a storm, the
+    /// sweep is postponed instead, up to one interval a pass (see
     /// `heartbeat`). Messages for some connections do not postpone it: the
     /// others get no data meanwhile, and a proxy in front of them sees
     /// only the pings.
     pub(super) fn sweep_heartbeats(&mut self, now: Instant) {
-        let state = (self.sweeping(), self.delivery.stream.is_busy());
+        let broadcasting = self.delivery.stream.is_busy();
+        let history = &self.records.history;
+        if broadcasting {
+            history.mark_delivering(now);
+        }
+        let state = (self.sweeping(), broadcasting, history.last_delivering());
         let bounds = (self.conns.key_bound(), self.config.fanout_budget);
         let Some(due) = self.clock.heartbeat_keys(now, state, bounds) else {
             return;

@@ -6,17 +6,24 @@
 //! O(connections due) per step, no timer per connection, and the only
 //! per-connection state is two bytes of [`Liveness`]. The ping is one frame encoded once, shared by every connection.
 //!
-//! Heartbeats yield to broadcasts: while one is on its way to every
-//! connection, and for [`GRACE_SLICES`] slice periods after (the other
-//! instances of a host, fed the same lines, finish their passes a little
-//! later), the whole schedule moves later
-//! ([`Heartbeat::yield_to_deliveries`]), by at most one interval per pass
-//! over the keys: no ping is sent beside a fan-out and none pile up for
-//! after it. Each connection gets the broadcast meanwhile, so a proxy in
-//! front of it sees traffic within the interval all the same. Pings and their pongs beside a fan-out
-//! to a million connections cost as much CPU as the fan-out itself
-//! (bench/RESULTS.md). A slice left over by the loop's budget is finished
-//! in the next iterations.
+//! Heartbeats yield to the loop's bulk work ([`Heartbeat::yield_to_work`]):
+//! the whole schedule moves later, so no ping goes out beside it and none
+//! pile up for after it.
+//! - A broadcast: while one is on its way to every connection in any
+//!   instance of the host (they share when one last was, see `ring`), and
+//!   for [`GRACE_SLICES`] slice periods after, by at most one interval per
+//!   pass over the keys. Each connection gets the broadcast meanwhile, so a
+//!   proxy in front of it sees traffic within the interval all the same.
+//!   Pings and their pongs beside a fan-out to a million connections cost
+//!   as much CPU as the fan-out itself (bench/RESULTS.md).
+//! - An accept storm (at least [`STORM_ACCEPTS`] connections accepted per
+//!   slice period, as when a host's clients all come back at once): by at
+//!   most half an interval per pass, in the same allowance, so a
+//!   connection still hears a ping within one and a half intervals. At a
+//!   million connections, pings beside the setup had halved its rate.
+//!
+//! A slice left over by the loop's budget is finished in the next
+//! iterations.
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -30,8 +37,12 @@ use crate::server::frames::SharedFrames;
 /// pings every hour, an idle instance wakes every 112 s.)
 const SLICES: u32 = 32;
 const MIN_PERIOD: Duration = Duration::from_millis(10);
-/// Slice periods the sweep keeps yielding after the last delivery.
-pub const GRACE_SLICES: u32 = 8;
+/// Slice periods the sweep keeps yielding after the last delivery or
+/// the last accept storm.
+pub const GRACE_SLICES: u32 = 2;
+/// Connections accepted per slice period that make an accept storm
+/// (2,048 per interval).
+pub const STORM_ACCEPTS: u32 = 64;
 
 /// The most visits [`Liveness`] counts (15 bits): one more than the
 /// longest idle timeout allows in intervals.
@@ -52,8 +63,13 @@ pub struct Heartbeat {
     next_at: Instant,
     /// How much the current pass was postponed.
     postponed: Duration,
-    /// When a delivery was last under way.
+    /// When a delivery was last under way in this loop.
     last_delivery: Option<Instant>,
+    /// When the accepts last made a storm.
+    last_storm: Option<Instant>,
+    /// Connections accepted since `counted_from`.
+    accepted: u32,
+    counted_from: Instant,
     ping: SharedFrames,
 }
 
@@ -74,6 +90,9 @@ impl Heartbeat {
             next_at: now + period,
             postponed: Duration::ZERO,
             last_delivery: None,
+            last_storm: None,
+            accepted: 0,
+            counted_from: now,
             ping: SharedFrames::encode(OpCode::Ping, b""),
         }
     }
@@ -88,25 +107,55 @@ impl Heartbeat {
         self.last_delivery = Some(now);
     }
 
-    /// Called when a slice is due: if a delivery was under way less than
-    /// [`GRACE_SLICES`] periods ago, moves the whole schedule later, to
-    /// that much after it, and says so (`true`: the slice is not due any
-    /// more); `false` if the slice is to run now, because no delivery is
-    /// recent or because the current pass over the keys was postponed by
-    /// one interval already.
-    pub fn yield_to_deliveries(&mut self, now: Instant) -> bool {
-        let Some(last) = self.last_delivery else {
-            return false;
-        };
-        let until = last + self.period * GRACE_SLICES;
-        let by = until.saturating_duration_since(self.next_at);
-        if now >= until || self.postponed + by > self.interval {
-            return false;
+    /// A connection was accepted.
+    pub fn accepted(&mut self) {
+        self.accepted = self.accepted.saturating_add(1);
+    }
+
+    /// Called when a slice is due: if a delivery was under way (in this
+    /// loop, or in another instance of the host at `host_delivery`), or
+    /// an accept storm was seen, less than [`GRACE_SLICES`] periods ago,
+    /// moves the whole schedule later, to that much after it, and says so
+    /// (`true`: the slice is not due any more). `false` if the slice is to
+    /// run now: no such work is recent, or the current pass over the keys
+    /// was postponed as much as that work may (one interval for
+    /// deliveries, half of one for accept storms).
+    pub fn yield_to_work(&mut self, now: Instant, host_delivery: Option<Instant>) -> bool {
+        self.count_accepts(now);
+        let delivery = self.last_delivery.max(host_delivery);
+        let work = [
+            (delivery, self.interval),
+            (self.last_storm, self.interval / 2),
+        ];
+        for (last, allowed) in work {
+            let Some(last) = last else {
+                continue;
+            };
+            let until = last + self.period * GRACE_SLICES;
+            let by = until.saturating_duration_since(self.next_at);
+            if now < until && self.postponed + by <= allowed {
+                self.postponed += by;
+                self.next_at += by;
+                self.cycle_start += by;
+                return true;
+            }
         }
-        self.postponed += by;
-        self.next_at += by;
-        self.cycle_start += by;
-        true
+        false
+    }
+
+    /// Notes an accept storm at `now` if at least one slice period has
+    /// been counted, at an average of [`STORM_ACCEPTS`] or more per period.
+    fn count_accepts(&mut self, now: Instant) {
+        let counted = now.saturating_duration_since(self.counted_from);
+        if counted < self.period {
+            return;
+        }
+        let storm = u128::from(STORM_ACCEPTS) * counted.as_nanos();
+        if u128::from(self.accepted) * self.period.as_nanos() >= storm {
+            self.last_storm = Some(now);
+        }
+        self.accepted = 0;
+        self.counted_from = now;
     }
 
     /// The pre-encoded ping every connection is sent.
@@ -262,22 +311,22 @@ mod tests {
         let mut hb = Heartbeat::new(320 * MS, 320 * MS, t0);
         let grace = hb.period * GRACE_SLICES;
         assert_eq!(hb.due(t0 + 20 * MS, 32, usize::MAX), 0..2);
-        assert!(!hb.yield_to_deliveries(hb.next_at()), "no delivery yet");
+        assert!(!hb.yield_to_work(hb.next_at(), None), "no delivery yet");
         // A delivery from 25 ms to 60 ms: the slice due at 30 ms waits
         // until the grace after it, and the pass goes on that much later.
         let mut at = t0 + 25 * MS;
         while at <= t0 + 60 * MS {
             hb.delivering(at);
             if at >= hb.next_at() {
-                assert!(hb.yield_to_deliveries(at));
+                assert!(hb.yield_to_work(at, None));
                 assert_eq!(hb.next_at(), at + grace);
             }
             at += MS;
         }
         // Due again at 70 ms: the last delivery was at 60 ms.
-        assert!(hb.yield_to_deliveries(hb.next_at()));
+        assert!(hb.yield_to_work(hb.next_at(), None));
         assert_eq!(hb.next_at(), t0 + 60 * MS + grace);
-        assert!(!hb.yield_to_deliveries(hb.next_at()), "the grace is over");
+        assert!(!hb.yield_to_work(hb.next_at(), None), "the grace is over");
         let shift = hb.next_at() - (t0 + 30 * MS);
         let due = hb.due(t0 + 30 * MS + shift + 10 * MS, 32, usize::MAX);
         assert_eq!(due, 2..4, "as at 40 ms");
@@ -285,14 +334,54 @@ mod tests {
         let long = hb.next_at() + 260 * MS;
         hb.delivering(long);
         assert!(
-            !hb.yield_to_deliveries(long),
+            !hb.yield_to_work(long, None),
             "70 + 300 ms: over one interval"
         );
         // The next pass may be held back again.
         let later = hb.next_at() + 400 * MS;
         assert_eq!(hb.due(later, 32, usize::MAX), 4..32);
         hb.delivering(hb.next_at());
-        assert!(hb.yield_to_deliveries(hb.next_at()));
+        assert!(hb.yield_to_work(hb.next_at(), None));
+    }
+
+    #[test]
+    fn another_instances_delivery_holds_the_sweep_too() {
+        let t0 = Instant::now();
+        let mut hb = Heartbeat::new(320 * MS, 320 * MS, t0);
+        let grace = hb.period * GRACE_SLICES;
+        let due = hb.next_at();
+        let over = due.checked_sub(grace).unwrap();
+        assert!(!hb.yield_to_work(due, Some(over)), "its grace is over");
+        assert!(hb.yield_to_work(due, Some(due)), "one under way now");
+        assert_eq!(hb.next_at(), due + grace);
+        assert!(!hb.yield_to_work(hb.next_at(), Some(due)));
+    }
+
+    #[test]
+    fn an_accept_storm_holds_the_sweep_half_an_interval_a_pass_at_most() {
+        let t0 = Instant::now();
+        let mut hb = Heartbeat::new(320 * MS, 320 * MS, t0);
+        let accept = |hb: &mut Heartbeat, n| (0..n).for_each(|_| hb.accepted());
+        // One short of a storm in the first period: the slice runs.
+        accept(&mut hb, STORM_ACCEPTS - 1);
+        assert!(!hb.yield_to_work(hb.next_at(), None));
+        assert_eq!(hb.due(hb.next_at(), 32, usize::MAX), 0..1);
+        // A storm: held a grace at a time, while it lasts and up to half
+        // an interval (160 ms), then the slice runs although it goes on.
+        let mut held = Duration::ZERO;
+        loop {
+            let before = hb.next_at();
+            accept(&mut hb, STORM_ACCEPTS * GRACE_SLICES);
+            if !hb.yield_to_work(before, None) {
+                break;
+            }
+            held += hb.next_at() - before;
+        }
+        assert_eq!(held, 160 * MS, "half the interval");
+        // A delivery may take the pass's other half.
+        let due = hb.next_at();
+        hb.delivering(due);
+        assert!(hb.yield_to_work(due, None));
     }
 
     #[test]

@@ -318,6 +318,17 @@ impl History {
     pub fn held(&self) -> (u64, u64) {
         self.ring.held()
     }
+
+    /// Notes, for every instance of the host, that a broadcast of this
+    /// loop is under way at `now` (the heartbeats yield to it).
+    pub fn mark_delivering(&self, now: Instant) {
+        self.ring.mark_delivering(now);
+    }
+
+    /// When an instance of the host last had a broadcast under way.
+    pub fn last_delivering(&self) -> Option<Instant> {
+        self.ring.last_delivering()
+    }
 }
 
 /// The history a supervisor keeps for its instances: each message of its

@@ -3,7 +3,8 @@
 //! any process on the host maps and reads (every instance), so a host
 //! holds its history once, and an instance that dies loses none of it.
 //!
-//! The memory holds a header of 64-bit words, an index of slots (a
+//! The memory holds a header of 64-bit words (the writer's page, then a
+//! page of words any process of the host updates), an index of slots (a
 //! record's first and last positions and where it is) and the data: each
 //! record is its recipients and its frames as framed (with positions,
 //! and compressed ones beside them). The writer keeps the history within
@@ -17,12 +18,13 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{fence, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::ops::sys::SharedMemory;
 use crate::protocol::position::Epoch;
 
-const MAGIC: u64 = u64::from_le_bytes(*b"wspushH1");
+const MAGIC: u64 = u64::from_le_bytes(*b"wspushH2");
 /// The header's words, by index.
 const MAGIC_AT: usize = 0;
 const EPOCH: usize = 1;
@@ -41,7 +43,16 @@ const LAST: usize = 8;
 /// Messages and bytes in the history.
 const MESSAGES: usize = 9;
 const BYTES: usize = 10;
-const HEADER_LEN: usize = 4096;
+/// The writer's words are in the first page; the second holds words any
+/// process of the host updates, mapped read-write by each on its own.
+const HOST_PAGE_AT: usize = 4096;
+const HOST_PAGE_LEN: usize = 4096;
+/// In the host's page: when an instance last had a broadcast under way
+/// (nanoseconds of the host's monotonic clock). Every instance's heartbeat
+/// yields to it (see `heartbeat`); it is here because this memory is the
+/// one every instance of a host maps.
+const DELIVERING: usize = 0;
+const HEADER_LEN: usize = HOST_PAGE_AT + HOST_PAGE_LEN;
 /// A slot: first and last positions, and where the record is.
 const SLOT_LEN: usize = 24;
 /// A record's head: total length, frames' length, compressed frames'
@@ -116,6 +127,8 @@ struct Writer {
 #[derive(Debug)]
 pub struct Ring {
     mem: SharedMemory,
+    /// The host's page, read-write.
+    host: SharedMemory,
     data: u64,
     slots: u64,
     data_at: usize,
@@ -145,6 +158,7 @@ impl Ring {
             mem.word(word * 8).store(value, Ordering::Release);
         }
         Ok(Ring {
+            host: SharedMemory::open_part(&mem, HOST_PAGE_AT, HOST_PAGE_LEN)?,
             mem,
             data,
             slots,
@@ -170,6 +184,7 @@ impl Ring {
             return Err(invalid("a history of the wrong size"));
         }
         Ok(Ring {
+            host: SharedMemory::open_part(&mem, HOST_PAGE_AT, HOST_PAGE_LEN)?,
             mem,
             data,
             slots,
@@ -194,6 +209,20 @@ impl Ring {
 
     fn store(&self, word: usize, value: u64) {
         self.mem.word(word * 8).store(value, Ordering::Release);
+    }
+
+    /// Notes that a broadcast of this process is under way at `now`.
+    pub fn mark_delivering(&self, now: Instant) {
+        let word = self.host.word(DELIVERING * 8);
+        word.fetch_max(host_nanos(now), Ordering::Relaxed);
+    }
+
+    /// When an instance of the host last noted a broadcast under way.
+    pub fn last_delivering(&self) -> Option<Instant> {
+        match self.host.word(DELIVERING * 8).load(Ordering::Relaxed) {
+            0 => None,
+            nanos => Some(host_instant(nanos)),
+        }
     }
 
     /// The epoch of its positions.
@@ -405,6 +434,39 @@ impl Ring {
     }
 }
 
+/// An `Instant` and the host's monotonic clock read together: `Instant`
+/// is that clock, but says so in no number another process can compare.
+fn clock_base() -> (Instant, u64) {
+    static BASE: OnceLock<(Instant, u64)> = OnceLock::new();
+    *BASE.get_or_init(|| {
+        let at = Instant::now();
+        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        let nanos = now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64;
+        (at, nanos)
+    })
+}
+
+/// `at` in nanoseconds of the host's monotonic clock (at least 1).
+fn host_nanos(at: Instant) -> u64 {
+    let (base, nanos) = clock_base();
+    let nanos = match at.checked_duration_since(base) {
+        Some(after) => nanos.saturating_add(after.as_nanos() as u64),
+        None => nanos.saturating_sub(base.duration_since(at).as_nanos() as u64),
+    };
+    nanos.max(1)
+}
+
+/// The `Instant` of `nanos` of the host's monotonic clock.
+fn host_instant(nanos: u64) -> Instant {
+    let (base, base_nanos) = clock_base();
+    if nanos >= base_nanos {
+        base + Duration::from_nanos(nanos - base_nanos)
+    } else {
+        base.checked_sub(Duration::from_nanos(base_nanos - nanos))
+            .unwrap_or(base)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,6 +481,21 @@ mod tests {
 
     fn everything(_: Kind, _: &[u8]) -> bool {
         true
+    }
+
+    #[test]
+    fn a_delivery_noted_by_one_instance_is_seen_by_every_mapping() {
+        let ring = Ring::create(bounds(1, 64), Epoch(1), 0).unwrap();
+        let fd = ring.memory().inheritable().unwrap();
+        let other = Ring::open(fd.try_clone_to_owned().unwrap()).unwrap();
+        assert_eq!(other.last_delivering(), None, "none yet");
+        let t0 = Instant::now();
+        other.mark_delivering(t0 + Duration::from_millis(5));
+        ring.mark_delivering(t0);
+        let seen = ring.last_delivering().unwrap();
+        let off = seen.max(t0 + Duration::from_millis(5)) - seen.min(t0 + Duration::from_millis(5));
+        assert!(off < Duration::from_micros(1), "the later one, {off:?} off");
+        assert_eq!(other.last_delivering(), Some(seen));
     }
 
     #[test]
