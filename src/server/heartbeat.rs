@@ -385,6 +385,53 @@ mod tests {
     }
 
     #[test]
+    fn held_by_any_work_no_key_is_visited_early_or_over_an_interval_late() {
+        // Deliveries and accept storms at pseudo-random times, for 40
+        // intervals: consecutive visits of a key are at least one interval
+        // apart (silence is never judged early) and at most three (each of
+        // the two passes they fall in held back one interval at most).
+        let t0 = Instant::now();
+        let interval = 320 * MS;
+        let mut hb = Heartbeat::new(interval, interval, t0);
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut visits: Vec<Vec<Instant>> = vec![Vec::new(); 50];
+        let mut at = t0;
+        let end = t0 + interval * 40;
+        let mut busy_until = t0;
+        while at < end {
+            if at >= busy_until && next() % 50 == 0 {
+                busy_until = at + MS * (next() % 400) as u32;
+            }
+            if at < busy_until {
+                match next() % 2 {
+                    0 => hb.delivering(at),
+                    _ => (0..4).for_each(|_| hb.accepted()),
+                }
+            }
+            if at >= hb.next_at() && !hb.yield_to_work(at, None) {
+                for key in hb.due(at, visits.len(), 7) {
+                    visits[key].push(at);
+                }
+            }
+            at += MS;
+        }
+        for (key, times) in visits.iter().enumerate() {
+            assert!(times.len() >= 19, "key {key}: {} visits", times.len());
+            for pair in times.windows(2) {
+                let apart = pair[1] - pair[0];
+                assert!(apart >= interval - MS, "key {key}: {apart:?} apart");
+                assert!(apart <= 3 * interval + 10 * MS, "key {key}: {apart:?} apart");
+            }
+        }
+    }
+
+    #[test]
     fn keys_past_the_budget_stay_due_until_visited() {
         let t0 = Instant::now();
         let mut hb = Heartbeat::new(100 * MS, 100 * MS, t0);
