@@ -92,7 +92,8 @@ pub struct Config {
     pub ping_interval: Duration,
     /// A connection that sends nothing (no pong, no data) this long is
     /// closed with 1001; checked once per ping interval, so it is closed
-    /// at most one interval later. At least `ping_interval`.
+    /// at most one interval later, plus what broadcasts and accept storms
+    /// held the checks back (docs/OPERATIONS.md). At least `ping_interval`.
     pub idle_timeout: Duration,
     /// On shutdown, how long to wait for close replies and flushes.
     pub shutdown_timeout: Duration,

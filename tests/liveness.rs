@@ -31,14 +31,18 @@ const PING: Duration = Duration::from_millis(200);
 const IDLE: Duration = Duration::from_millis(400);
 const CLOSE: Duration = Duration::from_millis(200);
 
+/// The sweep's slice period for `PING`: a thirty-second of it, at least
+/// 10 ms.
+const SLICE: Duration = Duration::from_millis(10);
+
 /// The bound docs/OPERATIONS.md gives: silent for the idle timeout, then
-/// closed at most one interval late, plus up to one interval for each pass
-/// of the sweep (⌈idle / interval⌉ + 2 of them) that broadcasts held
-/// back; then the close handshake's timeout, which a dead client lets run
-/// out.
+/// closed at most one interval late, plus up to one interval and a slice
+/// period for each pass of the sweep (⌈idle / interval⌉ + 2 of them) that
+/// broadcasts held back; then the close handshake's timeout, which a dead
+/// client lets run out.
 fn bound() -> Duration {
     let passes = IDLE.as_nanos().div_ceil(PING.as_nanos()) as u32 + 2;
-    IDLE + PING + PING * passes + CLOSE
+    IDLE + PING + (PING + SLICE) * passes + CLOSE
 }
 
 /// Not a test by itself: the client process of the others. It upgrades,

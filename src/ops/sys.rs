@@ -134,6 +134,25 @@ pub fn inherited_fd(fd: i32) -> io::Result<OwnedFd> {
     Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
+/// The host's monotonic clock (`CLOCK_MONOTONIC`, which `Instant` reads
+/// too), in nanoseconds: a time every process of the host can compare.
+/// glibc's `clock_gettime` rather than rustix's: rustix parses the vDSO
+/// itself and crashes under valgrind, where glibc falls back to the
+/// system call.
+pub fn monotonic_nanos() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a live, exclusive `timespec` for the duration of
+    // the call, which only writes it; CLOCK_MONOTONIC always exists on
+    // Linux, so the call cannot fail.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now);
+    }
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
+
 /// Memory shared between processes: a memory file (`memfd`) mapped into
 /// this process, read-write by the process that made it, read-only by
 /// those it is handed to (by descriptor: see [`SharedMemory::inheritable`]).

@@ -8,8 +8,13 @@
 //!
 //! Heartbeats yield to the loop's bulk work ([`Heartbeat::yield_to_work`]):
 //! while it goes on, and for [`GRACE_SLICES`] slice periods after, the
-//! whole schedule moves later, by at most one interval per pass over the
-//! keys, so no ping goes out beside it and none pile up for after it.
+//! whole schedule moves later, so no ping goes out beside it, as long as
+//! the pass over the keys is less than one interval behind. Once the work
+//! is over, the pass goes at twice its pace until it is on schedule again:
+//! the pings held back go out between broadcasts, not beside the next one.
+//! The next pass starts as late as this one was at its latest (and a slice
+//! period more), so no key comes up again within less than an interval,
+//! and none more than three apart.
 //! - A broadcast on its way to every connection in any instance of the
 //!   host (they share when one last was, see `ring`). Each connection gets
 //!   the broadcast meanwhile, so a proxy in front of it sees traffic all

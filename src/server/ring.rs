@@ -21,7 +21,7 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::ops::sys::SharedMemory;
+use crate::ops::sys::{monotonic_nanos, SharedMemory};
 use crate::protocol::position::Epoch;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"wspushH2");
@@ -438,12 +438,7 @@ impl Ring {
 /// is that clock, but says so in no number another process can compare.
 fn clock_base() -> (Instant, u64) {
     static BASE: OnceLock<(Instant, u64)> = OnceLock::new();
-    *BASE.get_or_init(|| {
-        let at = Instant::now();
-        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-        let nanos = now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64;
-        (at, nanos)
-    })
+    *BASE.get_or_init(|| (Instant::now(), monotonic_nanos()))
 }
 
 /// `at` in nanoseconds of the host's monotonic clock (at least 1).
