@@ -72,15 +72,15 @@ pub struct Heartbeat {
     /// Whether work was recent when a slice was last due (no catching up
     /// then).
     busy: bool,
-    /// Until when the catching up was counted.
-    counted_to: Instant,
+    /// Until when the catching up was reckoned.
+    caught_up_to: Instant,
     /// When a delivery was last under way in this loop.
     last_delivery: Option<Instant>,
     /// When the accepts last made a storm.
     last_storm: Option<Instant>,
-    /// Connections accepted since `counted_from`.
+    /// Connections accepted since `accepts_since`.
     accepted: u32,
-    counted_from: Instant,
+    accepts_since: Instant,
     ping: SharedFrames,
 }
 
@@ -102,11 +102,11 @@ impl Heartbeat {
             behind: Duration::ZERO,
             most_behind: Duration::ZERO,
             busy: false,
-            counted_to: now,
+            caught_up_to: now,
             last_delivery: None,
             last_storm: None,
             accepted: 0,
-            counted_from: now,
+            accepts_since: now,
             ping: SharedFrames::encode(OpCode::Ping, b""),
         }
     }
@@ -152,14 +152,14 @@ impl Heartbeat {
         self.most_behind = self.most_behind.max(self.behind);
         self.next_at += by;
         self.cycle_start += by;
-        self.counted_to = self.next_at;
+        self.caught_up_to = self.next_at;
         true
     }
 
     /// Notes an accept storm at `now` if at least one slice period has
     /// been counted, at an average of [`STORM_ACCEPTS`] or more per period.
     fn count_accepts(&mut self, now: Instant) {
-        let counted = now.saturating_duration_since(self.counted_from);
+        let counted = now.saturating_duration_since(self.accepts_since);
         if counted < self.period {
             return;
         }
@@ -168,7 +168,7 @@ impl Heartbeat {
             self.last_storm = Some(now);
         }
         self.accepted = 0;
-        self.counted_from = now;
+        self.accepts_since = now;
     }
 
     /// The pre-encoded ping every connection is sent.
@@ -229,8 +229,8 @@ impl Heartbeat {
     /// pace until it is on schedule again: the pings held back go out
     /// between broadcasts, not beside the next one.
     fn catch_up(&mut self, now: Instant) {
-        let since = now.saturating_duration_since(self.counted_to);
-        self.counted_to = self.counted_to.max(now);
+        let since = now.saturating_duration_since(self.caught_up_to);
+        self.caught_up_to = self.caught_up_to.max(now);
         if self.busy {
             return;
         }
