@@ -100,20 +100,17 @@ impl Clock {
         sweeping && now >= self.heartbeat.next_at()
     }
 
-    /// The keys the heartbeat visits now if `sweeping`, at most `budget`
-    /// below `key_bound`; none while it yields to deliveries (a broadcast
-    /// `broadcasting` here, or one of another instance of the host at
-    /// `host_delivery`) or to an accept storm (see `heartbeat`).
+    /// The keys the heartbeat visits now, at most `budget` below
+    /// `key_bound`; none while it yields to a broadcast of the host, last
+    /// under way at `last_delivery`, or to an accept storm (see
+    /// `heartbeat`). Ask only when [`Clock::heartbeat_due`].
     pub(super) fn heartbeat_keys(
         &mut self,
         now: Instant,
-        (sweeping, broadcasting, host_delivery): (bool, bool, Option<Instant>),
+        last_delivery: Option<Instant>,
         (key_bound, budget): (usize, usize),
     ) -> Option<Range<usize>> {
-        if broadcasting {
-            self.heartbeat.delivering(now);
-        }
-        if !self.heartbeat_due(now, sweeping) || self.heartbeat.yield_to_work(now, host_delivery) {
+        if self.heartbeat.yield_to_work(now, last_delivery) {
             return None;
         }
         Some(self.heartbeat.due(now, key_bound, budget))

@@ -313,14 +313,16 @@ impl Server {
     /// others get no data meanwhile, and a proxy in front of them sees
     /// only the pings.
     pub(super) fn sweep_heartbeats(&mut self, now: Instant) {
-        let broadcasting = self.delivery.stream.is_busy();
         let history = &self.records.history;
-        if broadcasting {
+        if self.delivery.stream.is_busy() {
             history.mark_delivering(now);
         }
-        let state = (self.sweeping(), broadcasting, history.last_delivering());
+        if !self.clock.heartbeat_due(now, self.sweeping()) {
+            return;
+        }
+        let last_delivery = history.last_delivering();
         let bounds = (self.conns.key_bound(), self.config.fanout_budget);
-        let Some(due) = self.clock.heartbeat_keys(now, state, bounds) else {
+        let Some(due) = self.clock.heartbeat_keys(now, last_delivery, bounds) else {
             return;
         };
         let ping = self.clock.heartbeat.ping().clone();

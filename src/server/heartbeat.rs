@@ -74,8 +74,6 @@ pub struct Heartbeat {
     busy: bool,
     /// Until when the catching up was reckoned.
     caught_up_to: Instant,
-    /// When a delivery was last under way in this loop.
-    last_delivery: Option<Instant>,
     /// When the accepts last made a storm.
     last_storm: Option<Instant>,
     /// Connections accepted since `accepts_since`.
@@ -103,7 +101,6 @@ impl Heartbeat {
             most_behind: Duration::ZERO,
             busy: false,
             caught_up_to: now,
-            last_delivery: None,
             last_storm: None,
             accepted: 0,
             accepts_since: now,
@@ -116,29 +113,21 @@ impl Heartbeat {
         self.next_at
     }
 
-    /// A delivery is under way at `now`.
-    pub fn delivering(&mut self, now: Instant) {
-        self.last_delivery = Some(now);
-    }
-
     /// A connection was accepted.
     pub fn accepted(&mut self) {
         self.accepted = self.accepted.saturating_add(1);
     }
 
-    /// Called when a slice is due: if a delivery was under way (in this
-    /// loop, or in another instance of the host at `host_delivery`), or
-    /// an accept storm was seen, less than [`GRACE_SLICES`] periods ago,
-    /// moves the whole schedule later, to that much after it, and says so
-    /// (`true`: the slice is not due any more). `false` if the slice is to
-    /// run now: no such work is recent, or the current pass over the keys
-    /// is one interval behind already.
-    pub fn yield_to_work(&mut self, now: Instant, host_delivery: Option<Instant>) -> bool {
+    /// Called when a slice is due: if a broadcast was under way (in any
+    /// instance of the host) at `last_delivery`, or an accept storm was
+    /// seen, less than [`GRACE_SLICES`] periods ago, moves the whole
+    /// schedule later, to that much after it, and says so (`true`: the
+    /// slice is not due any more). `false` if the slice is to run now: no
+    /// such work is recent, or the current pass over the keys is one
+    /// interval behind already.
+    pub fn yield_to_work(&mut self, now: Instant, last_delivery: Option<Instant>) -> bool {
         self.count_accepts(now);
-        let last = [self.last_delivery, host_delivery, self.last_storm]
-            .into_iter()
-            .flatten()
-            .max();
+        let last = last_delivery.max(self.last_storm);
         let until = last.map(|last| last + self.period * GRACE_SLICES);
         self.busy = until.is_some_and(|until| now < until);
         let Some(until) = until.filter(|_| self.busy) else {
@@ -353,17 +342,17 @@ mod tests {
         // until the grace after it, and the pass goes on that much later.
         let mut at = t0 + 25 * MS;
         while at <= t0 + 60 * MS {
-            hb.delivering(at);
             if at >= hb.next_at() {
-                assert!(hb.yield_to_work(at, None));
+                assert!(hb.yield_to_work(at, Some(at)));
                 assert_eq!(hb.next_at(), at + grace);
             }
             at += MS;
         }
         // Due again at 70 ms: the last delivery was at 60 ms.
-        assert!(hb.yield_to_work(hb.next_at(), None));
+        let last = Some(t0 + 60 * MS);
+        assert!(hb.yield_to_work(hb.next_at(), last));
         assert_eq!(hb.next_at(), t0 + 60 * MS + grace);
-        assert!(!hb.yield_to_work(hb.next_at(), None), "the grace is over");
+        assert!(!hb.yield_to_work(hb.next_at(), last), "the grace is over");
         // 50 ms behind: the pass catches up at twice its pace, two keys
         // (20 ms of it) a slice, until it is on schedule again.
         let slices: Vec<_> = (0..7)
@@ -378,12 +367,11 @@ mod tests {
         assert_eq!(hb.due(t0 + 390 * MS, 32, usize::MAX), 0..1);
         // Held over one interval: the slices run beside the work.
         let long = hb.next_at() + 330 * MS;
-        hb.delivering(long);
-        assert!(!hb.yield_to_work(long, None), "over one interval");
+        assert!(!hb.yield_to_work(long, Some(long)), "over one interval");
     }
 
     #[test]
-    fn another_instances_delivery_holds_the_sweep_too() {
+    fn a_delivery_holds_the_sweep_until_its_grace_is_over() {
         let t0 = Instant::now();
         let mut hb = Heartbeat::new(320 * MS, 320 * MS, t0);
         let grace = hb.period * GRACE_SLICES;
@@ -435,17 +423,18 @@ mod tests {
         let mut visits: Vec<Vec<Instant>> = vec![Vec::new(); 50];
         let mut at = t0;
         let mut busy_until = t0;
+        let mut last_delivery = None;
         while at < t0 + interval * 40 {
             if at >= busy_until && next() % 50 == 0 {
                 busy_until = at + MS * (next() % 400) as u32;
             }
             if at < busy_until {
                 match next() % 2 {
-                    0 => hb.delivering(at),
+                    0 => last_delivery = Some(at),
                     _ => (0..4).for_each(|_| hb.accepted()),
                 }
             }
-            if at >= hb.next_at() && !hb.yield_to_work(at, None) {
+            if at >= hb.next_at() && !hb.yield_to_work(at, last_delivery) {
                 for key in hb.due(at, visits.len(), 7) {
                     visits[key].push(at);
                 }
