@@ -3,6 +3,7 @@
 
 mod util;
 
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 
 use tungstenite::Message;
@@ -21,7 +22,7 @@ fn metrics_count_what_happened() {
         assert_eq!(client.read().unwrap(), Message::text("hello"));
     }
     let mut wrong_path = raw(server.addr);
-    std::io::Write::write_all(&mut wrong_path, upgrade_request("/nope").as_bytes()).unwrap();
+    Write::write_all(&mut wrong_path, upgrade_request("/nope").as_bytes()).unwrap();
     assert_eq!(read_response(&mut wrong_path).status, 404);
 
     let page = http_get(server.addr, "/metrics", "");
@@ -76,7 +77,7 @@ fn a_metrics_listener_serves_metrics_and_nothing_else() {
     assert_eq!(sample(&page.body, "wspush_upgrades_total"), 1);
     assert_eq!(http_get(metrics_addr, "/healthz", "").status, 200);
     let mut upgrade = raw(metrics_addr);
-    std::io::Write::write_all(&mut upgrade, upgrade_request("/").as_bytes()).unwrap();
+    Write::write_all(&mut upgrade, upgrade_request("/").as_bytes()).unwrap();
     assert_eq!(read_response(&mut upgrade).status, 404, "no WebSocket here");
 
     assert_eq!(
@@ -105,7 +106,7 @@ fn the_open_gauge_counts_websocket_connections_only() {
         assert_eq!(gauges(), (0, 1), "the scrape alone, {metrics_listen:?}");
         let _clients: Vec<_> = (0..3).map(|_| connect(server.addr, "/")).collect();
         let mut half = raw(server.addr);
-        std::io::Write::write_all(&mut half, b"GET / HTTP/1.1\r\nHost: x\r\n").unwrap();
+        Write::write_all(&mut half, b"GET / HTTP/1.1\r\nHost: x\r\n").unwrap();
         server.wait_for("the half head in and the first scrape gone", |m| {
             m.connections_accepted == 5 && m.connections_http == 1
         });
@@ -171,4 +172,41 @@ fn a_stats_line_is_logged_periodically() {
         "{line}"
     );
     server.process.wait_for("1 open (+");
+}
+
+#[test]
+fn head_answers_each_page_as_get_does_without_the_body() {
+    let server = Binary::start(&["--demo"]);
+    for (path, body) in [
+        ("/wspush.js", wspush::protocol::http::CLIENT_SCRIPT),
+        ("/", wspush::protocol::http::DEMO_PAGE),
+        ("/healthz", "ok\n"),
+    ] {
+        let get = http_get(server.addr, path, "");
+        let mut stream = raw(server.addr);
+        let request = format!("HEAD {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).unwrap();
+        let answer = String::from_utf8(answer).unwrap();
+        let (head, rest) = answer.split_once("\r\n\r\n").expect("a whole head");
+        assert_eq!(rest, "", "{path}: no body after the head");
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{path}: {head}");
+        assert!(
+            head.contains(&format!("\r\nContent-Length: {}", body.len())),
+            "{path}: the length of what GET sends: {head}"
+        );
+        assert!(
+            head.contains(&format!(
+                "\r\nContent-Type: {}",
+                get.header("Content-Type").unwrap()
+            )),
+            "{path}: {head}"
+        );
+    }
+    // An upgrade is still a GET.
+    let mut stream = raw(server.addr);
+    let request = upgrade_request("/").replacen("GET", "HEAD", 1);
+    stream.write_all(request.as_bytes()).unwrap();
+    assert_eq!(read_response(&mut stream).status, 405);
 }

@@ -672,3 +672,52 @@ fn the_clients_of_a_killed_instance_resume_on_any_other_and_lose_nothing() {
     signal(supervised.0.child.id(), "-TERM");
     assert_eq!(supervised.wait().0, Some(0));
 }
+
+#[test]
+fn a_skipped_line_keeps_its_number_alone_as_under_a_supervisor_and_after_a_restart() {
+    // The same feed, alone and under a supervisor: "x1", a line that is
+    // not UTF-8, "x3".
+    let feed = b"x1\n\xff\nx3\n";
+    let lone = util::Binary::start(&[]);
+    let mut process = lone.process;
+    let mut client = connect(lone.addr, "/?positions=1");
+    let epoch = |status: &str| status.split(r#""position":""#).nth(1).unwrap()[..16].to_string();
+    let alone = epoch(&text(&mut client));
+    process.send(feed);
+    assert_eq!(
+        [text(&mut client), text(&mut client)],
+        [format!("{alone}.1 x1"), format!("{alone}.3 x3")],
+        "alone: a position is its input line's number"
+    );
+    process.wait_for("input line 2 skipped: not valid UTF-8");
+
+    let (mut supervised, addr) = Supervised::start(1);
+    let mut client = connect(addr, "/?positions=1");
+    let epoch = epoch(&text(&mut client));
+    supervised.0.send(feed);
+    assert_eq!(
+        [text(&mut client), text(&mut client)],
+        [format!("{epoch}.1 x1"), format!("{epoch}.3 x3")],
+        "under a supervisor, the same numbers"
+    );
+    supervised
+        .0
+        .wait_for("input line 2 skipped: not valid UTF-8");
+    // An instance started again numbers its lines as the supervisor does.
+    let pid = supervised.instance_pid(1);
+    signal(pid, "-KILL");
+    supervised
+        .0
+        .wait_for(&format!("instance 1 (pid {pid}) was killed"));
+    supervised.0.wait_for("wspush#1] listening on ");
+    let mut client = connect(addr, "/?positions=1");
+    text(&mut client);
+    supervised.0.send(b"x4\n\xff\nx6\n");
+    assert_eq!(text(&mut client), format!("{epoch}.4 x4"));
+    supervised
+        .0
+        .wait_for("input line 5 skipped: not valid UTF-8");
+    assert_eq!(text(&mut client), format!("{epoch}.6 x6"));
+    signal(supervised.0.child.id(), "-TERM");
+    assert_eq!(supervised.wait().0, Some(0));
+}

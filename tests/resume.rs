@@ -134,7 +134,9 @@ fn a_resume_from_before_the_history_is_told_the_gap_and_gets_what_is_held() {
     assert_eq!(name, "gap");
     let held = positioned(&mut back, 3);
     assert_eq!(payloads(&held), ["d", "e", "f"], "the three held");
-    assert_eq!(from.as_deref(), Some(held[0].0.as_str()), "its reach");
+    let epoch = since.split_once('.').unwrap().0;
+    assert_eq!(from, Some(format!("{epoch}.2")), "b, after since, is lost");
+    assert_eq!(seq(&held[0].0), 4, "c, before d, is lost too");
     assert_eq!(held[2].0, current);
     assert_eq!(server.handle.metrics().resumes_gap, 1);
 }
@@ -344,4 +346,212 @@ fn a_message_published_at_the_upgrade_arrives_once_whichever_side_of_the_seam_it
     let got = raw_texts(&mut after, 2);
     let payloads: Vec<&str> = got.iter().map(|m| m.split_once(' ').unwrap().1).collect();
     assert_eq!(payloads, ["framed", "end"]);
+}
+
+/// What a positioned client reads: a status (its JSON), a message (its
+/// position's number and its payload), or the close (its code).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Event {
+    Status(String),
+    Message(u64, String),
+    Closed(u16),
+}
+
+/// A string field of a status message.
+fn field(status: &str, name: &str) -> Option<String> {
+    let key = format!("\"{name}\":\"");
+    let start = status.find(&key)? + key.len();
+    Some(status[start..start + status[start..].find('"')?].to_string())
+}
+
+/// The name of the status `event` is.
+fn told(event: &Event) -> String {
+    match event {
+        Event::Status(status) => field(status, "status").expect("a status"),
+        other => panic!("not a status: {other:?}"),
+    }
+}
+
+/// The number of a printed position.
+fn seq(position: &str) -> u64 {
+    position.split_once('.').unwrap().1.parse().unwrap()
+}
+
+/// Reads `client` until a message numbered `last` or later, or the close.
+fn read_through(client: &mut Client, last: u64) -> Vec<Event> {
+    let mut events = Vec::new();
+    loop {
+        let event = match client.read() {
+            Ok(Message::Text(text)) if text.starts_with('{') => Event::Status(text.to_string()),
+            Ok(Message::Text(text)) => {
+                let (position, payload) = text.split_once(' ').expect("position, payload");
+                Event::Message(seq(position), payload.to_string())
+            }
+            Ok(Message::Close(frame)) => Event::Closed(frame.map_or(1005, |f| f.code.into())),
+            Ok(other) => panic!("not text: {other:?}"),
+            Err(e) => panic!("reading: {e} after {events:?}"),
+        };
+        let done = match event {
+            Event::Message(n, _) => n >= last,
+            Event::Closed(_) => true,
+            Event::Status(_) => false,
+        };
+        events.push(event);
+        if done {
+            return events;
+        }
+    }
+}
+
+/// Checks that `events`, read after position `since`, account for every
+/// position up to the last one read, each once: a message, or inside a
+/// gap status that named it (`from` and `to`, both included) before
+/// anything later came. Returns the payloads and the last position
+/// accounted for.
+fn every_hole_told(since: u64, events: &[Event]) -> (Vec<String>, u64) {
+    let mut upto = since;
+    let mut payloads = Vec::new();
+    for event in events {
+        match event {
+            Event::Message(n, payload) => {
+                assert_eq!(
+                    *n,
+                    upto + 1,
+                    "a hole after {upto} no status named: {events:?}"
+                );
+                upto = *n;
+                payloads.push(payload.clone());
+            }
+            Event::Status(status) if field(status, "status").as_deref() == Some("gap") => {
+                let from = seq(&field(status, "from").expect("from"));
+                let to = seq(&field(status, "to").expect("a gap names its last lost position"));
+                assert_eq!(
+                    from,
+                    upto + 1,
+                    "the gap begins where the client is: {events:?}"
+                );
+                assert!(to >= from, "{status}");
+                upto = to;
+            }
+            Event::Status(_) | Event::Closed(_) => {}
+        }
+    }
+    (payloads, upto)
+}
+
+#[test]
+fn a_replay_the_history_outruns_is_told_exactly_what_it_lost_and_nothing_older_follows() {
+    let server = TestServer::start(Config::default().with(|c| {
+        c.history_messages = 10;
+    }));
+    let mut first = connect(server.addr, "/?positions=1");
+    let since = status(&mut first).1;
+    drop(first);
+    // Ten large messages, 400 to 850 KiB.
+    let big: Vec<String> = (1..=10)
+        .map(|i| format!("m{i} {}", "x".repeat((350 + 50 * i) << 10)))
+        .collect();
+    publish(&server, &big.iter().map(String::as_str).collect::<Vec<_>>());
+    // A client that reads nothing for a while: its replay stalls.
+    let mut back = util::connect_slow_reader(server.addr, &format!("/?since={since}"));
+    std::thread::sleep(Duration::from_millis(300));
+    // Twenty short ones: the history (10 messages) now holds m21..m30.
+    let short: Vec<String> = (11..=30).map(|i| format!("m{i}")).collect();
+    publish(
+        &server,
+        &short.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let events = read_through(&mut back, 30);
+    assert_eq!(told(&events[0]), "recovered");
+    let (payloads, upto) = every_hole_told(seq(&since), &events[1..]);
+    assert_eq!(upto, 30);
+    let live: Vec<&str> = payloads
+        .iter()
+        .rev()
+        .take(20)
+        .rev()
+        .map(|p| p.as_str())
+        .collect();
+    assert_eq!(live, short, "every live message, after the hole");
+    let gaps = events
+        .iter()
+        .filter(|e| matches!(e, Event::Status(s) if s.contains("\"gap\"")))
+        .count();
+    assert!(gaps >= 1, "the history outran the replay: {events:?}");
+    assert_eq!(server.handle.metrics().replay_overruns, 1);
+}
+
+#[test]
+fn a_positioned_client_is_never_skipped_silently_under_the_drop_policy() {
+    let server = TestServer::start(Config::default().with(|c| {
+        c.slow_consumer = wspush::SlowConsumerPolicy::Drop;
+        c.max_queued_bytes = 64 << 10;
+    }));
+    let mut first = connect(server.addr, "/?positions=1");
+    let since = status(&mut first).1;
+    drop(first);
+    publish(&server, &["before"]);
+    let mut slow = util::connect_slow_reader(server.addr, &format!("/?since={since}"));
+    // 12.5 MiB: more than the kernel's buffers of the two sockets hold.
+    let lines: Vec<String> = (2..=400).map(|i| format!("{i:0>32768}")).collect();
+    publish(
+        &server,
+        &lines.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    server.wait_for("messages skipped for the slow client", |m| {
+        m.slow_consumer_drops > 0
+    });
+    let events = read_through(&mut slow, 400);
+    let (mut payloads, upto) = every_hole_told(seq(&since), &events[1..]);
+    if upto < 200 {
+        // Closed rather than skipped: it resumes and loses nothing.
+        assert!(
+            matches!(events.last(), Some(Event::Closed(_))),
+            "{:?}",
+            &events[events.len().saturating_sub(3)..]
+        );
+        let epoch = since.split_once('.').unwrap().0;
+        let mut back = connect(server.addr, &format!("/?since={epoch}.{upto}"));
+        let events = read_through(&mut back, 400);
+        assert_eq!(told(&events[0]), "recovered");
+        let (rest, end) = every_hole_told(upto, &events[1..]);
+        assert_eq!(end, 400);
+        payloads.extend(rest);
+    }
+    assert_eq!(payloads[0], "before");
+    assert_eq!(&payloads[1..], &lines[..], "every line, in order, once");
+}
+
+#[test]
+fn a_message_larger_than_the_history_is_refused_alone_and_a_resume_across_it_is_told() {
+    let server = TestServer::start(Config::default().with(|c| {
+        c.history_bytes = 100_000;
+    }));
+    let mut first = connect(server.addr, "/?positions=1");
+    let since = status(&mut first).1;
+    drop(first);
+    let huge = "h".repeat(200_000);
+    publish(&server, &["a", "b", &huge, "c"]);
+    let metrics = server.handle.metrics();
+    assert_eq!(metrics.history_refused, 1, "counted");
+    let mut back = connect(server.addr, &format!("/?since={since}"));
+    let events = read_through(&mut back, 4);
+    assert_eq!(told(&events[0]), "recovered", "{events:?}");
+    let (payloads, upto) = every_hole_told(seq(&since), &events[1..]);
+    assert_eq!(
+        (payloads, upto),
+        (vec!["a".into(), "b".into(), "c".into()], 4)
+    );
+    let Event::Status(gap) = &events[3] else {
+        panic!("{events:?}")
+    };
+    assert_eq!(
+        (field(gap, "from"), field(gap, "to")),
+        (
+            Some(format!("{}.3", since.split_once('.').unwrap().0)),
+            Some(format!("{}.3", since.split_once('.').unwrap().0))
+        ),
+        "the one position refused"
+    );
 }

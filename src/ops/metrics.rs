@@ -223,6 +223,10 @@ metrics! {
     /// Replays that found the history had dropped what was left of them
     /// (their connection took longer than the history keeps): told a gap.
     replay_overruns: Counter "wspush_replay_overruns_total" "" "Replays that outlasted the history (the connection was told of the gap).",
+    /// Messages the history refused, each larger than its byte bound
+    /// alone (the others stay; a resume across one is told the gap), over
+    /// the host: the history's writer counts them.
+    history_refused: Counter "wspush_history_refused_total" "" "Messages the history refused (each larger than its byte bound); resumes across one are told the gap.",
     /// Messages in the history now.
     history_messages: Gauge "wspush_history_messages" "" "Messages held in the history.",
     /// Bytes of frames in the history now.

@@ -49,9 +49,18 @@ pub enum HeadStatus<'a> {
     /// A valid upgrade; the head took this many bytes, and whatever follows
     /// them already belongs to the WebSocket stream.
     Upgrade(Upgrade<'a>, usize),
-    /// A plain request for one of the server's own endpoints; the head
-    /// took this many bytes.
-    Endpoint(Endpoint, usize),
+    /// A plain request for one of the server's own endpoints, by `GET`
+    /// or `HEAD`; the head took this many bytes.
+    Endpoint(Endpoint, Method, usize),
+}
+
+/// How a plain request asks for an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// The head and the body.
+    Get,
+    /// The head alone, as `GET` would have it (RFC 9110 §9.3.2).
+    Head,
 }
 
 /// Why a request is refused; each maps to one HTTP status.
@@ -61,7 +70,7 @@ pub enum Rejection {
     BadRequest(&'static str),
     /// 404: the path is not the one served.
     NotFound,
-    /// 405: not a GET.
+    /// 405: not a GET (nor a HEAD of an endpoint).
     MethodNotAllowed,
     /// 401: tokens are required and the request had none or a wrong one.
     Unauthorized,
@@ -292,11 +301,12 @@ pub struct HandshakeRules<'a> {
 /// upgrade, or a plain `GET` of one of the [`Endpoint`]s.
 ///
 /// Checks, in order: well-formed HTTP (400) within the size limit (431),
-/// `GET` (405), `HTTP/1.1` (400), no header repeated that must come once
-/// (400); then a request without `Upgrade` for
-/// `/healthz` or `/metrics`, or for `/` with the demo on, is an endpoint
-/// (`/metrics` needs the token when tokens are set: 401; where it has a
-/// listener of its own: 404). For an upgrade: the path (404), `Host`,
+/// `GET` or `HEAD` (405), `HTTP/1.1` (400), no header repeated that must
+/// come once (400); then a request without `Upgrade` for
+/// `/healthz`, `/metrics` or `/wspush.js`, or for `/` with the demo on, is
+/// an endpoint (`/metrics` needs the token when tokens are set: 401; where
+/// it has a listener of its own: 404). Anything else is an upgrade, which
+/// must be a `GET` (405). For an upgrade: the path (404), `Host`,
 /// `Upgrade: websocket` and `Connection: upgrade` (400),
 /// `Sec-WebSocket-Version: 13` (426), a `Sec-WebSocket-Key` that is base64
 /// of 16 bytes (400), the `Origin` (403), and the token (401).
@@ -337,9 +347,11 @@ pub fn parse_request_after<'a>(
         Err(httparse::Error::TooManyHeaders) => return Err(Rejection::TooManyHeaders),
         Err(_) => return Err(Rejection::BadRequest("malformed HTTP request")),
     };
-    if request.method != Some("GET") {
-        return Err(Rejection::MethodNotAllowed);
-    }
+    let method = match request.method {
+        Some("GET") => Method::Get,
+        Some("HEAD") => Method::Head,
+        _ => return Err(Rejection::MethodNotAllowed),
+    };
     if request.version != Some(1) {
         return Err(Rejection::BadRequest("HTTP/1.1 required"));
     }
@@ -361,21 +373,23 @@ pub fn parse_request_after<'a>(
             .ok_or(Rejection::Unauthorized)
     };
     if !headers.upgrade {
-        match path {
-            "/healthz" => return Ok(HeadStatus::Endpoint(Endpoint::Health, head_len)),
+        let endpoint = match path {
+            "/healthz" => Some(Endpoint::Health),
             "/metrics" if rules.endpoints.metrics => {
                 token()?;
-                return Ok(HeadStatus::Endpoint(Endpoint::Metrics, head_len));
+                Some(Endpoint::Metrics)
             }
             "/metrics" => return Err(Rejection::NotFound),
-            "/" if rules.endpoints.demo => {
-                return Ok(HeadStatus::Endpoint(Endpoint::Demo, head_len))
-            }
-            "/wspush.js" if rules.endpoints.websocket => {
-                return Ok(HeadStatus::Endpoint(Endpoint::Client, head_len))
-            }
-            _ => {}
+            "/" if rules.endpoints.demo => Some(Endpoint::Demo),
+            "/wspush.js" if rules.endpoints.websocket => Some(Endpoint::Client),
+            _ => None,
+        };
+        if let Some(endpoint) = endpoint {
+            return Ok(HeadStatus::Endpoint(endpoint, method, head_len));
         }
+    }
+    if method != Method::Get {
+        return Err(Rejection::MethodNotAllowed);
     }
     if !rules.endpoints.websocket || rules.path.is_some_and(|served| path != served) {
         return Err(Rejection::NotFound);
@@ -732,7 +746,7 @@ mod tests {
         let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
         let endpoint =
             |req: &str, rules: &HandshakeRules<'_>| match parse_request(req.as_bytes(), rules) {
-                Ok(HeadStatus::Endpoint(endpoint, len)) => {
+                Ok(HeadStatus::Endpoint(endpoint, Method::Get, len)) => {
                     assert_eq!(len, req.len());
                     Ok(endpoint)
                 }
@@ -779,8 +793,24 @@ mod tests {
         let get = "GET /wspush.js HTTP/1.1\r\nHost: x\r\n\r\n";
         assert_eq!(
             parse_request(get.as_bytes(), &RULES),
-            Ok(HeadStatus::Endpoint(Endpoint::Client, get.len()))
+            Ok(HeadStatus::Endpoint(
+                Endpoint::Client,
+                Method::Get,
+                get.len()
+            ))
         );
+        let head = get.replace("GET", "HEAD");
+        assert_eq!(
+            parse_request(head.as_bytes(), &RULES),
+            Ok(HeadStatus::Endpoint(
+                Endpoint::Client,
+                Method::Head,
+                head.len()
+            )),
+            "HEAD: answered as GET is, without the body"
+        );
+        let head_upgrade = GOOD.replacen("GET", "HEAD", 1);
+        assert_eq!(status(&head_upgrade, &RULES), 405, "an upgrade is a GET");
         let metrics_only = HandshakeRules {
             endpoints: Endpoints {
                 websocket: false,
@@ -826,7 +856,7 @@ mod tests {
         ] {
             assert_eq!(
                 parse_request(req.as_bytes(), rules),
-                Ok(HeadStatus::Endpoint(Endpoint::Demo, req.len())),
+                Ok(HeadStatus::Endpoint(Endpoint::Demo, Method::Get, req.len())),
                 "{req}"
             );
         }
@@ -842,6 +872,7 @@ mod tests {
             parse_request(get("/healthz").as_bytes(), &demo),
             Ok(HeadStatus::Endpoint(
                 Endpoint::Health,
+                Method::Get,
                 get("/healthz").len()
             ))
         );

@@ -112,13 +112,19 @@ pub enum Status {
         /// The last position given out before its live messages.
         current: Position,
     },
-    /// The history does not reach back to its `since`: the messages after
-    /// it and before `from` are lost; those from `from` on follow.
+    /// Messages are missing: every message positioned from `from` to
+    /// `to`, both included, that was for this connection is lost to it
+    /// (the history no longer held it, or never did), and every message
+    /// that follows is positioned after `to`. Told first when the history
+    /// does not reach back to `since`; told later, where the hole is, when
+    /// a replay meets one.
     Gap {
-        /// The oldest position the history holds (or, if it holds none,
-        /// the next to be given out).
+        /// The first position missing: the one after the last the client
+        /// had (which need not have been given out).
         from: Position,
-        /// The last position given out before its live messages.
+        /// The last position missing.
+        to: Position,
+        /// The last position given out when it was told.
         current: Position,
     },
     /// Its `since` is of another epoch, or not a position: nothing is
@@ -141,7 +147,7 @@ impl Status {
     }
 
     /// The status message: one JSON object, e.g.
-    /// `{"status":"gap","from":"…","position":"…"}`.
+    /// `{"status":"gap","from":"…","to":"…","position":"…"}`.
     pub fn message(&self) -> String {
         match self {
             Status::Position { current }
@@ -149,8 +155,8 @@ impl Status {
             | Status::Unknown { current } => {
                 format!(r#"{{"status":"{}","position":"{current}"}}"#, self.name())
             }
-            Status::Gap { from, current } => {
-                format!(r#"{{"status":"gap","from":"{from}","position":"{current}"}}"#)
+            Status::Gap { from, to, current } => {
+                format!(r#"{{"status":"gap","from":"{from}","to":"{to}","position":"{current}"}}"#)
             }
         }
     }
@@ -224,10 +230,14 @@ mod tests {
             epoch: EPOCH,
             seq: 4,
         };
+        let to = Position {
+            epoch: EPOCH,
+            seq: 6,
+        };
         for status in [
             Status::Position { current },
             Status::Recovered { current },
-            Status::Gap { from, current },
+            Status::Gap { from, to, current },
             Status::Unknown { current },
         ] {
             let message = status.message();
@@ -236,8 +246,8 @@ mod tests {
             assert!(message.contains(r#""position":"00c0ffee1234abcd.9""#));
         }
         assert_eq!(
-            Status::Gap { from, current }.message(),
-            r#"{"status":"gap","from":"00c0ffee1234abcd.4","position":"00c0ffee1234abcd.9"}"#
+            Status::Gap { from, to, current }.message(),
+            r#"{"status":"gap","from":"00c0ffee1234abcd.4","to":"00c0ffee1234abcd.6","position":"00c0ffee1234abcd.9"}"#
         );
     }
 

@@ -11,7 +11,7 @@ use mio::event::Event;
 use mio::Registry;
 use slab::Slab;
 
-use crate::protocol::http::Endpoint;
+use crate::protocol::http::{Endpoint, Method};
 use crate::protocol::ws::CloseCode;
 use crate::server::accept::{self, Accepted, ACCEPTS_PER_WAKE};
 use crate::server::address::Directory;
@@ -135,8 +135,8 @@ impl Server {
         }
         match verdict {
             Verdict::Close(reason) => return self.close(key, reason),
-            Verdict::Serve(endpoint) => {
-                let answered = self.serve(key, endpoint);
+            Verdict::Serve(endpoint, method) => {
+                let answered = self.serve(key, endpoint, method);
                 return self.settle(key, answered);
             }
             Verdict::ReadAgain => self.conns.read_again(key),
@@ -267,8 +267,9 @@ impl Server {
         }
     }
 
-    /// Answers `endpoint` on connection `key` (see `endpoints`).
-    fn serve(&mut self, key: ConnKey, endpoint: Endpoint) -> Verdict {
+    /// Answers `endpoint` on connection `key` (see `endpoints`), its head
+    /// alone if `method` asks.
+    fn serve(&mut self, key: ConnKey, endpoint: Endpoint, method: Method) -> Verdict {
         if endpoint == Endpoint::Metrics {
             // Include what this loop iteration has gathered so far.
             self.publish_metrics(Instant::now());
@@ -283,7 +284,10 @@ impl Server {
         let handling = self.handling(Instant::now());
         let mut ctx = handling.ctx;
         let verdict = match handling.conns.get_mut(key.0) {
-            Some(conn) => conn.respond(answer.status, answer.content_type, answer.body, &mut ctx),
+            Some(conn) => {
+                let body = (answer.body, method);
+                conn.respond(answer.status, answer.content_type, body, &mut ctx)
+            }
             None => Verdict::Keep,
         };
         self.report.page = page;

@@ -10,6 +10,12 @@
 //! host holds its history once, and a client of an instance that died
 //! resumes on any other. Each message is a record, found by its position
 //! with a binary search.
+//!
+//! Whatever a client is not given of what it asked for is told, exactly:
+//! a `gap` status names the first and last positions missing, where they
+//! would have been (see [`Status::Gap`]). So are a `since` the history no
+//! longer reaches, a replay the history outruns, and a message the
+//! history refused for being larger than its byte bound alone.
 
 use std::cell::Cell;
 use std::io;
@@ -22,7 +28,7 @@ use crate::protocol::position::{Epoch, Position, Status};
 use crate::protocol::ws::OpCode;
 use crate::server::frames::SharedFrames;
 pub use crate::server::ring::Bounds;
-use crate::server::ring::{Kind, Ring};
+use crate::server::ring::{Appended, Content, Kind, Ring};
 
 /// What a resuming connection was addressed as at its upgrade: the
 /// messages of the history it is given.
@@ -99,16 +105,40 @@ pub struct History {
     ring: Ring,
     /// The last position this loop gave out.
     last: u64,
-    /// When a gap was last logged, and the gaps met since.
-    gap_logged: Cell<Option<Instant>>,
-    gaps_unlogged: Cell<u64>,
+    /// Resumes that met a gap, logged a line a minute at most.
+    gaps: Throttle,
+    /// Messages refused, logged likewise (by the history's writer).
+    refusals: Throttle,
 }
 
 /// Records one visit of a replay looks at, at most.
 pub const SCAN_PER_VISIT: usize = 4096;
 
-/// A gap is logged at most this often.
-const GAP_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+/// A warning that may come often: logged the first time, then at most
+/// once per [`Throttle::EVERY`], with the count of those since.
+#[derive(Debug, Default)]
+struct Throttle {
+    logged: Cell<Option<Instant>>,
+    unlogged: Cell<u64>,
+}
+
+impl Throttle {
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+    /// Counts one at `now`; returns the count to log if a line is due.
+    fn due(&self, now: Instant) -> Option<u64> {
+        self.unlogged.set(self.unlogged.get() + 1);
+        if self
+            .logged
+            .get()
+            .is_some_and(|at| now.saturating_duration_since(at) < Self::EVERY)
+        {
+            return None;
+        }
+        self.logged.set(Some(now));
+        Some(self.unlogged.replace(0))
+    }
+}
 
 impl History {
     /// A history of its own, of `epoch`, whose first position will be `first`.
@@ -127,8 +157,8 @@ impl History {
         History {
             ring,
             last,
-            gap_logged: Cell::new(None),
-            gaps_unlogged: Cell::new(0),
+            gaps: Throttle::default(),
+            refusals: Throttle::default(),
         }
     }
 
@@ -154,7 +184,9 @@ impl History {
 
     /// Keeps the messages of a batch just framed (at `positions`), each
     /// its own record (so the bounds count messages), if this loop writes
-    /// the history; the oldest leave as the bounds ask.
+    /// the history; the oldest leave as the bounds ask. A message larger
+    /// than the byte bound alone is refused, counted and logged; only a
+    /// mark of its position stays.
     pub fn keep(
         &mut self,
         to: &Recipients,
@@ -172,8 +204,20 @@ impl History {
         for ((frame, _), &seq) in frames.frames().zip(positions) {
             let zipped = compressed.as_mut().and_then(Iterator::next);
             let zipped = zipped.map_or(&[][..], |(frame, _)| frame);
-            self.ring
+            let appended = self
+                .ring
                 .append((seq, seq, 1), (kind, &names), frame, zipped, now);
+            if appended == Appended::Refused {
+                if let Some(count) = self.refusals.due(now) {
+                    log::warn!(
+                        "{count} message(s) refused by the history, each larger than \
+                         --history-bytes alone (the last: {}, {} bytes); a resume across \
+                         one is told the gap",
+                        self.at(seq),
+                        frame.len()
+                    );
+                }
+            }
         }
     }
 
@@ -184,7 +228,9 @@ impl History {
     }
 
     /// What a client resuming after `since` (as given) is told, and the
-    /// replay it gets (from, through), if any.
+    /// replay it gets (from, through), if any. What this loop framed after
+    /// `since` comes from the history, and what it has not framed yet
+    /// comes live, so only what it framed and the history forgot is lost.
     pub fn resume(&self, since: &[u8], now: Instant) -> (Status, Option<(u64, u64)>) {
         let current = self.current();
         let since = match Position::parse(since) {
@@ -195,48 +241,40 @@ impl History {
             }
             _ => return (Status::Unknown { current }, None),
         };
-        if since >= self.ring.forgotten() {
+        let lost = self.ring.forgotten().min(self.last);
+        if since >= lost {
             let replay = (since != self.last).then_some((since, self.last.max(since)));
             return (Status::Recovered { current }, replay);
         }
-        let from = self.oldest();
-        self.log_gap(from, now);
-        let forgotten = self.ring.forgotten();
-        let replay = (forgotten < self.last).then_some((forgotten, self.last));
-        (Status::Gap { from, current }, replay)
-    }
-
-    /// The oldest position held, or the next to be given out.
-    fn oldest(&self) -> Position {
-        let next = self.ring.last().max(self.last).saturating_add(1);
-        self.at(self.ring.oldest_first().unwrap_or(next))
-    }
-
-    /// Logs a resume that met a gap: the first, then at most one line
-    /// per [`GAP_LOG_EVERY`] with the count of those since.
-    fn log_gap(&self, from: Position, now: Instant) {
-        self.gaps_unlogged.set(self.gaps_unlogged.get() + 1);
-        if self
-            .gap_logged
-            .get()
-            .is_some_and(|at| now.saturating_duration_since(at) < GAP_LOG_EVERY)
-        {
-            return;
+        let gap = self.gap(since + 1, lost);
+        if let Some(count) = self.gaps.due(now) {
+            log::warn!(
+                "{count} resume(s) asked for more than the history holds (the last lost {} \
+                 to {}; see --history-messages, --history-bytes, --history-age)",
+                self.at(since + 1),
+                self.at(lost)
+            );
         }
-        log::warn!(
-            "{} resume(s) asked for more than the history holds (it reaches back to {from}; \
-             see --history-messages, --history-bytes, --history-age)",
-            self.gaps_unlogged.get()
-        );
-        self.gap_logged.set(Some(now));
-        self.gaps_unlogged.set(0);
+        let replay = (lost < self.last).then_some((lost, self.last));
+        (gap, replay)
+    }
+
+    /// The status of a gap from position `from` to `to`, both included.
+    fn gap(&self, from: u64, to: u64) -> Status {
+        Status::Gap {
+            from: self.at(from),
+            to: self.at(to),
+            current: self.current(),
+        }
     }
 
     /// Gathers into `out` the frames of `replay` a connection gets
     /// (compressed if `deflate`), up to about `room` bytes and
     /// [`SCAN_PER_VISIT`] records looked at: copied back to back into one
-    /// buffer, so the visit writes them with one `writev`. If the history
-    /// has dropped some of what was left, a gap status goes first.
+    /// buffer, so the visit writes them with one `writev`. Where messages
+    /// are missing, a gap status naming them stands in their place: those
+    /// the history dropped before the replay got to them (it outran the
+    /// connection), and those it refused.
     pub fn gather(
         &self,
         replay: &Replay,
@@ -253,21 +291,22 @@ impl History {
                 out.push(SharedFrames::from_encoded(std::mem::take(copied)));
             }
         };
+        let tell_gap = |copied: &mut Vec<u8>, out: &mut Vec<SharedFrames>, first, last| {
+            flush(copied, out);
+            let status = self.gap(first, last);
+            out.push(SharedFrames::encode(
+                OpCode::Text,
+                status.message().as_bytes(),
+            ));
+        };
         // A copy that raced the writer means the history moved on past it:
-        // the next round starts from what it holds.
+        // the next round starts with the gap.
         for _round in 0..3 {
-            if from < self.ring.forgotten() && !overrun {
+            let forgotten = self.ring.forgotten().min(replay.through);
+            if from < forgotten {
                 overrun = true;
-                flush(&mut copied, out);
-                let status = Status::Gap {
-                    from: self.oldest(),
-                    current: self.current(),
-                };
-                out.push(SharedFrames::encode(
-                    OpCode::Text,
-                    status.message().as_bytes(),
-                ));
-                from = self.ring.forgotten();
+                tell_gap(&mut copied, out, from + 1, forgotten);
+                from = forgotten;
             }
             let (start, records) = self.ring.find(from);
             let mut raced = false;
@@ -291,25 +330,33 @@ impl History {
                 if record.first > replay.through {
                     break;
                 }
-                match record.frames {
-                    Some(bytes) if from >= record.first => {
+                match record.content {
+                    Content::Frames(bytes) if from >= record.first => {
                         // Cut by `from`: only its messages after it.
                         let frames = SharedFrames::from_encoded(bytes);
                         let before = frames.payloads().take_while(|p| seq_of(*p) <= from).count();
                         copied.extend_from_slice(frames.skip(before).bytes());
                     }
-                    Some(bytes) => copied.extend_from_slice(&bytes),
-                    None => {}
+                    Content::Frames(bytes) => copied.extend_from_slice(&bytes),
+                    Content::Refused => {
+                        tell_gap(&mut copied, out, record.first.max(from + 1), record.last)
+                    }
+                    Content::Unwanted => {}
                 }
                 from = record.last;
             }
             if !raced {
-                break;
+                flush(&mut copied, out);
+                return Progress {
+                    more: None,
+                    overrun,
+                };
             }
         }
+        // Raced every round: the next visit goes on from here.
         flush(&mut copied, out);
         Progress {
-            more: None,
+            more: Some(from),
             overrun,
         }
     }
@@ -317,6 +364,11 @@ impl History {
     /// Messages and bytes held now.
     pub fn held(&self) -> (u64, u64) {
         self.ring.held()
+    }
+
+    /// Messages the history refused so far, for every instance of the host.
+    pub fn refused(&self) -> u64 {
+        self.ring.refused()
     }
 
     /// Notes, for every instance of the host, that a broadcast of this
@@ -482,9 +534,11 @@ mod tests {
         assert_eq!(
             status,
             Status::Gap {
-                from: at(2),
+                from: at(1),
+                to: at(1),
                 current: at(4)
-            }
+            },
+            "a left: only it is lost"
         );
         assert_eq!(replayed, Some((1, 4)), "from what the history holds");
         let (status, replayed) = history.resume(&since(1), now);
@@ -505,7 +559,8 @@ mod tests {
         assert_eq!(
             status,
             Status::Gap {
-                from: at(6),
+                from: at(5),
+                to: at(5),
                 current: at(8)
             }
         );
@@ -551,10 +606,11 @@ mod tests {
         assert_eq!(
             status,
             Status::Gap {
-                from: at(3),
+                from: at(2),
+                to: at(2),
                 current: at(2)
             },
-            "nothing held: the reach is the next position"
+            "nothing held: all after since is lost"
         );
         assert_eq!(replayed, None, "nothing to replay");
     }
@@ -639,12 +695,71 @@ mod tests {
         assert_eq!(
             texts,
             [
-                &br#"{"status":"gap","from":"0000000000000abc.3","position":"0000000000000abc.6"}"#
+                &br#"{"status":"gap","from":"0000000000000abc.2","to":"0000000000000abc.2","position":"0000000000000abc.6"}"#
                     [..],
                 b"0000000000000abc.3 c",
                 b"0000000000000abc.4 d",
             ],
-            "the gap, then from what is held, up to where it was to end"
+            "the gap, exactly what was lost, then from what is held, up to where it was to end"
+        );
+        // Outrun past its end: only what it was to give is lost, and the
+        // live messages after it (e, f) are the connection's stream's.
+        let replay = Replay {
+            from: 3,
+            through: 4,
+            filter: Arc::new(Filter::default()),
+        };
+        keep(&mut history, &["g", "h", "i", "j"], Recipients::All, now);
+        out.clear();
+        let progress = history.gather(&replay, false, usize::MAX, &mut out);
+        assert_eq!((progress.more, progress.overrun), (None, true));
+        let texts: Vec<Vec<u8>> = out
+            .iter()
+            .flat_map(|f| f.payloads().map(|(p, _)| p.to_vec()).collect::<Vec<_>>())
+            .collect();
+        assert_eq!(
+            texts,
+            [&br#"{"status":"gap","from":"0000000000000abc.4","to":"0000000000000abc.4","position":"0000000000000abc.10"}"#[..]],
+            "d alone, not what the history holds from now on"
+        );
+    }
+
+    #[test]
+    fn a_message_the_history_refused_is_told_where_it_stood_to_those_it_was_for() {
+        let now = Instant::now();
+        let record = |text: &str| (16 + 19 + text.len()).next_multiple_of(8);
+        let mut history = history(bounds(100, 4 * record("x"), 60));
+        keep(&mut history, &["a"], Recipients::All, now);
+        let huge = "h".repeat(1000);
+        keep(&mut history, &[&huge], Recipients::channels(&["news"]), now);
+        keep(&mut history, &["b"], Recipients::All, now);
+        assert_eq!(
+            (history.held().0, history.refused()),
+            (3, 1),
+            "a, its mark, b"
+        );
+        let news = Filter {
+            id: None,
+            channels: vec!["news".into()].into(),
+        };
+        assert_eq!(
+            replay(&history, 0, news),
+            [
+                "0000000000000abc.1 a",
+                r#"{"status":"gap","from":"0000000000000abc.2","to":"0000000000000abc.2","position":"0000000000000abc.3"}"#,
+                "0000000000000abc.3 b"
+            ]
+        );
+        assert_eq!(
+            replay(&history, 0, Filter::default()),
+            ["0000000000000abc.1 a", "0000000000000abc.3 b"],
+            "nothing missing for a client not in news"
+        );
+        let (status, replayed) = history.resume(&since(0), now);
+        assert_eq!(
+            (status, replayed),
+            (Status::Recovered { current: at(3) }, Some((0, 3))),
+            "the gap is told where it stands, in the replay"
         );
     }
 

@@ -68,5 +68,6 @@ impl Records {
         let (messages, bytes) = self.history.held();
         Metrics::set(&metrics.history_messages, messages);
         Metrics::set(&metrics.history_bytes, bytes);
+        Metrics::set(&metrics.history_refused, self.history.refused());
     }
 }

@@ -7,7 +7,9 @@
 //! page of words any process of the host updates), an index of slots (a
 //! record's first and last positions and where it is) and the data: each
 //! record is its recipients and its frames as framed (with positions,
-//! and compressed ones beside them). The writer keeps the history within
+//! and compressed ones beside them), or, for a message the history
+//! refused (larger than its byte bound alone), its recipients only: a
+//! mark that says the position is missing. The writer keeps the history within
 //! its bounds by moving `oldest` on (what readers may use); the ring has
 //! twice that room, so a record dropped from the history stays intact a
 //! while longer. Readers copy a record out, then check that the writer
@@ -24,7 +26,7 @@ use std::time::{Duration, Instant};
 use crate::ops::sys::{monotonic_nanos, SharedMemory};
 use crate::protocol::position::Epoch;
 
-const MAGIC: u64 = u64::from_le_bytes(*b"wspushH2");
+const MAGIC: u64 = u64::from_le_bytes(*b"wspushH3");
 /// The header's words, by index.
 const MAGIC_AT: usize = 0;
 const EPOCH: usize = 1;
@@ -43,6 +45,8 @@ const LAST: usize = 8;
 /// Messages and bytes in the history.
 const MESSAGES: usize = 9;
 const BYTES: usize = 10;
+/// Messages refused so far (each larger than the byte bound alone).
+const REFUSED: usize = 11;
 /// The writer's words are in the first page; the second holds words any
 /// process of the host updates, mapped read-write by each on its own.
 const HOST_PAGE_AT: usize = 4096;
@@ -56,8 +60,10 @@ const HEADER_LEN: usize = HOST_PAGE_AT + HOST_PAGE_LEN;
 /// A slot: first and last positions, and where the record is.
 const SLOT_LEN: usize = 24;
 /// A record's head: total length, frames' length, compressed frames'
-/// length, recipients' length and kind.
+/// length, recipients' length, kind and flags.
 const RECORD_HEAD: usize = 16;
+/// In a record head's flags: the message was refused (no frames).
+const REFUSED_FLAG: u8 = 1;
 
 /// Who a record's messages were for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,16 +100,40 @@ pub struct Bounds {
     pub age: Duration,
 }
 
-/// A record copied out: its positions and frames.
+/// A record copied out: its positions and what it holds for the reader.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Record {
     /// The first message's position.
     pub first: u64,
     /// The last message's position.
     pub last: u64,
-    /// The frames (the compressed ones if asked for and there are), if
-    /// the reader wanted them.
-    pub frames: Option<Vec<u8>>,
+    /// What it holds for the reader.
+    pub content: Content,
+}
+
+/// What a record holds for a reader.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Content {
+    /// Messages for others.
+    Unwanted,
+    /// The frames of messages it wants (the compressed ones if asked for
+    /// and there are).
+    Frames(Vec<u8>),
+    /// Messages it wants, which the history refused: they are missing.
+    Refused,
+}
+
+/// What became of a message offered to the history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appended {
+    /// Kept.
+    Kept,
+    /// Larger than the byte bound alone: only a mark that it is missing
+    /// was kept.
+    Refused,
+    /// Not kept, nor anything before it: the history is off (or too small
+    /// for even the mark).
+    Forgotten,
 }
 
 /// A record the writer keeps track of.
@@ -245,11 +275,9 @@ impl Ring {
         (self.load(MESSAGES), self.load(BYTES))
     }
 
-    /// The oldest position held, if any (a slot read as it is: a reader
-    /// checks what it copies).
-    pub fn oldest_first(&self) -> Option<u64> {
-        let oldest = self.load(OLDEST);
-        (oldest < self.load(RECORDS)).then(|| self.slot(oldest).0)
+    /// Messages refused so far.
+    pub fn refused(&self) -> u64 {
+        self.load(REFUSED)
     }
 
     /// The slot of record `n`: first, last, where.
@@ -290,9 +318,10 @@ impl Ring {
         let word =
             |i: usize| u32::from_le_bytes(head[i * 4..i * 4 + 4].try_into().unwrap()) as usize;
         let (len, plain, compressed) = (word(0), word(1), word(2));
-        let (names_len, kind) = (
+        let (names_len, kind, refused) = (
             usize::from(head[12]) | usize::from(head[13]) << 8,
             Kind::of(head[14]),
+            head[15] & REFUSED_FLAG != 0,
         );
         let fits = RECORD_HEAD + names_len + plain + compressed <= len
             && (start % self.data) + len as u64 <= self.data;
@@ -300,20 +329,24 @@ impl Ring {
         if fits {
             let mut names = vec![0u8; names_len];
             self.mem.read(at + RECORD_HEAD, &mut names);
-            let frames = wanted(kind, &names).then(|| {
-                let (skip, take) = match deflated && compressed > 0 {
-                    true => (plain, compressed),
-                    false => (0, plain),
-                };
-                let mut frames = vec![0u8; take];
-                self.mem
-                    .read(at + RECORD_HEAD + names_len + skip, &mut frames);
-                frames
-            });
+            let content = match wanted(kind, &names) {
+                false => Content::Unwanted,
+                true if refused => Content::Refused,
+                true => {
+                    let (skip, take) = match deflated && compressed > 0 {
+                        true => (plain, compressed),
+                        false => (0, plain),
+                    };
+                    let mut frames = vec![0u8; take];
+                    self.mem
+                        .read(at + RECORD_HEAD + names_len + skip, &mut frames);
+                    Content::Frames(frames)
+                }
+            };
             record = Some(Record {
                 first,
                 last,
-                frames,
+                content,
             });
         }
         fence(Ordering::Acquire);
@@ -326,8 +359,11 @@ impl Ring {
 
     /// Appends a record of messages `first..=last` (`count` of them) for
     /// `kind` `names`, its frames and compressed frames, dropping the
-    /// oldest records as the bounds ask. A record over a bound by itself
-    /// is not kept (it and all before it are forgotten).
+    /// oldest records as the bounds ask. A record over the byte bound by
+    /// itself is refused: a mark with its recipients (or, if even they are
+    /// over it, for everyone) takes its place, and the rest stays. With
+    /// more messages than the count bound (0: no history), it and all
+    /// before it are forgotten.
     pub fn append(
         &mut self,
         (first, last, count): (u64, u64, usize),
@@ -335,19 +371,33 @@ impl Ring {
         frames: &[u8],
         compressed: &[u8],
         now: Instant,
-    ) {
+    ) -> Appended {
         let writer = self
             .writer
-            .as_mut()
+            .as_ref()
             .expect("bug: appending to a history read-only here");
-        let names = &names[..names.len().min(u16::MAX as usize)];
-        let len = (RECORD_HEAD + names.len() + frames.len() + compressed.len()).next_multiple_of(8);
         let bounds = writer.bounds;
+        let names = &names[..names.len().min(u16::MAX as usize)];
+        let record_len = |names: &[u8], frames: &[u8], compressed: &[u8]| {
+            (RECORD_HEAD + names.len() + frames.len() + compressed.len()).next_multiple_of(8)
+        };
+        let (kind, names, frames, compressed, appended) =
+            if record_len(names, frames, compressed) <= bounds.bytes {
+                (kind, names, frames, compressed, Appended::Kept)
+            } else if record_len(names, &[], &[]) <= bounds.bytes {
+                (kind, names, &[][..], &[][..], Appended::Refused)
+            } else {
+                (Kind::All, &[][..], &[][..], &[][..], Appended::Refused)
+            };
+        let len = record_len(names, frames, compressed);
         if count > bounds.messages || len > bounds.bytes {
             self.evict(now, usize::MAX, 0);
             self.store(FORGOTTEN, last);
             self.store(LAST, last);
-            return;
+            return Appended::Forgotten;
+        }
+        if appended == Appended::Refused {
+            self.store(REFUSED, self.load(REFUSED) + 1);
         }
         self.evict(now, count, len);
         let records = self.load(RECORDS);
@@ -373,6 +423,11 @@ impl Ring {
         head[8..12].copy_from_slice(&(compressed.len() as u32).to_le_bytes());
         head[12..14].copy_from_slice(&(names.len() as u16).to_le_bytes());
         head[14] = kind as u8;
+        head[15] = if appended == Appended::Refused {
+            REFUSED_FLAG
+        } else {
+            0
+        };
         let at = self.data_at + (start % self.data) as usize;
         self.mem.write(at, &head);
         self.mem.write(at + RECORD_HEAD, names);
@@ -396,6 +451,7 @@ impl Ring {
         let (messages, bytes) = self.held();
         self.store(MESSAGES, messages + count as u64);
         self.store(BYTES, bytes + len as u64);
+        appended
     }
 
     fn writer_kept_front(&self) -> Option<&Kept> {
@@ -526,19 +582,22 @@ mod tests {
             Record {
                 first: 1,
                 last: 2,
-                frames: Some(b"zipped".to_vec()),
+                content: Content::Frames(b"zipped".to_vec()),
             }
         );
         let channels = |kind, names: &[u8]| kind == Kind::Channels && names == b"a,b";
-        assert!(reader.read(0, false, channels).unwrap().frames.is_some());
+        assert_eq!(
+            reader.read(0, false, channels).unwrap().content,
+            Content::Frames(b"frames".to_vec())
+        );
         let second = reader.read(1, true, everything).unwrap();
         assert_eq!(
-            second.frames.unwrap(),
-            b"more",
+            second.content,
+            Content::Frames(b"more".to_vec()),
             "no compressed frames: the plain ones"
         );
         let unwanted = reader.read(1, false, |kind, _| kind == Kind::Id).unwrap();
-        assert_eq!((unwanted.last, unwanted.frames), (3, None));
+        assert_eq!((unwanted.last, unwanted.content), (3, Content::Unwanted));
     }
 
     #[test]
@@ -549,7 +608,7 @@ mod tests {
             ring.append((seq, seq, 1), (Kind::All, b""), &[seq as u8; 100], b"", now);
         }
         assert_eq!(ring.held().0, 3);
-        assert_eq!((ring.forgotten(), ring.oldest_first()), (2, Some(3)));
+        assert_eq!(ring.forgotten(), 2);
         assert_eq!(ring.find(0).0, 2, "the oldest held");
         // The ring has twice the bound's room: record 0 is out of the
         // history but still intact until written over.
@@ -561,16 +620,63 @@ mod tests {
         let (n, records) = ring.find(37);
         assert_eq!((n, records), (37, 40));
         assert_eq!(
-            ring.read(n, false, everything).unwrap().frames.unwrap(),
-            [38u8; 100]
+            ring.read(n, false, everything).unwrap().content,
+            Content::Frames(vec![38u8; 100])
         );
         ring.evict(now + Duration::from_secs(61), 0, 0);
+        assert_eq!((ring.held(), ring.forgotten()), ((0, 0), 40));
+        assert_eq!(ring.find(0).0, 40, "none held");
+    }
+
+    #[test]
+    fn a_message_over_the_byte_bound_leaves_a_mark_and_the_rest_stays() {
+        let now = Instant::now();
+        let mut ring = Ring::create(bounds(10, 1024), Epoch(1), 0).unwrap();
+        let append = |ring: &mut Ring, seq, names: &[u8], len| {
+            let kind = if names.is_empty() {
+                Kind::All
+            } else {
+                Kind::Channels
+            };
+            ring.append(
+                (seq, seq, 1),
+                (kind, names),
+                &vec![seq as u8; len],
+                b"",
+                now,
+            )
+        };
+        assert_eq!(append(&mut ring, 1, b"", 100), Appended::Kept);
+        assert_eq!(append(&mut ring, 2, b"news", 2000), Appended::Refused);
+        assert_eq!(append(&mut ring, 3, b"", 100), Appended::Kept);
+        assert_eq!((ring.held().0, ring.forgotten(), ring.refused()), (3, 0, 1));
+        let news = |kind, names: &[u8]| kind == Kind::All || names == b"news";
+        let contents: Vec<Content> = (0..3)
+            .map(|n| ring.read(n, false, news).unwrap().content)
+            .collect();
         assert_eq!(
-            (ring.held(), ring.forgotten(), ring.oldest_first()),
-            ((0, 0), 40, None)
+            contents,
+            [
+                Content::Frames(vec![1; 100]),
+                Content::Refused,
+                Content::Frames(vec![3; 100])
+            ]
         );
-        // A record over the byte bound is not kept.
-        ring.append((41, 41, 1), (Kind::All, b""), &[0; 2000], b"", now);
-        assert_eq!((ring.held().0, ring.forgotten(), ring.last()), (0, 41, 41));
+        let others = |kind, _: &[u8]| kind == Kind::All;
+        assert_eq!(
+            ring.read(1, false, others).unwrap().content,
+            Content::Unwanted,
+            "a mark is for its recipients only"
+        );
+        // Recipients over the bound too: a mark for everyone.
+        assert_eq!(append(&mut ring, 4, &[b'c'; 1500], 10), Appended::Refused);
+        assert_eq!(
+            ring.read(3, false, others).unwrap().content,
+            Content::Refused
+        );
+        // No history at all: forgotten, with everything before it.
+        let mut off = Ring::create(bounds(0, 1024), Epoch(1), 0).unwrap();
+        assert_eq!(append(&mut off, 1, b"", 10), Appended::Forgotten);
+        assert_eq!((off.held().0, off.forgotten(), off.last()), (0, 1, 1));
     }
 }

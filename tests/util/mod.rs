@@ -153,6 +153,29 @@ pub fn connect(addr: SocketAddr, path: &str) -> Client {
     client
 }
 
+/// [`connect`] with a receive buffer of 4 KiB, set before the socket
+/// connects (so the kernel holds little for it): a client that reads
+/// slowly, or not at all for a while, soon has the server queue for it.
+pub fn connect_slow_reader(addr: SocketAddr, path: &str) -> Client {
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("a socket");
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&addr.into()).expect("TCP connect");
+    let stream: TcpStream = socket.into();
+    stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    let config = tungstenite::protocol::WebSocketConfig::default()
+        .read_buffer_size(4096)
+        .max_message_size(Some(32 << 20));
+    let (client, response) = tungstenite::client::client_with_config(
+        format!("ws://{addr}{path}"),
+        MaybeTlsStream::Plain(stream),
+        Some(config),
+    )
+    .expect("WebSocket connect");
+    assert_eq!(response.status(), 101);
+    client
+}
+
 /// The next `n` messages `client` gets, each of which must be text.
 pub fn texts(client: &mut Client, n: usize) -> Vec<String> {
     (0..n)

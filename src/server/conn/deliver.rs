@@ -133,15 +133,27 @@ impl Conn {
 
     /// Broadcasts found its queue full: under policy `drop` it misses
     /// them; under `close` its output not started yet is discarded and it
-    /// is closed with 1008.
+    /// is closed with 1008. A connection with positions is never skipped
+    /// silently: under `drop` it is closed with 1008 after what it was
+    /// given, and resumes from there with nothing lost.
     fn on_slow_consumer(&mut self, key: ConnKey, missed: u64, ctx: &mut Ctx<'_>) -> Verdict {
+        let why = "slow consumer";
         match ctx.config.slow_consumer {
-            SlowConsumerPolicy::Drop => {
+            SlowConsumerPolicy::Drop if !self.positions => {
                 log::debug!(
                     "slow consumer {key}: {} bytes queued, {missed} broadcasts dropped for it",
                     self.out.queued_bytes(),
                 );
                 Verdict::Keep
+            }
+            SlowConsumerPolicy::Drop => {
+                log::debug!(
+                    "slow consumer {key} with positions: {} bytes queued, {missed} broadcasts \
+                     not given; closing after what it was given, to resume",
+                    self.out.queued_bytes(),
+                );
+                let code = CloseCode::POLICY_VIOLATION;
+                self.begin_close(key, code, why, CloseReason::SlowConsumer, ctx)
             }
             SlowConsumerPolicy::Close => {
                 let dropped = self.discard_output(false, ctx.tally);
@@ -149,13 +161,8 @@ impl Conn {
                     "slow consumer {key}: {} bytes queued, {dropped} frames dropped, closing",
                     self.out.queued_bytes()
                 );
-                self.begin_close(
-                    key,
-                    CloseCode::POLICY_VIOLATION,
-                    "slow consumer",
-                    CloseReason::SlowConsumer,
-                    ctx,
-                )
+                let code = CloseCode::POLICY_VIOLATION;
+                self.begin_close(key, code, why, CloseReason::SlowConsumer, ctx)
             }
         }
     }

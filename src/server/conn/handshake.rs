@@ -70,9 +70,9 @@ impl Conn {
                 let sent = self.send(Outgoing::Response(&response[..len], &status), ctx);
                 (head_len, Verdict::after(sent))
             }
-            Ok(HeadStatus::Endpoint(endpoint, head_len)) => {
+            Ok(HeadStatus::Endpoint(endpoint, method, head_len)) => {
                 self.linger(key, CloseReason::Http, ctx);
-                (head_len, Verdict::Serve(endpoint))
+                (head_len, Verdict::Serve(endpoint, method))
             }
             Err(rejection) => (bytes.len(), self.reject(key, rejection, ctx)),
         }

@@ -299,7 +299,7 @@ impl Conn {
 mod tests {
     use super::super::rig::Rig;
     use super::*;
-    use crate::protocol::http::{self, Endpoint};
+    use crate::protocol::http::{self, Endpoint, Method};
     use std::io::{Read, Write};
 
     #[test]
@@ -313,10 +313,15 @@ mod tests {
             rig.drive(|conn, scratch, ctx| conn.on_readable(ConnKey(0), false, scratch, ctx))
         };
         // The read stops at the request, which goes to the loop to answer.
-        assert_eq!(read(&mut rig), Verdict::Serve(Endpoint::Health));
+        assert_eq!(
+            read(&mut rig),
+            Verdict::Serve(Endpoint::Health, Method::Get)
+        );
         assert!(rig.conn.input.is_none(), "nothing held after the request");
-        let answered = rig
-            .drive(|conn, _, ctx| conn.respond(http::PageStatus::Ok, "text/plain", b"ok\n", ctx));
+        let answered = rig.drive(|conn, _, ctx| {
+            let body = (&b"ok\n"[..], Method::Get);
+            conn.respond(http::PageStatus::Ok, "text/plain", body, ctx)
+        });
         assert_eq!(answered, Verdict::ReadAgain, "what follows is read on");
         for _ in 0..2 {
             assert_eq!(read(&mut rig), Verdict::Keep);

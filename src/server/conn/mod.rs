@@ -29,7 +29,7 @@ use crate::config::Config;
 use crate::ops::metrics::{Metrics, Tally};
 use crate::protocol::commands::ConnRef;
 use crate::protocol::deflate::{Agreed, MAX_WINDOW_BITS};
-use crate::protocol::http::{Endpoint, Endpoints};
+use crate::protocol::http::{Endpoint, Endpoints, Method};
 use crate::protocol::target::RequestTarget;
 use crate::protocol::ws::inflate::Inflater;
 use crate::protocol::ws::{CloseCode, Decoder};
@@ -128,10 +128,10 @@ pub enum Verdict {
     /// Keep it, and run its read handler again soon: it used its read
     /// budget with more input waiting.
     ReadAgain,
-    /// It asked for this plain HTTP endpoint and is lingering: the loop,
-    /// which holds what the answer reports, renders it and hands it to
-    /// [`Conn::respond`].
-    Serve(Endpoint),
+    /// It asked for this plain HTTP endpoint (by `GET` or `HEAD`) and is
+    /// lingering: the loop, which holds what the answer reports, renders
+    /// it and hands it to [`Conn::respond`].
+    Serve(Endpoint, Method),
     /// Keep it, and read it again once the upstream reader has caught up
     /// (reading clients is paused until then).
     AwaitUpstream,

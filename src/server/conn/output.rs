@@ -119,13 +119,13 @@ impl Conn {
     }
 
     /// Answers the endpoint it asked for (see [`Verdict::Serve`]) with
-    /// `200 OK` and `body`, then reads on, discarding, until the client
-    /// goes.
+    /// `status` and `body` (its head alone for a `HEAD`), then reads on,
+    /// discarding, until the client goes.
     pub fn respond(
         &mut self,
         status: http::PageStatus,
         content_type: &str,
-        body: &[u8],
+        (body, method): (&[u8], http::Method),
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
         debug_assert!(
@@ -140,6 +140,11 @@ impl Conn {
         );
         let mut head = [0u8; MAX_RESPONSE_LEN];
         let len = http::write_page_head(status, content_type, body.len(), &mut head);
+        let body = if method == http::Method::Head {
+            &[]
+        } else {
+            body
+        };
         match self.send(Outgoing::Response(&head[..len], body), ctx) {
             // Reading stopped at the request to let the loop answer it.
             Ok(_) => Verdict::ReadAgain,
