@@ -26,9 +26,7 @@ fn stdin_lines_are_broadcast_in_order_by_the_documented_rules() {
     server
         .process
         .wait_for("input line 5 skipped: longer than the 16-byte message limit");
-    server
-        .process
-        .wait_for("standard input closed; still serving");
+    server.process.wait_for("the input ended; still serving");
 
     // End of input did not stop the server.
     let mut late = connect(server.addr, "/");

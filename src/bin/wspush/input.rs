@@ -1,15 +1,18 @@
-//! Standard input to the loop. In `lines` mode each line, judged by the
-//! rules of [`wspush::protocol::lines`], is broadcast; in `commands` mode
-//! each line is a [`wspush::Command`]. Either way the work goes through a
+//! The input to the loop: the lines of the sources ([`crate::sources`])
+//! as a lone server merges them, or as an instance reads them from its
+//! supervisor. In `lines` mode each line, judged by the rules of
+//! [`wspush::protocol::lines`], is broadcast; in `commands` mode each line
+//! is a [`wspush::Command`]. Either way the work goes through a
 //! [`Handle`], and a skipped line is logged with its number and counted in
-//! `input_lines_rejected`. End of input ends
-//! the pump, not the server. An instance of a supervisor also takes the
-//! supervisor's control lines ([`crate::sources`]) from its input.
+//! `input_lines_rejected`. End of input ends the pump, not the server.
+//! Control lines ([`crate::sources`]) are carried out.
 //!
-//! Input lines are numbered from the first line's number on (control
-//! lines apart), and a line's messages get its number as their position:
-//! every instance of a supervisor reads the same lines, so every instance
-//! gives the same line the same position.
+//! Input lines are numbered by one rule, [`LineNumbers`]: every line but
+//! a control line takes the next number, skipped or not, and a line's
+//! messages get its number as their position. A lone server numbers from
+//! 1; a supervisor numbers the same way as it records the history, and
+//! tells each instance it starts where to begin, so every instance gives
+//! the same line the same number, in its positions and its warnings.
 
 use std::io::{self, BufRead};
 use std::ops::ControlFlow;
@@ -50,27 +53,51 @@ pub fn max_line_bytes(mode: InputMode, max_message_bytes: usize) -> usize {
     }
 }
 
+/// The numbers of the input's lines: each line but a control line takes
+/// the next, whether it is acted on or skipped. A line's number is its
+/// messages' position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LineNumbers {
+    next: u64,
+}
+
+impl LineNumbers {
+    /// The first line is numbered `first`.
+    pub fn from(first: u64) -> LineNumbers {
+        LineNumbers { next: first }
+    }
+
+    /// The number the next line takes.
+    pub fn next(&self) -> u64 {
+        self.next
+    }
+
+    /// The number of `line` (`None` for a control line, which takes none).
+    pub fn take(&mut self, line: &Line<'_>) -> Option<u64> {
+        if let Line::NotUtf8([CONTROL, ..]) = line {
+            return None;
+        }
+        self.next += 1;
+        Some(self.next - 1)
+    }
+}
+
 /// Reads `input` to its end, handing each line to `handle` in order, as
-/// `mode` says, numbered from `first_line` (`None`: the loop gives the
-/// next positions); lines longer than `max_line_bytes` are skipped. With
-/// `controlled` (an instance reading its supervisor), control lines are
-/// carried out.
+/// `mode` says, numbered from `first_line`; lines longer than
+/// `max_line_bytes` are skipped; control lines are carried out.
 pub fn pump(
     mut input: impl BufRead,
     handle: &Handle,
     mode: InputMode,
     max_line_bytes: usize,
-    controlled: bool,
-    first_line: Option<u64>,
+    first_line: u64,
 ) -> PumpEnd {
     let mut lines = Lines::new(max_line_bytes);
     let mut pump = Pump {
         handle,
         mode,
         max_line_bytes,
-        controlled,
-        first_line,
-        controls: 0,
+        numbers: LineNumbers::from(first_line),
     };
     loop {
         let chunk = match input.fill_buf() {
@@ -79,13 +106,13 @@ pub fn pump(
             Err(e) => return PumpEnd::Failed(e),
         };
         if chunk.is_empty() {
-            return match lines.finish(|number, line| pump.line(number, line)) {
+            return match lines.finish(|_, line| pump.line(line)) {
                 ControlFlow::Break(end) => end,
                 ControlFlow::Continue(()) => PumpEnd::Eof,
             };
         }
         let read = chunk.len();
-        if let ControlFlow::Break(end) = lines.push(chunk, |number, line| pump.line(number, line)) {
+        if let ControlFlow::Break(end) = lines.push(chunk, |_, line| pump.line(line)) {
             return end;
         }
         input.consume(read);
@@ -97,16 +124,26 @@ struct Pump<'h> {
     handle: &'h Handle,
     mode: InputMode,
     max_line_bytes: usize,
-    controlled: bool,
-    first_line: Option<u64>,
-    /// Control lines so far: they take no position.
-    controls: u64,
+    numbers: LineNumbers,
 }
 
 impl Pump<'_> {
-    /// Carries out input line `number`; breaks when the server is gone.
-    fn line(&mut self, number: u64, line: Line<'_>) -> ControlFlow<PumpEnd> {
+    /// Carries out the next input line; breaks when the server is gone.
+    fn line(&mut self, line: Line<'_>) -> ControlFlow<PumpEnd> {
         let handle = self.handle;
+        let Some(number) = self.numbers.take(&line) else {
+            let Line::NotUtf8(bytes) = line else {
+                unreachable!("only a line not UTF-8 is a control line")
+            };
+            match Control::parse(bytes) {
+                Some(control) => carry_out_control(handle, control),
+                None => {
+                    handle.count_rejected_input();
+                    log::warn!("a control line skipped: not one this version knows");
+                }
+            }
+            return ControlFlow::Continue(());
+        };
         let text = match line {
             Line::Text(text) => text,
             Line::TooLong => {
@@ -118,25 +155,15 @@ impl Pump<'_> {
                 reject(handle, number, &why);
                 return ControlFlow::Continue(());
             }
-            Line::NotUtf8(bytes) => {
-                match Control::parse(bytes) {
-                    Some(control) if self.controlled => {
-                        self.controls += 1;
-                        carry_out_control(handle, control)
-                    }
-                    _ if self.controlled && bytes.first() == Some(&CONTROL) => {
-                        reject(handle, number, "not a control line")
-                    }
-                    _ => reject(handle, number, "not valid UTF-8"),
-                }
+            Line::NotUtf8(_) => {
+                reject(handle, number, "not valid UTF-8");
                 return ControlFlow::Continue(());
             }
         };
-        let seq = self
-            .first_line
-            .map(|first| (first + number).saturating_sub(1 + self.controls));
         let done = match interpret(self.mode, text) {
-            Ok(Interpreted::Message(to, kind, payload)) => send(handle, seq, to, kind, payload),
+            Ok(Interpreted::Message(to, kind, payload)) => {
+                handle.send_at(number, to, kind, payload)
+            }
             Ok(Interpreted::Command(command)) => carry_out(handle, command),
             Err(e) => {
                 reject(handle, number, &e);
@@ -153,20 +180,6 @@ impl Pump<'_> {
             Err(e) => reject(handle, number, &e.to_string()),
         }
         ControlFlow::Continue(())
-    }
-}
-
-/// Sends a message of line `seq` (if numbered).
-fn send(
-    handle: &Handle,
-    seq: Option<u64>,
-    to: Recipients,
-    kind: MessageKind,
-    payload: Vec<u8>,
-) -> Result<(), BroadcastError> {
-    match seq {
-        Some(seq) => handle.send_at(seq, to, kind, payload),
-        None => handle.send(to, kind, payload),
     }
 }
 
@@ -218,6 +231,7 @@ pub struct Recorder {
     mode: InputMode,
     max_line_bytes: usize,
     max_message_bytes: usize,
+    numbers: LineNumbers,
 }
 
 impl Recorder {
@@ -233,7 +247,14 @@ impl Recorder {
             mode,
             max_line_bytes,
             max_message_bytes,
+            numbers: LineNumbers::from(1),
         }
+    }
+
+    /// The number the next line of input takes: where an instance started
+    /// now begins.
+    pub fn next_line(&self) -> u64 {
+        self.numbers.next()
     }
 
     /// The history's descriptor, for the instances to inherit.
@@ -241,17 +262,17 @@ impl Recorder {
         self.history.inheritable_fd()
     }
 
-    /// Keeps the messages of `chunk` (whole lines, the first numbered
-    /// `first`), judged as an instance judges them.
-    pub fn record(&mut self, chunk: &[u8], first: u64) {
+    /// Numbers the lines of `chunk` (whole lines, control lines too) and
+    /// keeps their messages, judged as an instance judges them.
+    pub fn record(&mut self, chunk: &[u8]) {
         let mut lines = Lines::new(self.max_line_bytes);
-        let mut keep = |number: u64, line: Line<'_>| {
-            let Line::Text(text) = line else {
+        let mut keep = |_, line: Line<'_>| {
+            let (Some(number), Line::Text(text)) = (self.numbers.take(&line), line) else {
                 return ControlFlow::<()>::Continue(());
             };
             if let Ok(Interpreted::Message(to, kind, payload)) = interpret(self.mode, text) {
                 if payload.len() <= self.max_message_bytes {
-                    self.history.append(first + number - 1, &to, kind, &payload);
+                    self.history.append(number, &to, kind, &payload);
                 }
             }
             ControlFlow::Continue(())
@@ -277,4 +298,27 @@ fn carry_out_control(handle: &Handle, control: Control) {
 fn reject(handle: &Handle, number: u64, why: &str) {
     handle.count_rejected_input();
     log::warn!("input line {number} skipped: {why}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_line_but_a_control_line_takes_the_next_number_skipped_or_not() {
+        let mut numbers = LineNumbers::from(7);
+        let taken: Vec<Option<u64>> = [
+            Line::Text("x1"),
+            Line::NotUtf8(b"\xfe bad"),
+            Line::NotUtf8(b"\xfffeed lost"),
+            Line::TooLong,
+            Line::NotUtf8(b"\xffnot a control line either"),
+            Line::Text(""),
+        ]
+        .iter()
+        .map(|line| numbers.take(line))
+        .collect();
+        assert_eq!(taken, [Some(7), Some(8), None, Some(9), None, Some(10)]);
+        assert_eq!(numbers.next(), 11, "where an instance started now begins");
+    }
 }

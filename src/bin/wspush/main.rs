@@ -2,7 +2,7 @@
 //! broadcasts, and `--processes` (a supervisor over single-threaded instances).
 
 use std::ffi::OsString;
-use std::io::{self, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,7 +27,6 @@ mod rlimit;
 mod sources;
 mod supervisor;
 use redis_feed::RedisFeed;
-use sources::Control;
 use wspush::{
     Config, Degraded, Handle, Overflow, Server, SharedHistory, SlowConsumerPolicy, TokenError,
     Tokens, UpstreamConfig, UpstreamReader, MAX_DURATION, MAX_MESSAGE_LIMIT,
@@ -521,43 +520,25 @@ fn serve(cli: Cli) -> Result<(), String> {
     let mode = cli.input;
     let max_line = input::max_line_bytes(mode, config.max_message_bytes as usize);
     // An instance reads its supervisor, which holds the Redis feed and
-    // numbers the lines.
-    let controlled = instance_number().is_some();
-    let first_line = controlled.then_some(config.first_position);
-    if let Some(feed) = feed {
-        let on_state = {
-            let handle = handle.clone();
-            move |control| match control {
-                Control::FeedLost => handle.feed_lost(),
-                Control::FeedRestored(outage) => handle.feed_restored(outage),
-            }
-        };
-        let messages = sources::feed_pipe(feed, on_state)
-            .map_err(|e| format!("cannot start the Redis reader: {e}"))?;
-        let handle = handle.clone();
-        std::thread::Builder::new()
-            .name("redis-lines".into())
-            .spawn(move || {
-                let input = BufReader::new(messages);
-                match input::pump(input, &handle, mode, max_line, false, None) {
-                    PumpEnd::Eof | PumpEnd::ServerGone => {}
-                    PumpEnd::Failed(e) => log::warn!("reading the Redis feed failed: {e}"),
-                }
-            })
-            .map_err(|e| format!("cannot start the Redis reader: {e}"))?;
-    }
+    // tells it the number of its first line; alone, the server merges its
+    // sources as a supervisor does, and numbers from 1.
+    let merged = match instance_number() {
+        Some(_) => None,
+        None => Some(
+            sources::spawn(io::stdin(), feed, max_line, None)
+                .map_err(|e| format!("cannot start the input readers: {e}"))?,
+        ),
+    };
+    let first_line = config.first_position;
     std::thread::Builder::new()
-        .name("stdin".into())
+        .name("input".into())
         .spawn(move || {
-            match input::pump(
-                BufReader::new(io::stdin().lock()),
-                &handle,
-                mode,
-                max_line,
-                controlled,
-                first_line,
-            ) {
-                PumpEnd::Eof => log::info!("standard input closed; still serving"),
+            let input: Box<dyn BufRead> = match merged {
+                Some(chunks) => Box::new(sources::Merged::new(chunks)),
+                None => Box::new(BufReader::new(io::stdin().lock())),
+            };
+            match input::pump(input, &handle, mode, max_line, first_line) {
+                PumpEnd::Eof => log::info!("the input ended; still serving"),
                 PumpEnd::ServerGone => {}
                 PumpEnd::Failed(e) => {
                     log::warn!("reading standard input failed: {e}; still serving")
@@ -658,7 +639,7 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     log::info!(
         "listening on {listen} with {count} instances, up to {per_instance} connections each"
     );
-    let chunks = sources::spawn(io::stdin(), feed, max_line, supervisor.waker())
+    let chunks = sources::spawn(io::stdin(), feed, max_line, Some(supervisor.waker()))
         .map_err(|e| format!("cannot start the input readers: {e}"))?;
     supervisor.run(chunks).map_err(|e| e.to_string())
 }

@@ -2,21 +2,21 @@
 //! their lines reach the instances of a supervisor.
 //!
 //! A Redis message is read as its bytes followed by a line end (unless it
-//! ends with one): one line, or several if it holds line ends. Alone, the
-//! server reads each source with its own reader ([`feed_pipe`] turns the
-//! Redis feed into a stream for one), so lines interleave whole.
+//! ends with one): one line, or several if it holds line ends.
 //!
-//! Under a supervisor, one reader thread per source hands over chunks of
-//! whole lines ([`WholeLines`]) through one channel, so the instances get
-//! the lines of both interleaved whole, in the order the chunks came. The
-//! supervisor also tells its instances that the feed was lost or restored,
-//! with **control lines**: a line that begins with [`CONTROL`] (0xFF,
-//! which no UTF-8 text holds, so no line an instance would act on). A data
-//! line that begins with that byte has it replaced with 0xFE on the way
-//! (it is still not UTF-8, and is skipped and counted as before), so only
-//! the supervisor writes control lines.
+//! One reader thread per source hands over chunks of whole lines
+//! ([`WholeLines`]) through one channel ([`spawn`]), so the lines of both
+//! come interleaved whole, in the order the chunks came, and are numbered
+//! in that order: by a lone server's input pump ([`Merged`]), or by a
+//! supervisor, which hands the chunks on to its instances. The feed's
+//! being lost or restored is said in the same stream with **control
+//! lines**: a line that begins with [`CONTROL`] (0xFF, which no UTF-8 text
+//! holds, so no line an instance would act on). A data line that begins
+//! with that byte has it replaced with 0xFE on the way (it is still not
+//! UTF-8, and is skipped and counted as before), so only the Redis reader
+//! writes control lines.
 
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, Read};
 use std::ops::ControlFlow;
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
@@ -117,55 +117,21 @@ fn put_line(line: &[u8], out: &mut Vec<u8>) -> ControlFlow<()> {
     ControlFlow::Continue(())
 }
 
-/// The Redis feed as a byte stream for a reader of input lines (the server
-/// alone): each message written as its lines, on a thread of its own.
-/// `on_state` hears when the feed is lost and restored.
-pub fn feed_pipe(
-    feed: RedisFeed,
-    mut on_state: impl FnMut(Control) + Send + 'static,
-) -> io::Result<io::PipeReader> {
-    let (reader, mut writer) = io::pipe()?;
-    std::thread::Builder::new()
-        .name("redis".into())
-        .spawn(move || {
-            // One write per message, its line end included.
-            let mut line = Vec::new();
-            feed.run(|event| match event {
-                FeedEvent::Message(message) => {
-                    line.clear();
-                    line.extend_from_slice(message);
-                    if !message.ends_with(b"\n") {
-                        line.push(b'\n');
-                    }
-                    writer.write_all(&line).is_ok()
-                }
-                FeedEvent::Lost => {
-                    on_state(Control::FeedLost);
-                    true
-                }
-                FeedEvent::Restored(outage) => {
-                    on_state(Control::FeedRestored(outage));
-                    true
-                }
-            })
-        })?;
-    Ok(reader)
-}
-
 /// Reads standard input (`input`) and the Redis feed, if any, each on a
 /// thread of its own, and hands over chunks of whole lines of at most
-/// `max_line` bytes (and control lines), one at a time: a source waits
-/// while the supervisor does not take them, which slows its producer down.
-/// The channel ends when every source has.
+/// `max_line` bytes (and control lines), one at a time, waking `waker`
+/// (a supervisor's poll) for each: a source waits while its reader does
+/// not take them, which slows its producer down. The channel ends when
+/// every source has.
 pub fn spawn(
     input: impl Read + Send + 'static,
     feed: Option<RedisFeed>,
     max_line: usize,
-    waker: Arc<Waker>,
+    waker: Option<Arc<Waker>>,
 ) -> io::Result<Receiver<Vec<u8>>> {
     let (tx, rx) = mpsc::sync_channel(1);
     if let Some(feed) = feed {
-        let (tx, waker) = (tx.clone(), Arc::clone(&waker));
+        let (tx, waker) = (tx.clone(), waker.clone());
         std::thread::Builder::new()
             .name("redis".into())
             .spawn(move || {
@@ -180,28 +146,87 @@ pub fn spawn(
                         FeedEvent::Lost => Control::FeedLost.line(),
                         FeedEvent::Restored(outage) => Control::FeedRestored(outage).line(),
                     };
-                    hand_over(&tx, &waker, chunk)
+                    hand_over(&tx, waker.as_deref(), chunk)
                 })
             })?;
     }
     std::thread::Builder::new()
         .name("input".into())
-        .spawn(move || read_input(input, max_line, &tx, &waker))?;
+        .spawn(move || read_input(input, max_line, &tx, waker.as_deref()))?;
     Ok(rx)
 }
 
-/// Sends `chunk` and wakes the supervisor; false once it is gone.
-fn hand_over(tx: &SyncSender<Vec<u8>>, waker: &Waker, chunk: Vec<u8>) -> bool {
+/// Sends `chunk` and wakes its reader; false once it is gone.
+fn hand_over(tx: &SyncSender<Vec<u8>>, waker: Option<&Waker>, chunk: Vec<u8>) -> bool {
     if tx.send(chunk).is_err() {
         return false;
     }
-    let _ = waker.wake();
+    wake(waker);
     true
+}
+
+fn wake(waker: Option<&Waker>) {
+    if let Some(waker) = waker {
+        let _ = waker.wake();
+    }
+}
+
+/// The chunks [`spawn`] hands over, read as one stream of lines.
+#[derive(Debug)]
+pub struct Merged {
+    chunks: Receiver<Vec<u8>>,
+    chunk: Vec<u8>,
+    /// Bytes of `chunk` read.
+    at: usize,
+}
+
+impl Merged {
+    /// Reads what `chunks` brings.
+    pub fn new(chunks: Receiver<Vec<u8>>) -> Merged {
+        Merged {
+            chunks,
+            chunk: Vec::new(),
+            at: 0,
+        }
+    }
+}
+
+impl Read for Merged {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let available = self.fill_buf()?;
+        let n = available.len().min(buf.len());
+        buf[..n].copy_from_slice(&available[..n]);
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+impl BufRead for Merged {
+    /// Waits for the next chunk once this one is read; empty once every
+    /// source has ended.
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        while self.at == self.chunk.len() {
+            match self.chunks.recv() {
+                Ok(chunk) => (self.chunk, self.at) = (chunk, 0),
+                Err(_) => return Ok(&[]),
+            }
+        }
+        Ok(&self.chunk[self.at..])
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.at = (self.at + n).min(self.chunk.len());
+    }
 }
 
 /// Hands over `input`'s whole lines until it ends (the last line ended),
 /// or the supervisor is gone.
-fn read_input(mut input: impl Read, max_line: usize, tx: &SyncSender<Vec<u8>>, waker: &Waker) {
+fn read_input(
+    mut input: impl Read,
+    max_line: usize,
+    tx: &SyncSender<Vec<u8>>,
+    waker: Option<&Waker>,
+) {
     let mut lines = WholeLines::new(max_line);
     let mut buf = vec![0u8; INPUT_CHUNK];
     loop {
@@ -226,7 +251,7 @@ fn read_input(mut input: impl Read, max_line: usize, tx: &SyncSender<Vec<u8>>, w
         hand_over(tx, waker, last);
     }
     log::info!("standard input closed");
-    let _ = waker.wake();
+    wake(waker);
 }
 
 #[cfg(test)]
@@ -283,6 +308,21 @@ mod tests {
         let mut out = Vec::new();
         lines.push_message(b"\xFFfeed lost", &mut out);
         assert_eq!(Control::parse(out.strip_suffix(b"\n").unwrap()), None);
+    }
+
+    #[test]
+    fn the_chunks_read_as_one_stream_until_every_source_has_ended() {
+        let (tx, rx) = mpsc::sync_channel(4);
+        for chunk in [&b"one\ntw"[..], b"", b"o\n", b"three\n"] {
+            tx.send(chunk.to_vec()).unwrap();
+        }
+        drop(tx);
+        let mut merged = Merged::new(rx);
+        let mut first = [0u8; 5];
+        merged.read_exact(&mut first).unwrap();
+        assert_eq!(&first, b"one\nt");
+        let lines: Vec<String> = merged.lines().map(Result::unwrap).collect();
+        assert_eq!(lines, ["wo", "three"]);
     }
 
     #[test]

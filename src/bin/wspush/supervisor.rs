@@ -328,8 +328,6 @@ pub struct Supervisor {
     /// While the feed is lost: the control line that says so, for
     /// instances started meanwhile.
     feed_lost: Option<Rc<[u8]>>,
-    /// Input lines handed to the instances so far (control lines apart).
-    lines: u64,
     /// Keeps the messages of the input in the host's history.
     recorder: Recorder,
 }
@@ -367,7 +365,6 @@ impl Supervisor {
                 args: args.to_vec(),
                 history_fd: recorder.inheritable_fd()?,
             },
-            lines: 0,
             recorder,
             instances: Vec::with_capacity(count),
             policy,
@@ -528,8 +525,7 @@ impl Supervisor {
                 _ => None,
             };
         } else {
-            self.recorder.record(&chunk, self.lines + 1);
-            self.lines += chunk.iter().filter(|&&b| b == b'\n').count() as u64;
+            self.recorder.record(&chunk);
         }
         for index in 0..self.instances.len() {
             let instance = &mut self.instances[index];
@@ -710,7 +706,7 @@ impl Supervisor {
                 _ => continue,
             }
             let merge = self.merge.as_mut();
-            let first_line = input_open.then_some(self.lines + 1);
+            let first_line = input_open.then_some(self.recorder.next_line());
             let launched = launch(&self.program, &self.poll, instance, first_line, merge);
             if let (Ok(()), true, Some(line)) = (&launched, input_open, &self.feed_lost) {
                 instance.backlog.push(Rc::clone(line));
