@@ -5,7 +5,8 @@
 //   const push = wspush.connect("wss://push.example.com/", {
 //     channels: ["news"], id: "alice", token: "...",
 //     onmessage(data, position) {},   // data: a string, or an ArrayBuffer
-//     ongap(from, position) {},       // messages before `from` are lost
+//     ongap(from, to, position) {},   // messages from `from` to `to` are lost;
+//                                     // every one that follows is after `to`
 //     onunknown(position) {},         // the server could not place us: reload state
 //     onstate(state, close) {},       // "open", or "closed" with the CloseEvent
 //     onstatus(status) {},            // what each connection is told first:
@@ -15,7 +16,11 @@
 (function (root) {
   "use strict";
 
-  const MIN_DELAY = 500, MAX_DELAY = 20000; // ms, full-jitter backoff
+  // Reconnecting waits a random time between MIN_DELAY and a ceiling that
+  // starts at FIRST_CEILING and doubles with each failed try, up to
+  // MAX_DELAY (ms): the clients of a server that went away come back
+  // spread over seconds, not all at once.
+  const MIN_DELAY = 500, FIRST_CEILING = 3000, MAX_DELAY = 20000;
   const STABLE = 10000; // a connection open this long resets the backoff
   const LONG_HIDDEN = 60000; // a page hidden this long reconnects when shown
 
@@ -68,7 +73,11 @@
     function status(s) {
       call("onstatus", s);
       if (s.status === "position" && !position) position = s.position;
-      if (s.status === "gap") call("ongap", s.from, s.position);
+      if (s.status === "gap") {
+        // What follows is after `to`: a resume goes on from there.
+        position = s.to;
+        call("ongap", s.from, s.to, s.position);
+      }
       if (s.status === "unknown") {
         position = s.position;
         call("onunknown", s.position);
@@ -78,8 +87,8 @@
     function retry() {
       if (openedAt && Date.now() - openedAt >= STABLE) attempt = 0;
       openedAt = 0;
-      const ceiling = Math.min(MAX_DELAY, MIN_DELAY * 2 ** attempt++);
-      timer = setTimeout(open, Math.max(MIN_DELAY, Math.random() * ceiling));
+      const ceiling = Math.min(MAX_DELAY, FIRST_CEILING * 2 ** attempt++);
+      timer = setTimeout(open, MIN_DELAY + Math.random() * (ceiling - MIN_DELAY));
     }
 
     // Reconnect now: back online, or shown after a long hidden spell (the

@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# wspush against independent clients, on 127.0.0.1 servers it starts itself:
+# The served client alone, then wspush against independent clients, on
+# 127.0.0.1 servers it starts itself:
+#   client.test.mjs  wspush.js in Node with a stand-in WebSocket and timers
+#                  (node --test): 1,000 clients' reconnects spread, and a
+#                  gap status handed on with both its ends;
 #   e2e.mjs        headless Chromium driven by playwright-core: the --demo
 #                  page, three tabs, channels and upstream, permessage-deflate,
 #                  SIGTERM's 1001, --allow-origin, --token-file, heartbeats;
@@ -89,6 +93,8 @@ run() { # SCRIPT SECONDS
   wait "$run_pid"
 }
 status=0
+log "client.test.mjs: the served client, with a stand-in WebSocket (node --test)"
+timeout --kill-after=5 30 node --test "$here/client.test.mjs" || status=1
 log "e2e.mjs: Chromium"
 run e2e.mjs 150 || status=1
 log "ws_client.mjs: Node's ws client (C zlib's permessage-deflate)"
