@@ -114,8 +114,15 @@ fn check_result(buf: &[u8], result: Result<HeadStatus<'_>, Rejection>, rules: &H
                 http::write_accept_response(&upgrade.accept, upgrade.deflate.as_ref(), &mut out);
             check_response(&out[..len], 101, false);
         }
-        Ok(HeadStatus::Endpoint(endpoint, head_len)) => {
+        Ok(HeadStatus::Endpoint(endpoint, method, head_len)) => {
             check_head(buf, head_len, result, rules);
+            let asked = match method {
+                http::Method::Get => &b"GET "[..],
+                http::Method::Head => b"HEAD ",
+            };
+            // httparse skips empty lines before the request line.
+            let start = buf.iter().position(|b| !b"\r\n".contains(b));
+            assert!(buf[start.unwrap_or(0)..].starts_with(asked), "{method:?}");
             let served = match endpoint {
                 Endpoint::Health => true,
                 Endpoint::Metrics => rules.endpoints.metrics,
