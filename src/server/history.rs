@@ -507,6 +507,14 @@ mod tests {
             .collect()
     }
 
+    /// The filter of a client subscribed to `channel` alone.
+    fn subscriber_of(channel: &str) -> Filter {
+        Filter {
+            id: None,
+            channels: vec![channel.into()].into(),
+        }
+    }
+
     fn since(seq: u64) -> Vec<u8> {
         Position { epoch: EPOCH, seq }.to_string().into_bytes()
     }
@@ -644,12 +652,8 @@ mod tests {
                 "0000000000000abc.8 8"
             ]
         );
-        let c = Filter {
-            id: None,
-            channels: vec!["c".into()].into(),
-        };
         assert_eq!(
-            replay(&history, 0, c),
+            replay(&history, 0, subscriber_of("c")),
             ["0000000000000abc.7 7", "0000000000000abc.8 8"]
         );
     }
@@ -738,12 +742,8 @@ mod tests {
             (3, 1),
             "a, its mark, b"
         );
-        let news = Filter {
-            id: None,
-            channels: vec!["news".into()].into(),
-        };
         assert_eq!(
-            replay(&history, 0, news),
+            replay(&history, 0, subscriber_of("news")),
             [
                 "0000000000000abc.1 a",
                 r#"{"status":"gap","from":"0000000000000abc.2","to":"0000000000000abc.2","position":"0000000000000abc.3"}"#,
