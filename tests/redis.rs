@@ -216,6 +216,20 @@ fn health(addr: SocketAddr) -> (u16, String) {
     (response.status, response.body.trim_end().to_string())
 }
 
+/// `/healthz` once its body is `body` (the feed's state reaches the loop
+/// in order with the input's lines); panics after `IO_TIMEOUT`.
+fn health_once(addr: SocketAddr, body: &str) -> (u16, String) {
+    let deadline = Instant::now() + IO_TIMEOUT;
+    loop {
+        let now = health(addr);
+        if now.1 == body {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "{addr} still says {now:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// `/healthz` of a server that may not be listening (yet).
 fn health_of(addr: SocketAddr) -> Option<(u16, String)> {
     TcpStream::connect(addr).ok()?;
@@ -277,10 +291,8 @@ fn a_lost_feed_is_counted_once_reported_and_reconnected_while_clients_stay() {
 
     redis.set_up(false);
     server.process.wait_for("redis feed lost on");
-    assert_eq!(
-        health(server.addr),
-        (503, "degraded: an input feed is lost".into())
-    );
+    let lost = "degraded: an input feed is lost";
+    assert_eq!(health_once(server.addr, lost), (503, lost.into()));
     let page = metrics(server.addr);
     assert_eq!(sample(&page, "wspush_feeds_down"), 1);
     assert_eq!(sample(&page, "wspush_feed_outages_total"), 1);
@@ -301,7 +313,7 @@ fn a_lost_feed_is_counted_once_reported_and_reconnected_while_clients_stay() {
         "logged once per outage: {logged:?}"
     );
 
-    assert_eq!(health(server.addr), (200, "ok".into()));
+    assert_eq!(health_once(server.addr, "ok"), (200, "ok".into()));
     let page = metrics(server.addr);
     assert_eq!(sample(&page, "wspush_feeds_down"), 0);
     assert_eq!(sample(&page, "wspush_feed_outages_total"), 1);
@@ -367,15 +379,8 @@ fn under_processes_the_supervisor_holds_the_one_subscription() {
     redis.set_up(false);
     process.wait_for("redis feed lost on");
     for &at in &instances {
-        let deadline = Instant::now() + IO_TIMEOUT;
-        while health(at).1 == "ok" {
-            assert!(
-                Instant::now() < deadline,
-                "instance on {at} told of the outage"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert_eq!(health(at), (200, "degraded: an input feed is lost".into()));
+        let lost = "degraded: an input feed is lost";
+        assert_eq!(health_once(at, lost), (200, lost.into()));
     }
     // An instance started again meanwhile is told at once.
     let supervisor = process.child.id();
@@ -401,14 +406,7 @@ fn under_processes_the_supervisor_holds_the_one_subscription() {
     redis.set_up(true);
     process.wait_for("redis feed restored on");
     for &at in &instances {
-        let deadline = Instant::now() + IO_TIMEOUT;
-        while health(at).1 != "ok" {
-            assert!(
-                Instant::now() < deadline,
-                "instance on {at} told it is back"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        health_once(at, "ok");
         let page = metrics(at);
         assert_eq!(sample(&page, "wspush_feed_outages_total"), 1);
         assert_eq!(sample(&page, "wspush_feeds_down"), 0);
