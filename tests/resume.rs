@@ -443,13 +443,15 @@ fn every_hole_told(since: u64, events: &[Event]) -> (Vec<String>, u64) {
 fn a_replay_the_history_outruns_is_told_exactly_what_it_lost_and_nothing_older_follows() {
     let server = TestServer::start(Config::default().with(|c| {
         c.history_messages = 10;
+        c.max_message_bytes = 2 << 20;
     }));
     let mut first = connect(server.addr, "/?positions=1");
     let since = status(&mut first).1;
     drop(first);
-    // Ten large messages, 400 to 850 KiB.
+    // Ten large messages, 1.1 to 2 MiB: 15 MiB, far more than the
+    // kernel's buffers of the two sockets hold, even raised a little.
     let big: Vec<String> = (1..=10)
-        .map(|i| format!("m{i} {}", "x".repeat((350 + 50 * i) << 10)))
+        .map(|i| format!("m{i} {}", "x".repeat((1000 + 100 * i) << 10)))
         .collect();
     publish(&server, &big.iter().map(String::as_str).collect::<Vec<_>>());
     // A client that reads nothing for a while: its replay stalls.
