@@ -204,9 +204,17 @@ fn head_answers_each_page_as_get_does_without_the_body() {
             "{path}: {head}"
         );
     }
-    // An upgrade is still a GET.
-    let mut stream = raw(server.addr);
-    let request = upgrade_request("/").replacen("GET", "HEAD", 1);
-    stream.write_all(request.as_bytes()).unwrap();
-    assert_eq!(read_response(&mut stream).status, 405);
+    // An upgrade is still a GET; a refusal of a HEAD is its head alone.
+    for request in [
+        upgrade_request("/").replacen("GET", "HEAD", 1),
+        "HEAD /elsewhere HTTP/1.1\r\nHost: localhost\r\n\r\n".to_string(),
+    ] {
+        let mut stream = raw(server.addr);
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).unwrap();
+        let answer = String::from_utf8(answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 405 "), "{answer}");
+        assert!(answer.ends_with("\r\n\r\n"), "no body: {answer}");
+    }
 }

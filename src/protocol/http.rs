@@ -63,6 +63,28 @@ pub enum Method {
     Head,
 }
 
+impl Method {
+    /// The method a request (whole or not, valid or not) begins with,
+    /// after the empty lines a parser skips, if it is one of these.
+    pub fn of(request: &[u8]) -> Option<Method> {
+        let request = request.trim_ascii_start();
+        match () {
+            _ if request.starts_with(b"GET ") => Some(Method::Get),
+            _ if request.starts_with(b"HEAD ") => Some(Method::Head),
+            _ => None,
+        }
+    }
+}
+
+/// The length of a response's head, up to and with its blank line (all
+/// of `response` if it has none).
+pub fn head_len(response: &[u8]) -> usize {
+    response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(response.len(), |at| at + 4)
+}
+
 /// Why a request is refused; each maps to one HTTP status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rejection {

@@ -9,8 +9,9 @@
 //                                     // every one that follows is after `to`
 //     onunknown(position) {},         // the server could not place us: reload state
 //     onstate(state, close) {},       // "open", or "closed" with the CloseEvent
-//     onstatus(status) {},            // what each connection is told first:
-//   });                               // {status: "position"|"recovered"|"gap"|"unknown", ...}
+//     onstatus(status) {},            // each status: what a connection is told
+//   });                               // first, and a gap where it falls later:
+//                                     // {status: "position"|"recovered"|"gap"|"unknown", ...}
 //   push.position;  // the last position seen (store it to resume after a reload)
 //   push.close();
 (function (root) {

@@ -302,13 +302,21 @@ impl History {
         // A copy that raced the writer means the history moved on past it:
         // the next round starts with the gap.
         for _round in 0..3 {
-            let forgotten = self.ring.forgotten().min(replay.through);
-            if from < forgotten {
-                overrun = true;
-                tell_gap(&mut copied, out, from + 1, forgotten);
-                from = forgotten;
-            }
-            let (start, records) = self.ring.find(from);
+            let (start, records) = loop {
+                let forgotten = self.ring.forgotten().min(replay.through);
+                if from < forgotten {
+                    overrun = true;
+                    tell_gap(&mut copied, out, from + 1, forgotten);
+                    from = forgotten;
+                }
+                let found = self.ring.find(from);
+                // The writer (another process) stores `forgotten` before it
+                // moves `oldest` on: read after the search, it covers every
+                // record the search passed over.
+                if self.ring.forgotten().min(replay.through) <= from {
+                    break found;
+                }
+            };
             let mut raced = false;
             for n in start..records {
                 if from >= replay.through {

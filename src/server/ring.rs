@@ -482,6 +482,7 @@ impl Ring {
         let Some(kept) = self.writer.as_mut().and_then(|w| w.kept.pop_front()) else {
             return;
         };
+        // `forgotten` first: a reader that sees `oldest` moved on sees it.
         self.store(FORGOTTEN, kept.last);
         self.store(OLDEST, self.load(OLDEST) + 1);
         let (messages, bytes) = self.held();

@@ -7,9 +7,10 @@
 //! `input_lines_rejected`. End of input ends the pump, not the server.
 //! Control lines ([`crate::sources`]) are carried out.
 //!
-//! Input lines are numbered by one rule, [`LineNumbers`]: every line but
-//! a control line takes the next number, skipped or not, and a line's
-//! messages get its number as their position. A lone server numbers from
+//! Input lines are split, judged and numbered by one rule,
+//! [`InputLines`]: every line but a control line takes the next number,
+//! skipped or not, and a line's messages get its number as their
+//! position. A lone server numbers from
 //! 1; a supervisor numbers the same way as it records the history, and
 //! tells each instance it starts where to begin, so every instance gives
 //! the same line the same number, in its positions and its warnings.
@@ -17,7 +18,7 @@
 use std::io::{self, BufRead};
 use std::ops::ControlFlow;
 
-use crate::sources::{Control, CONTROL};
+use crate::sources::{Control, CONTROL, CONTROL_MAX_LEN};
 use wspush::protocol::lines::{Line, Lines};
 use wspush::{
     BroadcastError, Command, Handle, MessageKind, Payload, Recipients, ServerGone, SharedHistory,
@@ -53,18 +54,36 @@ pub fn max_line_bytes(mode: InputMode, max_message_bytes: usize) -> usize {
     }
 }
 
-/// The numbers of the input's lines: each line but a control line takes
-/// the next, whether it is acted on or skipped. A line's number is its
-/// messages' position.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LineNumbers {
+/// The input's lines, split, judged by the rules of
+/// [`wspush::protocol::lines`] and numbered: each line but a control line
+/// takes the next number, whether it is acted on or skipped. A line's
+/// number is its messages' position. A control line is known whatever the
+/// line limit (it is at most [`CONTROL_MAX_LEN`] bytes).
+#[derive(Debug)]
+pub struct InputLines {
+    lines: Lines,
+    max_line_bytes: usize,
     next: u64,
 }
 
-impl LineNumbers {
-    /// The first line is numbered `first`.
-    pub fn from(first: u64) -> LineNumbers {
-        LineNumbers { next: first }
+/// A line of input as [`InputLines`] hands it over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Numbered<'a> {
+    /// A control line (without its end): it takes no number.
+    Control(&'a [u8]),
+    /// A line and its number.
+    Line(u64, Line<'a>),
+}
+
+impl InputLines {
+    /// Lines longer than `max_line_bytes` are too long; the first is
+    /// numbered `first`.
+    pub fn new(max_line_bytes: usize, first: u64) -> InputLines {
+        InputLines {
+            lines: Lines::new(max_line_bytes.max(CONTROL_MAX_LEN)),
+            max_line_bytes,
+            next: first,
+        }
     }
 
     /// The number the next line takes.
@@ -72,13 +91,37 @@ impl LineNumbers {
         self.next
     }
 
-    /// The number of `line` (`None` for a control line, which takes none).
-    pub fn take(&mut self, line: &Line<'_>) -> Option<u64> {
-        if let Line::NotUtf8([CONTROL, ..]) = line {
-            return None;
-        }
-        self.next += 1;
-        Some(self.next - 1)
+    /// Calls `each` with every line `bytes` ends, until it breaks.
+    pub fn push<B>(
+        &mut self,
+        bytes: &[u8],
+        mut each: impl FnMut(Numbered<'_>) -> ControlFlow<B>,
+    ) -> ControlFlow<B> {
+        let (max, next) = (self.max_line_bytes, &mut self.next);
+        self.lines
+            .push(bytes, |_, line| each(Self::numbered(line, max, next)))
+    }
+
+    /// The input ended: hands over the line begun, if any.
+    pub fn finish<B>(
+        &mut self,
+        mut each: impl FnMut(Numbered<'_>) -> ControlFlow<B>,
+    ) -> ControlFlow<B> {
+        let (max, next) = (self.max_line_bytes, &mut self.next);
+        self.lines
+            .finish(|_, line| each(Self::numbered(line, max, next)))
+    }
+
+    fn numbered<'a>(line: Line<'a>, max: usize, next: &mut u64) -> Numbered<'a> {
+        let len = match line {
+            Line::NotUtf8(bytes @ [CONTROL, ..]) => return Numbered::Control(bytes),
+            Line::Text(text) => text.len(),
+            Line::NotUtf8(bytes) => bytes.len(),
+            Line::TooLong => 0,
+        };
+        *next += 1;
+        let line = if len > max { Line::TooLong } else { line };
+        Numbered::Line(*next - 1, line)
     }
 }
 
@@ -92,12 +135,11 @@ pub fn pump(
     max_line_bytes: usize,
     first_line: u64,
 ) -> PumpEnd {
-    let mut lines = Lines::new(max_line_bytes);
+    let mut lines = InputLines::new(max_line_bytes, first_line);
     let mut pump = Pump {
         handle,
         mode,
         max_line_bytes,
-        numbers: LineNumbers::from(first_line),
     };
     loop {
         let chunk = match input.fill_buf() {
@@ -106,13 +148,13 @@ pub fn pump(
             Err(e) => return PumpEnd::Failed(e),
         };
         if chunk.is_empty() {
-            return match lines.finish(|_, line| pump.line(line)) {
+            return match lines.finish(|line| pump.line(line)) {
                 ControlFlow::Break(end) => end,
                 ControlFlow::Continue(()) => PumpEnd::Eof,
             };
         }
         let read = chunk.len();
-        if let ControlFlow::Break(end) = lines.push(chunk, |_, line| pump.line(line)) {
+        if let ControlFlow::Break(end) = lines.push(chunk, |line| pump.line(line)) {
             return end;
         }
         input.consume(read);
@@ -124,25 +166,24 @@ struct Pump<'h> {
     handle: &'h Handle,
     mode: InputMode,
     max_line_bytes: usize,
-    numbers: LineNumbers,
 }
 
 impl Pump<'_> {
     /// Carries out the next input line; breaks when the server is gone.
-    fn line(&mut self, line: Line<'_>) -> ControlFlow<PumpEnd> {
+    fn line(&mut self, line: Numbered<'_>) -> ControlFlow<PumpEnd> {
         let handle = self.handle;
-        let Some(number) = self.numbers.take(&line) else {
-            let Line::NotUtf8(bytes) = line else {
-                unreachable!("only a line not UTF-8 is a control line")
-            };
-            match Control::parse(bytes) {
-                Some(control) => carry_out_control(handle, control),
-                None => {
-                    handle.count_rejected_input();
-                    log::warn!("a control line skipped: not one this version knows");
+        let (number, line) = match line {
+            Numbered::Line(number, line) => (number, line),
+            Numbered::Control(bytes) => {
+                match Control::parse(bytes) {
+                    Some(control) => carry_out_control(handle, control),
+                    None => {
+                        handle.count_rejected_input();
+                        log::warn!("a control line skipped: not one this version knows");
+                    }
                 }
+                return ControlFlow::Continue(());
             }
-            return ControlFlow::Continue(());
         };
         let text = match line {
             Line::Text(text) => text,
@@ -229,9 +270,9 @@ fn carry_out(handle: &Handle, command: Command<'_>) -> Result<(), BroadcastError
 pub struct Recorder {
     history: SharedHistory,
     mode: InputMode,
-    max_line_bytes: usize,
     max_message_bytes: usize,
-    numbers: LineNumbers,
+    /// The input as an instance reads it, numbered from 1.
+    lines: InputLines,
 }
 
 impl Recorder {
@@ -245,16 +286,15 @@ impl Recorder {
         Recorder {
             history,
             mode,
-            max_line_bytes,
             max_message_bytes,
-            numbers: LineNumbers::from(1),
+            lines: InputLines::new(max_line_bytes, 1),
         }
     }
 
     /// The number the next line of input takes: where an instance started
     /// now begins.
     pub fn next_line(&self) -> u64 {
-        self.numbers.next()
+        self.lines.next()
     }
 
     /// The history's descriptor, for the instances to inherit.
@@ -265,20 +305,21 @@ impl Recorder {
     /// Numbers the lines of `chunk` (whole lines, control lines too) and
     /// keeps their messages, judged as an instance judges them.
     pub fn record(&mut self, chunk: &[u8]) {
-        let mut lines = Lines::new(self.max_line_bytes);
-        let mut keep = |_, line: Line<'_>| {
-            let (Some(number), Line::Text(text)) = (self.numbers.take(&line), line) else {
+        let (mode, max_message_bytes) = (self.mode, self.max_message_bytes);
+        let history = &mut self.history;
+        let mut keep = |line: Numbered<'_>| {
+            let Numbered::Line(number, Line::Text(text)) = line else {
                 return ControlFlow::<()>::Continue(());
             };
-            if let Ok(Interpreted::Message(to, kind, payload)) = interpret(self.mode, text) {
-                if payload.len() <= self.max_message_bytes {
-                    self.history.append(number, &to, kind, &payload);
+            if let Ok(Interpreted::Message(to, kind, payload)) = interpret(mode, text) {
+                if payload.len() <= max_message_bytes {
+                    history.append(number, &to, kind, &payload);
                 }
             }
             ControlFlow::Continue(())
         };
-        let _ = lines.push(chunk, &mut keep);
-        let _ = lines.finish(&mut keep);
+        let _ = self.lines.push(chunk, &mut keep);
+        let _ = self.lines.finish(&mut keep);
     }
 
     /// Drops what is older than the history's age bound.
@@ -306,19 +347,28 @@ mod tests {
 
     #[test]
     fn every_line_but_a_control_line_takes_the_next_number_skipped_or_not() {
-        let mut numbers = LineNumbers::from(7);
-        let taken: Vec<Option<u64>> = [
-            Line::Text("x1"),
-            Line::NotUtf8(b"\xfe bad"),
-            Line::NotUtf8(b"\xfffeed lost"),
-            Line::TooLong,
-            Line::NotUtf8(b"\xffnot a control line either"),
-            Line::Text(""),
-        ]
-        .iter()
-        .map(|line| numbers.take(line))
-        .collect();
-        assert_eq!(taken, [Some(7), Some(8), None, Some(9), None, Some(10)]);
-        assert_eq!(numbers.next(), 11, "where an instance started now begins");
+        // A limit shorter than a control line: control lines are still known.
+        let mut lines = InputLines::new(4, 7);
+        let mut got = Vec::new();
+        let input = b"x1\n\xfebad!\n\xfffeed restored 123456789\ntoo long\n\xff?\n\r\n";
+        let _ = lines.push(input, |line| {
+            got.push(match line {
+                Numbered::Control(bytes) => format!("control {}", bytes.len()),
+                Numbered::Line(n, line) => format!("{n} {line:?}"),
+            });
+            ControlFlow::<()>::Continue(())
+        });
+        assert_eq!(
+            got,
+            [
+                r#"7 Text("x1")"#,
+                "8 TooLong",
+                "control 24",
+                "9 TooLong",
+                "control 2",
+                r#"10 Text("")"#,
+            ]
+        );
+        assert_eq!(lines.next(), 11, "where an instance started now begins");
     }
 }

@@ -29,6 +29,9 @@ use wspush::protocol::lines::Splitter;
 
 /// The first byte of a control line.
 pub const CONTROL: u8 = 0xFF;
+/// The longest control line, without its end: a reader knows one however
+/// short its line limit.
+pub const CONTROL_MAX_LEN: usize = 64;
 /// What a data line's leading [`CONTROL`] byte becomes.
 const ESCAPED: u8 = 0xFE;
 
@@ -340,8 +343,10 @@ mod tests {
         for control in [
             Control::FeedLost,
             Control::FeedRestored(Duration::from_millis(1234)),
+            Control::FeedRestored(Duration::from_millis(u64::MAX)),
         ] {
             let line = control.line();
+            assert!(line.len() - 1 <= CONTROL_MAX_LEN, "{line:?}");
             assert_eq!(line.last(), Some(&b'\n'));
             assert_eq!(Control::parse(&line[..line.len() - 1]), Some(control));
         }

@@ -46,7 +46,9 @@ impl Conn {
             Ok(HeadStatus::Upgrade(upgrade, head_len)) => {
                 let resume = match self.join(key, &upgrade, ctx) {
                     Ok(resume) => resume,
-                    Err(rejection) => return (bytes.len(), self.reject(key, rejection, ctx)),
+                    Err(rejection) => {
+                        return (bytes.len(), self.reject(key, rejection, bytes, ctx))
+                    }
                 };
                 let len = http::write_accept_response(
                     &upgrade.accept,
@@ -74,7 +76,7 @@ impl Conn {
                 self.linger(key, CloseReason::Http, ctx);
                 (head_len, Verdict::Serve(endpoint, method))
             }
-            Err(rejection) => (bytes.len(), self.reject(key, rejection, ctx)),
+            Err(rejection) => (bytes.len(), self.reject(key, rejection, bytes, ctx)),
         }
     }
 
@@ -176,12 +178,22 @@ impl Conn {
         [&frame[..len], message.payload].concat()
     }
 
-    /// Answers with an HTTP error and lingers until the client goes.
-    fn reject(&mut self, key: ConnKey, rejection: Rejection, ctx: &mut Ctx<'_>) -> Verdict {
+    /// Answers `request` with an HTTP error (its head alone to a `HEAD`)
+    /// and lingers until the client goes.
+    fn reject(
+        &mut self,
+        key: ConnKey,
+        rejection: Rejection,
+        request: &[u8],
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
         Metrics::incr(ctx.metrics.rejected(rejection.status()));
         log::debug!("handshake rejected: {rejection:?}");
         let mut response = [0u8; MAX_RESPONSE_LEN];
-        let len = rejection.write_response(&mut response);
+        let mut len = rejection.write_response(&mut response);
+        if http::Method::of(request) == Some(http::Method::Head) {
+            len = http::head_len(&response[..len]);
+        }
         self.linger(key, CloseReason::Rejected, ctx);
         Verdict::after(self.send(Outgoing::Response(&response[..len], &[]), ctx))
     }
