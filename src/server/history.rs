@@ -515,6 +515,13 @@ mod tests {
             .collect()
     }
 
+    /// The payloads of gathered frames, in order.
+    fn payloads(out: &[SharedFrames]) -> Vec<Vec<u8>> {
+        out.iter()
+            .flat_map(|f| f.payloads().map(|(p, _)| p.to_vec()).collect::<Vec<_>>())
+            .collect()
+    }
+
     /// The filter of a client subscribed to `channel` alone.
     fn subscriber_of(channel: &str) -> Filter {
         Filter {
@@ -700,10 +707,7 @@ mod tests {
             }
         );
         assert_eq!(out.len(), 2, "the status, then what is held in one buffer");
-        let texts: Vec<Vec<u8>> = out
-            .iter()
-            .flat_map(|f| f.payloads().map(|(p, _)| p.to_vec()).collect::<Vec<_>>())
-            .collect();
+        let texts = payloads(&out);
         assert_eq!(
             texts,
             [
@@ -725,10 +729,7 @@ mod tests {
         out.clear();
         let progress = history.gather(&replay, false, usize::MAX, &mut out);
         assert_eq!((progress.more, progress.overrun), (None, true));
-        let texts: Vec<Vec<u8>> = out
-            .iter()
-            .flat_map(|f| f.payloads().map(|(p, _)| p.to_vec()).collect::<Vec<_>>())
-            .collect();
+        let texts = payloads(&out);
         assert_eq!(
             texts,
             [&br#"{"status":"gap","from":"0000000000000abc.4","to":"0000000000000abc.4","position":"0000000000000abc.10"}"#[..]],
