@@ -8,6 +8,8 @@ mod util;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -216,10 +218,29 @@ fn produce(
     burst: usize,
     size: usize,
 ) -> thread::JoinHandle<()> {
+    produce_in_step(handle, lines, burst, size, None)
+}
+
+/// [`produce`], and with `read` given, each burst waits (instead of the
+/// pause) until the reader counted in `read` has every line sent before
+/// it: the reader is never more than one burst behind, however the threads
+/// are scheduled.
+fn produce_in_step(
+    handle: wspush::Handle,
+    lines: usize,
+    burst: usize,
+    size: usize,
+    read: Option<Arc<AtomicUsize>>,
+) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         for i in 0..lines {
+            if let (Some(read), 0) = (&read, i % burst) {
+                while read.load(Ordering::Acquire) < i {
+                    thread::sleep(Duration::from_micros(200));
+                }
+            }
             handle.broadcast_text(numbered(i, size)).unwrap();
-            if (i + 1) % burst == 0 {
+            if read.is_none() && (i + 1) % burst == 0 {
                 thread::sleep(Duration::from_millis(5));
             }
         }
@@ -281,35 +302,39 @@ fn drain(stream: &mut TcpStream) -> (Vec<usize>, Option<u16>) {
     }
 }
 
-/// Lines a stalled client is sent in bursts: 20 MB, more than its socket
-/// buffers hold.
-const STALLED_LINES: usize = 20_000;
+/// Lines a stalled client is sent in bursts: 10 MB, more than its socket
+/// buffers hold (4 MiB at most by Linux's default `tcp_wmem`).
+const STALLED_LINES: usize = 10_000;
 
 /// A server with a 16 KiB queue limit and `policy`, a client that reads
-/// nothing until the end and one that reads everything: bursts of 200
-/// lines of 1,000 bytes, 5 ms apart, until the reader has every line. Returns
-/// the server and the stalled client, unread.
+/// nothing until the end and one that reads everything: bursts of 12
+/// lines of 1,000 bytes (12 KiB, within the limit), each sent once the
+/// reader has the one before, until the reader has every line. Returns the
+/// server and the stalled client, unread.
 fn stalled_under_bursts(policy: SlowConsumerPolicy) -> (TestServer, TcpStream) {
-    // No history: what is tested is the queue bound. The reader must keep
-    // within 16 KiB of its queue, which holds only while the loop frames
-    // the bursts in small batches; in a debug build under the CI's three
-    // parallel runs, the history's writes made batches large enough to
-    // overflow it now and then (release builds frame as fast with
-    // history as without: bench/RESULTS.md).
+    // No history: what is tested is the queue bound alone.
     let server = TestServer::start(Config::default().with(|c| {
         c.max_queued_bytes = 16 * 1024;
         c.slow_consumer = policy;
         c.history_messages = 0;
     }));
     let stalled = util::stalling_client(server.addr);
-    // Read in 64 KiB gulps, so that the reader keeps up with the bursts and
-    // only the stalled client goes over the queue limit.
+    // The reader is never more than one burst (12 KiB) behind, so only the
+    // stalled client goes over the queue limit.
     let mut reader = std::io::BufReader::with_capacity(64 * 1024, raw_upgraded(server.addr));
     server.wait_for("the upgrades", |m| m.upgrades == 2);
-    let producer = produce(server.handle.clone(), STALLED_LINES, 200, 1000);
+    let read = Arc::new(AtomicUsize::new(0));
+    let producer = produce_in_step(
+        server.handle.clone(),
+        STALLED_LINES,
+        12,
+        1000,
+        Some(read.clone()),
+    );
     for i in 0..STALLED_LINES {
         let line = next_text(&mut reader);
         assert_eq!(number_of(&line), i, "the reader gets all");
+        read.store(i + 1, Ordering::Release);
     }
     producer.join().unwrap();
     (server, stalled)
@@ -333,6 +358,8 @@ fn a_stalled_client_under_bursts_is_dealt_with_by_the_policy() {
                     got.iter().enumerate().all(|(i, &n)| i == n),
                     "a prefix, in order"
                 );
+                // The client's side of the closing handshake.
+                drop(stalled);
                 server.wait_for("the close", |m| m.closed_slow_consumer == 1);
             }
         }
@@ -349,7 +376,7 @@ fn stalled_lines_are_dropped(server: &TestServer, stalled: &mut TcpStream) {
     let dropped = m.slow_consumer_drops as usize;
     assert!(
         dropped > 0,
-        "20 MB do not fit in the stalled client's buffers"
+        "10 MB do not fit in the stalled client's buffers"
     );
     assert!(
         m.broadcast_batches < m.broadcasts,
