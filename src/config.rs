@@ -97,6 +97,15 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// On shutdown, how long to wait for close replies and flushes.
     pub shutdown_timeout: Duration,
+    /// A drain ([`Handle::drain`](crate::Handle::drain)) closes the
+    /// connections with 1012 spread evenly over this time. Zero: a drain
+    /// is a shutdown ([`Handle::shutdown`](crate::Handle::shutdown)), every
+    /// connection closed at once with 1001.
+    pub drain_time: Duration,
+    /// A drain first says so on `/healthz` (503 `draining`) and goes on
+    /// accepting this long, so that load balancers stop sending new
+    /// clients before it stops listening.
+    pub drain_grace: Duration,
     /// Connections one client IP address may hold; more get 429. `None`: no limit.
     pub max_connections_per_ip: Option<usize>,
     /// Browsers' `Origin` values allowed to connect (exact, as
@@ -197,6 +206,8 @@ impl Default for Config {
             ping_interval: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(5),
+            drain_time: Duration::from_secs(10),
+            drain_grace: Duration::from_secs(2),
             max_connections_per_ip: None,
             allowed_origins: Vec::new(),
             tokens: None,
@@ -343,9 +354,14 @@ impl Config {
             return out_of_range(name, "longer than zero");
         }
         let stats = ("stats interval", self.stats_interval.unwrap_or_default());
+        let drain = [
+            ("drain time", self.drain_time),
+            ("drain grace", self.drain_grace),
+        ];
         if let Some((name, _)) = durations
             .iter()
             .chain([&stats])
+            .chain(&drain)
             .find(|(_, d)| *d > MAX_DURATION)
         {
             return out_of_range(name, "at most 365 days");

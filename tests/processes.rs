@@ -144,7 +144,7 @@ fn three_instances_share_the_connections_and_each_line_reaches_every_one_once() 
         );
     }
 
-    signal(supervised.0.child.id(), "-TERM");
+    signal(supervised.0.child.id(), "-INT");
     for client in &mut clients {
         match client.read().unwrap() {
             Message::Close(Some(frame)) => assert_eq!(u16::from(frame.code), 1001),
@@ -178,7 +178,7 @@ fn three_instances_give_every_connection_every_line_of_a_burst_once() {
         );
     }
     drop(clients);
-    signal(supervised.0.child.id(), "-TERM");
+    signal(supervised.0.child.id(), "-INT");
     assert_eq!(supervised.wait().0, Some(0));
 }
 
@@ -202,7 +202,7 @@ fn processes_auto_starts_enough_instances_for_the_total() {
     supervised.0.send(b"to all\n");
     assert_eq!(client.read().unwrap(), Message::text("to all"));
     drop(client);
-    signal(supervised.0.child.id(), "-TERM");
+    signal(supervised.0.child.id(), "-INT");
     assert_eq!(supervised.wait().0, Some(0));
 }
 
@@ -230,7 +230,7 @@ fn too_few_processes_for_the_total_are_named_in_a_warning() {
     );
     let mut supervised = Supervised(process);
     supervised.0.wait_for(" with 2 instances");
-    signal(supervised.0.child.id(), "-TERM");
+    signal(supervised.0.child.id(), "-INT");
     assert_eq!(supervised.wait().0, Some(0));
 }
 
@@ -352,7 +352,7 @@ fn the_victim_serves_again(supervised: &mut Supervised, addr: SocketAddr, victim
         assert_eq!(got, Message::text("again"));
     }
     drop(fresh);
-    signal(supervised.0.child.id(), "-TERM");
+    signal(supervised.0.child.id(), "-INT");
     assert_eq!(
         supervised.wait().0,
         Some(0),
@@ -590,7 +590,7 @@ fn every_instance_gives_a_line_the_same_position_and_a_client_resumes_on_any() {
         assert_eq!(got[3], format!("{epoch}.6 e"));
     }
     drop(back);
-    signal(supervised.0.child.id(), "-TERM");
+    signal(supervised.0.child.id(), "-INT");
     assert_eq!(supervised.wait().0, Some(0));
 }
 
@@ -669,7 +669,7 @@ fn the_clients_of_a_killed_instance_resume_on_any_other_and_lose_nothing() {
         );
     }
     drop((clients, resumed, fresh));
-    signal(supervised.0.child.id(), "-TERM");
+    signal(supervised.0.child.id(), "-INT");
     assert_eq!(supervised.wait().0, Some(0));
 }
 
@@ -718,6 +718,6 @@ fn a_skipped_line_keeps_its_number_alone_as_under_a_supervisor_and_after_a_resta
         .0
         .wait_for("input line 5 skipped: not valid UTF-8");
     assert_eq!(text(&mut client), format!("{epoch}.6 x6"));
-    signal(supervised.0.child.id(), "-TERM");
+    signal(supervised.0.child.id(), "-INT");
     assert_eq!(supervised.wait().0, Some(0));
 }

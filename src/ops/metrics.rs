@@ -146,6 +146,8 @@ metrics! {
     closed_http: Counter "wspush_connections_closed_total" "{reason=\"http\"}" "",
     /// Closed during server shutdown (1001).
     closed_shutdown: Counter "wspush_connections_closed_total" "{reason=\"shutdown\"}" "",
+    /// Closed by a drain, at its pace (1012, Service Restart).
+    closed_drain: Counter "wspush_connections_closed_total" "{reason=\"drain\"}" "",
     /// Closed by a publisher's `close` command (or `Handle::close`).
     closed_publisher: Counter "wspush_connections_closed_total" "{reason=\"publisher\"}" "",
     /// The peer vanished without a close handshake (EOF, reset or I/O error).
@@ -173,6 +175,11 @@ metrics! {
     broadcast_queue_age_us: Gauge "wspush_broadcast_queue_age_microseconds" "" "Age of the oldest broadcast not yet sent.",
     /// Input lines not broadcast (invalid UTF-8, or over the message limit).
     input_lines_rejected: Counter "wspush_input_lines_rejected_total" "" "Input lines skipped (invalid UTF-8, too long, or not a command).",
+    /// 1 while a drain is under way (`/healthz` answers 503 `draining`).
+    draining: Gauge "wspush_draining" "" "1 while draining: /healthz answers 503 and connections are closed at a pace.",
+    /// Connections a drain has still to close at its pace (0 when none is
+    /// under way).
+    drain_left: Gauge "wspush_drain_connections_left" "" "Connections the drain under way has still to close.",
     /// Feeds (a Redis subscription) disconnected now; `/healthz` reports
     /// the server degraded while any is.
     feeds_down: Gauge "wspush_feeds_down" "" "Input feeds (Redis) disconnected now.",

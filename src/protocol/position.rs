@@ -162,6 +162,17 @@ impl Status {
     }
 }
 
+/// The hint a client with positions is told just before a drain closes
+/// its connection (1012): `{"status":"reconnect","delay_ms":N}`, reconnect
+/// (resuming) after N milliseconds. A status message like the others, so
+/// it begins with `{`.
+pub fn reconnect_hint(delay: std::time::Duration) -> String {
+    format!(
+        r#"{{"status":"reconnect","delay_ms":{}}}"#,
+        delay.as_millis()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,6 +260,13 @@ mod tests {
             Status::Gap { from, to, current }.message(),
             r#"{"status":"gap","from":"00c0ffee1234abcd.4","to":"00c0ffee1234abcd.6","position":"00c0ffee1234abcd.9"}"#
         );
+    }
+
+    #[test]
+    fn the_reconnect_hint_is_a_status_with_its_delay_in_milliseconds() {
+        let hint = reconnect_hint(std::time::Duration::from_micros(731_999));
+        assert_eq!(hint, r#"{"status":"reconnect","delay_ms":731}"#);
+        assert_eq!(Position::parse(hint.as_bytes()), None);
     }
 
     #[test]

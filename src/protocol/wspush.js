@@ -10,8 +10,10 @@
 //     onunknown(position) {},         // the server could not place us: reload state
 //     onstate(state, close) {},       // "open", or "closed" with the CloseEvent
 //     onstatus(status) {},            // each status: what a connection is told
-//   });                               // first, and a gap where it falls later:
-//                                     // {status: "position"|"recovered"|"gap"|"unknown", ...}
+//   });                               // first, a gap where it falls later, and
+//                                     // a drain's hint before its close (1012):
+//                                     // {status: "position"|"recovered"|"gap"|"unknown"
+//                                     //          |"reconnect", ...}
 //   push.position;  // the last position seen (store it to resume after a reload)
 //   push.close();
 (function (root) {
@@ -29,6 +31,7 @@
     const o = options || {};
     let position = o.since || null;
     let ws = null, timer = null, attempt = 0, openedAt = 0, hiddenAt = 0, done = false;
+    let hint = null; // the delay a draining server asked for (ms)
     const call = (name, ...args) => { if (o[name]) o[name](...args); };
 
     function address() {
@@ -83,9 +86,19 @@
         position = s.position;
         call("onunknown", s.position);
       }
+      // The server drains: it closes this connection next, and spreads
+      // its clients' returns by the delay it gives each.
+      if (s.status === "reconnect") hint = Math.max(0, Number(s.delay_ms) || 0);
     }
 
     function retry() {
+      if (hint !== null) {
+        timer = setTimeout(open, hint);
+        hint = null;
+        attempt = 0;
+        openedAt = 0;
+        return;
+      }
       if (openedAt && Date.now() - openedAt >= STABLE) attempt = 0;
       openedAt = 0;
       const ceiling = Math.min(MAX_DELAY, FIRST_CEILING * 2 ** attempt++);

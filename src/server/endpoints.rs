@@ -42,6 +42,10 @@ pub(super) fn answer<'a>(
     Metrics::incr(counter);
     let mut status = PageStatus::Ok;
     let (content_type, body) = match endpoint {
+        Endpoint::Health if shared.metrics.draining.load(Relaxed) == 1 => {
+            status = PageStatus::Unavailable;
+            ("text/plain", &b"draining\n"[..])
+        }
         Endpoint::Health if shared.metrics.feeds_down.load(Relaxed) == 0 => {
             ("text/plain", &b"ok\n"[..])
         }

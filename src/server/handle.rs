@@ -38,6 +38,11 @@ pub(super) struct Shared {
     /// for (`u64::MAX`: none asked). Kept beside the queue, so that asking
     /// never blocks behind a full one.
     pub(super) shutdown_after: AtomicU64,
+    /// A handle asked for a drain (see [`Handle::drain`]).
+    pub(super) drain_asked: AtomicBool,
+    /// A drain closes at a pace (its drain time is not zero); else it is
+    /// a shutdown.
+    pub(super) drain_paced: bool,
     /// The server was dropped: nothing will read the queue any more.
     pub(super) gone: AtomicBool,
     pub(super) metrics: Metrics,
@@ -197,6 +202,29 @@ impl Handle {
         self.shared
             .shutdown_after
             .fetch_min(queued, Ordering::AcqRel);
+        self.wake()
+    }
+
+    /// Asks the loop to drain, for a deploy: `/healthz` answers 503
+    /// `draining` at once, connections are still accepted for
+    /// [`Config::drain_grace`](crate::Config::drain_grace) (load balancers
+    /// take note), then accepting stops (an `SO_REUSEPORT` group's other
+    /// members take the new connections) and the open connections are
+    /// closed with 1012 evenly over [`Config::drain_time`](crate::Config::drain_time),
+    /// each after what was sent to it, and a client with positions told
+    /// before its close to reconnect after a short random delay.
+    /// Broadcasts go on meanwhile. Then [`Server::run`](crate::Server::run)
+    /// returns as after a shutdown. With a drain time of zero, the same as
+    /// [`Handle::shutdown`]; a shutdown asked during a drain closes what
+    /// is left at once. Never blocks.
+    pub fn drain(&self) -> Result<(), ServerGone> {
+        if !self.shared.drain_paced {
+            return self.shutdown();
+        }
+        if self.shared.gone.load(Ordering::Acquire) {
+            return Err(ServerGone);
+        }
+        self.shared.drain_asked.store(true, Ordering::Release);
         self.wake()
     }
 

@@ -5,12 +5,16 @@
 //! delivery slice) runs its handler with it, and the verdict goes to
 //! `settle`, the one place verdicts are acted on.
 
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use mio::event::Event;
 use mio::Registry;
 use slab::Slab;
 
+use crate::ops::metrics::Metrics;
 use crate::protocol::http::{Endpoint, Method};
 use crate::protocol::ws::CloseCode;
 use crate::server::accept::{self, Accepted, ACCEPTS_PER_WAKE};
@@ -18,10 +22,21 @@ use crate::server::address::Directory;
 use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
 use crate::server::connections::sync_interest;
 use crate::server::delivery::Delivery;
+use crate::server::drain::Pace;
 use crate::server::endpoints;
 use crate::server::key::ConnKey;
 use crate::server::sockets::Door;
 use crate::server::Server;
+
+/// How the connections left are closed when closing begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ending {
+    /// A shutdown: 1001.
+    Shutdown,
+    /// The end of a drain's pace: 1012 for the few left (those that
+    /// upgraded after the pace had passed them).
+    Drain,
+}
 
 /// What to do for a connection on one turn of the loop.
 #[derive(Debug, Clone, Copy)]
@@ -182,36 +197,106 @@ impl Server {
         self.conns.reads_done(keys);
     }
 
-    /// Stops accepting and starts closing every connection with 1001; gives
-    /// up on them the shutdown timeout after the request was seen.
-    pub(super) fn begin_shutdown(&mut self, now: Instant) {
+    /// Stops accepting and starts closing every connection left (with
+    /// 1001 for a shutdown, 1012 at the end of a drain); gives up on them
+    /// the shutdown timeout after the request was seen (or from now).
+    pub(super) fn close_everything(&mut self, now: Instant, ending: Ending) {
         if !self
             .lifecycle
-            .begin_draining(now, self.config.shutdown_timeout)
+            .begin_closing(now, self.config.shutdown_timeout)
         {
             return;
         }
-        log::info!("shutting down: closing {} connections", self.conns.len());
-        self.sockets.stop_listening();
+        let (code, why, reason) = match ending {
+            Ending::Shutdown => (
+                CloseCode::GOING_AWAY,
+                "server shutting down",
+                CloseReason::Shutdown,
+            ),
+            Ending::Drain => (
+                CloseCode::SERVICE_RESTART,
+                "service restart",
+                CloseReason::Drain,
+            ),
+        };
+        let open = self.conns.len();
+        if open > 0 || ending == Ending::Shutdown {
+            log::info!("shutting down: closing {open} connections");
+        }
+        Metrics::set(&self.report.shared.metrics.drain_left, 0);
+        self.sockets.close(Door::Main);
+        self.sockets.close(Door::Metrics);
         let mut closing = Vec::with_capacity(self.conns.len());
         let handling = self.handling(now);
         let mut ctx = handling.ctx;
         for (key, conn) in handling.conns.iter_mut() {
             let verdict = if conn.is_open() {
-                conn.begin_close(
-                    ConnKey(key),
-                    CloseCode::GOING_AWAY,
-                    "server shutting down",
-                    CloseReason::Shutdown,
-                    &mut ctx,
-                )
+                conn.begin_close(ConnKey(key), code, why, reason, &mut ctx)
             } else {
-                Verdict::Close(CloseReason::Shutdown)
+                Verdict::Close(reason)
             };
             closing.push((key, verdict));
         }
         for (key, verdict) in closing {
             self.settle(ConnKey(key), verdict);
+        }
+    }
+
+    /// Carries a drain one step on (see [`Handle::drain`](crate::Handle::drain)):
+    /// announces it when a handle asked, stops accepting at the end of the
+    /// grace, closes the connections due at the pace, and ends it once
+    /// every connection that was open has been closed.
+    pub(super) fn drain(&mut self, now: Instant) {
+        let metrics = &self.report.shared.metrics;
+        let (grace, over) = (self.config.drain_grace, self.config.drain_time);
+        if self.report.shared.drain_asked.load(Ordering::Acquire)
+            && self.lifecycle.begin_announcing(now, grace)
+        {
+            Metrics::set(&metrics.draining, 1);
+            log::info!(
+                "draining: /healthz answers 503; accepting for {grace:?} more, then closing the connections over {over:?}"
+            );
+        }
+        if self.lifecycle.announced(now) {
+            self.sockets.close(Door::Main);
+            let total = self.conns.len();
+            let per_second = total as f64 / over.as_secs_f64();
+            log::info!(
+                "draining: accepting stopped; closing {total} connections over {over:?} ({per_second:.0} a second)"
+            );
+            let seed = RandomState::new().build_hasher().finish();
+            self.lifecycle
+                .begin_pacing(Pace::new(now, over, total, seed));
+        }
+        let Some(pace) = self.lifecycle.pace_mut() else {
+            return;
+        };
+        let due = pace.due(now).min(self.config.fanout_budget);
+        let bound = self.conns.key_bound();
+        let mut closing = Vec::with_capacity(due);
+        let mut key = pace.cursor();
+        while closing.len() < due && key < bound {
+            if self.conns.slab.get(key).is_some_and(Conn::is_open) {
+                pace.closed(key);
+                closing.push((key, pace.hint()));
+            }
+            key += 1;
+        }
+        let done = key >= bound || pace.next_at(now).is_none();
+        let left = pace.left();
+        Metrics::set(&metrics.drain_left, left as u64);
+        for (key, delay) in closing {
+            let handling = self.handling(now);
+            let mut ctx = handling.ctx;
+            let Some(conn) = handling.conns.get_mut(key) else {
+                continue;
+            };
+            let verdict = conn.begin_drain_close(ConnKey(key), delay, &mut ctx);
+            self.settle(ConnKey(key), verdict);
+        }
+        if done {
+            log::info!("draining: every connection was asked to close");
+            self.close_everything(now, Ending::Drain);
         }
     }
 

@@ -1,29 +1,41 @@
 //! Whether the loop takes connections: running (accepting, or pausing
-//! when file descriptors run out), then draining once a shutdown begins.
+//! when file descriptors run out); draining once a drain is asked
+//! (announcing it on `/healthz` while still accepting, then closing the
+//! connections at a pace); closing once a shutdown begins or the pace is
+//! done.
 
 use std::io;
 use std::time::{Duration, Instant};
 
 use crate::ops::metrics::Metrics;
+use crate::server::drain::Pace;
 use crate::server::sockets::Door;
 
 /// How long accepting pauses when file descriptors run out.
 pub(super) const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
 /// Shutdown progress.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 enum State {
-    /// Serving; `shutdown_seen` is when the loop saw a handle's shutdown
-    /// request, if it did (what was queued before it goes out first).
-    Running { shutdown_seen: Option<Instant> },
-    /// Closing connections; give up on the rest at the deadline.
-    Draining { deadline: Instant },
+    /// Serving.
+    Running,
+    /// A drain was asked: `/healthz` says so, and accepting goes on until
+    /// `until` (the drain grace), while load balancers take note.
+    Announcing { until: Instant },
+    /// Accepting stopped; the connections are closed at the pace.
+    Pacing(Pace),
+    /// Every connection was asked to close; give up on the rest at the
+    /// deadline.
+    Closing { deadline: Instant },
 }
 
 /// The loop's shutdown progress and the state of accepting.
 #[derive(Debug)]
 pub(super) struct Lifecycle {
     state: State,
+    /// When the loop saw a handle's shutdown request, if it did (what was
+    /// queued before it goes out first, then the closing begins).
+    shutdown_seen: Option<Instant>,
     /// Accepting stopped at its cap with connections left in the backlog
     /// (per [`Door`]).
     accept_again: [bool; 2],
@@ -36,66 +48,105 @@ impl Lifecycle {
     /// Running, accepting.
     pub(super) fn new() -> Lifecycle {
         Lifecycle {
-            state: State::Running {
-                shutdown_seen: None,
-            },
+            state: State::Running,
+            shutdown_seen: None,
             accept_again: [false; 2],
             accept_paused_until: None,
             last_accept_warning: None,
         }
     }
 
-    /// No shutdown has begun.
+    /// The connections are served: broadcasts framed, heartbeats kept
+    /// (running or draining; not closing).
+    pub(super) fn is_serving(&self) -> bool {
+        !matches!(self.state, State::Closing { .. })
+    }
+
+    /// Running: no drain or shutdown has begun.
     pub(super) fn is_running(&self) -> bool {
-        matches!(self.state, State::Running { .. })
+        matches!(self.state, State::Running)
+    }
+
+    /// Connections are accepted (running, or announcing a drain).
+    fn is_accepting(&self) -> bool {
+        matches!(self.state, State::Running | State::Announcing { .. })
     }
 
     /// Whether a shutdown finished: every connection is closed (`closed`),
     /// or the close timeout passed.
     pub(super) fn is_finished(&self, closed: bool) -> bool {
         match self.state {
-            State::Running { .. } => false,
-            State::Draining { deadline } => closed || Instant::now() >= deadline,
+            State::Closing { deadline } => closed || Instant::now() >= deadline,
+            _ => false,
         }
     }
 
-    /// When the loop, still running, first saw the shutdown request (`now`
-    /// if this is the first time). The loop asks only while running; once
-    /// draining has begun the answer is just `now`.
+    /// When the loop first saw the shutdown request (`now` if this is the
+    /// first time).
     pub(super) fn shutdown_seen(&mut self, now: Instant) -> Instant {
+        *self.shutdown_seen.get_or_insert(now)
+    }
+
+    /// Begins announcing a drain, accepting until `grace` from `now`;
+    /// `false` unless running.
+    pub(super) fn begin_announcing(&mut self, now: Instant, grace: Duration) -> bool {
+        if !self.is_running() {
+            return false;
+        }
+        self.state = State::Announcing { until: now + grace };
+        true
+    }
+
+    /// Whether the announcement is over by `now`: accepting stops and the
+    /// pace begins.
+    pub(super) fn announced(&self, now: Instant) -> bool {
+        matches!(self.state, State::Announcing { until } if now >= until)
+    }
+
+    /// Begins closing at `pace` (after the announcement).
+    pub(super) fn begin_pacing(&mut self, pace: Pace) {
+        self.state = State::Pacing(pace);
+    }
+
+    /// The pace, while the connections are closed at one.
+    pub(super) fn pace_mut(&mut self) -> Option<&mut Pace> {
         match &mut self.state {
-            State::Running { shutdown_seen } => *shutdown_seen.get_or_insert(now),
-            State::Draining { .. } => now,
+            State::Pacing(pace) => Some(pace),
+            _ => None,
         }
     }
 
-    /// Begins draining, to give up `timeout` after the shutdown request
-    /// was seen; `false` if it had begun.
-    pub(super) fn begin_draining(&mut self, now: Instant, timeout: Duration) -> bool {
-        let State::Running { shutdown_seen } = self.state else {
+    /// Begins closing every connection left, to give up `timeout` after the
+    /// shutdown request was seen (or after `now`, at the end of a drain);
+    /// `false` if it had begun.
+    pub(super) fn begin_closing(&mut self, now: Instant, timeout: Duration) -> bool {
+        if matches!(self.state, State::Closing { .. }) {
             return false;
-        };
-        self.state = State::Draining {
-            deadline: shutdown_seen.unwrap_or(now) + timeout,
+        }
+        self.state = State::Closing {
+            deadline: self.shutdown_seen.unwrap_or(now) + timeout,
         };
         true
     }
 
     /// The time events this state waits for: the end of an accept pause,
-    /// the end of draining.
-    pub(super) fn next_at(&self) -> [Option<Instant>; 2] {
-        let deadline = match self.state {
-            State::Draining { deadline } => Some(deadline),
-            State::Running { .. } => None,
+    /// and the end of the announcement, the next close of the pace, or the
+    /// end of closing.
+    pub(super) fn next_at(&self, now: Instant) -> [Option<Instant>; 2] {
+        let state = match &self.state {
+            State::Running => None,
+            State::Announcing { until } => Some(*until),
+            State::Pacing(pace) => pace.next_at(now),
+            State::Closing { deadline } => Some(*deadline),
         };
-        [self.accept_paused_until, deadline]
+        [self.accept_paused_until, state]
     }
 
     /// Starts a turn at `door`'s listener: `false` if accepting is paused
     /// or over.
     pub(super) fn begin_accepting(&mut self, door: Door) -> bool {
         self.accept_again[door as usize] = false;
-        self.accept_paused_until.is_none() && self.is_running()
+        self.accept_paused_until.is_none() && self.is_accepting()
     }
 
     /// Accepting at `door` stopped at its cap with connections left.

@@ -31,6 +31,7 @@ mod clock;
 pub(crate) mod conn;
 mod connections;
 mod delivery;
+mod drain;
 mod endpoints;
 mod fanout;
 mod feed;
@@ -67,7 +68,7 @@ use connections::Connections;
 use delivery::Delivery;
 use handle::Shared;
 pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone, UpstreamReader};
-use handling::Ready;
+use handling::{Ending, Ready};
 pub use history::SharedHistory;
 use intake::Intake;
 use key::ConnKey;
@@ -212,6 +213,8 @@ impl Server {
             max_message_bytes: config.max_message_bytes,
             deflate_min_bytes: config.deflate.then_some(config.deflate_min_bytes),
             shutdown_after: AtomicU64::new(u64::MAX),
+            drain_asked: AtomicBool::new(false),
+            drain_paced: !config.drain_time.is_zero(),
             gone: AtomicBool::new(false),
             metrics: Metrics::default(),
             loop_histogram: LoopHistogram::default(),
@@ -328,6 +331,7 @@ impl Server {
         self.expire_deadlines(now);
         self.sweep_heartbeats(now);
         self.resume_accepting(now);
+        self.drain(now);
         self.intake.take_arrivals(&self.report.shared);
         self.advance_broadcasts(now);
         self.housekeeping(now);
@@ -368,7 +372,7 @@ impl Server {
     /// handle asked for a shutdown, sends what was queued before it (for
     /// at most half the shutdown timeout), then begins the shutdown.
     fn advance_broadcasts(&mut self, now: Instant) {
-        if !self.lifecycle.is_running() {
+        if !self.lifecycle.is_serving() {
             return self.intake.abandon(&self.report.shared);
         }
         if let Some(all_taken) = self.intake.shutdown_asked(&self.report.shared) {
@@ -378,7 +382,7 @@ impl Server {
                 // Nothing more is framed; what was goes out first.
                 self.intake.abandon(&self.report.shared);
                 if !self.delivery.delivering() {
-                    return self.begin_shutdown(now);
+                    return self.close_everything(now, Ending::Shutdown);
                 }
                 return self.deliver_slice(now);
             }
@@ -449,14 +453,14 @@ impl Server {
     }
 
     /// The earliest time event: a connection's deadline, the heartbeat
-    /// sweep, the end of an accept pause or of the shutdown, the pool's
-    /// trim or the stats line.
+    /// sweep, the end of an accept pause, a step of a drain or the end of
+    /// the shutdown, the pool's trim or the stats line.
     fn next_time_event(&self) -> Option<Instant> {
-        let [paused_until, draining_until] = self.lifecycle.next_at();
+        let [paused_until, lifecycle_at] = self.lifecycle.next_at(Instant::now());
         [
             self.clock.next_at(self.sweeping()),
             paused_until,
-            draining_until,
+            lifecycle_at,
             self.buffers.next_trim(),
             self.report.stats_at(),
         ]
@@ -465,9 +469,10 @@ impl Server {
         .min()
     }
 
-    /// Whether the heartbeat sweeps: the loop runs and holds connections.
+    /// Whether the heartbeat sweeps: the loop serves connections and holds
+    /// some.
     fn sweeping(&self) -> bool {
-        self.lifecycle.is_running() && !self.conns.is_empty()
+        self.lifecycle.is_serving() && !self.conns.is_empty()
     }
 
     /// The end of every loop iteration: give idle pool buffers back, keep

@@ -44,7 +44,8 @@ pub(super) enum Door {
 pub(super) struct Sockets {
     poll: Poll,
     events: Events,
-    listener: TcpListener,
+    /// `None` once closed (see [`Sockets::close`]).
+    listener: Option<TcpListener>,
     local_addr: SocketAddr,
     metrics_listener: Option<TcpListener>,
 }
@@ -80,7 +81,7 @@ impl Sockets {
         Ok(Sockets {
             poll,
             events: Events::with_capacity(EVENTS_CAPACITY),
-            listener,
+            listener: Some(listener),
             local_addr,
             metrics_listener,
         })
@@ -137,19 +138,28 @@ impl Sockets {
 
     /// The next connection waiting at `door`'s listener, if any.
     pub(super) fn accept(&self, door: Door) -> io::Result<Option<(TcpStream, SocketAddr)>> {
-        let listener = match (door, &self.metrics_listener) {
-            (Door::Main, _) => &self.listener,
-            (Door::Metrics, Some(listener)) => listener,
-            (Door::Metrics, None) => return Ok(None),
+        let listener = match door {
+            Door::Main => &self.listener,
+            Door::Metrics => &self.metrics_listener,
         };
-        attempt(|| listener.accept())
+        match listener {
+            Some(listener) => attempt(|| listener.accept()),
+            None => Ok(None),
+        }
     }
 
-    /// Takes the listeners out of the poll: no connection is accepted any more.
-    pub(super) fn stop_listening(&mut self) {
-        let registry = self.poll.registry();
-        for listener in std::iter::once(&mut self.listener).chain(&mut self.metrics_listener) {
-            if let Err(e) = registry.deregister(listener) {
+    /// Closes `door`'s listener: nothing is accepted there any more, and
+    /// in an `SO_REUSEPORT` group the kernel sends new connections to the
+    /// other members (a listener merely taken out of the poll would go on
+    /// taking its share, and leave it waiting). Connections still in its
+    /// accept queue are reset.
+    pub(super) fn close(&mut self, door: Door) {
+        let listener = match door {
+            Door::Main => self.listener.take(),
+            Door::Metrics => self.metrics_listener.take(),
+        };
+        if let Some(mut listener) = listener {
+            if let Err(e) = self.poll.registry().deregister(&mut listener) {
                 log::warn!("deregistering a listener failed: {e}");
             }
         }

@@ -103,3 +103,20 @@ test("a gap status is handed to ongap with both ends, and a resume goes on after
   assert.match(sockets[1].url, /[?&]since=00000000000000ab\.14(&|$)/, "resumes after the gap's end");
   push.close();
 });
+
+test("a drain's hint sets the wait before the reconnect, once, and the backoff starts over", () => {
+  const { wspush, sockets, timers } = load();
+  const push = wspush.connect("wss://push.example/", {});
+  sockets[0].onopen();
+  sockets[0].onmessage({ data: '{"status":"position","position":"00000000000000ab.3"}' });
+  sockets[0].onmessage({ data: '{"status":"reconnect","delay_ms":37}' });
+  sockets[0].onclose({ code: 1012 });
+  assert.deepEqual(timers.map((t) => t.ms), [37], "the hint's delay, not the backoff's");
+  timers.splice(0)[0].run();
+  assert.match(sockets[1].url, /[?&]since=00000000000000ab\.3(&|$)/, "resumes where it was");
+  // The next close has no hint: the backoff, from its first ceiling.
+  sockets[1].onclose({ code: 1006 });
+  const [next] = timers.map((t) => t.ms);
+  assert.ok(next >= 500 && next <= 3000, `a first backoff: ${next} ms`);
+  push.close();
+});

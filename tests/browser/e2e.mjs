@@ -256,11 +256,11 @@ await check("permessage-deflate: big broadcasts reach the page compressed, and i
   assertEqual(echoed.extensions, "permessage-deflate; server_no_context_takeover; client_no_context_takeover", "the extension agreed");
 });
 
-await check("SIGTERM closes the page with 1001, cleanly", async (scope) => {
+await check("SIGINT closes the page with 1001, cleanly", async (scope) => {
   const server = await scope.server(["--demo"]);
   const page = await scope.page(server.url("/"));
   await waitForState(page, "open");
-  server.child.kill("SIGTERM");
+  server.child.kill("SIGINT");
   const now = await waitForState(page, "closed");
   assertEqual(now.closes[0], { code: 1001, clean: true, reason: "server shutting down" }, "the close the page saw");
   const exit = await Promise.race([server.exited, sleep(WAIT_MS).then(() => "still running")]);
@@ -400,6 +400,49 @@ await check("the served client keeps the page's count exact while each instance 
   assertEqual(now.messages, lines, "every line once, in order");
   if (now.closes.length < 1) throw new Error("the page's connection was never dropped");
   assertEqual(now.resume, "recovered", "what its last connection was told");
+});
+
+await check("a draining instance closes the page with 1012; it comes back after the hint, on the other, recovered", async (scope) => {
+  // 100 ms of drain time: the hint is under 100 ms, and the client's own
+  // backoff would wait at least 500 ms.
+  const server = await scope.server(["--demo", "--processes", "2", "--drain-time", "100ms", "--drain-grace", "0s"]);
+  const instances = () =>
+    fs.readFileSync(`/proc/${server.child.pid}/task/${server.child.pid}/children`, "utf8").trim().split(/\s+/).map(Number);
+  await waitUntil("two instances", () => instances().length === 2);
+  const page = await scope.page(server.url("/"));
+  await waitForState(page, "open");
+  const lines = Array.from({ length: 300 }, (_, i) => `line ${i + 1}`);
+  server.feed(lines.slice(0, 100));
+  await waitUntil("100 messages on the page", async () => (await shown(page)).count >= 100);
+  // Each instance in turn drains (the page is on one of them) and is
+  // started again; lines keep coming meanwhile.
+  for (const [i, victim] of instances().entries()) {
+    process.kill(victim, "SIGTERM");
+    server.feed(lines.slice(100 * (i + 1), 100 * (i + 2)));
+    await waitUntil(`instance ${victim} to be replaced`, () => {
+      const now = instances();
+      return now.length === 2 && !now.includes(victim);
+    });
+  }
+  const now = await waitUntil("300 messages on the page", async () => {
+    const now = await shown(page);
+    return now.count >= 300 && now.state === "open" && now;
+  });
+  assertEqual(now.messages, lines, "every line once, in order");
+  // Drained once or twice (it may land on the first one's replacement).
+  const drained = { code: 1012, reason: "service restart", clean: true };
+  if (now.closes.length < 1) throw new Error("the page was never drained");
+  assertEqual(now.closes, now.closes.map(() => drained), "the drains' closes");
+  const statuses = await page.evaluate(() => window.statuses);
+  const hints = statuses.flatMap((s, i) => (s.status === "reconnect" ? [i] : []));
+  assertEqual(hints.length, now.closes.length, "a hint before each close");
+  for (const hint of hints) {
+    const [told, back] = [statuses[hint], statuses[hint + 1]];
+    assertEqual(back && back.status, "recovered", "what the next connection was told");
+    if (!(told.delay_ms < 100)) throw new Error(`a hint of ${told.delay_ms} ms`);
+    const waited = back.at - told.at;
+    if (waited > told.delay_ms + 400) throw new Error(`back ${waited} ms after a hint of ${told.delay_ms} ms`);
+  }
 });
 
 await browser.close();

@@ -135,10 +135,10 @@ export class Wspush {
     return samples;
   }
 
-  /** SIGTERM, then SIGKILL if it has not exited within 10 s. */
+  /** SIGINT (close at once, no drain), then SIGKILL if it has not exited within 10 s. */
   async stop() {
     if (this.child.exitCode !== null || this.child.signalCode !== null) return this.exited;
-    this.child.kill("SIGTERM");
+    this.child.kill("SIGINT");
     const timer = setTimeout(() => this.child.kill("SIGKILL"), 10_000);
     const status = await this.exited;
     clearTimeout(timer);

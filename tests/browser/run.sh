@@ -6,7 +6,7 @@
 #                  gap status handed on with both its ends;
 #   e2e.mjs        headless Chromium driven by playwright-core: the --demo
 #                  page, three tabs, channels and upstream, permessage-deflate,
-#                  SIGTERM's 1001, --allow-origin, --token-file, heartbeats;
+#                  SIGINT's 1001, a drain's 1012 and hint, --allow-origin, --token-file, heartbeats;
 #   ws_client.mjs  Node's ws client, whose permessage-deflate is C zlib's:
 #                  what is negotiated, 200 broadcasts and --echo up to 1 MB,
 #                  each message equal and the big ones compressed on the wire.

@@ -174,12 +174,13 @@ impl Server {
         }
     }
 
-    /// Stops the server: SIGTERM to its process group, SIGKILL after a grace period.
+    /// Stops the server: SIGINT to its process group (wspush closes at
+    /// once, without a drain; the peers exit), SIGKILL after a grace period.
     pub fn stop(&mut self) {
         self.stdin = None;
         let pgid = self.child.id();
         if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = sys::signal_group(pgid, libc::SIGTERM);
+            let _ = sys::signal_group(pgid, libc::SIGINT);
             let deadline = Instant::now() + STOP_GRACE;
             while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
                 thread::sleep(Duration::from_millis(20));

@@ -44,8 +44,10 @@ use wspush::{
                   tail -f feed | wspush --listen 0.0.0.0:8080 --processes auto --total-connections 1000000\n\n\
                   Standard input: each line (without its \\n or \\r\\n) is one text message; an empty\n\
                   line is an empty message; lines that are not UTF-8 or exceed --max-message-bytes are\n\
-                  skipped with a warning. End of input does not stop the server; SIGINT/SIGTERM close\n\
-                  every connection with 1001 after what is queued for it and exit.\n\
+                  skipped with a warning. End of input does not stop the server. SIGTERM drains: /healthz\n\
+                  answers 503 draining, accepting stops after --drain-grace, and the connections are closed\n\
+                  with 1012 evenly over --drain-time; SIGINT (or --drain-time 0) closes every connection at\n\
+                  once with 1001 after what is queued for it. A second signal exits at once.\n\
                   Durations: 30s, 500ms, 2m, 1h (a bare number is seconds).\n\
                   Redis: --redis URL --redis-channel NAME reads each published message as input too (one\n\
                   line, or several if it holds line ends), beside standard input.\n\
@@ -118,9 +120,18 @@ struct Cli {
     /// Close a connection whose close handshake takes longer than this.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration, allow_hyphen_values = true)]
     close_timeout: Duration,
-    /// On SIGINT/SIGTERM, wait this long for close replies and flushes before exiting.
+    /// On SIGINT/SIGTERM, wait this long for close replies and flushes before exiting
+    /// (after a drain's closes).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration, allow_hyphen_values = true)]
     shutdown_timeout: Duration,
+    /// On SIGTERM, close the connections with 1012 evenly over this time, so that their
+    /// clients come back spread over it; 0 closes them all at once with 1001, as SIGINT does.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_or_zero, allow_hyphen_values = true)]
+    drain_time: Duration,
+    /// On SIGTERM, answer /healthz 503 draining and go on accepting this long before the
+    /// drain's closes begin, so that load balancers stop sending new clients first.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = duration_or_zero, allow_hyphen_values = true)]
+    drain_grace: Duration,
     /// Most connections one client IP address may hold; more get HTTP 429.
     #[arg(long, value_name = "N", value_parser = positive)]
     max_connections_per_ip: Option<usize>,
@@ -392,6 +403,8 @@ fn config(cli: &Cli) -> Result<Config, String> {
         c.handshake_timeout = cli.handshake_timeout;
         c.close_timeout = cli.close_timeout;
         c.shutdown_timeout = cli.shutdown_timeout;
+        c.drain_time = cli.drain_time;
+        c.drain_grace = cli.drain_grace;
         c.ping_interval = cli.ping_interval;
         c.idle_timeout = cli.idle_timeout.unwrap_or(2 * cli.ping_interval);
         c.max_connections_per_ip = cli.max_connections_per_ip;
@@ -567,7 +580,8 @@ fn open_file_capacity() -> u64 {
     )
 }
 
-/// SIGINT/SIGTERM start a graceful shutdown; a second one exits at once.
+/// SIGTERM starts a drain (see [`Handle::drain`]), SIGINT a shutdown; a
+/// second signal exits at once.
 fn stop_on_signals(handle: Handle) -> Result<(), String> {
     let mut signals =
         Signals::new([SIGINT, SIGTERM]).map_err(|e| format!("cannot handle signals: {e}"))?;
@@ -575,9 +589,16 @@ fn stop_on_signals(handle: Handle) -> Result<(), String> {
         .name("signals".into())
         .spawn(move || {
             let mut forever = signals.forever();
-            if let Some(signal) = forever.next() {
-                log::info!("signal {signal}: closing connections");
-                let _ = handle.shutdown();
+            match forever.next() {
+                Some(SIGTERM) => {
+                    log::info!("signal {SIGTERM}: draining");
+                    let _ = handle.drain();
+                }
+                Some(signal) => {
+                    log::info!("signal {signal}: closing connections");
+                    let _ = handle.shutdown();
+                }
+                None => return,
             }
             if forever.next().is_some() {
                 log::warn!("second signal: exiting now");
@@ -624,8 +645,12 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
         on_exit: cli.on_instance_exit,
         max_backlog: cli.instance_backlog,
         stall_timeout: cli.instance_stall_timeout,
-        // Instances get their shutdown timeout, and some time to exit after it.
-        stop_grace: config.shutdown_timeout + Duration::from_secs(5),
+        // Instances get their drain and shutdown timeout, and some time to
+        // exit after them.
+        stop_grace: config.drain_grace
+            + config.drain_time
+            + config.shutdown_timeout
+            + Duration::from_secs(5),
     };
     let feed = redis_feed(cli)?;
     let max_message = config.max_message_bytes as usize;

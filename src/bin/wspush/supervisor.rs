@@ -428,7 +428,7 @@ impl Supervisor {
             if self.take_signal(SIGCHLD) {
                 if let Some(error) = self.reap(now, stop_deadline.is_some())? {
                     failure.get_or_insert(error);
-                    stop_deadline.get_or_insert_with(|| self.stop_all(now));
+                    stop_deadline.get_or_insert_with(|| self.stop_all(now, Signal::INT));
                 }
             }
             if stop_deadline.is_none() {
@@ -446,8 +446,9 @@ impl Supervisor {
                 self.kill_all();
                 stop_deadline = Some(now + self.policy.stop_grace);
             }
-            // Read more only as fast as the most advanced instance takes it.
-            if input_open && stop_deadline.is_none() && self.lead_is_idle() {
+            // Read more only as fast as the most advanced instance takes
+            // it; instances that drain still serve their clients.
+            if input_open && self.lead_is_idle() {
                 match chunks.try_recv() {
                     Ok(chunk) => {
                         self.deliver(chunk, now);
@@ -477,13 +478,23 @@ impl Supervisor {
                     SIGNALS => {
                         let mut sink = [0u8; 64];
                         while matches!(self.signal_pipe.read(&mut sink), Ok(n) if n > 0) {}
-                        if self.take_signal(SIGINT) || self.take_signal(SIGTERM) {
-                            log::info!(
-                                "received a stop signal: stopping {} instances",
-                                self.instances.len()
-                            );
+                        // SIGTERM drains the instances, SIGINT closes
+                        // their connections at once; they are forwarded
+                        // as they come, so a second one ends them at once.
+                        let (term, int) = (self.take_signal(SIGTERM), self.take_signal(SIGINT));
+                        let stop = [(term, Signal::TERM), (int, Signal::INT)];
+                        for (_, signal) in stop.into_iter().filter(|(taken, _)| *taken) {
+                            if stop_deadline.is_some() {
+                                log::warn!("second stop signal: the instances exit now");
+                            } else {
+                                log::info!(
+                                    "received a stop signal: stopping {} instances",
+                                    self.instances.len()
+                                );
+                            }
                             let now = Instant::now();
-                            stop_deadline.get_or_insert_with(|| self.stop_all(now));
+                            let deadline = self.stop_all(now, signal);
+                            stop_deadline.get_or_insert(deadline);
                         }
                     }
                     WAKE => self.merge.iter_mut().for_each(Merge::on_room),
@@ -758,13 +769,14 @@ impl Supervisor {
             .min()
     }
 
-    /// Sends SIGTERM to every running instance, cancels pending
-    /// restarts, and returns when to kill what is left.
-    fn stop_all(&mut self, now: Instant) -> Instant {
+    /// Sends `signal` (SIGTERM: drain; SIGINT: close at once) to every
+    /// running instance, cancels pending restarts, and returns when to
+    /// kill what is left.
+    fn stop_all(&mut self, now: Instant, signal: Signal) -> Instant {
         for instance in &mut self.instances {
             match &instance.life {
                 Life::Running { child, .. } => {
-                    let _ = kill_process(Pid::from_child(child), Signal::TERM);
+                    let _ = kill_process(Pid::from_child(child), signal);
                 }
                 Life::Waiting { .. } => instance.life = Life::Gone,
                 Life::Gone => {}

@@ -90,6 +90,10 @@ impl CloseCode {
     pub const MESSAGE_TOO_BIG: CloseCode = CloseCode(1009);
     /// 1011: unexpected condition on the server.
     pub const INTERNAL_ERROR: CloseCode = CloseCode(1011);
+    /// 1012: the service is restarting; reconnect (IANA's registry, after
+    /// RFC 6455; browsers take it, though it is not one a peer may send
+    /// this server: [`CloseCode::is_valid_on_wire`]).
+    pub const SERVICE_RESTART: CloseCode = CloseCode(1012);
 
     /// Whether a peer may send this code in a close frame: 1000–1003,
     /// 1007–1011 and the application/private range 3000–4999. Everything else

@@ -4,9 +4,12 @@
 //! the end itself, once the loop has taken the connection out of the slab:
 //! its resources given back and the close counted.
 
+use std::time::Duration;
+
 use super::output::{Message, Outgoing};
 use super::{CloseReason, Conn, Ctx, Phase, Verdict};
 use crate::ops::metrics::Metrics;
+use crate::protocol::position;
 use crate::protocol::ws::{CloseCode, OpCode, ProtocolError};
 use crate::server::key::ConnKey;
 
@@ -60,6 +63,29 @@ impl Conn {
         self.phase = Phase::CloseSent { decoder, reason };
         self.arm(key, ctx.config.close_timeout, ctx);
         self.send_close(code, why, ctx)
+    }
+
+    /// Closes it for a drain, after what is queued: a client with
+    /// positions is first told to reconnect after `delay` (the hint, see
+    /// [`position::reconnect_hint`]), then every client gets 1012.
+    pub fn begin_drain_close(
+        &mut self,
+        key: ConnKey,
+        delay: Duration,
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
+        if !self.is_open() {
+            return Verdict::Keep;
+        }
+        if self.positions {
+            let hint = position::reconnect_hint(delay);
+            let hint = Outgoing::Frame(Message::plain(OpCode::Text, hint.as_bytes()));
+            if let Verdict::Close(reason) = Verdict::after(self.send(hint, ctx)) {
+                return Verdict::Close(reason);
+            }
+        }
+        let restart = CloseCode::SERVICE_RESTART;
+        self.begin_close(key, restart, "service restart", CloseReason::Drain, ctx)
     }
 
     /// Fails the connection: a close frame with the error's code, then linger.

@@ -75,6 +75,8 @@ pub enum CloseReason {
     Http,
     /// The server is shutting down (1001).
     Shutdown,
+    /// A drain closed it at its pace (1012, Service Restart).
+    Drain,
     /// A publisher closed it (`close`, or `Handle::close`) with this code.
     Publisher(CloseCode),
     /// The TCP connection ended without a close handshake.
@@ -95,6 +97,7 @@ impl CloseReason {
             CloseReason::HandshakeTimeout => &metrics.closed_handshake_timeout,
             CloseReason::Rejected => &metrics.closed_rejected,
             CloseReason::Shutdown => &metrics.closed_shutdown,
+            CloseReason::Drain => &metrics.closed_drain,
             CloseReason::Publisher(_) => &metrics.closed_publisher,
             CloseReason::Abnormal => &metrics.closed_abnormal,
         }
@@ -112,6 +115,7 @@ impl CloseReason {
             | CloseReason::Publisher(code) => code,
             CloseReason::SlowConsumer => CloseCode::POLICY_VIOLATION,
             CloseReason::IdleTimeout | CloseReason::Shutdown => CloseCode::GOING_AWAY,
+            CloseReason::Drain => CloseCode::SERVICE_RESTART,
             CloseReason::HandshakeTimeout
             | CloseReason::Rejected
             | CloseReason::Http
