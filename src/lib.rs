@@ -87,6 +87,6 @@ pub use protocol::names::{ChannelName, ClientId, NameError, Pattern, MAX_NAME_LE
 pub use protocol::position::Epoch;
 pub use protocol::ws::{CloseCode, MessageKind};
 pub use server::{
-    BindError, BroadcastError, ConnectionInfo, Handle, MessageTooBig, Server, ServerGone,
+    listen, BindError, BroadcastError, ConnectionInfo, Handle, MessageTooBig, Server, ServerGone,
     SharedHistory, UpstreamReader,
 };

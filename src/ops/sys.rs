@@ -117,6 +117,19 @@ pub fn raise_open_file_limit() -> io::Result<u64> {
     Ok(limit.maximum.unwrap_or(u64::MAX))
 }
 
+/// Whether processes this one starts inherit descriptor `fd`: with
+/// `inherit`, its close-on-exec flag is cleared (set it again once the
+/// child that is to have it is started).
+pub fn set_inheritable(fd: BorrowedFd<'_>, inherit: bool) -> io::Result<()> {
+    let flags = if inherit {
+        FdFlags::empty()
+    } else {
+        FdFlags::CLOEXEC
+    };
+    fcntl_setfd(fd, flags)?;
+    Ok(())
+}
+
 /// Takes ownership of descriptor `fd`, inherited from the parent process
 /// (which named it), if it is open.
 pub fn inherited_fd(fd: i32) -> io::Result<OwnedFd> {

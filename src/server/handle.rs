@@ -1,7 +1,7 @@
 //! The handle: how other threads talk to a running loop (broadcast, shut
 //! down, read metrics), and the state the loop shares with them.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +15,11 @@ use crate::protocol::ws::{compress, CloseCode, MessageKind};
 use crate::server::check_message_limit;
 use crate::server::feed::{Action, Command, Gate};
 use crate::server::upstream::Shelf;
+
+/// [`Shared::drain_asked`]: a drain, announced, after the grace.
+pub(super) const DRAIN: u8 = 1;
+/// [`Shared::drain_asked`]: a hand-over, neither announced nor waited for.
+pub(super) const HAND_OVER: u8 = 2;
 
 /// State shared between the loop and its handles.
 #[derive(Debug)]
@@ -38,8 +43,9 @@ pub(super) struct Shared {
     /// for (`u64::MAX`: none asked). Kept beside the queue, so that asking
     /// never blocks behind a full one.
     pub(super) shutdown_after: AtomicU64,
-    /// A handle asked for a drain (see [`Handle::drain`]).
-    pub(super) drain_asked: AtomicBool,
+    /// What a handle asked of a drain: [`DRAIN`] ([`Handle::drain`]) or
+    /// [`HAND_OVER`] ([`Handle::hand_over`]); 0 for neither.
+    pub(super) drain_asked: AtomicU8,
     /// A drain closes at a pace (its drain time is not zero); else it is
     /// a shutdown.
     pub(super) drain_paced: bool,
@@ -224,7 +230,24 @@ impl Handle {
         if self.shared.gone.load(Ordering::Acquire) {
             return Err(ServerGone);
         }
-        self.shared.drain_asked.store(true, Ordering::Release);
+        self.shared.drain_asked.fetch_max(DRAIN, Ordering::AcqRel);
+        self.wake()
+    }
+
+    /// Asks the loop to hand its clients over to a replacement that
+    /// already listens beside it (the same socket, or the same
+    /// `SO_REUSEPORT` group): a [`Handle::drain`] without its announcement
+    /// or grace. The listeners are closed at once (`/healthz` and
+    /// `/metrics` are the replacement's now), and the connections closed
+    /// at the pace of the drain time. Never blocks.
+    pub fn hand_over(&self) -> Result<(), ServerGone> {
+        if !self.shared.drain_paced {
+            return self.shutdown();
+        }
+        if self.shared.gone.load(Ordering::Acquire) {
+            return Err(ServerGone);
+        }
+        self.shared.drain_asked.store(HAND_OVER, Ordering::Release);
         self.wake()
     }
 

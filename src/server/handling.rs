@@ -8,7 +8,7 @@
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mio::event::Event;
 use mio::Registry;
@@ -24,6 +24,7 @@ use crate::server::connections::sync_interest;
 use crate::server::delivery::Delivery;
 use crate::server::drain::Pace;
 use crate::server::endpoints;
+use crate::server::handle::HAND_OVER;
 use crate::server::key::ConnKey;
 use crate::server::sockets::Door;
 use crate::server::Server;
@@ -248,14 +249,24 @@ impl Server {
     /// every connection that was open has been closed.
     pub(super) fn drain(&mut self, now: Instant) {
         let metrics = &self.report.shared.metrics;
-        let (grace, over) = (self.config.drain_grace, self.config.drain_time);
-        if self.report.shared.drain_asked.load(Ordering::Acquire)
-            && self.lifecycle.begin_announcing(now, grace)
-        {
+        let over = self.config.drain_time;
+        let asked = self.report.shared.drain_asked.load(Ordering::Acquire);
+        let grace = match asked {
+            HAND_OVER => Duration::ZERO,
+            _ => self.config.drain_grace,
+        };
+        if asked != 0 && self.lifecycle.begin_announcing(now, grace) {
             Metrics::set(&metrics.draining, 1);
-            log::info!(
-                "draining: /healthz answers 503; accepting for {grace:?} more, then closing the connections over {over:?}"
-            );
+            if asked == HAND_OVER {
+                log::info!(
+                    "handing over: the listeners close; closing the connections over {over:?}"
+                );
+                self.sockets.close(Door::Metrics);
+            } else {
+                log::info!(
+                    "draining: /healthz answers 503; accepting for {grace:?} more, then closing the connections over {over:?}"
+                );
+            }
         }
         if self.lifecycle.announced(now) {
             self.sockets.close(Door::Main);

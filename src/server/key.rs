@@ -29,10 +29,25 @@ impl ConnKey {
 
 /// Serials for connections: a number new for every connection, kept in
 /// the connection, so that a key given out earlier (an upstream line's)
-/// never reaches a later connection in the same slot.
-#[derive(Debug, Default)]
+/// never reaches a later connection in the same slot. They start at a
+/// random number, so that the processes that hold one instance number in
+/// turn (a restart, a replacement beside a draining one) do not give out
+/// the same keys.
+#[derive(Debug)]
 pub(crate) struct Serials {
     next: u32,
+}
+
+impl Default for Serials {
+    fn default() -> Serials {
+        use std::hash::{BuildHasher, Hasher};
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        Serials {
+            next: random as u32,
+        }
+    }
 }
 
 impl Serials {

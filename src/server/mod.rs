@@ -16,7 +16,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -75,6 +75,7 @@ use key::ConnKey;
 use lifecycle::Lifecycle;
 use records::Records;
 use report::Report;
+pub use sockets::listen;
 use sockets::{Door, Sockets, ALARM, LISTENER, METRICS_LISTENER, WAKER};
 
 use crate::server::conn::CloseReason;
@@ -198,12 +199,26 @@ impl Server {
     /// address, if any) and sets up the loop.
     pub fn bind(config: Config) -> Result<Server, BindError> {
         config.validate().map_err(BindError::Config)?;
-        Server::open(config).map_err(BindError::Io)
+        Server::open(config, None).map_err(BindError::Io)
+    }
+
+    /// A server on `listener`, a listening socket made elsewhere (by
+    /// [`listen`], in a supervisor that holds the listeners of its
+    /// instances so that a replacement takes over the very socket, or
+    /// handed over by a service manager); [`Config::listen`] and
+    /// [`Config::reuse_port`] are not used for it. Validates `config` and
+    /// binds its metrics address, if any.
+    pub fn from_listener(
+        config: Config,
+        listener: std::net::TcpListener,
+    ) -> Result<Server, BindError> {
+        config.validate().map_err(BindError::Config)?;
+        Server::open(config, Some(listener)).map_err(BindError::Io)
     }
 
     /// [`Server::bind`] once the configuration is known to be valid.
-    fn open(config: Config) -> io::Result<Server> {
-        let sockets = Sockets::open(&config)?;
+    fn open(config: Config, listener: Option<std::net::TcpListener>) -> io::Result<Server> {
+        let sockets = Sockets::open(&config, listener)?;
         let shared = Arc::new(Shared {
             waker: sockets.waker()?,
             wake_pending: AtomicBool::new(false),
@@ -213,7 +228,7 @@ impl Server {
             max_message_bytes: config.max_message_bytes,
             deflate_min_bytes: config.deflate.then_some(config.deflate_min_bytes),
             shutdown_after: AtomicU64::new(u64::MAX),
-            drain_asked: AtomicBool::new(false),
+            drain_asked: AtomicU8::new(0),
             drain_paced: !config.drain_time.is_zero(),
             gone: AtomicBool::new(false),
             metrics: Metrics::default(),

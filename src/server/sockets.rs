@@ -51,24 +51,38 @@ pub(super) struct Sockets {
 }
 
 impl Sockets {
-    /// A new poll with `config`'s listen address (and metrics address, if
-    /// any) bound and registered.
-    pub(super) fn open(config: &Config) -> io::Result<Sockets> {
+    /// A new poll with `listener` (or else `config`'s listen address
+    /// bound) and the metrics address, if any, registered.
+    pub(super) fn open(
+        config: &Config,
+        listener: Option<std::net::TcpListener>,
+    ) -> io::Result<Sockets> {
         let poll = Poll::new()?;
-        let mut listener = listen(config.listen, config.reuse_port).map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen))
-        })?;
+        let mut listener = match listener {
+            Some(listener) => {
+                listener.set_nonblocking(true)?;
+                TcpListener::from_std(listener)
+            }
+            None => {
+                TcpListener::from_std(listen(config.listen, config.reuse_port).map_err(|e| {
+                    io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen))
+                })?)
+            }
+        };
         let local_addr = listener.local_addr()?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let metrics_listener = match config.metrics_listen {
             Some(addr) => {
-                let mut metrics_listener = listen(addr, false).map_err(|e| {
+                // In an SO_REUSEPORT group, a replacement shares the port
+                // with the process it replaces while that one drains.
+                let metrics_listener = listen(addr, config.reuse_port).map_err(|e| {
                     io::Error::new(
                         e.kind(),
                         format!("cannot listen on {addr} for metrics: {e}"),
                     )
                 })?;
+                let mut metrics_listener = TcpListener::from_std(metrics_listener);
                 poll.registry().register(
                     &mut metrics_listener,
                     METRICS_LISTENER,
@@ -166,7 +180,8 @@ impl Sockets {
     }
 }
 
-/// A listening socket: `SO_REUSEADDR` (restarts while old connections sit
+/// A listening socket as a server makes it (for [`Server::from_listener`](crate::Server::from_listener):
+/// a supervisor that holds the listeners its instances share): `SO_REUSEADDR` (restarts while old connections sit
 /// in TIME_WAIT), `SO_REUSEPORT` when asked, `TCP_NODELAY` (Linux copies it
 /// to every accepted socket, saving a syscall per connection),
 /// `TCP_DEFER_ACCEPT`, and a deep accept queue for connection bursts (the
@@ -180,7 +195,7 @@ impl Sockets {
 /// `DEFER_ACCEPT_SECS`; then the kernel resends its SYN-ACK, the client's
 /// answer completes the connection, and it is accepted and given
 /// `handshake_timeout` like any other.
-fn listen(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
+pub fn listen(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpListener> {
     const DEFER_ACCEPT_SECS: u32 = 1;
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM.nonblocking(), None)?;
     socket.set_reuse_address(true)?;
@@ -191,5 +206,5 @@ fn listen(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
     sys::set_tcp_defer_accept(&socket, DEFER_ACCEPT_SECS)?;
     socket.bind(&addr.into())?;
     socket.listen(LISTEN_BACKLOG)?;
-    Ok(TcpListener::from_std(socket.into()))
+    Ok(socket.into())
 }

@@ -532,3 +532,106 @@ pub fn sample(page: &str, series: &str) -> u64 {
         .parse()
         .expect("an integer sample")
 }
+
+/// What a [`resuming_client`] got.
+#[derive(Debug, Default)]
+pub struct Resumed {
+    /// The payloads of the messages, in order.
+    pub payloads: Vec<String>,
+    /// Every status it was told, in order (the JSON objects).
+    pub statuses: Vec<String>,
+    /// The close codes of the connections that ended.
+    pub closes: Vec<u16>,
+    /// Connection attempts that failed (refused, reset, or not upgraded).
+    pub failed_connects: usize,
+}
+
+/// A client that asks for positions and, whenever its connection ends,
+/// reconnects with `since` its last position (after the delay of a
+/// `reconnect` hint, if it was given one), until a message `stop_at`
+/// arrives; on its own thread.
+pub fn resuming_client(addr: SocketAddr, stop_at: &str) -> JoinHandle<Resumed> {
+    let stop_at = stop_at.to_string();
+    std::thread::spawn(move || {
+        let mut resumed = Resumed::default();
+        let mut position: Option<String> = None;
+        let deadline = std::time::Instant::now() + 6 * IO_TIMEOUT;
+        loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never got {stop_at:?}: {resumed:?}"
+            );
+            let path = match &position {
+                Some(p) => format!("/?since={p}"),
+                None => "/?positions=1".to_string(),
+            };
+            let Ok(mut stream) = TcpStream::connect(addr) else {
+                resumed.failed_connects += 1;
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            };
+            stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+            let upgraded = stream.write_all(upgrade_request(&path).as_bytes()).is_ok()
+                && read_head_status(&mut stream) == Some(101);
+            if !upgraded {
+                resumed.failed_connects += 1;
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            let mut hint = Duration::ZERO;
+            while let Some(frame) = read_frame(&mut stream) {
+                match frame.opcode {
+                    0x1 => {
+                        let text = String::from_utf8(frame.payload).unwrap();
+                        if text.starts_with('{') {
+                            if let Some(at) = text.find("\"delay_ms\":") {
+                                let ms = text[at + 11..].trim_end_matches('}');
+                                hint = Duration::from_millis(ms.parse().unwrap());
+                            }
+                            if position.is_none() {
+                                if let Some(at) = text.find("\"position\":\"") {
+                                    let rest = &text[at + 12..];
+                                    position = Some(rest[..rest.find('"').unwrap()].to_string());
+                                }
+                            }
+                            if text.contains("\"status\":\"gap\"") {
+                                let at = text.find("\"to\":\"").unwrap();
+                                let rest = &text[at + 6..];
+                                position = Some(rest[..rest.find('"').unwrap()].to_string());
+                            }
+                            resumed.statuses.push(text);
+                            continue;
+                        }
+                        let (at, payload) = text.split_once(' ').unwrap();
+                        position = Some(at.to_string());
+                        resumed.payloads.push(payload.to_string());
+                        if payload == stop_at {
+                            return resumed;
+                        }
+                    }
+                    0x8 => {
+                        resumed.closes.push(frame.close_code().unwrap_or(0));
+                        let _ = stream.write_all(&client_frame(CLOSE, &[]));
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            std::thread::sleep(hint);
+        }
+    })
+}
+
+/// The status code of an HTTP response head, read byte by byte; `None`
+/// if the connection ends (or fails) first.
+fn read_head_status(stream: &mut TcpStream) -> Option<u16> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => return None,
+        }
+    }
+    std::str::from_utf8(head.get(9..12)?).ok()?.parse().ok()
+}

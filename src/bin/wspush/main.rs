@@ -4,13 +4,15 @@
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::path::Path;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser, ValueEnum};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use signal_hook::iterator::Signals;
 use socket2::{Domain, Socket, Type};
 use wspush::sys::raise_open_file_limit;
@@ -18,7 +20,10 @@ use wspush::Pattern;
 
 use input::{InputMode, PumpEnd};
 use rlimit::{connection_capacity, instances_for};
-use supervisor::{OnExit, Policy, Supervisor, FIRST_LINE_ENV, HISTORY_FD_ENV, INSTANCE_ENV};
+use supervisor::{
+    OnExit, Policy, Supervisor, FIRST_LINE_ENV, HISTORY_FD_ENV, INSTANCE_ENV, LISTEN_FD_ENV,
+    STATUS_FD_ENV,
+};
 
 mod input;
 mod merge;
@@ -47,7 +52,8 @@ use wspush::{
                   skipped with a warning. End of input does not stop the server. SIGTERM drains: /healthz\n\
                   answers 503 draining, accepting stops after --drain-grace, and the connections are closed\n\
                   with 1012 evenly over --drain-time; SIGINT (or --drain-time 0) closes every connection at\n\
-                  once with 1001 after what is queued for it. A second signal exits at once.\n\
+                  once with 1001 after what is queued for it. A second signal exits at once. Under\n\
+                  --processes, SIGHUP replaces the instances one at a time, SIGUSR2 with the binary on disk.\n\
                   Durations: 30s, 500ms, 2m, 1h (a bare number is seconds).\n\
                   Redis: --redis URL --redis-channel NAME reads each published message as input too (one\n\
                   line, or several if it holds line ends), beside standard input.\n\
@@ -508,7 +514,26 @@ fn serve(cli: Cli) -> Result<(), String> {
         }
         None => capacity.clamp(1, usize::MAX as u64) as usize,
     };
-    let mut server = Server::bind(config.clone()).map_err(|e| e.to_string())?;
+    // Under a supervisor, the instance serves the listener the supervisor
+    // holds for its number, and says when it does.
+    let inherited = |name| std::env::var(name).ok().and_then(|fd| fd.parse().ok());
+    let mut server = match inherited(LISTEN_FD_ENV) {
+        Some(fd) => {
+            let listener = wspush::sys::inherited_fd(fd)
+                .map_err(|e| format!("cannot take the supervisor's listener: {e}"))?;
+            Server::from_listener(config.clone(), listener.into())
+        }
+        None => Server::bind(config.clone()),
+    }
+    .map_err(|e| e.to_string())?;
+    if let Some(fd) = inherited(STATUS_FD_ENV) {
+        let status = wspush::sys::inherited_fd(fd)
+            .map_err(|e| format!("cannot take the supervisor's status pipe: {e}"))?;
+        let mut status = std::fs::File::from(status);
+        status
+            .write_all(&[supervisor::LISTENING])
+            .map_err(|e| format!("cannot tell the supervisor this instance listens: {e}"))?;
+    }
     log::info!(
         "listening on {} (path {}, {} mode, up to {} connections; the open-file limit allows {capacity})",
         server.local_addr(),
@@ -580,29 +605,41 @@ fn open_file_capacity() -> u64 {
     )
 }
 
-/// SIGTERM starts a drain (see [`Handle::drain`]), SIGINT a shutdown; a
-/// second signal exits at once.
+/// SIGTERM starts a drain (see [`Handle::drain`]), SIGUSR1 a hand-over to
+/// a replacement ([`Handle::hand_over`], sent by a supervisor), SIGINT a
+/// shutdown; a second one of them exits at once. SIGHUP, which restarts a
+/// supervisor's instances, is logged and ignored here.
 fn stop_on_signals(handle: Handle) -> Result<(), String> {
-    let mut signals =
-        Signals::new([SIGINT, SIGTERM]).map_err(|e| format!("cannot handle signals: {e}"))?;
+    let mut signals = Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP])
+        .map_err(|e| format!("cannot handle signals: {e}"))?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            let mut forever = signals.forever();
-            match forever.next() {
-                Some(SIGTERM) => {
-                    log::info!("signal {SIGTERM}: draining");
-                    let _ = handle.drain();
+            let mut stopping = false;
+            for signal in signals.forever() {
+                if signal == SIGHUP {
+                    log::info!("signal {signal} (SIGHUP): only a supervisor (--processes) restarts its instances; ignored");
+                    continue;
                 }
-                Some(signal) => {
-                    log::info!("signal {signal}: closing connections");
-                    let _ = handle.shutdown();
+                if stopping {
+                    log::warn!("second signal: exiting now");
+                    std::process::exit(130);
                 }
-                None => return,
-            }
-            if forever.next().is_some() {
-                log::warn!("second signal: exiting now");
-                std::process::exit(130);
+                stopping = true;
+                let _ = match signal {
+                    SIGTERM => {
+                        log::info!("signal {signal} (SIGTERM): draining");
+                        handle.drain()
+                    }
+                    SIGUSR1 => {
+                        log::info!("signal {signal} (SIGUSR1): handing over to a replacement");
+                        handle.hand_over()
+                    }
+                    _ => {
+                        log::info!("signal {signal}: closing connections");
+                        handle.shutdown()
+                    }
+                };
             }
         })
         .map(drop)
@@ -659,7 +696,16 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
         .map_err(|e| format!("cannot make the history's shared memory: {e}"))?;
     let recorder = input::Recorder::new(history, cli.input, max_line, max_message);
     let merge = cli.upstream.is_some();
-    let supervisor = Supervisor::start(&program, &args, count, policy, merge, recorder)
+    // The supervisor holds a listener for each instance, which every
+    // process of that instance serves in turn.
+    let listeners = (0..count)
+        .map(|_| wspush::listen(listen, true).map(OwnedFd::from))
+        .collect::<io::Result<Vec<_>>>()
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    // Instances run this process's own binary, whatever is on disk later;
+    // SIGUSR2 upgrades them to what is on disk then.
+    let own = Path::new("/proc/self/exe");
+    let supervisor = Supervisor::start(own, program, &args, listeners, policy, merge, recorder)
         .map_err(|e| e.to_string())?;
     log::info!(
         "listening on {listen} with {count} instances, up to {per_instance} connections each"

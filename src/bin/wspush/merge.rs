@@ -23,18 +23,19 @@ const CHUNKS: usize = 16;
 /// Bytes read from a pipe at once.
 const READ_CHUNK: usize = 64 * 1024;
 
-/// The token of instance `number`'s output pipe.
-pub fn token(number: usize) -> Token {
-    Token(OUTPUT_TOKENS + number)
+/// The token of the output pipe of process `slot` (1-based; see
+/// [`Merge::attach`]).
+pub fn token(slot: usize) -> Token {
+    Token(OUTPUT_TOKENS + slot)
 }
 
-/// Instance `number` of an output token, if it is one.
-pub fn instance_of(token: Token) -> Option<usize> {
+/// The process slot of an output token, if it is one.
+pub fn slot_of(token: Token) -> Option<usize> {
     token.0.checked_sub(OUTPUT_TOKENS).filter(|&n| n > 0)
 }
 
-/// Output pipes' tokens start here (input pipes use the instance number).
-const OUTPUT_TOKENS: usize = 1 << 20;
+/// Output pipes' tokens start here.
+pub const OUTPUT_TOKENS: usize = 1 << 20;
 
 /// One instance's output: its pipe and its lines (an instance's own lines
 /// are not limited: they pass whole, however long).
@@ -42,12 +43,14 @@ const OUTPUT_TOKENS: usize = 1 << 20;
 struct Output {
     pipe: Receiver,
     lines: Splitter,
+    /// The instance the process serves, for the logs.
+    instance: usize,
 }
 
 /// The merged output.
 #[derive(Debug)]
 pub struct Merge {
-    /// By instance number − 1.
+    /// By process slot − 1.
     outputs: Vec<Option<Output>>,
     writer: Option<SyncSender<Vec<u8>>>,
     thread: Option<JoinHandle<()>>,
@@ -58,7 +61,7 @@ pub struct Merge {
 impl Merge {
     /// Starts the writer thread on standard output; it wakes `room` each
     /// time it has written a chunk.
-    pub fn new(instances: usize, room: Arc<Waker>) -> io::Result<Merge> {
+    pub fn new(room: Arc<Waker>) -> io::Result<Merge> {
         let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(CHUNKS);
         let thread = std::thread::Builder::new()
             .name("upstream".into())
@@ -81,59 +84,67 @@ impl Merge {
                 }
             })?;
         Ok(Merge {
-            outputs: (0..instances).map(|_| None).collect(),
+            outputs: Vec::new(),
             writer: Some(tx),
             thread: Some(thread),
             pending: None,
         })
     }
 
-    /// Takes instance `number`'s new output pipe.
+    /// Takes the output pipe of the process in `slot` (1-based, one per
+    /// process alive: an instance's, and during a roll its replacement's),
+    /// which serves `instance`.
     pub fn attach(
         &mut self,
-        number: usize,
+        slot: usize,
+        instance: usize,
         mut pipe: Receiver,
         registry: &Registry,
     ) -> io::Result<()> {
         pipe.set_nonblocking(true)?;
-        registry.register(&mut pipe, token(number), Interest::READABLE)?;
-        self.outputs[number - 1] = Some(Output {
+        registry.register(&mut pipe, token(slot), Interest::READABLE)?;
+        if self.outputs.len() < slot {
+            self.outputs.resize_with(slot, || None);
+        }
+        self.outputs[slot - 1] = Some(Output {
             pipe,
             lines: Splitter::new(usize::MAX),
+            instance,
         });
         Ok(())
     }
 
-    /// Instance `number`'s process is gone: reads what its pipe still
-    /// holds, and drops a last line it did not finish.
-    pub fn detach(&mut self, number: usize, registry: &Registry) {
+    /// The process in `slot` is gone: reads what its pipe still holds,
+    /// and drops a last line it did not finish.
+    pub fn detach(&mut self, slot: usize, registry: &Registry) {
         if let Some(lines) = self.pending.take() {
             self.pass_on(lines, true);
         }
-        self.read_all(number, true);
-        if let Some(mut output) = self.outputs[number - 1].take() {
+        self.read_all(slot, true);
+        if let Some(mut output) = self.outputs.get_mut(slot - 1).and_then(Option::take) {
             let _ = registry.deregister(&mut output.pipe);
             if output.lines.unfinished() > 0 {
                 log::warn!(
-                    "instance {number} ended in the middle of an upstream line: dropped its {} bytes",
+                    "instance {} ended in the middle of an upstream line: dropped its {} bytes",
+                    output.instance,
                     output.lines.unfinished()
                 );
             }
         }
     }
 
-    /// Instance `number`'s pipe is readable: reads it until it would block
-    /// (or the writer is full), passing on the complete lines.
-    pub fn read(&mut self, number: usize) {
-        self.read_all(number, false);
+    /// The pipe of the process in `slot` is readable: reads it until it
+    /// would block (or the writer is full), passing on the complete lines.
+    pub fn read(&mut self, slot: usize) {
+        self.read_all(slot, false);
     }
 
-    /// Reads instance `number`'s pipe until it would block or ends; unless
-    /// `block`, stops when the writer is full.
-    fn read_all(&mut self, number: usize, block: bool) {
+    /// Reads the pipe of the process in `slot` until it would block or
+    /// ends; unless `block`, stops when the writer is full.
+    fn read_all(&mut self, slot: usize, block: bool) {
         let mut buf = [0u8; READ_CHUNK];
         while self.pending.is_none() {
-            let Some(output) = self.outputs[number - 1].as_mut() else {
+            let Some(output) = self.outputs.get_mut(slot - 1).and_then(Option::as_mut) else {
                 return;
             };
             let n = match output.pipe.read(&mut buf) {
@@ -142,7 +153,7 @@ impl Merge {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => {
-                    log::warn!("reading instance {number}'s output failed: {e}");
+                    log::warn!("reading instance {}'s output failed: {e}", output.instance);
                     return;
                 }
             };
@@ -164,8 +175,8 @@ impl Merge {
         if let Some(lines) = self.pending.take() {
             self.pass_on(lines, false);
         }
-        for number in 1..=self.outputs.len() {
-            self.read(number);
+        for slot in 1..=self.outputs.len() {
+            self.read(slot);
         }
     }
 

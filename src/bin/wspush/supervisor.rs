@@ -1,10 +1,25 @@
 //! `--processes N`: a small supervisor process that starts N ordinary
-//! single-threaded instances of a server on one address (`SO_REUSEPORT`, so
-//! the kernel spreads connections among them), hands each instance every
-//! line of its standard input in the same order (whole lines; a line over
-//! the limit cut two bytes past it, and a data line's leading 0xFF made
-//! 0xFE: [`crate::sources`]), forwards SIGINT/SIGTERM, and keeps the
-//! instances running, as nginx's master process does:
+//! single-threaded instances of a server on one address, each on a
+//! listening socket of an `SO_REUSEPORT` group that the supervisor holds
+//! (so the kernel spreads connections among them, and a process that
+//! replaces another takes over the very socket, its queue included),
+//! hands each instance every line of its standard input in the same order
+//! (whole lines; a line over the limit cut two bytes past it, and a data
+//! line's leading 0xFF made 0xFE: [`crate::sources`]), forwards
+//! SIGINT/SIGTERM, and keeps the instances running, as nginx's master
+//! process does:
+//!
+//! - **SIGHUP rolls the instances**, one at a time: a new process starts
+//!   beside the instance's and, once it says it listens (its status pipe,
+//!   [`LISTENING`]), becomes the instance's process; the old one is sent
+//!   SIGUSR1 and hands its clients over (a drain without its grace: they
+//!   resume on the others, or on it, from the host's history, which is
+//!   kept here). The next instance waits for the old process to exit.
+//!   **SIGUSR2 upgrades**: the binary on disk is opened and run with
+//!   `--version` first, then the instances roll to it. A binary that does
+//!   not answer, or whose first process exits or does not listen within
+//!   [`LISTEN_TIMEOUT`], is refused with a log line, and the instances not
+//!   replaced yet keep running.
 //!
 //! - **An instance that dies is started again**, after a backoff that
 //!   doubles while it keeps dying young ([`MIN_BACKOFF`] to
@@ -24,7 +39,7 @@
 //! producer faster than every instance is slowed down (backpressure), not
 //! buffered without bound. Every restart is logged with its running count.
 //!
-//! One thread waits (mio) on the instances' input pipes and on signals;
+//! One thread waits (mio) on the instances' pipes and on signals;
 //! the input comes in chunks of whole lines from reader threads
 //! ([`crate::sources`]: standard input, which may be a file, a pipe or a
 //! terminal, and the Redis feed), so an instance started again starts at
@@ -36,6 +51,7 @@ use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fmt;
 use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -48,7 +64,8 @@ use mio::net::UnixStream;
 use mio::unix::pipe::{Receiver, Sender};
 use mio::{Events, Interest, Poll, Token, Waker};
 use rustix::process::{kill_process, Pid, Signal};
-use signal_hook::consts::{SIGCHLD, SIGINT, SIGTERM};
+use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR2};
+use slab::Slab;
 
 use crate::input::Recorder;
 use crate::merge::{self, Merge};
@@ -63,6 +80,16 @@ pub const HISTORY_FD_ENV: &str = "WSPUSH_HISTORY_FD";
 /// first input line it reads (the lines before it went to the others):
 /// a line's number is its messages' position on every instance.
 pub const FIRST_LINE_ENV: &str = "WSPUSH_FIRST_LINE";
+/// The environment variable that names the descriptor of the listening
+/// socket the supervisor holds for the instance's number: every process
+/// of that number serves the same socket, so none of its queued
+/// connections is lost when one process replaces another.
+pub const LISTEN_FD_ENV: &str = "WSPUSH_LISTEN_FD";
+/// The environment variable that names the write end of a pipe on which
+/// the instance tells the supervisor it listens ([`LISTENING`]).
+pub const STATUS_FD_ENV: &str = "WSPUSH_STATUS_FD";
+/// What an instance writes on its status pipe once it serves its listener.
+pub const LISTENING: u8 = b'L';
 
 /// The first restart's delay; it doubles with each young death in a row.
 pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -72,14 +99,23 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
 pub const YOUNG: Duration = Duration::from_secs(5);
 /// Young deaths in a row of one instance that make a crash loop.
 pub const CRASH_LOOP: u32 = 5;
+/// How long a process a roll starts has to listen before the roll is
+/// given up.
+pub const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new binary has to answer `--version` before an upgrade is
+/// refused.
+pub const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How often the history's messages older than its age bound are dropped.
 const EVICT_EVERY: Duration = Duration::from_secs(1);
 
 const SIGNALS: Token = Token(usize::MAX);
-/// The poll's one waker: an input reader has a chunk, or the merged
-/// output's writer has room again.
+/// The poll's one waker: an input reader has a chunk, the merged output's
+/// writer has room again, or a new binary's check is done.
 const WAKE: Token = Token(usize::MAX - 1);
+/// Status pipes' tokens start here (input pipes use the process's key,
+/// output pipes [`merge::OUTPUT_TOKENS`] on).
+const STATUS_TOKENS: usize = 1 << 21;
 
 /// What the supervisor does when an instance exits unasked
 /// (`--on-instance-exit`).
@@ -232,31 +268,56 @@ impl Backlog {
     }
 }
 
-/// Where an instance's process is in its life.
+/// What a process of an instance is doing.
+#[derive(Debug)]
+enum Role {
+    /// It is the instance's process.
+    Serving,
+    /// A roll started it beside the instance's process: it becomes that
+    /// once its status pipe says it listens, before `deadline`.
+    Starting { status: Receiver, deadline: Instant },
+    /// Replaced: it hands its clients over (SIGUSR1, a drain without its
+    /// grace), and is killed if still running at `deadline`.
+    Retiring { deadline: Instant },
+}
+
+/// One process of an instance.
+#[derive(Debug)]
+struct Proc {
+    /// The instance it is a process of.
+    number: usize,
+    child: Child,
+    /// Its input pipe, until the input ends.
+    input: Option<Sender>,
+    /// Input it has not taken yet.
+    backlog: Backlog,
+    started: Instant,
+    /// When its pipe last refused input while some waited.
+    stalled_since: Option<Instant>,
+    /// It was killed for being stuck (its death is not a crash).
+    killed_stuck: bool,
+    role: Role,
+}
+
+/// Where an instance is in its life.
 #[derive(Debug)]
 enum Life {
-    /// Running; its input pipe until the input ends.
-    Running {
-        child: Child,
-        input: Option<Sender>,
-        started: Instant,
-        /// When its pipe last refused input while some waited.
-        stalled_since: Option<Instant>,
-        /// It was killed for being stuck (its death is not a crash).
-        killed_stuck: bool,
-    },
+    /// Its process (a key of [`Supervisor::procs`]).
+    Running(usize),
     /// Dead, to be started again at this time.
     Waiting { until: Instant },
     /// Exited for good (the server is stopping).
     Gone,
 }
 
-/// One instance slot: the same number across restarts.
+/// One instance (its number is its place in [`Supervisor::instances`],
+/// from 1), and the listener every process of that number serves, across
+/// restarts and rolls.
 #[derive(Debug)]
 struct Instance {
-    number: usize,
     life: Life,
-    backlog: Backlog,
+    /// The listening socket its processes serve, held here.
+    listener: OwnedFd,
     /// Young deaths in a row.
     young_deaths: u32,
     restarts: u64,
@@ -269,40 +330,70 @@ struct Program {
     args: Vec<OsString>,
     /// The descriptor of the history the instances read.
     history_fd: i32,
+    /// The new binary's file, held open while its instances run, so that
+    /// `path` (this process's descriptor of it) keeps naming it whatever
+    /// is later put on disk.
+    _binary: Option<std::fs::File>,
+}
+
+/// What a process is started with, besides the program.
+struct Start<'a> {
+    number: usize,
+    /// The number of the first line it reads, if the input is open.
+    first_line: Option<u64>,
+    capture_output: bool,
+    listener: &'a OwnedFd,
+    /// The write end of its status pipe, if it is to say when it listens.
+    status: Option<&'a OwnedFd>,
 }
 
 impl Program {
-    /// Starts instance `number`: its number in [`INSTANCE_ENV`], the
-    /// history's descriptor and the number of the first line it reads
-    /// (`first_line`, if the input is open), its own process group (a terminal's Ctrl-C
-    /// reaches only the supervisor, which forwards it once), SIGTERM as
-    /// its parent-death signal (no orphans if the supervisor is killed),
-    /// and a pipe for its input (or nothing, once the input has ended).
-    fn spawn(
-        &self,
-        number: usize,
-        first_line: Option<u64>,
-        capture_output: bool,
-    ) -> io::Result<(Child, Option<Sender>)> {
+    /// Starts a process of instance `start.number`: its number in
+    /// [`INSTANCE_ENV`], the history's descriptor, its listener's
+    /// ([`LISTEN_FD_ENV`]) and status pipe's ([`STATUS_FD_ENV`]), the
+    /// number of the first line it reads (if the input is open), its own
+    /// process group (a terminal's Ctrl-C reaches only the supervisor,
+    /// which forwards it once), SIGTERM as its parent-death signal (no
+    /// orphans if the supervisor is killed), and a pipe for its input (or
+    /// nothing, once the input has ended).
+    fn spawn(&self, start: &Start<'_>) -> io::Result<(Child, Option<Sender>)> {
         let mut command = Command::new(&self.path);
         command
             .args(&self.args)
-            .env(INSTANCE_ENV, number.to_string())
+            .env(INSTANCE_ENV, start.number.to_string())
             .env(HISTORY_FD_ENV, self.history_fd.to_string())
-            .env(FIRST_LINE_ENV, first_line.unwrap_or(1).to_string())
-            .stdin(if first_line.is_some() {
+            .env(LISTEN_FD_ENV, start.listener.as_raw_fd().to_string())
+            .env(FIRST_LINE_ENV, start.first_line.unwrap_or(1).to_string())
+            .stdin(if start.first_line.is_some() {
                 Stdio::piped()
             } else {
                 Stdio::null()
             })
-            .stdout(if capture_output {
+            .stdout(if start.capture_output {
                 Stdio::piped()
             } else {
                 Stdio::inherit()
             })
             .process_group(0);
+        if let Some(status) = start.status {
+            command.env(STATUS_FD_ENV, status.as_raw_fd().to_string());
+        }
         wspush::sys::die_with_parent(&mut command, wspush::sys::ParentDeath::Term);
-        let mut child = command.spawn()?;
+        // Only this child inherits its listener and status pipe: the flags
+        // are set back as soon as it is started (nothing else here starts
+        // processes meanwhile).
+        let passed: Vec<_> = [Some(start.listener), start.status]
+            .into_iter()
+            .flatten()
+            .collect();
+        for fd in &passed {
+            wspush::sys::set_inheritable(fd.as_fd(), true)?;
+        }
+        let spawned = command.spawn();
+        for fd in &passed {
+            wspush::sys::set_inheritable(fd.as_fd(), false)?;
+        }
+        let mut child = spawned?;
         let input = child.stdin.take().map(Sender::from);
         if let Some(input) = &input {
             input.set_nonblocking(true)?;
@@ -311,15 +402,39 @@ impl Program {
     }
 }
 
+/// A rolling restart under way: the instances are replaced one at a time,
+/// each by a process that starts and listens beside it before it hands
+/// its clients over and exits.
+#[derive(Debug)]
+struct Roll {
+    /// What the new processes run: this binary, or a new one.
+    program: Rc<Program>,
+    /// The instances not replaced yet, in order.
+    left: VecDeque<usize>,
+    /// "restart" or "upgrade", for the logs.
+    what: &'static str,
+}
+
+/// The outcome of checking a new binary (run on a thread of its own):
+/// its file and its `--version` line, or why it is refused.
+type Checked = Result<(std::fs::File, String), String>;
+
 /// Running instances and what drives the supervisor.
 #[derive(Debug)]
 pub struct Supervisor {
-    program: Program,
+    program: Rc<Program>,
+    /// The binary on disk, which SIGUSR2 upgrades the instances to.
+    on_disk: PathBuf,
     instances: Vec<Instance>,
+    /// Every process alive; a key is its input pipe's token.
+    procs: Slab<Proc>,
+    roll: Option<Roll>,
+    /// A new binary's check under way, on its thread.
+    checking: Option<mpsc::Receiver<Checked>>,
     policy: Policy,
     poll: Poll,
     /// Set by the signal handlers; the byte they write wakes the poll.
-    signals: [(i32, Arc<AtomicBool>); 3],
+    signals: [(i32, Arc<AtomicBool>); 5],
     signal_pipe: UnixStream,
     restarts: u64,
     /// The instances' outputs merged line by line, when they write upstream.
@@ -333,14 +448,18 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    /// Starts `count` instances of `program args…` (see [`Program::spawn`]).
+    /// Starts an instance of `program args…` on each of `listeners` (see
+    /// [`Program::spawn`]; the first is instance 1): the supervisor's own
+    /// binary is `/proc/self/exe`, which names it whatever is on disk
+    /// later. SIGUSR2 upgrades the instances to what is at `on_disk` then.
     /// With `merge_output`, their standard outputs are merged into this
     /// one's, whole lines at a time (see [`Merge`]). The input's messages
     /// are kept in `recorder`'s history before the instances get them.
     pub fn start(
         program: &Path,
+        on_disk: PathBuf,
         args: &[OsString],
-        count: usize,
+        listeners: Vec<OwnedFd>,
         policy: Policy,
         merge_output: bool,
         recorder: Recorder,
@@ -352,21 +471,28 @@ impl Supervisor {
         signal_pipe.set_nonblocking(true)?;
         wake.set_nonblocking(true)?;
         let mut signal_pipe = UnixStream::from_std(signal_pipe);
-        let signals = [SIGCHLD, SIGINT, SIGTERM].map(|s| (s, Arc::new(AtomicBool::new(false))));
+        let signals = [SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR2]
+            .map(|s| (s, Arc::new(AtomicBool::new(false))));
         for (signal, flag) in &signals {
             signal_hook::flag::register(*signal, Arc::clone(flag))?;
             signal_hook::low_level::pipe::register(*signal, wake.try_clone()?)?;
         }
         poll.registry()
             .register(&mut signal_pipe, SIGNALS, Interest::READABLE)?;
+        let count = listeners.len();
         let mut supervisor = Supervisor {
-            program: Program {
+            program: Rc::new(Program {
                 path: program.to_path_buf(),
                 args: args.to_vec(),
                 history_fd: recorder.inheritable_fd()?,
-            },
+                _binary: None,
+            }),
+            on_disk,
             recorder,
             instances: Vec::with_capacity(count),
+            procs: Slab::with_capacity(2 * count),
+            roll: None,
+            checking: None,
             policy,
             poll,
             signals,
@@ -377,28 +503,23 @@ impl Supervisor {
             feed_lost: None,
         };
         if merge_output {
-            supervisor.merge = Some(Merge::new(count, Arc::clone(&supervisor.waker))?);
+            supervisor.merge = Some(Merge::new(Arc::clone(&supervisor.waker))?);
         }
-        for number in 1..=count {
-            let mut instance = Instance {
-                number,
+        for (index, listener) in listeners.into_iter().enumerate() {
+            supervisor.instances.push(Instance {
                 life: Life::Gone,
-                backlog: Backlog::default(),
+                listener,
                 young_deaths: 0,
                 restarts: 0,
-            };
-            let merge = supervisor.merge.as_mut();
-            if let Err(e) = launch(
-                &supervisor.program,
-                &supervisor.poll,
-                &mut instance,
-                Some(1),
-                merge,
-            ) {
-                supervisor.kill_all();
-                return Err(e.into());
+            });
+            let program = Rc::clone(&supervisor.program);
+            match supervisor.launch(&program, index + 1, Some(1), Role::Serving) {
+                Ok(key) => supervisor.instances[index].life = Life::Running(key),
+                Err(e) => {
+                    supervisor.kill_all();
+                    return Err(e.into());
+                }
             }
-            supervisor.instances.push(instance);
         }
         Ok(supervisor)
     }
@@ -410,9 +531,10 @@ impl Supervisor {
 
     /// Copies the input, `chunks` of whole lines, to every instance until
     /// it ends (then closes their inputs; instances keep serving), keeps
-    /// the instances running as the policy says, and returns once all have
-    /// exited after SIGINT/SIGTERM (forwarded to each; success), or with
-    /// the error that stopped them.
+    /// the instances running as the policy says, rolls them on SIGHUP
+    /// (SIGUSR2: to the binary on disk), and returns once all have exited
+    /// after SIGINT/SIGTERM (forwarded to each; success), or with the
+    /// error that stopped them.
     pub fn run(mut self, chunks: mpsc::Receiver<Vec<u8>>) -> Result<(), SupervisorError> {
         let mut events = Events::with_capacity(64);
         let mut input_open = true;
@@ -434,8 +556,11 @@ impl Supervisor {
             if stop_deadline.is_none() {
                 self.restart_due(now, input_open);
                 self.replace_stuck(now);
+                self.advance_roll(now, input_open);
             }
-            if self.instances.iter().all(|i| matches!(i.life, Life::Gone)) {
+            self.expire(now);
+            let all_gone = self.instances.iter().all(|i| matches!(i.life, Life::Gone));
+            if all_gone && self.procs.is_empty() {
                 break;
             }
             if stop_deadline.is_some_and(|at| now >= at) {
@@ -446,8 +571,8 @@ impl Supervisor {
                 self.kill_all();
                 stop_deadline = Some(now + self.policy.stop_grace);
             }
-            // Read more only as fast as the most advanced instance takes
-            // it; instances that drain still serve their clients.
+            // Read more only as fast as the most advanced process takes
+            // it; processes that drain still serve their clients.
             if input_open && self.lead_is_idle() {
                 match chunks.try_recv() {
                     Ok(chunk) => {
@@ -468,8 +593,7 @@ impl Supervisor {
                 .next_deadline(stop_deadline)
                 .map_or(next_eviction, |at| at.min(next_eviction))
                 .saturating_duration_since(now);
-            let timeout = Some(timeout);
-            match self.poll.poll(&mut events, timeout) {
+            match self.poll.poll(&mut events, Some(timeout)) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 result => result?,
             }
@@ -478,28 +602,15 @@ impl Supervisor {
                     SIGNALS => {
                         let mut sink = [0u8; 64];
                         while matches!(self.signal_pipe.read(&mut sink), Ok(n) if n > 0) {}
-                        // SIGTERM drains the instances, SIGINT closes
-                        // their connections at once; they are forwarded
-                        // as they come, so a second one ends them at once.
-                        let (term, int) = (self.take_signal(SIGTERM), self.take_signal(SIGINT));
-                        let stop = [(term, Signal::TERM), (int, Signal::INT)];
-                        for (_, signal) in stop.into_iter().filter(|(taken, _)| *taken) {
-                            if stop_deadline.is_some() {
-                                log::warn!("second stop signal: the instances exit now");
-                            } else {
-                                log::info!(
-                                    "received a stop signal: stopping {} instances",
-                                    self.instances.len()
-                                );
-                            }
-                            let now = Instant::now();
-                            let deadline = self.stop_all(now, signal);
-                            stop_deadline.get_or_insert(deadline);
-                        }
+                        self.on_signals(&mut stop_deadline);
                     }
-                    WAKE => self.merge.iter_mut().for_each(Merge::on_room),
-                    token => match merge::instance_of(token) {
-                        Some(number) => self.merge.iter_mut().for_each(|m| m.read(number)),
+                    WAKE => {
+                        self.merge.iter_mut().for_each(Merge::on_room);
+                        self.on_checked();
+                    }
+                    Token(t) if t >= STATUS_TOKENS => self.on_status(t - STATUS_TOKENS),
+                    token => match merge::slot_of(token) {
+                        Some(slot) => self.merge.iter_mut().for_each(|m| m.read(slot)),
                         None => self.flush(token.0, Instant::now()),
                     },
                 }
@@ -511,21 +622,258 @@ impl Supervisor {
         failure.map_or(Ok(()), Err)
     }
 
+    /// Acts on the signals that arrived: SIGTERM drains the instances,
+    /// SIGINT closes their connections at once (each forwarded as it
+    /// comes, so a second one ends them at once); SIGHUP rolls them,
+    /// SIGUSR2 checks the binary on disk and rolls them to it.
+    fn on_signals(&mut self, stop_deadline: &mut Option<Instant>) {
+        let (term, int) = (self.take_signal(SIGTERM), self.take_signal(SIGINT));
+        let stop = [(term, Signal::TERM), (int, Signal::INT)];
+        for (_, signal) in stop.into_iter().filter(|(taken, _)| *taken) {
+            if stop_deadline.is_some() {
+                log::warn!("second stop signal: the instances exit now");
+            } else {
+                log::info!(
+                    "received a stop signal: stopping {} instances",
+                    self.instances.len()
+                );
+            }
+            let deadline = self.stop_all(Instant::now(), signal);
+            stop_deadline.get_or_insert(deadline);
+        }
+        let (hup, usr2) = (self.take_signal(SIGHUP), self.take_signal(SIGUSR2));
+        if stop_deadline.is_some() {
+            return;
+        }
+        if (hup || usr2) && (self.roll.is_some() || self.checking.is_some()) {
+            log::warn!("a restart or upgrade is under way: SIGHUP/SIGUSR2 ignored");
+            return;
+        }
+        if usr2 {
+            self.check_binary();
+        } else if hup {
+            log::info!(
+                "SIGHUP: restarting the {} instances one at a time",
+                self.instances.len()
+            );
+            self.roll = Some(Roll {
+                program: Rc::clone(&self.program),
+                left: (1..=self.instances.len()).collect(),
+                what: "restart",
+            });
+        }
+    }
+
+    /// Checks the binary on disk on a thread (it opens it, so that what
+    /// is checked is what runs, then runs it with `--version`); the
+    /// outcome wakes the poll.
+    fn check_binary(&mut self) {
+        let path = self.on_disk.clone();
+        let waker = Arc::clone(&self.waker);
+        let (tx, rx) = mpsc::channel();
+        log::info!(
+            "SIGUSR2: checking {} to upgrade the instances to it",
+            path.display()
+        );
+        let spawned = std::thread::Builder::new()
+            .name("upgrade-check".into())
+            .spawn(move || {
+                let _ = tx.send(check_binary(&path));
+                let _ = waker.wake();
+            });
+        match spawned {
+            Ok(_) => self.checking = Some(rx),
+            Err(e) => log::error!("cannot check the new binary: {e}; the upgrade is refused"),
+        }
+    }
+
+    /// A new binary's check ended: rolls the instances to it, or says why
+    /// it is refused.
+    fn on_checked(&mut self) {
+        let Some(checked) = self.checking.as_ref().and_then(|rx| rx.try_recv().ok()) else {
+            return;
+        };
+        self.checking = None;
+        match checked {
+            Ok((file, version)) => {
+                log::info!(
+                    "upgrading the {} instances one at a time to {} ({version})",
+                    self.instances.len(),
+                    self.on_disk.display()
+                );
+                let program = Program {
+                    path: PathBuf::from(format!(
+                        "/proc/{}/fd/{}",
+                        std::process::id(),
+                        file.as_raw_fd()
+                    )),
+                    args: self.program.args.clone(),
+                    history_fd: self.program.history_fd,
+                    _binary: Some(file),
+                };
+                self.roll = Some(Roll {
+                    program: Rc::new(program),
+                    left: (1..=self.instances.len()).collect(),
+                    what: "upgrade",
+                });
+            }
+            Err(why) => log::error!(
+                "the upgrade is refused: {} {why}; the instances keep running",
+                self.on_disk.display()
+            ),
+        }
+    }
+
+    /// Starts the next step of a roll when none is under way: a process
+    /// beside the next instance's; once every instance is replaced, an
+    /// upgrade's binary becomes the one restarts run.
+    fn advance_roll(&mut self, now: Instant, input_open: bool) {
+        let busy = self
+            .procs
+            .iter()
+            .any(|(_, p)| !matches!(p.role, Role::Serving));
+        let Some(roll) = self.roll.as_mut().filter(|_| !busy) else {
+            return;
+        };
+        let Some(number) = roll.left.pop_front() else {
+            let roll = self.roll.take().expect("a roll");
+            log::info!(
+                "the {} of the {} instances is done",
+                roll.what,
+                self.instances.len()
+            );
+            if roll.what == "upgrade" {
+                self.program = roll.program;
+            }
+            return;
+        };
+        let Life::Running(old) = self.instances[number - 1].life else {
+            // Dead meanwhile: it is started again as it would be.
+            return;
+        };
+        let program = Rc::clone(&roll.program);
+        let what = roll.what;
+        let first_line = input_open.then_some(self.recorder.next_line());
+        let (status, writer) = match status_pipe() {
+            Ok(pipe) => pipe,
+            Err(e) => return self.give_up_roll(&format!("cannot make a status pipe: {e}")),
+        };
+        let role = Role::Starting {
+            status,
+            deadline: now + LISTEN_TIMEOUT,
+        };
+        match self.launch_with(&program, number, first_line, role, Some(&writer)) {
+            Ok(key) => {
+                log::info!(
+                    "{what}: instance {number}: pid {} starts beside pid {}",
+                    self.procs[key].child.id(),
+                    self.procs[old].child.id()
+                );
+            }
+            Err(e) => self.give_up_roll(&format!("instance {number} could not be started: {e}")),
+        }
+    }
+
+    /// Ends a roll before its end, the instances not replaced yet left as
+    /// they are.
+    fn give_up_roll(&mut self, why: &str) {
+        if let Some(roll) = self.roll.take() {
+            log::error!(
+                "the {} is refused: {why}; the instances not replaced yet keep running",
+                roll.what
+            );
+        }
+    }
+
+    /// A status pipe is readable: once the process says it listens, it
+    /// becomes its instance's process, and the one it replaces hands its
+    /// clients over (SIGUSR1).
+    fn on_status(&mut self, key: usize) {
+        let Some(proc) = self.procs.get_mut(key) else {
+            return;
+        };
+        let Role::Starting { status, .. } = &mut proc.role else {
+            return;
+        };
+        let mut said = [0u8; 16];
+        let listening = match status.read(&mut said) {
+            Ok(n) => said[..n].contains(&LISTENING),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
+            Err(_) => false,
+        };
+        if !listening {
+            return; // An end without it: its exit says the rest.
+        }
+        let number = proc.number;
+        let pid = proc.child.id();
+        if let Role::Starting { mut status, .. } = std::mem::replace(&mut proc.role, Role::Serving)
+        {
+            let _ = self.poll.registry().deregister(&mut status);
+        }
+        let instance = &mut self.instances[number - 1];
+        if let Life::Running(old) = std::mem::replace(&mut instance.life, Life::Running(key)) {
+            let old = &mut self.procs[old];
+            let deadline = Instant::now() + self.policy.stop_grace;
+            old.role = Role::Retiring { deadline };
+            let _ = kill_process(Pid::from_child(&old.child), Signal::USR1);
+            log::info!(
+                "instance {number}: pid {pid} listens; pid {} hands its clients over",
+                old.child.id()
+            );
+        }
+    }
+
+    /// Kills a process a roll started that did not listen in time (the
+    /// roll is given up), and a retiring one still running at its
+    /// deadline.
+    fn expire(&mut self, now: Instant) {
+        let mut late = Vec::new();
+        for (key, proc) in &self.procs {
+            match proc.role {
+                Role::Starting { deadline, .. } | Role::Retiring { deadline }
+                    if now >= deadline =>
+                {
+                    late.push(key)
+                }
+                _ => {}
+            }
+        }
+        for key in late {
+            let proc = &mut self.procs[key];
+            let (number, pid) = (proc.number, proc.child.id());
+            let starting = matches!(proc.role, Role::Starting { .. });
+            let _ = proc.child.kill();
+            // Killed once: its exit is reaped.
+            proc.role = Role::Retiring {
+                deadline: now + self.policy.stop_grace,
+            };
+            if starting {
+                self.give_up_roll(&format!(
+                    "instance {number}'s new process (pid {pid}) did not listen within {LISTEN_TIMEOUT:?}"
+                ));
+            } else {
+                log::warn!(
+                    "instance {number}'s old process (pid {pid}) was still handing over: killed it"
+                );
+            }
+        }
+    }
+
     fn take_signal(&self, signal: i32) -> bool {
         self.signals
             .iter()
             .any(|(s, flag)| *s == signal && flag.swap(false, Ordering::Relaxed))
     }
 
-    /// Whether some running instance has nothing waiting here: the input
+    /// Whether some running process has nothing waiting here: the input
     /// may advance. (While none runs, it waits for one to start again.)
     fn lead_is_idle(&self) -> bool {
-        self.instances
+        self.procs
             .iter()
-            .any(|i| matches!(i.life, Life::Running { input: Some(_), .. }) && i.backlog.bytes == 0)
+            .any(|(_, p)| p.input.is_some() && p.backlog.bytes == 0)
     }
 
-    /// Queues `chunk` for every instance that takes input, and writes it;
+    /// Queues `chunk` for every process that takes input, and writes it;
     /// notes what a control line says of the feed.
     fn deliver(&mut self, chunk: Vec<u8>, now: Instant) {
         let chunk: Rc<[u8]> = chunk.into();
@@ -538,84 +886,73 @@ impl Supervisor {
         } else {
             self.recorder.record(&chunk);
         }
-        for index in 0..self.instances.len() {
-            let instance = &mut self.instances[index];
-            if !matches!(instance.life, Life::Running { input: Some(_), .. }) {
-                continue;
-            }
-            instance.backlog.push(Rc::clone(&chunk));
-            let number = instance.number;
-            self.flush(number, now);
+        let keys: Vec<usize> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.input.is_some())
+            .map(|(key, _)| key)
+            .collect();
+        for key in keys {
+            self.procs[key].backlog.push(Rc::clone(&chunk));
+            self.flush(key, now);
         }
     }
 
-    /// Writes instance `number`'s backlog into its pipe, as far as it goes.
-    fn flush(&mut self, number: usize, now: Instant) {
-        let Some(instance) = self.instances.get_mut(number - 1) else {
+    /// Writes process `key`'s backlog into its pipe, as far as it goes.
+    fn flush(&mut self, key: usize, now: Instant) {
+        let Some(proc) = self.procs.get_mut(key) else {
             return;
         };
-        let Life::Running {
-            input: Some(pipe),
-            stalled_since,
-            child,
-            ..
-        } = &mut instance.life
-        else {
+        let Some(pipe) = &mut proc.input else {
             return;
         };
-        match instance.backlog.write_to(pipe) {
+        match proc.backlog.write_to(pipe) {
             Ok(written) => {
-                if written > 0 || instance.backlog.bytes == 0 {
-                    *stalled_since = None;
+                if written > 0 || proc.backlog.bytes == 0 {
+                    proc.stalled_since = None;
                 }
-                if instance.backlog.bytes > 0 {
-                    stalled_since.get_or_insert(now);
+                if proc.backlog.bytes > 0 {
+                    proc.stalled_since.get_or_insert(now);
                 }
             }
             Err(e) => {
                 // It closed its input or died (its SIGCHLD follows).
-                let (bytes, lines) = instance.backlog.clear();
+                let (bytes, lines) = proc.backlog.clear();
                 log::warn!(
-                    "instance {number} (pid {}) stopped taking input ({e}); dropped {bytes} bytes ({lines} lines) queued for it",
-                    child.id()
+                    "instance {} (pid {}) stopped taking input ({e}); dropped {bytes} bytes ({lines} lines) queued for it",
+                    proc.number,
+                    proc.child.id()
                 );
-                if let Life::Running { input, .. } = &mut instance.life {
-                    *input = None;
-                }
+                proc.input = None;
             }
         }
     }
 
     /// Once the input has ended, closes each pipe whose backlog is written.
     fn close_drained_inputs(&mut self) {
-        for instance in &mut self.instances {
-            if let Life::Running { input, .. } = &mut instance.life {
-                if instance.backlog.bytes == 0 {
-                    *input = None;
-                }
+        for (_, proc) in &mut self.procs {
+            if proc.backlog.bytes == 0 {
+                proc.input = None;
             }
         }
     }
 
-    /// Kills (to be started again) every instance that is stuck: too much
-    /// input waiting, or none taken for the stall timeout.
+    /// Kills (to be started again) every instance's process that is
+    /// stuck: too much input waiting, or none taken for the stall timeout.
     fn replace_stuck(&mut self, now: Instant) {
         let policy = &self.policy;
-        for instance in &mut self.instances {
-            let Life::Running {
-                child,
-                stalled_since: Some(since),
-                killed_stuck: killed @ false,
-                ..
-            } = &mut instance.life
-            else {
+        for (_, proc) in &mut self.procs {
+            let Some(since) = proc.stalled_since else {
                 continue;
             };
-            let stalled = now.saturating_duration_since(*since);
-            let why = if instance.backlog.bytes > policy.max_backlog {
+            if proc.killed_stuck || !matches!(proc.role, Role::Serving) {
+                continue;
+            }
+            let stalled = now.saturating_duration_since(since);
+            let why = if proc.backlog.bytes > policy.max_backlog {
                 format!(
                     "has {} bytes of input waiting (the bound is {})",
-                    instance.backlog.bytes, policy.max_backlog
+                    proc.backlog.bytes, policy.max_backlog
                 )
             } else if stalled >= policy.stall_timeout {
                 format!("has taken no input for {stalled:.1?}")
@@ -624,37 +961,54 @@ impl Supervisor {
             };
             log::warn!(
                 "instance {} (pid {}) is stuck: it {why}; killing it to start it again",
-                instance.number,
-                child.id()
+                proc.number,
+                proc.child.id()
             );
-            let _ = child.kill();
-            *killed = true;
+            let _ = proc.child.kill();
+            proc.killed_stuck = true;
         }
     }
 
-    /// Records every instance that exited. A requested stop lets them go;
-    /// otherwise each is scheduled to start again, or the policy says stop.
+    /// Records every process that exited. An instance's process: a
+    /// requested stop lets it go; otherwise it is scheduled to start again,
+    /// or the policy says stop. A process a roll started that exited
+    /// before it listened gives the roll up; one that handed over is done.
     fn reap(&mut self, now: Instant, stopping: bool) -> io::Result<Option<SupervisorError>> {
         let mut error = None;
-        for instance in &mut self.instances {
-            let Life::Running {
-                child,
-                started,
-                killed_stuck,
-                ..
-            } = &mut instance.life
-            else {
-                continue;
-            };
-            let Some(status) = child.try_wait()? else {
-                continue;
-            };
-            let (number, pid, lived, stuck) =
-                (instance.number, child.id(), now - *started, *killed_stuck);
-            if let Some(merge) = &mut self.merge {
-                merge.detach(number, self.poll.registry());
+        let mut exited = Vec::new();
+        for (key, proc) in &mut self.procs {
+            if let Some(status) = proc.child.try_wait()? {
+                exited.push((key, status));
             }
-            let (bytes, lines) = instance.backlog.clear();
+        }
+        for (key, status) in exited {
+            let mut proc = self.procs.remove(key);
+            if let Some(merge) = &mut self.merge {
+                merge.detach(key + 1, self.poll.registry());
+            }
+            let (number, pid, lived) = (proc.number, proc.child.id(), now - proc.started);
+            let (bytes, lines) = proc.backlog.clear();
+            match proc.role {
+                Role::Serving => {}
+                Role::Starting {
+                    status: mut pipe, ..
+                } => {
+                    let _ = self.poll.registry().deregister(&mut pipe);
+                    let ended = Ended(status);
+                    self.give_up_roll(&format!(
+                        "instance {number}'s new process (pid {pid}) {ended} before it listened"
+                    ));
+                    continue;
+                }
+                Role::Retiring { .. } => {
+                    log::info!(
+                        "instance {number}: pid {pid} {} after handing over",
+                        Ended(status)
+                    );
+                    continue;
+                }
+            }
+            let instance = &mut self.instances[number - 1];
             if stopping {
                 instance.life = Life::Gone;
                 continue;
@@ -674,7 +1028,7 @@ impl Supervisor {
                 });
                 continue;
             }
-            if lived < YOUNG && !stuck {
+            if lived < YOUNG && !proc.killed_stuck {
                 instance.young_deaths += 1;
             } else {
                 instance.young_deaths = 0;
@@ -694,7 +1048,7 @@ impl Supervisor {
             let backoff = MIN_BACKOFF
                 .saturating_mul(1 << instance.young_deaths.saturating_sub(1).min(10))
                 .min(MAX_BACKOFF);
-            let cause = if stuck {
+            let cause = if proc.killed_stuck {
                 "was replaced for being stuck".to_string()
             } else {
                 Ended(status).to_string()
@@ -711,36 +1065,35 @@ impl Supervisor {
 
     /// Starts again every instance whose backoff is over.
     fn restart_due(&mut self, now: Instant, input_open: bool) {
-        for instance in &mut self.instances {
-            match instance.life {
+        for index in 0..self.instances.len() {
+            match self.instances[index].life {
                 Life::Waiting { until } if now >= until => {}
                 _ => continue,
             }
-            let merge = self.merge.as_mut();
+            let number = index + 1;
             let first_line = input_open.then_some(self.recorder.next_line());
-            let launched = launch(&self.program, &self.poll, instance, first_line, merge);
-            if let (Ok(()), true, Some(line)) = (&launched, input_open, &self.feed_lost) {
-                instance.backlog.push(Rc::clone(line));
-            }
-            instance.restarts += 1;
+            let program = Rc::clone(&self.program);
+            let launched = self.launch(&program, number, first_line, Role::Serving);
             self.restarts += 1;
-            match &launched {
-                Ok(()) => {
-                    let Life::Running { child, .. } = &instance.life else {
-                        unreachable!("launched")
-                    };
+            let instance = &mut self.instances[index];
+            instance.restarts += 1;
+            match launched {
+                Ok(key) => {
+                    instance.life = Life::Running(key);
+                    let proc = &mut self.procs[key];
+                    if let (true, Some(line)) = (input_open, &self.feed_lost) {
+                        proc.backlog.push(Rc::clone(line));
+                    }
                     log::warn!(
-                        "instance {} started again (pid {}): restart {} of it, {} in all",
-                        instance.number,
-                        child.id(),
+                        "instance {number} started again (pid {}): restart {} of it, {} in all",
+                        proc.child.id(),
                         instance.restarts,
                         self.restarts
                     );
                 }
                 Err(e) => {
                     log::error!(
-                        "instance {} could not be started again: {e}; trying again in {MAX_BACKOFF:?}",
-                        instance.number
+                        "instance {number} could not be started again: {e}; trying again in {MAX_BACKOFF:?}"
                     );
                     instance.life = Life::Waiting {
                         until: now + MAX_BACKOFF,
@@ -753,73 +1106,145 @@ impl Supervisor {
     /// The earliest time the loop must wake without an event.
     fn next_deadline(&self, stop_deadline: Option<Instant>) -> Option<Instant> {
         let policy = &self.policy;
-        self.instances
-            .iter()
-            .filter_map(|i| match &i.life {
-                Life::Waiting { until } => Some(*until),
-                Life::Running {
-                    stalled_since: Some(since),
-                    killed_stuck: false,
-                    ..
-                } => Some(*since + policy.stall_timeout),
-                // A killed or exiting process: SIGCHLD wakes the poll.
-                _ => None,
-            })
-            .chain(stop_deadline)
-            .min()
+        let waiting = self.instances.iter().filter_map(|i| match &i.life {
+            Life::Waiting { until } => Some(*until),
+            _ => None,
+        });
+        let procs = self.procs.iter().filter_map(|(_, p)| match &p.role {
+            Role::Serving => p.stalled_since.map(|since| since + policy.stall_timeout),
+            Role::Starting { deadline, .. } | Role::Retiring { deadline } => Some(*deadline),
+        });
+        waiting.chain(procs).chain(stop_deadline).min()
     }
 
     /// Sends `signal` (SIGTERM: drain; SIGINT: close at once) to every
-    /// running instance, cancels pending restarts, and returns when to
-    /// kill what is left.
+    /// process, cancels pending restarts and any roll, and returns when
+    /// to kill what is left.
     fn stop_all(&mut self, now: Instant, signal: Signal) -> Instant {
+        for (_, proc) in &self.procs {
+            let _ = kill_process(Pid::from_child(&proc.child), signal);
+        }
         for instance in &mut self.instances {
-            match &instance.life {
-                Life::Running { child, .. } => {
-                    let _ = kill_process(Pid::from_child(child), signal);
-                }
-                Life::Waiting { .. } => instance.life = Life::Gone,
-                Life::Gone => {}
+            if let Life::Waiting { .. } = instance.life {
+                instance.life = Life::Gone;
             }
         }
+        self.roll = None;
         now + self.policy.stop_grace
     }
 
-    /// Kills every running instance (start-up failed, or the stop grace
-    /// is over); they are reaped on their SIGCHLD.
+    /// Kills every process (start-up failed, or the stop grace is over);
+    /// they are reaped on their SIGCHLD.
     fn kill_all(&mut self) {
-        for instance in &mut self.instances {
-            if let Life::Running { child, .. } = &mut instance.life {
-                let _ = child.kill();
-            }
+        for (_, proc) in &mut self.procs {
+            let _ = proc.child.kill();
         }
+    }
+
+    /// Starts a process of instance `number` running `program` (see
+    /// [`Program::spawn`]) and registers its pipes; returns its key.
+    fn launch(
+        &mut self,
+        program: &Program,
+        number: usize,
+        first_line: Option<u64>,
+        role: Role,
+    ) -> io::Result<usize> {
+        self.launch_with(program, number, first_line, role, None)
+    }
+
+    /// [`Supervisor::launch`], with the write end of a status pipe
+    /// (whose read end `role` holds) for the process to say it listens.
+    fn launch_with(
+        &mut self,
+        program: &Program,
+        number: usize,
+        first_line: Option<u64>,
+        mut role: Role,
+        status: Option<&OwnedFd>,
+    ) -> io::Result<usize> {
+        let start = Start {
+            number,
+            first_line,
+            capture_output: self.merge.is_some(),
+            listener: &self.instances[number - 1].listener,
+            status,
+        };
+        let (mut child, mut input) = program.spawn(&start)?;
+        let entry = self.procs.vacant_entry();
+        let key = entry.key();
+        let registry = self.poll.registry();
+        if let Some(input) = &mut input {
+            registry.register(input, Token(key), Interest::WRITABLE)?;
+        }
+        if let Role::Starting { status, .. } = &mut role {
+            registry.register(status, Token(STATUS_TOKENS + key), Interest::READABLE)?;
+        }
+        if let (Some(merge), Some(output)) = (&mut self.merge, child.stdout.take()) {
+            merge.attach(key + 1, number, Receiver::from(output), registry)?;
+        }
+        entry.insert(Proc {
+            number,
+            child,
+            input,
+            backlog: Backlog::default(),
+            started: Instant::now(),
+            stalled_since: None,
+            killed_stuck: false,
+            role,
+        });
+        Ok(key)
     }
 }
 
-/// Starts `instance`'s process and registers its input pipe.
-fn launch(
-    program: &Program,
-    poll: &Poll,
-    instance: &mut Instance,
-    first_line: Option<u64>,
-    merge: Option<&mut Merge>,
-) -> io::Result<()> {
-    let (mut child, mut input) = program.spawn(instance.number, first_line, merge.is_some())?;
-    if let Some(input) = &mut input {
-        poll.registry()
-            .register(input, Token(instance.number), Interest::WRITABLE)?;
-    }
-    if let (Some(merge), Some(output)) = (merge, child.stdout.take()) {
-        merge.attach(instance.number, Receiver::from(output), poll.registry())?;
-    }
-    instance.life = Life::Running {
-        child,
-        input,
-        started: Instant::now(),
-        stalled_since: None,
-        killed_stuck: false,
+/// A pipe for a process to say it listens: the read end (non-blocking,
+/// for the poll) and the write end, to pass on.
+fn status_pipe() -> io::Result<(Receiver, OwnedFd)> {
+    let (reader, writer) = io::pipe()?;
+    let reader = Receiver::from(OwnedFd::from(reader));
+    reader.set_nonblocking(true)?;
+    Ok((reader, OwnedFd::from(writer)))
+}
+
+/// Opens the binary at `path` and runs it (through this process's
+/// descriptor of it, so what runs later is what was checked) with
+/// `--version`: its file and the version line, or why it is refused.
+fn check_binary(path: &Path) -> Checked {
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot be opened ({e})"))?;
+    let pinned = format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd());
+    let mut child = Command::new(&pinned)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("does not run ({e})"))?;
+    let deadline = Instant::now() + VERSION_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "did not answer --version within {VERSION_TIMEOUT:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
     };
-    Ok(())
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        let _ = stdout.read_to_string(&mut out);
+    }
+    let version = out.lines().next().unwrap_or("").trim().to_string();
+    if !status.success() || !version.starts_with("wspush ") {
+        return Err(format!(
+            "does not answer --version as wspush does (it {}, and printed {version:?})",
+            Ended(status)
+        ));
+    }
+    Ok((file, version))
 }
 
 #[cfg(test)]
@@ -833,6 +1258,16 @@ mod tests {
     fn recorder() -> Recorder {
         let history = wspush::SharedHistory::create(&wspush::Config::default()).unwrap();
         Recorder::new(history, crate::input::InputMode::Lines, 1024, 1024)
+    }
+
+    fn listeners(count: usize) -> Vec<OwnedFd> {
+        let first = wspush::listen("127.0.0.1:0".parse().unwrap(), true).unwrap();
+        let addr = first.local_addr().unwrap();
+        let rest = (1..count).map(|_| wspush::listen(addr, true).unwrap());
+        std::iter::once(first)
+            .chain(rest)
+            .map(OwnedFd::from)
+            .collect()
     }
 
     fn policy(on_exit: OnExit) -> Policy {
@@ -849,8 +1284,9 @@ mod tests {
         let script = "if [ \"$WSPUSH_INSTANCE\" = 2 ]; then exit 3; fi; exec sleep 30";
         let supervisor = Supervisor::start(
             Path::new("/bin/sh"),
+            "/bin/sh".into(),
             &sh(script),
-            3,
+            listeners(3),
             policy(OnExit::Stop),
             false,
             recorder(),
@@ -878,8 +1314,9 @@ mod tests {
         let script = "if [ \"$WSPUSH_INSTANCE\" = 2 ]; then exit 3; fi; exec sleep 30";
         let supervisor = Supervisor::start(
             Path::new("/bin/sh"),
+            "/bin/sh".into(),
             &sh(script),
-            2,
+            listeners(2),
             policy(OnExit::Restart),
             false,
             recorder(),

@@ -1,0 +1,281 @@
+//! Rolling restarts under `--processes`: SIGHUP replaces the instances one
+//! at a time, each by a process that starts and listens beside it (on the
+//! listener the supervisor holds) before the old one hands its clients
+//! over; SIGUSR2 does the same with the binary on disk, once it answers
+//! `--version`, and refuses one that does not run or does not listen.
+
+mod util;
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use util::{listening_addr, read_response, resuming_client, upgrade_request, Logged};
+
+/// A supervisor of `instances` instances running `binary`, logging at
+/// `info`, with a short drain; its address once every instance listens.
+fn supervise(binary: &Path, instances: usize, extra: &[&str]) -> (Logged, SocketAddr) {
+    let process = Logged::spawn(
+        Command::new(binary)
+            .args(["--listen", "127.0.0.1:0", "--quiet", "--drain-time", "1s"])
+            .args(["--processes", &instances.to_string()])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::piped()),
+    );
+    let mut addr = None;
+    let mut listening = 0;
+    while listening < instances || addr.is_none() {
+        let line = process.next_line();
+        if line.contains(" instances, up to") {
+            addr = Some(listening_addr(&line));
+        } else if line.contains("] listening on ") {
+            listening += 1;
+        }
+    }
+    (process, addr.unwrap())
+}
+
+/// The supervisor's children: the processes of its instances.
+fn children(supervisor: &Logged) -> Vec<u32> {
+    let pid = supervisor.child.id();
+    let mut pids: Vec<u32> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    pids.sort();
+    pids
+}
+
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// A thread that opens WebSocket connections one after another until
+/// `stop`, counting those that were refused or not upgraded.
+fn connecting_in_a_loop(
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(usize, usize)> {
+    std::thread::spawn(move || {
+        let (mut made, mut failed) = (0, 0);
+        while !stop.load(Ordering::Relaxed) {
+            let upgraded = TcpStream::connect(addr).is_ok_and(|mut stream| {
+                use std::io::Write;
+                stream.set_read_timeout(Some(util::IO_TIMEOUT)).unwrap();
+                stream.write_all(upgrade_request("/").as_bytes()).is_ok()
+                    && std::panic::catch_unwind(move || read_response(&mut stream).status)
+                        .is_ok_and(|status| status == 101)
+            });
+            made += 1;
+            failed += usize::from(!upgraded);
+        }
+        (made, failed)
+    })
+}
+
+/// Feeds `line 1` … `line N` 10 ms apart from a thread, then `end`; the
+/// count of lines written so far is in `fed`.
+fn feed(process: &mut Logged, lines: usize, fed: Arc<AtomicUsize>) -> std::thread::JoinHandle<()> {
+    let mut stdin = process.child.stdin.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        for n in 1..=lines {
+            writeln!(stdin, "line {n}").unwrap();
+            fed.store(n, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        writeln!(stdin, "end").unwrap();
+        // Kept open: the instances keep serving.
+        std::thread::sleep(Duration::from_secs(60));
+    })
+}
+
+#[test]
+fn sighup_replaces_every_instance_with_no_refusal_and_nothing_lost() {
+    let binary = Path::new(env!("CARGO_BIN_EXE_wspush"));
+    let (mut supervisor, addr) = supervise(binary, 3, &[]);
+    let before = children(&supervisor);
+    assert_eq!(before.len(), 3);
+    let clients: Vec<_> = (0..30).map(|_| resuming_client(addr, "end")).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let connector = connecting_in_a_loop(addr, Arc::clone(&stop));
+    let fed = Arc::new(AtomicUsize::new(0));
+    let _feeder = feed(&mut supervisor, 600, Arc::clone(&fed));
+    while fed.load(Ordering::Relaxed) < 50 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    signal(supervisor.child.id(), "-HUP");
+    supervisor.wait_for("SIGHUP: restarting the 3 instances one at a time");
+    for number in 1..=3 {
+        supervisor.wait_for(&format!("instance {number}: pid "));
+    }
+    supervisor.wait_for("the restart of the 3 instances is done");
+    assert!(
+        fed.load(Ordering::Relaxed) < 600,
+        "the roll ended while lines were fed"
+    );
+    stop.store(true, Ordering::Relaxed);
+    let (made, failed) = connector.join().unwrap();
+    assert_eq!(failed, 0, "of {made} connections made during the roll");
+    let after = children(&supervisor);
+    assert_eq!(after.len(), 3);
+    assert!(
+        after.iter().all(|pid| !before.contains(pid)),
+        "{before:?} → {after:?}"
+    );
+
+    for client in clients {
+        let resumed = client.join().unwrap();
+        // Every line after the position it was told first (the lines fed
+        // before it connected are not its), once, in order.
+        let first: usize = resumed.statuses[0]
+            .rsplit('.')
+            .next()
+            .and_then(|seq| seq.trim_end_matches("\"}").parse().ok())
+            .unwrap();
+        assert!(first < 50, "it connected before the roll: {first}");
+        let lines: Vec<String> = (first + 1..=600)
+            .map(|n| format!("line {n}"))
+            .chain(["end".into()])
+            .collect();
+        assert_eq!(resumed.payloads, lines, "{:?}", resumed.statuses);
+        assert_eq!(resumed.failed_connects, 0);
+        assert!(!resumed.closes.is_empty(), "each was moved at least once");
+        assert!(
+            resumed.closes.iter().all(|&code| code == 1012),
+            "{:?}",
+            resumed.closes
+        );
+        let resumes = &resumed.statuses[1..];
+        assert!(
+            resumes
+                .iter()
+                .filter(|s| !s.contains("reconnect"))
+                .all(|s| s.contains("\"recovered\"")),
+            "{:?}",
+            resumed.statuses
+        );
+    }
+}
+
+/// A copy of the binary in a directory of its own, for a test to replace
+/// on disk; removed on drop.
+struct Deployed {
+    dir: PathBuf,
+}
+
+impl Deployed {
+    fn new(name: &str) -> Deployed {
+        let dir = std::env::temp_dir().join(format!("wspush-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let deployed = Deployed { dir };
+        deployed.install_from(Path::new(env!("CARGO_BIN_EXE_wspush")));
+        deployed
+    }
+
+    fn binary(&self) -> PathBuf {
+        self.dir.join("wspush")
+    }
+
+    /// Puts a copy of `source` in place of the binary, as a deploy does
+    /// (a new file renamed over the old one).
+    fn install_from(&self, source: &Path) {
+        let next = self.dir.join("wspush.next");
+        std::fs::copy(source, &next).unwrap();
+        std::fs::rename(&next, self.binary()).unwrap();
+    }
+
+    /// Puts a shell script in place of the binary.
+    fn install_script(&self, script: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        let next = self.dir.join("script.next");
+        std::fs::write(&next, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&next, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&next, self.binary()).unwrap();
+    }
+}
+
+impl Drop for Deployed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn sigusr2_refuses_a_binary_that_does_not_run_or_listen_and_upgrades_to_one_that_does() {
+    let deployed = Deployed::new("upgrade");
+    let (mut supervisor, addr) = supervise(&deployed.binary(), 2, &[]);
+    let before = children(&supervisor);
+    let client = resuming_client(addr, "end");
+
+    // Not wspush at all: refused at the check.
+    deployed.install_script("exit 1");
+    signal(supervisor.child.id(), "-USR2");
+    let refused = supervisor.wait_for("the upgrade is refused");
+    assert!(refused.contains("--version"), "{refused}");
+    assert_eq!(children(&supervisor), before, "nothing was started");
+
+    // Answers --version but never listens: refused at its first instance.
+    deployed.install_script("[ \"$1\" = --version ] && echo 'wspush 99.0.0' && exit 0; exit 3");
+    signal(supervisor.child.id(), "-USR2");
+    supervisor.wait_for("upgrading the 2 instances one at a time");
+    let refused = supervisor.wait_for("the upgrade is refused");
+    assert!(
+        refused.contains("exited with status 3 before it listened"),
+        "{refused}"
+    );
+    assert_eq!(
+        children(&supervisor),
+        before,
+        "the old instances keep running"
+    );
+    supervisor.send(b"still served\n");
+
+    // A binary that runs: every instance is replaced by it, and then
+    // the check on disk changes nothing (the instances keep the file).
+    deployed.install_from(Path::new(env!("CARGO_BIN_EXE_wspush")));
+    signal(supervisor.child.id(), "-USR2");
+    supervisor.wait_for("the upgrade of the 2 instances is done");
+    let after = children(&supervisor);
+    assert!(
+        after.iter().all(|pid| !before.contains(pid)),
+        "{before:?} → {after:?}"
+    );
+    for pid in &after {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+        assert!(exe.starts_with(&deployed.dir), "{exe:?}");
+    }
+    deployed.install_script("exit 1");
+    signal(after[0], "-KILL");
+    supervisor.wait_for("started again");
+    let restarted = children(&supervisor);
+    assert_eq!(restarted.len(), 2);
+    for pid in restarted.iter().filter(|pid| !after.contains(pid)) {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+        let exe = exe.to_string_lossy();
+        assert!(
+            exe.ends_with("wspush (deleted)"),
+            "the upgraded binary, kept: {exe}"
+        );
+    }
+
+    supervisor.send(b"after\nend\n");
+    let resumed = client.join().unwrap();
+    assert_eq!(
+        resumed.payloads,
+        ["still served", "after", "end"],
+        "{:?}",
+        resumed.statuses
+    );
+}
