@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use tungstenite::Message;
-use util::{connect, listening_addr, Logged, TestServer, IO_TIMEOUT};
+use util::{connect, listening_addr, raw_upgraded, Logged, TestServer, IO_TIMEOUT};
 use wspush::Config;
 
 /// A supervisor with its stdin, and the lines all its processes log.
@@ -285,6 +285,32 @@ fn two_servers_share_one_port_with_reuse_port() {
         a > 0 && b > 0,
         "the kernel spreads connections over both: {a} + {b}"
     );
+}
+
+#[test]
+fn a_full_server_leaves_the_reuse_port_group_until_it_has_room() {
+    let small = TestServer::start(Config::default().with(|c| {
+        c.reuse_port = true;
+        c.max_connections = 5;
+    }));
+    let large = TestServer::start(Config::default().with(|c| {
+        c.listen = small.addr;
+        c.reuse_port = true;
+    }));
+    // One after another: each is upgraded (raw_upgraded checks the 101),
+    // none refused by the full one.
+    let clients: Vec<_> = (0..60).map(|_| raw_upgraded(small.addr)).collect();
+    let full = small.wait_for("the small one full", |m| m.upgrades == 5);
+    assert_eq!(full.rejected_503, 0);
+    large.wait_for("the others on the large one", |m| m.upgrades == 55);
+
+    // With room again, it is back in the group.
+    drop(clients);
+    small.wait_for("its clients gone", |m| m.connections_open == 0);
+    let _more: Vec<_> = (0..40).map(|_| raw_upgraded(small.addr)).collect();
+    let again = small.handle.metrics().upgrades - 5;
+    assert!(again > 0, "the kernel sends it some again");
+    assert_eq!(small.handle.metrics().rejected_503, 0);
 }
 
 /// `clients[id]` connected with `?id=ID`, and which instance holds each.

@@ -331,6 +331,9 @@ impl Server {
             ) {
                 Accepted::Admitted(key) => {
                     self.clock.heartbeat.accepted();
+                    // A server this one filled leaves its group before
+                    // the client hears back, so its next try goes elsewhere.
+                    self.keep_room();
                     self.on_accepted(key, now)
                 }
                 Accepted::Refused => {}

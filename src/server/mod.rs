@@ -51,6 +51,7 @@ mod pool;
 mod records;
 mod report;
 mod ring;
+mod room;
 mod routes;
 mod sockets;
 mod targeted;
@@ -75,6 +76,7 @@ use key::ConnKey;
 use lifecycle::Lifecycle;
 use records::Records;
 use report::Report;
+use room::Room;
 pub use sockets::listen;
 use sockets::{Door, Sockets, ALARM, LISTENER, METRICS_LISTENER, WAKER};
 
@@ -173,6 +175,8 @@ pub struct Server {
     clock: Clock,
     /// Running or draining, and whether accepting is paused.
     lifecycle: Lifecycle,
+    /// Whether there is room for another connection, and who is told.
+    room: Room,
     /// The state shared with the handles, the counts and the stats line.
     report: Report,
 }
@@ -247,10 +251,22 @@ impl Server {
             delivery: Delivery::default(),
             intake: Intake::new(),
             lifecycle: Lifecycle::new(),
+            room: Room::new(),
             report: Report::new(shared, &config, now),
             sockets,
             config,
         })
+    }
+
+    /// Calls `watch(false)` when the server becomes full (it holds
+    /// [`Config::max_connections`]; new connections get 503), and
+    /// `watch(true)` when it has room again (1% of the limit free), on the
+    /// loop's thread: for a supervisor that steers new connections away
+    /// from a full server whose listener it handed in
+    /// ([`Server::from_listener`]). A server that bound its own listener
+    /// with [`Config::reuse_port`] also leaves its group while full.
+    pub fn watch_room(&mut self, watch: impl FnMut(bool) + Send + 'static) {
+        self.room.watch(Box::new(watch));
     }
 
     /// The address the listener is bound to (with the real port when 0 was asked).
@@ -490,15 +506,46 @@ impl Server {
         self.lifecycle.is_serving() && !self.conns.is_empty()
     }
 
-    /// The end of every loop iteration: give idle pool buffers back, keep
-    /// the history's bounds, hand the upstream lines over, publish the
+    /// The end of every loop iteration: follow the room (see `room`), give
+    /// idle pool buffers back, keep the history's bounds, hand the upstream lines over, publish the
     /// metrics, and log the stats line when it is due.
     fn housekeeping(&mut self, now: Instant) {
+        self.keep_room();
         self.buffers.trim_pool(now);
         self.records.upkeep(now);
         self.conns.hand_over_upstream();
         self.publish_metrics(now);
         self.report.log_stats(now);
+    }
+
+    /// Follows the room while running: a server at `max_connections`
+    /// that bound its own listener in an `SO_REUSEPORT` group leaves the
+    /// group (the others take the new connections) and joins it again once
+    /// it has room; the watcher, if any, is told either way.
+    pub(super) fn keep_room(&mut self) {
+        if !self.lifecycle.is_running() {
+            return;
+        }
+        let (open, max) = (self.conns.len(), self.config.max_connections);
+        let leaves = self.sockets.may_leave_group(self.config.reuse_port);
+        match self.room.update(open, max) {
+            Some(false) if leaves => {
+                self.sockets.close(Door::Main);
+                log::info!(
+                    "full ({open} connections): out of the SO_REUSEPORT group until there is room"
+                );
+            }
+            Some(false) => log::info!("full ({open} connections): new ones get 503"),
+            Some(true) => log::info!("room again ({open} connections)"),
+            None => {}
+        }
+        let now = Instant::now();
+        if leaves && self.sockets.main_closed() && self.room.may_rejoin(now) {
+            match self.sockets.reopen_main(true) {
+                Ok(()) => log::info!("back in the SO_REUSEPORT group"),
+                Err(e) => self.room.rejoin_failed(&e, now),
+            }
+        }
     }
 
     /// Publishes what the loop counts on its own (see [`Report::publish`]).

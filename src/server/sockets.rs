@@ -46,6 +46,8 @@ pub(super) struct Sockets {
     events: Events,
     /// `None` once closed (see [`Sockets::close`]).
     listener: Option<TcpListener>,
+    /// The listener was bound here (not handed in): it may be bound again.
+    own_listener: bool,
     local_addr: SocketAddr,
     metrics_listener: Option<TcpListener>,
 }
@@ -58,6 +60,7 @@ impl Sockets {
         listener: Option<std::net::TcpListener>,
     ) -> io::Result<Sockets> {
         let poll = Poll::new()?;
+        let own_listener = listener.is_none();
         let mut listener = match listener {
             Some(listener) => {
                 listener.set_nonblocking(true)?;
@@ -96,6 +99,7 @@ impl Sockets {
             poll,
             events: Events::with_capacity(EVENTS_CAPACITY),
             listener: Some(listener),
+            own_listener,
             local_addr,
             metrics_listener,
         })
@@ -160,6 +164,28 @@ impl Sockets {
             Some(listener) => attempt(|| listener.accept()),
             None => Ok(None),
         }
+    }
+
+    /// Whether the main listener was bound here, in an `SO_REUSEPORT`
+    /// group (`reuse_port`): it may leave the group and join it again.
+    pub(super) fn may_leave_group(&self, reuse_port: bool) -> bool {
+        self.own_listener && reuse_port
+    }
+
+    /// Whether the main listener is closed.
+    pub(super) fn main_closed(&self) -> bool {
+        self.listener.is_none()
+    }
+
+    /// Binds the main listener again, on the address it had, and registers
+    /// it (after [`Sockets::close`], back in its `SO_REUSEPORT` group).
+    pub(super) fn reopen_main(&mut self, reuse_port: bool) -> io::Result<()> {
+        let mut listener = TcpListener::from_std(listen(self.local_addr, reuse_port)?);
+        self.poll
+            .registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        self.listener = Some(listener);
+        Ok(())
     }
 
     /// Closes `door`'s listener: nothing is accepted there any more, and
