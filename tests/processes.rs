@@ -313,6 +313,57 @@ fn a_full_server_leaves_the_reuse_port_group_until_it_has_room() {
     assert_eq!(small.handle.metrics().rejected_503, 0);
 }
 
+#[test]
+fn a_full_instance_gets_no_new_connections_while_the_others_have_room() {
+    const MAX: usize = 600;
+    let (mut supervised, addr) =
+        Supervised::start_with(&["--processes", "3", "--max-connections", "600"], 3);
+    // Fill instance 1: connect one at a time, keeping only those it took.
+    let mut kept = Vec::new();
+    let (mut id, mut steered) = (0, false);
+    while kept.len() < MAX {
+        let mut stream = util::raw(addr);
+        use std::io::Write;
+        stream
+            .write_all(util::upgrade_request(&format!("/?id={id}")).as_bytes())
+            .unwrap();
+        assert_eq!(util::read_response(&mut stream).status, 101);
+        // Its upgrade's log line says which instance took it.
+        let instance = loop {
+            let line = supervised.0.next_line();
+            steered |= line.contains("instance 1 is full: new connections go to the others");
+            if let Some(tag) = line.split("wspush#").nth(1) {
+                if line.ends_with(&format!("upgraded /?id={id}")) {
+                    break tag.split(']').next().unwrap().parse::<usize>().unwrap();
+                }
+            }
+        };
+        if instance == 1 {
+            kept.push(stream);
+        }
+        id += 1;
+    }
+    while !steered {
+        let line = supervised.0.next_line();
+        steered = line.contains("instance 1 is full: new connections go to the others");
+    }
+    // 1,000 more from this one address: every one is let in.
+    let more: Vec<_> = (0..1000)
+        .map(|i| {
+            let mut stream = util::raw(addr);
+            use std::io::Write;
+            stream
+                .write_all(util::upgrade_request("/").as_bytes())
+                .unwrap();
+            assert_eq!(util::read_response(&mut stream).status, 101, "client {i}");
+            stream
+        })
+        .collect();
+    drop((kept, more));
+    signal(supervised.0.child.id(), "-INT");
+    assert_eq!(supervised.wait().0, Some(0));
+}
+
 /// `clients[id]` connected with `?id=ID`, and which instance holds each.
 fn connect_spread(
     supervised: &Supervised,

@@ -130,6 +130,64 @@ pub fn set_inheritable(fd: BorrowedFd<'_>, inherit: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// Steers the new connections of the `SO_REUSEPORT` group that listener
+/// `fd` is in to the members at positions `to` (the order the group's
+/// sockets began listening in), by the connection's hash: a classic BPF
+/// program (`SO_ATTACH_REUSEPORT_CBPF`) replacing any before it. With
+/// `to` empty, or for a packet without a hash, the kernel picks among all
+/// members, as without a program.
+pub fn steer_reuseport(fd: BorrowedFd<'_>, to: &[u32]) -> io::Result<()> {
+    let program = steering_program(to);
+    let fprog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_ptr().cast_mut(),
+    };
+    // SAFETY: `fprog` points at `program`, which outlives the call; the
+    // kernel copies the program in and checks it; `fd` is an open socket
+    // (borrowed), and the option's length is that of `fprog`.
+    let set = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            (&fprog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if set != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The classic BPF program of [`steer_reuseport`]: `A = hash; if A == 0:
+/// out of range; A %= len(to); return to[A]` (a chain of comparisons).
+/// An index out of range makes the kernel fall back to its own pick.
+fn steering_program(to: &[u32]) -> Vec<libc::sock_filter> {
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const MOD_K: u16 = 0x94;
+    const RET_K: u16 = 0x06;
+    const OUT_OF_RANGE: u32 = u32::MAX;
+    let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let Some((last, first)) = to.split_last() else {
+        return vec![op(RET_K, 0, 0, OUT_OF_RANGE)];
+    };
+    let hash = (libc::SKF_AD_OFF + libc::SKF_AD_RXHASH) as u32;
+    let mut program = vec![
+        op(LD_W_ABS, 0, 0, hash),
+        op(JEQ_K, 0, 1, 0),
+        op(RET_K, 0, 0, OUT_OF_RANGE),
+        op(MOD_K, 0, 0, to.len() as u32),
+    ];
+    for (i, &member) in first.iter().enumerate() {
+        program.push(op(JEQ_K, 0, 1, i as u32));
+        program.push(op(RET_K, 0, 0, member));
+    }
+    program.push(op(RET_K, 0, 0, *last));
+    program
+}
+
 /// Takes ownership of descriptor `fd`, inherited from the parent process
 /// (which named it), if it is open.
 pub fn inherited_fd(fd: i32) -> io::Result<OwnedFd> {
@@ -334,6 +392,52 @@ impl Drop for SharedMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// How many of `count` connections to `listeners[0]`'s port each of
+    /// `listeners` takes.
+    fn spread(listeners: &[std::net::TcpListener], count: usize) -> Vec<usize> {
+        let addr = listeners[0].local_addr().unwrap();
+        let _clients: Vec<_> = (0..count)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        listeners
+            .iter()
+            .map(|listener| {
+                listener.set_nonblocking(true).unwrap();
+                std::iter::from_fn(|| listener.accept().ok()).count()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn steering_sends_new_connections_to_the_members_named_only() {
+        let bind = |addr: &str| {
+            let socket =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            socket.set_reuse_port(true).unwrap();
+            socket
+                .bind(&addr.parse::<std::net::SocketAddr>().unwrap().into())
+                .unwrap();
+            socket.listen(128).unwrap();
+            std::net::TcpListener::from(socket)
+        };
+        let first = bind("127.0.0.1:0");
+        let addr = first.local_addr().unwrap().to_string();
+        let listeners = [first, bind(&addr), bind(&addr)];
+        let group = listeners[0].as_fd();
+        steer_reuseport(group, &[1]).unwrap();
+        assert_eq!(spread(&listeners, 30), [0, 30, 0]);
+        steer_reuseport(group, &[0, 2]).unwrap();
+        let [a, b, c] = spread(&listeners, 60)[..] else {
+            unreachable!()
+        };
+        assert_eq!((a + c, b), (60, 0));
+        assert!(a > 0 && c > 0, "by the connection's hash: {a} and {c}");
+        // Nobody named: the kernel's own pick, over all three.
+        steer_reuseport(group, &[]).unwrap();
+        assert!(spread(&listeners, 60).iter().all(|&n| n > 0));
+        assert_eq!(steering_program(&[4, 5, 6]).len(), 2 * 3 + 3);
+    }
 
     #[test]
     fn raising_the_open_file_limit_is_idempotent_and_reaches_the_hard_limit() {

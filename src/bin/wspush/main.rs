@@ -533,6 +533,17 @@ fn serve(cli: Cli) -> Result<(), String> {
         status
             .write_all(&[supervisor::LISTENING])
             .map_err(|e| format!("cannot tell the supervisor this instance listens: {e}"))?;
+        // The supervisor steers new connections away while it is full.
+        server.watch_room(move |room| {
+            let said = if room {
+                supervisor::ROOM
+            } else {
+                supervisor::FULL
+            };
+            if let Err(e) = status.write_all(&[said]) {
+                log::warn!("cannot tell the supervisor whether this instance has room: {e}");
+            }
+        });
     }
     log::info!(
         "listening on {} (path {}, {} mode, up to {} connections; the open-file limit allows {capacity})",

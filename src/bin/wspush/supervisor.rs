@@ -90,6 +90,11 @@ pub const LISTEN_FD_ENV: &str = "WSPUSH_LISTEN_FD";
 pub const STATUS_FD_ENV: &str = "WSPUSH_STATUS_FD";
 /// What an instance writes on its status pipe once it serves its listener.
 pub const LISTENING: u8 = b'L';
+/// What an instance writes on its status pipe when it becomes full: new
+/// connections are steered to the others.
+pub const FULL: u8 = b'F';
+/// What an instance writes on its status pipe when it has room again.
+pub const ROOM: u8 = b'R';
 
 /// The first restart's delay; it doubles with each young death in a row.
 pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -275,7 +280,7 @@ enum Role {
     Serving,
     /// A roll started it beside the instance's process: it becomes that
     /// once its status pipe says it listens, before `deadline`.
-    Starting { status: Receiver, deadline: Instant },
+    Starting { deadline: Instant },
     /// Replaced: it hands its clients over (SIGUSR1, a drain without its
     /// grace), and is killed if still running at `deadline`.
     Retiring { deadline: Instant },
@@ -297,6 +302,13 @@ struct Proc {
     /// It was killed for being stuck (its death is not a crash).
     killed_stuck: bool,
     role: Role,
+    /// Where it says it listens ([`LISTENING`]), is full ([`FULL`]) or
+    /// has room again ([`ROOM`]), until it ends.
+    status: Option<Receiver>,
+    /// It said it listens.
+    listening: bool,
+    /// It said it is full, and not yet that it has room again.
+    full: bool,
 }
 
 /// Where an instance is in its life.
@@ -343,8 +355,8 @@ struct Start<'a> {
     first_line: Option<u64>,
     capture_output: bool,
     listener: &'a OwnedFd,
-    /// The write end of its status pipe, if it is to say when it listens.
-    status: Option<&'a OwnedFd>,
+    /// The write end of its status pipe.
+    status: &'a OwnedFd,
 }
 
 impl Program {
@@ -375,22 +387,17 @@ impl Program {
                 Stdio::inherit()
             })
             .process_group(0);
-        if let Some(status) = start.status {
-            command.env(STATUS_FD_ENV, status.as_raw_fd().to_string());
-        }
+        command.env(STATUS_FD_ENV, start.status.as_raw_fd().to_string());
         wspush::sys::die_with_parent(&mut command, wspush::sys::ParentDeath::Term);
         // Only this child inherits its listener and status pipe: the flags
         // are set back as soon as it is started (nothing else here starts
         // processes meanwhile).
-        let passed: Vec<_> = [Some(start.listener), start.status]
-            .into_iter()
-            .flatten()
-            .collect();
-        for fd in &passed {
+        let passed = [start.listener, start.status];
+        for fd in passed {
             wspush::sys::set_inheritable(fd.as_fd(), true)?;
         }
         let spawned = command.spawn();
-        for fd in &passed {
+        for fd in passed {
             wspush::sys::set_inheritable(fd.as_fd(), false)?;
         }
         let mut child = spawned?;
@@ -431,6 +438,9 @@ pub struct Supervisor {
     roll: Option<Roll>,
     /// A new binary's check under way, on its thread.
     checking: Option<mpsc::Receiver<Checked>>,
+    /// The instances (0-based) new connections are steered to now, if a
+    /// program was attached (see [`Supervisor::steer`]).
+    steered: Option<Vec<u32>>,
     policy: Policy,
     poll: Poll,
     /// Set by the signal handlers; the byte they write wakes the poll.
@@ -493,6 +503,7 @@ impl Supervisor {
             procs: Slab::with_capacity(2 * count),
             roll: None,
             checking: None,
+            steered: None,
             policy,
             poll,
             signals,
@@ -754,15 +765,10 @@ impl Supervisor {
         let program = Rc::clone(&roll.program);
         let what = roll.what;
         let first_line = input_open.then_some(self.recorder.next_line());
-        let (status, writer) = match status_pipe() {
-            Ok(pipe) => pipe,
-            Err(e) => return self.give_up_roll(&format!("cannot make a status pipe: {e}")),
-        };
         let role = Role::Starting {
-            status,
             deadline: now + LISTEN_TIMEOUT,
         };
-        match self.launch_with(&program, number, first_line, role, Some(&writer)) {
+        match self.launch(&program, number, first_line, role) {
             Ok(key) => {
                 log::info!(
                     "{what}: instance {number}: pid {} starts beside pid {}",
@@ -785,31 +791,41 @@ impl Supervisor {
         }
     }
 
-    /// A status pipe is readable: once the process says it listens, it
-    /// becomes its instance's process, and the one it replaces hands its
-    /// clients over (SIGUSR1).
+    /// A status pipe is readable: what the process says. Once one a roll
+    /// started listens, it becomes its instance's process, and the one it
+    /// replaces hands its clients over (SIGUSR1). New connections are
+    /// steered to the instances that listen and have room.
     fn on_status(&mut self, key: usize) {
         let Some(proc) = self.procs.get_mut(key) else {
             return;
         };
-        let Role::Starting { status, .. } = &mut proc.role else {
-            return;
-        };
-        let mut said = [0u8; 16];
-        let listening = match status.read(&mut said) {
-            Ok(n) => said[..n].contains(&LISTENING),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
-            Err(_) => false,
-        };
-        if !listening {
-            return; // An end without it: its exit says the rest.
+        let mut said = [0u8; 64];
+        while let Some(pipe) = &mut proc.status {
+            match pipe.read(&mut said) {
+                Ok(0) => {
+                    // It ended (or closed it): its exit says the rest.
+                    if let Some(mut pipe) = proc.status.take() {
+                        let _ = self.poll.registry().deregister(&mut pipe);
+                    }
+                }
+                Ok(n) => said[..n].iter().for_each(|&byte| proc.hear(byte)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
         }
-        let number = proc.number;
-        let pid = proc.child.id();
-        if let Role::Starting { mut status, .. } = std::mem::replace(&mut proc.role, Role::Serving)
-        {
-            let _ = self.poll.registry().deregister(&mut status);
+        if proc.listening && matches!(proc.role, Role::Starting { .. }) {
+            self.promote(key);
         }
+        self.steer();
+    }
+
+    /// Process `key`, started by a roll, listens: it becomes its
+    /// instance's process, and the one it replaces hands its clients over
+    /// (SIGUSR1).
+    fn promote(&mut self, key: usize) {
+        let proc = &mut self.procs[key];
+        proc.role = Role::Serving;
+        let (number, pid) = (proc.number, proc.child.id());
         let instance = &mut self.instances[number - 1];
         if let Life::Running(old) = std::mem::replace(&mut instance.life, Life::Running(key)) {
             let old = &mut self.procs[old];
@@ -821,6 +837,37 @@ impl Supervisor {
                 old.child.id()
             );
         }
+    }
+
+    /// Steers new connections to the instances whose process listens and
+    /// has room (to all, by the kernel's pick, when none has), attaching
+    /// a program to the group when that changes (see
+    /// [`wspush::sys::steer_reuseport`]).
+    fn steer(&mut self) {
+        if self.instances.len() < 2 {
+            return;
+        }
+        let open: Vec<u32> = self
+            .instances
+            .iter()
+            .enumerate()
+            .filter(|(_, instance)| match instance.life {
+                Life::Running(key) => self.procs[key].listening && !self.procs[key].full,
+                _ => false,
+            })
+            .map(|(index, _)| index as u32)
+            .collect();
+        if self.steered.as_ref() == Some(&open) {
+            return;
+        }
+        let group = self.instances[0].listener.as_fd();
+        match wspush::sys::steer_reuseport(group, &open) {
+            Ok(()) => log::debug!("new connections go to the instances {open:?} (from 0)"),
+            Err(e) => log::warn!(
+                "cannot steer new connections away from full or dead instances: {e}; they keep their share"
+            ),
+        }
+        self.steered = Some(open);
     }
 
     /// Kills a process a roll started that did not listen in time (the
@@ -986,14 +1033,14 @@ impl Supervisor {
             if let Some(merge) = &mut self.merge {
                 merge.detach(key + 1, self.poll.registry());
             }
+            if let Some(mut pipe) = proc.status.take() {
+                let _ = self.poll.registry().deregister(&mut pipe);
+            }
             let (number, pid, lived) = (proc.number, proc.child.id(), now - proc.started);
             let (bytes, lines) = proc.backlog.clear();
             match proc.role {
                 Role::Serving => {}
-                Role::Starting {
-                    status: mut pipe, ..
-                } => {
-                    let _ = self.poll.registry().deregister(&mut pipe);
+                Role::Starting { .. } => {
                     let ended = Ended(status);
                     self.give_up_roll(&format!(
                         "instance {number}'s new process (pid {pid}) {ended} before it listened"
@@ -1060,6 +1107,7 @@ impl Supervisor {
                 until: now + backoff,
             };
         }
+        self.steer();
         Ok(error)
     }
 
@@ -1150,36 +1198,23 @@ impl Supervisor {
         first_line: Option<u64>,
         role: Role,
     ) -> io::Result<usize> {
-        self.launch_with(program, number, first_line, role, None)
-    }
-
-    /// [`Supervisor::launch`], with the write end of a status pipe
-    /// (whose read end `role` holds) for the process to say it listens.
-    fn launch_with(
-        &mut self,
-        program: &Program,
-        number: usize,
-        first_line: Option<u64>,
-        mut role: Role,
-        status: Option<&OwnedFd>,
-    ) -> io::Result<usize> {
+        let (mut status, writer) = status_pipe()?;
         let start = Start {
             number,
             first_line,
             capture_output: self.merge.is_some(),
             listener: &self.instances[number - 1].listener,
-            status,
+            status: &writer,
         };
         let (mut child, mut input) = program.spawn(&start)?;
+        drop(writer);
         let entry = self.procs.vacant_entry();
         let key = entry.key();
         let registry = self.poll.registry();
         if let Some(input) = &mut input {
             registry.register(input, Token(key), Interest::WRITABLE)?;
         }
-        if let Role::Starting { status, .. } = &mut role {
-            registry.register(status, Token(STATUS_TOKENS + key), Interest::READABLE)?;
-        }
+        registry.register(&mut status, Token(STATUS_TOKENS + key), Interest::READABLE)?;
         if let (Some(merge), Some(output)) = (&mut self.merge, child.stdout.take()) {
             merge.attach(key + 1, number, Receiver::from(output), registry)?;
         }
@@ -1192,8 +1227,30 @@ impl Supervisor {
             stalled_since: None,
             killed_stuck: false,
             role,
+            status: Some(status),
+            listening: false,
+            full: false,
         });
         Ok(key)
+    }
+}
+
+impl Proc {
+    /// Takes in one byte of what it says on its status pipe.
+    fn hear(&mut self, byte: u8) {
+        let number = self.number;
+        match byte {
+            LISTENING => self.listening = true,
+            FULL if !self.full => {
+                self.full = true;
+                log::info!("instance {number} is full: new connections go to the others");
+            }
+            ROOM if self.full => {
+                self.full = false;
+                log::info!("instance {number} has room again");
+            }
+            _ => {}
+        }
     }
 }
 
