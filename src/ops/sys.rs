@@ -120,6 +120,7 @@ pub fn raise_open_file_limit() -> io::Result<u64> {
 /// Whether processes this one starts inherit descriptor `fd`: with
 /// `inherit`, its close-on-exec flag is cleared (set it again once the
 /// child that is to have it is started).
+#[cfg(feature = "internals")]
 pub fn set_inheritable(fd: BorrowedFd<'_>, inherit: bool) -> io::Result<()> {
     let flags = if inherit {
         FdFlags::empty()
@@ -136,6 +137,7 @@ pub fn set_inheritable(fd: BorrowedFd<'_>, inherit: bool) -> io::Result<()> {
 /// program (`SO_ATTACH_REUSEPORT_CBPF`) replacing any before it. With
 /// `to` empty, or for a packet without a hash, the kernel picks among all
 /// members, as without a program.
+#[cfg(feature = "internals")]
 pub fn steer_reuseport(fd: BorrowedFd<'_>, to: &[u32]) -> io::Result<()> {
     let program = steering_program(to);
     let fprog = libc::sock_fprog {
@@ -163,6 +165,7 @@ pub fn steer_reuseport(fd: BorrowedFd<'_>, to: &[u32]) -> io::Result<()> {
 /// The classic BPF program of [`steer_reuseport`]: `A = hash; if A == 0:
 /// out of range; A %= len(to); return to[A]` (a chain of comparisons).
 /// An index out of range makes the kernel fall back to its own pick.
+#[cfg(feature = "internals")]
 fn steering_program(to: &[u32]) -> Vec<libc::sock_filter> {
     const LD_W_ABS: u16 = 0x20;
     const JEQ_K: u16 = 0x15;
@@ -410,6 +413,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "internals")]
     fn steering_sends_new_connections_to_the_members_named_only() {
         let bind = |addr: &str| {
             let socket =

@@ -96,7 +96,8 @@ struct Book {
 
 impl Book {
     /// Settles connection `index` (`id`) after `failure`: dialed again
-    /// after 0 to 2 s, as a client would, if the check says so, else dead.
+    /// after the delay the server asked for (a draining server's hint), or
+    /// else 0 to 2 s, as a client would, if the check says so, else dead.
     fn failed<C: Check>(
         &mut self,
         conn: &mut Conn<C::State>,
@@ -112,7 +113,9 @@ impl Book {
         }
         if check.failed(id, conn.state_mut(), failure, was_open) {
             conn.kill();
-            let wait = Duration::from_millis(id.wrapping_mul(7919) % 2000);
+            let wait = check
+                .redial_after(id)
+                .unwrap_or_else(|| Duration::from_millis(id.wrapping_mul(7919) % 2000));
             let at = Instant::now() + wait;
             let place = self.redials.partition_point(|&(_, t)| t <= at);
             self.redials.insert(place, (index, at));
@@ -214,6 +217,7 @@ impl<C: Check> Clients<C> {
                 return;
             }
             self.book.redials.pop_front();
+            self.check.redialing();
             self.dial(index);
         }
     }

@@ -93,6 +93,16 @@ pub trait Check {
         failure: Failure,
         was_open: bool,
     ) -> bool;
+
+    /// How long connection `id`, failed and to be dialed again, waits
+    /// first, if the server said (a draining server's hint); taken once.
+    /// `None`: a client's own wait.
+    fn redial_after(&mut self, _id: u64) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// A dropped connection is being dialed again.
+    fn redialing(&mut self) {}
 }
 
 /// What a push connection keeps: the sequence number of the next message
@@ -117,6 +127,10 @@ pub struct InOrder {
     pub tally: Tally,
     /// What the connections ask for besides their id (see [`Query`]).
     pub query: Query,
+    /// The reconnect delays (ms) draining servers asked of connections,
+    /// by id, until they are dialed again (few at a time: kept here, not
+    /// in every connection's state).
+    pub hints: std::collections::HashMap<u64, u16>,
 }
 
 /// What a connection's URL asks for besides its id: a channel, and
@@ -421,11 +435,22 @@ impl Check for InOrder {
         self.query.positions && (was_open || state.0 > 1)
     }
 
+    /// The delay of a `reconnect` hint it was told, once.
+    fn redial_after(&mut self, id: u64) -> Option<std::time::Duration> {
+        self.hints
+            .remove(&id)
+            .map(|ms| std::time::Duration::from_millis(u64::from(ms)))
+    }
+
+    fn redialing(&mut self) {
+        self.tally.redialed(crate::observe::sys::now_ns());
+    }
+
     /// Inflates the message if compressed, takes its position off, and
     /// counts it as next, skipped ahead, duplicate or corrupt.
     fn message(
         &mut self,
-        _id: u64,
+        id: u64,
         f: &Frame<'_>,
         NextSeq(next_seq): &mut NextSeq,
         now: u64,
@@ -435,6 +460,7 @@ impl Check for InOrder {
             inflating,
             tally,
             query,
+            hints,
         } = self;
         // A position and a space come before the payload.
         let room = expect.payload_len + if query.positions { 64 } else { 0 };
@@ -454,6 +480,12 @@ impl Check for InOrder {
                     plain = Some(payload);
                 }
                 Err(Some(status)) => {
+                    if let Some(ms) = (status == "reconnect")
+                        .then(|| reconnect_delay_ms(whole))
+                        .flatten()
+                    {
+                        hints.insert(id, ms);
+                    }
                     tally.status(&status);
                     return Ok(());
                 }
@@ -492,6 +524,20 @@ impl Check for InOrder {
     }
 }
 
+/// The `delay_ms` of a `reconnect` status (`{"status":"reconnect","delay_ms":N}`).
+fn reconnect_delay_ms(status: &[u8]) -> Option<u16> {
+    let text = std::str::from_utf8(status).ok()?;
+    let start = text.find("\"delay_ms\":")? + "\"delay_ms\":".len();
+    let digits: String = text[start..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits
+        .parse::<u64>()
+        .ok()
+        .map(|ms| ms.min(u64::from(u16::MAX)) as u16)
+}
+
 /// A frame other than a whole data message, on a client that expects only
 /// those: a ping is answered with a pong if `pong`, a pong ignored; a
 /// fragment, a close or an unknown opcode fails the connection.
@@ -518,6 +564,15 @@ fn not_a_message(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reconnect_hint_gives_its_delay() {
+        let hint = br#"{"status":"reconnect","delay_ms":731}"#;
+        assert_eq!(reconnect_delay_ms(hint), Some(731));
+        assert_eq!(reconnect_delay_ms(br#"{"status":"recovered"}"#), None);
+        let long = br#"{"status":"reconnect","delay_ms":99999999}"#;
+        assert_eq!(reconnect_delay_ms(long), Some(u16::MAX));
+    }
 
     #[test]
     fn connection_state_stays_small() {

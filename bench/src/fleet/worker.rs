@@ -112,6 +112,7 @@ pub fn run(input: impl Read + Send + 'static, mut output: impl Write) -> Result<
             epoch: None,
             offset: None,
         },
+        hints: Default::default(),
     };
     let mut clients = Clients::new(client_plan, check)?;
     let commands = spawn_command_reader(input, clients.waker()?)?;

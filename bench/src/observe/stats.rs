@@ -178,6 +178,8 @@ struct Stream {
     received: u64,
     last_ns: u64,
     latency: Histogram<u64>,
+    /// When dropped connections were dialed again during it.
+    redials_ns: Vec<u64>,
 }
 
 /// What the connections of a worker saw of a stream.
@@ -189,6 +191,10 @@ pub struct StreamReceipts {
     pub last_ns: u64,
     /// Their latency histogram as `(value ns, count)` pairs.
     pub latency: Vec<(u64, u64)>,
+    /// When dropped connections were dialed again during the stream
+    /// ([`crate::observe::sys::now_ns`]).
+    #[serde(default)]
+    pub redials_ns: Vec<u64>,
 }
 
 impl StreamReceipts {
@@ -197,6 +203,23 @@ impl StreamReceipts {
         self.received += other.received;
         self.last_ns = self.last_ns.max(other.last_ns);
         self.latency.extend_from_slice(&other.latency);
+        self.redials_ns.extend_from_slice(&other.redials_ns);
+    }
+
+    /// The most redials in any second of the stream (windows sliding by
+    /// 100 ms), and how many there were in all.
+    pub fn redial_peak(&self) -> (u64, u64) {
+        let mut at = self.redials_ns.clone();
+        at.sort_unstable();
+        let peak = at
+            .iter()
+            .map(|&from| {
+                at.partition_point(|&t| t < from + 1_000_000_000)
+                    - at.partition_point(|&t| t < from)
+            })
+            .max()
+            .unwrap_or(0);
+        (peak as u64, at.len() as u64)
     }
 
     /// The latency histogram (ns).
@@ -285,7 +308,16 @@ impl Tally {
             received: 0,
             last_ns: 0,
             latency: new_histogram(),
+            redials_ns: Vec::new(),
         });
+    }
+
+    /// A dropped connection is dialed again at `now_ns`: counted in the
+    /// stream under way, if any.
+    pub fn redialed(&mut self, now_ns: u64) {
+        if let Some(stream) = &mut self.stream {
+            stream.redials_ns.push(now_ns);
+        }
     }
 
     /// The first sequence number of the stream, if one was armed.
@@ -306,6 +338,7 @@ impl Tally {
                 received: s.received,
                 last_ns: s.last_ns,
                 latency: pairs_of(&s.latency),
+                redials_ns: s.redials_ns.clone(),
             })
     }
 
@@ -389,6 +422,27 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_redial_peak_is_the_most_in_any_second() {
+        const S: u64 = 1_000_000_000;
+        let receipts = StreamReceipts {
+            // 3 in the first second, then 4 within 0.9 s across the
+            // boundary of the second and third.
+            redials_ns: vec![
+                0,
+                S / 2,
+                S - 1,
+                2 * S - 100,
+                2 * S,
+                2 * S + 1,
+                2 * S + S / 2,
+            ],
+            ..StreamReceipts::default()
+        };
+        assert_eq!(receipts.redial_peak(), (4, 7));
+        assert_eq!(StreamReceipts::default().redial_peak(), (0, 0));
+    }
 
     #[test]
     fn tracks_first_and_last_receipt_and_latency() {

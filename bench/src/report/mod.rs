@@ -92,6 +92,10 @@ pub struct StreamReport {
     pub machine_cpu_secs: f64,
     /// What the responsiveness probes measured meanwhile (`--probe-ms`).
     pub probes: Option<ProbeReport>,
+    /// Dropped connections dialed again during it.
+    pub redials: u64,
+    /// The most of them in any one second (windows sliding by 100 ms).
+    pub redials_peak_per_sec: u64,
 }
 
 impl StreamReport {
@@ -117,8 +121,16 @@ impl StreamReport {
                 p.ping.count
             )
         });
+        let redials = match self.redials {
+            0 => String::new(),
+            n => format!(
+                "; {} redials, at most {} in a second",
+                grouped(n),
+                grouped(self.redials_peak_per_sec)
+            ),
+        };
         format!(
-            "{what}: {} lines of {} B to {} connections, {} of {} delivered{} in {:.3} s, {}/s; latency p50 {} p99 {} max {}; CPU server {:.2} s, client {:.2} s, machine {:.2} s{probes}",
+            "{what}: {} lines of {} B to {} connections, {} of {} delivered{} in {:.3} s, {}/s; latency p50 {} p99 {} max {}; CPU server {:.2} s, client {:.2} s, machine {:.2} s{probes}{redials}",
             grouped(self.lines.into()),
             self.payload_bytes,
             grouped(self.connections),
@@ -642,6 +654,8 @@ pub(crate) fn sample_stream(kind: &str, lines: u32, secs: f64) -> StreamReport {
         client_cpu_secs: secs / 2.0,
         machine_cpu_secs: secs,
         probes: None,
+        redials: 0,
+        redials_peak_per_sec: 0,
     }
 }
 

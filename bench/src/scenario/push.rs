@@ -200,6 +200,13 @@ pub struct PushOptions {
     /// dial again after 0 to 2 s (resuming, with `--positions`).
     #[arg(long, value_name = "SECS", requires = "feed_rate")]
     pub kill_instance_at_secs: Option<f64>,
+    /// This many seconds into the feed, the server (a supervisor, run with
+    /// `--processes`) is sent SIGHUP: a rolling restart. Its clients,
+    /// closed as each instance drains, dial again after the delay the
+    /// server's hint gives (resuming, with `--positions`); the feed's
+    /// report gives the peak rate of those redials.
+    #[arg(long, value_name = "SECS", requires = "feed_rate")]
+    pub roll_at_secs: Option<f64>,
 }
 
 impl PushOptions {
@@ -599,8 +606,17 @@ impl Run<'_> {
         let mut complete = false;
         let mut storm = o.storm_at_secs.map(Duration::from_secs_f64);
         let mut kill = o.kill_instance_at_secs.map(Duration::from_secs_f64);
+        let mut roll = o.roll_at_secs.map(Duration::from_secs_f64);
         loop {
             let now = Instant::now();
+            if roll.is_some_and(|at| now >= start + at) {
+                let pid = self.target.roll()?;
+                eprintln!(
+                    "[{}] rolling restart asked of process {pid} (SIGHUP)",
+                    self.label
+                );
+                roll = None;
+            }
             if kill.is_some_and(|at| now >= start + at) {
                 let pid = self.target.kill_an_instance()?;
                 eprintln!("[{}] killed instance process {pid} (SIGKILL)", self.label);
@@ -690,6 +706,8 @@ impl Run<'_> {
             client_cpu_secs: after.client_ns.saturating_sub(before.client_ns) as f64 / 1e9,
             machine_cpu_secs: after.machine_ns.saturating_sub(before.machine_ns) as f64 / 1e9,
             probes,
+            redials: receipts.redial_peak().1,
+            redials_peak_per_sec: receipts.redial_peak().0,
         })
     }
 

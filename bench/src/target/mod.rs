@@ -38,6 +38,11 @@ pub trait Target {
     fn kill_an_instance(&mut self) -> io::Result<u32> {
         Err(io::Error::other("this server has no instances to kill"))
     }
+    /// Asks a supervisor (`--processes`) for a rolling restart (SIGHUP);
+    /// returns its process id.
+    fn roll(&mut self) -> io::Result<u32> {
+        Err(io::Error::other("this server has no supervisor to roll"))
+    }
 }
 
 /// A server started by someone else: process `pid` (and its descendants)

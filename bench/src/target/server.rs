@@ -224,6 +224,18 @@ impl Target for Server {
         }
     }
 
+    /// SIGHUP to the server (a supervisor rolls its instances).
+    fn roll(&mut self) -> io::Result<u32> {
+        let pid = self.pid();
+        let sent = std::process::Command::new("kill")
+            .args(["-HUP", &pid.to_string()])
+            .status()?;
+        match sent.success() {
+            true => Ok(pid),
+            false => Err(io::Error::other(format!("kill -HUP {pid} failed"))),
+        }
+    }
+
     /// Kills the supervisor's first child.
     fn kill_an_instance(&mut self) -> io::Result<u32> {
         let pid = self.pid();
