@@ -316,6 +316,8 @@ fn a_full_server_leaves_the_reuse_port_group_until_it_has_room() {
 #[test]
 fn a_full_instance_gets_no_new_connections_while_the_others_have_room() {
     const MAX: usize = 600;
+    // 1,600 clients held at the end, beyond a default soft limit of 1,024.
+    util::need_open_files(4096);
     let (mut supervised, addr) =
         Supervised::start_with(&["--processes", "3", "--max-connections", "600"], 3);
     // Fill instance 1: connect one at a time, keeping only those it took.
