@@ -383,17 +383,18 @@ fn stalled_lines_are_dropped(server: &TestServer, stalled: &mut TcpStream) {
         "bursts were batched: {m:?}"
     );
 
+    // Each line not counted as dropped arrives (however long a loaded
+    // machine takes to write it), and nothing more.
+    let got: Vec<usize> = (0..LINES - dropped)
+        .map(|i| read_one(stalled).unwrap_or_else(|| panic!("line {i} of those not dropped")))
+        .collect();
     stalled
-        .set_read_timeout(Some(Duration::from_millis(500)))
+        .set_read_timeout(Some(Duration::from_millis(300)))
         .unwrap();
-    let mut got = Vec::new();
-    while let Some(line) = read_one(stalled) {
-        got.push(line);
-    }
     assert_eq!(
-        got.len() + dropped,
-        LINES,
-        "each line received or counted as dropped"
+        read_one(stalled),
+        None,
+        "nothing beyond what was not dropped"
     );
     assert!(got.windows(2).all(|w| w[0] < w[1]), "in order, once each");
     assert_eq!(server.handle.metrics().closed_slow_consumer, 0);

@@ -284,6 +284,9 @@ enum Role {
     /// Replaced: it hands its clients over (SIGUSR1, a drain without its
     /// grace), and is killed if still running at `deadline`.
     Retiring { deadline: Instant },
+    /// Killed for being late (to listen, or to hand over): its exit is
+    /// only reaped.
+    Killed,
 }
 
 /// One process of an instance.
@@ -890,10 +893,7 @@ impl Supervisor {
             let (number, pid) = (proc.number, proc.child.id());
             let starting = matches!(proc.role, Role::Starting { .. });
             let _ = proc.child.kill();
-            // Killed once: its exit is reaped.
-            proc.role = Role::Retiring {
-                deadline: now + self.policy.stop_grace,
-            };
+            proc.role = Role::Killed;
             if starting {
                 self.give_up_roll(&format!(
                     "instance {number}'s new process (pid {pid}) did not listen within {LISTEN_TIMEOUT:?}"
@@ -1054,6 +1054,7 @@ impl Supervisor {
                     );
                     continue;
                 }
+                Role::Killed => continue,
             }
             let instance = &mut self.instances[number - 1];
             if stopping {
@@ -1161,6 +1162,7 @@ impl Supervisor {
         let procs = self.procs.iter().filter_map(|(_, p)| match &p.role {
             Role::Serving => p.stalled_since.map(|since| since + policy.stall_timeout),
             Role::Starting { deadline, .. } | Role::Retiring { deadline } => Some(*deadline),
+            Role::Killed => None,
         });
         waiting.chain(procs).chain(stop_deadline).min()
     }
