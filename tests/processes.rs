@@ -22,28 +22,10 @@ impl Supervised {
     /// Starts `wspush --listen 127.0.0.1:0 ARGS` and waits until the
     /// supervisor and its `instances` instances listen.
     fn start_with(args: &[&str], instances: usize) -> (Supervised, SocketAddr) {
-        let process = Logged::spawn(
-            Command::new(env!("CARGO_BIN_EXE_wspush"))
-                .args(["--listen", "127.0.0.1:0"])
-                .args(args)
-                .env("RUST_LOG", "info,wspush::server::conn=debug")
-                .stdin(Stdio::piped()),
-        );
-        let mut addr = None;
-        let mut listening = 0;
-        while listening < instances || addr.is_none() {
-            let line = process.next_line();
-            if line.contains(" instances") {
-                assert!(
-                    line.contains(&format!(" with {instances} instances")),
-                    "{line}"
-                );
-                addr = Some(listening_addr(&line));
-            } else if line.contains("] listening on ") {
-                listening += 1;
-            }
-        }
-        (Supervised(process), addr.unwrap())
+        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_wspush"));
+        let log = "info,wspush::server::conn=debug";
+        let (process, addr) = util::start_supervisor(binary, args, instances, log);
+        (Supervised(process), addr)
     }
 
     /// The instance number of each upgrade logged, until `count` are seen.

@@ -8,35 +8,19 @@ mod util;
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use util::{listening_addr, read_response, resuming_client, upgrade_request, Logged};
+use util::{read_response, resuming_client, upgrade_request, Logged};
 
 /// A supervisor of `instances` instances running `binary`, logging at
 /// `info`, with a short drain; its address once every instance listens.
-fn supervise(binary: &Path, instances: usize, extra: &[&str]) -> (Logged, SocketAddr) {
-    let process = Logged::spawn(
-        Command::new(binary)
-            .args(["--listen", "127.0.0.1:0", "--quiet", "--drain-time", "1s"])
-            .args(["--processes", &instances.to_string()])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::piped()),
-    );
-    let mut addr = None;
-    let mut listening = 0;
-    while listening < instances || addr.is_none() {
-        let line = process.next_line();
-        if line.contains(" instances, up to") {
-            addr = Some(listening_addr(&line));
-        } else if line.contains("] listening on ") {
-            listening += 1;
-        }
-    }
-    (process, addr.unwrap())
+fn supervise(binary: &Path, instances: usize) -> (Logged, SocketAddr) {
+    let count = instances.to_string();
+    let args = ["--quiet", "--drain-time", "1s", "--processes", &count];
+    util::start_supervisor(binary, &args, instances, "info")
 }
 
 /// The supervisor's children: the processes of its instances.
@@ -102,7 +86,7 @@ fn feed(process: &mut Logged, lines: usize, fed: Arc<AtomicUsize>) -> std::threa
 #[test]
 fn sighup_replaces_every_instance_with_no_refusal_and_nothing_lost() {
     let binary = Path::new(env!("CARGO_BIN_EXE_wspush"));
-    let (mut supervisor, addr) = supervise(binary, 3, &[]);
+    let (mut supervisor, addr) = supervise(binary, 3);
     let before = children(&supervisor);
     assert_eq!(before.len(), 3);
     let clients: Vec<_> = (0..30).map(|_| resuming_client(addr, "end")).collect();
@@ -215,7 +199,7 @@ impl Drop for Deployed {
 #[test]
 fn sigusr2_refuses_a_binary_that_does_not_run_or_listen_and_upgrades_to_one_that_does() {
     let deployed = Deployed::new("upgrade");
-    let (mut supervisor, addr) = supervise(&deployed.binary(), 2, &[]);
+    let (mut supervisor, addr) = supervise(&deployed.binary(), 2);
     let before = children(&supervisor);
     let client = resuming_client(addr, "end");
 

@@ -40,20 +40,7 @@ fn stop_during_a_broadcast_stream(signal: &str, args: &[&str]) {
         .collect();
 
     // A feeder writes numbered lines as fast as the server takes them.
-    let mut stdin = server.process.child.stdin.take().unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let feeder = {
-        let stop = Arc::clone(&stop);
-        std::thread::spawn(move || {
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                n += 1;
-                if writeln!(stdin, "{n}").is_err() {
-                    break; // The server is gone.
-                }
-            }
-        })
-    };
+    let (stop, feeder) = feed(&mut server, "", Duration::ZERO);
 
     // Let the stream run, then signal while it is still flowing.
     for client in &mut clients[..1] {
@@ -100,6 +87,31 @@ fn stop_during_a_broadcast_stream(signal: &str, args: &[&str]) {
     drop(clients);
     assert_eq!(exit_code(&mut server), Some(0));
     feeder.join().unwrap();
+}
+
+/// A thread that writes `PREFIX1`, `PREFIX2` ... to the server's input,
+/// `pause` apart, until the flag is set or the server is gone.
+fn feed(
+    server: &mut Binary,
+    prefix: &'static str,
+    pause: Duration,
+) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
+    let mut stdin = server.process.child.stdin.take().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let feeder = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                if writeln!(stdin, "{prefix}{n}").is_err() {
+                    break; // The server is gone.
+                }
+                std::thread::sleep(pause);
+            }
+        })
+    };
+    (stop, feeder)
 }
 
 /// Sends `signal` (`-TERM`, `-INT`) to the server.
@@ -211,18 +223,7 @@ fn check_drained(drained: &Drained) -> Duration {
 fn sigterm_drains_healthz_first_then_closes_with_1012_and_a_hint_spread_over_the_drain_time() {
     let mut server = Binary::start(&["--quiet", "--drain-time", "2s", "--drain-grace", "1s"]);
     let mut clients: Vec<_> = (0..40).map(|_| positioned_client(server.addr)).collect();
-    let mut stdin = server.process.child.stdin.take().unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let feeder = {
-        let stop = Arc::clone(&stop);
-        std::thread::spawn(move || {
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) && writeln!(stdin, "line {n}").is_ok() {
-                n += 1;
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        })
-    };
+    let (stop, feeder) = feed(&mut server, "line ", Duration::from_millis(10));
     assert_eq!(http_get(server.addr, "/healthz", "").status, 200);
 
     kill(&server, "-TERM");

@@ -372,8 +372,14 @@ await check("the served client keeps the page's count exact across server-side d
   assertEqual((await server.metrics()).get('wspush_resumes_total{result="gap"}'), 1, "the gap counted");
 });
 
-await check("the served client keeps the page's count exact while each instance is killed and restarted", async (scope) => {
-  const server = await scope.server(["--demo", "--processes", "2"]);
+/**
+ * A `--processes 2` server with `args` and a page on it; 300 lines are fed
+ * a hundred at a time: first, then as each instance in turn (the page is
+ * on one of them) is sent `signal` and is replaced. Returns what the page
+ * shows once it has all 300 (checked to be every line once, in order).
+ */
+async function replacingEachInstance(scope, args, signal) {
+  const server = await scope.server(["--demo", "--processes", "2", ...args]);
   const instances = () =>
     fs.readFileSync(`/proc/${server.child.pid}/task/${server.child.pid}/children`, "utf8").trim().split(/\s+/).map(Number);
   await waitUntil("two instances", () => instances().length === 2);
@@ -382,15 +388,13 @@ await check("the served client keeps the page's count exact while each instance 
   const lines = Array.from({ length: 300 }, (_, i) => `line ${i + 1}`);
   server.feed(lines.slice(0, 100));
   await waitUntil("100 messages on the page", async () => (await shown(page)).count >= 100);
-  // Each instance in turn (the page is on one of them) is killed; lines
-  // keep coming while it is started again.
   for (const [i, victim] of instances().entries()) {
-    process.kill(victim, "SIGKILL");
+    process.kill(victim, signal);
+    server.feed(lines.slice(100 * (i + 1), 100 * (i + 2)));
     await waitUntil(`instance ${victim} to be replaced`, () => {
       const now = instances();
       return now.length === 2 && !now.includes(victim);
     });
-    server.feed(lines.slice(100 * (i + 1), 100 * (i + 2)));
   }
   // Dropped twice at worst: back within 0.5-3 s, then 0.5-6 s.
   const now = await waitUntil("300 messages on the page", async () => {
@@ -399,39 +403,21 @@ await check("the served client keeps the page's count exact while each instance 
   }, 20_000);
   assertEqual(now.messages, lines, "every line once, in order");
   if (now.closes.length < 1) throw new Error("the page's connection was never dropped");
+  return { page, now };
+}
+
+await check("the served client keeps the page's count exact while each instance is killed and restarted", async (scope) => {
+  const { now } = await replacingEachInstance(scope, [], "SIGKILL");
   assertEqual(now.resume, "recovered", "what its last connection was told");
 });
 
 await check("a draining instance closes the page with 1012; it comes back after the hint, on the other, recovered", async (scope) => {
   // 100 ms of drain time: the hint is under 100 ms, and the client's own
   // backoff would wait at least 500 ms.
-  const server = await scope.server(["--demo", "--processes", "2", "--drain-time", "100ms", "--drain-grace", "0s"]);
-  const instances = () =>
-    fs.readFileSync(`/proc/${server.child.pid}/task/${server.child.pid}/children`, "utf8").trim().split(/\s+/).map(Number);
-  await waitUntil("two instances", () => instances().length === 2);
-  const page = await scope.page(server.url("/"));
-  await waitForState(page, "open");
-  const lines = Array.from({ length: 300 }, (_, i) => `line ${i + 1}`);
-  server.feed(lines.slice(0, 100));
-  await waitUntil("100 messages on the page", async () => (await shown(page)).count >= 100);
-  // Each instance in turn drains (the page is on one of them) and is
-  // started again; lines keep coming meanwhile.
-  for (const [i, victim] of instances().entries()) {
-    process.kill(victim, "SIGTERM");
-    server.feed(lines.slice(100 * (i + 1), 100 * (i + 2)));
-    await waitUntil(`instance ${victim} to be replaced`, () => {
-      const now = instances();
-      return now.length === 2 && !now.includes(victim);
-    });
-  }
-  const now = await waitUntil("300 messages on the page", async () => {
-    const now = await shown(page);
-    return now.count >= 300 && now.state === "open" && now;
-  });
-  assertEqual(now.messages, lines, "every line once, in order");
+  const drain = ["--drain-time", "100ms", "--drain-grace", "0s"];
+  const { page, now } = await replacingEachInstance(scope, drain, "SIGTERM");
   // Drained once or twice (it may land on the first one's replacement).
   const drained = { code: 1012, reason: "service restart", clean: true };
-  if (now.closes.length < 1) throw new Error("the page was never drained");
   assertEqual(now.closes, now.closes.map(() => drained), "the drains' closes");
   const statuses = await page.evaluate(() => window.statuses);
   const hints = statuses.flatMap((s, i) => (s.status === "reconnect" ? [i] : []));

@@ -635,3 +635,36 @@ fn read_head_status(stream: &mut TcpStream) -> Option<u16> {
     }
     std::str::from_utf8(head.get(9..12)?).ok()?.parse().ok()
 }
+
+/// Starts `binary --listen 127.0.0.1:0 ARGS` (with `--processes`) logging
+/// at `rust_log`, with its standard input piped, and waits until the
+/// supervisor and its `instances` instances listen; its log and address.
+pub fn start_supervisor(
+    binary: &std::path::Path,
+    args: &[&str],
+    instances: usize,
+    rust_log: &str,
+) -> (Logged, SocketAddr) {
+    let process = Logged::spawn(
+        std::process::Command::new(binary)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", rust_log)
+            .stdin(std::process::Stdio::piped()),
+    );
+    let mut addr = None;
+    let mut listening = 0;
+    while listening < instances || addr.is_none() {
+        let line = process.next_line();
+        if line.contains(" instances, up to") {
+            assert!(
+                line.contains(&format!(" with {instances} instances")),
+                "{line}"
+            );
+            addr = Some(listening_addr(&line));
+        } else if line.contains("] listening on ") {
+            listening += 1;
+        }
+    }
+    (process, addr.unwrap())
+}
