@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use tungstenite::Message;
-use util::{connect, listening_addr, raw_upgraded, Logged, TestServer, IO_TIMEOUT};
+use util::{connect, listening_addr, raw_upgraded, signal, Logged, TestServer, IO_TIMEOUT};
 use wspush::Config;
 
 /// A supervisor with its stdin, and the lines all its processes log.
@@ -90,14 +90,6 @@ impl Supervised {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
-}
-
-fn signal(pid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
 }
 
 #[test]

@@ -8,12 +8,11 @@ mod util;
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use util::{read_response, resuming_client, upgrade_request, Logged};
+use util::{read_response, resuming_client, signal, upgrade_request, Logged};
 
 /// A supervisor of `instances` instances running `binary`, logging at
 /// `info`, with a short drain; its address once every instance listens.
@@ -33,14 +32,6 @@ fn children(supervisor: &Logged) -> Vec<u32> {
         .collect();
     pids.sort();
     pids
-}
-
-fn signal(pid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
 }
 
 /// A thread that opens WebSocket connections one after another until

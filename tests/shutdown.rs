@@ -116,12 +116,7 @@ fn feed(
 
 /// Sends `signal` (`-TERM`, `-INT`) to the server.
 fn kill(server: &Binary, signal: &str) {
-    let pid = server.process.child.id().to_string();
-    let status = std::process::Command::new("kill")
-        .args([signal, &pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    util::signal(server.process.child.id(), signal);
 }
 
 /// Waits for the server to exit; its exit code.

@@ -668,3 +668,12 @@ pub fn start_supervisor(
     }
     (process, addr.unwrap())
 }
+
+/// Sends `signal` (`-TERM`, `-INT`, `-HUP` ...) to process `pid`.
+pub fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid}");
+}
