@@ -75,8 +75,10 @@ pub fn set_tcp_defer_accept(socket: &impl AsFd, secs: u32) -> io::Result<()> {
 #[cfg(feature = "internals")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ParentDeath {
-    /// SIGTERM: it may shut down cleanly (a supervisor's instances).
-    Term,
+    /// SIGINT: it shuts down cleanly and at once, without a drain (a
+    /// supervisor's instances: they let go of the port, so that a new
+    /// supervisor can take it).
+    Interrupt,
     /// SIGKILL: it ends at once (a benchmark's server and workers).
     Kill,
 }
@@ -87,7 +89,7 @@ pub enum ParentDeath {
 #[cfg(feature = "internals")]
 pub fn die_with_parent(command: &mut Command, signal: ParentDeath) {
     let signal = match signal {
-        ParentDeath::Term => Signal::TERM,
+        ParentDeath::Interrupt => Signal::INT,
         ParentDeath::Kill => Signal::KILL,
     };
     // SAFETY: the closure runs in the forked child before exec. It makes

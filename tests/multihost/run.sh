@@ -29,8 +29,9 @@ netns_need_tools || die "cannot install redis-server and iproute2"
 redis_server="$(command -v redis-server)"
 
 log "building the tests (cargo test --test multihost --no-run)"
+# The test binary's artifact (the build may also name the wspush binary).
 test_bin="$(cargo test --test multihost --no-run --message-format=json-render-diagnostics |
-  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)"
+  grep '"name":"multihost"' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)"
 [[ -x "$test_bin" ]] || die "cargo named no test binary"
 
 prefix="wsp-$$-"

@@ -428,15 +428,19 @@ impl Logged {
     /// stats, do not extend it).
     pub fn wait_for(&self, needle: &str) -> String {
         let deadline = std::time::Instant::now() + IO_TIMEOUT;
+        let mut skipped = std::collections::VecDeque::new();
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let line = self
-                .log
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("no log line with {needle:?} in time"));
+            let line = self.log.recv_timeout(left).unwrap_or_else(|e| {
+                panic!("no log line with {needle:?} in time ({e:?}); the last ones: {skipped:#?}")
+            });
             if line.contains(needle) {
                 return line;
             }
+            if skipped.len() == 20 {
+                skipped.pop_front();
+            }
+            skipped.push_back(line);
         }
     }
 

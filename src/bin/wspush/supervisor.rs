@@ -368,8 +368,9 @@ impl Program {
     /// ([`LISTEN_FD_ENV`]) and status pipe's ([`STATUS_FD_ENV`]), the
     /// number of the first line it reads (if the input is open), its own
     /// process group (a terminal's Ctrl-C reaches only the supervisor,
-    /// which forwards it once), SIGTERM as its parent-death signal (no
-    /// orphans if the supervisor is killed), and a pipe for its input (or
+    /// which forwards it once), SIGINT as its parent-death signal (no
+    /// orphans if the supervisor is killed, and no drain holding the
+    /// port meanwhile), and a pipe for its input (or
     /// nothing, once the input has ended).
     fn spawn(&self, start: &Start<'_>) -> io::Result<(Child, Option<Sender>)> {
         let mut command = Command::new(&self.path);
@@ -391,7 +392,7 @@ impl Program {
             })
             .process_group(0);
         command.env(STATUS_FD_ENV, start.status.as_raw_fd().to_string());
-        wspush::sys::die_with_parent(&mut command, wspush::sys::ParentDeath::Term);
+        wspush::sys::die_with_parent(&mut command, wspush::sys::ParentDeath::Interrupt);
         // Only this child inherits its listener and status pipe: the flags
         // are set back as soon as it is started (nothing else here starts
         // processes meanwhile).
