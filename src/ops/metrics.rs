@@ -188,6 +188,12 @@ metrics! {
     feed_outages: Counter "wspush_feed_outages_total" "" "Times an input feed (Redis) was lost; what was published meanwhile is lost.",
     /// Milliseconds feeds were disconnected, over the outages that ended.
     feed_outage_ms: Counter "wspush_feed_outage_milliseconds_total" "" "Time input feeds were disconnected, over the outages that ended.",
+    /// Times the Redis stream no longer held entries not read yet
+    /// (trimmed during an outage): their positions are missing here.
+    stream_gaps: Counter "wspush_stream_gaps_total" "" "Times the Redis stream no longer held entries not read yet; resumes across them are told the gap.",
+    /// How far the entries read are behind the stream's last entry, by
+    /// their ids' milliseconds (0: caught up).
+    stream_lag_ms: Gauge "wspush_stream_lag_milliseconds" "" "How far the Redis stream entries read are behind its last entry, by their ids.",
     /// Messages and commands for some connections that reached none here:
     /// an id, channel or connection key with no open connection (under
     /// `--processes`, those of the other instances).

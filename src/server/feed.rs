@@ -59,6 +59,13 @@ pub enum Action {
         /// The reason (at most 123 bytes).
         reason: String,
     },
+    /// The source gave out positions up to `through` without a message
+    /// here (kept in the history only, or lost): the next message is
+    /// positioned after it.
+    Advance {
+        /// The last position given out.
+        through: u64,
+    },
 }
 
 impl Action {
@@ -76,6 +83,7 @@ impl Action {
                     id.as_str().len() + commands::names_len(channels)
                 }
                 Action::Close { whom, reason, .. } => whom.names_len() + reason.len(),
+                Action::Advance { .. } => 0,
             }
     }
 }

@@ -286,6 +286,37 @@ impl Handle {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
 
+    /// Records that the Redis stream no longer held entries not read yet
+    /// (positions `from..=to`): counted in `stream_gaps` and logged; a
+    /// resume across them is told the gap (see
+    /// [`SharedHistory::mark_missing`](crate::SharedHistory::mark_missing)).
+    pub fn stream_gap(&self, from: u64, to: u64) -> Result<(), ServerGone> {
+        Metrics::incr(&self.shared.metrics.stream_gaps);
+        log::warn!(
+            "the stream no longer held entries not read yet (positions {from} to {to}): \
+             they are lost here, and resumes across them are told the gap"
+        );
+        self.advance_to(to)
+    }
+
+    /// Sets how far the entries read are behind the stream's last, by
+    /// their ids' milliseconds.
+    pub fn stream_lag(&self, lag: Duration) {
+        let lag = lag.as_millis().try_into().unwrap_or(u64::MAX);
+        self.shared
+            .metrics
+            .stream_lag_ms
+            .store(lag, Ordering::Relaxed);
+    }
+
+    /// Positions up to `seq` were given out by the source without a
+    /// message for this server (kept in the history only, or lost): the
+    /// next message is positioned after it, in order with what was queued
+    /// before.
+    pub fn advance_to(&self, seq: u64) -> Result<(), ServerGone> {
+        self.queue(Action::Advance { through: seq }, None)
+    }
+
     /// Sends a message to `to`, after everything queued before it:
     /// [`Handle::broadcast_text`] for everyone, or to the subscribers of
     /// channels, the connections of a client id, or one connection. Waits

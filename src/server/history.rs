@@ -170,6 +170,13 @@ impl History {
         self.current()
     }
 
+    /// Positions up to `seq` were given out by the source without this
+    /// loop framing them (kept in the history only, or lost): the next
+    /// message is positioned after it.
+    pub fn advance(&mut self, seq: u64) {
+        self.last = self.last.max(seq);
+    }
+
     /// The last position this loop gave out.
     pub fn current(&self) -> Position {
         self.at(self.last)
@@ -431,6 +438,15 @@ impl SharedHistory {
         Ok(self.history.ring.memory().inheritable()?.as_raw_fd())
     }
 
+    /// A descriptor of its memory for a loop of this process to read it
+    /// by: the number to set as [`Config::history_fd`](crate::Config::history_fd),
+    /// which the loop takes as its own.
+    pub fn reader_fd(&self) -> io::Result<i32> {
+        use std::os::fd::IntoRawFd;
+        let fd = self.history.ring.memory().inheritable()?;
+        Ok(fd.try_clone_to_owned()?.into_raw_fd())
+    }
+
     /// Keeps message `seq` (its position) for `to`.
     pub fn append(&mut self, seq: u64, to: &Recipients, kind: crate::MessageKind, payload: &[u8]) {
         let position = self.history.assign(Some(seq));
@@ -446,6 +462,20 @@ impl SharedHistory {
         }]);
         self.history
             .keep(to, &frames, &[position.seq], Instant::now());
+    }
+
+    /// Notes that messages `from..=to`, for everyone, are missing (the
+    /// source lost them): a replay across them is told the gap.
+    pub fn mark_missing(&mut self, from: u64, to: u64) {
+        self.history.ring.mark_missing(from, to, Instant::now());
+        self.history.advance(to);
+    }
+
+    /// Notes that nothing up to `seq` is held: a resume from before it is
+    /// told the gap (a history filled from a source's tail begins so).
+    pub fn forget_through(&mut self, seq: u64) {
+        self.history.ring.forget_through(seq);
+        self.history.advance(seq);
     }
 
     /// Drops what is older than the age bound.
@@ -769,6 +799,48 @@ mod tests {
             (status, replayed),
             (Status::Recovered { current: at(3) }, Some((0, 3))),
             "the gap is told where it stands, in the replay"
+        );
+    }
+
+    #[test]
+    fn messages_the_source_lost_are_told_to_everyone_and_a_filled_history_begins_after_them() {
+        let now = Instant::now();
+        let mut history = history(bounds(100, 1 << 20, 60));
+        // Filled from a source's tail: nothing up to 10 is held.
+        history.ring.forget_through(10);
+        history.advance(10);
+        let (status, replayed) = history.resume(&since(4), now);
+        assert_eq!(
+            (status, replayed),
+            (
+                Status::Gap {
+                    from: at(5),
+                    to: at(10),
+                    current: at(10)
+                },
+                None
+            )
+        );
+        keep(&mut history, &["a"], Recipients::All, now);
+        history.ring.mark_missing(12, 20, now);
+        history.advance(20);
+        keep(&mut history, &["b"], Recipients::channels(&["news"]), now);
+        assert_eq!(history.refused(), 0, "a loss is not a refusal");
+        assert_eq!(
+            replay(&history, 10, Filter::default()),
+            [
+                "0000000000000abc.11 a",
+                r#"{"status":"gap","from":"0000000000000abc.12","to":"0000000000000abc.20","position":"0000000000000abc.21"}"#,
+            ],
+            "told to a client of no channel too"
+        );
+        assert_eq!(
+            replay(&history, 15, subscriber_of("news")),
+            [
+                r#"{"status":"gap","from":"0000000000000abc.16","to":"0000000000000abc.20","position":"0000000000000abc.21"}"#,
+                "0000000000000abc.21 b",
+            ],
+            "from within the loss: only what is left of it"
         );
     }
 

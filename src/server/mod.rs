@@ -456,6 +456,12 @@ impl Server {
                         dir.change_subscription(on, &id, &channels)
                     }
                     Action::Close { whom, code, reason } => dir.address_close(&whom, code, &reason),
+                    Action::Advance { through } => {
+                        history.advance(through);
+                        if dir.targeted.has_parked() {
+                            dir.release_framed(history.current().seq);
+                        }
+                    }
                     Action::Send { .. } => unreachable!("sends come framed"),
                 },
             }

@@ -391,14 +391,59 @@ impl Ring {
             };
         let len = record_len(names, frames, compressed);
         if count > bounds.messages || len > bounds.bytes {
-            self.evict(now, usize::MAX, 0);
-            self.store(FORGOTTEN, last);
-            self.store(LAST, last);
+            self.forget_through(last);
             return Appended::Forgotten;
         }
         if appended == Appended::Refused {
             self.store(REFUSED, self.load(REFUSED) + 1);
         }
+        let refused = appended == Appended::Refused;
+        self.put(
+            (first, last, count),
+            (kind, names),
+            (frames, compressed),
+            refused,
+            now,
+        );
+        appended
+    }
+
+    /// Appends a mark that messages `first..=last`, for everyone, are
+    /// missing (the source lost them): a replay across it is told the gap.
+    /// Not counted as refused.
+    pub fn mark_missing(&mut self, first: u64, last: u64, now: Instant) {
+        if self.writer.as_ref().is_some_and(|w| w.bounds.messages == 0) {
+            self.forget_through(last);
+            return;
+        }
+        self.put((first, last, 1), (Kind::All, &[]), (&[], &[]), true, now);
+    }
+
+    /// Drops every record up to position `seq` from the history, and
+    /// notes that every message up to it is gone: a resume from before it
+    /// is told the gap.
+    pub fn forget_through(&mut self, seq: u64) {
+        while self
+            .writer_kept_front()
+            .is_some_and(|kept| kept.last <= seq)
+        {
+            self.drop_oldest();
+        }
+        self.store(FORGOTTEN, self.load(FORGOTTEN).max(seq));
+        self.store(LAST, self.load(LAST).max(seq));
+    }
+
+    /// Writes a record that fits the byte bound (`missing`: flagged as
+    /// messages missing, with no frames).
+    fn put(
+        &mut self,
+        (first, last, count): (u64, u64, usize),
+        (kind, names): (Kind, &[u8]),
+        (frames, compressed): (&[u8], &[u8]),
+        missing: bool,
+        now: Instant,
+    ) {
+        let len = (RECORD_HEAD + names.len() + frames.len() + compressed.len()).next_multiple_of(8);
         self.evict(now, count, len);
         let records = self.load(RECORDS);
         let reserve = self.load(RESERVE);
@@ -423,11 +468,7 @@ impl Ring {
         head[8..12].copy_from_slice(&(compressed.len() as u32).to_le_bytes());
         head[12..14].copy_from_slice(&(names.len() as u16).to_le_bytes());
         head[14] = kind as u8;
-        head[15] = if appended == Appended::Refused {
-            REFUSED_FLAG
-        } else {
-            0
-        };
+        head[15] = if missing { REFUSED_FLAG } else { 0 };
         let at = self.data_at + (start % self.data) as usize;
         self.mem.write(at, &head);
         self.mem.write(at + RECORD_HEAD, names);
@@ -451,7 +492,6 @@ impl Ring {
         let (messages, bytes) = self.held();
         self.store(MESSAGES, messages + count as u64);
         self.store(BYTES, bytes + len as u64);
-        appended
     }
 
     fn writer_kept_front(&self) -> Option<&Kept> {

@@ -17,8 +17,9 @@
 
 use std::io::{self, BufRead};
 use std::ops::ControlFlow;
+use std::time::Duration;
 
-use crate::sources::{Control, CONTROL, CONTROL_MAX_LEN};
+use crate::chunks::{Control, CONTROL, CONTROL_MAX_LEN};
 use wspush::protocol::lines::{Line, Lines};
 use wspush::{
     BroadcastError, Command, Handle, MessageKind, Payload, Recipients, ServerGone, SharedHistory,
@@ -54,25 +55,43 @@ pub fn max_line_bytes(mode: InputMode, max_message_bytes: usize) -> usize {
     }
 }
 
+/// How often the history's messages older than its age bound are dropped.
+pub const EVICT_EVERY: Duration = Duration::from_secs(1);
+
 /// The input's lines, split, judged by the rules of
 /// [`wspush::protocol::lines`] and numbered: each line but a control line
 /// takes the next number, whether it is acted on or skipped. A line's
-/// number is its messages' position. A control line is known whatever the
-/// line limit (it is at most [`CONTROL_MAX_LEN`] bytes).
+/// number is its messages' position. A stream entry's control line
+/// ([`Control::Entry`]) sets the number of its lines, which follow it. A
+/// control line is known whatever the line limit (it is at most
+/// [`CONTROL_MAX_LEN`] bytes).
 #[derive(Debug)]
 pub struct InputLines {
     lines: Lines,
+    numbering: Numbering,
+}
+
+/// How the next lines are numbered.
+#[derive(Debug)]
+struct Numbering {
     max_line_bytes: usize,
     next: u64,
+    /// Lines left of the stream entry under way, and whether they are
+    /// for the history only.
+    entry: Option<(u32, bool)>,
 }
 
 /// A line of input as [`InputLines`] hands it over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Numbered<'a> {
-    /// A control line (without its end): it takes no number.
-    Control(&'a [u8]),
+    /// A control line: it takes no number (`None`: not one this version
+    /// knows).
+    Control(Option<Control>),
     /// A line and its number.
     Line(u64, Line<'a>),
+    /// A line for the history only (a stream's tail, read at the start),
+    /// and its number.
+    Kept(u64, Line<'a>),
 }
 
 impl InputLines {
@@ -81,14 +100,17 @@ impl InputLines {
     pub fn new(max_line_bytes: usize, first: u64) -> InputLines {
         InputLines {
             lines: Lines::new(max_line_bytes.max(CONTROL_MAX_LEN)),
-            max_line_bytes,
-            next: first,
+            numbering: Numbering {
+                max_line_bytes,
+                next: first,
+                entry: None,
+            },
         }
     }
 
     /// The number the next line takes.
     pub fn next(&self) -> u64 {
-        self.next
+        self.numbering.next
     }
 
     /// Calls `each` with every line `bytes` ends, until it breaks.
@@ -97,9 +119,9 @@ impl InputLines {
         bytes: &[u8],
         mut each: impl FnMut(Numbered<'_>) -> ControlFlow<B>,
     ) -> ControlFlow<B> {
-        let (max, next) = (self.max_line_bytes, &mut self.next);
+        let numbering = &mut self.numbering;
         self.lines
-            .push(bytes, |_, line| each(Self::numbered(line, max, next)))
+            .push(bytes, |_, line| each(numbering.number(line)))
     }
 
     /// The input ended: hands over the line begun, if any.
@@ -107,21 +129,48 @@ impl InputLines {
         &mut self,
         mut each: impl FnMut(Numbered<'_>) -> ControlFlow<B>,
     ) -> ControlFlow<B> {
-        let (max, next) = (self.max_line_bytes, &mut self.next);
-        self.lines
-            .finish(|_, line| each(Self::numbered(line, max, next)))
+        let numbering = &mut self.numbering;
+        self.lines.finish(|_, line| each(numbering.number(line)))
     }
+}
 
-    fn numbered<'a>(line: Line<'a>, max: usize, next: &mut u64) -> Numbered<'a> {
+impl Numbering {
+    fn number<'a>(&mut self, line: Line<'a>) -> Numbered<'a> {
         let len = match line {
-            Line::NotUtf8(bytes @ [CONTROL, ..]) => return Numbered::Control(bytes),
+            Line::NotUtf8(bytes @ [CONTROL, ..]) => {
+                let control = Control::parse(bytes);
+                if let Some(Control::Entry { seq, lines, keep }) = control {
+                    self.next = seq;
+                    self.entry = (lines > 0).then_some((lines, keep));
+                }
+                return Numbered::Control(control);
+            }
             Line::Text(text) => text.len(),
             Line::NotUtf8(bytes) => bytes.len(),
             Line::TooLong => 0,
         };
-        *next += 1;
-        let line = if len > max { Line::TooLong } else { line };
-        Numbered::Line(*next - 1, line)
+        let number = self.next;
+        self.next += 1;
+        let line = if len > self.max_line_bytes {
+            Line::TooLong
+        } else {
+            line
+        };
+        let kept = match &mut self.entry {
+            Some((left, keep)) => {
+                let kept = *keep;
+                *left -= 1;
+                if *left == 0 {
+                    self.entry = None;
+                }
+                kept
+            }
+            None => false,
+        };
+        match kept {
+            true => Numbered::Kept(number, line),
+            false => Numbered::Line(number, line),
+        }
     }
 }
 
@@ -174,15 +223,25 @@ impl Pump<'_> {
         let handle = self.handle;
         let (number, line) = match line {
             Numbered::Line(number, line) => (number, line),
-            Numbered::Control(bytes) => {
-                match Control::parse(bytes) {
+            Numbered::Kept(number, _) => {
+                return match handle.advance_to(number) {
+                    Ok(()) => ControlFlow::Continue(()),
+                    Err(ServerGone) => ControlFlow::Break(PumpEnd::ServerGone),
+                };
+            }
+            Numbered::Control(control) => {
+                let carried = match control {
                     Some(control) => carry_out_control(handle, control),
                     None => {
                         handle.count_rejected_input();
                         log::warn!("a control line skipped: not one this version knows");
+                        Ok(())
                     }
-                }
-                return ControlFlow::Continue(());
+                };
+                return match carried {
+                    Ok(()) => ControlFlow::Continue(()),
+                    Err(ServerGone) => ControlFlow::Break(PumpEnd::ServerGone),
+                };
             }
         };
         let text = match line {
@@ -308,8 +367,18 @@ impl Recorder {
         let (mode, max_message_bytes) = (self.mode, self.max_message_bytes);
         let history = &mut self.history;
         let mut keep = |line: Numbered<'_>| {
-            let Numbered::Line(number, Line::Text(text)) = line else {
-                return ControlFlow::<()>::Continue(());
+            let (number, text) = match line {
+                Numbered::Line(number, Line::Text(text))
+                | Numbered::Kept(number, Line::Text(text)) => (number, text),
+                Numbered::Control(Some(Control::Forget(seq))) => {
+                    history.forget_through(seq);
+                    return ControlFlow::Continue(());
+                }
+                Numbered::Control(Some(Control::Gap { from, to })) => {
+                    history.mark_missing(from, to);
+                    return ControlFlow::Continue(());
+                }
+                _ => return ControlFlow::<()>::Continue(()),
             };
             if let Ok(Interpreted::Message(to, kind, payload)) = interpret(mode, text) {
                 if payload.len() <= max_message_bytes {
@@ -328,12 +397,22 @@ impl Recorder {
     }
 }
 
-/// Carries out what the supervisor says.
-fn carry_out_control(handle: &Handle, control: Control) {
+/// Carries out what a control line says.
+fn carry_out_control(handle: &Handle, control: Control) -> Result<(), ServerGone> {
     match control {
         Control::FeedLost => handle.feed_lost(),
         Control::FeedRestored(outage) => handle.feed_restored(outage),
+        // Its lines are numbered by `InputLines`.
+        Control::Entry { .. } => {}
+        Control::Forget(seq) => return handle.advance_to(seq),
+        Control::Gap { from, to } => return handle.stream_gap(from, to),
+        Control::Lag(lag) => handle.stream_lag(lag),
+        Control::Skipped { ms, seq, why } => {
+            handle.count_rejected_input();
+            log::warn!("stream entry {ms}-{seq} skipped: {}", why.describe());
+        }
     }
+    Ok(())
 }
 
 fn reject(handle: &Handle, number: u64, why: &str) {
@@ -353,8 +432,9 @@ mod tests {
         let input = b"x1\n\xfebad!\n\xfffeed restored 123456789\ntoo long\n\xff?\n\r\n";
         let _ = lines.push(input, |line| {
             got.push(match line {
-                Numbered::Control(bytes) => format!("control {}", bytes.len()),
+                Numbered::Control(control) => format!("control {control:?}"),
                 Numbered::Line(n, line) => format!("{n} {line:?}"),
+                Numbered::Kept(n, line) => format!("{n} kept {line:?}"),
             });
             ControlFlow::<()>::Continue(())
         });
@@ -363,12 +443,52 @@ mod tests {
             [
                 r#"7 Text("x1")"#,
                 "8 TooLong",
-                "control 24",
+                "control Some(FeedRestored(123456.789s))",
                 "9 TooLong",
-                "control 2",
+                "control None",
                 r#"10 Text("")"#,
             ]
         );
         assert_eq!(lines.next(), 11, "where an instance started now begins");
+    }
+
+    #[test]
+    fn a_stream_entry_numbers_its_own_lines_and_the_rest_go_on_after_them() {
+        let mut lines = InputLines::new(100, 1);
+        let mut input = Control::Entry {
+            seq: 1000,
+            lines: 2,
+            keep: true,
+        }
+        .line();
+        input.extend_from_slice(b"a\nb\nstdin\n");
+        input.extend(
+            Control::Entry {
+                seq: 2000,
+                lines: 1,
+                keep: false,
+            }
+            .line(),
+        );
+        input.extend_from_slice(b"c\nd\n");
+        let mut got = Vec::new();
+        let _ = lines.push(&input, |line| {
+            match line {
+                Numbered::Control(_) => {}
+                Numbered::Line(n, line) => got.push(format!("{n} {line:?}")),
+                Numbered::Kept(n, line) => got.push(format!("{n} kept {line:?}")),
+            }
+            ControlFlow::<()>::Continue(())
+        });
+        assert_eq!(
+            got,
+            [
+                r#"1000 kept Text("a")"#,
+                r#"1001 kept Text("b")"#,
+                r#"1002 Text("stdin")"#,
+                r#"2000 Text("c")"#,
+                r#"2001 Text("d")"#,
+            ]
+        );
     }
 }

@@ -25,13 +25,16 @@ use supervisor::{
     STATUS_FD_ENV,
 };
 
+mod chunks;
 mod input;
 mod merge;
 mod redis_feed;
+mod redis_stream;
 mod rlimit;
 mod sources;
 mod supervisor;
 use redis_feed::RedisFeed;
+use redis_stream::StreamFeed;
 use wspush::{
     Config, Degraded, Handle, Overflow, Server, SharedHistory, SlowConsumerPolicy, TokenError,
     Tokens, UpstreamConfig, UpstreamReader, MAX_DURATION, MAX_MESSAGE_LIMIT,
@@ -156,16 +159,23 @@ struct Cli {
     /// close: see the README).
     #[arg(long, value_name = "MODE", value_enum, default_value = "lines")]
     input: InputMode,
-    /// Also read input from Redis pub/sub: each message published on a
-    /// --redis-channel is read as standard input would read it, beside it
-    /// (redis://[:PASSWORD@]HOST[:PORT][/DB]). Reconnects with backoff;
-    /// what is published while it is lost is lost, and counted as an outage.
-    #[arg(long, value_name = "URL", requires = "redis_channel", help_heading = REDIS_HEADING)]
+    /// Also read input from Redis (redis://[:PASSWORD@]HOST[:PORT][/DB]):
+    /// the messages published on each --redis-channel, and the entries of
+    /// the --redis-stream, read as standard input would read them, beside
+    /// it. Reconnects with backoff; what is published on a channel while
+    /// it is lost is lost, and counted as an outage.
+    #[arg(long, value_name = "URL", help_heading = REDIS_HEADING)]
     redis: Option<String>,
     /// A Redis channel to subscribe to (repeatable; a name with *, ? or [
     /// is a pattern, PSUBSCRIBE).
     #[arg(long, value_name = "NAME", requires = "redis", help_heading = REDIS_HEADING)]
     redis_channel: Vec<String>,
+    /// A Redis stream to read (XREAD) from where this host is: its
+    /// entries' field `line` is input, positioned by their ids, the same
+    /// on every host and across restarts; after an outage, reading goes on
+    /// where it was. One stream: positions are one sequence.
+    #[arg(long, value_name = "KEY", requires = "redis", help_heading = REDIS_HEADING)]
+    redis_stream: Option<String>,
     /// What GET /healthz answers while the Redis feed is lost: 200 or 503,
     /// with the body `degraded`.
     #[arg(long, value_name = "STATUS", value_enum, default_value = "200")]
@@ -437,6 +447,8 @@ fn config(cli: &Cli) -> Result<Config, String> {
             events: cli.upstream_events,
         });
         c.stats_interval = (!cli.quiet).then_some(cli.stats_interval);
+        // A stream's positions are of its epoch, on every host.
+        c.epoch = cli.redis_stream.as_deref().map(redis_stream::epoch);
         c.batch_delay = cli.batch_delay;
         c.degraded = cli.healthz_degraded;
     });
@@ -482,12 +494,31 @@ fn write_upstream(reader: UpstreamReader) {
     }
 }
 
-/// The Redis feed the command line asks for, checked.
-fn redis_feed(cli: &Cli) -> Result<Option<RedisFeed>, String> {
-    cli.redis
-        .as_deref()
-        .map(|url| RedisFeed::new(url, &cli.redis_channel))
-        .transpose()
+/// The Redis feed and stream the command line asks for, checked; the
+/// stream fills at most what `config`'s history holds at its start.
+fn redis_inputs(
+    cli: &Cli,
+    config: &Config,
+) -> Result<(Option<RedisFeed>, Option<StreamFeed>), String> {
+    let Some(url) = cli.redis.as_deref() else {
+        return Ok((None, None));
+    };
+    if cli.redis_channel.is_empty() && cli.redis_stream.is_none() {
+        return Err("--redis needs a --redis-channel or a --redis-stream".into());
+    }
+    let feed = match cli.redis_channel.is_empty() {
+        true => None,
+        false => Some(RedisFeed::new(url, &cli.redis_channel)?),
+    };
+    let preload = redis_stream::Preload {
+        messages: config.history_messages,
+        age: config.history_age,
+    };
+    let stream = match &cli.redis_stream {
+        Some(key) => Some(StreamFeed::new(url, key, preload)?),
+        None => None,
+    };
+    Ok((feed, stream))
 }
 
 /// This instance's number under a supervisor (from 1), if it runs under one.
@@ -503,7 +534,26 @@ fn channel_pattern(value: &str) -> Result<Pattern, String> {
 /// One instance: the ordinary single-threaded loop.
 fn serve(cli: Cli) -> Result<(), String> {
     let mut config = config(&cli)?;
-    let feed = redis_feed(&cli)?;
+    let (feed, stream) = redis_inputs(&cli, &config)?;
+    let mode = cli.input;
+    let max_line = input::max_line_bytes(mode, config.max_message_bytes as usize);
+    // Alone with a stream, the server keeps its history as a supervisor
+    // does, apart from its loop: filled from the stream's tail, with the
+    // stream's positions.
+    let recorder = match &stream {
+        Some(_) => {
+            let history = SharedHistory::create(&config)
+                .map_err(|e| format!("cannot make the history's shared memory: {e}"))?;
+            config.history_fd = Some(
+                history
+                    .reader_fd()
+                    .map_err(|e| format!("cannot share the history: {e}"))?,
+            );
+            let max_message = config.max_message_bytes as usize;
+            Some(input::Recorder::new(history, mode, max_line, max_message))
+        }
+        None => None,
+    };
     let capacity = open_file_capacity();
     config.max_connections = match cli.max_connections {
         Some(n) => {
@@ -566,15 +616,13 @@ fn serve(cli: Cli) -> Result<(), String> {
         ),
         None => None,
     };
-    let mode = cli.input;
-    let max_line = input::max_line_bytes(mode, config.max_message_bytes as usize);
     // An instance reads its supervisor, which holds the Redis feed and
     // tells it the number of its first line; alone, the server merges its
     // sources as a supervisor does, and numbers from 1.
     let merged = match instance_number() {
         Some(_) => None,
         None => Some(
-            sources::spawn(io::stdin(), feed, max_line, None)
+            sources::spawn(io::stdin(), (feed, stream), max_line, None)
                 .map_err(|e| format!("cannot start the input readers: {e}"))?,
         ),
     };
@@ -583,7 +631,7 @@ fn serve(cli: Cli) -> Result<(), String> {
         .name("input".into())
         .spawn(move || {
             let input: Box<dyn BufRead> = match merged {
-                Some(chunks) => Box::new(sources::Merged::new(chunks)),
+                Some(chunks) => Box::new(sources::Merged::new(chunks, recorder)),
                 None => Box::new(BufReader::new(io::stdin().lock())),
             };
             match input::pump(input, &handle, mode, max_line, first_line) {
@@ -700,7 +748,7 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
             + config.shutdown_timeout
             + Duration::from_secs(5),
     };
-    let feed = redis_feed(cli)?;
+    let inputs = redis_inputs(cli, &config)?;
     let max_message = config.max_message_bytes as usize;
     let max_line = input::max_line_bytes(cli.input, max_message);
     let history = SharedHistory::create(&config)
@@ -721,7 +769,7 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     log::info!(
         "listening on {listen} with {count} instances, up to {per_instance} connections each"
     );
-    let chunks = sources::spawn(io::stdin(), feed, max_line, Some(supervisor.waker()))
+    let chunks = sources::spawn(io::stdin(), inputs, max_line, Some(supervisor.waker()))
         .map_err(|e| format!("cannot start the input readers: {e}"))?;
     supervisor.run(chunks).map_err(|e| e.to_string())
 }
@@ -847,6 +895,7 @@ mod tests {
                 "--processes",
                 "--redis",
                 "--redis-channel",
+                "--redis-stream",
                 "--total-connections"
             ]
         );

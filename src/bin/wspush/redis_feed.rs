@@ -18,25 +18,109 @@ use std::time::{Duration, Instant, SystemTime};
 
 use redis::{Client, RedisError};
 
+use crate::chunks::WholeLines;
+
 /// Silence after which the reader pings Redis; the answer must come
 /// within as long again.
 pub const PING_AFTER: Duration = Duration::from_secs(1);
 /// Time allowed to connect.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The first reconnection's delay.
 pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest delay between two attempts.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// What the reader reports.
+/// What a reader reports.
 #[derive(Debug, PartialEq, Eq)]
-pub enum FeedEvent<'a> {
-    /// A published message's payload.
-    Message(&'a [u8]),
-    /// The subscription is lost (or could not be made at the start).
+pub enum FeedEvent {
+    /// Whole lines read (and control lines).
+    Chunk(Vec<u8>),
+    /// The connection is lost (or could not be made at the start).
     Lost,
     /// It is back after this outage.
     Restored(Duration),
+}
+
+/// Where a reader reads, for its logs.
+#[derive(Debug, Clone, Copy)]
+pub struct Source<'a> {
+    /// The server (no password).
+    pub server: &'a str,
+    /// What it reads there: `feed` or `stream KEY`.
+    pub what: &'a str,
+    /// What it does once connected: `subscribed`, `reading`.
+    pub ready: &'a str,
+    /// What becomes of what is published during an outage.
+    pub meanwhile: &'a str,
+}
+
+/// Runs `session` again and again until `on` returns false: a session
+/// connects, calls its argument with `None` once it reads, then with each
+/// chunk, and returns the error that ended it (or `Ok` once its argument
+/// returned false). An outage is reported once ([`FeedEvent::Lost`], one
+/// warning), reconnected with a jittered backoff, and its end reported
+/// ([`FeedEvent::Restored`], one line with the outage and the attempts).
+pub fn keep_reading(
+    source: Source<'_>,
+    mut session: impl FnMut(&mut dyn FnMut(Option<Vec<u8>>) -> bool) -> Result<(), RedisError>,
+    mut on: impl FnMut(FeedEvent) -> bool,
+) {
+    let Source {
+        server,
+        what,
+        ready,
+        meanwhile,
+    } = source;
+    let mut backoff = MIN_BACKOFF;
+    // When the outage began, and the attempts since.
+    let mut lost: Option<(Instant, u32)> = None;
+    loop {
+        let mut reading = false;
+        let ended = session(&mut |chunk| {
+            if !reading {
+                reading = true;
+                backoff = MIN_BACKOFF;
+                match lost.take() {
+                    Some((since, attempts)) => {
+                        let outage = since.elapsed();
+                        let go_on = on(FeedEvent::Restored(outage));
+                        log::info!(
+                            "redis {what} restored on {server} after {:.1} s ({attempts} attempts)",
+                            outage.as_secs_f64()
+                        );
+                        if !go_on {
+                            return false;
+                        }
+                    }
+                    None => log::info!("redis {what}: {ready} on {server}"),
+                }
+            }
+            match chunk {
+                Some(chunk) => on(FeedEvent::Chunk(chunk)),
+                None => true,
+            }
+        });
+        let error = match ended {
+            Ok(()) => return, // `on` asked to stop.
+            Err(e) => e,
+        };
+        match &mut lost {
+            Some((_, attempts)) => {
+                *attempts += 1;
+                log::debug!("redis {what}: still unreachable on {server}: {error}");
+            }
+            None => {
+                lost = Some((Instant::now(), 1));
+                let go_on = on(FeedEvent::Lost);
+                log::warn!("redis {what} lost on {server}: {error}; reconnecting ({meanwhile})");
+                if !go_on {
+                    return;
+                }
+            }
+        }
+        std::thread::sleep(jittered(backoff));
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
 }
 
 /// A Redis subscription to read.
@@ -54,10 +138,7 @@ impl RedisFeed {
     /// (`redis://[:PASSWORD@]HOST[:PORT][/DB]`); an error names what is
     /// wrong with them.
     pub fn new(url: &str, names: &[String]) -> Result<RedisFeed, String> {
-        let client = Client::open(url).map_err(|e| format!("--redis {url}: {e}"))?;
-        if names.is_empty() {
-            return Err("--redis needs at least one --redis-channel".into());
-        }
+        let client = client(url)?;
         if let Some(empty) = names.iter().find(|n| n.is_empty()) {
             return Err(format!("--redis-channel `{empty}`: a name cannot be empty"));
         }
@@ -70,63 +151,30 @@ impl RedisFeed {
         })
     }
 
-    /// Subscribes and hands every message to `on`, reconnecting whenever
-    /// the connection is lost, until `on` returns false.
-    pub fn run(self, mut on: impl FnMut(FeedEvent<'_>) -> bool) {
-        let mut backoff = MIN_BACKOFF;
-        // When the outage began, and the attempts since.
-        let mut lost: Option<(Instant, u32)> = None;
-        loop {
-            let mut subscribed = false;
-            let ended = self.session(&mut |event| {
-                if !subscribed {
-                    subscribed = true;
-                    backoff = MIN_BACKOFF;
-                    match lost.take() {
-                        Some((since, attempts)) => {
-                            let outage = since.elapsed();
-                            let go_on = on(FeedEvent::Restored(outage));
-                            log::info!(
-                                "redis feed restored on {} after {:.1} s ({attempts} attempts)",
-                                self.server,
-                                outage.as_secs_f64()
-                            );
-                            if !go_on {
-                                return false;
-                            }
-                        }
-                        None => log::info!("redis feed: subscribed on {}", self.server),
-                    }
-                }
-                match event {
-                    Some(message) => on(FeedEvent::Message(message)),
-                    None => true,
-                }
-            });
-            let error = match ended {
-                Ok(()) => return, // `on` asked to stop.
-                Err(e) => e,
-            };
-            match &mut lost {
-                Some((_, attempts)) => {
-                    *attempts += 1;
-                    log::debug!("redis feed: still unreachable on {}: {error}", self.server);
-                }
-                None => {
-                    lost = Some((Instant::now(), 1));
-                    let go_on = on(FeedEvent::Lost);
-                    log::warn!(
-                        "redis feed lost on {}: {error}; reconnecting (what is published meanwhile is lost)",
-                        self.server
-                    );
-                    if !go_on {
-                        return;
-                    }
-                }
-            }
-            std::thread::sleep(jittered(backoff));
-            backoff = (backoff * 2).min(MAX_BACKOFF);
-        }
+    /// Subscribes and hands every message to `on`, as whole lines of at
+    /// most `max_line` bytes, reconnecting whenever the connection is
+    /// lost, until `on` returns false.
+    pub fn run(self, max_line: usize, on: impl FnMut(FeedEvent) -> bool) {
+        let mut lines = WholeLines::new(max_line);
+        let source = Source {
+            server: &self.server,
+            what: "feed",
+            ready: "subscribed",
+            meanwhile: "what is published meanwhile is lost",
+        };
+        keep_reading(
+            source,
+            |read| {
+                self.session(&mut |message| {
+                    read(message.map(|message| {
+                        let mut chunk = Vec::with_capacity(message.len() + 1);
+                        lines.push_message(message, &mut chunk);
+                        chunk
+                    }))
+                })
+            },
+            on,
+        );
     }
 
     /// One connection: subscribes (then calls `on(None)`), hands each
@@ -164,6 +212,11 @@ impl RedisFeed {
     }
 }
 
+/// The client of `url`, or what is wrong with it.
+pub fn client(url: &str) -> Result<Client, String> {
+    Client::open(url).map_err(|e| format!("--redis {url}: {e}"))
+}
+
 /// `delay` scaled by a factor in [0.5, 1): reconnections of many hosts
 /// spread out.
 fn jittered(delay: Duration) -> Duration {
@@ -194,8 +247,6 @@ mod tests {
         let news = vec!["news".to_string()];
         let e = RedisFeed::new("http://127.0.0.1", &news).unwrap_err();
         assert!(e.starts_with("--redis http://127.0.0.1: "), "{e}");
-        let e = RedisFeed::new("redis://127.0.0.1", &[]).unwrap_err();
-        assert_eq!(e, "--redis needs at least one --redis-channel");
         let e = RedisFeed::new("redis://127.0.0.1", &[String::new()]).unwrap_err();
         assert!(e.contains("cannot be empty"), "{e}");
     }

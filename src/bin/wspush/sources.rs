@@ -1,157 +1,67 @@
-//! Where input comes from: standard input and the Redis feed, and how
-//! their lines reach the instances of a supervisor.
-//!
-//! A Redis message is read as its bytes followed by a line end (unless it
-//! ends with one): one line, or several if it holds line ends.
+//! Where input comes from: standard input, the Redis feed (pub/sub) and
+//! the Redis stream, and how their lines reach the loop or the instances
+//! of a supervisor.
 //!
 //! One reader thread per source hands over chunks of whole lines
-//! ([`WholeLines`]) through one channel ([`spawn`]), so the lines of both
+//! ([`WholeLines`]) through one channel ([`spawn`]), so the lines of all
 //! come interleaved whole, in the order the chunks came, and are numbered
 //! in that order: by a lone server's input pump ([`Merged`]), or by a
-//! supervisor, which hands the chunks on to its instances. The feed's
-//! being lost or restored is said in the same stream with **control
-//! lines**: a line that begins with [`CONTROL`] (0xFF, which no UTF-8 text
-//! holds, so no line an instance would act on). A data line that begins
-//! with that byte has it replaced with 0xFE on the way (it is still not
-//! UTF-8, and is skipped and counted as before), so only the Redis reader
-//! writes control lines.
+//! supervisor, which hands the chunks on to its instances. What a Redis
+//! reader knows beside lines (lost, restored, an entry's position, a gap)
+//! is said in the same stream with control lines ([`crate::chunks`]).
+//!
+//! Where a recorder keeps the history (a supervisor's, or a lone server's
+//! that reads a stream), each chunk is recorded before the loop gets it.
 
 use std::io::{self, BufRead, Read};
-use std::ops::ControlFlow;
-use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
-use std::time::Duration;
 
 use mio::Waker;
 
+use crate::chunks::{Control, WholeLines};
+use crate::input::{Recorder, EVICT_EVERY};
 use crate::redis_feed::{FeedEvent, RedisFeed};
-use wspush::protocol::lines::Splitter;
-
-/// The first byte of a control line.
-pub const CONTROL: u8 = 0xFF;
-/// The longest control line, without its end: a reader knows one however
-/// short its line limit.
-pub const CONTROL_MAX_LEN: usize = 64;
-/// What a data line's leading [`CONTROL`] byte becomes.
-const ESCAPED: u8 = 0xFE;
+use crate::redis_stream::StreamFeed;
 
 /// Input read per chunk.
 const INPUT_CHUNK: usize = 64 * 1024;
 
-/// What a control line tells an instance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Control {
-    /// The feed is lost.
-    FeedLost,
-    /// The feed is back after this outage.
-    FeedRestored(Duration),
-}
-
-impl Control {
-    /// The line, with its end.
-    pub fn line(self) -> Vec<u8> {
-        let text = match self {
-            Control::FeedLost => "feed lost".to_string(),
-            Control::FeedRestored(outage) => format!("feed restored {}", outage.as_millis()),
-        };
-        let mut line = vec![CONTROL];
-        line.extend_from_slice(text.as_bytes());
-        line.push(b'\n');
-        line
-    }
-
-    /// The control a line (without its end) holds, if it is one.
-    pub fn parse(line: &[u8]) -> Option<Control> {
-        let text = std::str::from_utf8(line.strip_prefix(&[CONTROL])?).ok()?;
-        if text == "feed lost" {
-            return Some(Control::FeedLost);
-        }
-        let ms = text.strip_prefix("feed restored ")?;
-        if ms.is_empty() || !ms.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        Some(Control::FeedRestored(Duration::from_millis(
-            ms.parse().ok()?,
-        )))
-    }
-}
-
-/// Cuts a byte stream into whole lines, each ended with `\n`, holding at
-/// most one line's beginning: up to two bytes past the limit, where a
-/// longer line is cut and the rest of it dropped (the instance still
-/// skips it as too long, even if it ends with a `\r` it strips).
-#[derive(Debug)]
-pub struct WholeLines(Splitter);
-
-impl WholeLines {
-    /// Lines of at most `max_line` bytes pass whole.
-    pub fn new(max_line: usize) -> WholeLines {
-        WholeLines(Splitter::new(max_line))
-    }
-
-    /// Takes `bytes` and appends the lines they end to `out`.
-    pub fn push(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
-        let _ = self.0.split(bytes, |piece| put_line(piece.bytes, out));
-    }
-
-    /// Ends the line begun, if any (at the end of the input).
-    pub fn finish(&mut self, out: &mut Vec<u8>) {
-        let _ = self.0.finish(|piece| put_line(piece.bytes, out));
-    }
-
-    /// Appends one message's lines to `out`: its bytes, then a line end
-    /// unless it ends with one.
-    pub fn push_message(&mut self, message: &[u8], out: &mut Vec<u8>) {
-        self.push(message, out);
-        if !message.ends_with(b"\n") {
-            self.push(b"\n", out);
-        }
-    }
-}
-
-/// Appends `line` and its end to `out`, a leading [`CONTROL`] escaped.
-fn put_line(line: &[u8], out: &mut Vec<u8>) -> ControlFlow<()> {
-    let start = out.len();
-    out.extend_from_slice(line);
-    out.push(b'\n');
-    if line.first() == Some(&CONTROL) {
-        out[start] = ESCAPED;
-    }
-    ControlFlow::Continue(())
-}
-
-/// Reads standard input (`input`) and the Redis feed, if any, each on a
-/// thread of its own, and hands over chunks of whole lines of at most
-/// `max_line` bytes (and control lines), one at a time, waking `waker`
-/// (a supervisor's poll) for each: a source waits while its reader does
-/// not take them, which slows its producer down. The channel ends when
-/// every source has.
+/// Reads standard input (`input`), the Redis feed and the Redis stream,
+/// if any, each on a thread of its own, and hands over chunks of whole
+/// lines of at most `max_line` bytes (and control lines), one at a time,
+/// waking `waker` (a supervisor's poll) for each: a source waits while its
+/// reader does not take them, which slows its producer down. The channel
+/// ends when every source has.
 pub fn spawn(
     input: impl Read + Send + 'static,
-    feed: Option<RedisFeed>,
+    (feed, stream): (Option<RedisFeed>, Option<StreamFeed>),
     max_line: usize,
     waker: Option<Arc<Waker>>,
 ) -> io::Result<Receiver<Vec<u8>>> {
     let (tx, rx) = mpsc::sync_channel(1);
+    // What a Redis reader hands over.
+    let forward = |tx: SyncSender<Vec<u8>>, waker: Option<Arc<Waker>>| {
+        move |event| {
+            let chunk = match event {
+                FeedEvent::Chunk(chunk) => chunk,
+                FeedEvent::Lost => Control::FeedLost.line(),
+                FeedEvent::Restored(outage) => Control::FeedRestored(outage).line(),
+            };
+            hand_over(&tx, waker.as_deref(), chunk)
+        }
+    };
     if let Some(feed) = feed {
-        let (tx, waker) = (tx.clone(), waker.clone());
+        let on = forward(tx.clone(), waker.clone());
         std::thread::Builder::new()
             .name("redis".into())
-            .spawn(move || {
-                let mut lines = WholeLines::new(max_line);
-                feed.run(|event| {
-                    let chunk = match event {
-                        FeedEvent::Message(message) => {
-                            let mut chunk = Vec::with_capacity(message.len() + 1);
-                            lines.push_message(message, &mut chunk);
-                            chunk
-                        }
-                        FeedEvent::Lost => Control::FeedLost.line(),
-                        FeedEvent::Restored(outage) => Control::FeedRestored(outage).line(),
-                    };
-                    hand_over(&tx, waker.as_deref(), chunk)
-                })
-            })?;
+            .spawn(move || feed.run(max_line, on))?;
+    }
+    if let Some(stream) = stream {
+        let on = forward(tx.clone(), waker.clone());
+        std::thread::Builder::new()
+            .name("redis-stream".into())
+            .spawn(move || stream.run(max_line, on))?;
     }
     std::thread::Builder::new()
         .name("input".into())
@@ -181,15 +91,19 @@ pub struct Merged {
     chunk: Vec<u8>,
     /// Bytes of `chunk` read.
     at: usize,
+    /// Keeps each chunk's messages in the history first, if this process
+    /// writes one apart from its loop.
+    recorder: Option<Recorder>,
 }
 
 impl Merged {
-    /// Reads what `chunks` brings.
-    pub fn new(chunks: Receiver<Vec<u8>>) -> Merged {
+    /// Reads what `chunks` brings (recorded by `recorder` first, if any).
+    pub fn new(chunks: Receiver<Vec<u8>>, recorder: Option<Recorder>) -> Merged {
         Merged {
             chunks,
             chunk: Vec::new(),
             at: 0,
+            recorder,
         }
     }
 }
@@ -209,10 +123,22 @@ impl BufRead for Merged {
     /// source has ended.
     fn fill_buf(&mut self) -> io::Result<&[u8]> {
         while self.at == self.chunk.len() {
-            match self.chunks.recv() {
-                Ok(chunk) => (self.chunk, self.at) = (chunk, 0),
-                Err(_) => return Ok(&[]),
+            let Some(recorder) = &mut self.recorder else {
+                match self.chunks.recv() {
+                    Ok(chunk) => (self.chunk, self.at) = (chunk, 0),
+                    Err(_) => return Ok(&[]),
+                }
+                continue;
+            };
+            match self.chunks.recv_timeout(EVICT_EVERY) {
+                Ok(chunk) => {
+                    recorder.record(&chunk);
+                    (self.chunk, self.at) = (chunk, 0);
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return Ok(&[]),
             }
+            recorder.evict();
         }
         Ok(&self.chunk[self.at..])
     }
@@ -261,58 +187,6 @@ fn read_input(
 mod tests {
     use super::*;
 
-    fn cut(max_line: usize, pieces: &[&[u8]]) -> Vec<u8> {
-        let mut lines = WholeLines::new(max_line);
-        let mut out = Vec::new();
-        for piece in pieces {
-            lines.push(piece, &mut out);
-        }
-        lines.finish(&mut out);
-        out
-    }
-
-    #[test]
-    fn only_whole_lines_pass_and_the_last_is_ended() {
-        let mut lines = WholeLines::new(100);
-        let mut out = Vec::new();
-        lines.push(b"one\ntw", &mut out);
-        assert_eq!(out, b"one\n");
-        lines.push(b"o\nthr", &mut out);
-        assert_eq!(out, b"one\ntwo\n");
-        lines.push(b"ee", &mut out);
-        assert_eq!(out, b"one\ntwo\n");
-        lines.finish(&mut out);
-        assert_eq!(out, b"one\ntwo\nthree\n");
-        assert_eq!(cut(100, &[b"\n\n", b"x\r\n"]), b"\n\nx\r\n");
-        assert_eq!(cut(100, &[b""]), b"");
-    }
-
-    #[test]
-    fn a_line_over_the_limit_is_cut_two_bytes_past_it() {
-        assert_eq!(cut(4, &[b"abcd\nabcdefgh\nok\n"]), b"abcd\nabcdef\nok\n");
-        assert_eq!(cut(4, &[b"abc", b"defg", b"hij\nok"]), b"abcdef\nok\n");
-        // Still too long once the reader strips a `\r`; whole lines pass.
-        assert_eq!(cut(4, &[b"abcd\rxyz\nabcd\r\n"]), b"abcd\rx\nabcd\r\n");
-        // However long, at most six bytes of it are held.
-        let mut lines = WholeLines::new(4);
-        let mut out = Vec::new();
-        for _ in 0..1000 {
-            lines.push(&[b'x'; 1000], &mut out);
-        }
-        assert!(out.is_empty() && lines.0.unfinished() == 6);
-    }
-
-    #[test]
-    fn data_lines_never_begin_with_the_control_byte() {
-        let out = cut(100, &[b"\xFFfeed lost\nok\n\xFF", b"x\n"]);
-        assert_eq!(out, b"\xFEfeed lost\nok\n\xFEx\n");
-        assert_eq!(cut(100, &[b"\xFF", b"feed lost\n"]), b"\xFEfeed lost\n");
-        let mut lines = WholeLines::new(100);
-        let mut out = Vec::new();
-        lines.push_message(b"\xFFfeed lost", &mut out);
-        assert_eq!(Control::parse(out.strip_suffix(b"\n").unwrap()), None);
-    }
-
     #[test]
     fn the_chunks_read_as_one_stream_until_every_source_has_ended() {
         let (tx, rx) = mpsc::sync_channel(4);
@@ -320,46 +194,11 @@ mod tests {
             tx.send(chunk.to_vec()).unwrap();
         }
         drop(tx);
-        let mut merged = Merged::new(rx);
+        let mut merged = Merged::new(rx, None);
         let mut first = [0u8; 5];
         merged.read_exact(&mut first).unwrap();
         assert_eq!(&first, b"one\nt");
         let lines: Vec<String> = merged.lines().map(Result::unwrap).collect();
         assert_eq!(lines, ["wo", "three"]);
-    }
-
-    #[test]
-    fn a_message_is_its_lines() {
-        let mut lines = WholeLines::new(100);
-        let mut out = Vec::new();
-        for message in [&b"one"[..], b"two\n", b"", b"a\nb"] {
-            lines.push_message(message, &mut out);
-        }
-        assert_eq!(out, b"one\ntwo\n\na\nb\n");
-    }
-
-    #[test]
-    fn control_lines_round_trip_and_nothing_else_is_one() {
-        for control in [
-            Control::FeedLost,
-            Control::FeedRestored(Duration::from_millis(1234)),
-            Control::FeedRestored(Duration::from_millis(u64::MAX)),
-        ] {
-            let line = control.line();
-            assert!(line.len() - 1 <= CONTROL_MAX_LEN, "{line:?}");
-            assert_eq!(line.last(), Some(&b'\n'));
-            assert_eq!(Control::parse(&line[..line.len() - 1]), Some(control));
-        }
-        for line in [
-            &b"feed lost"[..],
-            b"\xFFfeed",
-            b"\xFFfeed lost ",
-            b"\xFFfeed restored",
-            b"\xFFfeed restored x",
-            b"\xFFfeed restored +5",
-            b"\xFEfeed lost",
-        ] {
-            assert_eq!(Control::parse(line), None, "{line:?}");
-        }
     }
 }

@@ -67,9 +67,9 @@ use rustix::process::{kill_process, Pid, Signal};
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR2};
 use slab::Slab;
 
-use crate::input::Recorder;
+use crate::chunks::{Control, CONTROL};
+use crate::input::{Recorder, EVICT_EVERY};
 use crate::merge::{self, Merge};
-use crate::sources::{Control, CONTROL};
 
 /// The environment variable that tells an instance its number (1-based).
 pub const INSTANCE_ENV: &str = "WSPUSH_INSTANCE";
@@ -110,9 +110,6 @@ pub const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a new binary has to answer `--version` before an upgrade is
 /// refused.
 pub const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How often the history's messages older than its age bound are dropped.
-const EVICT_EVERY: Duration = Duration::from_secs(1);
 
 const SIGNALS: Token = Token(usize::MAX);
 /// The poll's one waker: an input reader has a chunk, the merged output's
@@ -454,9 +451,8 @@ pub struct Supervisor {
     /// The instances' outputs merged line by line, when they write upstream.
     merge: Option<Merge>,
     waker: Arc<Waker>,
-    /// While the feed is lost: the control line that says so, for
-    /// instances started meanwhile.
-    feed_lost: Option<Rc<[u8]>>,
+    /// Feeds (Redis) lost now: an instance started meanwhile is told so.
+    feeds_lost: usize,
     /// Keeps the messages of the input in the host's history.
     recorder: Recorder,
 }
@@ -515,7 +511,7 @@ impl Supervisor {
             restarts: 0,
             merge: None,
             waker: Arc::new(waker),
-            feed_lost: None,
+            feeds_lost: 0,
         };
         if merge_output {
             supervisor.merge = Some(Merge::new(Arc::clone(&supervisor.waker))?);
@@ -927,13 +923,15 @@ impl Supervisor {
         let chunk: Rc<[u8]> = chunk.into();
         if chunk.first() == Some(&CONTROL) {
             let line = chunk.strip_suffix(b"\n").unwrap_or(&chunk);
-            self.feed_lost = match Control::parse(line) {
-                Some(Control::FeedLost) => Some(Rc::clone(&chunk)),
-                _ => None,
-            };
-        } else {
-            self.recorder.record(&chunk);
+            match Control::parse(line) {
+                Some(Control::FeedLost) => self.feeds_lost += 1,
+                Some(Control::FeedRestored(_)) => {
+                    self.feeds_lost = self.feeds_lost.saturating_sub(1)
+                }
+                _ => {}
+            }
         }
+        self.recorder.record(&chunk);
         let keys: Vec<usize> = self
             .procs
             .iter()
@@ -1131,8 +1129,10 @@ impl Supervisor {
                 Ok(key) => {
                     instance.life = Life::Running(key);
                     let proc = &mut self.procs[key];
-                    if let (true, Some(line)) = (input_open, &self.feed_lost) {
-                        proc.backlog.push(Rc::clone(line));
+                    if input_open {
+                        for _ in 0..self.feeds_lost {
+                            proc.backlog.push(Control::FeedLost.line().into());
+                        }
                     }
                     log::warn!(
                         "instance {number} started again (pid {}): restart {} of it, {} in all",
