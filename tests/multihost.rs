@@ -117,6 +117,43 @@ impl Publisher {
     }
 }
 
+impl Publisher {
+    /// Sends one command and reads its reply: a status, an integer or a
+    /// bulk string (`nil` for none); an error reply fails the test.
+    fn call(&mut self, args: &[&str]) -> String {
+        let mut out = format!("*{}\r\n", args.len());
+        for arg in args {
+            out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
+        self.0.get_mut().write_all(out.as_bytes()).unwrap();
+        let mut line = String::new();
+        self.0.read_line(&mut line).unwrap();
+        let line = line.trim_end();
+        match line.split_at(1) {
+            ("+" | ":", rest) => rest.to_string(),
+            ("$", "-1") => "nil".to_string(),
+            ("$", _) => {
+                let mut bulk = String::new();
+                self.0.read_line(&mut bulk).unwrap();
+                bulk.trim_end().to_string()
+            }
+            _ => panic!("{args:?}: {line}"),
+        }
+    }
+
+    /// Adds an entry to the hosts' stream with `line` (after `maxlen`,
+    /// the stream is trimmed to that many, exactly); returns its id.
+    fn add(&mut self, line: &str, maxlen: Option<usize>) -> String {
+        let maxlen = maxlen.map(|n| n.to_string());
+        let mut args = vec!["XADD", FEED];
+        if let Some(n) = &maxlen {
+            args.extend(["MAXLEN", n]);
+        }
+        args.extend(["*", "line", line]);
+        self.call(&args)
+    }
+}
+
 /// A wspush host.
 struct Host {
     addr: SocketAddr,
@@ -124,19 +161,32 @@ struct Host {
 }
 
 impl Host {
+    /// Host `index` subscribed to the channel [`FEED`].
     fn start(index: usize, extra: &[&str]) -> Host {
+        Host::reading(
+            index,
+            &["--redis-channel", FEED],
+            extra,
+            "redis feed: subscribed on",
+        )
+    }
+
+    /// Host `index` reading the stream [`FEED`].
+    fn streaming(index: usize, extra: &[&str]) -> Host {
+        Host::reading(
+            index,
+            &["--redis-stream", FEED],
+            extra,
+            "redis stream feed: reading on",
+        )
+    }
+
+    fn reading(index: usize, input: &[&str], extra: &[&str], ready: &str) -> Host {
         let addr = SocketAddr::from((HOSTS[index], PORT));
         let listen = addr.to_string();
         let redis = format!("redis://{}", SocketAddr::from((REDIS, REDIS_PORT)));
-        let mut args = vec![
-            "--listen",
-            &listen,
-            "--redis",
-            &redis,
-            "--redis-channel",
-            FEED,
-            "--quiet",
-        ];
+        let mut args = vec!["--listen", &listen, "--redis", &redis, "--quiet"];
+        args.extend_from_slice(input);
         args.extend_from_slice(extra);
         let process = spawn_in(
             &format!("h{}", index + 1),
@@ -144,7 +194,7 @@ impl Host {
             &args,
         );
         let host = Host { addr, process };
-        host.process.wait_for("redis feed: subscribed on");
+        host.process.wait_for(ready);
         host
     }
 
@@ -310,4 +360,236 @@ fn a_killed_host_leaves_the_others_serving() {
     for h in &hosts {
         assert_eq!(sample(&h.metrics(), "wspush_connections_open"), 5);
     }
+}
+
+/// What a client with positions got: the statuses, and each message as
+/// (position, payload).
+#[derive(Debug, Default)]
+struct Got {
+    statuses: Vec<String>,
+    messages: Vec<(String, String)>,
+}
+
+impl Got {
+    fn payloads(&self) -> Vec<&str> {
+        self.messages.iter().map(|(_, p)| p.as_str()).collect()
+    }
+
+    /// The last position given: a message's, or a status's if none came.
+    fn last_position(&self) -> String {
+        if let Some((position, _)) = self.messages.last() {
+            return position.clone();
+        }
+        let status = self.statuses.last().expect("a status");
+        let at = status.rfind("\"position\":\"").unwrap() + 12;
+        status[at..at + status[at..].find('"').unwrap()].to_string()
+    }
+}
+
+/// Reads statuses and messages until `n` messages have come.
+fn read_positioned(client: &mut Client, n: usize, got: &mut Got) {
+    let until = got.messages.len() + n;
+    while got.messages.len() < until {
+        let text = texts(client, 1).remove(0);
+        if text.starts_with('{') {
+            got.statuses.push(text);
+        } else {
+            let (position, payload) = text.split_once(' ').expect("a position");
+            got.messages.push((position.into(), payload.into()));
+        }
+    }
+}
+
+/// Lines `from..=to` as the publisher words them.
+fn lines(from: usize, to: usize) -> Vec<String> {
+    (from..=to).map(|i| format!("m{i}")).collect()
+}
+
+/// Adds lines `from..=to` to the stream.
+fn add_lines(publisher: &mut Publisher, from: usize, to: usize, maxlen: Option<usize>) {
+    for line in lines(from, to) {
+        publisher.add(&line, maxlen);
+    }
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn a_stream_gives_every_host_the_same_positions_and_a_client_moving_between_them_loses_nothing() {
+    let _redis = start_redis();
+    let hosts = [
+        Host::streaming(0, &[]),
+        Host::streaming(1, &[]),
+        Host::streaming(2, &["--processes", "2"]),
+    ];
+    let mut watchers: Vec<(Client, Got)> = hosts
+        .iter()
+        .map(|h| (connect(h, "/?positions=1"), Got::default()))
+        .collect();
+    let mut publisher = Publisher::connect();
+    // A malformed entry (no `line`) is skipped and counted by every host.
+    publisher.call(&["XADD", FEED, "*", "text", "no line field"]);
+    add_lines(&mut publisher, 1, 10, None);
+    for (client, got) in &mut watchers {
+        read_positioned(client, 10, got);
+        assert_eq!(got.payloads(), lines(1, 10));
+    }
+    assert_eq!(
+        watchers[0].1.messages, watchers[1].1.messages,
+        "the same positions"
+    );
+    assert_eq!(
+        watchers[0].1.messages, watchers[2].1.messages,
+        "the same positions"
+    );
+    for h in &hosts {
+        h.wait_metric("wspush_input_lines_rejected_total", 1);
+    }
+    // A client moves to another host after every few lines, missing some
+    // while it is away: each move is recovered, and it gets every line once.
+    let mut mover = Got::default();
+    let mut client = connect(&hosts[0], "/?positions=1");
+    read_positioned(&mut client, 0, &mut mover);
+    texts(&mut client, 1); // The first status.
+    let mut next = 11;
+    for hop in 1..=6 {
+        add_lines(&mut publisher, next, next + 4, None);
+        read_positioned(&mut client, 5, &mut mover);
+        drop(client);
+        add_lines(&mut publisher, next + 5, next + 9, None);
+        next += 10;
+        let since = mover.last_position();
+        client = connect(&hosts[hop % 3], &format!("/?since={since}"));
+        let status = texts(&mut client, 1).remove(0);
+        assert!(
+            status.starts_with(r#"{"status":"recovered""#),
+            "hop {hop}: {status}"
+        );
+        read_positioned(&mut client, 5, &mut mover);
+    }
+    assert_eq!(
+        mover.payloads(),
+        lines(11, next - 1),
+        "every line once, in order"
+    );
+    assert!(
+        mover.statuses.is_empty(),
+        "no status but the recoveries: {:?}",
+        mover.statuses
+    );
+    // What every host gave the watchers agrees with what the mover got.
+    for (client, got) in &mut watchers {
+        read_positioned(client, next - 11, got);
+    }
+    assert_eq!(watchers[0].1.messages[10..], mover.messages[..]);
+    assert_eq!(watchers[2].1.messages[10..], mover.messages[..]);
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn a_restarted_host_fills_its_history_from_the_stream_and_a_resume_is_recovered() {
+    let _redis = start_redis();
+    let mut publisher = Publisher::connect();
+    let host = Host::streaming(0, &["--processes", "2"]);
+    let mut client = connect(&host, "/?positions=1");
+    let mut got = Got::default();
+    add_lines(&mut publisher, 1, 5, None);
+    read_positioned(&mut client, 5, &mut got);
+    let since = got.last_position();
+    drop(client);
+    drop(host); // Killed, supervisor and instances.
+    add_lines(&mut publisher, 6, 10, None);
+    let host = Host::streaming(0, &["--processes", "2"]);
+    host.wait_metric("wspush_history_messages", 10);
+    let mut client = connect(&host, &format!("/?since={since}"));
+    let mut after = Got::default();
+    read_positioned(&mut client, 5, &mut after);
+    assert!(
+        after.statuses[0].starts_with(r#"{"status":"recovered""#),
+        "{:?}",
+        after.statuses
+    );
+    assert_eq!(after.payloads(), lines(6, 10));
+    // From before the first line: everything, from the history.
+    let first = &got.messages[0].0;
+    let mut client = connect(&host, &format!("/?since={first}"));
+    let mut all = Got::default();
+    read_positioned(&mut client, 9, &mut all);
+    assert_eq!(all.payloads(), lines(2, 10));
+    assert_eq!(
+        all.messages[..4],
+        got.messages[1..],
+        "the same positions as before the restart"
+    );
+}
+
+/// Cuts host `index` off from Redis (`on`), or joins it again.
+fn cut_from_redis(index: usize, on: bool) {
+    let redis = std::net::Ipv4Addr::from(REDIS).to_string();
+    let verb = if on { "add" } else { "del" };
+    let status = Command::new("ip")
+        .args([
+            "-n",
+            &netns(&format!("h{}", index + 1)),
+            "route",
+            verb,
+            "unreachable",
+            &redis,
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success(), "ip route {verb} unreachable {redis}");
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn an_outage_loses_nothing_the_stream_holds_and_what_it_trimmed_is_told_as_a_gap() {
+    let _redis = start_redis();
+    let mut publisher = Publisher::connect();
+    let host = Host::streaming(0, &[]);
+    let mut client = connect(&host, "/?positions=1");
+    let mut got = Got::default();
+    add_lines(&mut publisher, 1, 3, None);
+    read_positioned(&mut client, 3, &mut got);
+    // Added while the host is cut off: read when it is back.
+    cut_from_redis(0, true);
+    host.wait_metric("wspush_feeds_down", 1);
+    add_lines(&mut publisher, 4, 8, None);
+    cut_from_redis(0, false);
+    host.wait_metric("wspush_feeds_down", 0);
+    read_positioned(&mut client, 5, &mut got);
+    assert_eq!(got.payloads(), lines(1, 8));
+    assert_eq!(got.statuses.len(), 1, "no gap: {:?}", got.statuses);
+    let since = got.last_position();
+    drop(client);
+    // Trimmed while it is cut off: m9..m15 are gone when it is back.
+    cut_from_redis(0, true);
+    host.wait_metric("wspush_feeds_down", 1);
+    add_lines(&mut publisher, 9, 20, Some(5));
+    cut_from_redis(0, false);
+    host.wait_metric("wspush_stream_gaps_total", 1);
+    host.wait_metric("wspush_feeds_down", 0);
+    let mut client = connect(&host, &format!("/?since={since}"));
+    let mut after = Got::default();
+    read_positioned(&mut client, 5, &mut after);
+    assert_eq!(after.payloads(), lines(16, 20));
+    assert!(
+        after.statuses[0].starts_with(r#"{"status":"recovered""#),
+        "{:?}",
+        after.statuses
+    );
+    assert_eq!(after.statuses.len(), 2, "{:?}", after.statuses);
+    let gap = &after.statuses[1];
+    assert!(gap.starts_with(r#"{"status":"gap","from":""#), "{gap}");
+    // The gap is told before m16, and names what lies between m8 and m16.
+    let field = |name: &str| {
+        let at = gap.find(&format!("\"{name}\":\"")).unwrap() + name.len() + 4;
+        let position = &gap[at..at + gap[at..].find('"').unwrap()];
+        position.split_once('.').unwrap().1.parse::<u64>().unwrap()
+    };
+    let seq = |position: &str| position.split_once('.').unwrap().1.parse::<u64>().unwrap();
+    assert!(
+        seq(&since) < field("from") && field("to") < seq(&after.messages[0].0),
+        "{gap}"
+    );
+    assert_eq!(sample(&host.metrics(), "wspush_feed_outages_total"), 2);
 }

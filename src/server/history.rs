@@ -235,22 +235,22 @@ impl History {
     }
 
     /// What a client resuming after `since` (as given) is told, and the
-    /// replay it gets (from, through), if any. What this loop framed after
-    /// `since` comes from the history, and what it has not framed yet
-    /// comes live, so only what it framed and the history forgot is lost.
+    /// replay it gets (from, through), if any: everything after `since`
+    /// up to the newest position, this loop's or the history's writer's,
+    /// comes from the history (the replay waits for this loop to have
+    /// framed it, and its live messages up to there are skipped), so a
+    /// message kept in the history only is replayed too, and only what
+    /// the history forgot is lost.
     pub fn resume(&self, since: &[u8], now: Instant) -> (Status, Option<(u64, u64)>) {
         let current = self.current();
+        let newest = self.ring.last().max(self.last);
         let since = match Position::parse(since) {
-            Some(since)
-                if since.epoch == current.epoch && since.seq <= self.ring.last().max(self.last) =>
-            {
-                since.seq
-            }
+            Some(since) if since.epoch == current.epoch && since.seq <= newest => since.seq,
             _ => return (Status::Unknown { current }, None),
         };
-        let lost = self.ring.forgotten().min(self.last);
+        let lost = self.ring.forgotten().min(newest);
         if since >= lost {
-            let replay = (since != self.last).then_some((since, self.last.max(since)));
+            let replay = (since != self.last || since != newest).then_some((since, newest));
             return (Status::Recovered { current }, replay);
         }
         let gap = self.gap(since + 1, lost);
@@ -262,7 +262,7 @@ impl History {
                 self.at(lost)
             );
         }
-        let replay = (lost < self.last).then_some((lost, self.last));
+        let replay = (lost < newest).then_some((lost, newest));
         (gap, replay)
     }
 
@@ -866,7 +866,11 @@ mod tests {
         assert_eq!(reader.current(), at(0), "the reader has framed nothing yet");
         let (status, replayed) = reader.resume(&since(0), now);
         assert_eq!(status, Status::Recovered { current: at(0) });
-        assert_eq!(replayed, None, "nothing this loop gave out: all live");
+        assert_eq!(
+            replayed,
+            Some((0, 1)),
+            "what the writer kept, once this loop has framed it"
+        );
         reader.assign(Some(1));
         assert_eq!(
             replay(&reader, 0, Filter::default()),

@@ -213,37 +213,36 @@ impl StreamFeed {
             meanwhile:
                 "entries added meanwhile are read when it is back, while the stream holds them",
         };
-        // The last entry read (`None`: the history is not filled yet).
-        let mut after: Option<Id> = None;
-        keep_reading(
-            source,
-            |read| self.session(&mut after, &mut lines, read),
-            on,
-        );
+        // Where it is (`None`: the history is not filled yet).
+        let mut at: Option<Read> = None;
+        keep_reading(source, |read| self.session(&mut at, &mut lines, read), on);
     }
 
     /// One connection: fills the history (the first time) or says what
-    /// the stream lost meanwhile, then reads on from `after`.
+    /// the stream lost meanwhile, then reads on from where it is.
     fn session(
         &self,
-        after: &mut Option<Id>,
+        at: &mut Option<Read>,
         lines: &mut WholeLines,
         read: &mut dyn FnMut(Option<Vec<u8>>) -> bool,
     ) -> Result<(), RedisError> {
         let mut connection = self.client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
         connection.set_read_timeout(Some(BLOCK + ANSWER_SLACK))?;
         connection.set_write_timeout(Some(ANSWER_SLACK))?;
-        let (first, from) = match *after {
-            None => self.fill(&mut connection, lines)?,
-            Some(last) => (self.lost_since(&mut connection, last)?, last),
+        let (first, from) = match *at {
+            None => {
+                let (chunk, last) = self.fill(&mut connection, lines)?;
+                (chunk, Read { last, added: None })
+            }
+            Some(at) => (self.lost_since(&mut connection, &at)?, at),
         };
         if !read(None) || (!first.is_empty() && !read(Some(first))) {
             return Ok(());
         }
-        *after = Some(from);
+        let mut here = from;
+        *at = Some(here);
         let mut lag_due = Instant::now();
         loop {
-            let from = after.expect("read on from an entry");
             let reply: Value = redis::cmd("XREAD")
                 .arg("COUNT")
                 .arg(READ_COUNT)
@@ -251,7 +250,7 @@ impl StreamFeed {
                 .arg(BLOCK.as_millis() as u64)
                 .arg("STREAMS")
                 .arg(&self.key)
-                .arg(from.to_string())
+                .arg(here.last.to_string())
                 .query(&mut connection)?;
             let entries = match &reply {
                 Value::Nil => Vec::new(),
@@ -269,13 +268,24 @@ impl StreamFeed {
                 if !read(Some(chunk)) {
                     return Ok(());
                 }
-                *after = Some(last);
+                here = Read {
+                    last,
+                    added: here.added.map(|n| n + entries.len() as u64),
+                };
+                *at = Some(here);
             }
             if Instant::now() >= lag_due {
                 lag_due = Instant::now() + LAG_EVERY;
-                let latest = info(&mut connection, &self.key)?.map_or(from, |i| i.last_generated);
-                let lag = Duration::from_millis(latest.ms.saturating_sub(after.unwrap_or(from).ms));
-                if !read(Some(Control::Lag(lag).line())) {
+                let Some(info) = info(&mut connection, &self.key)? else {
+                    continue;
+                };
+                if info.last_generated == here.last {
+                    // Caught up: the count of entries added is where it is.
+                    here.added = info.entries_added;
+                    *at = Some(here);
+                }
+                let lag = info.last_generated.ms.saturating_sub(here.last.ms);
+                if !read(Some(Control::Lag(Duration::from_millis(lag)).line())) {
                     return Ok(());
                 }
             }
@@ -328,44 +338,70 @@ impl StreamFeed {
 
     /// What the stream lost after entry `last` while this reader was
     /// away: a gap's control line, or nothing.
-    fn lost_since(&self, connection: &mut Connection, last: Id) -> Result<Vec<u8>, RedisError> {
+    fn lost_since(&self, connection: &mut Connection, read: &Read) -> Result<Vec<u8>, RedisError> {
         let Some(info) = info(connection, &self.key)? else {
             log::warn!(
-                "redis stream {}: the stream is gone; reading on after {last} when it is back",
-                self.key
+                "redis stream {}: the stream is gone; reading on after {} when it is back",
+                self.key,
+                read.last
             );
             return Ok(Vec::new());
         };
-        // What the stream dropped after `last` (before Redis 7, where it
-        // does not say: anything before its first entry).
-        let lost_to = match info.max_deleted {
-            Some(deleted) => (deleted > last).then_some(deleted.last_position()),
-            None => info
-                .first_entry
-                .filter(|&first| first > last)
-                .map(|first| first.position().unwrap_or(u64::MAX).saturating_sub(1)),
+        let Some(to) = trimmed(&info, read) else {
+            return Ok(Vec::new());
         };
-        Ok(match lost_to {
-            Some(to) => {
-                let from = last.last_position().saturating_add(1);
-                log::warn!(
-                    "redis stream {}: entries after {last} were trimmed before they were read \
-                     (positions {from} to {to}); raise its MAXLEN to outlast outages",
-                    self.key
-                );
-                Control::Gap { from, to }.line()
+        let from = read.last.last_position().saturating_add(1);
+        log::warn!(
+            "redis stream {}: entries after {} were trimmed before they were read \
+             (positions {from} to {to}); raise its MAXLEN to outlast outages",
+            self.key,
+            read.last
+        );
+        Ok(Control::Gap { from, to }.line())
+    }
+}
+
+/// Where a reader is in the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Read {
+    /// The last entry read.
+    last: Id,
+    /// The stream's count of entries ever added when `last` was added,
+    /// if known (from Redis 7 on, once the reader has caught up).
+    added: Option<u64>,
+}
+
+/// The last position the stream trimmed of what came after `read.last`
+/// before it was read, if it did: trimming drops the oldest entries, so
+/// it did only if `read.last` is gone, and the entries added since are
+/// more than it holds (unknown before Redis 7: then only if it is gone).
+fn trimmed(info: &Info, read: &Read) -> Option<u64> {
+    if info.last_generated <= read.last {
+        return None; // Nothing added since.
+    }
+    let before_first = |first: Id| first.position().unwrap_or(u64::MAX).saturating_sub(1);
+    match info.first_entry {
+        Some(first) if first <= read.last => None,
+        first => {
+            let since = match (info.entries_added, read.added) {
+                (Some(now), Some(then)) => Some(now.saturating_sub(then)),
+                _ => None,
+            };
+            if since.is_some_and(|added| added <= info.length) {
+                return None;
             }
-            None => Vec::new(),
-        })
+            Some(first.map_or(info.last_generated.last_position(), before_first))
+        }
     }
 }
 
 /// What `XINFO STREAM` says that the reader uses.
 #[derive(Debug, PartialEq, Eq)]
 struct Info {
+    length: u64,
     last_generated: Id,
-    /// Redis 7 on.
-    max_deleted: Option<Id>,
+    /// Entries ever added (Redis 7 on).
+    entries_added: Option<u64>,
     first_entry: Option<Id>,
 }
 
@@ -402,9 +438,14 @@ fn parse_info(reply: &Value) -> Result<Info, RedisError> {
         Some(Value::Array(entry)) => id(entry.first()),
         _ => None,
     };
+    let number = |value: Option<&Value>| match value {
+        Some(Value::Int(n)) => u64::try_from(*n).ok(),
+        _ => None,
+    };
     Ok(Info {
+        length: number(field("length")).ok_or_else(|| unexpected("XINFO STREAM"))?,
         last_generated: id(field("last-generated-id")).ok_or_else(|| unexpected("XINFO STREAM"))?,
-        max_deleted: id(field("max-deleted-entry-id")),
+        entries_added: number(field("entries-added")),
         first_entry,
     })
 }
@@ -610,6 +651,47 @@ mod tests {
     }
 
     #[test]
+    fn a_gap_is_told_only_if_entries_after_the_last_read_were_trimmed() {
+        let id = |ms| Id { ms, seq: 0 };
+        let info = |first: Option<u64>, length, added| Info {
+            length,
+            last_generated: id(20),
+            entries_added: added,
+            first_entry: first.map(id),
+        };
+        let read = |added| Read {
+            last: id(10),
+            added,
+        };
+        let before = |ms| id(ms).position().unwrap() - 1;
+        // The last entry read is still there: nothing after it was trimmed.
+        assert_eq!(trimmed(&info(Some(5), 9, Some(30)), &read(Some(10))), None);
+        // Gone, but every entry added since is there.
+        assert_eq!(trimmed(&info(Some(12), 5, Some(15)), &read(Some(10))), None);
+        // Gone, and fewer are there than were added since.
+        assert_eq!(
+            trimmed(&info(Some(16), 5, Some(22)), &read(Some(10))),
+            Some(before(16))
+        );
+        // Unknown how many were added: told, to be safe.
+        assert_eq!(
+            trimmed(&info(Some(12), 5, None), &read(None)),
+            Some(before(12))
+        );
+        // Emptied after more were added.
+        assert_eq!(
+            trimmed(&info(None, 0, Some(12)), &read(Some(10))),
+            Some(id(20).last_position())
+        );
+        // Nothing added since.
+        let idle = Info {
+            last_generated: id(10),
+            ..info(None, 0, None)
+        };
+        assert_eq!(trimmed(&idle, &read(None)), None);
+    }
+
+    #[test]
     fn replies_are_read_as_redis_sends_them() {
         let reply = Value::Array(vec![
             Value::Array(vec![
@@ -634,16 +716,17 @@ mod tests {
             Value::Int(2),
             bulk("last-generated-id"),
             bulk("9-3"),
-            bulk("max-deleted-entry-id"),
-            bulk("4-0"),
+            bulk("entries-added"),
+            Value::Int(7),
             bulk("first-entry"),
             Value::Array(vec![bulk("5-0"), Value::Array(vec![])]),
         ]);
         assert_eq!(
             parse_info(&info).unwrap(),
             Info {
+                length: 2,
                 last_generated: Id { ms: 9, seq: 3 },
-                max_deleted: Some(Id { ms: 4, seq: 0 }),
+                entries_added: Some(7),
                 first_entry: Some(Id { ms: 5, seq: 0 }),
             }
         );

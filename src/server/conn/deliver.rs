@@ -64,12 +64,13 @@ impl Conn {
                     if progress.overrun {
                         Metrics::incr(&ctx.metrics.replay_overruns);
                     }
-                    // Not all given yet, or the client is ahead of this
-                    // loop (it waits until the loop has framed as far).
+                    // Not all given yet, or all given but this loop has
+                    // not framed as far (it waits until it has, to skip
+                    // what it frames up to there).
                     let framed = ctx.history.current().seq;
                     let more = progress
                         .more
-                        .or((replay.through > framed).then_some(framed));
+                        .or((replay.through > framed).then_some(replay.through));
                     if let Some(from) = more {
                         let replay = Replay {
                             from: from.max(replay.from),
