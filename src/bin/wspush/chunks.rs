@@ -119,13 +119,7 @@ impl Control {
         let mut words = text.split(' ');
         let verb = words.next()?;
         let args: Vec<&str> = words.collect();
-        let number = |i: usize| -> Option<u64> {
-            let word: &str = args.get(i)?;
-            if word.is_empty() || !word.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            word.parse().ok()
-        };
+        let number = |i: usize| decimal(args.get(i)?);
         let control = match (verb, args.len()) {
             ("feed", 1) if args[0] == "lost" => Control::FeedLost,
             ("feed", 2) if args[0] == "restored" => {
@@ -144,14 +138,9 @@ impl Control {
             ("lag", 1) => Control::Lag(Duration::from_millis(number(0)?)),
             ("skip", 2) => {
                 let (ms, seq) = args[0].split_once('-')?;
-                let digits = |w: &str| {
-                    (!w.is_empty() && w.bytes().all(|b| b.is_ascii_digit()))
-                        .then(|| w.parse().ok())
-                        .flatten()
-                };
                 Control::Skipped {
-                    ms: digits(ms)?,
-                    seq: digits(seq)?,
+                    ms: decimal(ms)?,
+                    seq: decimal(seq)?,
                     why: *Skip::ALL.iter().find(|w| w.word() == args[1])?,
                 }
             }
@@ -159,6 +148,15 @@ impl Control {
         };
         Some(control)
     }
+}
+
+/// A number written in decimal digits only (no sign, no space), if it
+/// fits 64 bits.
+pub fn decimal(word: &str) -> Option<u64> {
+    if word.is_empty() || !word.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    word.parse().ok()
 }
 
 /// Cuts a byte stream into whole lines, each ended with `\n`, holding at

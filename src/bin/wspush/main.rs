@@ -43,6 +43,7 @@ use wspush::{
 /// A WebSocket push server: every line on standard input is broadcast as
 /// one text message to every connected client.
 #[derive(Debug, Parser)]
+#[command(group(clap::ArgGroup::new("redis_input").args(["redis_channel", "redis_stream"]).multiple(true)))]
 #[command(
     version,
     args_override_self = true,
@@ -58,8 +59,9 @@ use wspush::{
                   once with 1001 after what is queued for it. A second signal exits at once. Under\n\
                   --processes, SIGHUP replaces the instances one at a time, SIGUSR2 with the binary on disk.\n\
                   Durations: 30s, 500ms, 2m, 1h (a bare number is seconds).\n\
-                  Redis: --redis URL --redis-channel NAME reads each published message as input too (one\n\
-                  line, or several if it holds line ends), beside standard input.\n\
+                  Redis: --redis URL --redis-stream KEY reads each entry's field `line` as input too, from\n\
+                  where the host is, positioned by entry ids (the same on every host); --redis-channel NAME\n\
+                  reads each published message (at-most-once). Both beside standard input.\n\
                   HTTP: GET /healthz answers 200 ok (degraded while --redis is lost); GET /metrics the\n\
                   counters in Prometheus format.\n\
                   Logging: RUST_LOG=debug|info|warn (default info); a stats line every --stats-interval unless --quiet."
@@ -164,7 +166,7 @@ struct Cli {
     /// the --redis-stream, read as standard input would read them, beside
     /// it. Reconnects with backoff; what is published on a channel while
     /// it is lost is lost, and counted as an outage.
-    #[arg(long, value_name = "URL", help_heading = REDIS_HEADING)]
+    #[arg(long, value_name = "URL", requires = "redis_input", help_heading = REDIS_HEADING)]
     redis: Option<String>,
     /// A Redis channel to subscribe to (repeatable; a name with *, ? or [
     /// is a pattern, PSUBSCRIBE).
@@ -503,9 +505,6 @@ fn redis_inputs(
     let Some(url) = cli.redis.as_deref() else {
         return Ok((None, None));
     };
-    if cli.redis_channel.is_empty() && cli.redis_stream.is_none() {
-        return Err("--redis needs a --redis-channel or a --redis-stream".into());
-    }
     let feed = match cli.redis_channel.is_empty() {
         true => None,
         false => Some(RedisFeed::new(url, &cli.redis_channel)?),

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use redis::{Client, Connection, RedisError, Value};
 
-use crate::chunks::{Control, Skip, WholeLines};
+use crate::chunks::{decimal, Control, Skip, WholeLines};
 use crate::redis_feed::{client, keep_reading, FeedEvent, Source, CONNECT_TIMEOUT};
 use wspush::Epoch;
 
@@ -95,14 +95,9 @@ impl Id {
     pub fn parse(text: &[u8]) -> Option<Id> {
         let text = std::str::from_utf8(text).ok()?;
         let (ms, seq) = text.split_once('-')?;
-        let number = |w: &str| {
-            (!w.is_empty() && w.bytes().all(|b| b.is_ascii_digit()))
-                .then(|| w.parse().ok())
-                .flatten()
-        };
         Some(Id {
-            ms: number(ms)?,
-            seq: number(seq)?,
+            ms: decimal(ms)?,
+            seq: decimal(seq)?,
         })
     }
 
