@@ -46,8 +46,10 @@ fn a_client_that_answers_pings_is_pinged_every_interval_and_stays() {
 #[test]
 fn a_silent_client_is_pinged_then_closed_with_1001_after_the_idle_timeout() {
     let server = heartbeat_server(100, 300);
-    let mut silent = raw_upgraded(server.addr);
+    // Before the request is sent: the server's idle time starts later, so
+    // however long this thread waits for the 101, it is a lower bound.
     let upgraded = Instant::now();
+    let mut silent = raw_upgraded(server.addr);
     let mut pings = 0;
     let close = loop {
         let frame = read_frame(&mut silent).expect("a frame before EOF");

@@ -287,15 +287,11 @@ impl Handle {
     }
 
     /// Records that the Redis stream no longer held entries not read yet
-    /// (positions `from..=to`): counted in `stream_gaps` and logged; a
-    /// resume across them is told the gap (see
-    /// [`SharedHistory::mark_missing`](crate::SharedHistory::mark_missing)).
-    pub fn stream_gap(&self, from: u64, to: u64) -> Result<(), ServerGone> {
+    /// (positions up to `to`): counted in `stream_gaps` (the stream's
+    /// reader logs it, once per host); a resume across them is told the
+    /// gap (see [`SharedHistory::mark_missing`](crate::SharedHistory::mark_missing)).
+    pub fn stream_gap(&self, to: u64) -> Result<(), ServerGone> {
         Metrics::incr(&self.shared.metrics.stream_gaps);
-        log::warn!(
-            "the stream no longer held entries not read yet (positions {from} to {to}): \
-             they are lost here, and resumes across them are told the gap"
-        );
         self.advance_to(to)
     }
 

@@ -800,6 +800,8 @@ impl Supervisor {
             return;
         };
         let mut said = [0u8; 64];
+        // Whether it became full or has room, last.
+        let mut full = None;
         while let Some(pipe) = &mut proc.status {
             match pipe.read(&mut said) {
                 Ok(0) => {
@@ -808,15 +810,26 @@ impl Supervisor {
                         let _ = self.poll.registry().deregister(&mut pipe);
                     }
                 }
-                Ok(n) => said[..n].iter().for_each(|&byte| proc.hear(byte)),
+                Ok(n) => said[..n].iter().for_each(|&byte| {
+                    full = proc.hear(byte).or(full);
+                }),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => break,
             }
         }
+        let number = proc.number;
         if proc.listening && matches!(proc.role, Role::Starting { .. }) {
             self.promote(key);
         }
         self.steer();
+        // Said once new connections are steered.
+        match full {
+            Some(true) => {
+                log::info!("instance {number} is full: new connections go to the others")
+            }
+            Some(false) => log::info!("instance {number} has room again"),
+            None => {}
+        }
     }
 
     /// Process `key`, started by a roll, listens: it becomes its
@@ -1239,21 +1252,16 @@ impl Supervisor {
 }
 
 impl Proc {
-    /// Takes in one byte of what it says on its status pipe.
-    fn hear(&mut self, byte: u8) {
-        let number = self.number;
+    /// Takes in one byte of what it says on its status pipe; returns
+    /// whether it became full (`Some(true)`) or has room again.
+    fn hear(&mut self, byte: u8) -> Option<bool> {
         match byte {
             LISTENING => self.listening = true,
-            FULL if !self.full => {
-                self.full = true;
-                log::info!("instance {number} is full: new connections go to the others");
-            }
-            ROOM if self.full => {
-                self.full = false;
-                log::info!("instance {number} has room again");
-            }
-            _ => {}
+            FULL if !self.full => self.full = true,
+            ROOM if self.full => self.full = false,
+            _ => return None,
         }
+        (byte != LISTENING).then_some(self.full)
     }
 }
 
