@@ -6,10 +6,16 @@
 # Installs redis-server and iproute2 when missing; needs root; removes its
 # namespaces on exit.
 #
-# Usage: bench/multihost.sh [PUSH OPTIONS]   e.g.
+# Usage: [FEEDS="redis stream stdin"] bench/multihost.sh [PUSH OPTIONS]   e.g.
 #   bench/multihost.sh --conns 45000 --messages 20 --burst 200
 #   bench/multihost.sh --conns 45000 --messages 5 --find-max-feed-rate --feed-secs 30 --feed-max-p99-ms 100
-# (--conns counts all hosts; connection i goes to host i % 3.)
+#   FEEDS=stream bench/multihost.sh --conns 45000 --positions --feed-rate 20 --feed-secs 60 \
+#     --storm-at-secs 10 --storm-at-secs 25 --storm-at-secs 40        (clients move host to host)
+#   FEEDS=stream bench/multihost.sh --conns 45000 --positions --feed-rate 20 --feed-secs 40 \
+#     --broker-outage-at-secs 10 --broker-outage-secs 10              (Redis stopped for 10 s)
+# (--conns counts all hosts; connection i goes to host i % 3, and to the
+# next host after each storm.) FEEDS picks the feeds measured, one run each
+# (default: redis, then stdin as the baseline).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -18,7 +24,7 @@ source tests/multihost/netns.sh
 
 [[ "$(id -u)" == 0 ]] || { echo "bench/multihost.sh: needs root (ip netns add)" >&2; exit 1; }
 netns_need_tools
-cargo build --release --bin wspush --bin wspush-bench >&2
+cargo build --release -p wspush --bin wspush -p wspush-bench >&2
 bench=target/release/wspush-bench
 
 prefix="wspb-$$-"
@@ -28,7 +34,7 @@ hosts=()
 for h in h1 h2 h3; do
   hosts+=(--host "$prefix$h=${netns_address[$h]}")
 done
-for feed in redis stdin; do
+for feed in ${FEEDS:-redis stdin}; do
   echo "==================== feed: $feed ====================" >&2
   ip netns exec "${prefix}clients" "$bench" hosts --feed "$feed" "${hosts[@]}" \
     --redis "${prefix}redis=${netns_address[redis]}" --redis-server "$(command -v redis-server)" \

@@ -331,9 +331,14 @@ impl Server {
             ) {
                 Accepted::Admitted(key) => {
                     self.clock.heartbeat.accepted();
-                    // A server this one filled leaves its group before
-                    // the client hears back, so its next try goes elsewhere.
+                    // A supervisor steers new connections away from a
+                    // server this one filled as soon as it can. One at
+                    // its very limit leaves its group before the client
+                    // hears back, so that the next try goes elsewhere.
                     self.keep_room();
+                    if self.conns.len() >= self.config.max_connections {
+                        self.keep_group(now);
+                    }
                     self.on_accepted(key, now)
                 }
                 Accepted::Refused => {}

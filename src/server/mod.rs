@@ -517,6 +517,7 @@ impl Server {
     /// metrics, and log the stats line when it is due.
     fn housekeeping(&mut self, now: Instant) {
         self.keep_room();
+        self.keep_group(now);
         self.buffers.trim_pool(now);
         self.records.upkeep(now);
         self.conns.hand_over_upstream();
@@ -524,29 +525,36 @@ impl Server {
         self.report.log_stats(now);
     }
 
-    /// Follows the room while running: a server at `max_connections`
-    /// that bound its own listener in an `SO_REUSEPORT` group leaves the
-    /// group (the others take the new connections) and joins it again once
-    /// it has room; the watcher, if any, is told either way.
+    /// Follows the room while running (see [`Room::update`]): the
+    /// watcher, if any, is told at once when the server becomes full or
+    /// has room again.
     pub(super) fn keep_room(&mut self) {
         if !self.lifecycle.is_running() {
             return;
         }
         let (open, max) = (self.conns.len(), self.config.max_connections);
-        let leaves = self.sockets.may_leave_group(self.config.reuse_port);
         match self.room.update(open, max) {
-            Some(false) if leaves => {
-                self.sockets.close(Door::Main);
-                log::info!(
-                    "full ({open} connections): out of the SO_REUSEPORT group until there is room"
-                );
-            }
-            Some(false) => log::info!("full ({open} connections): new ones get 503"),
-            Some(true) => log::info!("room again ({open} connections)"),
+            Some(false) => log::info!("full ({open} of {max} connections)"),
+            Some(true) => log::info!("room again ({open} of {max} connections)"),
             None => {}
         }
-        let now = Instant::now();
-        if leaves && self.sockets.main_closed() && self.room.may_rejoin(now) {
+    }
+
+    /// A full server that bound its own listener in an `SO_REUSEPORT`
+    /// group leaves the group (the others take the new connections) and
+    /// joins it again once it has room. Done at the end of a loop
+    /// iteration, after the accepts, so that the connections already in
+    /// its backlog are taken (closing a listener resets them), or at once
+    /// when the server is at its very limit.
+    pub(super) fn keep_group(&mut self, now: Instant) {
+        if !self.lifecycle.is_running() || !self.sockets.may_leave_group(self.config.reuse_port) {
+            return;
+        }
+        let closed = self.sockets.main_closed();
+        if self.room.is_full() && !closed {
+            self.sockets.close(Door::Main);
+            log::info!("out of the SO_REUSEPORT group until there is room");
+        } else if closed && self.room.may_rejoin(now) {
             match self.sockets.reopen_main(true) {
                 Ok(()) => log::info!("back in the SO_REUSEPORT group"),
                 Err(e) => self.room.rejoin_failed(&e, now),

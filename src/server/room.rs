@@ -49,15 +49,19 @@ impl Room {
         self.watch = Some(watch);
     }
 
-    /// Takes the count of connections `open` against `max`: full at
-    /// `max`, room again once 1% of it (at least one) is free, so that a
-    /// server at its limit does not flap. Returns the change, if any (the
-    /// watcher was told it): `Some(false)` full, `Some(true)` room again.
+    /// Takes the count of connections `open` against `max`: full 1% short
+    /// of `max` (at `max` below 100), so that connections already on their
+    /// way when it leaves its group (or its supervisor steers new ones
+    /// away) still find room rather than a 503; room again once another
+    /// 1% (at least one) is free, so that a server near its limit does not
+    /// flap. Returns the change, if any (the watcher was told it):
+    /// `Some(false)` full, `Some(true)` room again.
     pub(super) fn update(&mut self, open: usize, max: usize) -> Option<bool> {
-        let margin = (max / 100).max(1);
+        let headroom = max / 100;
+        let margin = headroom.max(1);
         let full = match self.full {
-            false => open >= max,
-            true => open + margin > max,
+            false => open + headroom >= max,
+            true => open + headroom + margin > max,
         };
         if full == self.full {
             return None;
@@ -67,6 +71,11 @@ impl Room {
             watch(!full);
         }
         Some(!full)
+    }
+
+    /// Whether the server is full (see [`Room::update`]).
+    pub(super) fn is_full(&self) -> bool {
+        self.full
     }
 
     /// Whether a server out of its group may try to join it again at
@@ -91,17 +100,18 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     #[test]
-    fn full_at_the_limit_and_room_again_one_percent_below() {
+    fn full_one_percent_short_of_the_limit_and_room_again_one_percent_below() {
         let told = Arc::new(Mutex::new(Vec::new()));
         let mut room = Room::new();
         let log = Arc::clone(&told);
         room.watch(Box::new(move |room| log.lock().unwrap().push(room)));
-        assert_eq!(room.update(999, 1000), None);
-        assert_eq!(room.update(1000, 1000), Some(false));
+        assert_eq!(room.update(989, 1000), None);
+        assert_eq!(room.update(990, 1000), Some(false));
+        assert!(room.is_full());
         assert_eq!(room.update(1000, 1000), None, "told once");
-        assert_eq!(room.update(991, 1000), None, "not 1% below yet");
-        assert_eq!(room.update(990, 1000), Some(true));
-        assert_eq!(room.update(999, 1000), None);
+        assert_eq!(room.update(981, 1000), None, "not 1% below yet");
+        assert_eq!(room.update(980, 1000), Some(true));
+        assert_eq!(room.update(989, 1000), None);
         assert_eq!(*told.lock().unwrap(), [false, true]);
         // A small limit: room again as soon as one is free.
         let mut small = Room::new();

@@ -57,7 +57,9 @@ pub type OpenConn<'a, C> = (
 /// Where a set of clients connects.
 #[derive(Debug, Clone)]
 pub struct ClientPlan {
-    /// The server's addresses; connection `id` dials `servers[id % len]`.
+    /// The server's addresses; connection `id` dials `servers[id % len]`,
+    /// and after each storm ([`Clients::storm`]) the next one: with several
+    /// hosts, every reconnect of a storm lands on another host.
     pub servers: Vec<SocketAddr>,
     /// Source addresses; connection `id` binds `sources[id % len]`.
     pub sources: Vec<Ipv4Addr>,
@@ -81,6 +83,8 @@ pub struct Clients<C: Check> {
     /// with the time they started.
     pending_since: VecDeque<(usize, Instant)>,
     book: Book,
+    /// Storms so far: connection `id` dials `servers[(id + storms) % len]`.
+    storms: usize,
 }
 
 /// The loop's counts of its connections, and those waiting to be dialed
@@ -142,6 +146,7 @@ impl<C: Check> Clients<C> {
             check,
             pending_since: VecDeque::new(),
             book: Book::default(),
+            storms: 0,
         })
     }
 
@@ -164,7 +169,7 @@ impl<C: Check> Clients<C> {
     fn dial(&mut self, index: usize) {
         let id = self.plan.first_id + index as u64;
         let source = self.plan.sources[id as usize % self.plan.sources.len()];
-        let server = self.plan.servers[id as usize % self.plan.servers.len()];
+        let server = self.plan.servers[(id as usize + self.storms) % self.plan.servers.len()];
         let conn = &mut self.conns[index];
         let path = self.check.path(id, conn.state());
         let ask = dial::Ask {
@@ -192,9 +197,10 @@ impl<C: Check> Clients<C> {
     }
 
     /// Drops every open connection at once and dials them again, spread
-    /// evenly over `within` (each resumes after its last position, if it
-    /// asks for positions).
+    /// evenly over `within`, each to the next of the servers (each resumes
+    /// after its last position, if it asks for positions).
     pub fn storm(&mut self, within: Duration) {
+        self.storms += 1;
         let open: Vec<usize> = (0..self.conns.len())
             .filter(|&i| self.conns[i].is_open())
             .collect();

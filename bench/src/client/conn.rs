@@ -107,7 +107,7 @@ pub trait Check {
 
 /// What a push connection keeps: the sequence number of the next message
 /// in order (with positions, the position to resume after follows from
-/// it: see [`Query::offset`]).
+/// it: see [`Query::positions_seen`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NextSeq(pub u32);
 
@@ -143,20 +143,34 @@ pub struct Query {
     pub positions: bool,
     /// The epoch of the positions, once a connection was told it.
     pub epoch: Option<String>,
-    /// A message's position less its stamp's sequence number, the same
-    /// for every message of a run (its lines are numbered as sent): so a
-    /// connection's position is known from the next message it expects,
-    /// and takes no room in its state. Learned from the first message.
-    pub offset: Option<i64>,
+    /// The position of each message, by its stamp's sequence number (0:
+    /// not seen yet), as the first connection to receive it was told: so
+    /// a connection's position is known from the next message it expects,
+    /// and takes no room in its state. Every other connection must be
+    /// told the same position for the same message, whichever server
+    /// (host or instance) it came through.
+    pub positions_seen: Vec<u64>,
 }
 
 impl Query {
     /// The position of the last message before `next_seq` (0: none yet).
     pub fn last_before(&self, next_seq: u32) -> u64 {
-        match self.offset {
-            Some(offset) if next_seq > 1 => (i64::from(next_seq) - 1 + offset).max(0) as u64,
-            _ => 0,
+        let last = next_seq.saturating_sub(1) as usize;
+        self.positions_seen.get(last).copied().unwrap_or(0)
+    }
+
+    /// Takes message `seq`'s position as a connection was told it: false
+    /// when another connection was told another one.
+    fn agrees(&mut self, seq: u32, position: u64) -> bool {
+        let seq = seq as usize;
+        if self.positions_seen.len() <= seq {
+            self.positions_seen.resize(seq + 1, 0);
         }
+        let seen = &mut self.positions_seen[seq];
+        if *seen == 0 {
+            *seen = position;
+        }
+        *seen == position
     }
 
     /// The query after `id=ID` for a connection whose last position was
@@ -496,12 +510,9 @@ impl Check for InOrder {
         tally.payload(f.payload.len(), plain_len, f.compressed);
         let stamp =
             plain.and_then(|p| message::decode_padded(p, expect.payload_len, expect.padding));
-        // Every message's position is its stamp's plus one offset.
-        let offset = |stamp: &message::Stamp, position: u64| position as i64 - i64::from(stamp.seq);
+        // Every connection is told the same position for a message.
         let misplaced = match (stamp, position) {
-            (Some(stamp), Some(position)) => {
-                *query.offset.get_or_insert(offset(&stamp, position)) != offset(&stamp, position)
-            }
+            (Some(stamp), Some(position)) => !query.agrees(stamp.seq, position),
             _ => false,
         };
         match stamp {
@@ -564,6 +575,20 @@ fn not_a_message(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_has_one_position_for_every_connection() {
+        let mut query = Query::default();
+        assert_eq!(query.last_before(1), 0, "nothing had yet");
+        assert_eq!(query.last_before(8), 0, "not seen yet");
+        // Positions of a stream: far apart, not one more than the last.
+        assert!(query.agrees(7, 1 << 40));
+        assert!(query.agrees(8, (1 << 40) + (1 << 7)));
+        assert!(query.agrees(7, 1 << 40), "the same again");
+        assert!(!query.agrees(7, (1 << 40) + 1), "another position");
+        assert_eq!(query.last_before(8), 1 << 40);
+        assert_eq!(query.last_before(9), (1 << 40) + (1 << 7));
+    }
 
     #[test]
     fn a_reconnect_hint_gives_its_delay() {

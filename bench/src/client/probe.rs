@@ -1,7 +1,9 @@
 //! Responsiveness probes: while a stream goes out, how long a new client
 //! waits for the answer to its upgrade, and a connected client for the
 //! pong to its ping. Each probe is a thread with one blocking socket of
-//! its own, next to the worker fleet.
+//! its own, next to the worker fleet. A probe rides through a deploy: an
+//! upgrade refused with a status is counted and tried again at the next
+//! sample, and a ping client the server closes dials again.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -22,8 +24,19 @@ use crate::Error;
 /// Longest a probe waits for an answer before it fails.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// What one probe thread measured, and why it stopped early, if it did.
-type Samples = (Histogram<u64>, Option<String>);
+/// What one probe thread measured: the samples, how many were
+/// interrupted (see [`Sample::Interrupted`]), and why it stopped early, if
+/// it did.
+type Samples = (Histogram<u64>, u64, Option<String>);
+
+/// One call of a probe.
+enum Sample {
+    /// The answer came after this long.
+    Took(Duration),
+    /// The server refused the upgrade with a status, or closed the ping
+    /// client (which dialed again): not a sample.
+    Interrupted,
+}
 
 /// The probes running against one server.
 pub struct Probes {
@@ -42,14 +55,34 @@ impl Probes {
             let stop = Arc::clone(&stop);
             thread::Builder::new()
                 .name("probe-upgrade".into())
-                .spawn(move || sample(&stop, every, |n| upgraded(server, n).map(|(_, t)| t)))?
+                .spawn(move || {
+                    sample(&stop, every, |n| match upgraded(server, n) {
+                        Ok((_, took)) => Ok(Sample::Took(took)),
+                        Err(e) if refused(&e) => Ok(Sample::Interrupted),
+                        Err(e) => Err(e),
+                    })
+                })?
         };
         let ping = {
             let stop = Arc::clone(&stop);
             let mut reader = FrameReader::new();
             thread::Builder::new()
                 .name("probe-ping".into())
-                .spawn(move || sample(&stop, every, |n| ping(&mut pinger, &mut reader, n)))?
+                .spawn(move || {
+                    sample(&stop, every, |n| {
+                        if let Some(took) = ping(&mut pinger, &mut reader, n)? {
+                            return Ok(Sample::Took(took));
+                        }
+                        // Closed by the server: dial again (a refusal is
+                        // tried again at the next sample).
+                        match upgraded(server, n) {
+                            Ok((stream, _)) => (pinger, reader) = (stream, FrameReader::new()),
+                            Err(e) if refused(&e) => {}
+                            Err(e) => return Err(e),
+                        }
+                        Ok(Sample::Interrupted)
+                    })
+                })?
         };
         Ok(Probes {
             stop,
@@ -62,16 +95,19 @@ impl Probes {
     pub fn finish(self) -> Result<ProbeReport, Error> {
         self.stop.store(true, Ordering::SeqCst);
         let mut stopped = Vec::new();
-        let mut join = |h: JoinHandle<Samples>, what: &str| -> Result<Histogram<u64>, Error> {
-            let (histogram, why) = h.join().map_err(|_| format!("the {what} probe panicked"))?;
+        let mut join = |h: JoinHandle<Samples>, what: &str| -> Result<_, Error> {
+            let (histogram, interrupted, why) =
+                h.join().map_err(|_| format!("the {what} probe panicked"))?;
             stopped.extend(why.map(|e| format!("{what}: {e}")));
-            Ok(histogram)
+            Ok((LatencyReport::from_histogram(&histogram), interrupted))
         };
-        let upgrade = join(self.upgrade, "upgrade")?;
-        let ping = join(self.ping, "ping")?;
+        let (upgrade, upgrades_refused) = join(self.upgrade, "upgrade")?;
+        let (ping, pings_redialed) = join(self.ping, "ping")?;
         Ok(ProbeReport {
-            upgrade: LatencyReport::from_histogram(&upgrade),
-            ping: LatencyReport::from_histogram(&ping),
+            upgrade,
+            ping,
+            upgrades_refused,
+            pings_redialed,
             stopped,
         })
     }
@@ -82,21 +118,31 @@ impl Probes {
 fn sample(
     stop: &AtomicBool,
     every: Duration,
-    mut probe: impl FnMut(u64) -> io::Result<Duration>,
+    mut probe: impl FnMut(u64) -> io::Result<Sample>,
 ) -> Samples {
     let mut histogram = new_histogram();
-    let mut n = 0;
+    let (mut n, mut interrupted) = (0, 0);
     while !stop.load(Ordering::SeqCst) {
-        let took = match probe(n) {
-            Ok(took) => took,
-            Err(e) => return (histogram, Some(e.to_string())),
-        };
-        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        histogram.saturating_record(ns.clamp(1, MAX_LATENCY_NS));
+        match probe(n) {
+            Ok(Sample::Took(took)) => {
+                let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+                histogram.saturating_record(ns.clamp(1, MAX_LATENCY_NS));
+            }
+            Ok(Sample::Interrupted) => interrupted += 1,
+            Err(e) => return (histogram, interrupted, Some(e.to_string())),
+        }
         n += 1;
         thread::sleep(every);
     }
-    (histogram, None)
+    (histogram, interrupted, None)
+}
+
+/// Whether `error` is the server's refusal of an upgrade with a status.
+fn refused(error: &io::Error) -> bool {
+    error
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<handshake::HandshakeError>())
+        .is_some_and(|e| matches!(e, handshake::HandshakeError::Status(_)))
 }
 
 /// A new upgraded connection (as client `id`), and how long it took from
@@ -126,36 +172,45 @@ fn upgraded(server: SocketAddr, id: u64) -> io::Result<(TcpStream, Duration)> {
 }
 
 /// Writes ping `n` and reads until its pong (through whatever broadcast
-/// frames come first); returns the round trip.
-fn ping(stream: &mut TcpStream, reader: &mut FrameReader, n: u64) -> io::Result<Duration> {
+/// frames come first); returns the round trip, or `None` when the server
+/// closed the connection instead (a close frame, or its end).
+fn ping(stream: &mut TcpStream, reader: &mut FrameReader, n: u64) -> io::Result<Option<Duration>> {
     let payload = n.to_be_bytes();
     let mut wire = Vec::with_capacity(16);
     frame::encode(&mut wire, opcode::PING, &payload, Some(MASK));
     let start = Instant::now();
-    stream.write_all(&wire)?;
+    if stream.write_all(&wire).is_err() {
+        return Ok(None);
+    }
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let got = stream.read(&mut buf)?;
-        if got == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        let mut ponged = false;
+        let got = match stream.read(&mut buf) {
+            Ok(0) => return Ok(None),
+            Ok(got) => got,
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let (mut ponged, mut closed) = (false, false);
         let mut pong = Vec::new();
         reader
             .feed(&buf[..got], |f| {
                 match f.opcode {
                     opcode::PONG if f.payload == payload => ponged = true,
                     opcode::PING => frame::encode(&mut pong, opcode::PONG, f.payload, Some(MASK)),
+                    opcode::CLOSE => closed = true,
                     _ => {}
                 }
                 Ok::<(), FrameError>(())
             })
             .map_err(io::Error::other)?;
+        if ponged {
+            return Ok(Some(start.elapsed()));
+        }
+        if closed {
+            return Ok(None);
+        }
         if !pong.is_empty() {
             stream.write_all(&pong)?;
-        }
-        if ponged {
-            return Ok(start.elapsed());
         }
     }
 }

@@ -110,7 +110,7 @@ pub fn run(input: impl Read + Send + 'static, mut output: impl Write) -> Result<
             channel: plan.channel,
             positions: plan.positions,
             epoch: None,
-            offset: None,
+            positions_seen: Vec::new(),
         },
         hints: Default::default(),
     };

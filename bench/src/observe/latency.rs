@@ -94,6 +94,11 @@ pub struct ProbeReport {
     pub upgrade: LatencyReport,
     /// From a ping written on a connected client to its pong read.
     pub ping: LatencyReport,
+    /// Upgrades the server refused with a status (503 while full or
+    /// draining): not samples.
+    pub upgrades_refused: u64,
+    /// Times the server closed the ping client, which dialed again.
+    pub pings_redialed: u64,
     /// Why a probe stopped early (no answer within 30 s, or an error):
     /// the server did not answer it at all.
     pub stopped: Vec<String>,

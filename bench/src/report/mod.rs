@@ -111,8 +111,16 @@ impl StreamReport {
             } else {
                 format!(" (stopped: {})", p.stopped.join("; "))
             };
+            let refused = match p.upgrades_refused {
+                0 => String::new(),
+                n => format!(", {n} refused"),
+            };
+            let redialed = match p.pings_redialed {
+                0 => String::new(),
+                n => format!(", closed {n}× and dialed again"),
+            };
             format!(
-                "; meanwhile upgrade p50 {} p99 {} ({} probes), ping p50 {} p99 {} ({} probes){stopped}",
+                "; meanwhile upgrade p50 {} p99 {} ({} probes{refused}), ping p50 {} p99 {} ({} probes{redialed}){stopped}",
                 duration_us(p.upgrade.p50_us),
                 duration_us(p.upgrade.p99_us),
                 p.upgrade.count,

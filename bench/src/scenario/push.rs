@@ -188,10 +188,11 @@ pub struct PushOptions {
     pub positions: bool,
     /// This many seconds into the feed, every connection is dropped by
     /// its client at once and dialed again (a reconnect storm), spread
-    /// over `--storm-within-ms`; the feed's report counts what each
-    /// connection received, which must still be every line once, in order.
+    /// over `--storm-within-ms`, to the next server (host) of the run; the
+    /// feed's report counts what each connection received, which must
+    /// still be every line once, in order. Repeatable.
     #[arg(long, value_name = "SECS", requires = "feed_rate")]
-    pub storm_at_secs: Option<f64>,
+    pub storm_at_secs: Vec<f64>,
     /// The reconnects of a storm are spread over this long.
     #[arg(long, value_name = "MS", default_value_t = 2000)]
     pub storm_within_ms: u64,
@@ -207,6 +208,15 @@ pub struct PushOptions {
     /// report gives the peak rate of those redials.
     #[arg(long, value_name = "SECS", requires = "feed_rate")]
     pub roll_at_secs: Option<f64>,
+    /// This many seconds into the feed, the broker the servers read (the
+    /// `hosts` measurement's redis-server) is stopped, and started again
+    /// `--broker-outage-secs` later; the lines of the feed meanwhile
+    /// wait in the publisher, which sends them once it is back.
+    #[arg(long, value_name = "SECS", requires = "feed_rate")]
+    pub broker_outage_at_secs: Option<f64>,
+    /// How long the broker stays stopped.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub broker_outage_secs: f64,
 }
 
 impl PushOptions {
@@ -604,11 +614,28 @@ impl Run<'_> {
         let mut deadline = None;
         let mut checked = start;
         let mut complete = false;
-        let mut storm = o.storm_at_secs.map(Duration::from_secs_f64);
+        let mut storms: Vec<Duration> = o
+            .storm_at_secs
+            .iter()
+            .map(|&s| Duration::from_secs_f64(s))
+            .collect();
+        storms.sort_unstable_by(|a, b| b.cmp(a));
         let mut kill = o.kill_instance_at_secs.map(Duration::from_secs_f64);
         let mut roll = o.roll_at_secs.map(Duration::from_secs_f64);
+        let mut broker_down = o.broker_outage_at_secs.map(Duration::from_secs_f64);
+        let mut broker_up =
+            broker_down.map(|at| at + Duration::from_secs_f64(o.broker_outage_secs));
         loop {
             let now = Instant::now();
+            if broker_down.is_some_and(|at| now >= start + at) {
+                self.target.stop_broker()?;
+                eprintln!("[{}] broker stopped", self.label);
+                broker_down = None;
+            } else if broker_down.is_none() && broker_up.is_some_and(|at| now >= start + at) {
+                self.target.start_broker()?;
+                eprintln!("[{}] broker started again", self.label);
+                broker_up = None;
+            }
             if roll.is_some_and(|at| now >= start + at) {
                 let pid = self.target.roll()?;
                 eprintln!(
@@ -622,13 +649,13 @@ impl Run<'_> {
                 eprintln!("[{}] killed instance process {pid} (SIGKILL)", self.label);
                 kill = None;
             }
-            if storm.is_some_and(|at| now >= start + at) {
+            if storms.last().is_some_and(|&at| now >= start + at) {
                 eprintln!(
                     "[{}] reconnect storm: every connection dropped and dialed again",
                     self.label
                 );
                 self.fleet.storm(o.storm_within_ms)?;
-                storm = None;
+                storms.pop();
             }
             let due = match rate {
                 None => count,

@@ -43,6 +43,15 @@ pub trait Target {
     fn roll(&mut self) -> io::Result<u32> {
         Err(io::Error::other("this server has no supervisor to roll"))
     }
+    /// Stops the broker the servers read from (a broker outage); lines
+    /// sent meanwhile wait in the publisher.
+    fn stop_broker(&mut self) -> io::Result<()> {
+        Err(io::Error::other("this server reads from no broker"))
+    }
+    /// Starts the broker again after [`Target::stop_broker`].
+    fn start_broker(&mut self) -> io::Result<()> {
+        Err(io::Error::other("this server reads from no broker"))
+    }
 }
 
 /// A server started by someone else: process `pid` (and its descendants)

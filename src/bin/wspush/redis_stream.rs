@@ -20,8 +20,10 @@
 //! - It reads on with `XREAD BLOCK` from the last entry it has.
 //! - After an outage it goes on from there, so nothing published meanwhile
 //!   is lost while the stream holds it. What the stream no longer holds
-//!   (trimmed by `MAXLEN` meanwhile: its `max-deleted-entry-id` is past the
-//!   last entry read) is said as a gap.
+//!   (trimmed by `MAXLEN` meanwhile: fewer entries follow the last one
+//!   read than were added since, as `XINFO STREAM`'s `entries-added`
+//!   counts; trimming leaves `max-deleted-entry-id` alone) is said as a
+//!   gap (`StreamFeed::lost_since`).
 //! - Every [`LAG_EVERY`] it says how far behind the stream's last entry
 //!   it is.
 //!
