@@ -561,6 +561,10 @@ fn an_outage_loses_nothing_the_stream_holds_and_what_it_trimmed_is_told_as_a_gap
     assert_eq!(got.statuses.len(), 1, "no gap: {:?}", got.statuses);
     let since = got.last_position();
     drop(client);
+    // Connected through the next outage: one with positions, one without.
+    let mut live = connect(&host, "/?positions=1");
+    let mut plain = connect(&host, "/");
+    let mut live_got = Got::default();
     // Trimmed while it is cut off: m9..m15 are gone when it is back.
     cut_from_redis(0, true);
     host.wait_metric("wspush_feeds_down", 1);
@@ -591,5 +595,14 @@ fn an_outage_loses_nothing_the_stream_holds_and_what_it_trimmed_is_told_as_a_gap
         seq(&since) < field("from") && field("to") < seq(&after.messages[0].0),
         "{gap}"
     );
+    // The connected client with positions is told the same gap in the
+    // stream, before m16; the one without gets the messages alone.
+    read_positioned(&mut live, 5, &mut live_got);
+    assert_eq!(live_got.payloads(), lines(16, 20));
+    assert_eq!(live_got.statuses.len(), 2, "{:?}", live_got.statuses);
+    let told = &live_got.statuses[1];
+    let named = |status: &str| status[..status.find(r#","position""#).unwrap()].to_string();
+    assert_eq!(named(told), named(gap), "{told}");
+    assert_eq!(texts(&mut plain, 5), lines(16, 20));
     assert_eq!(sample(&host.metrics(), "wspush_feed_outages_total"), 2);
 }

@@ -190,7 +190,7 @@ metrics! {
     feed_outage_ms: Counter "wspush_feed_outage_milliseconds_total" "" "Time input feeds were disconnected, over the outages that ended.",
     /// Times the Redis stream no longer held entries not read yet
     /// (trimmed during an outage): their positions are missing here.
-    stream_gaps: Counter "wspush_stream_gaps_total" "" "Times the Redis stream no longer held entries not read yet; resumes across them are told the gap.",
+    stream_gaps: Counter "wspush_stream_gaps_total" "" "Times the Redis stream no longer held entries not read yet; connected clients with positions, and resumes across them, are told the gap.",
     /// How far the entries read are behind the stream's last entry, by
     /// their ids' milliseconds (0: caught up).
     stream_lag_ms: Gauge "wspush_stream_lag_milliseconds" "" "How far the Redis stream entries read are behind its last entry, by their ids.",

@@ -94,8 +94,11 @@ impl<'a> Directory<'a> {
     }
 
     /// Releases the replays that waited for the loop to frame up to
-    /// `framed`: the connections are marked for the next walk.
-    pub(super) fn release_framed(&mut self, framed: u64) {
+    /// `framed`, if any wait: the connections are marked for the next walk.
+    pub(super) fn release_framed_through(&mut self, framed: u64) {
+        if !self.targeted.has_parked() {
+            return;
+        }
         for (slot, serial, mark) in self.targeted.framed(framed) {
             if let Some(conn) = self
                 .conns

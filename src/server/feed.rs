@@ -66,6 +66,15 @@ pub enum Action {
         /// The last position given out.
         through: u64,
     },
+    /// The source lost positions `from` to `through` (both included):
+    /// every connection with positions is told the gap, in order, and the
+    /// next message is positioned after it.
+    Lost {
+        /// The first position lost.
+        from: u64,
+        /// The last.
+        through: u64,
+    },
 }
 
 impl Action {
@@ -83,7 +92,7 @@ impl Action {
                     id.as_str().len() + commands::names_len(channels)
                 }
                 Action::Close { whom, reason, .. } => whom.names_len() + reason.len(),
-                Action::Advance { .. } => 0,
+                Action::Advance { .. } | Action::Lost { .. } => 0,
             }
     }
 }

@@ -177,6 +177,17 @@ impl SharedFrames {
         }))
     }
 
+    /// A message for connections with positions only (a status about
+    /// them): nothing for the others.
+    pub fn positioned_only(opcode: OpCode, payload: &[u8]) -> SharedFrames {
+        SharedFrames(Arc::new(Frames {
+            count: 0,
+            bytes: Box::default(),
+            deflated: None,
+            positioned: Some(SharedFrames::encode(opcode, payload)),
+        }))
+    }
+
     /// The frames a connection gets: with positions if it asked for them
     /// and they have some, compressed if it negotiated permessage-deflate
     /// and some are.

@@ -287,12 +287,15 @@ impl Handle {
     }
 
     /// Records that the Redis stream no longer held entries not read yet
-    /// (positions up to `to`): counted in `stream_gaps` (the stream's
-    /// reader logs it, once per host); a resume across them is told the
-    /// gap (see [`SharedHistory::mark_missing`](crate::SharedHistory::mark_missing)).
-    pub fn stream_gap(&self, to: u64) -> Result<(), ServerGone> {
+    /// (positions `from` to `to`, both included): counted in
+    /// `stream_gaps` (the stream's reader logs it, once per host). Every
+    /// connection with positions is told the gap, in order with the
+    /// messages around it, and the next message is positioned after it;
+    /// a resume across them is told the gap too (see
+    /// [`SharedHistory::mark_missing`](crate::SharedHistory::mark_missing)).
+    pub fn stream_gap(&self, from: u64, to: u64) -> Result<(), ServerGone> {
         Metrics::incr(&self.shared.metrics.stream_gaps);
-        self.advance_to(to)
+        self.queue(Action::Lost { from, through: to }, None)
     }
 
     /// Sets how far the entries read are behind the stream's last, by

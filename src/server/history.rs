@@ -266,6 +266,15 @@ impl History {
         (gap, replay)
     }
 
+    /// The frames that tell every connection with positions, in the
+    /// stream, that its source lost positions `from` to `to` (both
+    /// included): a gap status, and nothing for the connections without
+    /// positions.
+    pub fn gap_frames(&self, from: u64, to: u64) -> SharedFrames {
+        let status = self.gap(from, to).message();
+        SharedFrames::positioned_only(OpCode::Text, status.as_bytes())
+    }
+
     /// The status of a gap from position `from` to `to`, both included.
     fn gap(&self, from: u64, to: u64) -> Status {
         Status::Gap {
@@ -485,9 +494,19 @@ impl SharedHistory {
 }
 
 /// The position of a positioned message, from its payload (a stored
-/// block first if it is compressed).
+/// block first if it is compressed); of a gap status, the last position
+/// it names.
 pub fn seq_of((payload, compressed): (&[u8], bool)) -> u64 {
     let text = if compressed { &payload[5..] } else { payload };
+    if let Some(named) = text.strip_prefix(br#"{"status":"gap","#) {
+        const TO: &[u8] = br#""to":""#;
+        let to = named.windows(TO.len()).position(|w| w == TO);
+        let printed = to.map(|at| &named[at + TO.len()..]).and_then(|rest| {
+            let end = rest.iter().position(|&b| b == b'"')?;
+            Some(&rest[..end])
+        });
+        return printed.and_then(Position::parse).map_or(0, |p| p.seq);
+    }
     let printed = &text[..text.iter().position(|&b| b == b' ').unwrap_or(0)];
     Position::parse(printed).map_or(0, |p| p.seq)
 }
@@ -510,6 +529,24 @@ mod tests {
 
     fn history(bounds: Bounds) -> History {
         History::new(EPOCH, 1, bounds).unwrap()
+    }
+
+    #[test]
+    fn a_gap_in_the_source_is_told_to_connections_with_positions_only() {
+        let mut h = history(bounds(10, 1 << 20, 60));
+        h.advance(9);
+        let frames = h.gap_frames(4, 9);
+        assert_eq!(frames.for_connection(false, false).count(), 0);
+        assert_eq!(frames.for_connection(true, false).count(), 0);
+        let told = frames.for_connection(false, true);
+        let payloads: Vec<_> = told.payloads().collect();
+        let status = r#"{"status":"gap","from":"0000000000000abc.4","to":"0000000000000abc.9","position":"0000000000000abc.9"}"#;
+        assert_eq!(payloads, [(status.as_bytes(), false)]);
+        assert_eq!(frames.for_connection(true, true).bytes(), told.bytes());
+        // Its place in the stream is the last position it names.
+        assert_eq!(seq_of(payloads[0]), 9);
+        assert_eq!(seq_of((b"0000000000000abc.7 m7", false)), 7);
+        assert_eq!(seq_of((br#"{"status":"gap","from":"x"}"#, false)), 0);
     }
 
     /// Frames `texts` into one batch, as the feed does, and keeps it.

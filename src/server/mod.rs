@@ -443,9 +443,7 @@ impl Server {
                 Taken::Batch(batch) => {
                     let now = Instant::now();
                     history.keep(&batch.to, &batch.frames, &batch.positions, now);
-                    if dir.targeted.has_parked() {
-                        dir.release_framed(history.current().seq);
-                    }
+                    dir.release_framed_through(history.current().seq);
                     match batch.to {
                         Recipients::All => dir.stream.push(batch.frames),
                         to => dir.address_frames(&to, batch.frames),
@@ -458,9 +456,12 @@ impl Server {
                     Action::Close { whom, code, reason } => dir.address_close(&whom, code, &reason),
                     Action::Advance { through } => {
                         history.advance(through);
-                        if dir.targeted.has_parked() {
-                            dir.release_framed(history.current().seq);
-                        }
+                        dir.release_framed_through(history.current().seq);
+                    }
+                    Action::Lost { from, through } => {
+                        history.advance(through);
+                        dir.release_framed_through(history.current().seq);
+                        dir.stream.push(history.gap_frames(from, through));
                     }
                     Action::Send { .. } => unreachable!("sends come framed"),
                 },

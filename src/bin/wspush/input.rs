@@ -405,7 +405,7 @@ fn carry_out_control(handle: &Handle, control: Control) -> Result<(), ServerGone
         // Its lines are numbered by `InputLines`.
         Control::Entry { .. } => {}
         Control::Forget(seq) => return handle.advance_to(seq),
-        Control::Gap { to, .. } => return handle.stream_gap(to),
+        Control::Gap { from, to } => return handle.stream_gap(from, to),
         Control::Lag(lag) => handle.stream_lag(lag),
         Control::Skipped { ms, seq, why } => {
             handle.count_rejected_input();

@@ -31,7 +31,12 @@ impl Conn {
         // After a replay, what it gave (up to `skip`) is not given again.
         let mut skip = None;
         let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames], skip| {
-            let frames = frames.iter().map(|f| transport.frames(f, positions));
+            // Frames with none for this connection (a status for those
+            // with positions only) are passed over.
+            let frames = frames
+                .iter()
+                .map(|f| transport.frames(f, positions))
+                .filter(|f| f.count() > 0);
             match skip {
                 None => gathered.extend(frames.cloned()),
                 Some(through) => gathered.extend(frames.filter_map(|f| after_position(f, through))),
@@ -187,6 +192,26 @@ mod tests {
     use super::super::rig::Rig;
     use super::*;
     use crate::protocol::ws::OpCode;
+
+    #[test]
+    fn a_status_for_connections_with_positions_reaches_only_them() {
+        let status = SharedFrames::positioned_only(OpCode::Text, br#"{"status":"gap"}"#);
+        let text = SharedFrames::encode(OpCode::Text, b"hi");
+        let mut rig = Rig::upgraded();
+        assert_eq!(rig.offer(&status), Verdict::Keep);
+        assert_eq!(rig.offer(&text), Verdict::Keep);
+        assert_eq!(rig.tally.broadcast_deliveries, 1, "the text alone");
+        assert_eq!(
+            rig.client_frame_start(),
+            [0x81, 2],
+            "the text, nothing before"
+        );
+        assert_eq!([rig.client_byte(), rig.client_byte()], *b"hi");
+        rig.conn.positions = true;
+        assert_eq!(rig.offer(&status), Verdict::Keep);
+        assert_eq!(rig.tally.broadcast_deliveries, 2);
+        assert_eq!(rig.client_frame_start(), [0x81, 16], "the status");
+    }
 
     #[test]
     fn a_full_queue_drops_broadcasts_or_closes_by_policy() {
