@@ -596,13 +596,18 @@ fn an_outage_loses_nothing_the_stream_holds_and_what_it_trimmed_is_told_as_a_gap
         "{gap}"
     );
     // The connected client with positions is told the same gap in the
-    // stream, before m16; the one without gets the messages alone.
+    // stream, before m16; the one without gets an empty pong in its
+    // place (a heartbeat), then the messages.
     read_positioned(&mut live, 5, &mut live_got);
     assert_eq!(live_got.payloads(), lines(16, 20));
     assert_eq!(live_got.statuses.len(), 2, "{:?}", live_got.statuses);
     let told = &live_got.statuses[1];
     let named = |status: &str| status[..status.find(r#","position""#).unwrap()].to_string();
     assert_eq!(named(told), named(gap), "{told}");
+    match plain.read().expect("a message") {
+        tungstenite::Message::Pong(payload) => assert!(payload.is_empty()),
+        other => panic!("not a pong: {other:?}"),
+    }
     assert_eq!(texts(&mut plain, 5), lines(16, 20));
     assert_eq!(sample(&host.metrics(), "wspush_feed_outages_total"), 2);
 }

@@ -178,11 +178,15 @@ impl SharedFrames {
     }
 
     /// A message for connections with positions only (a status about
-    /// them): nothing for the others.
+    /// them). The others get an empty unsolicited pong in its place
+    /// (RFC 6455 5.5.3: a heartbeat no reply is due for), counted as no
+    /// message, so that the delivery path needs no test for frames that
+    /// are not for a connection.
     pub fn positioned_only(opcode: OpCode, payload: &[u8]) -> SharedFrames {
+        let pong = SharedFrames::encode(OpCode::Pong, b"");
         SharedFrames(Arc::new(Frames {
             count: 0,
-            bytes: Box::default(),
+            bytes: pong.bytes().into(),
             deflated: None,
             positioned: Some(SharedFrames::encode(opcode, payload)),
         }))

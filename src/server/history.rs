@@ -268,8 +268,8 @@ impl History {
 
     /// The frames that tell every connection with positions, in the
     /// stream, that its source lost positions `from` to `to` (both
-    /// included): a gap status, and nothing for the connections without
-    /// positions.
+    /// included): a gap status (the others get an empty pong, see
+    /// [`SharedFrames::positioned_only`]).
     pub fn gap_frames(&self, from: u64, to: u64) -> SharedFrames {
         let status = self.gap(from, to).message();
         SharedFrames::positioned_only(OpCode::Text, status.as_bytes())
@@ -536,8 +536,10 @@ mod tests {
         let mut h = history(bounds(10, 1 << 20, 60));
         h.advance(9);
         let frames = h.gap_frames(4, 9);
-        assert_eq!(frames.for_connection(false, false).count(), 0);
-        assert_eq!(frames.for_connection(true, false).count(), 0);
+        for deflate in [false, true] {
+            let plain = frames.for_connection(deflate, false);
+            assert_eq!((plain.count(), plain.bytes()), (0, &[0x8A, 0][..]));
+        }
         let told = frames.for_connection(false, true);
         let payloads: Vec<_> = told.payloads().collect();
         let status = r#"{"status":"gap","from":"0000000000000abc.4","to":"0000000000000abc.9","position":"0000000000000abc.9"}"#;

@@ -31,12 +31,7 @@ impl Conn {
         // After a replay, what it gave (up to `skip`) is not given again.
         let mut skip = None;
         let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames], skip| {
-            // Frames with none for this connection (a status for those
-            // with positions only) are passed over.
-            let frames = frames
-                .iter()
-                .map(|f| transport.frames(f, positions))
-                .filter(|f| f.count() > 0);
+            let frames = frames.iter().map(|f| transport.frames(f, positions));
             match skip {
                 None => gathered.extend(frames.cloned()),
                 Some(through) => gathered.extend(frames.filter_map(|f| after_position(f, through))),
@@ -201,11 +196,8 @@ mod tests {
         assert_eq!(rig.offer(&status), Verdict::Keep);
         assert_eq!(rig.offer(&text), Verdict::Keep);
         assert_eq!(rig.tally.broadcast_deliveries, 1, "the text alone");
-        assert_eq!(
-            rig.client_frame_start(),
-            [0x81, 2],
-            "the text, nothing before"
-        );
+        assert_eq!(rig.client_frame_start(), [0x8A, 0], "an empty pong instead");
+        assert_eq!(rig.client_frame_start(), [0x81, 2], "then the text");
         assert_eq!([rig.client_byte(), rig.client_byte()], *b"hi");
         rig.conn.positions = true;
         assert_eq!(rig.offer(&status), Verdict::Keep);
