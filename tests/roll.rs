@@ -254,3 +254,55 @@ fn sigusr2_refuses_a_binary_that_does_not_run_or_listen_and_upgrades_to_one_that
         resumed.statuses
     );
 }
+
+/// Waits until the instance's own `/metrics` at `metrics` (its process's,
+/// whichever that is) shows `wspush_instance_restarts` at `count`.
+fn restarts_become(metrics: SocketAddr, count: u64) {
+    let deadline = std::time::Instant::now() + util::IO_TIMEOUT;
+    let mut last = None;
+    loop {
+        if TcpStream::connect(metrics).is_ok() {
+            let page = util::http_get(metrics, "/metrics", "").body;
+            let now = util::sample(&page, "wspush_instance_restarts");
+            if now == count {
+                return;
+            }
+            last = Some(now);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "wspush_instance_restarts stayed {last:?}, not {count}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn an_instance_counts_its_earlier_processes_and_its_metrics_port_outlives_a_roll() {
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let listen = metrics.to_string();
+    let args = [
+        "--quiet",
+        "--drain-time",
+        "1s",
+        "--processes",
+        "1",
+        "--metrics-listen",
+        &listen,
+    ];
+    let binary = Path::new(env!("CARGO_BIN_EXE_wspush"));
+    let (supervisor, _) = util::start_supervisor(binary, &args, 1, "info");
+    restarts_become(metrics, 0);
+    signal(children(&supervisor)[0], "-KILL");
+    supervisor.wait_for("instance 1 started again");
+    restarts_become(metrics, 1);
+    // Its replacement in a roll serves the same port.
+    signal(supervisor.child.id(), "-HUP");
+    supervisor.wait_for("instance 1: pid");
+    supervisor.wait_for("the restart of the 1 instances is done");
+    restarts_become(metrics, 2);
+    signal(supervisor.child.id(), "-INT");
+}

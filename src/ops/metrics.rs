@@ -185,12 +185,16 @@ metrics! {
     feeds_down: Gauge "wspush_feeds_down" "" "Input feeds (Redis) disconnected now.",
     /// Times a feed was lost (one per outage, however many reconnection
     /// attempts it took): what was published meanwhile did not arrive.
-    feed_outages: Counter "wspush_feed_outages_total" "" "Times an input feed (Redis) was lost; what was published meanwhile is lost.",
+    feed_outages: Counter "wspush_feed_outages_total" "" "Times an input feed (Redis) was lost; what pub/sub published meanwhile is lost, a stream's entries are read when it is back.",
     /// Milliseconds feeds were disconnected, over the outages that ended.
     feed_outage_ms: Counter "wspush_feed_outage_milliseconds_total" "" "Time input feeds were disconnected, over the outages that ended.",
     /// Times the Redis stream no longer held entries not read yet
     /// (trimmed during an outage): their positions are missing here.
     stream_gaps: Counter "wspush_stream_gaps_total" "" "Times the Redis stream no longer held entries not read yet; connected clients with positions, and resumes across them, are told the gap.",
+    /// Processes this instance had before this one under its supervisor:
+    /// restarts after a death, and replacements in rolling restarts and
+    /// upgrades (0 for a lone server).
+    instance_restarts: Gauge "wspush_instance_restarts" "" "Processes this instance had before this one under its supervisor (restarts after a death, replacements in rolling restarts).",
     /// How far the entries read are behind the stream's last entry, by
     /// their ids' milliseconds (0: caught up).
     stream_lag_ms: Gauge "wspush_stream_lag_milliseconds" "" "How far the Redis stream entries read are behind its last entry, by their ids.",

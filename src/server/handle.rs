@@ -298,6 +298,16 @@ impl Handle {
         self.queue(Action::Lost { from, through: to }, None)
     }
 
+    /// Sets how many processes this instance had before this one under
+    /// its supervisor (restarts after a death, replacements in rolling
+    /// restarts and upgrades): `wspush_instance_restarts`.
+    pub fn set_instance_restarts(&self, earlier: u64) {
+        self.shared
+            .metrics
+            .instance_restarts
+            .store(earlier, Ordering::Relaxed);
+    }
+
     /// Sets how far the entries read are behind the stream's last, by
     /// their ids' milliseconds.
     pub fn stream_lag(&self, lag: Duration) {

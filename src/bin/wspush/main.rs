@@ -22,7 +22,7 @@ use input::{InputMode, PumpEnd};
 use rlimit::{connection_capacity, instances_for};
 use supervisor::{
     OnExit, Policy, Supervisor, FIRST_LINE_ENV, HISTORY_FD_ENV, INSTANCE_ENV, LISTEN_FD_ENV,
-    STATUS_FD_ENV,
+    RESTARTS_ENV, STATUS_FD_ENV,
 };
 
 mod chunks;
@@ -605,6 +605,12 @@ fn serve(cli: Cli) -> Result<(), String> {
         log::info!("metrics on http://{addr}/metrics");
     }
     let handle = server.handle();
+    if let Some(earlier) = std::env::var(RESTARTS_ENV)
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        handle.set_instance_restarts(earlier);
+    }
     stop_on_signals(handle.clone())?;
     let upstream = match server.upstream() {
         Some(reader) => Some(

@@ -80,6 +80,9 @@ pub const HISTORY_FD_ENV: &str = "WSPUSH_HISTORY_FD";
 /// first input line it reads (the lines before it went to the others):
 /// a line's number is its messages' position on every instance.
 pub const FIRST_LINE_ENV: &str = "WSPUSH_FIRST_LINE";
+/// The environment variable that tells an instance how many processes it
+/// had before this one (restarts after a death, replacements in a roll).
+pub const RESTARTS_ENV: &str = "WSPUSH_RESTARTS";
 /// The environment variable that names the descriptor of the listening
 /// socket the supervisor holds for the instance's number: every process
 /// of that number serves the same socket, so none of its queued
@@ -333,6 +336,9 @@ struct Instance {
     /// Young deaths in a row.
     young_deaths: u32,
     restarts: u64,
+    /// Processes started for it so far (its first, restarts, and
+    /// replacements in rolls).
+    processes: u64,
 }
 
 /// The command every instance runs.
@@ -351,6 +357,8 @@ struct Program {
 /// What a process is started with, besides the program.
 struct Start<'a> {
     number: usize,
+    /// Processes this instance had before this one.
+    earlier: u64,
     /// The number of the first line it reads, if the input is open.
     first_line: Option<u64>,
     capture_output: bool,
@@ -377,6 +385,7 @@ impl Program {
             .env(HISTORY_FD_ENV, self.history_fd.to_string())
             .env(LISTEN_FD_ENV, start.listener.as_raw_fd().to_string())
             .env(FIRST_LINE_ENV, start.first_line.unwrap_or(1).to_string())
+            .env(RESTARTS_ENV, start.earlier.to_string())
             .stdin(if start.first_line.is_some() {
                 Stdio::piped()
             } else {
@@ -522,6 +531,7 @@ impl Supervisor {
                 listener,
                 young_deaths: 0,
                 restarts: 0,
+                processes: 0,
             });
             let program = Rc::clone(&supervisor.program);
             match supervisor.launch(&program, index + 1, Some(1), Role::Serving) {
@@ -1217,6 +1227,7 @@ impl Supervisor {
         let (mut status, writer) = status_pipe()?;
         let start = Start {
             number,
+            earlier: self.instances[number - 1].processes,
             first_line,
             capture_output: self.merge.is_some(),
             listener: &self.instances[number - 1].listener,
@@ -1224,6 +1235,7 @@ impl Supervisor {
         };
         let (mut child, mut input) = program.spawn(&start)?;
         drop(writer);
+        self.instances[number - 1].processes += 1;
         let entry = self.procs.vacant_entry();
         let key = entry.key();
         let registry = self.poll.registry();
