@@ -276,20 +276,31 @@ mod tests {
             Control::FeedRestored(Duration::from_millis(1234)),
             Control::FeedRestored(Duration::from_millis(u64::MAX)),
         ] {
-            let line = control.line();
-            assert!(line.len() - 1 <= CONTROL_MAX_LEN, "{line:?}");
-            assert_eq!(line.last(), Some(&b'\n'));
-            assert_eq!(Control::parse(&line[..line.len() - 1]), Some(control));
+            round_trips(control);
         }
-        for line in [
-            &b"feed lost"[..],
+        not_controls(&[
+            b"feed lost",
             b"\xFFfeed",
             b"\xFFfeed lost ",
             b"\xFFfeed restored",
             b"\xFFfeed restored x",
             b"\xFFfeed restored +5",
             b"\xFEfeed lost",
-        ] {
+        ]);
+    }
+
+    /// `control`'s line is whole, within [`CONTROL_MAX_LEN`], and parses
+    /// back to it.
+    fn round_trips(control: Control) {
+        let line = control.line();
+        assert!(line.len() - 1 <= CONTROL_MAX_LEN, "{line:?}");
+        assert_eq!(line.last(), Some(&b'\n'));
+        assert_eq!(Control::parse(&line[..line.len() - 1]), Some(control));
+    }
+
+    /// No line of `lines` parses as a control line.
+    fn not_controls(lines: &[&[u8]]) {
+        for line in lines {
             assert_eq!(Control::parse(line), None, "{line:?}");
         }
     }
@@ -324,12 +335,10 @@ mod tests {
                 why: Skip::NoLine,
             },
         ] {
-            let line = control.line();
-            assert!(line.len() - 1 <= CONTROL_MAX_LEN, "{line:?}");
-            assert_eq!(Control::parse(&line[..line.len() - 1]), Some(control));
+            round_trips(control);
         }
-        for line in [
-            &b"\xFFat 1"[..],
+        not_controls(&[
+            b"\xFFat 1",
             b"\xFFat 1 2 3",
             b"\xFFkeep x 1",
             b"\xFFat 1 99999999999",
@@ -337,8 +346,6 @@ mod tests {
             b"\xFFskip 1-2 what",
             b"\xFFskip 12 no-line",
             b"\xFFlag -1",
-        ] {
-            assert_eq!(Control::parse(line), None, "{line:?}");
-        }
+        ]);
     }
 }
