@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::protocol::auth::{self, Tokens};
+use crate::protocol::jwt::Verifier;
 use crate::protocol::names::Pattern;
 use crate::protocol::position::Epoch;
 
@@ -114,6 +115,17 @@ pub struct Config {
     /// Tokens a client must present (`Authorization: Bearer` or
     /// `?token=`); missing or wrong gets 401. `None`: no token needed.
     pub tokens: Option<Tokens>,
+    /// Signed tokens (JWT) a client may present (`Authorization: Bearer`,
+    /// `?token=`, or the `wspush_token` cookie where origins are
+    /// checked), checked against these keys: one listed in `tokens` or a
+    /// good signed one is needed when either is set (401 otherwise, the
+    /// body saying why). A signed token's `sub` is the client's id, its
+    /// `channels` the channels it may ask for, and its connection is
+    /// closed with 4001 before its `exp`. `None`: not taken.
+    pub jwt: Option<Verifier>,
+    /// An `?id=` that no token binds is refused (403): the setting for
+    /// production, where ids name users.
+    pub require_token_id: bool,
     /// Serve `/metrics` (and `/healthz`) on this address instead of on the
     /// main listener, e.g. a localhost-only one.
     pub metrics_listen: Option<SocketAddr>,
@@ -211,6 +223,8 @@ impl Default for Config {
             max_connections_per_ip: None,
             allowed_origins: Vec::new(),
             tokens: None,
+            jwt: None,
+            require_token_id: false,
             metrics_listen: None,
             stats_interval: Some(Duration::from_secs(10)),
             batch_delay: DEFAULT_BATCH_DELAY,

@@ -27,6 +27,7 @@ fuzz_target!(|data: &[u8]| {
     let limits = Limits {
         max_channels: 16,
         allowed: &[],
+        require_token_id: false,
     };
     if let Ok(asked) = query::asked(&target, None, &limits) {
         if let Resume::Since(since) = asked.resume {

@@ -148,6 +148,8 @@ metrics! {
     closed_shutdown: Counter "wspush_connections_closed_total" "{reason=\"shutdown\"}" "",
     /// Closed by a drain, at its pace (1012, Service Restart).
     closed_drain: Counter "wspush_connections_closed_total" "{reason=\"drain\"}" "",
+    /// Closed as its signed token expired (4001).
+    closed_token_expired: Counter "wspush_connections_closed_total" "{reason=\"token_expired\"}" "",
     /// Closed by a publisher's `close` command (or `Handle::close`).
     closed_publisher: Counter "wspush_connections_closed_total" "{reason=\"publisher\"}" "",
     /// The peer vanished without a close handshake (EOF, reset or I/O error).

@@ -10,14 +10,34 @@ use std::fmt;
 
 use sha1::{Digest, Sha1};
 
+use crate::protocol::jwt::{Claims, MAX_JWT_LEN};
 use crate::protocol::names::{self, Pattern};
 
-/// Longest token accepted, in bytes (in a file, a header or a query).
+/// Longest token a token file may hold, in bytes.
 pub const MAX_TOKEN_LEN: usize = 256;
+
+/// Longest token a request may present (a signed token is longer than a
+/// listed one), in bytes.
+pub const MAX_PRESENTED_LEN: usize = MAX_JWT_LEN;
 
 /// The query parameter a browser client passes its token in (browsers
 /// cannot set an `Authorization` header on a WebSocket).
 pub const TOKEN_PARAM: &str = "token";
+
+/// The cookie a token may come in, for a page whose server set it
+/// (`EventSource` can send neither a header nor, without the page's
+/// script, a query). Read only where origins are checked: a browser
+/// sends cookies on any site's behalf.
+pub const TOKEN_COOKIE: &str = "wspush_token";
+
+/// The token a request presented, as the server found it good.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// A token of the token file: its place there (see [`Tokens::grant`]).
+    Listed(usize),
+    /// A signed token, and what it claims.
+    Signed(Claims),
+}
 
 /// The set of tokens clients may present, each with what it grants.
 #[derive(Clone, PartialEq, Eq)]
@@ -161,8 +181,8 @@ impl Tokens {
         (found != usize::MAX).then_some(found)
     }
 
-    /// What the token at `index` (from [`Tokens::find`]) grants.
-    pub(crate) fn grant(&self, index: usize) -> &Grant {
+    /// What the token at `index` (a listed credential's) grants.
+    pub fn grant(&self, index: usize) -> &Grant {
         &self.grants[index]
     }
 }
@@ -183,12 +203,14 @@ fn digest(token: &[u8]) -> [u8; 20] {
 }
 
 /// The token of a request: the `Authorization: Bearer` header first, else
-/// the `token` query parameter (percent-decoded into `scratch`). `None`
-/// when neither is there or the token is too long to be one.
+/// the `token` query parameter (percent-decoded into `scratch`), else the
+/// [`TOKEN_COOKIE`] in `cookie` (the `Cookie` header, if it is to be
+/// read). `None` when none is there or the token is too long to be one.
 pub fn presented_token<'a>(
     authorization: Option<&'a [u8]>,
     target: &'a str,
-    scratch: &'a mut [u8; MAX_TOKEN_LEN],
+    cookie: Option<&'a [u8]>,
+    scratch: &'a mut [u8; MAX_PRESENTED_LEN],
 ) -> Option<&'a [u8]> {
     if let Some(value) = authorization {
         let value = value.trim_ascii();
@@ -197,8 +219,30 @@ pub fn presented_token<'a>(
             .eq_ignore_ascii_case(b"bearer ")
             .then(|| token.trim_ascii());
     }
-    let encoded = query_param(target, TOKEN_PARAM)?;
-    percent_decode(encoded.as_bytes(), scratch)
+    if let Some(encoded) = query_param(target, TOKEN_PARAM) {
+        return percent_decode(encoded.as_bytes(), scratch);
+    }
+    cookie_value(cookie?, TOKEN_COOKIE).filter(|token| token.len() <= MAX_PRESENTED_LEN)
+}
+
+/// The value of the cookie `name` in a `Cookie` header (`a=1; b=2`,
+/// RFC 6265 §4.2.1), without the quotes it may have.
+fn cookie_value<'a>(header: &'a [u8], name: &str) -> Option<&'a [u8]> {
+    let value = header
+        .split(|&b| b == b';')
+        .filter_map(|pair| {
+            let pair = pair.trim_ascii();
+            let at = pair.iter().position(|&b| b == b'=')?;
+            Some((&pair[..at], &pair[at + 1..]))
+        })
+        .find(|(key, _)| *key == name.as_bytes())?
+        .1;
+    Some(
+        value
+            .strip_prefix(b"\"")
+            .and_then(|v| v.strip_suffix(b"\""))
+            .unwrap_or(value),
+    )
 }
 
 /// The value of the first `name=value` pair in the target's query.
@@ -213,7 +257,7 @@ fn query_param<'a>(target: &'a str, name: &str) -> Option<&'a str> {
 
 /// Decodes `%XX` escapes (and `+` as a space, as forms encode it) into
 /// `out`; `None` if malformed or longer than `out`.
-fn percent_decode<'a>(input: &[u8], out: &'a mut [u8; MAX_TOKEN_LEN]) -> Option<&'a [u8]> {
+fn percent_decode<'a>(input: &[u8], out: &'a mut [u8; MAX_PRESENTED_LEN]) -> Option<&'a [u8]> {
     let mut len = 0;
     let mut i = 0;
     while i < input.len() {
@@ -356,28 +400,45 @@ mod tests {
     }
 
     #[test]
-    fn the_header_wins_and_the_query_is_decoded() {
-        let mut scratch = [0; MAX_TOKEN_LEN];
-        type Case = (Option<&'static [u8]>, &'static str, Option<&'static [u8]>);
-        let cases: [Case; 8] = [
-            (Some(b"Bearer abc"), "/ws?token=zzz", Some(b"abc")),
-            (Some(b"bearer   abc "), "/ws", Some(b"abc")),
-            (Some(b"Basic abc"), "/ws?token=abc", None),
-            (None, "/ws?id=1&token=a%2Bb%3D", Some(b"a+b=")),
-            (None, "/ws?tokens=x&token=y", Some(b"y")),
-            (None, "/ws?id=1", None),
-            (None, "/ws?token=%zz", None),
-            (None, "/ws", None),
+    fn the_header_wins_then_the_query_is_decoded_then_the_cookie() {
+        let mut scratch = [0; MAX_PRESENTED_LEN];
+        type Case = (
+            Option<&'static [u8]>,
+            &'static str,
+            Option<&'static [u8]>,
+            Option<&'static [u8]>,
+        );
+        let cookie = Some(&b"theme=dark; wspush_token=c00kie"[..]);
+        let cases: [Case; 14] = [
+            (Some(b"Bearer abc"), "/ws?token=zzz", cookie, Some(b"abc")),
+            (Some(b"bearer   abc "), "/ws", None, Some(b"abc")),
+            (Some(b"Basic abc"), "/ws?token=abc", cookie, None),
+            (None, "/ws?id=1&token=a%2Bb%3D", cookie, Some(b"a+b=")),
+            (None, "/ws?tokens=x&token=y", None, Some(b"y")),
+            (None, "/ws?id=1", None, None),
+            (None, "/ws?token=%zz", cookie, None),
+            (None, "/ws", None, None),
+            (None, "/ws", cookie, Some(b"c00kie")),
+            (None, "/ws", Some(b"wspush_token=\"q\";x=1"), Some(b"q")),
+            (None, "/ws", Some(b"a=1;wspush_token=b=c"), Some(b"b=c")),
+            (None, "/ws", Some(b"xwspush_token=1; wspush_tokens=2"), None),
+            (None, "/ws", Some(b"wspush_token"), None),
+            (None, "/ws", Some(b""), None),
         ];
-        for (header, target, want) in cases {
+        for (header, target, cookie, want) in cases {
             assert_eq!(
-                presented_token(header, target, &mut scratch),
+                presented_token(header, target, cookie, &mut scratch),
                 want,
-                "{target}"
+                "{target} {cookie:?}"
             );
         }
-        let long = format!("/ws?token={}", "a".repeat(MAX_TOKEN_LEN + 1));
-        assert_eq!(presented_token(None, &long, &mut scratch), None);
+        let long = format!("/ws?token={}", "a".repeat(MAX_PRESENTED_LEN + 1));
+        assert_eq!(presented_token(None, &long, None, &mut scratch), None);
+        let long = format!("wspush_token={}", "a".repeat(MAX_PRESENTED_LEN + 1));
+        assert_eq!(
+            presented_token(None, "/", Some(long.as_bytes()), &mut scratch),
+            None
+        );
     }
 
     #[test]

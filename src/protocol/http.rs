@@ -12,8 +12,9 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use sha1::{Digest, Sha1};
 
-use crate::protocol::auth::{self, Tokens, MAX_TOKEN_LEN};
+use crate::protocol::auth::{self, Credential, Tokens, MAX_PRESENTED_LEN};
 use crate::protocol::deflate;
+use crate::protocol::jwt::Verifier;
 
 /// The GUID every server appends to the client's key (§1.3).
 const WEBSOCKET_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -27,22 +28,21 @@ pub const MAX_HEADERS: usize = 128;
 pub const MAX_RESPONSE_LEN: usize = 320;
 
 /// A valid upgrade request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upgrade<'a> {
     /// The request target: path and query, e.g. `/ws?id=01`.
     pub target: &'a str,
     /// The `Sec-WebSocket-Accept` value answering the client's key.
     pub accept: [u8; 28],
-    /// Where the token it presented is among the [`Tokens`] (which tells
-    /// what it grants), when tokens are required.
-    pub token: Option<usize>,
+    /// The token it presented, found good, when tokens are required.
+    pub credential: Option<Credential>,
     /// The permessage-deflate terms agreed, if the client offered it and
     /// the server takes it.
     pub deflate: Option<deflate::Agreed>,
 }
 
 /// What [`parse_request`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HeadStatus<'a> {
     /// The request head is not complete yet.
     Partial,
@@ -94,8 +94,9 @@ pub enum Rejection {
     NotFound,
     /// 405: not a GET (nor a HEAD of an endpoint).
     MethodNotAllowed,
-    /// 401: tokens are required and the request had none or a wrong one.
-    Unauthorized,
+    /// 401: tokens are required and the request had none, or one that is
+    /// not good; it says why.
+    Unauthorized(&'static str),
     /// 403: the `Origin`, a channel or the client id is not allowed; it
     /// says which.
     Forbidden(&'static str),
@@ -121,7 +122,7 @@ impl Rejection {
     pub fn status(self) -> u16 {
         match self {
             Rejection::BadRequest(_) | Rejection::TooManyChannels(_) => 400,
-            Rejection::Unauthorized => 401,
+            Rejection::Unauthorized(_) => 401,
             Rejection::Forbidden(_) => 403,
             Rejection::NotFound => 404,
             Rejection::MethodNotAllowed => 405,
@@ -137,7 +138,7 @@ impl Rejection {
         const TOO_LARGE: &str = "Request Header Fields Too Large";
         match self {
             Rejection::BadRequest(why) => ("Bad Request", why),
-            Rejection::Unauthorized => ("Unauthorized", "a valid token is required"),
+            Rejection::Unauthorized(why) => ("Unauthorized", why),
             Rejection::Forbidden(why) => ("Forbidden", why),
             Rejection::NotFound => ("Not Found", "no WebSocket endpoint at this path"),
             Rejection::MethodNotAllowed => {
@@ -167,7 +168,7 @@ impl Rejection {
         let extra = match self {
             Rejection::UpgradeRequired => "Sec-WebSocket-Version: 13\r\n",
             Rejection::MethodNotAllowed => "Allow: GET\r\n",
-            Rejection::Unauthorized => "WWW-Authenticate: Bearer\r\n",
+            Rejection::Unauthorized(_) => "WWW-Authenticate: Bearer\r\n",
             _ => "",
         };
         let mut body = [0u8; MAX_RESPONSE_LEN];
@@ -311,8 +312,16 @@ pub struct HandshakeRules<'a> {
     pub path: Option<&'a str>,
     /// `Origin` values allowed (empty: any); see [`auth::origin_allowed`].
     pub origins: &'a [String],
-    /// Tokens one of which a client must present, if set.
+    /// Tokens one of which a client must present, if set (or else a
+    /// signed token, if `jwt` is set too).
     pub tokens: Option<&'a Tokens>,
+    /// What signed tokens are checked against, if clients may (or, with
+    /// no `tokens`, must) present one.
+    pub jwt: Option<&'a Verifier>,
+    /// The time, in Unix seconds, for signed tokens' `exp` and `nbf`.
+    pub now: i64,
+    /// A token may come in the [`auth::TOKEN_COOKIE`] (origins are checked).
+    pub cookie: bool,
     /// What this listener serves.
     pub endpoints: Endpoints,
     /// permessage-deflate is offered to clients that ask for it.
@@ -383,22 +392,19 @@ pub fn parse_request_after<'a>(
     if let Some(repeated) = headers.repeated {
         return Err(Rejection::BadRequest(repeated));
     }
-    // The presented token's place among the tokens, when tokens are set.
-    let token = || -> Result<Option<usize>, Rejection> {
-        let Some(tokens) = rules.tokens else {
-            return Ok(None);
-        };
-        let mut scratch = [0; MAX_TOKEN_LEN];
-        auth::presented_token(headers.authorization, target, &mut scratch)
-            .and_then(|token| tokens.find(token))
-            .map(Some)
-            .ok_or(Rejection::Unauthorized)
-    };
+    let mut scratch = [0; MAX_PRESENTED_LEN];
+    let cookie = headers.cookie.filter(|_| rules.cookie);
+    let presented = auth::presented_token(headers.authorization, target, cookie, &mut scratch);
     if !headers.upgrade {
         let endpoint = match path {
             "/healthz" => Some(Endpoint::Health),
             "/metrics" if rules.endpoints.metrics => {
-                token()?;
+                // The operator's: a listed token, never a client's signed one.
+                if let Some(tokens) = rules.tokens {
+                    presented
+                        .and_then(|token| tokens.find(token))
+                        .ok_or(Rejection::Unauthorized(NO_TOKEN))?;
+                }
                 Some(Endpoint::Metrics)
             }
             "/metrics" => return Err(Rejection::NotFound),
@@ -440,7 +446,7 @@ pub fn parse_request_after<'a>(
     if !auth::origin_allowed(headers.origin, rules.origins) {
         return Err(Rejection::Forbidden("origin not allowed"));
     }
-    let token = token()?;
+    let credential = credential(presented, rules)?;
     let deflate = rules
         .deflate
         .then(|| {
@@ -456,11 +462,35 @@ pub fn parse_request_after<'a>(
         Upgrade {
             target,
             accept: accept_key(key),
-            token,
+            credential,
             deflate,
         },
         head_len,
     ))
+}
+
+/// The body of a 401 for a request without a token, or with one that is
+/// neither listed nor signed.
+const NO_TOKEN: &str = "a valid token is required";
+
+/// The credential an upgrade's `presented` token is, when tokens are
+/// required: a listed token, else a signed one (whose refusal says why).
+fn credential(
+    presented: Option<&[u8]>,
+    rules: &HandshakeRules<'_>,
+) -> Result<Option<Credential>, Rejection> {
+    if rules.tokens.is_none() && rules.jwt.is_none() {
+        return Ok(None);
+    }
+    let presented = presented.ok_or(Rejection::Unauthorized(NO_TOKEN))?;
+    if let Some(index) = rules.tokens.and_then(|tokens| tokens.find(presented)) {
+        return Ok(Some(Credential::Listed(index)));
+    }
+    let jwt = rules.jwt.ok_or(Rejection::Unauthorized(NO_TOKEN))?;
+    match jwt.verify(presented, rules.now) {
+        Ok(claims) => Ok(Some(Credential::Signed(claims))),
+        Err(refusal) => Err(Rejection::Unauthorized(refusal.reason())),
+    }
 }
 
 /// Whether `buf` has an empty line (`\n\n` or `\n\r\n`, the end of an
@@ -498,6 +528,7 @@ struct KnownHeaders<'a> {
     key: Option<&'a [u8]>,
     origin: Option<&'a [u8]>,
     authorization: Option<&'a [u8]>,
+    cookie: Option<&'a [u8]>,
     /// The rejection for the first header that came twice but may come once.
     repeated: Option<&'static str>,
 }
@@ -531,6 +562,9 @@ impl<'a> KnownHeaders<'a> {
                 }
                 _ if name.eq_ignore_ascii_case(b"Authorization") => {
                     (&mut known.authorization, "Authorization header repeated")
+                }
+                _ if name.eq_ignore_ascii_case(b"Cookie") => {
+                    (&mut known.cookie, "Cookie header repeated")
                 }
                 _ => continue,
             };
@@ -568,6 +602,9 @@ mod tests {
         path: None,
         origins: &[],
         tokens: None,
+        jwt: None,
+        now: 0,
+        cookie: false,
         endpoints: Endpoints {
             websocket: true,
             metrics: true,

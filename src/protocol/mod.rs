@@ -6,6 +6,7 @@ pub mod auth;
 pub mod commands;
 pub mod deflate;
 pub mod http;
+pub mod jwt;
 // The binary's input; the library has none.
 #[cfg(feature = "internals")]
 pub mod lines;

@@ -38,6 +38,8 @@ pub struct Limits<'a> {
     /// The channels anyone may subscribe to (empty: any); a token with
     /// channels of its own is held to those instead.
     pub allowed: &'a [Pattern],
+    /// An `?id=` is refused unless the token binds it.
+    pub require_token_id: bool,
 }
 
 /// A request's id and channels, valid and allowed.
@@ -128,6 +130,9 @@ pub fn asked<'a>(
         (Some(asked), Some(bound)) if asked != bound => {
             return Err(Rejection::Forbidden("id not allowed for this token"))
         }
+        (Some(_), None) if limits.require_token_id => {
+            return Err(Rejection::Forbidden("id not bound by a token"))
+        }
         (None, bound) => bound,
         (asked, _) => asked,
     };
@@ -153,6 +158,7 @@ mod tests {
         let anyone = Limits {
             max_channels: 3,
             allowed: &[],
+            require_token_id: false,
         };
         let ok = asked("/ws?id=alice&x=1&channel=news&channel=chat", None, &anyone).unwrap();
         assert_eq!(ok.id, Some("alice"));
@@ -176,6 +182,7 @@ mod tests {
         let restricted = Limits {
             max_channels: 3,
             allowed: &server,
+            require_token_id: false,
         };
         assert!(asked("/?channel=news.eu", None, &restricted).is_ok());
         assert_eq!(
@@ -189,6 +196,7 @@ mod tests {
         let anyone = Limits {
             max_channels: 3,
             allowed: &[],
+            require_token_id: false,
         };
         fn resume<'a>(target: &'a str, limits: &Limits<'_>) -> Result<Resume<'a>, Rejection> {
             asked(target, None, limits).map(|a| a.resume)
@@ -216,6 +224,7 @@ mod tests {
         let limits = Limits {
             max_channels: 8,
             allowed: &server,
+            require_token_id: false,
         };
         let grant = Grant {
             channels: Some(patterns(&["chat.*"])),
@@ -239,5 +248,32 @@ mod tests {
         );
         let plain = Grant::default();
         assert!(asked("/?id=bob&channel=public", Some(&plain), &limits).is_ok());
+    }
+
+    #[test]
+    fn with_ids_required_from_tokens_only_a_bound_id_is_taken() {
+        let limits = Limits {
+            max_channels: 8,
+            allowed: &[],
+            require_token_id: true,
+        };
+        let alice = Grant {
+            channels: None,
+            id: Some("alice".into()),
+        };
+        let unbound = Grant::default();
+        let refused = Err(Rejection::Forbidden("id not bound by a token"));
+        assert_eq!(asked("/?id=alice", None, &limits), refused);
+        assert_eq!(asked("/?id=alice", Some(&unbound), &limits), refused);
+        assert_eq!(
+            asked("/?id=alice", Some(&alice), &limits).unwrap().id,
+            Some("alice")
+        );
+        assert_eq!(asked("/", Some(&alice), &limits).unwrap().id, Some("alice"));
+        assert_eq!(asked("/?channel=a", None, &limits).unwrap().id, None);
+        assert_eq!(
+            asked("/?id=bob", Some(&alice), &limits),
+            Err(Rejection::Forbidden("id not allowed for this token"))
+        );
     }
 }

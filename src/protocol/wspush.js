@@ -4,6 +4,10 @@
 //
 //   const push = wspush.connect("wss://push.example.com/", {
 //     channels: ["news"], id: "alice", token: "...",
+//     getToken() {},                  // or: a fresh token (or a promise of one)
+//                                     // for each connection; a close with
+//                                     // 4001 (the token expired) reconnects
+//                                     // at once with the next one
 //     onmessage(data, position) {},   // data: a string, or an ArrayBuffer
 //     ongap(from, to, position) {},   // messages from `from` to `to` are lost;
 //                                     // every one that follows is after `to`
@@ -25,23 +29,25 @@
   // spread over seconds, not all at once.
   const MIN_DELAY = 500, FIRST_CEILING = 3000, MAX_DELAY = 20000;
   const STABLE = 10000; // a connection open this long resets the backoff
+  const TOKEN_EXPIRED = 4001; // the server's close when a signed token expires
   const LONG_HIDDEN = 60000; // a page hidden this long reconnects when shown
 
   function connect(url, options) {
     const o = options || {};
     let position = o.since || null;
     let ws = null, timer = null, attempt = 0, openedAt = 0, hiddenAt = 0, done = false;
+    let dialing = 0; // counts opens, so that a token that comes late is for the last one
     let hint = null; // the delay a draining server asked for (ms)
     const call = (name, ...args) => { if (o[name]) o[name](...args); };
 
-    function address() {
+    function address(token) {
       const u = new URL(url, root.location ? root.location.href : undefined);
       if (u.protocol === "http:") u.protocol = "ws:";
       if (u.protocol === "https:") u.protocol = "wss:";
       const q = u.searchParams;
       for (const channel of o.channels || []) q.append("channel", channel);
       if (o.id) q.set("id", o.id);
-      if (o.token) q.set("token", o.token);
+      if (token) q.set("token", token);
       if (position) q.set("since", position); else q.set("positions", "1");
       return u.toString();
     }
@@ -49,14 +55,31 @@
     function open() {
       clearTimeout(timer);
       timer = null;
-      ws = new WebSocket(address());
+      if (!o.getToken) return dial(o.token);
+      const mine = ++dialing;
+      Promise.resolve()
+        .then(() => o.getToken())
+        .then(
+          (token) => { if (mine === dialing && !done && !ws) dial(token); },
+          (error) => {
+            if (mine !== dialing || done) return;
+            call("onstate", "closed", error);
+            retry();
+          });
+    }
+
+    function dial(token) {
+      ws = new WebSocket(address(token));
       ws.binaryType = "arraybuffer";
       ws.onopen = () => { openedAt = Date.now(); call("onstate", "open"); };
       ws.onmessage = (e) => receive(e.data);
       ws.onclose = (e) => {
         ws = null;
         call("onstate", "closed", e);
-        if (!done) retry();
+        if (done) return;
+        // The server spread its expiries already: come back at once.
+        if (e.code === TOKEN_EXPIRED && o.getToken) { attempt = 0; openedAt = 0; open(); }
+        else retry();
       };
     }
 

@@ -17,6 +17,14 @@ use crate::server::key::ConnKey;
 use crate::server::sockets::ALARM;
 use crate::server::timer::{Tick, TimerWheel};
 
+/// The time since the Unix epoch (zero on a clock set before it), for
+/// what is dated in wall-clock seconds: signed tokens.
+pub fn unix_now() -> Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
 /// Timer wheel resolution and size (100 ms × 1024 = 102 s per rotation).
 const TIMER_RESOLUTION: Duration = Duration::from_millis(100);
 const TIMER_SLOTS: usize = 1024;

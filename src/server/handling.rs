@@ -401,11 +401,13 @@ impl Server {
     pub(super) fn expire_deadlines(&mut self, now: Instant) {
         let mut due = self.clock.due_deadlines(now);
         for (key, tick) in due.drain(..) {
-            let conn = self.conns.slab.get_mut(key.0);
+            let handling = self.handling(now);
+            let mut ctx = handling.ctx;
+            let conn = handling.conns.get_mut(key.0);
             let Some(conn) = conn.filter(|conn| conn.is_due(tick)) else {
                 continue; // Stale: re-armed, cleared, or the slot was reused.
             };
-            let verdict = conn.on_deadline(&mut self.clock.timers);
+            let verdict = conn.on_deadline(key, &mut ctx);
             self.settle(key, verdict);
         }
         self.clock.deadlines_done(due);

@@ -120,3 +120,35 @@ test("a drain's hint sets the wait before the reconnect, once, and the backoff s
   assert.ok(next >= 500 && next <= 3000, `a first backoff: ${next} ms`);
   push.close();
 });
+
+test("getToken gives each connection its token, and a 4001 reconnects at once with the next", async () => {
+  const { wspush, sockets, timers } = load();
+  let issued = 0;
+  const push = wspush.connect("wss://push.example/", { getToken: () => Promise.resolve(`t${++issued}`) });
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(sockets.length, 1);
+  assert.equal(new URL(sockets[0].url).searchParams.get("token"), "t1");
+  sockets[0].onopen();
+  sockets[0].onmessage({ data: '{"status":"position","position":"e.5"}' });
+  sockets[0].onmessage({ data: "e.6 hello" });
+  sockets[0].onclose({ code: 4001 });
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(timers.length, 0, "no backoff after an expiry");
+  assert.equal(sockets.length, 2);
+  const again = new URL(sockets[1].url).searchParams;
+  assert.equal(again.get("token"), "t2");
+  assert.equal(again.get("since"), "e.6", "it resumes where it was");
+  // Any other close waits, and then asks for a token again.
+  sockets[1].onclose({ code: 1006 });
+  assert.equal(timers.length, 1);
+  timers.pop().run();
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(new URL(sockets[2].url).searchParams.get("token"), "t3");
+  // A getToken that fails is retried with the backoff.
+  const failing = wspush.connect("wss://push.example/", { getToken: () => Promise.reject(new Error("offline")) });
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(sockets.length, 3, "no socket without a token");
+  assert.equal(timers.length, 1, "a retry is set");
+  push.close();
+  failing.close();
+});

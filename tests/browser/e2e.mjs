@@ -8,6 +8,7 @@
 //   WSPUSH_BROWSER_MODULES  a node_modules directory holding playwright-core
 //   WSPUSH_CHROMIUM         the Chromium executable
 
+import crypto from "node:crypto";
 import fs from "node:fs";
 import { createRequire } from "node:module";
 import net from "node:net";
@@ -305,6 +306,81 @@ await check("--token-file: the right token connects, a wrong or missing one is r
     [1, 2],
     "upgrades and 401s counted",
   );
+});
+
+// Signed tokens, made here with Node's crypto (not by the server's code).
+const JWT_SECRET = "the-browser-test-secret-of-32-bytes+";
+
+function jwt(claims) {
+  const part = (value) => Buffer.from(JSON.stringify(value)).toString("base64url");
+  const input = `${part({ alg: "HS256", typ: "JWT" })}.${part(claims)}`;
+  return `${input}.${crypto.createHmac("sha256", JWT_SECRET).update(input).digest("base64url")}`;
+}
+
+const inSeconds = (s) => Math.floor(Date.now() / 1000) + s;
+
+async function jwtServer(scope, args = []) {
+  const secret = path.join(tmp, "jwt-secret");
+  fs.writeFileSync(secret, `${JWT_SECRET}\n`);
+  return scope.server(["--jwt-alg", "HS256", "--jwt-key-file", secret, "--require-token-id", ...args]);
+}
+
+await check("--jwt-key-file: a page with alice's token gets alice's messages; bob's cannot ask for ?id=alice (403)", async (scope) => {
+  const server = await jwtServer(scope, ["--demo", "--input", "commands"]);
+  const alice = await scope.page(server.url(`/?token=${jwt({ sub: "alice", exp: inSeconds(600) })}`));
+  await waitForState(alice, "open");
+  const bob = jwt({ sub: "bob", exp: inSeconds(600) });
+  const asAlice = await connectFrom(alice, `ws://${server.addr}/?id=alice&token=${bob}`);
+  assertEqual(asAlice, { open: false, code: 1006, clean: false }, "bob's token asking for alice");
+  server.feed(["id bob for bob", "id alice for alice", "all for all"]);
+  const now = await waitUntil("two messages on alice's page", async () => {
+    const now = await shown(alice);
+    return now.count >= 2 && now;
+  });
+  assertEqual(now.messages, ["for alice", "for all"], "what alice's page shows");
+  const metrics = await server.metrics();
+  assertEqual(metrics.get('wspush_requests_rejected_total{status="403"}'), 1, "the 403 counted");
+});
+
+await check("an expiring token: the page reconnects through getToken() and loses nothing", async (scope) => {
+  const server = await jwtServer(scope, ["--jwt-leeway", "0"]);
+  const page = await scope.page(server.url("/healthz"));
+  // Tokens good for 2-3 s: several expire while 200 lines go out over 7 s.
+  let issued = 0;
+  await page.exposeFunction("freshToken", () => {
+    issued += 1;
+    return jwt({ sub: "reader", exp: inSeconds(3) });
+  });
+  await page.addScriptTag({ url: "/wspush.js" });
+  await page.evaluate((url) => {
+    window.got = [];
+    window.closes = [];
+    window.statuses = [];
+    window.wspush.connect(url, {
+      getToken: () => window.freshToken(),
+      onmessage: (data) => window.got.push(data),
+      onstatus: (s) => window.statuses.push(s.status),
+      onstate: (state, e) => state === "closed" && e && window.closes.push(e.code),
+    });
+  }, `ws://${server.addr}/`);
+  await waitUntil("the page connected", async () => (await page.evaluate(() => window.statuses.length)) === 1);
+  const lines = Array.from({ length: 200 }, (_, i) => `line ${i + 1}`);
+  for (let i = 0; i < 200; i += 10) {
+    server.feed(lines.slice(i, i + 10));
+    await sleep(350);
+  }
+  const got = await waitUntil("200 lines on the page", async () => {
+    const got = await page.evaluate(() => window.got);
+    return got.length >= 200 && got;
+  });
+  assertEqual(got, lines, "every line once, in order");
+  const closes = await page.evaluate(() => window.closes);
+  if (closes.length < 2 || closes.some((code) => code !== 4001)) throw new Error(`closes: ${closes}`);
+  const statuses = await page.evaluate(() => window.statuses);
+  assertEqual(statuses, ["position", ...closes.map(() => "recovered")], "what each connection was told");
+  assertEqual(issued, closes.length + 1, "a token per connection");
+  const metrics = await server.metrics();
+  assertEqual(metrics.get('wspush_connections_closed_total{reason="token_expired"}'), closes.length, "the expiries counted");
 });
 
 await check("--ping-interval 1s: the browser answers pings and stays connected (idle timeout 3s)", async (scope) => {

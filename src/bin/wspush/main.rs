@@ -36,8 +36,8 @@ mod supervisor;
 use redis_feed::RedisFeed;
 use redis_stream::StreamFeed;
 use wspush::{
-    Config, Degraded, Handle, Overflow, Server, SharedHistory, SlowConsumerPolicy, TokenError,
-    Tokens, UpstreamConfig, UpstreamReader, MAX_DURATION, MAX_MESSAGE_LIMIT,
+    Algorithm, Config, Degraded, Handle, Overflow, Server, SharedHistory, SlowConsumerPolicy,
+    TokenError, Tokens, UpstreamConfig, UpstreamReader, Verifier, MAX_DURATION, MAX_MESSAGE_LIMIT,
 };
 
 /// A WebSocket push server: every line on standard input is broadcast as
@@ -156,6 +156,32 @@ struct Cli {
     /// for) and id=ID (the client id it must use).
     #[arg(long, value_name = "PATH")]
     token_file: Option<PathBuf>,
+    /// Take signed tokens (JWT) checked with this key: the HS256 secret
+    /// (at least 32 bytes) or a PEM public key (RS256, ES256); beside
+    /// --token-file or instead of it. Repeatable: while keys roll, a token
+    /// signed with either is good. Its sub is the client id, its channels
+    /// claim the channels it may ask for; exp is required, and the
+    /// connection is closed with 4001 before it.
+    #[arg(long, value_name = "PATH", requires = "jwt_alg", help_heading = JWT_HEADING)]
+    jwt_key_file: Vec<PathBuf>,
+    /// The algorithm signed tokens must be signed with (never taken from
+    /// the token).
+    #[arg(long, value_name = "ALG", value_enum, requires = "jwt_key_file", help_heading = JWT_HEADING)]
+    jwt_alg: Option<Algorithm>,
+    /// Signed tokens must name this audience in aud. Without it, a token
+    /// naming any audience is refused.
+    #[arg(long, value_name = "AUD", requires = "jwt_key_file", help_heading = JWT_HEADING)]
+    jwt_audience: Option<String>,
+    /// Signed tokens must name this issuer in iss.
+    #[arg(long, value_name = "ISS", requires = "jwt_key_file", help_heading = JWT_HEADING)]
+    jwt_issuer: Option<String>,
+    /// How far clocks may differ, for exp and nbf.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration_or_zero, allow_hyphen_values = true, help_heading = JWT_HEADING)]
+    jwt_leeway: Duration,
+    /// Refuse (HTTP 403) an ?id= that no token binds (a token file's id=,
+    /// a signed token's sub): the setting for production.
+    #[arg(long)]
+    require_token_id: bool,
     /// What a line of standard input is: `lines`, a text message to every
     /// connection; `commands`, a command (all, pub, id, conn, sub, unsub,
     /// close: see the README).
@@ -406,6 +432,7 @@ fn config(cli: &Cli) -> Result<Config, String> {
         }
         None => None,
     };
+    let jwt = jwt_verifier(cli)?;
     let config = Config::default().with(|c| {
         c.listen = cli.listen;
         c.reuse_port = cli.reuse_port;
@@ -428,6 +455,8 @@ fn config(cli: &Cli) -> Result<Config, String> {
         c.max_connections_per_ip = cli.max_connections_per_ip;
         c.allowed_origins = cli.allow_origin.clone();
         c.tokens = tokens;
+        c.jwt = jwt;
+        c.require_token_id = cli.require_token_id;
         c.metrics_listen = cli.metrics_listen.map(instance_metrics_address);
         c.allowed_channels = cli.allow_channel.clone();
         c.max_channels_per_connection = cli.max_channels_per_connection;
@@ -458,6 +487,28 @@ fn config(cli: &Cli) -> Result<Config, String> {
         .validate()
         .map_err(|e| format!("invalid setting: {e}"))?;
     Ok(config)
+}
+
+/// The verifier of signed tokens the flags ask for, its key files read.
+fn jwt_verifier(cli: &Cli) -> Result<Option<Verifier>, String> {
+    let Some(algorithm) = cli.jwt_alg else {
+        return Ok(None);
+    };
+    let mut verifier = Verifier::new(algorithm, cli.jwt_leeway.as_secs());
+    for path in &cli.jwt_key_file {
+        let key = std::fs::read(path)
+            .map_err(|e| format!("cannot read key file {}: {e}", path.display()))?;
+        verifier
+            .add_key(&key)
+            .map_err(|e| format!("{}: {e} ({algorithm})", path.display()))?;
+    }
+    if let Some(audience) = &cli.jwt_audience {
+        verifier.require_audience(audience);
+    }
+    if let Some(issuer) = &cli.jwt_issuer {
+        verifier.require_issuer(issuer);
+    }
+    Ok(Some(verifier))
 }
 
 /// Under a supervisor, instance K (from 1) serves metrics on PORT+K-1, so
@@ -784,6 +835,7 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
 const SUPERVISOR_HEADING: &str = "Supervisor (--processes)";
 /// The help heading of the Redis input's flags: under `--processes` the
 /// supervisor holds the one Redis subscription, not its instances.
+const JWT_HEADING: &str = "Signed tokens (JWT)";
 const REDIS_HEADING: &str = "Redis input (under --processes, the supervisor's)";
 
 /// The flags an instance is not given: those under the two headings above,

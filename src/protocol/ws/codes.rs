@@ -94,6 +94,9 @@ impl CloseCode {
     /// RFC 6455; browsers take it, though it is not one a peer may send
     /// this server: [`CloseCode::is_valid_on_wire`]).
     pub const SERVICE_RESTART: CloseCode = CloseCode(1012);
+    /// 4001 (private use, wspush's): the connection's signed token
+    /// expired; reconnect with a new one.
+    pub const TOKEN_EXPIRED: CloseCode = CloseCode(4001);
 
     /// Whether a peer may send this code in a close frame: 1000–1003,
     /// 1007–1011 and the application/private range 3000–4999. Everything else

@@ -5,15 +5,18 @@
 use super::output::{Message, Outgoing, Transport};
 use super::{CloseReason, Conn, Ctx, DeflateUse, Phase, Verdict};
 use crate::ops::metrics::Metrics;
+use crate::protocol::auth::Credential;
 use crate::protocol::http::{
     self, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
 };
+use crate::protocol::jwt;
 use crate::protocol::position::Status;
 use crate::protocol::query::{self, Limits, Resume};
 use crate::protocol::target::RequestTarget;
 use crate::protocol::ws::header::MAX_HEADER_LEN;
 use crate::protocol::ws::Decoder;
 use crate::protocol::ws::OpCode;
+use crate::server::clock::unix_now;
 use crate::server::heartbeat::Liveness;
 use crate::server::history::{Filter, Replay};
 use crate::server::key::ConnKey;
@@ -37,6 +40,12 @@ impl Conn {
             path: config.path.as_deref(),
             origins: &config.allowed_origins,
             tokens: config.tokens.as_ref(),
+            jwt: config.jwt.as_ref(),
+            now: config
+                .jwt
+                .as_ref()
+                .map_or(0, |_| unix_now().as_secs() as i64),
+            cookie: !config.allowed_origins.is_empty(),
             endpoints,
             deflate: config.deflate,
         };
@@ -64,6 +73,9 @@ impl Conn {
                 self.out.set_next_batch(ctx.next_batch);
                 self.liveness = Liveness::default();
                 self.deadline.clear(ctx.timers);
+                if let Some(Credential::Signed(claims)) = &upgrade.credential {
+                    self.arm_expiry(key, claims.valid_until, ctx);
+                }
                 Metrics::incr(&ctx.metrics.upgrades);
                 Metrics::decr(&ctx.metrics.connections_http);
                 Metrics::incr(&ctx.metrics.connections_open);
@@ -80,6 +92,17 @@ impl Conn {
         }
     }
 
+    /// Arms the deadline that closes it (4001) before its signed token's
+    /// validity ends, at a point of its own (see [`jwt::close_after`]).
+    fn arm_expiry(&mut self, key: ConnKey, valid_until: i64, ctx: &mut Ctx<'_>) {
+        // Spread by its key: a multiplicative hash, as a fraction of 2^32.
+        let mixed = (key.slot() ^ self.serial).wrapping_mul(0x9e37_79b9);
+        let spread = f64::from(mixed) / f64::from(u32::MAX);
+        if let Some(after) = jwt::close_after(valid_until, unix_now(), spread) {
+            self.arm(key, after, ctx);
+        }
+    }
+
     /// Takes the client id and channels the upgrade asks for, if they are
     /// valid and allowed, and enters them in the routes; keeps the target
     /// without the token (never kept or logged) and the channels. Returns
@@ -92,12 +115,15 @@ impl Conn {
         ctx: &mut Ctx<'_>,
     ) -> Result<Option<(Option<String>, Filter)>, Rejection> {
         let config = ctx.config;
-        let grant = upgrade
-            .token
-            .and_then(|index| Some(config.tokens.as_ref()?.grant(index)));
+        let grant = match &upgrade.credential {
+            None => None,
+            Some(Credential::Signed(claims)) => Some(&claims.grant),
+            Some(Credential::Listed(index)) => config.tokens.as_ref().map(|t| t.grant(*index)),
+        };
         let limits = Limits {
             max_channels: config.max_channels_per_connection,
             allowed: &config.allowed_channels,
+            require_token_id: config.require_token_id,
         };
         let asked = query::asked(upgrade.target, grant, &limits)?;
         let mut target = RequestTarget::kept(upgrade.target, None);

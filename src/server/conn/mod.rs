@@ -77,6 +77,8 @@ pub enum CloseReason {
     Shutdown,
     /// A drain closed it at its pace (1012, Service Restart).
     Drain,
+    /// Its signed token expired (4001).
+    TokenExpired,
     /// A publisher closed it (`close`, or `Handle::close`) with this code.
     Publisher(CloseCode),
     /// The TCP connection ended without a close handshake.
@@ -98,6 +100,7 @@ impl CloseReason {
             CloseReason::Rejected => &metrics.closed_rejected,
             CloseReason::Shutdown => &metrics.closed_shutdown,
             CloseReason::Drain => &metrics.closed_drain,
+            CloseReason::TokenExpired => &metrics.closed_token_expired,
             CloseReason::Publisher(_) => &metrics.closed_publisher,
             CloseReason::Abnormal => &metrics.closed_abnormal,
         }
@@ -116,6 +119,7 @@ impl CloseReason {
             CloseReason::SlowConsumer => CloseCode::POLICY_VIOLATION,
             CloseReason::IdleTimeout | CloseReason::Shutdown => CloseCode::GOING_AWAY,
             CloseReason::Drain => CloseCode::SERVICE_RESTART,
+            CloseReason::TokenExpired => CloseCode::TOKEN_EXPIRED,
             CloseReason::HandshakeTimeout
             | CloseReason::Rejected
             | CloseReason::Http
@@ -276,7 +280,8 @@ pub struct Conn {
     out: OutQueue,
     /// Received bytes not consumed yet (a partial request head or frame).
     input: Option<PooledBuf>,
-    /// When the current phase times out, if it can.
+    /// When the current phase times out, if it can; while open, when its
+    /// signed token is to be closed.
     deadline: Deadline,
     /// The socket is registered for writability (output is pending).
     writable_interest: bool,
@@ -408,15 +413,19 @@ impl Conn {
         self.deadline.is(tick)
     }
 
-    /// The connection's deadline passed.
-    pub fn on_deadline(&mut self, timers: &mut TimerWheel) -> Verdict {
-        self.deadline.clear(timers);
+    /// The connection's deadline passed: the handshake or the close took
+    /// too long, or its token expires.
+    pub fn on_deadline(&mut self, key: ConnKey, ctx: &mut Ctx<'_>) -> Verdict {
+        self.deadline.clear(ctx.timers);
         match self.phase {
             Phase::Handshake(_) => Verdict::Close(CloseReason::HandshakeTimeout),
             Phase::CloseSent { reason, .. } | Phase::Lingering { reason, .. } => {
                 Verdict::Close(reason)
             }
-            Phase::Open(_) => Verdict::Keep,
+            Phase::Open(_) => {
+                let expired = CloseReason::TokenExpired;
+                self.begin_close(key, expired.code(), "token expired", expired, ctx)
+            }
         }
     }
 
