@@ -3,8 +3,9 @@
 //! Input: `[flags, n, size_1 .. size_n, request ..]`. `flags` picks the
 //! rules (bit 0: path `/ws`; bit 1: tokens; bit 2: allowed origins; bit 3:
 //! no `/metrics`; bit 4: no WebSocket; bits 5-7: the head limit), and so
-//! does bit 3 of `n` (the demo page at `/`); the request is fed in chunks
-//! of `size_i + 1` bytes, cycling, or whole when `n % 8` is 0.
+//! do bits 3-6 of `n` (3: the demo page at `/`; 4: deflate; 5: signed
+//! tokens, HS256; 6: the token cookie); the request is fed in chunks of
+//! `size_i + 1` bytes, cycling, or whole when `n % 8` is 0.
 
 #![no_main]
 
@@ -14,7 +15,7 @@ use libfuzzer_sys::fuzz_target;
 use wspush::protocol::http::{
     self, Endpoint, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
 };
-use wspush::Tokens;
+use wspush::{Algorithm, Tokens, Verifier};
 
 const HEAD_LIMITS: [usize; 8] = [8192, 16, 64, 100, 128, 256, 1024, 4096];
 
@@ -23,12 +24,25 @@ fn tokens() -> &'static Tokens {
     TOKENS.get_or_init(|| Tokens::new(["t0ken", "s3cret"]).expect("valid tokens"))
 }
 
+fn verifier() -> &'static Verifier {
+    static VERIFIER: OnceLock<Verifier> = OnceLock::new();
+    VERIFIER.get_or_init(|| {
+        let mut verifier = Verifier::new(Algorithm::HS256, 5);
+        verifier
+            .add_key(b"0123456789abcdef0123456789abcdef")
+            .expect("a valid secret");
+        verifier
+    })
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&[flags, count], rest)) = data.split_first_chunk::<2>() else {
         return;
     };
     let demo = count & 8 != 0;
     let deflate = count & 16 != 0;
+    let jwt = (count & 32 != 0).then(verifier);
+    let cookie = count & 64 != 0;
     let count = usize::from(count % 8);
     if rest.len() < count {
         return;
@@ -44,6 +58,9 @@ fuzz_target!(|data: &[u8]| {
         path: (flags & 1 != 0).then_some("/ws"),
         origins: &origins,
         tokens: (flags & 2 != 0).then(tokens),
+        jwt,
+        now: 1_800_000_000,
+        cookie,
         endpoints: Endpoints {
             websocket: flags & 16 == 0,
             metrics: flags & 8 == 0,
@@ -71,7 +88,7 @@ fn check_incremental(request: &[u8], sizes: &[u8], rules: &HandshakeRules<'_>) {
             http::parse_request(prefix, rules),
             "fed {end} bytes after {seen}"
         );
-        check_result(prefix, got, rules);
+        check_result(prefix, &got, rules);
         if got != Ok(HeadStatus::Partial) || end == request.len() {
             break got;
         }
@@ -87,11 +104,15 @@ fn check_incremental(request: &[u8], sizes: &[u8], rules: &HandshakeRules<'_>) {
 }
 
 /// What holds for every answer to `buf`.
-fn check_result(buf: &[u8], result: Result<HeadStatus<'_>, Rejection>, rules: &HandshakeRules<'_>) {
+fn check_result(
+    buf: &[u8],
+    result: &Result<HeadStatus<'_>, Rejection>,
+    rules: &HandshakeRules<'_>,
+) {
     match result {
         Ok(HeadStatus::Partial) => assert!(buf.len() < rules.max_head_bytes),
         Ok(HeadStatus::Upgrade(upgrade, head_len)) => {
-            check_head(buf, head_len, result, rules);
+            check_head(buf, *head_len, result, rules);
             assert!(rules.endpoints.websocket);
             let path = upgrade.target.split('?').next().unwrap_or_default();
             assert!(rules.path.is_none_or(|served| path == served), "{path}");
@@ -115,7 +136,7 @@ fn check_result(buf: &[u8], result: Result<HeadStatus<'_>, Rejection>, rules: &H
             check_response(&out[..len], 101, false);
         }
         Ok(HeadStatus::Endpoint(endpoint, method, head_len)) => {
-            check_head(buf, head_len, result, rules);
+            check_head(buf, *head_len, result, rules);
             let asked = match method {
                 http::Method::Get => &b"GET "[..],
                 http::Method::Head => b"HEAD ",
@@ -136,7 +157,7 @@ fn check_result(buf: &[u8], result: Result<HeadStatus<'_>, Rejection>, rules: &H
             let len = rejection.write_response(&mut out);
             check_response(&out[..len], rejection.status(), true);
             if let Rejection::HeadTooLarge(limit) = rejection {
-                assert_eq!(limit, rules.max_head_bytes);
+                assert_eq!(*limit, rules.max_head_bytes);
             }
         }
     }
@@ -147,12 +168,12 @@ fn check_result(buf: &[u8], result: Result<HeadStatus<'_>, Rejection>, rules: &H
 fn check_head(
     buf: &[u8],
     head_len: usize,
-    result: Result<HeadStatus<'_>, Rejection>,
+    result: &Result<HeadStatus<'_>, Rejection>,
     rules: &HandshakeRules<'_>,
 ) {
     assert!(head_len <= buf.len() && head_len <= rules.max_head_bytes);
     assert!(buf[..head_len].ends_with(b"\n"));
-    assert_eq!(http::parse_request(&buf[..head_len], rules), result);
+    assert_eq!(&http::parse_request(&buf[..head_len], rules), result);
     assert_eq!(
         http::parse_request(&buf[..head_len - 1], rules),
         Ok(HeadStatus::Partial)

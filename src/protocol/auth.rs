@@ -10,15 +10,15 @@ use std::fmt;
 
 use sha1::{Digest, Sha1};
 
-use crate::protocol::jwt::{Claims, MAX_JWT_LEN};
 use crate::protocol::names::{self, Pattern};
 
 /// Longest token a token file may hold, in bytes.
 pub const MAX_TOKEN_LEN: usize = 256;
 
 /// Longest token a request may present (a signed token is longer than a
-/// listed one), in bytes.
-pub const MAX_PRESENTED_LEN: usize = MAX_JWT_LEN;
+/// listed one: an RS256 token with an 8192-bit key and a few dozen
+/// channel patterns fits), in bytes.
+pub const MAX_PRESENTED_LEN: usize = 4096;
 
 /// The query parameter a browser client passes its token in (browsers
 /// cannot set an `Authorization` header on a WebSocket).
@@ -29,15 +29,6 @@ pub const TOKEN_PARAM: &str = "token";
 /// script, a query). Read only where origins are checked: a browser
 /// sends cookies on any site's behalf.
 pub const TOKEN_COOKIE: &str = "wspush_token";
-
-/// The token a request presented, as the server found it good.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Credential {
-    /// A token of the token file: its place there (see [`Tokens::grant`]).
-    Listed(usize),
-    /// A signed token, and what it claims.
-    Signed(Claims),
-}
 
 /// The set of tokens clients may present, each with what it grants.
 #[derive(Clone, PartialEq, Eq)]

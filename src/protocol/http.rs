@@ -12,9 +12,9 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use sha1::{Digest, Sha1};
 
-use crate::protocol::auth::{self, Credential, Tokens, MAX_PRESENTED_LEN};
+use crate::protocol::auth::{self, Tokens, MAX_PRESENTED_LEN};
 use crate::protocol::deflate;
-use crate::protocol::jwt::Verifier;
+use crate::protocol::jwt::{Claims, Verifier};
 
 /// The GUID every server appends to the client's key (§1.3).
 const WEBSOCKET_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -39,6 +39,15 @@ pub struct Upgrade<'a> {
     /// The permessage-deflate terms agreed, if the client offered it and
     /// the server takes it.
     pub deflate: Option<deflate::Agreed>,
+}
+
+/// The token a request presented, as the server found it good.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// A token of the token file: its place there (see [`Tokens::grant`]).
+    Listed(usize),
+    /// A signed token, and what it claims.
+    Signed(Claims),
 }
 
 /// What [`parse_request`] found.

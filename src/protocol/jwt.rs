@@ -27,12 +27,11 @@ use base64::Engine;
 use ring::signature::{self, UnparsedPublicKey};
 use serde::Deserialize;
 
-use crate::protocol::auth::Grant;
+use crate::protocol::auth::{Grant, MAX_PRESENTED_LEN};
 use crate::protocol::names::{self, Pattern};
 
-/// The longest token taken, in bytes (an RS256 token with an 8192-bit key
-/// and a few dozen channel patterns fits).
-pub const MAX_JWT_LEN: usize = 4096;
+/// The longest token taken, in bytes.
+pub const MAX_JWT_LEN: usize = MAX_PRESENTED_LEN;
 
 /// The shortest HS256 secret taken: the hash's size (RFC 7518 §3.2).
 pub const MIN_SECRET_LEN: usize = 32;
@@ -278,8 +277,11 @@ impl Verifier {
         };
         let mut buf = [0u8; MAX_JWT_LEN];
         let header = decode(header, &mut buf, "malformed token: header is not base64url")?;
-        let header: Header<'_> = serde_json::from_slice(header)
-            .map_err(|_| Malformed("malformed token: header is not JSON with alg"))?;
+        // UTF-8 first: serde_json would skip the bytes of a field it ignores.
+        let header: Header<'_> = std::str::from_utf8(header)
+            .ok()
+            .and_then(|header| serde_json::from_str(header).ok())
+            .ok_or(Malformed("malformed token: header is not JSON with alg"))?;
         if header.alg != self.algorithm.name() {
             return Err(TokenRefusal::WrongAlgorithm);
         }
@@ -304,9 +306,12 @@ impl Verifier {
             &mut buf,
             "malformed token: claims are not base64url",
         )?;
-        let claims: RawClaims<'_> = serde_json::from_slice(payload).map_err(|_| {
-            Malformed("malformed token: claims are not JSON of the types taken (exp and nbf numbers; sub, iss strings; aud a string or list; channels a list)")
-        })?;
+        let claims: RawClaims<'_> = std::str::from_utf8(payload)
+            .ok()
+            .and_then(|claims| serde_json::from_str(claims).ok())
+            .ok_or(Malformed(
+                "malformed token: claims are not JSON of the types taken (exp and nbf numbers; sub, iss strings; aud a string or list; channels a list)",
+            ))?;
         self.check(&claims, now)
     }
 
@@ -562,8 +567,8 @@ mod tests {
         URL_SAFE_NO_PAD.encode(bytes)
     }
 
-    fn hs256(header: &str, claims: &str, secret: &[u8]) -> String {
-        let signed = format!("{}.{}", b64(header.as_bytes()), b64(claims.as_bytes()));
+    fn hs256(header: impl AsRef<[u8]>, claims: impl AsRef<[u8]>, secret: &[u8]) -> String {
+        let signed = format!("{}.{}", b64(header.as_ref()), b64(claims.as_ref()));
         let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
         let tag = ring::hmac::sign(&key, signed.as_bytes());
         format!("{signed}.{}", b64(tag.as_ref()))
@@ -855,6 +860,17 @@ mod tests {
             token(r#"{"exp":1900000000,"channels":"news"}"#),
             token(r#"{"exp":1900000000,"channels":["a,,b"]}"#),
             token(r#"[1900000000]"#),
+            // JSON but for a byte that is not UTF-8, in a field not read.
+            hs256(
+                b"{\"alg\":\"HS256\",\"x\":\"\xe5\"}",
+                b"{\"exp\":1900000000}",
+                SECRET,
+            ),
+            hs256(
+                b"{\"alg\":\"HS256\"}",
+                b"{\"exp\":1900000000,\"x\":\"\xe5\"}",
+                SECRET,
+            ),
         ];
         for case in cases {
             let refusal = v.verify(case.as_bytes(), NOW).unwrap_err();

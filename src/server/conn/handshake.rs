@@ -5,9 +5,8 @@
 use super::output::{Message, Outgoing, Transport};
 use super::{CloseReason, Conn, Ctx, DeflateUse, Phase, Verdict};
 use crate::ops::metrics::Metrics;
-use crate::protocol::auth::Credential;
 use crate::protocol::http::{
-    self, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
+    self, Credential, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
 };
 use crate::protocol::jwt;
 use crate::protocol::position::Status;
