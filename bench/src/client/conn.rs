@@ -141,6 +141,8 @@ pub struct Query {
     pub channel: Option<String>,
     /// Ask for positions.
     pub positions: bool,
+    /// The token to present, if any.
+    pub token: Option<String>,
     /// The epoch of the positions, once a connection was told it.
     pub epoch: Option<String>,
     /// The position of each message, by its stamp's sequence number (0:
@@ -180,6 +182,10 @@ impl Query {
         if let Some(channel) = &self.channel {
             query.push_str("&channel=");
             query.push_str(channel);
+        }
+        if let Some(token) = &self.token {
+            query.push_str("&token=");
+            query.push_str(token);
         }
         match (&self.epoch, self.positions, last) {
             (Some(epoch), true, 1..) => query.push_str(&format!("&since={epoch}.{last}")),

@@ -47,6 +47,9 @@ pub struct Plan {
     /// with `&since=` when they reconnect.
     #[serde(default)]
     pub positions: bool,
+    /// The token every connection presents (`&token=`), if any.
+    #[serde(default)]
+    pub token: Option<String>,
     /// How long a connection may stay connecting or upgrading, in ms.
     pub connect_timeout_ms: u64,
     /// Report every message's receipt instead of checking the order.
@@ -213,6 +216,7 @@ mod tests {
             deflate: true,
             channel: Some("hot".into()),
             positions: false,
+            token: None,
             connect_timeout_ms: 10_000,
             receipts: Some(ReceiptsPlan {
                 paths: Paths::Hot {

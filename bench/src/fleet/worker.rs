@@ -109,6 +109,7 @@ pub fn run(input: impl Read + Send + 'static, mut output: impl Write) -> Result<
         query: Query {
             channel: plan.channel,
             positions: plan.positions,
+            token: plan.token,
             epoch: None,
             positions_seen: Vec::new(),
         },

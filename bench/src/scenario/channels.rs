@@ -658,6 +658,7 @@ impl Stage {
             deflate: false,
             channel: None,
             positions: false,
+            token: None,
             connect_timeout_ms: o.connect_timeout * 1000,
             receipts: Some(ReceiptsPlan {
                 paths,

@@ -84,6 +84,11 @@ pub struct PushOptions {
     /// `--input commands`, a channel's messages instead of broadcasts.
     #[arg(long, value_name = "NAME")]
     pub channel: Option<String>,
+    /// Every connection presents this token (`&token=TOKEN` in its URL):
+    /// one of a token file's, or a signed one, for what checking tokens
+    /// costs the setup.
+    #[arg(long, value_name = "TOKEN")]
+    pub token: Option<String>,
     /// Connection attempts started per second.
     #[arg(long, default_value_t = 10_000)]
     pub rate: u32,
@@ -347,6 +352,7 @@ pub fn measure_hosts(
         deflate: options.deflate,
         channel: options.channel.clone(),
         positions: options.positions,
+        token: options.token.clone(),
         connect_timeout_ms: options.connect_timeout * 1000,
         receipts: None,
     };
