@@ -12,6 +12,9 @@ pub mod jwt;
 pub mod lines;
 pub mod names;
 pub mod position;
+// The binary's publish listener; the library has none.
+#[cfg(feature = "internals")]
+pub mod publish;
 pub mod query;
 pub(crate) mod target;
 pub mod ws;

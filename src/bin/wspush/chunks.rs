@@ -49,6 +49,12 @@ pub enum Control {
     },
     /// The entries read are this far behind the stream's last.
     Lag(Duration),
+    /// The next `lines` lines are commands whatever the input's mode (a
+    /// publish request's).
+    Commands {
+        /// How many lines follow.
+        lines: u32,
+    },
     /// A stream entry skipped (its id: milliseconds and sequence).
     Skipped {
         /// Its id's milliseconds.
@@ -105,6 +111,7 @@ impl Control {
             Control::Forget(seq) => format!("forget {seq}"),
             Control::Gap { from, to } => format!("gap {from} {to}"),
             Control::Lag(lag) => format!("lag {}", lag.as_millis()),
+            Control::Commands { lines } => format!("commands {lines}"),
             Control::Skipped { ms, seq, why } => format!("skip {ms}-{seq} {}", why.word()),
         };
         let mut line = vec![CONTROL];
@@ -136,6 +143,9 @@ impl Control {
                 to: number(1)?,
             },
             ("lag", 1) => Control::Lag(Duration::from_millis(number(0)?)),
+            ("commands", 1) => Control::Commands {
+                lines: number(0)?.try_into().ok()?,
+            },
             ("skip", 2) => {
                 let (ms, seq) = args[0].split_once('-')?;
                 Control::Skipped {

@@ -75,10 +75,13 @@ pub struct InputLines {
 #[derive(Debug)]
 struct Numbering {
     max_line_bytes: usize,
+    max_command_bytes: usize,
     next: u64,
     /// Lines left of the stream entry under way, and whether they are
     /// for the history only.
     entry: Option<(u32, bool)>,
+    /// Lines left of a publish request's commands.
+    commands: u32,
 }
 
 /// A line of input as [`InputLines`] hands it over.
@@ -89,21 +92,28 @@ pub enum Numbered<'a> {
     Control(Option<Control>),
     /// A line and its number.
     Line(u64, Line<'a>),
+    /// A command line whatever the input's mode (a publish request's),
+    /// and its number.
+    Command(u64, Line<'a>),
     /// A line for the history only (a stream's tail, read at the start),
     /// and its number.
     Kept(u64, Line<'a>),
 }
 
 impl InputLines {
-    /// Lines longer than `max_line_bytes` are too long; the first is
-    /// numbered `first`.
-    pub fn new(max_line_bytes: usize, first: u64) -> InputLines {
+    /// Lines longer than `max_line_bytes` are too long, and command lines
+    /// (see [`Control::Commands`]) longer than `max_command_bytes`; the
+    /// first is numbered `first`.
+    pub fn new(max_line_bytes: usize, max_command_bytes: usize, first: u64) -> InputLines {
+        let split = max_line_bytes.max(max_command_bytes).max(CONTROL_MAX_LEN);
         InputLines {
-            lines: Lines::new(max_line_bytes.max(CONTROL_MAX_LEN)),
+            lines: Lines::new(split),
             numbering: Numbering {
                 max_line_bytes,
+                max_command_bytes,
                 next: first,
                 entry: None,
+                commands: 0,
             },
         }
     }
@@ -139,9 +149,13 @@ impl Numbering {
         let len = match line {
             Line::NotUtf8(bytes @ [CONTROL, ..]) => {
                 let control = Control::parse(bytes);
-                if let Some(Control::Entry { seq, lines, keep }) = control {
-                    self.next = seq;
-                    self.entry = (lines > 0).then_some((lines, keep));
+                match control {
+                    Some(Control::Entry { seq, lines, keep }) => {
+                        self.next = seq;
+                        self.entry = (lines > 0).then_some((lines, keep));
+                    }
+                    Some(Control::Commands { lines }) => self.commands = lines,
+                    _ => {}
                 }
                 return Numbered::Control(control);
             }
@@ -151,11 +165,16 @@ impl Numbering {
         };
         let number = self.next;
         self.next += 1;
-        let line = if len > self.max_line_bytes {
-            Line::TooLong
-        } else {
-            line
+        let command = self.commands > 0;
+        self.commands = self.commands.saturating_sub(1);
+        let limit = match command {
+            true => self.max_command_bytes,
+            false => self.max_line_bytes,
         };
+        let line = if len > limit { Line::TooLong } else { line };
+        if command {
+            return Numbered::Command(number, line);
+        }
         let kept = match &mut self.entry {
             Some((left, keep)) => {
                 let kept = *keep;
@@ -175,20 +194,22 @@ impl Numbering {
 }
 
 /// Reads `input` to its end, handing each line to `handle` in order, as
-/// `mode` says, numbered from `first_line`; lines longer than
-/// `max_line_bytes` are skipped; control lines are carried out.
+/// `mode` says (a publish request's lines as commands), numbered from
+/// `first_line`; lines longer than `mode` takes for messages of
+/// `max_message_bytes` are skipped; control lines are carried out.
 pub fn pump(
     mut input: impl BufRead,
     handle: &Handle,
     mode: InputMode,
-    max_line_bytes: usize,
+    max_message_bytes: usize,
     first_line: u64,
 ) -> PumpEnd {
-    let mut lines = InputLines::new(max_line_bytes, first_line);
+    let limits = LineLimits::new(mode, max_message_bytes);
+    let mut lines = limits.lines(first_line);
     let mut pump = Pump {
         handle,
         mode,
-        max_line_bytes,
+        limits,
     };
     loop {
         let chunk = match input.fill_buf() {
@@ -210,19 +231,52 @@ pub fn pump(
     }
 }
 
+/// The longest lines of input taken: in the input's mode, and commands.
+#[derive(Debug, Clone, Copy)]
+pub struct LineLimits {
+    /// A line in the input's mode.
+    pub line: usize,
+    /// A command line (a publish request's).
+    pub command: usize,
+}
+
+impl LineLimits {
+    /// The limits in `mode` for messages of `max_message_bytes`.
+    pub fn new(mode: InputMode, max_message_bytes: usize) -> LineLimits {
+        LineLimits {
+            line: max_line_bytes(mode, max_message_bytes),
+            command: max_line_bytes(InputMode::Commands, max_message_bytes),
+        }
+    }
+
+    /// The input's lines judged by these limits, numbered from `first`.
+    pub fn lines(self, first: u64) -> InputLines {
+        InputLines::new(self.line, self.command, first)
+    }
+
+    /// The limit of a line read in `mode`.
+    fn of(self, mode: InputMode) -> usize {
+        match mode {
+            InputMode::Lines => self.line,
+            InputMode::Commands => self.command,
+        }
+    }
+}
+
 /// What the pump carries from one line to the next.
 struct Pump<'h> {
     handle: &'h Handle,
     mode: InputMode,
-    max_line_bytes: usize,
+    limits: LineLimits,
 }
 
 impl Pump<'_> {
     /// Carries out the next input line; breaks when the server is gone.
     fn line(&mut self, line: Numbered<'_>) -> ControlFlow<PumpEnd> {
         let handle = self.handle;
-        let (number, line) = match line {
-            Numbered::Line(number, line) => (number, line),
+        let (number, line, mode) = match line {
+            Numbered::Line(number, line) => (number, line, self.mode),
+            Numbered::Command(number, line) => (number, line, InputMode::Commands),
             Numbered::Kept(number, _) => {
                 return match handle.advance_to(number) {
                     Ok(()) => ControlFlow::Continue(()),
@@ -247,11 +301,11 @@ impl Pump<'_> {
         let text = match line {
             Line::Text(text) => text,
             Line::TooLong => {
-                let limit = match self.mode {
+                let limit = match mode {
                     InputMode::Lines => "message",
                     InputMode::Commands => "command line",
                 };
-                let why = format!("longer than the {}-byte {limit} limit", self.max_line_bytes);
+                let why = format!("longer than the {}-byte {limit} limit", self.limits.of(mode));
                 reject(handle, number, &why);
                 return ControlFlow::Continue(());
             }
@@ -260,7 +314,7 @@ impl Pump<'_> {
                 return ControlFlow::Continue(());
             }
         };
-        let done = match interpret(self.mode, text) {
+        let done = match interpret(mode, text) {
             Ok(Interpreted::Message(to, kind, payload)) => {
                 handle.send_at(number, to, kind, payload)
             }
@@ -336,17 +390,12 @@ pub struct Recorder {
 
 impl Recorder {
     /// Keeps the messages of input read in `mode` in `history`.
-    pub fn new(
-        history: SharedHistory,
-        mode: InputMode,
-        max_line_bytes: usize,
-        max_message_bytes: usize,
-    ) -> Recorder {
+    pub fn new(history: SharedHistory, mode: InputMode, max_message_bytes: usize) -> Recorder {
         Recorder {
             history,
             mode,
             max_message_bytes,
-            lines: InputLines::new(max_line_bytes, 1),
+            lines: LineLimits::new(mode, max_message_bytes).lines(1),
         }
     }
 
@@ -367,9 +416,12 @@ impl Recorder {
         let (mode, max_message_bytes) = (self.mode, self.max_message_bytes);
         let history = &mut self.history;
         let mut keep = |line: Numbered<'_>| {
-            let (number, text) = match line {
+            let (number, text, mode) = match line {
                 Numbered::Line(number, Line::Text(text))
-                | Numbered::Kept(number, Line::Text(text)) => (number, text),
+                | Numbered::Kept(number, Line::Text(text)) => (number, text, mode),
+                Numbered::Command(number, Line::Text(text)) => {
+                    (number, text, InputMode::Commands)
+                }
                 Numbered::Control(Some(Control::Forget(seq))) => {
                     history.forget_through(seq);
                     return ControlFlow::Continue(());
@@ -402,8 +454,8 @@ fn carry_out_control(handle: &Handle, control: Control) -> Result<(), ServerGone
     match control {
         Control::FeedLost => handle.feed_lost(),
         Control::FeedRestored(outage) => handle.feed_restored(outage),
-        // Its lines are numbered by `InputLines`.
-        Control::Entry { .. } => {}
+        // Their lines are numbered, and taken as commands, by `InputLines`.
+        Control::Entry { .. } | Control::Commands { .. } => {}
         Control::Forget(seq) => return handle.advance_to(seq),
         Control::Gap { from, to } => return handle.stream_gap(from, to),
         Control::Lag(lag) => handle.stream_lag(lag),
@@ -427,13 +479,14 @@ mod tests {
     #[test]
     fn every_line_but_a_control_line_takes_the_next_number_skipped_or_not() {
         // A limit shorter than a control line: control lines are still known.
-        let mut lines = InputLines::new(4, 7);
+        let mut lines = InputLines::new(4, 4, 7);
         let mut got = Vec::new();
         let input = b"x1\n\xfebad!\n\xfffeed restored 123456789\ntoo long\n\xff?\n\r\n";
         let _ = lines.push(input, |line| {
             got.push(match line {
                 Numbered::Control(control) => format!("control {control:?}"),
                 Numbered::Line(n, line) => format!("{n} {line:?}"),
+                Numbered::Command(n, line) => format!("{n} command {line:?}"),
                 Numbered::Kept(n, line) => format!("{n} kept {line:?}"),
             });
             ControlFlow::<()>::Continue(())
@@ -454,7 +507,7 @@ mod tests {
 
     #[test]
     fn a_stream_entry_numbers_its_own_lines_and_the_rest_go_on_after_them() {
-        let mut lines = InputLines::new(100, 1);
+        let mut lines = InputLines::new(100, 100, 1);
         let mut input = Control::Entry {
             seq: 1000,
             lines: 2,
@@ -476,6 +529,7 @@ mod tests {
             match line {
                 Numbered::Control(_) => {}
                 Numbered::Line(n, line) => got.push(format!("{n} {line:?}")),
+                Numbered::Command(n, line) => got.push(format!("{n} command {line:?}")),
                 Numbered::Kept(n, line) => got.push(format!("{n} kept {line:?}")),
             }
             ControlFlow::<()>::Continue(())

@@ -25,9 +25,11 @@ use supervisor::{
     RESTARTS_ENV, STATUS_FD_ENV,
 };
 
+mod board;
 mod chunks;
 mod input;
 mod merge;
+mod publish;
 mod redis_feed;
 mod redis_stream;
 mod rlimit;
@@ -178,6 +180,15 @@ struct Cli {
     /// How far clocks may differ, for exp and nbf.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration_or_zero, allow_hyphen_values = true, help_heading = JWT_HEADING)]
     jwt_leeway: Duration,
+    /// Serve POST /publish (command lines, or one message) and GET /stats
+    /// on this address, e.g. 127.0.0.1:8081: beside standard input and
+    /// Redis, in the order each request came. Needs --publish-key-file.
+    #[arg(long, value_name = "ADDR", requires = "publish_key_file", help_heading = PUBLISH_HEADING)]
+    publish_listen: Option<SocketAddr>,
+    /// The keys a publisher presents as `Authorization: Bearer KEY` (one
+    /// per line, # comments); others get HTTP 401.
+    #[arg(long, value_name = "PATH", requires = "publish_listen", help_heading = PUBLISH_HEADING)]
+    publish_key_file: Option<PathBuf>,
     /// Refuse (HTTP 403) an ?id= that no token binds (a token file's id=,
     /// a signed token's sub): the setting for production.
     #[arg(long)]
@@ -489,6 +500,51 @@ fn config(cli: &Cli) -> Result<Config, String> {
     Ok(config)
 }
 
+/// Tells the supervisor on `status` what this instance holds, every
+/// second, for its `GET /stats`; ends with the pipe.
+fn report_stats(mut status: std::fs::File, handle: Handle) -> Result<(), String> {
+    std::thread::Builder::new()
+        .name("stats".into())
+        .spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(1));
+            let m = handle.metrics();
+            if status
+                .write_all(&board::record(m.connections_open, m.channels))
+                .is_err()
+            {
+                return;
+            }
+        })
+        .map(drop)
+        .map_err(|e| format!("cannot start the stats thread: {e}"))
+}
+
+/// The publish listener the flags ask for, bound, answering `GET /stats`
+/// with what `stats` says.
+fn publish_listener(
+    cli: &Cli,
+    config: &Config,
+    stats: publish::Stats,
+) -> Result<Option<publish::Listener>, String> {
+    let (Some(addr), Some(path)) = (cli.publish_listen, &cli.publish_key_file) else {
+        return Ok(None);
+    };
+    let text = std::fs::read(path)
+        .map_err(|e| format!("cannot read publish key file {}: {e}", path.display()))?;
+    let keys = Tokens::parse(&text).map_err(|e| match e {
+        TokenError::Empty => format!("no keys in {}", path.display()),
+        TokenError::Invalid { .. } => format!("{}: {e}", path.display()),
+    })?;
+    let max_message = config.max_message_bytes as usize;
+    let limits = wspush::protocol::publish::Limits {
+        max_body: config.max_pending_bytes,
+        max_line: input::max_line_bytes(InputMode::Commands, max_message),
+    };
+    publish::Listener::bind(addr, keys, limits, config.max_pending_bytes, stats)
+        .map(Some)
+        .map_err(|e| format!("cannot listen on {addr} for publishers: {e}"))
+}
+
 /// The verifier of signed tokens the flags ask for, its key files read.
 fn jwt_verifier(cli: &Cli) -> Result<Option<Verifier>, String> {
     let Some(algorithm) = cli.jwt_alg else {
@@ -586,7 +642,8 @@ fn serve(cli: Cli) -> Result<(), String> {
     let mut config = config(&cli)?;
     let (feed, stream) = redis_inputs(&cli, &config)?;
     let mode = cli.input;
-    let max_line = input::max_line_bytes(mode, config.max_message_bytes as usize);
+    let max_message = config.max_message_bytes as usize;
+    let max_line = input::max_line_bytes(mode, max_message);
     // Alone with a stream, the server keeps its history as a supervisor
     // does, apart from its loop: filled from the stream's tail, with the
     // stream's positions.
@@ -599,8 +656,7 @@ fn serve(cli: Cli) -> Result<(), String> {
                     .reader_fd()
                     .map_err(|e| format!("cannot share the history: {e}"))?,
             );
-            let max_message = config.max_message_bytes as usize;
-            Some(input::Recorder::new(history, mode, max_line, max_message))
+            Some(input::Recorder::new(history, mode, max_message))
         }
         None => None,
     };
@@ -633,6 +689,10 @@ fn serve(cli: Cli) -> Result<(), String> {
         status
             .write_all(&[supervisor::LISTENING])
             .map_err(|e| format!("cannot tell the supervisor this instance listens: {e}"))?;
+        let reporter = status
+            .try_clone()
+            .map_err(|e| format!("cannot share the status pipe: {e}"))?;
+        report_stats(reporter, server.handle())?;
         // The supervisor steers new connections away while it is full.
         server.watch_room(move |room| {
             let said = if room {
@@ -677,10 +737,21 @@ fn serve(cli: Cli) -> Result<(), String> {
     // sources as a supervisor does, and numbers from 1.
     let merged = match instance_number() {
         Some(_) => None,
-        None => Some(
-            sources::spawn(io::stdin(), (feed, stream), max_line, None)
-                .map_err(|e| format!("cannot start the input readers: {e}"))?,
-        ),
+        None => {
+            let counts = handle.clone();
+            let stats = Box::new(move || {
+                let m = counts.metrics();
+                format!(
+                    "\"connections\":{},\"channels\":{}",
+                    m.connections_open, m.channels
+                )
+            });
+            let publish = publish_listener(&cli, &config, stats)?;
+            Some(
+                sources::spawn(io::stdin(), (feed, stream), publish, max_line, None)
+                    .map_err(|e| format!("cannot start the input readers: {e}"))?,
+            )
+        }
     };
     let first_line = config.first_position;
     std::thread::Builder::new()
@@ -690,7 +761,7 @@ fn serve(cli: Cli) -> Result<(), String> {
                 Some(chunks) => Box::new(sources::Merged::new(chunks, recorder)),
                 None => Box::new(BufReader::new(io::stdin().lock())),
             };
-            match input::pump(input, &handle, mode, max_line, first_line) {
+            match input::pump(input, &handle, mode, max_message, first_line) {
                 PumpEnd::Eof => log::info!("the input ended; still serving"),
                 PumpEnd::ServerGone => {}
                 PumpEnd::Failed(e) => {
@@ -809,7 +880,7 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     let max_line = input::max_line_bytes(cli.input, max_message);
     let history = SharedHistory::create(&config)
         .map_err(|e| format!("cannot make the history's shared memory: {e}"))?;
-    let recorder = input::Recorder::new(history, cli.input, max_line, max_message);
+    let recorder = input::Recorder::new(history, cli.input, max_message);
     let merge = cli.upstream.is_some();
     // The supervisor holds a listener for each instance, which every
     // process of that instance serves in turn.
@@ -825,8 +896,16 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     log::info!(
         "listening on {listen} with {count} instances, up to {per_instance} connections each"
     );
-    let chunks = sources::spawn(io::stdin(), inputs, max_line, Some(supervisor.waker()))
-        .map_err(|e| format!("cannot start the input readers: {e}"))?;
+    let stats = supervisor.stats();
+    let publish = publish_listener(cli, &config, Box::new(move || stats.json()))?;
+    let chunks = sources::spawn(
+        io::stdin(),
+        inputs,
+        publish,
+        max_line,
+        Some(supervisor.waker()),
+    )
+    .map_err(|e| format!("cannot start the input readers: {e}"))?;
     supervisor.run(chunks).map_err(|e| e.to_string())
 }
 
@@ -835,6 +914,7 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
 const SUPERVISOR_HEADING: &str = "Supervisor (--processes)";
 /// The help heading of the Redis input's flags: under `--processes` the
 /// supervisor holds the one Redis subscription, not its instances.
+const PUBLISH_HEADING: &str = "HTTP publish (under --processes, the supervisor's)";
 const JWT_HEADING: &str = "Signed tokens (JWT)";
 const REDIS_HEADING: &str = "Redis input (under --processes, the supervisor's)";
 
@@ -846,7 +926,7 @@ fn supervisor_flags() -> Vec<String> {
         .filter(|arg| {
             matches!(
                 arg.get_help_heading(),
-                Some(SUPERVISOR_HEADING | REDIS_HEADING)
+                Some(SUPERVISOR_HEADING | REDIS_HEADING | PUBLISH_HEADING)
             )
         })
         .filter_map(|arg| arg.get_long().map(|long| format!("--{long}")))

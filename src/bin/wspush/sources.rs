@@ -21,6 +21,7 @@ use mio::Waker;
 
 use crate::chunks::{Control, WholeLines};
 use crate::input::{Recorder, EVICT_EVERY};
+use crate::publish;
 use crate::redis_feed::{FeedEvent, RedisFeed};
 use crate::redis_stream::StreamFeed;
 
@@ -28,7 +29,8 @@ use crate::redis_stream::StreamFeed;
 const INPUT_CHUNK: usize = 64 * 1024;
 
 /// Reads standard input (`input`), the Redis feed and the Redis stream,
-/// if any, each on a thread of its own, and hands over chunks of whole
+/// if any, and serves the publish listener, if any, each on a thread of
+/// its own, and hands over chunks of whole
 /// lines of at most `max_line` bytes (and control lines), one at a time,
 /// waking `waker` (a supervisor's poll) for each: a source waits while its
 /// reader does not take them, which slows its producer down. The channel
@@ -36,10 +38,14 @@ const INPUT_CHUNK: usize = 64 * 1024;
 pub fn spawn(
     input: impl Read + Send + 'static,
     (feed, stream): (Option<RedisFeed>, Option<StreamFeed>),
+    publish: Option<publish::Listener>,
     max_line: usize,
     waker: Option<Arc<Waker>>,
 ) -> io::Result<Receiver<Vec<u8>>> {
     let (tx, rx) = mpsc::sync_channel(1);
+    if let Some(listener) = publish {
+        publish::spawn(listener, tx.clone(), waker.clone())?;
+    }
     // What a Redis reader hands over.
     let forward = |tx: SyncSender<Vec<u8>>, waker: Option<Arc<Waker>>| {
         move |event| {

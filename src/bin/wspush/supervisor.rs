@@ -67,6 +67,7 @@ use rustix::process::{kill_process, Pid, Signal};
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR2};
 use slab::Slab;
 
+use crate::board::{Board, Heard, Word};
 use crate::chunks::{Control, CONTROL};
 use crate::input::{Recorder, EVICT_EVERY};
 use crate::merge::{self, Merge};
@@ -312,6 +313,8 @@ struct Proc {
     listening: bool,
     /// It said it is full, and not yet that it has room again.
     full: bool,
+    /// Its status pipe's bytes, read into words and stats records.
+    heard: Heard,
 }
 
 /// Where an instance is in its life.
@@ -464,6 +467,8 @@ pub struct Supervisor {
     feeds_lost: usize,
     /// Keeps the messages of the input in the host's history.
     recorder: Recorder,
+    /// What each process holds, as it says, for `GET /stats`.
+    board: Board,
 }
 
 impl Supervisor {
@@ -521,6 +526,7 @@ impl Supervisor {
             merge: None,
             waker: Arc::new(waker),
             feeds_lost: 0,
+            board: Board::default(),
         };
         if merge_output {
             supervisor.merge = Some(Merge::new(Arc::clone(&supervisor.waker))?);
@@ -543,6 +549,11 @@ impl Supervisor {
             }
         }
         Ok(supervisor)
+    }
+
+    /// What the processes hold, as they say it, for `GET /stats`.
+    pub fn stats(&self) -> Board {
+        self.board.clone()
     }
 
     /// The waker of the supervisor's poll, for the input readers.
@@ -820,8 +831,12 @@ impl Supervisor {
                         let _ = self.poll.registry().deregister(&mut pipe);
                     }
                 }
-                Ok(n) => said[..n].iter().for_each(|&byte| {
-                    full = proc.hear(byte).or(full);
+                Ok(n) => said[..n].iter().for_each(|&byte| match proc.heard.byte(byte) {
+                    Word::Byte(byte) => full = proc.hear(byte).or(full),
+                    Word::Counts(connections, channels) => {
+                        self.board.set(key, proc.number, (connections, channels))
+                    }
+                    Word::Nothing => {}
                 }),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => break,
@@ -1052,6 +1067,7 @@ impl Supervisor {
         }
         for (key, status) in exited {
             let mut proc = self.procs.remove(key);
+            self.board.remove(key);
             if let Some(merge) = &mut self.merge {
                 merge.detach(key + 1, self.poll.registry());
             }
@@ -1258,6 +1274,7 @@ impl Supervisor {
             status: Some(status),
             listening: false,
             full: false,
+            heard: Heard::default(),
         });
         Ok(key)
     }

@@ -1,0 +1,452 @@
+//! The publish listener (`--publish-listen`): `POST /publish` and
+//! `GET /stats` over HTTP/1.1 with keep-alive (the protocol is
+//! [`wspush::protocol::publish`]), on a thread of its own with its own
+//! small poll loop, as one more source beside standard input and Redis
+//! ([`crate::sources`]).
+//!
+//! A request's lines are taken whole into a queue of at most
+//! `--max-pending-bytes`, marked as commands ([`Control::Commands`]), and
+//! handed over from there in order whenever the reader has room. A 200
+//! says they are taken: they reach the loop (or the supervisor's
+//! instances) as standard input's lines do. While the queue is full the
+//! answer is 503 with `Retry-After`, and nothing of that request is
+//! taken: backpressure, never a silent drop.
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use slab::Slab;
+use wspush::protocol::publish::{self, Limits, Parsed, Request};
+use wspush::Tokens;
+
+use crate::chunks::Control;
+
+/// The listener's token; connections' tokens are their slots.
+const LISTENER: Token = Token(usize::MAX);
+/// Publish connections held at once; more are closed as they come.
+const MAX_PUBLISHERS: usize = 1024;
+/// A connection that sends nothing this long is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often the queue is offered to a reader that had no room.
+const RETRY_HAND_OVER: Duration = Duration::from_millis(1);
+/// Answers a connection may have unsent before its next requests wait.
+const MAX_UNSENT: usize = 64 * 1024;
+/// Bytes read at a time.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// What the server holds, as `GET /stats` says it: the members of a JSON
+/// object (`"connections":N,"channels":N,...`), from whoever knows them
+/// (a lone server's loop, or a supervisor's instances).
+pub type Stats = Box<dyn Fn() -> String + Send>;
+
+/// A publish listener, bound, and what it takes.
+pub struct Listener {
+    /// The socket, bound where `--publish-listen` says.
+    pub socket: std::net::TcpListener,
+    /// The keys a publisher presents (`--publish-key-file`).
+    pub keys: Tokens,
+    /// The longest body and line.
+    pub limits: Limits,
+    /// The most bytes of lines taken and not yet handed over.
+    pub max_pending: usize,
+    /// What `GET /stats` answers.
+    pub stats: Stats,
+}
+
+impl Listener {
+    /// Binds `addr`.
+    pub fn bind(
+        addr: SocketAddr,
+        keys: Tokens,
+        limits: Limits,
+        max_pending: usize,
+        stats: Stats,
+    ) -> io::Result<Listener> {
+        let socket = std::net::TcpListener::bind(addr)?;
+        socket.set_nonblocking(true)?;
+        log::info!("publish on http://{}/publish", socket.local_addr()?);
+        Ok(Listener {
+            socket,
+            keys,
+            limits,
+            max_pending,
+            stats,
+        })
+    }
+}
+
+/// One publisher's connection.
+struct Conn {
+    stream: TcpStream,
+    /// Bytes received and not yet taken by a request.
+    input: Vec<u8>,
+    /// Where the search for the head's end goes on.
+    seen: usize,
+    /// Answers not yet sent.
+    output: Vec<u8>,
+    /// Close once the answers are sent.
+    closing: bool,
+    last_heard: Instant,
+}
+
+/// What was taken and refused, for `/stats` and the logs.
+#[derive(Debug, Default)]
+struct Tally {
+    requests: u64,
+    lines: u64,
+    /// Refused requests by status.
+    refused: Vec<(u16, u64)>,
+    /// 503s since the last warning.
+    busy_since_warned: u64,
+    warned_at: Option<Instant>,
+}
+
+impl Tally {
+    fn refused(&mut self, status: u16) {
+        match self.refused.iter_mut().find(|(s, _)| *s == status) {
+            Some((_, n)) => *n += 1,
+            None => {
+                self.refused.push((status, 1));
+                self.refused.sort_unstable();
+            }
+        }
+    }
+
+    fn json(&self) -> String {
+        let refused: Vec<String> = self
+            .refused
+            .iter()
+            .map(|(status, n)| format!("\"{status}\":{n}"))
+            .collect();
+        format!(
+            "{{\"requests\":{},\"lines\":{},\"refused\":{{{}}}}}",
+            self.requests,
+            self.lines,
+            refused.join(",")
+        )
+    }
+}
+
+/// The listener's loop and what it holds.
+struct Publisher {
+    listener: TcpListener,
+    keys: Tokens,
+    limits: Limits,
+    max_pending: usize,
+    stats: Stats,
+    poll: Poll,
+    conns: Slab<Conn>,
+    /// Lines taken, not yet handed over.
+    pending: Vec<u8>,
+    tx: SyncSender<Vec<u8>>,
+    waker: Option<Arc<Waker>>,
+    tally: Tally,
+}
+
+/// Serves `listener` on a thread of its own, handing the lines taken to
+/// `tx` (and waking `waker`, a supervisor's poll); it ends when the
+/// reader is gone.
+pub fn spawn(
+    listener: Listener,
+    tx: SyncSender<Vec<u8>>,
+    waker: Option<Arc<Waker>>,
+) -> io::Result<()> {
+    let poll = Poll::new()?;
+    let mut socket = TcpListener::from_std(listener.socket);
+    poll.registry()
+        .register(&mut socket, LISTENER, Interest::READABLE)?;
+    let publisher = Publisher {
+        listener: socket,
+        keys: listener.keys,
+        limits: listener.limits,
+        max_pending: listener.max_pending,
+        stats: listener.stats,
+        poll,
+        conns: Slab::new(),
+        pending: Vec::new(),
+        tx,
+        waker,
+        tally: Tally::default(),
+    };
+    std::thread::Builder::new()
+        .name("publish".into())
+        .spawn(move || publisher.run())?;
+    Ok(())
+}
+
+impl Publisher {
+    fn run(mut self) {
+        let mut events = Events::with_capacity(256);
+        let mut swept = Instant::now();
+        loop {
+            let timeout = match self.pending.is_empty() {
+                true => IDLE_TIMEOUT / 4,
+                false => RETRY_HAND_OVER,
+            };
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    log::error!("the publish listener's poll failed: {e}; it stops");
+                    return;
+                }
+            }
+            for event in &events {
+                match event.token() {
+                    LISTENER => self.accept(),
+                    Token(key) => self.serve(key),
+                }
+            }
+            if !self.hand_over() {
+                return;
+            }
+            if swept.elapsed() >= IDLE_TIMEOUT / 4 {
+                swept = Instant::now();
+                self.sweep();
+            }
+        }
+    }
+
+    fn accept(&mut self) {
+        loop {
+            let (mut stream, _) = match self.listener.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    log::warn!("publish listener: accept failed: {e}");
+                    return;
+                }
+            };
+            if self.conns.len() >= MAX_PUBLISHERS {
+                log::warn!("publish listener: {MAX_PUBLISHERS} connections open; one more closed");
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            let entry = self.conns.vacant_entry();
+            let interest = Interest::READABLE | Interest::WRITABLE;
+            if self
+                .poll
+                .registry()
+                .register(&mut stream, Token(entry.key()), interest)
+                .is_ok()
+            {
+                entry.insert(Conn {
+                    stream,
+                    input: Vec::new(),
+                    seen: 0,
+                    output: Vec::new(),
+                    closing: false,
+                    last_heard: Instant::now(),
+                });
+            }
+        }
+    }
+
+    /// Reads what the connection sent, answers each whole request, and
+    /// writes the answers (edge-triggered: until the socket would block,
+    /// or its answers wait to be sent).
+    fn serve(&mut self, key: usize) {
+        let limit = self.limits.max_body + publish::MAX_HEAD_BYTES;
+        loop {
+            let Some(conn) = self.conns.get_mut(key) else {
+                return;
+            };
+            let read = read(conn, limit);
+            self.answer(key);
+            let conn = &mut self.conns[key];
+            let flushed = flush(conn);
+            if read == Reading::Ended || flushed.is_err() || (conn.closing && conn.output.is_empty())
+            {
+                self.close(key);
+                return;
+            }
+            if read != Reading::Full || conn.closing || conn.output.len() >= MAX_UNSENT {
+                return;
+            }
+        }
+    }
+
+    /// Answers the whole requests the connection has sent, in order,
+    /// while its unsent answers are few.
+    fn answer(&mut self, key: usize) {
+        let Publisher {
+            keys,
+            limits,
+            max_pending,
+            stats,
+            conns,
+            pending,
+            tally,
+            ..
+        } = self;
+        let Some(conn) = conns.get_mut(key) else {
+            return;
+        };
+        while !conn.closing && conn.output.len() < MAX_UNSENT {
+            let parsed = publish::parse(&conn.input, conn.seen, keys, limits);
+            let (status, body, used, close) = match parsed {
+                Parsed::Partial { seen } => {
+                    conn.seen = seen;
+                    return;
+                }
+                Parsed::Request {
+                    request,
+                    used,
+                    close,
+                } => {
+                    let (status, body) = match request {
+                        Request::Stats => (200, format!("{{{},\"publish\":{}}}", stats(), tally.json())),
+                        Request::Publish { text, lines } => {
+                            take(pending, *max_pending, tally, text, lines)
+                        }
+                    };
+                    (status, body, Some(used), close)
+                }
+                Parsed::Refused { refusal, used } => {
+                    log::debug!("publish request refused ({}): {}", refusal.status, refusal.why);
+                    tally.refused(refusal.status);
+                    (refusal.status, refusal.why, used, used.is_none())
+                }
+            };
+            tally.requests += 1;
+            if status == 503 {
+                warn_busy(tally, *max_pending);
+            }
+            publish::respond(&mut conn.output, status, &body, close);
+            conn.closing = close;
+            conn.seen = 0;
+            if let Some(used) = used {
+                conn.input.drain(..used);
+            }
+        }
+    }
+
+    /// Offers the lines taken to the reader; false once it is gone.
+    fn hand_over(&mut self) -> bool {
+        if self.pending.is_empty() {
+            return true;
+        }
+        match self.tx.try_send(std::mem::take(&mut self.pending)) {
+            Ok(()) => {
+                if let Some(waker) = &self.waker {
+                    let _ = waker.wake();
+                }
+                true
+            }
+            Err(TrySendError::Full(back)) => {
+                self.pending = back;
+                true
+            }
+            Err(TrySendError::Disconnected(_)) => false,
+        }
+    }
+
+    /// Closes connections silent for the idle timeout.
+    fn sweep(&mut self) {
+        let idle: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, conn)| conn.last_heard.elapsed() >= IDLE_TIMEOUT)
+            .map(|(key, _)| key)
+            .collect();
+        for key in idle {
+            self.close(key);
+        }
+    }
+
+    fn close(&mut self, key: usize) {
+        let mut conn = self.conns.remove(key);
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+    }
+}
+
+/// Takes a request's `lines` into `pending`, marked as commands, if they
+/// fit within `max_pending`: the status and body to answer.
+fn take(
+    pending: &mut Vec<u8>,
+    max_pending: usize,
+    tally: &mut Tally,
+    text: Vec<u8>,
+    lines: usize,
+) -> (u16, String) {
+    if lines == 0 {
+        return (200, "{\"lines\":0}".into());
+    }
+    let control = Control::Commands {
+        lines: lines as u32,
+    }
+    .line();
+    if pending.len() + control.len() + text.len() > max_pending {
+        tally.refused(503);
+        tally.busy_since_warned += 1;
+        let why = format!("{max_pending} bytes of lines wait to be handed on: retry");
+        return (503, why);
+    }
+    pending.extend_from_slice(&control);
+    pending.extend_from_slice(&text);
+    tally.lines += lines as u64;
+    (200, format!("{{\"lines\":{lines}}}"))
+}
+
+/// Warns of 503s, at most once a second.
+fn warn_busy(tally: &mut Tally, max_pending: usize) {
+    if tally.warned_at.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
+        return;
+    }
+    log::warn!(
+        "publish: {} request(s) answered 503: {max_pending} bytes of lines wait for the loop",
+        tally.busy_since_warned
+    );
+    tally.busy_since_warned = 0;
+    tally.warned_at = Some(Instant::now());
+}
+
+/// How a read ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// The socket has nothing more now.
+    Drained,
+    /// The input holds its limit: more may wait in the socket.
+    Full,
+    /// The peer closed, or the socket failed.
+    Ended,
+}
+
+/// Reads what the socket has into the connection's input, up to `limit`
+/// bytes held.
+fn read(conn: &mut Conn, limit: usize) -> Reading {
+    let mut buf = [0u8; READ_CHUNK];
+    while conn.input.len() <= limit {
+        match conn.stream.read(&mut buf) {
+            Ok(0) => return Reading::Ended,
+            Ok(n) => {
+                conn.input.extend_from_slice(&buf[..n]);
+                conn.last_heard = Instant::now();
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Reading::Drained,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return Reading::Ended,
+        }
+    }
+    Reading::Full
+}
+
+/// Writes the connection's answers until the socket would block.
+fn flush(conn: &mut Conn) -> io::Result<()> {
+    while !conn.output.is_empty() {
+        match conn.stream.write(&conn.output) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                conn.output.drain(..n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
