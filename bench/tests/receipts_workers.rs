@@ -32,6 +32,7 @@ fn floor_receipts(options: floor::FloorOptions, paths: Paths, expected: usize) -
         deflate: false,
         channel: None,
         positions: false,
+        token: None,
         connect_timeout_ms: 10_000,
         receipts: Some(ReceiptsPlan {
             paths,

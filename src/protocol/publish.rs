@@ -142,11 +142,12 @@ pub fn parse(buf: &[u8], seen: usize, keys: &Tokens, limits: &Limits) -> Parsed 
         None => 0,
     };
     let used = head_len.checked_add(body_len);
-    // The answer to a refused request whose body is read whole (when it
-    // fits), so that the connection goes on.
+    // The answer to a refused request whose body is read whole (none,
+    // without a length; not when it is chunked or too long), so that the
+    // connection goes on.
     let after_body = |refusal: Refusal| Parsed::Refused {
         refusal,
-        used: used.filter(|_| body_len <= limits.max_body && head.content_length.is_some()),
+        used: used.filter(|_| body_len <= limits.max_body && !head.chunked),
     };
     let method = request.method.unwrap_or_default();
     match (method, path) {
@@ -155,11 +156,8 @@ pub fn parse(buf: &[u8], seen: usize, keys: &Tokens, limits: &Limits) -> Parsed 
         (_, "/stats") => return after_body(Refusal::new(405, "GET /stats")),
         _ => return after_body(Refusal::new(404, "POST /publish or GET /stats")),
     }
-    if !head
-        .authorization
-        .and_then(bearer)
-        .is_some_and(|key| keys.find(key).is_some())
-    {
+    let key = head.authorization.and_then(bearer);
+    if key.and_then(|key| keys.find(key)).is_none() {
         return refused(401, "the publish key is required", None);
     }
     if method == "GET" {
@@ -170,13 +168,20 @@ pub fn parse(buf: &[u8], seen: usize, keys: &Tokens, limits: &Limits) -> Parsed 
         };
     }
     if head.chunked {
-        return refused(501, "chunked bodies are not taken: send a Content-Length", None);
+        return refused(
+            501,
+            "chunked bodies are not taken: send a Content-Length",
+            None,
+        );
     }
     if head.content_length.is_none() {
         return refused(411, "a body needs a Content-Length", None);
     }
     if body_len > limits.max_body {
-        let why = format!("a body of {body_len} bytes: at most {} are taken", limits.max_body);
+        let why = format!(
+            "a body of {body_len} bytes: at most {} are taken",
+            limits.max_body
+        );
         return refused(413, why, None);
     }
     let Some(used) = used.filter(|&used| used <= buf.len()) else {
@@ -248,10 +253,10 @@ impl<'a> Head<'a> {
                     .split(|&b| b == b',')
                     .any(|v| v.trim_ascii().eq_ignore_ascii_case(b"close"));
             } else if name.eq_ignore_ascii_case(b"Content-Type") {
-                head.binary = value
-                    .split(|&b| b == b';')
-                    .next()
-                    .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"application/octet-stream"));
+                head.binary = value.split(|&b| b == b';').next().is_some_and(|t| {
+                    t.trim_ascii()
+                        .eq_ignore_ascii_case(b"application/octet-stream")
+                });
             }
         }
         head
@@ -272,7 +277,10 @@ fn lines(body: &[u8], limits: &Limits) -> Result<(Vec<u8>, usize), Refusal> {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         let number = index + 1;
         if line.len() > limits.max_line {
-            let why = format!("line {number}: longer than the {}-byte limit", limits.max_line);
+            let why = format!(
+                "line {number}: longer than the {}-byte limit",
+                limits.max_line
+            );
             return Err(Refusal::new(413, why));
         }
         let line = std::str::from_utf8(line)
@@ -304,7 +312,13 @@ fn message(
         }
     };
     if takes_args == args.is_empty() {
-        return Err(Refusal::new(400, format!("{verb} takes {}", if takes_args { "a value" } else { "none" })));
+        return Err(Refusal::new(
+            400,
+            format!(
+                "{verb} takes {}",
+                if takes_args { "a value" } else { "none" }
+            ),
+        ));
     }
     let mut line = String::with_capacity(verb.len() + args.len() + body.len() * 4 / 3 + 8);
     line.push_str(verb);
@@ -319,8 +333,12 @@ fn message(
     if binary {
         BASE64.encode_string(body, &mut line);
     } else {
-        let text = std::str::from_utf8(body)
-            .map_err(|_| Refusal::new(400, "a text message is UTF-8: send binary as application/octet-stream"))?;
+        let text = std::str::from_utf8(body).map_err(|_| {
+            Refusal::new(
+                400,
+                "a text message is UTF-8: send binary as application/octet-stream",
+            )
+        })?;
         if text.contains(['\n', '\r']) {
             return Err(Refusal::new(
                 400,
@@ -330,7 +348,10 @@ fn message(
         line.push_str(text);
     }
     if line.len() > limits.max_line {
-        let why = format!("the message makes a line longer than the {}-byte limit", limits.max_line);
+        let why = format!(
+            "the message makes a line longer than the {}-byte limit",
+            limits.max_line
+        );
         return Err(Refusal::new(413, why));
     }
     Command::parse(&line).map_err(|e| Refusal::new(400, e.to_string()))?;
@@ -435,7 +456,10 @@ mod tests {
             }
         ));
         let (status, why, _) = refusal(&post("/publish", "", "all ok\n\nall x"));
-        assert_eq!((status, why.as_str()), (400, "line 2: an empty line is not a command"));
+        assert_eq!(
+            (status, why.as_str()),
+            (400, "line 2: an empty line is not a command")
+        );
     }
 
     #[test]
@@ -480,9 +504,13 @@ mod tests {
         let wrong = no_key.replace("\r\n\r\n", "\r\nAuthorization: Bearer nope\r\n\r\n");
         assert_eq!(refusal(&wrong).0, 401);
         assert_eq!(refusal(&post("/other", "", "")).0, 404);
-        assert_eq!(refusal("GET /publish HTTP/1.1\r\n\r\n").0, 405);
+        let get = "GET /publish HTTP/1.1\r\n\r\n";
+        assert_eq!(refusal(get), (405, "POST /publish".into(), Some(get.len())));
         let no_length = "POST /publish HTTP/1.1\r\nAuthorization: Bearer pub-key\r\n\r\n";
-        assert_eq!(refusal(no_length), (411, "a body needs a Content-Length".into(), None));
+        assert_eq!(
+            refusal(no_length),
+            (411, "a body needs a Content-Length".into(), None)
+        );
         let chunked = no_length.replace("\r\n\r\n", "\r\nTransfer-Encoding: chunked\r\n\r\n");
         assert_eq!(refusal(&chunked).0, 501);
         let big = format!(
@@ -490,13 +518,21 @@ mod tests {
             LIMITS.max_body + 1
         );
         assert_eq!(refusal(&big).0, 413);
-        let (status, why, used) = refusal(&post("/publish", "", &format!("all {}", "x".repeat(200))));
-        assert_eq!((status, why.as_str(), used.is_some()), (413, "line 1: longer than the 100-byte limit", true));
+        let (status, why, used) =
+            refusal(&post("/publish", "", &format!("all {}", "x".repeat(200))));
+        assert_eq!(
+            (status, why.as_str(), used.is_some()),
+            (413, "line 1: longer than the 100-byte limit", true)
+        );
         let twice = post("/publish", "Content-Length: 9\r\n", "all x");
         assert_eq!(refusal(&twice).0, 400);
-        let huge = format!("GET /stats HTTP/1.1\r\nX: {}\r\n\r\n", "y".repeat(MAX_HEAD_BYTES));
+        let huge = format!(
+            "GET /stats HTTP/1.1\r\nX: {}\r\n\r\n",
+            "y".repeat(MAX_HEAD_BYTES)
+        );
         assert_eq!(refusal(&huge).0, 431);
-        let stats = "GET /stats HTTP/1.1\r\nAuthorization: Bearer pub-key\r\nConnection: close\r\n\r\n";
+        let stats =
+            "GET /stats HTTP/1.1\r\nAuthorization: Bearer pub-key\r\nConnection: close\r\n\r\n";
         assert_eq!(
             parsed(stats),
             Parsed::Request {
@@ -554,7 +590,9 @@ mod tests {
         respond(&mut out, 200, r#"{"lines":3}"#, false);
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
-        assert!(text.contains("Content-Length: 12\r\n") && text.ends_with("\r\n\r\n{\"lines\":3}\n"));
+        assert!(
+            text.contains("Content-Length: 12\r\n") && text.ends_with("\r\n\r\n{\"lines\":3}\n")
+        );
         assert!(text.contains("Connection: keep-alive"));
         let mut out = Vec::new();
         respond(&mut out, 503, "busy", true);

@@ -305,7 +305,10 @@ impl Pump<'_> {
                     InputMode::Lines => "message",
                     InputMode::Commands => "command line",
                 };
-                let why = format!("longer than the {}-byte {limit} limit", self.limits.of(mode));
+                let why = format!(
+                    "longer than the {}-byte {limit} limit",
+                    self.limits.of(mode)
+                );
                 reject(handle, number, &why);
                 return ControlFlow::Continue(());
             }
@@ -419,9 +422,7 @@ impl Recorder {
             let (number, text, mode) = match line {
                 Numbered::Line(number, Line::Text(text))
                 | Numbered::Kept(number, Line::Text(text)) => (number, text, mode),
-                Numbered::Command(number, Line::Text(text)) => {
-                    (number, text, InputMode::Commands)
-                }
+                Numbered::Command(number, Line::Text(text)) => (number, text, InputMode::Commands),
                 Numbered::Control(Some(Control::Forget(seq))) => {
                     history.forget_through(seq);
                     return ControlFlow::Continue(());

@@ -259,7 +259,9 @@ impl Publisher {
             self.answer(key);
             let conn = &mut self.conns[key];
             let flushed = flush(conn);
-            if read == Reading::Ended || flushed.is_err() || (conn.closing && conn.output.is_empty())
+            if read == Reading::Ended
+                || flushed.is_err()
+                || (conn.closing && conn.output.is_empty())
             {
                 self.close(key);
                 return;
@@ -299,7 +301,9 @@ impl Publisher {
                     close,
                 } => {
                     let (status, body) = match request {
-                        Request::Stats => (200, format!("{{{},\"publish\":{}}}", stats(), tally.json())),
+                        Request::Stats => {
+                            (200, format!("{{{},\"publish\":{}}}", stats(), tally.json()))
+                        }
                         Request::Publish { text, lines } => {
                             take(pending, *max_pending, tally, text, lines)
                         }
@@ -307,7 +311,11 @@ impl Publisher {
                     (status, body, Some(used), close)
                 }
                 Parsed::Refused { refusal, used } => {
-                    log::debug!("publish request refused ({}): {}", refusal.status, refusal.why);
+                    log::debug!(
+                        "publish request refused ({}): {}",
+                        refusal.status,
+                        refusal.why
+                    );
                     tally.refused(refusal.status);
                     (refusal.status, refusal.why, used, used.is_none())
                 }
@@ -394,7 +402,10 @@ fn take(
 
 /// Warns of 503s, at most once a second.
 fn warn_busy(tally: &mut Tally, max_pending: usize) {
-    if tally.warned_at.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
+    if tally
+        .warned_at
+        .is_some_and(|at| at.elapsed() < Duration::from_secs(1))
+    {
         return;
     }
     log::warn!(

@@ -831,13 +831,15 @@ impl Supervisor {
                         let _ = self.poll.registry().deregister(&mut pipe);
                     }
                 }
-                Ok(n) => said[..n].iter().for_each(|&byte| match proc.heard.byte(byte) {
-                    Word::Byte(byte) => full = proc.hear(byte).or(full),
-                    Word::Counts(connections, channels) => {
-                        self.board.set(key, proc.number, (connections, channels))
-                    }
-                    Word::Nothing => {}
-                }),
+                Ok(n) => said[..n]
+                    .iter()
+                    .for_each(|&byte| match proc.heard.byte(byte) {
+                        Word::Byte(byte) => full = proc.hear(byte).or(full),
+                        Word::Counts(connections, channels) => {
+                            self.board.set(key, proc.number, (connections, channels))
+                        }
+                        Word::Nothing => {}
+                    }),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => break,
             }
@@ -1354,7 +1356,7 @@ mod tests {
 
     fn recorder() -> Recorder {
         let history = wspush::SharedHistory::create(&wspush::Config::default()).unwrap();
-        Recorder::new(history, crate::input::InputMode::Lines, 1024, 1024)
+        Recorder::new(history, crate::input::InputMode::Lines, 1024)
     }
 
     fn listeners(count: usize) -> Vec<OwnedFd> {
