@@ -1,32 +1,26 @@
-// wspush.js: a browser client for a wspush server that reconnects by
-// itself and resumes where it left off, so that no message is lost, and
-// says so when some were. No dependencies.
+// wspush.js: a browser client for wspush that reconnects by itself and
+// resumes where it left off: no message is lost, and a loss is told.
 //
 //   const push = wspush.connect("wss://push.example.com/", {
 //     channels: ["news"], id: "alice", token: "...",
-//     getToken() {},                  // or: a fresh token (or a promise of one)
-//                                     // for each connection; a close with
-//                                     // 4001 (the token expired) reconnects
-//                                     // at once with the next one
-//     onmessage(data, position) {},   // data: a string, or an ArrayBuffer
-//     ongap(from, to, position) {},   // messages from `from` to `to` are lost;
-//                                     // every one that follows is after `to`
-//     onunknown(position) {},         // the server could not place us: reload state
-//     onstate(state, close) {},       // "open", or "closed" with the CloseEvent
-//     onstatus(status) {},            // each status: what a connection is told
-//   });                               // first, a gap where it falls later, and
-//                                     // a drain's hint before its close (1012):
-//                                     // {status: "position"|"recovered"|"gap"|"unknown"
-//                                     //          |"reconnect", ...}
-//   push.position;  // the last position seen (store it to resume after a reload)
+//     getToken() {},  // or: a token (or its promise) per connection;
+//                     // a 4001 close (expired) reconnects at once
+//     onmessage(data, position) {},  // data: a string or an ArrayBuffer
+//     ongap(from, to, position) {},  // from..to lost; what follows is after `to`
+//     onunknown(position) {},  // the server could not place us: reload state
+//     onstate(state, close) {},  // "open", or "closed" with the CloseEvent
+//     onstatus(status) {},  // {status: "position"|"recovered"|"gap"|"unknown"
+//                           // |"reconnect", ...}: first, where a gap falls,
+//                           // and a drain's hint before its 1012
+//   });
+//   push.position;  // the last one seen (store it to resume after a reload)
 //   push.close();
 (function (root) {
   "use strict";
 
-  // Reconnecting waits a random time between MIN_DELAY and a ceiling that
-  // starts at FIRST_CEILING and doubles with each failed try, up to
-  // MAX_DELAY (ms): the clients of a server that went away come back
-  // spread over seconds, not all at once.
+  // Reconnects wait a random time from MIN_DELAY to a ceiling that starts
+  // at FIRST_CEILING and doubles with each failed try, up to MAX_DELAY
+  // (ms): the clients of a server that went away come back spread out.
   const MIN_DELAY = 500, FIRST_CEILING = 3000, MAX_DELAY = 20000;
   const STABLE = 10000; // a connection open this long resets the backoff
   const TOKEN_EXPIRED = 4001; // the server's close when a signed token expires
@@ -36,7 +30,7 @@
     const o = options || {};
     let position = o.since || null;
     let ws = null, timer = null, attempt = 0, openedAt = 0, hiddenAt = 0, done = false;
-    let dialing = 0; // counts opens, so that a token that comes late is for the last one
+    let dialing = 0; // counts opens: a late token is for the last one only
     let hint = null; // the delay a draining server asked for (ms)
     const call = (name, ...args) => { if (o[name]) o[name](...args); };
 
@@ -77,7 +71,6 @@
         ws = null;
         call("onstate", "closed", e);
         if (done) return;
-        // The server spread its expiries already: come back at once.
         if (e.code === TOKEN_EXPIRED && o.getToken) { attempt = 0; openedAt = 0; open(); }
         else retry();
       };
