@@ -145,10 +145,12 @@ pub fn parse(buf: &[u8], seen: usize, keys: &Tokens, limits: &Limits) -> Parsed 
     // The answer to a refused request whose body is read whole (none,
     // without a length; not when it is chunked or too long), so that the
     // connection goes on.
-    let after_body = |refusal: Refusal| Parsed::Refused {
-        refusal,
-        used: used.filter(|_| body_len <= limits.max_body && !head.chunked),
-    };
+    let after_body =
+        |refusal: Refusal| match used.filter(|_| body_len <= limits.max_body && !head.chunked) {
+            // The body is to be read past before the next request.
+            Some(used) if used > buf.len() => Parsed::Partial { seen: 0 },
+            used => Parsed::Refused { refusal, used },
+        };
     let method = request.method.unwrap_or_default();
     match (method, path) {
         ("POST", "/publish") | ("GET", "/stats") => {}
@@ -506,6 +508,10 @@ mod tests {
         assert_eq!(refusal(&post("/other", "", "")).0, 404);
         let get = "GET /publish HTTP/1.1\r\n\r\n";
         assert_eq!(refusal(get), (405, "POST /publish".into(), Some(get.len())));
+        // A refused request's body is read past, once it has come.
+        let put = "PUT /publish HTTP/1.1\r\nContent-Length: 4\r\n\r\nab";
+        assert_eq!(parsed(put), Parsed::Partial { seen: 0 });
+        assert_eq!(refusal(&format!("{put}cd")).2, Some(put.len() + 2));
         let no_length = "POST /publish HTTP/1.1\r\nAuthorization: Bearer pub-key\r\n\r\n";
         assert_eq!(
             refusal(no_length),
