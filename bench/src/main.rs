@@ -20,6 +20,7 @@ use wspush_bench::scenario::hosts::{self, HostsOptions};
 use wspush_bench::scenario::push::{self, PushOptions};
 use wspush_bench::scenario::trickle::{self, TrickleOptions};
 use wspush_bench::target::floor;
+use wspush_bench::target::publish;
 use wspush_bench::target::server::{self, ServerSpec};
 use wspush_bench::target::supervisor::{self, Processes};
 use wspush_bench::target::External;
@@ -202,6 +203,27 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Single-message `POST /publish?all` requests on one keep-alive
+    /// connection to a running server's publish listener, each after the
+    /// last was answered: requests taken a second, and their round trips.
+    PublishLoad {
+        /// The publish listener (`--publish-listen`).
+        #[arg(long, value_name = "ADDR")]
+        addr: SocketAddr,
+        /// The key (`Authorization: Bearer KEY`).
+        #[arg(long, value_name = "KEY")]
+        key: String,
+        /// How long to send.
+        #[arg(long, default_value_t = 5.0)]
+        secs: f64,
+        /// Bytes of each message.
+        #[arg(long, default_value_t = 32)]
+        payload_bytes: usize,
+        /// Requests written and not yet answered, at most (1: each after
+        /// the last was answered).
+        #[arg(long, default_value_t = 1)]
+        in_flight: usize,
+    },
     /// (Internal) a client worker process of `push` or `channels`, driven
     /// through its standard input and output.
     #[command(hide = true)]
@@ -241,6 +263,13 @@ fn main() -> ExitCode {
             json,
         } => run_trickle(&server, &options, json),
         Command::Channels { options, json } => run_channels(&options, json),
+        Command::PublishLoad {
+            addr,
+            key,
+            secs,
+            payload_bytes,
+            in_flight,
+        } => run_publish_load(addr, &key, secs, payload_bytes, in_flight),
         Command::Hosts {
             hosts,
             options,
@@ -316,6 +345,27 @@ fn run_floor(
             )?)
         }
     }
+}
+
+fn run_publish_load(
+    addr: SocketAddr,
+    key: &str,
+    secs: f64,
+    payload_bytes: usize,
+    in_flight: usize,
+) -> Result<(), Error> {
+    let payload = vec![b'x'; payload_bytes];
+    let load = publish::load(addr, key, &payload, secs, in_flight)?;
+    println!(
+        "publish-load {addr}, {in_flight} in flight: {} requests taken in {:.2} s: {:.0}/s on one connection; round trip median {:.1} µs, p99 {:.1} µs; {} answered 503",
+        load.requests,
+        load.secs,
+        load.requests as f64 / load.secs,
+        load.p50_us,
+        load.p99_us,
+        load.busy
+    );
+    Ok(())
 }
 
 fn run_push(

@@ -27,6 +27,7 @@ use crate::report::{
 };
 use crate::target::server::start_server;
 use crate::target::server::ServerSpec;
+use crate::target::publish::ThroughPublish;
 use crate::target::Target;
 use crate::wire::message::{self, Padding, Stamp};
 use crate::Error;
@@ -89,6 +90,14 @@ pub struct PushOptions {
     /// costs the setup.
     #[arg(long, value_name = "TOKEN")]
     pub token: Option<String>,
+    /// Send the broadcasts as `POST /publish` requests to this address (the
+    /// server's `--publish-listen`), on one keep-alive connection, instead
+    /// of on its standard input.
+    #[arg(long, value_name = "ADDR", requires = "publish_key")]
+    pub publish: Option<SocketAddr>,
+    /// The key the requests present (`Authorization: Bearer KEY`).
+    #[arg(long, value_name = "KEY", requires = "publish")]
+    pub publish_key: Option<String>,
     /// Connection attempts started per second.
     #[arg(long, default_value_t = 10_000)]
     pub rate: u32,
@@ -289,15 +298,18 @@ pub fn run(spec: &ServerSpec, options: &PushOptions, round: u32) -> Result<RunRe
         command,
         round,
     };
-    measure(
-        &mut server,
-        SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
-        options,
-        &Launch::Processes {
-            exe: std::env::current_exe()?,
-        },
-        info,
-    )
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let launch = Launch::Processes {
+        exe: std::env::current_exe()?,
+    };
+    match (options.publish, &options.publish_key) {
+        (Some(publish), Some(key)) => {
+            let commands = options.channel.is_some();
+            let mut via = ThroughPublish::new(&mut server, publish, key, commands)?;
+            measure(&mut via, addr, options, &launch, info)
+        }
+        _ => measure(&mut server, addr, options, &launch, info),
+    }
 }
 
 /// Measures the listening server `target` at `addr`, phase by phase, with

@@ -7,6 +7,7 @@
 //! speaks [`crate::wire`].
 
 pub mod floor;
+pub mod publish;
 pub mod server;
 pub mod supervisor;
 

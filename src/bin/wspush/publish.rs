@@ -32,7 +32,7 @@ const LISTENER: Token = Token(usize::MAX);
 const MAX_PUBLISHERS: usize = 1024;
 /// A connection that sends nothing this long is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-/// How often the queue is offered to a reader that had no room.
+/// How soon the queue is offered again to a reader that had no room.
 const RETRY_HAND_OVER: Duration = Duration::from_millis(1);
 /// Answers a connection may have unsent before its next requests wait.
 const MAX_UNSENT: usize = 64 * 1024;
@@ -89,6 +89,8 @@ struct Conn {
     seen: usize,
     /// Answers not yet sent.
     output: Vec<u8>,
+    /// Registered for writability too (answers wait for room).
+    writable_interest: bool,
     /// Close once the answers are sent.
     closing: bool,
     last_heard: Instant,
@@ -200,7 +202,7 @@ impl Publisher {
                     Token(key) => self.serve(key),
                 }
             }
-            if !self.hand_over() {
+            if !self.pending.is_empty() && !self.hand_over() {
                 return;
             }
             if swept.elapsed() >= IDLE_TIMEOUT / 4 {
@@ -227,11 +229,10 @@ impl Publisher {
             }
             let _ = stream.set_nodelay(true);
             let entry = self.conns.vacant_entry();
-            let interest = Interest::READABLE | Interest::WRITABLE;
             if self
                 .poll
                 .registry()
-                .register(&mut stream, Token(entry.key()), interest)
+                .register(&mut stream, Token(entry.key()), Interest::READABLE)
                 .is_ok()
             {
                 entry.insert(Conn {
@@ -239,6 +240,7 @@ impl Publisher {
                     input: Vec::new(),
                     seen: 0,
                     output: Vec::new(),
+                    writable_interest: false,
                     closing: false,
                     last_heard: Instant::now(),
                 });
@@ -265,6 +267,23 @@ impl Publisher {
             {
                 self.close(key);
                 return;
+            }
+            // Writability is asked for only while answers wait for room.
+            let waiting = !conn.output.is_empty();
+            if waiting != conn.writable_interest {
+                let interest = match waiting {
+                    true => Interest::READABLE | Interest::WRITABLE,
+                    false => Interest::READABLE,
+                };
+                let registry = self.poll.registry();
+                if registry
+                    .reregister(&mut conn.stream, Token(key), interest)
+                    .is_err()
+                {
+                    self.close(key);
+                    return;
+                }
+                conn.writable_interest = waiting;
             }
             if read != Reading::Full || conn.closing || conn.output.len() >= MAX_UNSENT {
                 return;
@@ -333,11 +352,9 @@ impl Publisher {
         }
     }
 
-    /// Offers the lines taken to the reader; false once it is gone.
+    /// Offers the lines taken to the reader (they stay if it has no
+    /// room); false once it is gone.
     fn hand_over(&mut self) -> bool {
-        if self.pending.is_empty() {
-            return true;
-        }
         match self.tx.try_send(std::mem::take(&mut self.pending)) {
             Ok(()) => {
                 if let Some(waker) = &self.waker {
@@ -428,7 +445,9 @@ enum Reading {
 }
 
 /// Reads what the socket has into the connection's input, up to `limit`
-/// bytes held.
+/// bytes held. A read shorter than asked for emptied the socket: what
+/// comes next raises a new event, so it is not read again for the
+/// `WouldBlock` (one system call a request, not two).
 fn read(conn: &mut Conn, limit: usize) -> Reading {
     let mut buf = [0u8; READ_CHUNK];
     while conn.input.len() <= limit {
@@ -437,6 +456,9 @@ fn read(conn: &mut Conn, limit: usize) -> Reading {
             Ok(n) => {
                 conn.input.extend_from_slice(&buf[..n]);
                 conn.last_heard = Instant::now();
+                if n < buf.len() {
+                    return Reading::Drained;
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Reading::Drained,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
