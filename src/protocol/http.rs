@@ -401,16 +401,14 @@ pub fn parse_request_after<'a>(
     if let Some(repeated) = headers.repeated {
         return Err(Rejection::BadRequest(repeated));
     }
-    let mut scratch = [0; MAX_PRESENTED_LEN];
-    let cookie = headers.cookie.filter(|_| rules.cookie);
-    let presented = auth::presented_token(headers.authorization, target, cookie, &mut scratch);
     if !headers.upgrade {
         let endpoint = match path {
             "/healthz" => Some(Endpoint::Health),
             "/metrics" if rules.endpoints.metrics => {
                 // The operator's: a listed token, never a client's signed one.
                 if let Some(tokens) = rules.tokens {
-                    presented
+                    let mut scratch = [0; MAX_PRESENTED_LEN];
+                    presented(&headers, target, rules, &mut scratch)
                         .and_then(|token| tokens.find(token))
                         .ok_or(Rejection::Unauthorized(NO_TOKEN))?;
                 }
@@ -455,7 +453,7 @@ pub fn parse_request_after<'a>(
     if !auth::origin_allowed(headers.origin, rules.origins) {
         return Err(Rejection::Forbidden("origin not allowed"));
     }
-    let credential = credential(presented, rules)?;
+    let credential = credential(&headers, target, rules)?;
     let deflate = rules
         .deflate
         .then(|| {
@@ -482,16 +480,32 @@ pub fn parse_request_after<'a>(
 /// neither listed nor signed.
 const NO_TOKEN: &str = "a valid token is required";
 
-/// The credential an upgrade's `presented` token is, when tokens are
-/// required: a listed token, else a signed one (whose refusal says why).
+/// The token a request presents (see [`auth::presented_token`]; the
+/// cookie only where `rules` say), decoded into `scratch` if it must be.
+fn presented<'a>(
+    headers: &KnownHeaders<'a>,
+    target: &'a str,
+    rules: &HandshakeRules<'_>,
+    scratch: &'a mut [u8; MAX_PRESENTED_LEN],
+) -> Option<&'a [u8]> {
+    let cookie = headers.cookie.filter(|_| rules.cookie);
+    auth::presented_token(headers.authorization, target, cookie, scratch)
+}
+
+/// The credential an upgrade's token is, when tokens are required (none
+/// is looked for otherwise): a listed token, else a signed one (whose
+/// refusal says why).
 fn credential(
-    presented: Option<&[u8]>,
+    headers: &KnownHeaders<'_>,
+    target: &str,
     rules: &HandshakeRules<'_>,
 ) -> Result<Option<Credential>, Rejection> {
     if rules.tokens.is_none() && rules.jwt.is_none() {
         return Ok(None);
     }
-    let presented = presented.ok_or(Rejection::Unauthorized(NO_TOKEN))?;
+    let mut scratch = [0; MAX_PRESENTED_LEN];
+    let presented =
+        presented(headers, target, rules, &mut scratch).ok_or(Rejection::Unauthorized(NO_TOKEN))?;
     if let Some(index) = rules.tokens.and_then(|tokens| tokens.find(presented)) {
         return Ok(Some(Credential::Listed(index)));
     }

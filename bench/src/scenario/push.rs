@@ -25,9 +25,9 @@ use crate::report::{
     BroadcastReport, ConnectionReport, CpuReport, DeliveryReport, Memory, MemoryReport, RunReport,
     StreamReport,
 };
+use crate::target::publish::ThroughPublish;
 use crate::target::server::start_server;
 use crate::target::server::ServerSpec;
-use crate::target::publish::ThroughPublish;
 use crate::target::Target;
 use crate::wire::message::{self, Padding, Stamp};
 use crate::Error;

@@ -53,11 +53,7 @@ impl PublishConn {
                     self.busy += 1;
                     std::thread::sleep(BUSY_WAIT);
                 }
-                other => {
-                    return Err(io::Error::other(format!(
-                        "POST {target} answered {other}"
-                    )))
-                }
+                other => return Err(io::Error::other(format!("POST {target} answered {other}"))),
             }
         }
     }
@@ -98,7 +94,9 @@ impl PublishConn {
             }
             let n = self.stream.read(&mut buf)?;
             if n == 0 {
-                return Err(io::Error::other("the publish listener closed the connection"));
+                return Err(io::Error::other(
+                    "the publish listener closed the connection",
+                ));
             }
             self.answers.extend_from_slice(&buf[..n]);
         }

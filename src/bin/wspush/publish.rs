@@ -32,6 +32,8 @@ const LISTENER: Token = Token(usize::MAX);
 const MAX_PUBLISHERS: usize = 1024;
 /// A connection that sends nothing this long is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a connection closed after a refusal is read past, at least.
+const LINGER: Duration = Duration::from_secs(2);
 /// How soon the queue is offered again to a reader that had no room.
 const RETRY_HAND_OVER: Duration = Duration::from_millis(1);
 /// Answers a connection may have unsent before its next requests wait.
@@ -93,6 +95,10 @@ struct Conn {
     writable_interest: bool,
     /// Close once the answers are sent.
     closing: bool,
+    /// Since when its answers are sent and its sending side shut: what it
+    /// still sends is read and dropped until it closes (or [`LINGER`]
+    /// passed), so that it reads the last answer rather than a reset.
+    lingering: Option<Instant>,
     last_heard: Instant,
 }
 
@@ -187,7 +193,7 @@ impl Publisher {
         let mut swept = Instant::now();
         loop {
             let timeout = match self.pending.is_empty() {
-                true => IDLE_TIMEOUT / 4,
+                true => LINGER,
                 false => RETRY_HAND_OVER,
             };
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
@@ -205,7 +211,7 @@ impl Publisher {
             if !self.pending.is_empty() && !self.hand_over() {
                 return;
             }
-            if swept.elapsed() >= IDLE_TIMEOUT / 4 {
+            if swept.elapsed() >= LINGER {
                 swept = Instant::now();
                 self.sweep();
             }
@@ -242,6 +248,7 @@ impl Publisher {
                     output: Vec::new(),
                     writable_interest: false,
                     closing: false,
+                    lingering: None,
                     last_heard: Instant::now(),
                 });
             }
@@ -257,16 +264,25 @@ impl Publisher {
             let Some(conn) = self.conns.get_mut(key) else {
                 return;
             };
+            if conn.lingering.is_some() {
+                conn.input.clear();
+                if read(conn, limit) == Reading::Ended {
+                    self.close(key);
+                }
+                return;
+            }
             let read = read(conn, limit);
             self.answer(key);
             let conn = &mut self.conns[key];
             let flushed = flush(conn);
-            if read == Reading::Ended
-                || flushed.is_err()
-                || (conn.closing && conn.output.is_empty())
-            {
+            if read == Reading::Ended || flushed.is_err() {
                 self.close(key);
                 return;
+            }
+            if conn.closing && conn.output.is_empty() {
+                let _ = conn.stream.shutdown(std::net::Shutdown::Write);
+                conn.lingering = Some(Instant::now());
+                continue;
             }
             // Writability is asked for only while answers wait for room.
             let waiting = !conn.output.is_empty();
@@ -370,12 +386,16 @@ impl Publisher {
         }
     }
 
-    /// Closes connections silent for the idle timeout.
+    /// Closes connections silent for the idle timeout, and those read past
+    /// for [`LINGER`] after their last answer.
     fn sweep(&mut self) {
         let idle: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, conn)| conn.last_heard.elapsed() >= IDLE_TIMEOUT)
+            .filter(|(_, conn)| match conn.lingering {
+                Some(since) => since.elapsed() >= LINGER,
+                None => conn.last_heard.elapsed() >= IDLE_TIMEOUT,
+            })
             .map(|(key, _)| key)
             .collect();
         for key in idle {
