@@ -1030,6 +1030,8 @@ mod tests {
                 "--instance-stall-timeout",
                 "--on-instance-exit",
                 "--processes",
+                "--publish-key-file",
+                "--publish-listen",
                 "--redis",
                 "--redis-channel",
                 "--redis-stream",
