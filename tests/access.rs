@@ -20,18 +20,7 @@ fn guarded() -> TestServer {
 /// Sends an upgrade request for `target` with `extra` header lines and
 /// returns the status.
 fn upgrade_status(server: &TestServer, target: &str, extra: &str) -> u16 {
-    let mut stream = raw(server.addr);
-    write!(
-        stream,
-        "GET {target} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n"
-    )
-    .unwrap();
-    let response = read_response(&mut stream);
-    if response.status == 401 {
-        assert_eq!(response.header("WWW-Authenticate"), Some("Bearer"));
-    }
-    response.status
+    util::upgrade_answer(server.addr, target, extra).status
 }
 
 #[test]

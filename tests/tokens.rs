@@ -11,7 +11,6 @@
 
 mod util;
 
-use std::io::Write;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
@@ -21,7 +20,7 @@ use ring::signature::{self, EcdsaKeyPair, RsaKeyPair};
 use serde_json::json;
 use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::Message;
-use util::{client_id, raw, read_response, TestServer};
+use util::{client_id, TestServer};
 use wspush::{Algorithm, Config, MessageKind, Recipients, Verifier};
 
 const SECRET: &str = "a-shared-secret-of-at-least-32-bytes";
@@ -124,17 +123,7 @@ fn server(verifier: Verifier, more: impl FnOnce(&mut Config)) -> TestServer {
 /// The status and body of the answer to an upgrade for `target` with
 /// `extra` header lines.
 fn upgrade(server: &TestServer, target: &str, extra: &str) -> (u16, String) {
-    let mut stream = raw(server.addr);
-    write!(
-        stream,
-        "GET {target} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n"
-    )
-    .unwrap();
-    let response = read_response(&mut stream);
-    if response.status == 401 {
-        assert_eq!(response.header("WWW-Authenticate"), Some("Bearer"));
-    }
+    let response = util::upgrade_answer(server.addr, target, extra);
     (response.status, response.body.trim_end().to_string())
 }
 

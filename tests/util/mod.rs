@@ -203,6 +203,23 @@ pub fn upgrade_request(path: &str) -> String {
     )
 }
 
+/// The answer to an upgrade request for `target` with `extra` header
+/// lines; a 401 must ask for a bearer token.
+pub fn upgrade_answer(addr: SocketAddr, target: &str, extra: &str) -> HttpResponse {
+    let mut stream = raw(addr);
+    write!(
+        stream,
+        "GET {target} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n"
+    )
+    .unwrap();
+    let response = read_response(&mut stream);
+    if response.status == 401 {
+        assert_eq!(response.header("WWW-Authenticate"), Some("Bearer"));
+    }
+    response
+}
+
 /// Reads an HTTP response head (and a body of Content-Length bytes).
 pub fn read_response(stream: &mut TcpStream) -> HttpResponse {
     let mut data = Vec::new();

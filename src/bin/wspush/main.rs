@@ -432,15 +432,7 @@ fn init_logging() {
 /// limit, which depends on the open-file limit), validated.
 fn config(cli: &Cli) -> Result<Config, String> {
     let tokens = match &cli.token_file {
-        Some(path) => {
-            let text = std::fs::read(path)
-                .map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
-            let tokens = Tokens::parse(&text).map_err(|e| match e {
-                TokenError::Empty => format!("no tokens in {}", path.display()),
-                TokenError::Invalid { .. } => format!("{}: {e}", path.display()),
-            })?;
-            Some(tokens)
-        }
+        Some(path) => Some(read_tokens(path, "token")?),
         None => None,
     };
     let jwt = jwt_verifier(cli)?;
@@ -519,6 +511,16 @@ fn report_stats(mut status: std::fs::File, handle: Handle) -> Result<(), String>
         .map_err(|e| format!("cannot start the stats thread: {e}"))
 }
 
+/// The tokens (or keys: `what` they are) of a file of one per line.
+fn read_tokens(path: &Path, what: &str) -> Result<Tokens, String> {
+    let text = std::fs::read(path)
+        .map_err(|e| format!("cannot read {what} file {}: {e}", path.display()))?;
+    Tokens::parse(&text).map_err(|e| match e {
+        TokenError::Empty => format!("no {what}s in {}", path.display()),
+        TokenError::Invalid { .. } => format!("{}: {e}", path.display()),
+    })
+}
+
 /// The publish listener the flags ask for, bound, answering `GET /stats`
 /// with what `stats` says.
 fn publish_listener(
@@ -529,12 +531,7 @@ fn publish_listener(
     let (Some(addr), Some(path)) = (cli.publish_listen, &cli.publish_key_file) else {
         return Ok(None);
     };
-    let text = std::fs::read(path)
-        .map_err(|e| format!("cannot read publish key file {}: {e}", path.display()))?;
-    let keys = Tokens::parse(&text).map_err(|e| match e {
-        TokenError::Empty => format!("no keys in {}", path.display()),
-        TokenError::Invalid { .. } => format!("{}: {e}", path.display()),
-    })?;
+    let keys = read_tokens(path, "publish key")?;
     let max_message = config.max_message_bytes as usize;
     let limits = wspush::protocol::publish::Limits {
         max_body: config.max_pending_bytes,
