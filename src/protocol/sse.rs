@@ -20,8 +20,6 @@
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 
-use crate::protocol::position::Position;
-
 /// The media type of an event stream.
 pub const MEDIA_TYPE: &str = "text/event-stream";
 
@@ -39,7 +37,9 @@ pub const HEARTBEAT: &[u8] = b":\n\n";
 pub fn accepts_event_stream(accept: &[u8]) -> bool {
     accept.split(|&b| b == b',').any(|item| {
         let media = item.split(|&b| b == b';').next().unwrap_or_default();
-        media.trim_ascii().eq_ignore_ascii_case(MEDIA_TYPE.as_bytes())
+        media
+            .trim_ascii()
+            .eq_ignore_ascii_case(MEDIA_TYPE.as_bytes())
     })
 }
 
@@ -70,12 +70,12 @@ pub enum Kind {
     Binary,
 }
 
-/// Appends one message as an event: its `id:` (the position, if any),
-/// its name if it is binary, and its data.
-pub fn write_message(out: &mut Vec<u8>, position: Option<&Position>, kind: Kind, payload: &[u8]) {
-    if let Some(position) = position {
+/// Appends one message as an event: its `id:` (the position, as
+/// printed, if it has one), its name if it is binary, and its data.
+pub fn write_message(out: &mut Vec<u8>, id: Option<&[u8]>, kind: Kind, payload: &[u8]) {
+    if let Some(id) = id {
         out.extend_from_slice(b"id: ");
-        out.extend_from_slice(position.to_string().as_bytes());
+        out.extend_from_slice(id);
         out.push(b'\n');
     }
     match kind {
@@ -135,7 +135,7 @@ pub fn last_event_id(value: Option<&[u8]>) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::position::Epoch;
+    use crate::protocol::position::{Epoch, Position};
 
     /// Events as an `EventSource` reads them, written from the HTML
     /// standard's "event stream interpretation", independently of the
@@ -214,12 +214,17 @@ mod tests {
             seq: 42,
         };
         let mut out = Vec::new();
-        write_message(&mut out, Some(&position), Kind::Binary, &[0, 255, 10, 13]);
+        let id = position.to_string();
+        write_message(
+            &mut out,
+            Some(id.as_bytes()),
+            Kind::Binary,
+            &[0, 255, 10, 13],
+        );
         write_message(&mut out, None, Kind::Text, b"after");
         write_status(&mut out, r#"{"status":"recovered","position":"x"}"#);
         out.extend_from_slice(HEARTBEAT);
         let (events, _) = interpret(&out);
-        let id = position.to_string();
         assert_eq!(
             events,
             [
