@@ -39,6 +39,9 @@ struct Frames {
     /// The same messages as the events of an event stream, made the first
     /// time a connection of that transport needs them.
     events: OnceLock<SharedFrames>,
+    /// The bytes are positioned frames themselves (a batch's positioned
+    /// variant, a status for positioned connections, a history record).
+    positioned_bytes: bool,
 }
 
 /// A message to frame.
@@ -179,6 +182,7 @@ impl SharedFrames {
             deflated: None,
             positioned: with,
             events: OnceLock::new(),
+            positioned_bytes: positioned,
         }))
     }
 
@@ -189,12 +193,17 @@ impl SharedFrames {
     /// are not for a connection.
     pub fn positioned_only(opcode: OpCode, payload: &[u8]) -> SharedFrames {
         let pong = SharedFrames::encode(OpCode::Pong, b"");
+        let mut status = SharedFrames::encode(opcode, payload);
+        Arc::get_mut(&mut status.0)
+            .expect("not shared yet")
+            .positioned_bytes = true;
         SharedFrames(Arc::new(Frames {
             count: 0,
             bytes: pong.bytes().into(),
             deflated: None,
-            positioned: Some(SharedFrames::encode(opcode, payload)),
+            positioned: Some(status),
             events: OnceLock::new(),
+            positioned_bytes: false,
         }))
     }
 
@@ -222,7 +231,7 @@ impl SharedFrames {
         self.0.events.get_or_init(|| {
             let (source, positioned) = match self.positioned() {
                 Some(positioned) => (positioned, true),
-                None => (self, false),
+                None => (self, self.0.positioned_bytes),
             };
             let mut bytes = Vec::with_capacity(source.bytes().len() + 16 * source.count());
             let mut count = 0;
@@ -230,6 +239,10 @@ impl SharedFrames {
                 let kind = match OpCode::from_bits(frame[0] & 0x0F) {
                     Some(OpCode::Text) => sse::Kind::Text,
                     Some(OpCode::Binary) => sse::Kind::Binary,
+                    Some(OpCode::Ping) => {
+                        bytes.extend_from_slice(sse::HEARTBEAT);
+                        continue;
+                    }
                     _ => continue,
                 };
                 if positioned && kind == sse::Kind::Text && payload.starts_with(b"{") {
@@ -249,6 +262,7 @@ impl SharedFrames {
                 deflated: None,
                 positioned: None,
                 events: OnceLock::new(),
+                positioned_bytes: false,
             }))
         })
     }
@@ -289,11 +303,12 @@ impl SharedFrames {
             deflated: self.0.deflated.as_ref().map(|d| d.skip(n)),
             positioned: self.0.positioned.as_ref().map(|p| p.skip(n)),
             events: OnceLock::new(),
+            positioned_bytes: self.0.positioned_bytes,
         }))
     }
 
-    /// Whole frames encoded elsewhere (a record of the history), back to
-    /// back.
+    /// Whole frames encoded elsewhere (a record of the history: positioned
+    /// frames), back to back.
     pub fn from_encoded(bytes: Vec<u8>) -> SharedFrames {
         let mut frames = SharedFrames(Arc::new(Frames {
             count: 0,
@@ -301,6 +316,7 @@ impl SharedFrames {
             deflated: None,
             positioned: None,
             events: OnceLock::new(),
+            positioned_bytes: true,
         }));
         let count = frames.payloads().count() as u32;
         Arc::get_mut(&mut frames.0).expect("not shared yet").count = count;
@@ -315,6 +331,7 @@ impl SharedFrames {
             deflated: None,
             positioned: None,
             events: OnceLock::new(),
+            positioned_bytes: false,
         }))
     }
 

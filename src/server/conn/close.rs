@@ -60,6 +60,12 @@ impl Conn {
         let Phase::Open(decoder) = self.phase else {
             return Verdict::Keep;
         };
+        if self.transport.is_event_stream() {
+            // No close frame: the stream ends once what is queued is
+            // written, and the client reconnects (or goes).
+            self.linger(key, reason, ctx);
+            return Verdict::after(self.send(Outgoing::Queued, ctx));
+        }
         self.phase = Phase::CloseSent { decoder, reason };
         self.arm(key, ctx.config.close_timeout, ctx);
         self.send_close(code, why, ctx)

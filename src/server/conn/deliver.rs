@@ -31,10 +31,25 @@ impl Conn {
         // After a replay, what it gave (up to `skip`) is not given again.
         let mut skip = None;
         let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames], skip| {
-            let frames = frames.iter().map(|f| transport.frames(f, positions));
-            match skip {
-                None => gathered.extend(frames.cloned()),
-                Some(through) => gathered.extend(frames.filter_map(|f| after_position(f, through))),
+            for f in frames {
+                let f = match skip {
+                    None => transport.frames(f, positions).clone(),
+                    // An event stream's events are made from the positioned
+                    // frames, which tell what a replay gave.
+                    Some(through) if transport.is_event_stream() => {
+                        match after_position(f.positioned().unwrap_or(f), through) {
+                            Some(rest) => rest.events().clone(),
+                            None => continue,
+                        }
+                    }
+                    Some(through) => {
+                        match after_position(transport.frames(f, positions), through) {
+                            Some(rest) => rest,
+                            None => continue,
+                        }
+                    }
+                };
+                gathered.push(f);
             }
         };
         let mut cursor = self.out.next_batch();
@@ -58,9 +73,17 @@ impl Conn {
                     let pending: usize = gathered.iter().map(|f| f.bytes().len()).sum();
                     let used = self.out.queued_bytes() + pending;
                     let room = ctx.config.max_queued_bytes.saturating_sub(used);
+                    let before = gathered.len();
                     let progress =
                         ctx.history
                             .gather(replay, transport.compressed(), room, &mut gathered);
+                    if transport.is_event_stream() {
+                        // The history keeps frames: an event stream gets
+                        // them as events, made once per record.
+                        for frames in &mut gathered[before..] {
+                            *frames = frames.events().clone();
+                        }
+                    }
                     if progress.overrun {
                         Metrics::incr(&ctx.metrics.replay_overruns);
                     }

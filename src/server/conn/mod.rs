@@ -449,7 +449,12 @@ impl Conn {
         if !self.is_open() {
             return Verdict::Keep;
         }
-        let mut visit = self.liveness.visit(close_after);
+        // An event stream's client never answers: it gets its heartbeat
+        // (a comment) at every visit, and only a failed write ends it.
+        let mut visit = match self.transport.is_event_stream() {
+            true => Visit::Ping,
+            false => self.liveness.visit(close_after),
+        };
         if visit == Visit::Close {
             let verdict = self.on_readable(key, false, scratch, ctx);
             if verdict != Verdict::Keep || !self.is_open() {
@@ -473,6 +478,7 @@ impl Conn {
                 );
             }
         }
+        let ping = self.transport.frames(ping, false);
         match self.send(Outgoing::Shared(std::slice::from_ref(ping)), ctx) {
             Err(reason) => Verdict::Close(reason),
             Ok(Sent::Dropped { .. }) => Verdict::Keep,
