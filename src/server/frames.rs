@@ -421,11 +421,11 @@ mod tests {
             "event: status\ndata: {\"status\":\"gap\"}\n\n"
         );
         assert_eq!(gap.events().count(), 0);
-        // Messages without positions have no id; control frames no event.
+        // Messages without positions have no id; a ping is a heartbeat.
         let plain = SharedFrames::encode_all([(OpCode::Text, &b"hi"[..]), (OpCode::Ping, b"")]);
         assert_eq!(
             String::from_utf8_lossy(plain.events().bytes()),
-            "data: hi\n\n"
+            "data: hi\n\n:\n\n"
         );
     }
 
