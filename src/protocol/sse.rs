@@ -23,11 +23,9 @@ use base64::Engine;
 /// The media type of an event stream.
 pub const MEDIA_TYPE: &str = "text/event-stream";
 
-/// The name of the event a binary message is.
-pub const BINARY_EVENT: &str = "binary";
-
-/// The name of the event a status is.
-pub const STATUS_EVENT: &str = "status";
+/// What a status event begins with: its data, one line of JSON, and a
+/// blank line follow.
+pub const STATUS_HEAD: &[u8] = b"event: status\ndata: ";
 
 /// A heartbeat: a comment line and the blank line after it.
 pub const HEARTBEAT: &[u8] = b":\n\n";
@@ -96,9 +94,10 @@ pub fn write_message(out: &mut Vec<u8>, id: Option<&[u8]>, kind: Kind, payload: 
 
 /// Appends a status (a JSON object on one line) as the `status` event.
 pub fn write_status(out: &mut Vec<u8>, status: &str) {
-    out.extend_from_slice(b"event: status\n");
-    write_data(out, status.as_bytes());
-    out.push(b'\n');
+    debug_assert!(!status.contains(['\r', '\n']), "a status is one line");
+    out.extend_from_slice(STATUS_HEAD);
+    out.extend_from_slice(status.as_bytes());
+    out.extend_from_slice(b"\n\n");
 }
 
 /// Appends `payload` as `data:` lines: one for each line of it, split at

@@ -107,7 +107,7 @@ impl Conn {
     fn retry_ms(&self, key: ConnKey, ctx: &Ctx<'_>) -> u32 {
         let interval = ctx.config.ping_interval.as_millis().min(60_000) as u32;
         let mixed = (key.slot() ^ self.serial).wrapping_mul(0x9e37_79b9);
-        interval / 2 + (u64::from(interval / 2) * u64::from(mixed) >> 32) as u32
+        interval / 2 + ((u64::from(interval / 2) * u64::from(mixed)) >> 32) as u32
     }
 
     /// Arms the deadline that closes it (4001) before its signed token's

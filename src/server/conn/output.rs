@@ -93,9 +93,9 @@ impl Transport {
             }
             Transport::EventStream => match message.opcode {
                 OpCode::Text => {
-                    const STATUS: &[u8] = b"event: status\ndata: ";
-                    head[..STATUS.len()].copy_from_slice(STATUS);
-                    (STATUS.len(), message.payload, b"\n\n")
+                    let status = sse::STATUS_HEAD;
+                    head[..status.len()].copy_from_slice(status);
+                    (status.len(), message.payload, b"\n\n")
                 }
                 OpCode::Ping => (0, b"", sse::HEARTBEAT),
                 _ => (0, b"", b""),
