@@ -3,7 +3,7 @@
 //! frames and handed to the output stage in one `writev`; what its queue
 //! has no room for is dropped for it, or closes it, by policy.
 
-use super::output::Outgoing;
+use super::output::{Outgoing, Transport};
 use super::{CloseReason, Conn, Ctx, Verdict};
 use crate::config::SlowConsumerPolicy;
 use crate::ops::metrics::Metrics;
@@ -30,27 +30,14 @@ impl Conn {
         let mut gathered = std::mem::take(ctx.gathered);
         // After a replay, what it gave (up to `skip`) is not given again.
         let mut skip = None;
-        let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames], skip| {
-            for f in frames {
-                let f = match skip {
-                    None => transport.frames(f, positions).clone(),
-                    // An event stream's events are made from the positioned
-                    // frames, which tell what a replay gave.
-                    Some(through) if transport.is_event_stream() => {
-                        match after_position(f.positioned().unwrap_or(f), through) {
-                            Some(rest) => rest.events().clone(),
-                            None => continue,
-                        }
-                    }
-                    Some(through) => {
-                        match after_position(transport.frames(f, positions), through) {
-                            Some(rest) => rest,
-                            None => continue,
-                        }
-                    }
-                };
-                gathered.push(f);
-            }
+        let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames], skip| match skip {
+            None => gathered.extend(
+                frames
+                    .iter()
+                    .map(|f| transport.frames(f, positions))
+                    .cloned(),
+            ),
+            Some(through) => gather_after(gathered, frames, (transport, positions), through),
         };
         let mut cursor = self.out.next_batch();
         let mut close = None;
@@ -189,6 +176,26 @@ impl Conn {
                 self.begin_close(key, code, why, CloseReason::SlowConsumer, ctx)
             }
         }
+    }
+}
+
+/// Puts what `frames` hold after position `through` into `gathered`, as
+/// the connection (its transport, whether it has positions) gets them:
+/// after a replay, what it gave is not given again. An event stream's
+/// events are made from the positioned frames, which tell what it gave.
+fn gather_after(
+    gathered: &mut Vec<SharedFrames>,
+    frames: &[SharedFrames],
+    (transport, positions): (Transport, bool),
+    through: u64,
+) {
+    for frames in frames {
+        let rest = match transport.is_event_stream() {
+            true => after_position(frames.positioned().unwrap_or(frames), through)
+                .map(|rest| rest.events().clone()),
+            false => after_position(transport.frames(frames, positions), through),
+        };
+        gathered.extend(rest);
     }
 }
 
