@@ -30,13 +30,16 @@ impl Conn {
         let mut gathered = std::mem::take(ctx.gathered);
         // After a replay, what it gave (up to `skip`) is not given again.
         let mut skip = None;
+        let compressed = transport.compressed();
+        let events = transport.is_event_stream();
         let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames], skip| match skip {
-            None => gathered.extend(
+            None if !events => gathered.extend(
                 frames
                     .iter()
-                    .map(|f| transport.frames(f, positions))
+                    .map(|f| f.for_connection(compressed, positions))
                     .cloned(),
             ),
+            None => gathered.extend(frames.iter().map(|f| f.events().clone())),
             Some(through) => gather_after(gathered, frames, (transport, positions), through),
         };
         let mut cursor = self.out.next_batch();
