@@ -251,6 +251,38 @@ fn refusals_come_before_any_event() {
 }
 
 #[test]
+fn a_drain_sets_the_retry_to_its_hint_and_ends_the_stream() {
+    let server = TestServer::start(Config::default().with(|c| {
+        c.drain_time = Duration::from_millis(300);
+        c.drain_grace = Duration::ZERO;
+    }));
+    let (_, _, stream) = Stream::open(server.addr, "/", "");
+    let mut stream = stream.unwrap();
+    stream.event();
+    server.wait_for("counted", |m| m.connections_event_stream == 1);
+    server.handle.drain().unwrap();
+    let hint = stream.event();
+    assert_eq!(status_of(&hint), "reconnect");
+    let delay: u32 = hint
+        .data
+        .split("\"delay_ms\":")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches('}')
+        .parse()
+        .unwrap();
+    assert_eq!(stream.retry, Some(delay), "the retry is the hint's delay");
+    let mut rest = Vec::new();
+    stream.socket.read_to_end(&mut rest).unwrap();
+    assert!(
+        rest.is_empty() || rest.iter().all(|&b| b == b'\n' || b == b':'),
+        "{rest:?}"
+    );
+    let m = server.wait_for("closed", |m| m.connections_open == 0);
+    assert_eq!((m.closed_drain, m.connections_event_stream), (1, 0));
+}
+
+#[test]
 fn websocket_and_event_stream_clients_each_get_every_message_once() {
     let server = TestServer::start(Config::default());
     let mut ws = util::connect(server.addr, "/");

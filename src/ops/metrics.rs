@@ -219,6 +219,8 @@ metrics! {
     subscriptions: Gauge "wspush_subscriptions" "" "Subscriptions held (a connection in a channel).",
     /// Open connections that negotiated permessage-deflate now.
     connections_deflate: Gauge "wspush_connections_deflate" "" "Open connections that negotiated permessage-deflate.",
+    /// Open event streams (SSE), of `connections_open`.
+    connections_event_stream: Gauge "wspush_connections_event_stream" "" "Open event streams (SSE), of the open connections.",
     /// Broadcasts compressed (once each, for every connection that
     /// negotiated permessage-deflate).
     broadcasts_compressed: Counter "wspush_broadcasts_compressed_total" "" "Broadcasts compressed, once each, for the connections that negotiated permessage-deflate.",

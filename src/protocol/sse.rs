@@ -56,7 +56,13 @@ pub fn write_head(out: &mut Vec<u8>, allow_origin: Option<&[u8]>, retry_ms: u32)
         out.extend_from_slice(b"\r\nAccess-Control-Allow-Credentials: true\r\nVary: Origin\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(format!("retry: {retry_ms}\n\n").as_bytes());
+    out.extend_from_slice(retry_field(retry_ms).as_bytes());
+}
+
+/// A `retry:` field: how long an `EventSource` waits before it
+/// reconnects, from now on.
+pub fn retry_field(retry_ms: u32) -> String {
+    format!("retry: {retry_ms}\n\n")
 }
 
 /// What a message is, as an event.

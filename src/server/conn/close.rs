@@ -9,8 +9,8 @@ use std::time::Duration;
 use super::output::{Message, Outgoing};
 use super::{CloseReason, Conn, Ctx, Phase, Verdict};
 use crate::ops::metrics::Metrics;
-use crate::protocol::position;
 use crate::protocol::ws::{CloseCode, OpCode, ProtocolError};
+use crate::protocol::{position, sse};
 use crate::server::key::ConnKey;
 
 impl Conn {
@@ -42,6 +42,9 @@ impl Conn {
         });
         if self.transport.deflate().negotiated() {
             Metrics::decr(&metrics.connections_deflate);
+        }
+        if self.transport.is_event_stream() {
+            Metrics::decr(&metrics.connections_event_stream);
         }
         log::debug!("connection {key} closed: {reason:?}");
     }
@@ -83,7 +86,19 @@ impl Conn {
         if !self.is_open() {
             return Verdict::Keep;
         }
-        if self.positions {
+        if self.transport.is_event_stream() {
+            // An `EventSource` reconnects after its `retry:` delay, which
+            // is given the hint's: the stream's end is its close.
+            let retry = sse::retry_field(delay.as_millis().min(u128::from(u32::MAX)) as u32);
+            let hint = position::reconnect_hint(delay);
+            let status = Outgoing::Frame(Message::plain(OpCode::Text, hint.as_bytes()));
+            let sent = self
+                .send(Outgoing::Response(retry.as_bytes(), b""), ctx)
+                .and_then(|_| self.send(status, ctx));
+            if let Verdict::Close(reason) = Verdict::after(sent) {
+                return Verdict::Close(reason);
+            }
+        } else if self.positions {
             let hint = position::reconnect_hint(delay);
             let hint = Outgoing::Frame(Message::plain(OpCode::Text, hint.as_bytes()));
             if let Verdict::Close(reason) = Verdict::after(self.send(hint, ctx)) {

@@ -70,6 +70,7 @@ impl Conn {
                     }
                     Protocol::EventStream { origin, .. } => {
                         self.transport = Transport::EventStream;
+                        Metrics::incr(&ctx.metrics.connections_event_stream);
                         sse::write_head(&mut head, origin, self.retry_ms(key, ctx));
                         0
                     }
