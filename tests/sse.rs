@@ -216,12 +216,33 @@ fn an_idle_stream_gets_heartbeat_comments() {
     let (_, _, stream) = Stream::open(server.addr, "/", "");
     let mut stream = stream.unwrap();
     stream.event();
-    // Longer than the idle timeout: the client says nothing, yet the
-    // stream stays, kept alive by its comments.
-    std::thread::sleep(Duration::from_millis(1500));
+    // A proxy that ends a connection silent for twice the ping interval
+    // never would: no gap between the bytes that come is that long. The
+    // client says nothing meanwhile, yet the stream stays past the idle
+    // timeout.
+    let started = std::time::Instant::now();
+    let (mut last, mut longest) = (started, Duration::ZERO);
+    let mut byte = [0u8; 1];
+    while started.elapsed() < Duration::from_millis(1500) {
+        assert_eq!(
+            stream.socket.read(&mut byte).unwrap(),
+            1,
+            "the stream ended"
+        );
+        stream.buf.push(byte[0]);
+        longest = longest.max(last.elapsed());
+        last = std::time::Instant::now();
+    }
+    assert!(
+        longest < Duration::from_millis(400),
+        "silent for {longest:?}"
+    );
     server.handle.broadcast_text("still here").unwrap();
     assert_eq!(stream.event().data, "still here");
     assert!(stream.comments >= 3, "{} comments", stream.comments);
+    drop(stream);
+    let m = server.wait_for("its end counted", |m| m.connections_open == 0);
+    assert_eq!((m.closed_normal, m.closed_idle_timeout), (1, 0));
 }
 
 #[test]
@@ -303,4 +324,48 @@ fn websocket_and_event_stream_clients_each_get_every_message_once() {
         .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
     assert_eq!(read_response(&mut plain).status, 400);
+}
+
+#[test]
+fn under_two_processes_with_deflate_each_transport_gets_every_line_once() {
+    let (mut process, addr) = util::start_supervisor(
+        std::path::Path::new(env!("CARGO_BIN_EXE_wspush")),
+        &[
+            "--processes",
+            "2",
+            "--deflate",
+            "on",
+            "--deflate-min-bytes",
+            "16",
+        ],
+        2,
+        "info",
+    );
+    let mut streams: Vec<Stream> = (0..6)
+        .map(|_| Stream::open(addr, "/", "").2.expect("a stream"))
+        .collect();
+    for stream in &mut streams {
+        assert_eq!(status_of(&stream.event()), "position");
+    }
+    let mut sockets: Vec<_> = (0..6).map(|_| util::connect(addr, "/")).collect();
+    // Both kinds on both instances, most likely; every one is counted
+    // open before the lines go out.
+    std::thread::sleep(Duration::from_millis(300));
+    let lines: Vec<String> = (0..100)
+        .map(|i| format!("line {i} {}", "compressible ".repeat(i % 4)))
+        .collect();
+    process.send(
+        lines
+            .iter()
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+            .as_bytes(),
+    );
+    for socket in &mut sockets {
+        assert_eq!(util::texts(socket, lines.len()), lines);
+    }
+    for stream in &mut streams {
+        let got: Vec<String> = (0..lines.len()).map(|_| stream.event().data).collect();
+        assert_eq!(got, lines);
+    }
 }

@@ -26,7 +26,8 @@ impl Conn {
             ctx.routes.leave(key.slot(), self.target.id());
             if let Some(upstream) = ctx.upstream.as_deref_mut() {
                 let conn = self.conn_ref(key, ctx.config.instance);
-                upstream.closed(conn, self.target.id(), reason.code());
+                let event_stream = self.transport.is_event_stream();
+                upstream.closed(conn, self.target.id(), reason.code(), event_stream);
             }
         }
         self.discard_output(true, ctx.tally);
@@ -158,11 +159,15 @@ impl Conn {
         }
     }
 
-    /// The client closed its side.
+    /// The client closed its side: the normal end of an event stream
+    /// (which has no close handshake), an abnormal one of a WebSocket.
     pub(super) fn on_eof(&mut self) -> Verdict {
         match self.phase {
             Phase::Lingering { reason, .. } | Phase::CloseSent { reason, .. } => {
                 Verdict::Close(reason)
+            }
+            Phase::Open(_) if self.transport.is_event_stream() => {
+                Verdict::Close(CloseReason::Normal(CloseCode::NORMAL))
             }
             Phase::Handshake(_) | Phase::Open(_) => Verdict::Close(CloseReason::Abnormal),
         }

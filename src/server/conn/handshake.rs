@@ -169,7 +169,8 @@ impl Conn {
         }
         if let Some(upstream) = ctx.upstream.as_deref_mut() {
             let conn = self.conn_ref(key, config.instance);
-            upstream.opened(conn, asked.id, asked.channels());
+            let event_stream = matches!(upgrade.protocol, Protocol::EventStream { .. });
+            upstream.opened(conn, asked.id, asked.channels(), event_stream);
         }
         self.target = target;
         Ok(match asked.resume {

@@ -59,7 +59,8 @@ use output::{Outgoing, Transport};
 /// Why a connection ended; each reason has its own counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloseReason {
-    /// The close handshake completed; the client's code (1005: it gave none).
+    /// The close handshake completed; the client's code (1005: it gave
+    /// none). Or an event stream's client went (1000).
     Normal(CloseCode),
     /// The server failed the connection with this code (1002, 1007, 1009).
     Failed(CloseCode),
