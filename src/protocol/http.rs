@@ -423,6 +423,8 @@ pub fn parse_request_after<'a>(
         return Err(Rejection::BadRequest(repeated));
     }
     if !headers.upgrade {
+        // An `EventSource` asks for a stream, even where the demo page is.
+        let event_stream = headers.accept.is_some_and(sse::accepts_event_stream);
         let endpoint = match path {
             "/healthz" => Some(Endpoint::Health),
             "/metrics" if rules.endpoints.metrics => {
@@ -436,15 +438,15 @@ pub fn parse_request_after<'a>(
                 Some(Endpoint::Metrics)
             }
             "/metrics" => return Err(Rejection::NotFound),
-            "/" if rules.endpoints.demo => Some(Endpoint::Demo),
+            "/" if rules.endpoints.demo && !event_stream => Some(Endpoint::Demo),
             "/wspush.js" if rules.endpoints.websocket => Some(Endpoint::Client),
             _ => None,
         };
         if let Some(endpoint) = endpoint {
             return Ok(HeadStatus::Endpoint(endpoint, method, head_len));
         }
-        if headers.accept.is_some_and(sse::accepts_event_stream) {
-            return event_stream(&headers, target, path, method, rules, head_len);
+        if event_stream {
+            return event_stream_request(&headers, target, path, method, rules, head_len);
         }
     }
     if method != Method::Get {
@@ -504,7 +506,7 @@ pub fn parse_request_after<'a>(
 
 /// A `GET` for an event stream on the served path: checked as an upgrade
 /// is, for the path (404), the `Origin` (403) and the token (401).
-fn event_stream<'a>(
+fn event_stream_request<'a>(
     headers: &KnownHeaders<'a>,
     target: &'a str,
     path: &str,

@@ -414,6 +414,23 @@ await check("EventSource: text (empty, whitespace, non-ASCII) arrives as sent; a
   assertEqual(more, ["last", ...texts.map((t) => t.replace(/\n|\r/g, ""))], "text events as sent");
 });
 
+await check("the --demo page over EventSource (?transport=sse) shows the lines, and switches back", async (scope) => {
+  const server = await scope.server(["--demo"]);
+  const page = await scope.page(server.url("/?transport=sse"));
+  await waitForState(page, "open");
+  server.feed(["over sse one", "over sse two"]);
+  const now = await waitUntil("two messages", async () => {
+    const now = await shown(page);
+    return now.count >= 2 && now;
+  });
+  assertEqual(now.messages, ["over sse one", "over sse two"], "what the page shows");
+  assertEqual(now.resume, "position", "what the stream was told");
+  assertEqual((await server.metrics()).get("wspush_connections_event_stream"), 1, "an event stream counted");
+  await page.click("#switch");
+  await waitForState(page, "open");
+  assertEqual((await server.metrics()).get("wspush_connections_event_stream"), 0, "back on WebSocket");
+});
+
 await check("EventSource resumes by itself through Last-Event-ID: the server drops it mid-feed, the count stays exact", async (scope) => {
   const server = await scope.server(["--input", "commands", "--ping-interval", "2s"]);
   const page = await scope.page(server.url("/healthz"));
