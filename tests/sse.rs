@@ -369,3 +369,34 @@ fn under_two_processes_with_deflate_each_transport_gets_every_line_once() {
         assert_eq!(got, lines);
     }
 }
+
+#[test]
+fn a_stalled_stream_is_closed_as_a_slow_consumer_and_the_others_go_on() {
+    let server = TestServer::start(Config::default().with(|c| {
+        c.max_queued_bytes = 64 << 10;
+    }));
+    // A reader with a small receive buffer that reads nothing.
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&server.addr.into()).unwrap();
+    let mut stalled: TcpStream = socket.into();
+    stalled
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+        .unwrap();
+    let (_, _, reader) = Stream::open(server.addr, "/", "");
+    let mut reader = reader.unwrap();
+    reader.event();
+    server.wait_for("both open", |m| m.connections_event_stream == 2);
+    // More than the kernel's buffers hold for the stalled one.
+    let payload = "x".repeat(32 << 10);
+    for i in 0..400 {
+        server
+            .handle
+            .broadcast_text(format!("{i} {payload}"))
+            .unwrap();
+        let event = reader.event();
+        assert!(event.data.starts_with(&format!("{i} ")), "{i}");
+    }
+    let m = server.wait_for("the stalled one closed", |m| m.closed_slow_consumer == 1);
+    assert_eq!(m.connections_event_stream, 1, "the reader is still open");
+}
