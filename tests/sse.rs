@@ -178,6 +178,7 @@ fn messages_arrive_as_events_with_their_positions_as_ids() {
             ("message", ""),
         ]
     );
+    server.wait_for("the deliveries counted", |m| m.event_stream_deliveries == 4);
     let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids rise: {ids:?}");
     assert!(ids[0].contains('.'), "a position: {ids:?}");
@@ -399,4 +400,6 @@ fn a_stalled_stream_is_closed_as_a_slow_consumer_and_the_others_go_on() {
     }
     let m = server.wait_for("the stalled one closed", |m| m.closed_slow_consumer == 1);
     assert_eq!(m.connections_event_stream, 1, "the reader is still open");
+    assert_eq!(m.closed_event_stream, 1);
+    assert!(m.event_stream_drops >= 1 && m.event_stream_drops == m.slow_consumer_drops);
 }

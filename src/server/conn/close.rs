@@ -46,6 +46,7 @@ impl Conn {
         }
         if self.transport.is_event_stream() {
             Metrics::decr(&metrics.connections_event_stream);
+            Metrics::incr(&metrics.closed_event_stream);
         }
         log::debug!("connection {key} closed: {reason:?}");
     }
