@@ -127,25 +127,22 @@ impl Conn {
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
         let messages = |frames: &[SharedFrames]| frames.iter().map(|f| f.count() as u64).sum();
-        // Counted apart for event streams too, without a branch.
-        let event_stream = u64::from(self.transport.is_event_stream());
         match self.send(Outgoing::Shared(owed), ctx) {
             Err(reason) => return Verdict::Close(reason),
-            Ok(sent @ (Sent::Written | Sent::Queued)) => {
-                let delivered = messages(owed);
-                ctx.tally.broadcast_deliveries += delivered;
-                ctx.tally.event_stream_deliveries += delivered * event_stream;
-                ctx.tally.write_would_block += u64::from(sent == Sent::Queued);
+            Ok(Sent::Written) => ctx.tally.broadcast_deliveries += messages(owed),
+            Ok(Sent::Queued) => {
+                ctx.tally.broadcast_deliveries += messages(owed);
+                ctx.tally.write_would_block += 1;
             }
             Ok(Sent::Dropped { kept }) => {
                 let (taken, missed) = owed.split_at(kept);
-                let (delivered, missed) = (messages(taken), messages(missed));
-                ctx.tally.broadcast_deliveries += delivered;
-                ctx.tally.event_stream_deliveries += delivered * event_stream;
-                ctx.tally.slow_consumer_drops += missed;
-                ctx.tally.event_stream_drops += missed * event_stream;
+                ctx.tally.broadcast_deliveries += messages(taken);
+                ctx.tally.slow_consumer_drops += messages(missed);
+                if self.transport.is_event_stream() {
+                    ctx.tally.event_stream_drops += messages(missed);
+                }
                 ctx.tally.write_would_block += 1;
-                return self.on_slow_consumer(key, missed, ctx);
+                return self.on_slow_consumer(key, messages(missed), ctx);
             }
         }
         Verdict::Keep

@@ -230,8 +230,8 @@ impl Conn {
         out: Outgoing<'_>,
         ctx: &mut Ctx<'_>,
     ) -> Result<Sent, CloseReason> {
-        let mut header = [0u8; MAX_OWN_HEAD];
         if let Outgoing::Reply(message) = out {
+            let mut header = [0u8; MAX_OWN_HEAD];
             let (len, payload, tail) = self.transport.wrap(message, &mut header);
             if let Some(sent) = self.gather(&[&header[..len], payload, tail], ctx)? {
                 return Ok(sent);
@@ -247,6 +247,7 @@ impl Conn {
         let before = self.out.queued_bytes();
         let (sent, offered, frames) = match out {
             Outgoing::Reply(message) | Outgoing::Frame(message) => {
+                let mut header = [0u8; MAX_OWN_HEAD];
                 let (len, payload, tail) = self.transport.wrap(message, &mut header);
                 let parts = [replies, &header[..len], payload, tail];
                 let sent = self.out.send_private(&parts, &mut self.stream);
@@ -287,6 +288,10 @@ impl Conn {
             CloseReason::Abnormal
         })?;
         ctx.tally.frames_sent += frames as u64;
+        if self.transport.is_event_stream() {
+            // Counted apart too (for events, what was not dropped).
+            ctx.tally.event_stream_deliveries += frames as u64;
+        }
         let after = self.out.queued_bytes();
         ctx.tally.wrote(before + offered - after, before, after);
         self.half_close_when_flushed()?;
