@@ -136,13 +136,14 @@ impl Conn {
             }
             Ok(Sent::Dropped { kept }) => {
                 let (taken, missed) = owed.split_at(kept);
+                let missed = messages(missed);
                 ctx.tally.broadcast_deliveries += messages(taken);
-                ctx.tally.slow_consumer_drops += messages(missed);
+                ctx.tally.slow_consumer_drops += missed;
                 if self.transport.is_event_stream() {
-                    ctx.tally.event_stream_drops += messages(missed);
+                    ctx.tally.event_stream_drops += missed;
                 }
                 ctx.tally.write_would_block += 1;
-                return self.on_slow_consumer(key, messages(missed), ctx);
+                return self.on_slow_consumer(key, missed, ctx);
             }
         }
         Verdict::Keep
