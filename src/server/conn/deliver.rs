@@ -25,22 +25,36 @@ impl Conn {
         if !self.is_open() {
             return Verdict::Keep;
         }
-        let transport = self.transport;
-        let positions = self.positions;
+        // One copy of the visit for each way of taking frames, so that the
+        // WebSocket one carries nothing of the event stream's.
+        match self.transport {
+            Transport::WebSocket(_) => {
+                let taking = Frames {
+                    compressed: self.transport.compressed(),
+                    positions: self.positions,
+                };
+                self.deliver_taking(key, owed, taking, ctx)
+            }
+            Transport::EventStream => self.deliver_taking(key, owed, Events, ctx),
+        }
+    }
+
+    /// [`Conn::deliver`], the frames taken as `taking` says.
+    fn deliver_taking<T: Taking>(
+        &mut self,
+        key: ConnKey,
+        owed: Owed<'_>,
+        taking: T,
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
         let mut gathered = std::mem::take(ctx.gathered);
         // After a replay, what it gave (up to `skip`) is not given again.
         let mut skip = None;
-        let compressed = transport.compressed();
-        let events = transport.is_event_stream();
         let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames], skip| match skip {
-            None if !events => gathered.extend(
-                frames
-                    .iter()
-                    .map(|f| f.for_connection(compressed, positions))
-                    .cloned(),
-            ),
-            None => gathered.extend(frames.iter().map(|f| f.events().clone())),
-            Some(through) => gather_after(gathered, frames, (transport, positions), through),
+            None => gathered.extend(frames.iter().map(|f| taking.take(f)).cloned()),
+            Some(through) => {
+                gathered.extend(frames.iter().filter_map(|f| taking.after(f, through)))
+            }
         };
         let mut cursor = self.out.next_batch();
         let mut close = None;
@@ -66,14 +80,8 @@ impl Conn {
                     let before = gathered.len();
                     let progress =
                         ctx.history
-                            .gather(replay, transport.compressed(), room, &mut gathered);
-                    if transport.is_event_stream() {
-                        // The history keeps frames: an event stream gets
-                        // them as events, made once per record.
-                        for frames in &mut gathered[before..] {
-                            *frames = frames.events().clone();
-                        }
-                    }
+                            .gather(replay, taking.compressed(), room, &mut gathered);
+                    taking.replayed(&mut gathered[before..]);
                     if progress.overrun {
                         Metrics::incr(&ctx.metrics.replay_overruns);
                     }
@@ -119,7 +127,9 @@ impl Conn {
         }
     }
 
-    /// [`Conn::deliver`] of the frames this connection gets.
+    /// [`Conn::deliver`] of the frames this connection gets (inlined in
+    /// each copy of the visit, as it was in the one there was).
+    #[inline(always)]
     fn deliver_frames(
         &mut self,
         key: ConnKey,
@@ -186,23 +196,66 @@ impl Conn {
     }
 }
 
-/// Puts what `frames` hold after position `through` into `gathered`, as
-/// the connection (its transport, whether it has positions) gets them:
-/// after a replay, what it gave is not given again. An event stream's
-/// events are made from the positioned frames, which tell what it gave.
-fn gather_after(
-    gathered: &mut Vec<SharedFrames>,
-    frames: &[SharedFrames],
-    (transport, positions): (Transport, bool),
-    through: u64,
-) {
-    for frames in frames {
-        let rest = match transport.is_event_stream() {
-            true => after_position(frames.positioned().unwrap_or(frames), through)
-                .map(|rest| rest.events().clone()),
-            false => after_position(transport.frames(frames, positions), through),
-        };
-        gathered.extend(rest);
+/// How a connection takes the shared frames it is owed.
+trait Taking: Copy {
+    /// The frames it gets of `frames`.
+    fn take<'f>(&self, frames: &'f SharedFrames) -> &'f SharedFrames;
+    /// What it gets of `frames` after position `through` (after a replay
+    /// that gave up to there), if anything.
+    fn after(&self, frames: &SharedFrames, through: u64) -> Option<SharedFrames>;
+    /// It gets compressed frames from the history.
+    fn compressed(&self) -> bool;
+    /// Makes what a replay gathered from the history its own.
+    fn replayed(&self, gathered: &mut [SharedFrames]);
+}
+
+/// A WebSocket's frames: compressed or plain, positioned or not.
+#[derive(Debug, Clone, Copy)]
+struct Frames {
+    compressed: bool,
+    positions: bool,
+}
+
+impl Taking for Frames {
+    fn take<'f>(&self, frames: &'f SharedFrames) -> &'f SharedFrames {
+        frames.for_connection(self.compressed, self.positions)
+    }
+
+    fn after(&self, frames: &SharedFrames, through: u64) -> Option<SharedFrames> {
+        after_position(self.take(frames), through)
+    }
+
+    fn compressed(&self) -> bool {
+        self.compressed
+    }
+
+    fn replayed(&self, _: &mut [SharedFrames]) {}
+}
+
+/// An event stream's events, made from the positioned frames (which also
+/// tell what a replay gave).
+#[derive(Debug, Clone, Copy)]
+struct Events;
+
+impl Taking for Events {
+    fn take<'f>(&self, frames: &'f SharedFrames) -> &'f SharedFrames {
+        frames.events()
+    }
+
+    fn after(&self, frames: &SharedFrames, through: u64) -> Option<SharedFrames> {
+        let rest = after_position(frames.positioned().unwrap_or(frames), through)?;
+        Some(rest.events().clone())
+    }
+
+    fn compressed(&self) -> bool {
+        false
+    }
+
+    fn replayed(&self, gathered: &mut [SharedFrames]) {
+        // The history keeps frames: events are made once per record.
+        for frames in gathered {
+            *frames = frames.events().clone();
+        }
     }
 }
 
