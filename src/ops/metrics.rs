@@ -219,6 +219,8 @@ metrics! {
     subscriptions: Gauge "wspush_subscriptions" "" "Subscriptions held (a connection in a channel).",
     /// Open connections that negotiated permessage-deflate now.
     connections_deflate: Gauge "wspush_connections_deflate" "" "Open connections that negotiated permessage-deflate.",
+    /// Open event streams (SSE), of `connections_open`.
+    connections_event_stream: Gauge "wspush_connections_event_stream" "" "Open event streams (SSE), of the open connections.",
     /// Broadcasts compressed (once each, for every connection that
     /// negotiated permessage-deflate).
     broadcasts_compressed: Counter "wspush_broadcasts_compressed_total" "" "Broadcasts compressed, once each, for the connections that negotiated permessage-deflate.",
@@ -230,6 +232,12 @@ metrics! {
     /// (policy `drop`: each one skipped; policy `close`: the one that
     /// overflowed it, as the connection is closed).
     slow_consumer_drops: Counter "wspush_slow_consumer_drops_total" "" "Broadcasts skipped for a connection whose queue was full.",
+    /// Of the broadcast deliveries, those to event streams (SSE).
+    event_stream_deliveries: Counter "wspush_event_stream_deliveries_total" "" "Broadcast messages handed to event streams (SSE), of all deliveries.",
+    /// Of the slow-consumer drops, those of event streams.
+    event_stream_drops: Counter "wspush_event_stream_drops_total" "" "Broadcasts skipped for an event stream whose queue was full, of all such.",
+    /// Event streams closed, for any reason (of all closes).
+    closed_event_stream: Counter "wspush_event_streams_closed_total" "" "Event streams (SSE) closed, for any reason, of all closed connections.",
     /// Connections that asked for positions without `since`, told the
     /// current position.
     resumes_position: Counter "wspush_resumes_total" "{result=\"position\"}" "Connections that asked for positions, by what they were told: the current position (no since), recovered, gap, unknown.",
@@ -404,6 +412,10 @@ pub struct Tally {
     pub write_would_block: u64,
     /// Broadcast messages a connection missed because its queue was full.
     pub slow_consumer_drops: u64,
+    /// Of `broadcast_deliveries`, those to event streams.
+    pub event_stream_deliveries: u64,
+    /// Of `slow_consumer_drops`, those of event streams.
+    pub event_stream_drops: u64,
     /// Queued frames thrown away (a slow consumer closed, or a connection
     /// gone with output pending).
     pub frames_discarded: u64,
@@ -455,6 +467,8 @@ impl Metrics {
             (&self.broadcast_deliveries, tally.broadcast_deliveries),
             (&self.write_would_block, tally.write_would_block),
             (&self.slow_consumer_drops, tally.slow_consumer_drops),
+            (&self.event_stream_deliveries, tally.event_stream_deliveries),
+            (&self.event_stream_drops, tally.event_stream_drops),
             (&self.frames_discarded, tally.frames_discarded),
         ] {
             if n > 0 {

@@ -15,6 +15,7 @@ use sha1::{Digest, Sha1};
 use crate::protocol::auth::{self, Tokens, MAX_PRESENTED_LEN};
 use crate::protocol::deflate;
 use crate::protocol::jwt::{Claims, Verifier};
+use crate::protocol::sse;
 
 /// The GUID every server appends to the client's key (§1.3).
 const WEBSOCKET_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -27,18 +28,38 @@ pub const MAX_HEADERS: usize = 128;
 /// permessage-deflate answer is the longest).
 pub const MAX_RESPONSE_LEN: usize = 320;
 
-/// A valid upgrade request.
+/// A valid request for a stream of messages: a WebSocket upgrade, or an
+/// event stream (SSE) asked for by a `GET` that accepts one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upgrade<'a> {
     /// The request target: path and query, e.g. `/ws?id=01`.
     pub target: &'a str,
-    /// The `Sec-WebSocket-Accept` value answering the client's key.
-    pub accept: [u8; 28],
     /// The token it presented, found good, when tokens are required.
     pub credential: Option<Credential>,
-    /// The permessage-deflate terms agreed, if the client offered it and
-    /// the server takes it.
-    pub deflate: Option<deflate::Agreed>,
+    /// What the stream is, and what that protocol agreed.
+    pub protocol: Protocol<'a>,
+}
+
+/// What a stream's protocol is, and what the request said of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol<'a> {
+    /// WebSocket (RFC 6455).
+    WebSocket {
+        /// The `Sec-WebSocket-Accept` value answering the client's key.
+        accept: [u8; 28],
+        /// The permessage-deflate terms agreed, if the client offered it
+        /// and the server takes it.
+        deflate: Option<deflate::Agreed>,
+    },
+    /// An event stream (`text/event-stream`).
+    EventStream {
+        /// The request's `Origin`, when origins are checked and it is an
+        /// allowed one (the response lets that page read the stream).
+        origin: Option<&'a [u8]>,
+        /// Its `Last-Event-ID`: what a reconnecting `EventSource` resumes
+        /// after.
+        last_event_id: Option<&'a str>,
+    },
 }
 
 /// The token a request presented, as the server found it good.
@@ -55,8 +76,8 @@ pub enum Credential {
 pub enum HeadStatus<'a> {
     /// The request head is not complete yet.
     Partial,
-    /// A valid upgrade; the head took this many bytes, and whatever follows
-    /// them already belongs to the WebSocket stream.
+    /// A valid upgrade (or event stream); the head took this many bytes,
+    /// and whatever follows them already belongs to the stream.
     Upgrade(Upgrade<'a>, usize),
     /// A plain request for one of the server's own endpoints, by `GET`
     /// or `HEAD`; the head took this many bytes.
@@ -402,6 +423,8 @@ pub fn parse_request_after<'a>(
         return Err(Rejection::BadRequest(repeated));
     }
     if !headers.upgrade {
+        // An `EventSource` asks for a stream, even where the demo page is.
+        let event_stream = headers.accept.is_some_and(sse::accepts_event_stream);
         let endpoint = match path {
             "/healthz" => Some(Endpoint::Health),
             "/metrics" if rules.endpoints.metrics => {
@@ -415,12 +438,15 @@ pub fn parse_request_after<'a>(
                 Some(Endpoint::Metrics)
             }
             "/metrics" => return Err(Rejection::NotFound),
-            "/" if rules.endpoints.demo => Some(Endpoint::Demo),
+            "/" if rules.endpoints.demo && !event_stream => Some(Endpoint::Demo),
             "/wspush.js" if rules.endpoints.websocket => Some(Endpoint::Client),
             _ => None,
         };
         if let Some(endpoint) = endpoint {
             return Ok(HeadStatus::Endpoint(endpoint, method, head_len));
+        }
+        if event_stream {
+            return event_stream_request(&headers, target, path, method, rules, head_len);
         }
     }
     if method != Method::Get {
@@ -468,9 +494,45 @@ pub fn parse_request_after<'a>(
     Ok(HeadStatus::Upgrade(
         Upgrade {
             target,
-            accept: accept_key(key),
             credential,
-            deflate,
+            protocol: Protocol::WebSocket {
+                accept: accept_key(key),
+                deflate,
+            },
+        },
+        head_len,
+    ))
+}
+
+/// A `GET` for an event stream on the served path: checked as an upgrade
+/// is, for the path (404), the `Origin` (403) and the token (401).
+fn event_stream_request<'a>(
+    headers: &KnownHeaders<'a>,
+    target: &'a str,
+    path: &str,
+    method: Method,
+    rules: &HandshakeRules<'_>,
+    head_len: usize,
+) -> Result<HeadStatus<'a>, Rejection> {
+    if method != Method::Get {
+        return Err(Rejection::MethodNotAllowed);
+    }
+    if !rules.endpoints.websocket || rules.path.is_some_and(|served| path != served) {
+        return Err(Rejection::NotFound);
+    }
+    if !auth::origin_allowed(headers.origin, rules.origins) {
+        return Err(Rejection::Forbidden("origin not allowed"));
+    }
+    let credential = credential(headers, target, rules)?;
+    let origin = headers.origin.filter(|_| !rules.origins.is_empty());
+    Ok(HeadStatus::Upgrade(
+        Upgrade {
+            target,
+            credential,
+            protocol: Protocol::EventStream {
+                origin,
+                last_event_id: sse::last_event_id(headers.last_event_id),
+            },
         },
         head_len,
     ))
@@ -552,6 +614,8 @@ struct KnownHeaders<'a> {
     origin: Option<&'a [u8]>,
     authorization: Option<&'a [u8]>,
     cookie: Option<&'a [u8]>,
+    accept: Option<&'a [u8]>,
+    last_event_id: Option<&'a [u8]>,
     /// The rejection for the first header that came twice but may come once.
     repeated: Option<&'static str>,
 }
@@ -588,6 +652,12 @@ impl<'a> KnownHeaders<'a> {
                 }
                 _ if name.eq_ignore_ascii_case(b"Cookie") => {
                     (&mut known.cookie, "Cookie header repeated")
+                }
+                _ if name.eq_ignore_ascii_case(b"Accept") => {
+                    (&mut known.accept, "Accept header repeated")
+                }
+                _ if name.eq_ignore_ascii_case(b"Last-Event-ID") => {
+                    (&mut known.last_event_id, "Last-Event-ID header repeated")
                 }
                 _ => continue,
             };
@@ -674,7 +744,10 @@ mod tests {
                 Ok(HeadStatus::Upgrade(upgrade, len)) => {
                     assert_eq!(len, head_len);
                     assert_eq!(upgrade.target, "/ws?id=01");
-                    assert_eq!(&upgrade.accept, b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+                    let Protocol::WebSocket { accept, .. } = upgrade.protocol else {
+                        panic!("not a WebSocket upgrade: {upgrade:?}");
+                    };
+                    assert_eq!(&accept, b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
                 }
                 other => panic!("{other:?}"),
             }
@@ -1095,7 +1168,13 @@ mod tests {
             ..RULES
         };
         let agreed = |request: &str, rules| match parse_request(request.as_bytes(), rules) {
-            Ok(HeadStatus::Upgrade(upgrade, _)) => upgrade.deflate,
+            Ok(HeadStatus::Upgrade(
+                Upgrade {
+                    protocol: Protocol::WebSocket { deflate, .. },
+                    ..
+                },
+                _,
+            )) => deflate,
             other => panic!("{other:?}"),
         };
         let browser = offering(&["permessage-deflate; client_max_window_bits"]);

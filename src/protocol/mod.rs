@@ -16,5 +16,6 @@ pub mod position;
 #[cfg(feature = "internals")]
 pub mod publish;
 pub mod query;
+pub mod sse;
 pub(crate) mod target;
 pub mod ws;

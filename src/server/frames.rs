@@ -13,9 +13,10 @@
 //! message stands on its own (no context takeover), so its blocks refer
 //! to nothing before them, and the stored block only adds to the window.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::protocol::position::{self, Position};
+use crate::protocol::sse;
 use crate::protocol::ws::header::{HeaderStatus, MAX_HEADER_LEN, RSV1};
 use crate::protocol::ws::{FrameHeader, OpCode};
 
@@ -35,6 +36,12 @@ struct Frames {
     /// The same messages with their positions, for connections that asked
     /// for them, when they have positions.
     positioned: Option<SharedFrames>,
+    /// The same messages as the events of an event stream, made the first
+    /// time a connection of that transport needs them.
+    events: OnceLock<SharedFrames>,
+    /// The bytes are positioned frames themselves (a batch's positioned
+    /// variant, a status for positioned connections, a history record).
+    positioned_bytes: bool,
 }
 
 /// A message to frame.
@@ -174,6 +181,8 @@ impl SharedFrames {
             bytes: bytes.into_boxed_slice(),
             deflated: None,
             positioned: with,
+            events: OnceLock::new(),
+            positioned_bytes: positioned,
         }))
     }
 
@@ -184,11 +193,17 @@ impl SharedFrames {
     /// are not for a connection.
     pub fn positioned_only(opcode: OpCode, payload: &[u8]) -> SharedFrames {
         let pong = SharedFrames::encode(OpCode::Pong, b"");
+        let mut status = SharedFrames::encode(opcode, payload);
+        Arc::get_mut(&mut status.0)
+            .expect("not shared yet")
+            .positioned_bytes = true;
         SharedFrames(Arc::new(Frames {
             count: 0,
             bytes: pong.bytes().into(),
             deflated: None,
-            positioned: Some(SharedFrames::encode(opcode, payload)),
+            positioned: Some(status),
+            events: OnceLock::new(),
+            positioned_bytes: false,
         }))
     }
 
@@ -204,6 +219,52 @@ impl SharedFrames {
             Some(deflated) if deflate => deflated,
             _ => frames,
         }
+    }
+
+    /// The messages as events of an event stream (see [`sse`]): each with
+    /// its position as its `id:` when they have positions, a status (a
+    /// text message that begins with `{`, where positions are) as the
+    /// `status` event, control frames left out. Made from the positioned
+    /// frames the first time a connection of that transport needs them,
+    /// and shared from then on; counted as the data messages they hold.
+    pub fn events(&self) -> &SharedFrames {
+        self.0.events.get_or_init(|| {
+            let (source, positioned) = match self.positioned() {
+                Some(positioned) => (positioned, true),
+                None => (self, self.0.positioned_bytes),
+            };
+            let mut bytes = Vec::with_capacity(source.bytes().len() + 16 * source.count());
+            let mut count = 0;
+            for (frame, (payload, _)) in source.frames() {
+                let kind = match OpCode::from_bits(frame[0] & 0x0F) {
+                    Some(OpCode::Text) => sse::Kind::Text,
+                    Some(OpCode::Binary) => sse::Kind::Binary,
+                    Some(OpCode::Ping) => {
+                        bytes.extend_from_slice(sse::HEARTBEAT);
+                        continue;
+                    }
+                    _ => continue,
+                };
+                if positioned && kind == sse::Kind::Text && payload.starts_with(b"{") {
+                    sse::write_status(&mut bytes, &String::from_utf8_lossy(payload));
+                    continue;
+                }
+                let (id, data) = match payload.iter().position(|&b| b == b' ') {
+                    Some(space) if positioned => (Some(&payload[..space]), &payload[space + 1..]),
+                    _ => (None, payload),
+                };
+                sse::write_message(&mut bytes, id, kind, data);
+                count += 1;
+            }
+            SharedFrames(Arc::new(Frames {
+                count,
+                bytes: bytes.into_boxed_slice(),
+                deflated: None,
+                positioned: None,
+                events: OnceLock::new(),
+                positioned_bytes: false,
+            }))
+        })
     }
 
     /// The positioned frames (with their compressed ones), if the
@@ -241,17 +302,21 @@ impl SharedFrames {
             bytes: self.bytes()[at..].into(),
             deflated: self.0.deflated.as_ref().map(|d| d.skip(n)),
             positioned: self.0.positioned.as_ref().map(|p| p.skip(n)),
+            events: OnceLock::new(),
+            positioned_bytes: self.0.positioned_bytes,
         }))
     }
 
-    /// Whole frames encoded elsewhere (a record of the history), back to
-    /// back.
+    /// Whole frames encoded elsewhere (a record of the history: positioned
+    /// frames), back to back.
     pub fn from_encoded(bytes: Vec<u8>) -> SharedFrames {
         let mut frames = SharedFrames(Arc::new(Frames {
             count: 0,
             bytes: bytes.into_boxed_slice(),
             deflated: None,
             positioned: None,
+            events: OnceLock::new(),
+            positioned_bytes: true,
         }));
         let count = frames.payloads().count() as u32;
         Arc::get_mut(&mut frames.0).expect("not shared yet").count = count;
@@ -265,6 +330,8 @@ impl SharedFrames {
             bytes: parts.concat().into_boxed_slice(),
             deflated: None,
             positioned: None,
+            events: OnceLock::new(),
+            positioned_bytes: false,
         }))
     }
 
@@ -318,6 +385,49 @@ pub fn encoded_len(payload_len: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_stream_connections_get_the_same_messages_as_events_made_once() {
+        let epoch = position::Epoch(0xab);
+        let at = |seq| Some(Position { epoch, seq });
+        let batch = SharedFrames::encode_batch([
+            Message {
+                opcode: OpCode::Text,
+                payload: b"two\nlines",
+                deflated: None,
+                position: at(7),
+            },
+            Message {
+                opcode: OpCode::Binary,
+                payload: &[0xff],
+                deflated: None,
+                position: at(8),
+            },
+        ]);
+        let events = batch.events();
+        let id = |seq| Position { epoch, seq }.to_string();
+        let want = format!(
+            "id: {}\ndata: two\ndata: lines\n\nid: {}\nevent: binary\ndata: /w==\n\n",
+            id(7),
+            id(8)
+        );
+        assert_eq!(String::from_utf8_lossy(events.bytes()), want);
+        assert_eq!(events.count(), 2);
+        assert!(events.is(batch.events()), "made once, then shared");
+        // A status for connections with positions is the status event.
+        let gap = SharedFrames::positioned_only(OpCode::Text, br#"{"status":"gap"}"#);
+        assert_eq!(
+            String::from_utf8_lossy(gap.events().bytes()),
+            "event: status\ndata: {\"status\":\"gap\"}\n\n"
+        );
+        assert_eq!(gap.events().count(), 0);
+        // Messages without positions have no id; a ping is a heartbeat.
+        let plain = SharedFrames::encode_all([(OpCode::Text, &b"hi"[..]), (OpCode::Ping, b"")]);
+        assert_eq!(
+            String::from_utf8_lossy(plain.events().bytes()),
+            "data: hi\n\n:\n\n"
+        );
+    }
 
     #[test]
     fn encodes_header_and_payload_once() {

@@ -8,6 +8,8 @@
 //! msg KEY ID binary BASE64    a binary message
 //! open KEY ID CHANNELS        an upgrade (CHANNELS: a,b or -)
 //! close KEY ID CODE           its close (1006: the connection just ended)
+//! open KEY ID CHANNELS sse    an event stream (SSE)
+//! close KEY ID CODE sse       its end
 //! ```
 //!
 //! KEY is the connection key `conn` commands take, ID the client id or
@@ -194,12 +196,14 @@ impl Outbox {
         Offered::Taken
     }
 
-    /// Writes an `open` line, if events are on.
+    /// Writes an `open` line, if events are on (marked `sse` for an
+    /// event stream).
     pub fn opened<'c>(
         &mut self,
         key: ConnRef,
         id: Option<&str>,
         channels: impl Iterator<Item = &'c str>,
+        event_stream: bool,
     ) {
         if !self.config.events {
             return;
@@ -214,17 +218,26 @@ impl Outbox {
         if !any {
             self.lines.extend_from_slice(b" -");
         }
-        self.lines.push(b'\n');
+        self.end_event(event_stream);
     }
 
-    /// Writes a `close` line, if events are on.
-    pub fn closed(&mut self, key: ConnRef, id: Option<&str>, code: CloseCode) {
+    /// Writes a `close` line, if events are on (marked `sse` for an event
+    /// stream).
+    pub fn closed(&mut self, key: ConnRef, id: Option<&str>, code: CloseCode, event_stream: bool) {
         if !self.config.events {
             return;
         }
         self.head("close", key, id);
         self.lines
-            .extend_from_slice(format!(" {}\n", code.0).as_bytes());
+            .extend_from_slice(format!(" {}", code.0).as_bytes());
+        self.end_event(event_stream);
+    }
+
+    fn end_event(&mut self, event_stream: bool) {
+        if event_stream {
+            self.lines.extend_from_slice(b" sse");
+        }
+        self.lines.push(b'\n');
     }
 
     fn head(&mut self, what: &str, key: ConnRef, id: Option<&str>) {
@@ -296,8 +309,8 @@ mod tests {
     #[test]
     fn each_message_and_event_is_one_line() {
         let (mut out, shelf) = outbox(1 << 20, Overflow::Pause);
-        out.opened(KEY, Some("alice"), ["news", "chat"].into_iter());
-        out.opened(KEY, None, std::iter::empty());
+        out.opened(KEY, Some("alice"), ["news", "chat"].into_iter(), false);
+        out.opened(KEY, None, std::iter::empty(), true);
         let text = "two\nlines \\ and\r a return";
         assert_eq!(
             out.message(KEY, Some("alice"), MessageKind::Text, text.as_bytes()),
@@ -305,16 +318,18 @@ mod tests {
         );
         out.message(KEY, None, MessageKind::Binary, &[0, 1, 2, 255]);
         out.message(KEY, None, MessageKind::Text, b"");
-        out.closed(KEY, Some("alice"), CloseCode(1006));
+        out.closed(KEY, Some("alice"), CloseCode(1006), false);
+        out.closed(KEY, None, CloseCode(1000), true);
         assert!(!out.hand_over());
         assert_eq!(
             taken(&shelf),
             "open 0.4.9 alice news,chat\n\
-             open 0.4.9 - -\n\
+             open 0.4.9 - - sse\n\
              msg 0.4.9 alice text two\\nlines \\\\ and\\r a return\n\
              msg 0.4.9 - binary AAEC/w==\n\
              msg 0.4.9 - text \n\
-             close 0.4.9 alice 1006\n"
+             close 0.4.9 alice 1006\n\
+             close 0.4.9 - 1000 sse\n"
         );
     }
 

@@ -383,6 +383,80 @@ await check("an expiring token: the page reconnects through getToken() and loses
   assertEqual(metrics.get('wspush_connections_closed_total{reason="token_expired"}'), closes.length, "the expiries counted");
 });
 
+await check("EventSource: text (empty, whitespace, non-ASCII) arrives as sent; any bytes (CR, LF, CRLF) as binary events in base64", async (scope) => {
+  const server = await scope.server(["--input", "commands"]);
+  const page = await scope.page(server.url("/healthz"));
+  await page.evaluate(() => {
+    window.got = [];
+    window.binary = [];
+    window.statuses = [];
+    const source = new EventSource("/?id=reader");
+    source.onmessage = (e) => window.got.push(e.data);
+    source.addEventListener("binary", (e) => window.binary.push(e.data));
+    source.addEventListener("status", (e) => window.statuses.push(JSON.parse(e.data).status));
+  });
+  await waitUntil("the stream open", async () => (await page.evaluate(() => window.statuses.length)) === 1);
+  // Binary commands carry any bytes: CR, LF and CRLF inside text too.
+  const texts = ["plain", "", "   ", " lead and trail ", "żółw 🐢 ☃", "a\nb", "a\r\nb", "a\rb", "x\n"];
+  const b64 = (text) => Buffer.from(text).toString("base64");
+  server.feed([...texts.map((t) => `id:b64 reader ${b64(t)}`), "id reader last"]);
+  const binary = await waitUntil("every binary event", async () => {
+    const binary = await page.evaluate(() => window.binary);
+    return binary.length >= texts.length && binary;
+  });
+  assertEqual(binary.map((d) => Buffer.from(d, "base64").toString()), texts, "binary events, base64 of the bytes");
+  await waitUntil("the text after them", async () => (await page.evaluate(() => window.got)).length === 1);
+  server.feed(texts.map((t) => `id reader ${t.replace(/\n|\r/g, "")}`));
+  const more = await waitUntil("the texts", async () => {
+    const got = await page.evaluate(() => window.got);
+    return got.length >= texts.length + 1 && got;
+  });
+  assertEqual(more, ["last", ...texts.map((t) => t.replace(/\n|\r/g, ""))], "text events as sent");
+});
+
+await check("the --demo page over EventSource (?transport=sse) shows the lines, and switches back", async (scope) => {
+  const server = await scope.server(["--demo"]);
+  const page = await scope.page(server.url("/?transport=sse"));
+  await waitForState(page, "open");
+  server.feed(["over sse one", "over sse two"]);
+  const now = await waitUntil("two messages", async () => {
+    const now = await shown(page);
+    return now.count >= 2 && now;
+  });
+  assertEqual(now.messages, ["over sse one", "over sse two"], "what the page shows");
+  assertEqual(now.resume, "position", "what the stream was told");
+  assertEqual((await server.metrics()).get("wspush_connections_event_stream"), 1, "an event stream counted");
+  await page.click("#switch");
+  await waitForState(page, "open");
+  assertEqual((await server.metrics()).get("wspush_connections_event_stream"), 0, "back on WebSocket");
+});
+
+await check("EventSource resumes by itself through Last-Event-ID: the server drops it mid-feed, the count stays exact", async (scope) => {
+  const server = await scope.server(["--input", "commands", "--ping-interval", "2s"]);
+  const page = await scope.page(server.url("/healthz"));
+  await page.evaluate(() => {
+    window.got = [];
+    window.statuses = [];
+    const source = new EventSource("/?id=reader");
+    source.onmessage = (e) => window.got.push(e.data);
+    source.addEventListener("status", (e) => window.statuses.push(JSON.parse(e.data).status));
+  });
+  await waitUntil("the stream open", async () => (await page.evaluate(() => window.statuses.length)) === 1);
+  const lines = Array.from({ length: 300 }, (_, i) => `line ${i + 1}`);
+  for (let i = 0; i < 300; i += 100) {
+    server.feed(lines.slice(i, i + 50).map((l) => `all ${l}`));
+    server.feed(["close id reader 1000 dropped"]);
+    server.feed(lines.slice(i + 50, i + 100).map((l) => `all ${l}`));
+    await waitUntil(`the reconnect after drop ${i}`, async () => (await page.evaluate(() => window.statuses.length)) === i / 100 + 2, 15_000);
+  }
+  const got = await waitUntil("300 messages", async () => {
+    const got = await page.evaluate(() => window.got);
+    return got.length >= 300 && got;
+  });
+  assertEqual(got, lines, "every line once, in order, across three drops");
+  assertEqual(await page.evaluate(() => window.statuses), ["position", "recovered", "recovered", "recovered"], "what each stream was told");
+});
+
 await check("--ping-interval 1s: the browser answers pings and stays connected (idle timeout 3s)", async (scope) => {
   const flags = ["--demo", "--ping-interval", "1s", "--idle-timeout", "3s"];
   const server = await scope.server(flags);

@@ -9,8 +9,8 @@ use std::time::Duration;
 use super::output::{Message, Outgoing};
 use super::{CloseReason, Conn, Ctx, Phase, Verdict};
 use crate::ops::metrics::Metrics;
-use crate::protocol::position;
 use crate::protocol::ws::{CloseCode, OpCode, ProtocolError};
+use crate::protocol::{position, sse};
 use crate::server::key::ConnKey;
 
 impl Conn {
@@ -26,7 +26,8 @@ impl Conn {
             ctx.routes.leave(key.slot(), self.target.id());
             if let Some(upstream) = ctx.upstream.as_deref_mut() {
                 let conn = self.conn_ref(key, ctx.config.instance);
-                upstream.closed(conn, self.target.id(), reason.code());
+                let event_stream = self.transport.is_event_stream();
+                upstream.closed(conn, self.target.id(), reason.code(), event_stream);
             }
         }
         self.discard_output(true, ctx.tally);
@@ -42,6 +43,10 @@ impl Conn {
         });
         if self.transport.deflate().negotiated() {
             Metrics::decr(&metrics.connections_deflate);
+        }
+        if self.transport.is_event_stream() {
+            Metrics::decr(&metrics.connections_event_stream);
+            Metrics::incr(&metrics.closed_event_stream);
         }
         log::debug!("connection {key} closed: {reason:?}");
     }
@@ -60,6 +65,12 @@ impl Conn {
         let Phase::Open(decoder) = self.phase else {
             return Verdict::Keep;
         };
+        if self.transport.is_event_stream() {
+            // No close frame: the stream ends once what is queued is
+            // written, and the client reconnects (or goes).
+            self.linger(key, reason, ctx);
+            return Verdict::after(self.send(Outgoing::Queued, ctx));
+        }
         self.phase = Phase::CloseSent { decoder, reason };
         self.arm(key, ctx.config.close_timeout, ctx);
         self.send_close(code, why, ctx)
@@ -77,7 +88,19 @@ impl Conn {
         if !self.is_open() {
             return Verdict::Keep;
         }
-        if self.positions {
+        if self.transport.is_event_stream() {
+            // An `EventSource` reconnects after its `retry:` delay, which
+            // is given the hint's: the stream's end is its close.
+            let retry = sse::retry_field(delay.as_millis().min(u128::from(u32::MAX)) as u32);
+            let hint = position::reconnect_hint(delay);
+            let status = Outgoing::Frame(Message::plain(OpCode::Text, hint.as_bytes()));
+            let sent = self
+                .send(Outgoing::Response(retry.as_bytes(), b""), ctx)
+                .and_then(|_| self.send(status, ctx));
+            if let Verdict::Close(reason) = Verdict::after(sent) {
+                return Verdict::Close(reason);
+            }
+        } else if self.positions {
             let hint = position::reconnect_hint(delay);
             let hint = Outgoing::Frame(Message::plain(OpCode::Text, hint.as_bytes()));
             if let Verdict::Close(reason) = Verdict::after(self.send(hint, ctx)) {
@@ -137,11 +160,15 @@ impl Conn {
         }
     }
 
-    /// The client closed its side.
+    /// The client closed its side: the normal end of an event stream
+    /// (which has no close handshake), an abnormal one of a WebSocket.
     pub(super) fn on_eof(&mut self) -> Verdict {
         match self.phase {
             Phase::Lingering { reason, .. } | Phase::CloseSent { reason, .. } => {
                 Verdict::Close(reason)
+            }
+            Phase::Open(_) if self.transport.is_event_stream() => {
+                Verdict::Close(CloseReason::Normal(CloseCode::NORMAL))
             }
             Phase::Handshake(_) | Phase::Open(_) => Verdict::Close(CloseReason::Abnormal),
         }

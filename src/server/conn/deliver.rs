@@ -3,7 +3,7 @@
 //! frames and handed to the output stage in one `writev`; what its queue
 //! has no room for is dropped for it, or closes it, by policy.
 
-use super::output::Outgoing;
+use super::output::{Outgoing, Transport};
 use super::{CloseReason, Conn, Ctx, Verdict};
 use crate::config::SlowConsumerPolicy;
 use crate::ops::metrics::Metrics;
@@ -25,16 +25,35 @@ impl Conn {
         if !self.is_open() {
             return Verdict::Keep;
         }
-        let transport = self.transport;
-        let positions = self.positions;
+        // One copy of the visit for each way of taking frames, so that the
+        // WebSocket one carries nothing of the event stream's.
+        match self.transport {
+            Transport::WebSocket(_) => {
+                let taking = Frames {
+                    compressed: self.transport.compressed(),
+                    positions: self.positions,
+                };
+                self.deliver_taking(key, owed, taking, ctx)
+            }
+            Transport::EventStream => self.deliver_taking(key, owed, Events, ctx),
+        }
+    }
+
+    /// [`Conn::deliver`], the frames taken as `taking` says.
+    fn deliver_taking<T: Taking>(
+        &mut self,
+        key: ConnKey,
+        owed: Owed<'_>,
+        taking: T,
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
         let mut gathered = std::mem::take(ctx.gathered);
         // After a replay, what it gave (up to `skip`) is not given again.
         let mut skip = None;
-        let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames], skip| {
-            let frames = frames.iter().map(|f| transport.frames(f, positions));
-            match skip {
-                None => gathered.extend(frames.cloned()),
-                Some(through) => gathered.extend(frames.filter_map(|f| after_position(f, through))),
+        let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames], skip| match skip {
+            None => gathered.extend(frames.iter().map(|f| taking.take(f)).cloned()),
+            Some(through) => {
+                gathered.extend(frames.iter().filter_map(|f| taking.after(f, through)))
             }
         };
         let mut cursor = self.out.next_batch();
@@ -58,9 +77,11 @@ impl Conn {
                     let pending: usize = gathered.iter().map(|f| f.bytes().len()).sum();
                     let used = self.out.queued_bytes() + pending;
                     let room = ctx.config.max_queued_bytes.saturating_sub(used);
+                    let before = gathered.len();
                     let progress =
                         ctx.history
-                            .gather(replay, transport.compressed(), room, &mut gathered);
+                            .gather(replay, taking.compressed(), room, &mut gathered);
+                    taking.replayed(&mut gathered[before..]);
                     if progress.overrun {
                         Metrics::incr(&ctx.metrics.replay_overruns);
                     }
@@ -106,7 +127,9 @@ impl Conn {
         }
     }
 
-    /// [`Conn::deliver`] of the frames this connection gets.
+    /// [`Conn::deliver`] of the frames this connection gets (inlined in
+    /// each copy of the visit, as it was in the one there was).
+    #[inline(always)]
     fn deliver_frames(
         &mut self,
         key: ConnKey,
@@ -123,10 +146,14 @@ impl Conn {
             }
             Ok(Sent::Dropped { kept }) => {
                 let (taken, missed) = owed.split_at(kept);
+                let missed = messages(missed);
                 ctx.tally.broadcast_deliveries += messages(taken);
-                ctx.tally.slow_consumer_drops += messages(missed);
+                ctx.tally.slow_consumer_drops += missed;
+                if self.transport.is_event_stream() {
+                    ctx.tally.event_stream_drops += missed;
+                }
                 ctx.tally.write_would_block += 1;
-                return self.on_slow_consumer(key, messages(missed), ctx);
+                return self.on_slow_consumer(key, missed, ctx);
             }
         }
         Verdict::Keep
@@ -165,6 +192,69 @@ impl Conn {
                 let code = CloseCode::POLICY_VIOLATION;
                 self.begin_close(key, code, why, CloseReason::SlowConsumer, ctx)
             }
+        }
+    }
+}
+
+/// How a connection takes the shared frames it is owed.
+trait Taking: Copy {
+    /// The frames it gets of `frames`.
+    fn take<'f>(&self, frames: &'f SharedFrames) -> &'f SharedFrames;
+    /// What it gets of `frames` after position `through` (after a replay
+    /// that gave up to there), if anything.
+    fn after(&self, frames: &SharedFrames, through: u64) -> Option<SharedFrames>;
+    /// It gets compressed frames from the history.
+    fn compressed(&self) -> bool;
+    /// Makes what a replay gathered from the history its own.
+    fn replayed(&self, gathered: &mut [SharedFrames]);
+}
+
+/// A WebSocket's frames: compressed or plain, positioned or not.
+#[derive(Debug, Clone, Copy)]
+struct Frames {
+    compressed: bool,
+    positions: bool,
+}
+
+impl Taking for Frames {
+    fn take<'f>(&self, frames: &'f SharedFrames) -> &'f SharedFrames {
+        frames.for_connection(self.compressed, self.positions)
+    }
+
+    fn after(&self, frames: &SharedFrames, through: u64) -> Option<SharedFrames> {
+        after_position(self.take(frames), through)
+    }
+
+    fn compressed(&self) -> bool {
+        self.compressed
+    }
+
+    fn replayed(&self, _: &mut [SharedFrames]) {}
+}
+
+/// An event stream's events, made from the positioned frames (which also
+/// tell what a replay gave).
+#[derive(Debug, Clone, Copy)]
+struct Events;
+
+impl Taking for Events {
+    fn take<'f>(&self, frames: &'f SharedFrames) -> &'f SharedFrames {
+        frames.events()
+    }
+
+    fn after(&self, frames: &SharedFrames, through: u64) -> Option<SharedFrames> {
+        let rest = after_position(frames.positioned().unwrap_or(frames), through)?;
+        Some(rest.events().clone())
+    }
+
+    fn compressed(&self) -> bool {
+        false
+    }
+
+    fn replayed(&self, gathered: &mut [SharedFrames]) {
+        // The history keeps frames: events are made once per record.
+        for frames in gathered {
+            *frames = frames.events().clone();
         }
     }
 }

@@ -2,17 +2,17 @@
 //! answered with 101 or an HTTP error, or handed to the loop to answer
 //! (`/healthz`, `/metrics`, the demo page: see [`Verdict::Serve`]).
 
-use super::output::{Message, Outgoing, Transport};
+use super::output::{Message, Outgoing, Transport, MAX_OWN_HEAD};
 use super::{CloseReason, Conn, Ctx, DeflateUse, Phase, Verdict};
 use crate::ops::metrics::Metrics;
 use crate::protocol::http::{
-    self, Credential, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
+    self, Credential, Endpoints, HandshakeRules, HeadStatus, Protocol, Rejection, MAX_RESPONSE_LEN,
 };
 use crate::protocol::jwt;
 use crate::protocol::position::Status;
 use crate::protocol::query::{self, Limits, Resume};
+use crate::protocol::sse;
 use crate::protocol::target::RequestTarget;
-use crate::protocol::ws::header::MAX_HEADER_LEN;
 use crate::protocol::ws::Decoder;
 use crate::protocol::ws::OpCode;
 use crate::server::clock::unix_now;
@@ -58,17 +58,28 @@ impl Conn {
                         return (bytes.len(), self.reject(key, rejection, bytes, ctx))
                     }
                 };
-                let len = http::write_accept_response(
-                    &upgrade.accept,
-                    upgrade.deflate.as_ref(),
-                    &mut response,
-                );
+                let mut head = Vec::new();
+                let len = match upgrade.protocol {
+                    Protocol::WebSocket { accept, deflate } => {
+                        let deflate_use = DeflateUse::of(deflate.as_ref());
+                        self.transport = Transport::WebSocket(deflate_use);
+                        if deflate_use.negotiated() {
+                            Metrics::incr(&ctx.metrics.connections_deflate);
+                        }
+                        http::write_accept_response(&accept, deflate.as_ref(), &mut response)
+                    }
+                    Protocol::EventStream { origin, .. } => {
+                        self.transport = Transport::EventStream;
+                        Metrics::incr(&ctx.metrics.connections_event_stream);
+                        sse::write_head(&mut head, origin, self.retry_ms(key, ctx));
+                        0
+                    }
+                };
+                let head = match self.transport {
+                    Transport::WebSocket(_) => &response[..len],
+                    Transport::EventStream => &head[..],
+                };
                 self.phase = Phase::Open(Decoder::default());
-                let deflate = DeflateUse::of(upgrade.deflate.as_ref());
-                self.transport = Transport::WebSocket(deflate);
-                if deflate.negotiated() {
-                    Metrics::incr(&ctx.metrics.connections_deflate);
-                }
                 self.out.set_next_batch(ctx.next_batch);
                 self.liveness = Liveness::default();
                 self.deadline.clear(ctx.timers);
@@ -80,7 +91,7 @@ impl Conn {
                 Metrics::incr(&ctx.metrics.connections_open);
                 log::debug!("upgraded {}", self.target());
                 let status = self.resume(key, resume, ctx);
-                let sent = self.send(Outgoing::Response(&response[..len], &status), ctx);
+                let sent = self.send(Outgoing::Response(head, &status), ctx);
                 (head_len, Verdict::after(sent))
             }
             Ok(HeadStatus::Endpoint(endpoint, method, head_len)) => {
@@ -89,6 +100,15 @@ impl Conn {
             }
             Err(rejection) => (bytes.len(), self.reject(key, rejection, bytes, ctx)),
         }
+    }
+
+    /// The `retry:` an event stream begins with: the ping interval, less a
+    /// part of its own of up to a half, so that the clients of a server
+    /// that went away come back spread over it.
+    fn retry_ms(&self, key: ConnKey, ctx: &Ctx<'_>) -> u32 {
+        let interval = ctx.config.ping_interval.as_millis().min(60_000) as u32;
+        let mixed = (key.slot() ^ self.serial).wrapping_mul(0x9e37_79b9);
+        interval / 2 + ((u64::from(interval / 2) * u64::from(mixed)) >> 32) as u32
     }
 
     /// Arms the deadline that closes it (4001) before its signed token's
@@ -124,7 +144,16 @@ impl Conn {
             allowed: &config.allowed_channels,
             require_token_id: config.require_token_id,
         };
-        let asked = query::asked(upgrade.target, grant, &limits)?;
+        let mut asked = query::asked(upgrade.target, grant, &limits)?;
+        if let Protocol::EventStream { last_event_id, .. } = upgrade.protocol {
+            // An event stream always has its positions (its events' ids),
+            // and a reconnecting one resumes after the last it had.
+            asked.resume = match (last_event_id, asked.resume) {
+                (Some(id), _) => Resume::Since(id),
+                (None, Resume::Since(since)) => Resume::Since(since),
+                (None, _) => Resume::Positions,
+            };
+        }
         let mut target = RequestTarget::kept(upgrade.target, None);
         if target.id().is_none() && asked.id.is_some() {
             // The id came from the token.
@@ -140,7 +169,8 @@ impl Conn {
         }
         if let Some(upstream) = ctx.upstream.as_deref_mut() {
             let conn = self.conn_ref(key, config.instance);
-            upstream.opened(conn, asked.id, asked.channels());
+            let event_stream = matches!(upgrade.protocol, Protocol::EventStream { .. });
+            upstream.opened(conn, asked.id, asked.channels(), event_stream);
         }
         self.target = target;
         Ok(match asked.resume {
@@ -197,10 +227,10 @@ impl Conn {
             ctx.replays.push((key, replay));
         }
         let message = status.message();
-        let mut frame = [0u8; MAX_HEADER_LEN];
+        let mut head = [0u8; MAX_OWN_HEAD];
         let message = Message::plain(OpCode::Text, message.as_bytes());
-        let len = self.transport.head(message, &mut frame);
-        [&frame[..len], message.payload].concat()
+        let (len, payload, tail) = self.transport.wrap(message, &mut head);
+        [&head[..len], payload, tail].concat()
     }
 
     /// Answers `request` with an HTTP error (its head alone to a `HEAD`)

@@ -132,6 +132,11 @@ impl Conn {
             // Bytes after the head are the first frames (pipelined).
             pos = used;
         }
+        if self.transport.is_event_stream() {
+            // An event stream's client has nothing to say: what it sends
+            // is read and dropped (its end still ends the stream).
+            return (bytes.len(), Verdict::Keep);
+        }
         loop {
             let decoded = match &mut self.phase {
                 Phase::Open(decoder) | Phase::CloseSent { decoder, .. } => decoder.decode(

@@ -59,7 +59,8 @@ use output::{Outgoing, Transport};
 /// Why a connection ended; each reason has its own counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloseReason {
-    /// The close handshake completed; the client's code (1005: it gave none).
+    /// The close handshake completed; the client's code (1005: it gave
+    /// none). Or an event stream's client went (1000).
     Normal(CloseCode),
     /// The server failed the connection with this code (1002, 1007, 1009).
     Failed(CloseCode),
@@ -449,7 +450,12 @@ impl Conn {
         if !self.is_open() {
             return Verdict::Keep;
         }
-        let mut visit = self.liveness.visit(close_after);
+        // An event stream's client never answers: it gets its heartbeat
+        // (a comment) at every visit, and only a failed write ends it.
+        let mut visit = match self.transport.is_event_stream() {
+            true => Visit::Ping,
+            false => self.liveness.visit(close_after),
+        };
         if visit == Visit::Close {
             let verdict = self.on_readable(key, false, scratch, ctx);
             if verdict != Verdict::Keep || !self.is_open() {
@@ -473,6 +479,7 @@ impl Conn {
                 );
             }
         }
+        let ping = self.transport.frames(ping, false);
         match self.send(Outgoing::Shared(std::slice::from_ref(ping)), ctx) {
             Err(reason) => Verdict::Close(reason),
             Ok(Sent::Dropped { .. }) => Verdict::Keep,

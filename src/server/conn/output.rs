@@ -12,6 +12,7 @@ use super::{CloseReason, Conn, Ctx, DeflateUse, Phase, Verdict};
 use crate::config::Config;
 use crate::ops::metrics::Tally;
 use crate::protocol::http::{self, MAX_RESPONSE_LEN};
+use crate::protocol::sse;
 use crate::protocol::ws::compress::{deflate_into, Level};
 use crate::protocol::ws::header::MAX_HEADER_LEN;
 use crate::protocol::ws::{FrameHeader, OpCode};
@@ -25,14 +26,27 @@ use crate::server::output::Sent;
 pub(super) enum Transport {
     /// WebSocket frames (RFC 6455), with what permessage-deflate gives it.
     WebSocket(DeflateUse),
+    /// The events of an event stream (SSE: `protocol::sse`), after a
+    /// `200`; the client sends nothing.
+    EventStream,
 }
+
+/// The longest head of a message of a connection's own: a frame header,
+/// or an event's fields before its data.
+pub(super) const MAX_OWN_HEAD: usize = 32;
 
 impl Transport {
     /// What permessage-deflate gives the connection.
     pub(super) fn deflate(self) -> DeflateUse {
         match self {
             Transport::WebSocket(deflate) => deflate,
+            Transport::EventStream => DeflateUse::Off,
         }
+    }
+
+    /// Whether it is an event stream.
+    pub(super) fn is_event_stream(self) -> bool {
+        self == Transport::EventStream
     }
 
     /// Whether it gets compressed frames (broadcasts, replays, echoes).
@@ -41,9 +55,12 @@ impl Transport {
     }
 
     /// Which of the shared `frames` it gets: compressed or plain, with
-    /// positions or without.
+    /// positions or without, or as events (with their positions).
     pub(super) fn frames(self, frames: &SharedFrames, positions: bool) -> &SharedFrames {
-        frames.for_connection(self.compressed(), positions)
+        match self {
+            Transport::WebSocket(_) => frames.for_connection(self.compressed(), positions),
+            Transport::EventStream => frames.events(),
+        }
     }
 
     /// Whether a message of its own, `opcode` with `len` bytes, goes
@@ -54,13 +71,35 @@ impl Transport {
         !opcode.is_control() && self.compressed() && len >= config.deflate_min_bytes
     }
 
-    /// Encodes the head of `message` into `head`; returns its length.
-    pub(super) fn head(self, message: Message<'_>, head: &mut [u8; MAX_HEADER_LEN]) -> usize {
+    /// How a message of the connection's own goes out: its head (written
+    /// into `head`; the length), the payload, and what follows it. A
+    /// WebSocket frame's header and payload; on an event stream, a text
+    /// message (a status) as the `status` event, a ping as a heartbeat,
+    /// and nothing for the rest (a close is the end of the stream).
+    pub(super) fn wrap<'m>(
+        self,
+        message: Message<'m>,
+        head: &mut [u8; MAX_OWN_HEAD],
+    ) -> (usize, &'m [u8], &'static [u8]) {
         let len = message.payload.len() as u64;
         match self {
             Transport::WebSocket(_) => {
-                FrameHeader::server_message(message.opcode, len, message.compressed).encode(head)
+                let mut header = [0u8; MAX_HEADER_LEN];
+                let header_len =
+                    FrameHeader::server_message(message.opcode, len, message.compressed)
+                        .encode(&mut header);
+                head[..header_len].copy_from_slice(&header[..header_len]);
+                (header_len, message.payload, b"")
             }
+            Transport::EventStream => match message.opcode {
+                OpCode::Text => {
+                    let status = sse::STATUS_HEAD;
+                    head[..status.len()].copy_from_slice(status);
+                    (status.len(), message.payload, b"\n\n")
+                }
+                OpCode::Ping => (0, b"", sse::HEARTBEAT),
+                _ => (0, b"", b""),
+            },
         }
     }
 }
@@ -191,10 +230,10 @@ impl Conn {
         out: Outgoing<'_>,
         ctx: &mut Ctx<'_>,
     ) -> Result<Sent, CloseReason> {
-        let mut header = [0u8; MAX_HEADER_LEN];
         if let Outgoing::Reply(message) = out {
-            let len = self.transport.head(message, &mut header);
-            if let Some(sent) = self.gather(&[&header[..len], message.payload], ctx)? {
+            let mut header = [0u8; MAX_OWN_HEAD];
+            let (len, payload, tail) = self.transport.wrap(message, &mut header);
+            if let Some(sent) = self.gather(&[&header[..len], payload, tail], ctx)? {
                 return Ok(sent);
             }
         }
@@ -208,8 +247,9 @@ impl Conn {
         let before = self.out.queued_bytes();
         let (sent, offered, frames) = match out {
             Outgoing::Reply(message) | Outgoing::Frame(message) => {
-                let len = self.transport.head(message, &mut header);
-                let parts = [replies, &header[..len], message.payload];
+                let mut header = [0u8; MAX_OWN_HEAD];
+                let (len, payload, tail) = self.transport.wrap(message, &mut header);
+                let parts = [replies, &header[..len], payload, tail];
                 let sent = self.out.send_private(&parts, &mut self.stream);
                 (sent, total_len(&parts), 1)
             }
@@ -248,6 +288,10 @@ impl Conn {
             CloseReason::Abnormal
         })?;
         ctx.tally.frames_sent += frames as u64;
+        if self.transport.is_event_stream() {
+            // Counted apart too (for events, what was not dropped).
+            ctx.tally.event_stream_deliveries += frames as u64;
+        }
         let after = self.out.queued_bytes();
         ctx.tally.wrote(before + offered - after, before, after);
         self.half_close_when_flushed()?;
