@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use wspush::protocol::http::{
-    self, Endpoint, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
+    self, Endpoint, Endpoints, HandshakeRules, HeadStatus, Protocol, Rejection, MAX_RESPONSE_LEN,
 };
 use wspush::{Algorithm, Tokens, Verifier};
 
@@ -118,21 +118,27 @@ fn check_result(
             assert!(rules.path.is_none_or(|served| path == served), "{path}");
             let range = buf.as_ptr_range();
             assert!(range.contains(&upgrade.target.as_ptr()));
+            let (accept, deflate) = match &upgrade.protocol {
+                Protocol::WebSocket { accept, deflate } => (accept, deflate),
+                Protocol::EventStream { origin, .. } => {
+                    // Only an allowed origin is echoed back.
+                    assert!(origin.is_none() || !rules.origins.is_empty());
+                    return;
+                }
+            };
             assert!(
-                upgrade.accept[..27]
+                accept[..27]
                     .iter()
                     .all(|&b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
-                    && upgrade.accept[27] == b'=',
-                "{:?}",
-                upgrade.accept
+                    && accept[27] == b'=',
+                "{accept:?}"
             );
             assert!(
-                rules.deflate || upgrade.deflate.is_none(),
+                rules.deflate || deflate.is_none(),
                 "deflate agreed while off"
             );
             let mut out = [0u8; MAX_RESPONSE_LEN];
-            let len =
-                http::write_accept_response(&upgrade.accept, upgrade.deflate.as_ref(), &mut out);
+            let len = http::write_accept_response(accept, deflate.as_ref(), &mut out);
             check_response(&out[..len], 101, false);
         }
         Ok(HeadStatus::Endpoint(endpoint, method, head_len)) => {
