@@ -307,18 +307,30 @@ fn a_drain_sets_the_retry_to_its_hint_and_ends_the_stream() {
 #[test]
 fn websocket_and_event_stream_clients_each_get_every_message_once() {
     let server = TestServer::start(Config::default());
-    let mut ws = util::connect(server.addr, "/");
-    let (_, _, stream) = Stream::open(server.addr, "/", "");
-    let mut stream = stream.unwrap();
-    stream.event();
-    server.wait_for("both open", |m| m.connections_open == 2);
+    let mut sockets: Vec<_> = (0..3).map(|_| util::connect(server.addr, "/")).collect();
+    let mut streams: Vec<Stream> = (0..3)
+        .map(|_| Stream::open(server.addr, "/", "").2.expect("a stream"))
+        .collect();
+    for stream in &mut streams {
+        stream.event();
+    }
+    server.wait_for("all open", |m| m.connections_open == 6);
     for i in 0..50 {
         server.handle.broadcast_text(format!("m{i}")).unwrap();
     }
     let want: Vec<String> = (0..50).map(|i| format!("m{i}")).collect();
-    assert_eq!(util::texts(&mut ws, 50), want);
-    let got: Vec<String> = (0..50).map(|_| stream.event().data).collect();
-    assert_eq!(got, want);
+    for ws in &mut sockets {
+        assert_eq!(util::texts(ws, 50), want);
+    }
+    for stream in &mut streams {
+        let got: Vec<String> = (0..50).map(|_| stream.event().data).collect();
+        assert_eq!(got, want);
+    }
+    // Each batch was made into events once, for the three streams.
+    let m = server.handle.metrics();
+    assert_eq!(m.event_stream_deliveries, 150);
+    assert!(m.broadcast_batches >= 1);
+    assert_eq!(m.event_stream_batches, m.broadcast_batches);
     // A plain GET without the event stream's Accept is not one.
     let mut plain = raw(server.addr);
     plain

@@ -236,6 +236,9 @@ metrics! {
     event_stream_deliveries: Counter "wspush_event_stream_deliveries_total" "" "Broadcast messages handed to event streams (SSE), of all deliveries.",
     /// Of the slow-consumer drops, those of event streams.
     event_stream_drops: Counter "wspush_event_stream_drops_total" "" "Broadcasts skipped for an event stream whose queue was full, of all such.",
+    /// Batches of frames made into events (SSE): once for every event
+    /// stream that gets them, as deflate compresses once.
+    event_stream_batches: Counter "wspush_event_stream_batches_total" "" "Batches of frames made into events (SSE), once each for all the event streams that get them.",
     /// Event streams closed, for any reason (of all closes).
     closed_event_stream: Counter "wspush_event_streams_closed_total" "" "Event streams (SSE) closed, for any reason, of all closed connections.",
     /// Connections that asked for positions without `since`, told the

@@ -13,6 +13,7 @@
 //! message stands on its own (no context takeover), so its blocks refer
 //! to nothing before them, and the stored block only adds to the window.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::protocol::position::{self, Position};
@@ -227,8 +228,10 @@ impl SharedFrames {
     /// `status` event, control frames left out. Made from the positioned
     /// frames the first time a connection of that transport needs them,
     /// and shared from then on; counted as the data messages they hold.
-    pub fn events(&self) -> &SharedFrames {
+    /// Each time events are made, `made` counts one.
+    pub fn events(&self, made: &AtomicU64) -> &SharedFrames {
         self.0.events.get_or_init(|| {
+            made.fetch_add(1, Ordering::Relaxed);
             let (source, positioned) = match self.positioned() {
                 Some(positioned) => (positioned, true),
                 None => (self, self.0.positioned_bytes),
@@ -404,7 +407,8 @@ mod tests {
                 position: at(8),
             },
         ]);
-        let events = batch.events();
+        let made = AtomicU64::new(0);
+        let events = batch.events(&made);
         let id = |seq| Position { epoch, seq }.to_string();
         let want = format!(
             "id: {}\ndata: two\ndata: lines\n\nid: {}\nevent: binary\ndata: /w==\n\n",
@@ -413,18 +417,19 @@ mod tests {
         );
         assert_eq!(String::from_utf8_lossy(events.bytes()), want);
         assert_eq!(events.count(), 2);
-        assert!(events.is(batch.events()), "made once, then shared");
+        assert!(events.is(batch.events(&made)), "made once, then shared");
+        assert_eq!(made.load(Ordering::Relaxed), 1);
         // A status for connections with positions is the status event.
         let gap = SharedFrames::positioned_only(OpCode::Text, br#"{"status":"gap"}"#);
         assert_eq!(
-            String::from_utf8_lossy(gap.events().bytes()),
+            String::from_utf8_lossy(gap.events(&made).bytes()),
             "event: status\ndata: {\"status\":\"gap\"}\n\n"
         );
-        assert_eq!(gap.events().count(), 0);
+        assert_eq!(gap.events(&made).count(), 0);
         // Messages without positions have no id; a ping is a heartbeat.
         let plain = SharedFrames::encode_all([(OpCode::Text, &b"hi"[..]), (OpCode::Ping, b"")]);
         assert_eq!(
-            String::from_utf8_lossy(plain.events().bytes()),
+            String::from_utf8_lossy(plain.events(&made).bytes()),
             "data: hi\n\n:\n\n"
         );
     }

@@ -3,6 +3,8 @@
 //! frames and handed to the output stage in one `writev`; what its queue
 //! has no room for is dropped for it, or closes it, by policy.
 
+use std::sync::atomic::AtomicU64;
+
 use super::output::{Outgoing, Transport};
 use super::{CloseReason, Conn, Ctx, Verdict};
 use crate::config::SlowConsumerPolicy;
@@ -35,7 +37,10 @@ impl Conn {
                 };
                 self.deliver_taking(key, owed, taking, ctx)
             }
-            Transport::EventStream => self.deliver_taking(key, owed, Events, ctx),
+            Transport::EventStream => {
+                let made = &ctx.metrics.event_stream_batches;
+                self.deliver_taking(key, owed, Events { made }, ctx)
+            }
         }
     }
 
@@ -233,18 +238,20 @@ impl Taking for Frames {
 }
 
 /// An event stream's events, made from the positioned frames (which also
-/// tell what a replay gave).
+/// tell what a replay gave); `made` counts each time events are made.
 #[derive(Debug, Clone, Copy)]
-struct Events;
+struct Events<'m> {
+    made: &'m AtomicU64,
+}
 
-impl Taking for Events {
+impl Taking for Events<'_> {
     fn take<'f>(&self, frames: &'f SharedFrames) -> &'f SharedFrames {
-        frames.events()
+        frames.events(self.made)
     }
 
     fn after(&self, frames: &SharedFrames, through: u64) -> Option<SharedFrames> {
         let rest = after_position(frames.positioned().unwrap_or(frames), through)?;
-        Some(rest.events().clone())
+        Some(rest.events(self.made).clone())
     }
 
     fn compressed(&self) -> bool {
@@ -254,7 +261,7 @@ impl Taking for Events {
     fn replayed(&self, gathered: &mut [SharedFrames]) {
         // The history keeps frames: events are made once per record.
         for frames in gathered {
-            *frames = frames.events().clone();
+            *frames = frames.events(self.made).clone();
         }
     }
 }

@@ -479,7 +479,7 @@ impl Conn {
                 );
             }
         }
-        let ping = self.transport.frames(ping, false);
+        let ping = self.transport.frames(ping, false, ctx.metrics);
         match self.send(Outgoing::Shared(std::slice::from_ref(ping)), ctx) {
             Err(reason) => Verdict::Close(reason),
             Ok(Sent::Dropped { .. }) => Verdict::Keep,

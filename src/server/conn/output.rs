@@ -10,7 +10,7 @@ use std::net::Shutdown;
 
 use super::{CloseReason, Conn, Ctx, DeflateUse, Phase, Verdict};
 use crate::config::Config;
-use crate::ops::metrics::Tally;
+use crate::ops::metrics::{Metrics, Tally};
 use crate::protocol::http::{self, MAX_RESPONSE_LEN};
 use crate::protocol::sse;
 use crate::protocol::ws::compress::{deflate_into, Level};
@@ -56,10 +56,16 @@ impl Transport {
 
     /// Which of the shared `frames` it gets: compressed or plain, with
     /// positions or without, or as events (with their positions).
-    pub(super) fn frames(self, frames: &SharedFrames, positions: bool) -> &SharedFrames {
+    /// Events made are counted in `metrics`.
+    pub(super) fn frames<'f>(
+        self,
+        frames: &'f SharedFrames,
+        positions: bool,
+        metrics: &Metrics,
+    ) -> &'f SharedFrames {
         match self {
             Transport::WebSocket(_) => frames.for_connection(self.compressed(), positions),
-            Transport::EventStream => frames.events(),
+            Transport::EventStream => frames.events(&metrics.event_stream_batches),
         }
     }
 
