@@ -1,7 +1,7 @@
 //! The bench's own client against wspush embedded in the test process:
 //! 2,000 connections over four source addresses, every broadcast delivered
 //! exactly once and in order; once with thread workers, once with worker
-//! processes talking over pipes.
+//! processes talking over pipes; and event streams beside WebSockets.
 
 mod common;
 
@@ -102,4 +102,31 @@ fn a_setup_cut_short_leaves_idle_workers_that_do_not_hold_up_broadcasts() {
         "{}",
         report.cpu.broadcast_wall_secs
     );
+}
+
+#[test]
+fn event_streams_and_websockets_mixed_get_every_broadcast_once() {
+    let (server, report) = measure_embedded(&[
+        "--conns",
+        "400",
+        "--transport",
+        "mixed",
+        "--messages",
+        "4",
+        "--burst",
+        "50",
+    ]);
+    assert_eq!(report.connections.open, 400);
+    assert_eq!(report.broadcast.complete, 4);
+    let d = &report.delivery;
+    assert_eq!(
+        (d.lost, d.duplicates, d.out_of_order, d.corrupt),
+        (0, 0, 0, 0)
+    );
+    let m = server.metrics();
+    assert_eq!(m.upgrades, 400, "both kinds are counted as upgrades");
+    // Every message reached the 200 event streams, each batch made into
+    // events once for all of them.
+    assert_eq!(m.event_stream_deliveries, 200 * (4 + 50));
+    assert_eq!(m.event_stream_batches, m.broadcast_batches);
 }

@@ -30,6 +30,7 @@ fn floor_receipts(options: floor::FloorOptions, paths: Paths, expected: usize) -
         payload_bytes: 32,
         padding: Padding::Dots,
         deflate: false,
+        transports: Default::default(),
         channel: None,
         positions: false,
         token: None,

@@ -11,7 +11,7 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token, Waker};
 use serde::{Deserialize, Serialize};
 
-use crate::client::conn::{Check, Conn, Context, Transition};
+use crate::client::conn::{Assembly, Check, Conn, Context, Transition};
 use crate::client::dial::{self, Failure};
 
 /// Readiness events taken from the kernel per `epoll_wait`.
@@ -77,6 +77,7 @@ pub struct Clients<C: Check> {
     events: Events,
     conns: Vec<Conn<C::State>>,
     scratch: Box<[u8]>,
+    assembly: Assembly,
     plan: ClientPlan,
     check: C,
     /// Connections that were pending when last looked at, oldest first,
@@ -142,6 +143,7 @@ impl<C: Check> Clients<C> {
             events: Events::with_capacity(EVENTS_PER_POLL),
             conns: Vec::new(),
             scratch: vec![0; C::SCRATCH_BYTES].into_boxed_slice(),
+            assembly: Assembly::default(),
             plan,
             check,
             pending_since: VecDeque::new(),
@@ -174,7 +176,7 @@ impl<C: Check> Clients<C> {
         let path = self.check.path(id, conn.state());
         let ask = dial::Ask {
             path: &path,
-            deflate: self.check.deflate(),
+            transport: self.check.transport(id),
         };
         // A connection that queues requests keeps writable interest: a
         // request that did not fit waits for it.
@@ -312,6 +314,7 @@ impl<C: Check> Clients<C> {
             events,
             conns,
             scratch,
+            assembly,
             plan,
             check,
             book,
@@ -321,6 +324,7 @@ impl<C: Check> Clients<C> {
             registry: poll.registry(),
             servers: &plan.servers,
             scratch,
+            assembly,
             check,
         };
         let mut handled = 0;

@@ -1,5 +1,6 @@
 //! One client connection: a raw non-blocking socket that connects,
-//! upgrades, then reads frames and hands each message to a [`Check`]:
+//! upgrades (or opens an event stream), then reads frames (or events) and
+//! hands each message to a [`Check`]:
 //! [`InOrder`] (push: exactly once, in order, into a tally), the receipts
 //! a `channels` worker reports ([`crate::client::receipts`]), or echoes
 //! checked against the requests sent ([`crate::client::echoer`]).
@@ -15,10 +16,11 @@ use mio::event::Event;
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 
-use crate::client::dial::{self, Failure, Phase};
+use crate::client::dial::{self, Failure, Phase, Transport, Transports};
 use crate::observe::stats::{Order, Tally};
 use crate::observe::sys;
 use crate::wire::compression::Inflating;
+use crate::wire::events::{self, EventReader};
 use crate::wire::frame::{self, opcode, Frame, FrameError, FrameReader, MASK};
 use crate::wire::message::{self, Padding};
 
@@ -40,6 +42,8 @@ pub struct Context<'a, C> {
     pub servers: &'a [SocketAddr],
     /// Buffer every read goes through.
     pub scratch: &'a mut [u8],
+    /// Where events are made into messages.
+    pub assembly: &'a mut Assembly,
     /// How the messages are checked.
     pub check: &'a mut C,
 }
@@ -58,8 +62,8 @@ pub trait Check {
     /// pings unanswered (a pong could cut into a queued request).
     const WRITES: bool = false;
 
-    /// Whether connections offer (and require) permessage-deflate.
-    fn deflate(&self) -> bool;
+    /// What connection `id` speaks.
+    fn transport(&self, id: u64) -> Transport;
 
     /// The path and query connection `id` asks for, in `state`.
     fn path(&self, id: u64, state: &Self::State) -> String;
@@ -127,6 +131,8 @@ pub struct InOrder {
     pub tally: Tally,
     /// What the connections ask for besides their id (see [`Query`]).
     pub query: Query,
+    /// What the connections speak.
+    pub transports: Transports,
     /// The reconnect delays (ms) draining servers asked of connections,
     /// by id, until they are dialed again (few at a time: kept here, not
     /// in every connection's state).
@@ -213,10 +219,12 @@ impl Query {
         }
         let space = payload.iter().position(|&b| b == b' ').ok_or(None)?;
         let position = std::str::from_utf8(&payload[..space]).map_err(|_| None)?;
+        // `EPOCH.SEQ`, or a bare number (another server's event ids).
         let seq = position
             .split_once('.')
-            .and_then(|(_, n)| n.parse().ok())
-            .ok_or(None)?;
+            .map_or(position, |(_, n)| n)
+            .parse()
+            .map_err(|_| None)?;
         Ok((seq, &payload[space + 1..]))
     }
 }
@@ -240,9 +248,61 @@ pub struct Conn<S> {
     /// `None` once the connection failed.
     stream: Option<TcpStream>,
     phase: Phase,
-    reader: FrameReader,
+    reader: Reader,
     /// What the check keeps for it.
     state: S,
+}
+
+/// How an open connection's bytes are read: as frames, or as events.
+#[derive(Debug)]
+enum Reader {
+    Frames(FrameReader),
+    Events(EventReader),
+}
+
+/// Where an event stream's events are made into the messages a [`Check`]
+/// takes, as a WebSocket would have had them (a position, a space and the
+/// payload; a status alone; a binary message decoded): one for all
+/// connections.
+#[derive(Debug, Default)]
+pub struct Assembly {
+    /// Data of several lines, joined.
+    joined: Vec<u8>,
+    /// The message made of an event.
+    message: Vec<u8>,
+}
+
+impl Assembly {
+    /// The message event `e` carries, as a frame; `None` for an event a
+    /// WebSocket would not have had as a message.
+    fn message<'m>(message: &'m mut Vec<u8>, e: events::Event<'_>) -> Option<Frame<'m>> {
+        use base64::Engine as _;
+        message.clear();
+        let mut opcode = opcode::TEXT;
+        match e.name {
+            None | Some(b"message") | Some(b"binary") => {
+                if let Some(id) = e.id {
+                    message.extend_from_slice(id);
+                    message.push(b' ');
+                }
+                if e.name == Some(b"binary") {
+                    opcode = opcode::BINARY;
+                    let decoded = base64::engine::general_purpose::STANDARD.decode(e.data);
+                    message.extend_from_slice(&decoded.ok()?);
+                } else {
+                    message.extend_from_slice(e.data);
+                }
+            }
+            Some(b"status") => message.extend_from_slice(e.data),
+            Some(_) => return None,
+        }
+        Some(Frame {
+            fin: true,
+            opcode,
+            compressed: false,
+            payload: message,
+        })
+    }
 }
 
 impl<S: Default> Conn<S> {
@@ -251,7 +311,7 @@ impl<S: Default> Conn<S> {
     pub fn redialed(&mut self, dialed: dial::Dialed) {
         self.stream = Some(dialed.stream);
         self.phase = Phase::dialed(dialed.requested);
-        self.reader = FrameReader::new();
+        self.reader = Reader::Frames(FrameReader::new());
     }
 
     /// What the check keeps for it.
@@ -270,7 +330,7 @@ impl<S: Default> Conn<S> {
         Conn {
             stream: None,
             phase: Phase::Dead,
-            reader: FrameReader::new(),
+            reader: Reader::Frames(FrameReader::new()),
             state: S::default(),
         }
     }
@@ -324,7 +384,7 @@ impl<S: Default> Conn<S> {
                 let path = cx.check.path(id, &self.state);
                 let ask = dial::Ask {
                     path: &path,
-                    deflate: cx.check.deflate(),
+                    transport: cx.check.transport(id),
                 };
                 dial::send_request(self.stream(), id, ask, server)?;
                 // From here on only reads matter (pongs are written whole),
@@ -373,13 +433,16 @@ impl<S: Default> Conn<S> {
         let (Some(stream), Phase::Upgrading(head)) = (stream, phase) else {
             unreachable!("read_upgrade outside the upgrading phase");
         };
-        let deflate = cx.check.deflate();
-        let Some(upgraded) = dial::read_upgrade(stream, head, cx.scratch, id, deflate)? else {
+        let transport = cx.check.transport(id);
+        let Some(upgraded) = dial::read_upgrade(stream, head, cx.scratch, id, transport)? else {
             return Ok(Transition::Same);
         };
         self.phase = Phase::Open;
+        if transport == Transport::EventStream {
+            self.reader = Reader::Events(EventReader::default());
+        }
         if !upgraded.early.is_empty() {
-            self.on_bytes(id, &upgraded.early, sys::now_ns(), cx.check)?;
+            self.on_bytes(id, &upgraded.early, sys::now_ns(), cx)?;
         }
         // The socket was registered before the request went out, so data
         // after this read raises a new edge (see `read_frames`).
@@ -404,7 +467,13 @@ impl<S: Default> Conn<S> {
             }
             cx.check.received(n);
             let now = sys::now_ns();
-            self.on_bytes(id, &cx.scratch[..n], now, cx.check)?;
+            let Context {
+                scratch,
+                check,
+                assembly,
+                ..
+            } = cx;
+            self.on_bytes_with(id, &scratch[..n], now, &mut **check, assembly)?;
             // A read that did not fill the buffer emptied the socket, and new
             // data will raise a new edge (epoll(7)): skip the EAGAIN read.
             if n < cx.scratch.len() && !drain {
@@ -413,14 +482,27 @@ impl<S: Default> Conn<S> {
         }
     }
 
-    /// Feeds received bytes through the frame reader: whole data messages
-    /// go to the check, other frames to [`not_a_message`].
+    /// [`Conn::on_bytes_with`] the context's check and assembly.
     fn on_bytes<C: Check<State = S>>(
         &mut self,
         id: u64,
         bytes: &[u8],
         now: u64,
+        cx: &mut Context<'_, C>,
+    ) -> Result<(), Failure> {
+        self.on_bytes_with(id, bytes, now, cx.check, cx.assembly)
+    }
+
+    /// Feeds received bytes through the reader: whole data messages (or
+    /// the messages of events) go to the check, other frames to
+    /// [`not_a_message`], other events nowhere.
+    fn on_bytes_with<C: Check<State = S>>(
+        &mut self,
+        id: u64,
+        bytes: &[u8],
+        now: u64,
         check: &mut C,
+        assembly: &mut Assembly,
     ) -> Result<(), Failure> {
         let Conn {
             stream,
@@ -429,18 +511,27 @@ impl<S: Default> Conn<S> {
             ..
         } = self;
         let stream = stream.as_mut().expect("live connection has a socket");
-        reader.feed(bytes, |f| match f.opcode {
-            opcode::TEXT | opcode::BINARY if f.fin => check.message(id, &f, state, now),
-            other => not_a_message(stream, other, f.payload, !C::WRITES),
-        })
+        match reader {
+            Reader::Frames(reader) => reader.feed(bytes, |f| match f.opcode {
+                opcode::TEXT | opcode::BINARY if f.fin => check.message(id, &f, state, now),
+                other => not_a_message(stream, other, f.payload, !C::WRITES),
+            }),
+            Reader::Events(reader) => {
+                let Assembly { joined, message } = assembly;
+                reader.feed(bytes, joined, |e| match Assembly::message(message, e) {
+                    Some(f) => check.message(id, &f, state, now),
+                    None => Ok(()),
+                })
+            }
+        }
     }
 }
 
 impl Check for InOrder {
     type State = NextSeq;
 
-    fn deflate(&self) -> bool {
-        self.expect.deflate
+    fn transport(&self, id: u64) -> Transport {
+        self.transports.of(id, self.expect.deflate)
     }
 
     fn path(&self, id: u64, state: &NextSeq) -> String {
@@ -481,9 +572,12 @@ impl Check for InOrder {
             tally,
             query,
             hints,
+            transports,
         } = self;
-        // A position and a space come before the payload.
-        let room = expect.payload_len + if query.positions { 64 } else { 0 };
+        // A position and a space come before the payload: where asked
+        // for, and always on an event stream (its events' ids).
+        let positioned = query.positions || transports.of(id, false) == Transport::EventStream;
+        let room = expect.payload_len + if positioned { 64 } else { 0 };
         if f.compressed && !expect.deflate {
             return Err(FrameError::ReservedBits.into());
         }
@@ -493,7 +587,7 @@ impl Check for InOrder {
             Some(f.payload)
         };
         let mut position = None;
-        if let (true, Some(whole)) = (query.positions, plain) {
+        if let (true, Some(whole)) = (positioned, plain) {
             match query.split(whole) {
                 Ok((seq, payload)) => {
                     position = Some(seq);

@@ -12,6 +12,7 @@ use mio::{Interest, Registry, Token};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::observe::{procfs, sys};
+use crate::wire::events;
 use crate::wire::frame::FrameError;
 use crate::wire::handshake::{self, HandshakeError};
 
@@ -131,13 +132,63 @@ pub struct Dialed {
     pub requested: bool,
 }
 
-/// What an upgrade request asks for.
+/// What a connection speaks once open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// A WebSocket, offering (and requiring) permessage-deflate if
+    /// `deflate`.
+    WebSocket {
+        /// Offers and requires permessage-deflate.
+        deflate: bool,
+    },
+    /// An event stream (SSE): a `GET` with `Accept: text/event-stream`,
+    /// answered with `200` and the events.
+    EventStream,
+}
+
+/// What the connections of a run speak.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+pub enum Transports {
+    /// Every one a WebSocket.
+    #[default]
+    #[value(name = "ws")]
+    WebSocket,
+    /// Every one an event stream (SSE).
+    #[value(name = "sse")]
+    EventStream,
+    /// Half and half: connections of odd ids are event streams.
+    Mixed,
+}
+
+impl Transports {
+    /// What connection `id` speaks; its WebSocket offers permessage-deflate
+    /// if `deflate`.
+    pub fn of(self, id: u64, deflate: bool) -> Transport {
+        match self {
+            Transports::EventStream => Transport::EventStream,
+            Transports::Mixed if id % 2 == 1 => Transport::EventStream,
+            _ => Transport::WebSocket { deflate },
+        }
+    }
+}
+
+/// What an opening request asks for.
 #[derive(Debug, Clone, Copy)]
 pub struct Ask<'a> {
     /// The path (and query).
     pub path: &'a str,
-    /// Whether it offers permessage-deflate.
-    pub deflate: bool,
+    /// What the connection speaks once open.
+    pub transport: Transport,
 }
 
 /// Starts connection `id`: a non-blocking connect from `source` (port
@@ -231,10 +282,16 @@ pub fn default_path(id: u64, query: &str) -> String {
     format!("/ws?id={id}{query}")
 }
 
-/// Connection `id`'s upgrade request for `ask`.
+/// Connection `id`'s opening request for `ask`: an upgrade, or the
+/// `GET` of an event stream.
 fn request(id: u64, ask: Ask<'_>, server: SocketAddr) -> Vec<u8> {
-    let key = handshake::client_key(id);
-    handshake::client_request(&server.to_string(), ask.path, &key, ask.deflate)
+    match ask.transport {
+        Transport::WebSocket { deflate } => {
+            let key = handshake::client_key(id);
+            handshake::client_request(&server.to_string(), ask.path, &key, deflate)
+        }
+        Transport::EventStream => events::request(&server.to_string(), ask.path),
+    }
 }
 
 /// Sends connection `id`'s upgrade request for `ask` once [`connected`]
@@ -260,15 +317,15 @@ pub struct Upgraded {
     pub emptied: bool,
 }
 
-/// Reads what has arrived of the upgrade answer into `head`; returns the
-/// answer once the head is complete and valid for connection `id` (which
-/// offered permessage-deflate if `deflate`).
+/// Reads what has arrived of the answer into `head`; returns the answer
+/// once the head is complete and valid for connection `id` opening
+/// `transport`.
 pub fn read_upgrade(
     stream: &mut TcpStream,
     head: &mut Vec<u8>,
     scratch: &mut [u8],
     id: u64,
-    deflate: bool,
+    transport: Transport,
 ) -> Result<Option<Upgraded>, Failure> {
     let (head_end, emptied) = loop {
         let Some(n) = read_some(stream, scratch)? else {
@@ -285,7 +342,13 @@ pub fn read_upgrade(
             return Err(HandshakeError::TooLarge.into());
         }
     };
-    handshake::check_response(&head[..head_end], &handshake::client_key(id), deflate)?;
+    let head_only = &head[..head_end];
+    match transport {
+        Transport::WebSocket { deflate } => {
+            handshake::check_response(head_only, &handshake::client_key(id), deflate)?
+        }
+        Transport::EventStream => events::check_response(head_only)?,
+    }
     Ok(Some(Upgraded {
         early: head.split_off(head_end),
         emptied,
@@ -360,7 +423,7 @@ mod tests {
             7,
             Ask {
                 path: "/ws?id=7",
-                deflate: false,
+                transport: Transport::WebSocket { deflate: false },
             },
             poll.registry(),
             Token(0),
@@ -384,7 +447,7 @@ mod tests {
         }
         let ask = Ask {
             path: "/ws?id=7",
-            deflate: false,
+            transport: Transport::WebSocket { deflate: false },
         };
         assert_eq!(got, request(7, ask, server));
     }
@@ -401,7 +464,7 @@ mod tests {
             1,
             Ask {
                 path: "/ws?id=1",
-                deflate: false,
+                transport: Transport::WebSocket { deflate: false },
             },
             poll.registry(),
             Token(0),

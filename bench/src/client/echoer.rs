@@ -15,7 +15,7 @@ use mio::net::TcpStream;
 
 use crate::client::clients::{ClientPlan, Clients};
 use crate::client::conn::Check;
-use crate::client::dial::{self, Failure};
+use crate::client::dial::{self, Failure, Transport};
 use crate::observe::stats::{self, MAX_LATENCY_NS};
 use crate::observe::sys;
 use crate::wire::compression::{Deflater, Inflater};
@@ -187,8 +187,10 @@ impl Check for Echo {
 
     const WRITES: bool = true;
 
-    fn deflate(&self) -> bool {
-        self.deflate
+    fn transport(&self, _id: u64) -> Transport {
+        Transport::WebSocket {
+            deflate: self.deflate,
+        }
     }
 
     fn path(&self, id: u64, _state: &EchoState) -> String {

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::client::conn::Check;
-use crate::client::dial::Failure;
+use crate::client::dial::{Failure, Transport};
 use crate::wire::frame::Frame;
 use crate::wire::message;
 
@@ -141,8 +141,8 @@ impl Receipts {
 impl Check for Receipts {
     type State = ();
 
-    fn deflate(&self) -> bool {
-        false
+    fn transport(&self, _id: u64) -> Transport {
+        Transport::WebSocket { deflate: false }
     }
 
     fn path(&self, id: u64, _state: &()) -> String {

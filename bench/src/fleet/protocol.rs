@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::client::clients::Counts;
+use crate::client::dial::Transports;
 use crate::client::receipts::{Event, Paths};
 use crate::observe::stats::{Observed, Receipts, StreamReceipts};
 use crate::wire::message::Padding;
@@ -40,6 +41,9 @@ pub struct Plan {
     pub padding: Padding,
     /// The connections offer permessage-deflate (and require it).
     pub deflate: bool,
+    /// What the connections speak.
+    #[serde(default)]
+    pub transports: Transports,
     /// The channel the connections subscribe to in their URL, if any.
     #[serde(default)]
     pub channel: Option<String>,
@@ -214,6 +218,7 @@ mod tests {
             payload_bytes: 32,
             padding: Padding::Json,
             deflate: true,
+            transports: Transports::Mixed,
             channel: Some("hot".into()),
             positions: false,
             token: None,

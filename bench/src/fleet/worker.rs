@@ -113,6 +113,7 @@ pub fn run(input: impl Read + Send + 'static, mut output: impl Write) -> Result<
             epoch: None,
             positions_seen: Vec::new(),
         },
+        transports: plan.transports,
         hints: Default::default(),
     };
     let mut clients = Clients::new(client_plan, check)?;

@@ -656,6 +656,7 @@ impl Stage {
             payload_bytes: o.payload_bytes,
             padding: Default::default(),
             deflate: false,
+            transports: Default::default(),
             channel: None,
             positions: false,
             token: None,

@@ -9,6 +9,7 @@
 
 use serde::Serialize;
 
+use crate::client::dial::Transports;
 use crate::observe::format;
 use crate::observe::sys;
 use crate::report::{RunReport, StreamReport};
@@ -23,13 +24,18 @@ pub struct CompareOptions {
     /// `NAME=COMMAND` as for `push --spawn`, or `floor [OPTIONS]`;
     /// repeatable. The server must echo for the echo columns (wspush:
     /// `--echo`; the floor and the peers always do).
-    #[arg(long = "server", required_unless_present = "deflate_servers")]
+    #[arg(long = "server", required_unless_present_any = ["deflate_servers", "sse_servers"])]
     pub servers: Vec<ServerSpec>,
     /// `NAME=COMMAND` as for `--server`, measured with clients that offer
     /// permessage-deflate (`push --deflate`, `echo --deflate`); repeatable,
     /// measured in the rounds after the `--server`s.
     #[arg(long = "deflate-server")]
     pub deflate_servers: Vec<ServerSpec>,
+    /// `NAME=COMMAND` as for `--server`, measured with clients that open
+    /// event streams (`push --transport sse`; no echo: they only
+    /// receive); repeatable, measured in the rounds after the others.
+    #[arg(long = "sse-server")]
+    pub sse_servers: Vec<ServerSpec>,
     /// How many times to measure every server, alternating between them
     /// (in reverse order every other round).
     #[arg(long, default_value_t = 1)]
@@ -65,12 +71,16 @@ pub struct CompareOptions {
 }
 
 impl CompareOptions {
-    /// Every server with whether its clients offer permessage-deflate.
-    fn servers(&self) -> Vec<(&ServerSpec, bool)> {
-        let plain = self.servers.iter().map(|s| (s, false));
-        plain
-            .chain(self.deflate_servers.iter().map(|s| (s, true)))
-            .collect()
+    /// Every server with the clients it is measured with.
+    fn servers(&self) -> Vec<(&ServerSpec, Clients)> {
+        [
+            (&self.servers, Clients::Plain),
+            (&self.deflate_servers, Clients::Deflate),
+            (&self.sse_servers, Clients::EventStream),
+        ]
+        .into_iter()
+        .flat_map(|(servers, clients)| servers.iter().map(move |s| (s, clients)))
+        .collect()
     }
 
     /// The echo options for a plain run (`find_max_rate` false) or the search.
@@ -101,6 +111,17 @@ impl CompareOptions {
     }
 }
 
+/// The clients a server is measured with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Clients {
+    /// As the push options say.
+    Plain,
+    /// Offering permessage-deflate.
+    Deflate,
+    /// Event streams, push only.
+    EventStream,
+}
+
 /// One server in one round.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
@@ -126,7 +147,9 @@ pub fn run(options: &CompareOptions, push: &PushOptions) -> Result<(Vec<Row>, us
     let mut rows = Vec::new();
     let mut failed = 0;
     for round in 1..=options.rounds {
-        for &(spec, deflate) in round_order(&servers, round) {
+        for &(spec, clients) in round_order(&servers, round) {
+            let deflate = clients == Clients::Deflate;
+            let echoes = clients != Clients::EventStream;
             let with_deflate = |echo: &EchoOptions| EchoOptions {
                 deflate,
                 ..echo.clone()
@@ -134,6 +157,10 @@ pub fn run(options: &CompareOptions, push: &PushOptions) -> Result<(Vec<Row>, us
             let (echo, search) = (with_deflate(&plain_echo), with_deflate(&plain_search));
             let push = &PushOptions {
                 deflate: deflate || push.deflate,
+                transport: match clients {
+                    Clients::EventStream => Transports::EventStream,
+                    _ => push.transport,
+                },
                 ..push.clone()
             };
             let mut row = Row {
@@ -158,7 +185,7 @@ pub fn run(options: &CompareOptions, push: &PushOptions) -> Result<(Vec<Row>, us
                 }
                 Err(e) => note("push", e)?,
             }
-            if !options.no_echo {
+            if echoes && !options.no_echo {
                 match echo::run(spec, &echo, round) {
                     Ok(r) => {
                         eprint!("{}", r.render_text());
@@ -167,7 +194,7 @@ pub fn run(options: &CompareOptions, push: &PushOptions) -> Result<(Vec<Row>, us
                     Err(e) => note("echo", e)?,
                 }
             }
-            if options.find_max_rate {
+            if echoes && options.find_max_rate {
                 match echo::run(spec, &search, round) {
                     Ok(r) => {
                         eprint!("{}", r.render_text());

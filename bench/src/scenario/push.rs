@@ -9,7 +9,7 @@ use std::io::{self, IsTerminal, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use crate::client::dial::auto_sources;
+use crate::client::dial::{auto_sources, Transports};
 use crate::client::pacing::{self, Schedule};
 use crate::client::probe::Probes;
 use crate::fleet::coordinator::{Fleet, Launch};
@@ -80,6 +80,12 @@ pub struct PushOptions {
     /// the payload bytes on the wire over their plain size.
     #[arg(long)]
     pub deflate: bool,
+    /// What the connections speak: `ws`, `sse` (event streams, as
+    /// `EventSource` opens them: a `GET` with `Accept:
+    /// text/event-stream`), or `mixed` (connections of odd ids are event
+    /// streams). The messages are checked the same way for both.
+    #[arg(long, value_enum, default_value_t = Transports::WebSocket)]
+    pub transport: Transports,
     /// Every connection subscribes to this channel (`&channel=NAME` in its
     /// URL) and every line is sent as `pub NAME PAYLOAD`: for wspush with
     /// `--input commands`, a channel's messages instead of broadcasts.
@@ -362,6 +368,7 @@ pub fn measure_hosts(
         payload_bytes: options.payload_bytes,
         padding: options.padding,
         deflate: options.deflate,
+        transports: options.transport,
         channel: options.channel.clone(),
         positions: options.positions,
         token: options.token.clone(),

@@ -30,6 +30,8 @@ pub enum HandshakeError {
     /// permessage-deflate was offered and not agreed to (with
     /// `server_no_context_takeover`), or agreed to without an offer.
     Deflate,
+    /// A `200` that should start an event stream is of another media type.
+    NotEventStream,
 }
 
 impl std::fmt::Display for HandshakeError {
@@ -42,6 +44,7 @@ impl std::fmt::Display for HandshakeError {
             HandshakeError::MissingKey => f.write_str("no Sec-WebSocket-Key"),
             HandshakeError::BadAccept => f.write_str("wrong Sec-WebSocket-Accept"),
             HandshakeError::Deflate => f.write_str("permessage-deflate not agreed as offered"),
+            HandshakeError::NotEventStream => f.write_str("not text/event-stream"),
         }
     }
 }
@@ -168,7 +171,7 @@ pub fn server_response(head: &[u8]) -> Result<Vec<u8>, HandshakeError> {
 }
 
 /// Value of the first header called `name` (ASCII case-insensitive).
-fn header<'a>(headers: &[httparse::Header<'a>], name: &str) -> Option<&'a [u8]> {
+pub(crate) fn header<'a>(headers: &[httparse::Header<'a>], name: &str) -> Option<&'a [u8]> {
     headers
         .iter()
         .find(|h| h.name.eq_ignore_ascii_case(name))

@@ -1,0 +1,290 @@
+//! Server-Sent Events, the client side: the `GET` that asks for a stream,
+//! the check of the `200` that starts one, and an incremental reader that
+//! turns the stream into events as the HTML standard's "event stream
+//! interpretation" does (fields `data`, `id`, `event`; comments and
+//! `retry` read past; an event dispatched at its blank line).
+//!
+//! Lines end at LF, CRLF or CR. An event's data lines are joined with LF.
+
+use crate::wire::handshake::{self, HandshakeError};
+
+/// The `GET` an `EventSource` sends for `path`.
+pub fn request(host: &str, path: &str) -> Vec<u8> {
+    format!(
+        "GET {path} HTTP/1.1\r\n\
+         Host: {host}\r\n\
+         Accept: text/event-stream\r\n\
+         Cache-Control: no-cache\r\n\
+         \r\n"
+    )
+    .into_bytes()
+}
+
+/// Checks a complete response head for the `200` that starts a stream:
+/// `Content-Type: text/event-stream`.
+pub fn check_response(head: &[u8]) -> Result<(), HandshakeError> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut response = httparse::Response::new(&mut headers);
+    match response.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        _ => return Err(HandshakeError::Malformed),
+    }
+    match response.code {
+        Some(200) => {}
+        Some(code) => return Err(HandshakeError::Status(code)),
+        None => return Err(HandshakeError::Malformed),
+    }
+    let media = handshake::header(response.headers, "content-type").map(|v| {
+        v.split(|&b| b == b';')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii()
+    });
+    match media {
+        Some(m) if m.eq_ignore_ascii_case(b"text/event-stream") => Ok(()),
+        _ => Err(HandshakeError::NotEventStream),
+    }
+}
+
+/// One dispatched event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event<'a> {
+    /// Its type (`event:`); `None` for the default, `message`.
+    pub name: Option<&'a [u8]>,
+    /// Its `id:`, if it had one (the last one, as the standard says).
+    pub id: Option<&'a [u8]>,
+    /// Its data lines, joined with LF.
+    pub data: &'a [u8],
+}
+
+/// Reads a stream into events, however its bytes are split across reads.
+///
+/// Holds only the bytes of an event not yet complete (nothing between
+/// events): an idle stream costs its connection an empty `Vec`.
+#[derive(Debug, Default)]
+pub struct EventReader {
+    /// The bytes of the event begun and not ended in an earlier read.
+    pending: Vec<u8>,
+}
+
+impl EventReader {
+    /// Consumes `input`, calling `on_event` for every event it completes;
+    /// `joined` is where data of several lines is put together. Stops at
+    /// the first error `on_event` returns.
+    pub fn feed<E>(
+        &mut self,
+        mut input: &[u8],
+        joined: &mut Vec<u8>,
+        mut on_event: impl FnMut(Event<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if !self.pending.is_empty() {
+            // Complete the event begun earlier, then go on from the input.
+            let Some(end) = block_end(&self.pending, input) else {
+                self.pending.extend_from_slice(input);
+                return Ok(());
+            };
+            self.pending.extend_from_slice(&input[..end]);
+            input = &input[end..];
+            let block = std::mem::take(&mut self.pending);
+            let result = dispatch(&block, joined, &mut on_event);
+            self.pending = block;
+            self.pending.clear();
+            result?;
+        }
+        while let Some(end) = block_end(&[], input) {
+            dispatch(&input[..end], joined, &mut on_event)?;
+            input = &input[end..];
+        }
+        self.pending.extend_from_slice(input);
+        if self.pending.is_empty() && self.pending.capacity() > 0 {
+            self.pending = Vec::new();
+        }
+        Ok(())
+    }
+}
+
+/// Where the first block (lines up to and including a blank one) ends in
+/// `before` followed by `input`, as an offset into `input`; `None` if no
+/// block ends in `input`.
+fn block_end(before: &[u8], input: &[u8]) -> Option<usize> {
+    // The end of the last line before `input`: whether the next line
+    // begins right at the start of `input`.
+    let mut line_start = matches!(before.last(), None | Some(b'\n' | b'\r'));
+    let mut after_cr = before.last() == Some(&b'\r');
+    let mut at = 0;
+    while at < input.len() {
+        let b = input[at];
+        match b {
+            b'\n' if after_cr => after_cr = false,
+            b'\n' | b'\r' => {
+                if line_start {
+                    let end = at + 1;
+                    return Some(if b == b'\r' && input.get(end) == Some(&b'\n') {
+                        end + 1
+                    } else {
+                        end
+                    });
+                }
+                line_start = true;
+                after_cr = b == b'\r';
+            }
+            _ => {
+                line_start = false;
+                after_cr = false;
+            }
+        }
+        at += 1;
+    }
+    None
+}
+
+/// Interprets one block (its lines and the blank line that ends it) and
+/// dispatches its event, if it has data.
+fn dispatch<E>(
+    block: &[u8],
+    joined: &mut Vec<u8>,
+    on_event: &mut impl FnMut(Event<'_>) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut name = None;
+    let mut id = None;
+    let mut data: Option<&[u8]> = None;
+    let mut lines_of_data = 0;
+    joined.clear();
+    for line in block.split(|&b| b == b'\n' || b == b'\r') {
+        if line.is_empty() || line[0] == b':' {
+            continue;
+        }
+        let (field, value) = match line.iter().position(|&b| b == b':') {
+            Some(colon) => {
+                let value = &line[colon + 1..];
+                (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
+            }
+            None => (line, &b""[..]),
+        };
+        match field {
+            b"data" => {
+                lines_of_data += 1;
+                if lines_of_data == 1 {
+                    data = Some(value);
+                } else {
+                    if lines_of_data == 2 {
+                        joined.extend_from_slice(data.unwrap_or_default());
+                    }
+                    joined.push(b'\n');
+                    joined.extend_from_slice(value);
+                }
+            }
+            b"event" => name = Some(value),
+            b"id" if !value.contains(&0) => id = Some(value),
+            _ => {}
+        }
+    }
+    let Some(first) = data else {
+        return Ok(());
+    };
+    let data = if lines_of_data > 1 {
+        &joined[..]
+    } else {
+        first
+    };
+    on_event(Event { name, id, data })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Owned = (Option<String>, Option<String>, String);
+
+    fn owned(e: Event<'_>) -> Owned {
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (e.name.map(text), e.id.map(text), text(e.data))
+    }
+
+    /// The events of `stream` fed whole, and fed in pieces split at every
+    /// point: each must give the same.
+    fn events(stream: &[u8]) -> Vec<Owned> {
+        let read = |pieces: &[&[u8]]| {
+            let mut reader = EventReader::default();
+            let mut joined = Vec::new();
+            let mut got = Vec::new();
+            for piece in pieces {
+                reader
+                    .feed::<()>(piece, &mut joined, |e| {
+                        got.push(owned(e));
+                        Ok(())
+                    })
+                    .unwrap();
+            }
+            got
+        };
+        let whole = read(&[stream]);
+        for split in 0..=stream.len() {
+            let (a, b) = stream.split_at(split);
+            assert_eq!(read(&[a, b]), whole, "split at {split}");
+        }
+        let bytes: Vec<&[u8]> = stream.chunks(1).collect();
+        assert_eq!(read(&bytes), whole, "a byte at a time");
+        whole
+    }
+
+    fn event(name: Option<&str>, id: Option<&str>, data: &str) -> Owned {
+        (name.map(Into::into), id.map(Into::into), data.into())
+    }
+
+    #[test]
+    fn events_are_dispatched_at_their_blank_line() {
+        let stream = b"retry: 1000\n\nid: 7.1\ndata: one\n\n:\n\nid: 7.2\ndata: two\ndata: lines\n\nevent: status\ndata: {}\n\ndata: not yet";
+        assert_eq!(
+            events(stream),
+            vec![
+                event(None, Some("7.1"), "one"),
+                event(None, Some("7.2"), "two\nlines"),
+                event(Some("status"), None, "{}"),
+            ]
+        );
+    }
+
+    #[test]
+    fn every_line_end_is_one() {
+        let stream = b"data: a\r\ndata:b\rdata:  c\n\r\ndata\r\rdata:\n\n";
+        assert_eq!(
+            events(stream),
+            vec![
+                event(None, None, "a\nb\n c"),
+                event(None, None, ""),
+                event(None, None, "")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_comment_or_retry_alone_dispatches_nothing() {
+        assert_eq!(events(b":\n\nretry: 5\n\n: hi\n\n"), Vec::<Owned>::new());
+    }
+
+    #[test]
+    fn an_idle_reader_holds_no_buffer() {
+        let mut reader = EventReader::default();
+        let mut joined = Vec::new();
+        reader
+            .feed::<()>(b"data: x", &mut joined, |_| Ok(()))
+            .unwrap();
+        assert!(reader.pending.capacity() > 0);
+        reader.feed::<()>(b"\n\n", &mut joined, |_| Ok(())).unwrap();
+        assert_eq!(reader.pending.capacity(), 0);
+    }
+
+    #[test]
+    fn the_stream_is_checked_by_its_answer() {
+        let ok = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n\r\n";
+        assert_eq!(check_response(ok), Ok(()));
+        let html = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n";
+        assert_eq!(check_response(html), Err(HandshakeError::NotEventStream));
+        let refused = b"HTTP/1.1 401 Unauthorized\r\n\r\n";
+        assert_eq!(check_response(refused), Err(HandshakeError::Status(401)));
+        assert!(String::from_utf8(request("h:1", "/?id=3"))
+            .unwrap()
+            .contains("Accept: text/event-stream\r\n"));
+    }
+}
