@@ -77,6 +77,20 @@ pub trait Check {
         now: u64,
     ) -> Result<(), Failure>;
 
+    /// Checks the message of an event (an event stream's), with its
+    /// position beside it (its id) rather than before its payload; by
+    /// default as [`Check::message`], the position unread.
+    fn event(
+        &mut self,
+        id: u64,
+        frame: &Frame<'_>,
+        _position: Option<&[u8]>,
+        state: &mut Self::State,
+        now: u64,
+    ) -> Result<(), Failure> {
+        self.message(id, frame, state, now)
+    }
+
     /// Counts `bytes` read by an upgraded connection.
     fn received(&mut self, _bytes: usize) {}
 
@@ -218,15 +232,24 @@ impl Query {
             return Err(field("status"));
         }
         let space = payload.iter().position(|&b| b == b' ').ok_or(None)?;
-        let position = std::str::from_utf8(&payload[..space]).map_err(|_| None)?;
-        // `EPOCH.SEQ`, or a bare number (another server's event ids).
-        let seq = position
-            .split_once('.')
-            .map_or(position, |(_, n)| n)
-            .parse()
-            .map_err(|_| None)?;
+        let seq = seq_of(&payload[..space]).ok_or(None)?;
         Ok((seq, &payload[space + 1..]))
     }
+}
+
+/// The number of a position, `EPOCH.SEQ`, or of a bare number (another
+/// server's event ids).
+fn seq_of(position: &[u8]) -> Option<u64> {
+    let digits = match position.iter().rposition(|&b| b == b'.') {
+        Some(dot) => &position[dot + 1..],
+        None => position,
+    };
+    if digits.is_empty() || digits.len() > 19 {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        d.is_ascii_digit().then(|| n * 10 + u64::from(d - b'0'))
+    })
 }
 
 /// What every message a push connection receives must be.
@@ -261,47 +284,43 @@ enum Reader {
 }
 
 /// Where an event stream's events are made into the messages a [`Check`]
-/// takes, as a WebSocket would have had them (a position, a space and the
-/// payload; a status alone; a binary message decoded): one for all
-/// connections.
+/// takes: one for all connections.
 #[derive(Debug, Default)]
 pub struct Assembly {
     /// Data of several lines, joined.
     joined: Vec<u8>,
-    /// The message made of an event.
-    message: Vec<u8>,
+    /// A binary message, decoded.
+    decoded: Vec<u8>,
 }
 
 impl Assembly {
-    /// The message event `e` carries, as a frame; `None` for an event a
-    /// WebSocket would not have had as a message.
-    fn message<'m>(message: &'m mut Vec<u8>, e: events::Event<'_>) -> Option<Frame<'m>> {
+    /// The message event `e` carries, as a WebSocket would have had it
+    /// (a binary one decoded, into `decoded`), and its position (its id;
+    /// `None` for a status); `None` for an event that is no message.
+    fn message<'m>(
+        decoded: &'m mut Vec<u8>,
+        e: events::Event<'m>,
+    ) -> Option<(Frame<'m>, Option<&'m [u8]>)> {
         use base64::Engine as _;
-        message.clear();
-        let mut opcode = opcode::TEXT;
-        match e.name {
-            None | Some(b"message") | Some(b"binary") => {
-                if let Some(id) = e.id {
-                    message.extend_from_slice(id);
-                    message.push(b' ');
-                }
-                if e.name == Some(b"binary") {
-                    opcode = opcode::BINARY;
-                    let decoded = base64::engine::general_purpose::STANDARD.decode(e.data);
-                    message.extend_from_slice(&decoded.ok()?);
-                } else {
-                    message.extend_from_slice(e.data);
-                }
+        let (opcode, payload, position) = match e.name {
+            None | Some(b"message") => (opcode::TEXT, e.data, e.id),
+            Some(b"status") => (opcode::TEXT, e.data, None),
+            Some(b"binary") => {
+                decoded.clear();
+                base64::engine::general_purpose::STANDARD
+                    .decode_vec(e.data, decoded)
+                    .ok()?;
+                (opcode::BINARY, &decoded[..], e.id)
             }
-            Some(b"status") => message.extend_from_slice(e.data),
             Some(_) => return None,
-        }
-        Some(Frame {
+        };
+        let frame = Frame {
             fin: true,
             opcode,
             compressed: false,
-            payload: message,
-        })
+            payload,
+        };
+        Some((frame, position))
     }
 }
 
@@ -517,9 +536,9 @@ impl<S: Default> Conn<S> {
                 other => not_a_message(stream, other, f.payload, !C::WRITES),
             }),
             Reader::Events(reader) => {
-                let Assembly { joined, message } = assembly;
-                reader.feed(bytes, joined, |e| match Assembly::message(message, e) {
-                    Some(f) => check.message(id, &f, state, now),
+                let Assembly { joined, decoded } = assembly;
+                reader.feed(bytes, joined, |e| match Assembly::message(decoded, e) {
+                    Some((f, position)) => check.event(id, &f, position, state, now),
                     None => Ok(()),
                 })
             }
@@ -563,6 +582,35 @@ impl Check for InOrder {
         &mut self,
         id: u64,
         f: &Frame<'_>,
+        next_seq: &mut NextSeq,
+        now: u64,
+    ) -> Result<(), Failure> {
+        self.take(id, f, None, next_seq, now)
+    }
+
+    /// As a message, its position the event's id (every event stream has
+    /// positions).
+    fn event(
+        &mut self,
+        id: u64,
+        f: &Frame<'_>,
+        position: Option<&[u8]>,
+        next_seq: &mut NextSeq,
+        now: u64,
+    ) -> Result<(), Failure> {
+        self.take(id, f, Some(position), next_seq, now)
+    }
+}
+
+impl InOrder {
+    /// Checks message `f` of connection `id` (see [`Check::message`]);
+    /// `carried`: an event's id, carried beside the payload (`Some(None)`:
+    /// an event without one), rather than before it.
+    fn take(
+        &mut self,
+        id: u64,
+        f: &Frame<'_>,
+        carried: Option<Option<&[u8]>>,
         NextSeq(next_seq): &mut NextSeq,
         now: u64,
     ) -> Result<(), Failure> {
@@ -572,11 +620,11 @@ impl Check for InOrder {
             tally,
             query,
             hints,
-            transports,
+            ..
         } = self;
-        // A position and a space come before the payload: where asked
-        // for, and always on an event stream (its events' ids).
-        let positioned = query.positions || transports.of(id, false) == Transport::EventStream;
+        // A position comes with each message where asked for, and always
+        // on an event stream (its events' ids).
+        let positioned = query.positions || carried.is_some();
         let room = expect.payload_len + if positioned { 64 } else { 0 };
         if f.compressed && !expect.deflate {
             return Err(FrameError::ReservedBits.into());
@@ -588,7 +636,11 @@ impl Check for InOrder {
         };
         let mut position = None;
         if let (true, Some(whole)) = (positioned, plain) {
-            match query.split(whole) {
+            let split = match carried {
+                Some(Some(position)) => seq_of(position).map(|seq| (seq, whole)).ok_or(None),
+                _ => query.split(whole),
+            };
+            match split {
                 Ok((seq, payload)) => {
                     position = Some(seq);
                     plain = Some(payload);
