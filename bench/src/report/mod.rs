@@ -54,6 +54,8 @@ pub struct RunReport {
     /// The highest feed rate whose p99 stayed under the limit, held for
     /// the whole feed (`None`: not searched, or nothing held).
     pub max_feed_rate: Option<f64>,
+    /// The server's own counts at the end (`push --metrics-from`).
+    pub counted: Vec<(String, u64)>,
     /// Conditions that make the numbers less trustworthy.
     pub warnings: Vec<String>,
 }
@@ -553,6 +555,9 @@ impl RunReport {
                 .map_or("none held".into(), |r| format!("{r:.0} lines/s"));
             let _ = writeln!(out, "  max feed     {found}");
         }
+        for (name, value) in &self.counted {
+            let _ = writeln!(out, "  counted      {name} {value}");
+        }
         for warning in &self.warnings {
             let _ = writeln!(out, "  WARNING      {warning}");
         }
@@ -637,6 +642,7 @@ pub(crate) fn sample(server: &str, round: u32, per_conn: [f64; 3]) -> RunReport 
         streams: vec![],
         feed_search: vec![],
         max_feed_rate: None,
+        counted: vec![],
         warnings: vec!["machine busy".into()],
     }
 }

@@ -104,6 +104,12 @@ pub struct PushOptions {
     /// The key the requests present (`Authorization: Bearer KEY`).
     #[arg(long, value_name = "KEY", requires = "publish")]
     pub publish_key: Option<String>,
+    /// Read the server's counts of what it encoded and delivered (its
+    /// `/metrics` at this address) at the end of the run, for the report:
+    /// a batch framed, made into events, or compressed once for every
+    /// connection that gets it shows as one count per batch or message.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_from: Option<SocketAddr>,
     /// Connection attempts started per second.
     #[arg(long, default_value_t = 10_000)]
     pub rate: u32,
@@ -399,6 +405,17 @@ pub fn measure_hosts(
     ))
 }
 
+/// The server counts `--metrics-from` reads: what was encoded (once per
+/// batch, per transport) and delivered.
+const COUNTED: [&str; 6] = [
+    "wspush_broadcasts_total",
+    "wspush_broadcast_batches_total",
+    "wspush_event_stream_batches_total",
+    "wspush_broadcasts_compressed_total",
+    "wspush_broadcast_deliveries_total",
+    "wspush_event_stream_deliveries_total",
+];
+
 /// Everything a run observed, before it is summarised.
 pub struct Observations {
     /// Server usage before the connections.
@@ -445,6 +462,8 @@ pub struct Observations {
     pub max_feed_rate: Option<f64>,
     /// What the connections observed.
     pub observed: crate::observe::stats::Observed,
+    /// The server's counts named in [`COUNTED`], at the end.
+    pub counted: Vec<(String, u64)>,
 }
 
 /// One measurement in progress.
@@ -530,6 +549,20 @@ impl Run<'_> {
             streams.push(self.feed(&mut first, rate, o.feed_secs)?);
         }
         let observed = self.fleet.finish()?;
+        let counted = match o.metrics_from {
+            Some(addr) => crate::scenario::channels::fetch_metrics(addr)
+                .map_err(|e| format!("/metrics from {addr}: {e}"))?
+                .lines()
+                .filter_map(|line| {
+                    let (name, value) = line.split_once(' ')?;
+                    COUNTED
+                        .contains(&name)
+                        .then(|| (name.to_string(), value.parse().ok()))
+                })
+                .filter_map(|(name, value)| Some((name, value?)))
+                .collect(),
+            None => Vec::new(),
+        };
 
         Ok(Observations {
             baseline,
@@ -558,6 +591,7 @@ impl Run<'_> {
             feed_search,
             max_feed_rate,
             observed,
+            counted,
         })
     }
 
@@ -1083,6 +1117,7 @@ fn summarise(
         streams: o.streams,
         feed_search: o.feed_search,
         max_feed_rate: o.max_feed_rate,
+        counted: o.counted,
         warnings,
     }
 }
