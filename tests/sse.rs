@@ -415,3 +415,32 @@ fn a_stalled_stream_is_closed_as_a_slow_consumer_and_the_others_go_on() {
     assert_eq!(m.closed_event_stream, 1);
     assert!(m.event_stream_drops >= 1 && m.event_stream_drops == m.slow_consumer_drops);
 }
+
+#[test]
+fn a_stream_a_publisher_closes_is_told_the_code_and_reason() {
+    let server = TestServer::start(Config::default());
+    let (_, _, stream) = Stream::open(server.addr, "/?id=alice", "");
+    let mut stream = stream.unwrap();
+    assert_eq!(status_of(&stream.event()), "position");
+    server.handle.broadcast_text("first").unwrap();
+    let reason = r#"moved "elsewhere""#;
+    let alice = Recipients::Id(client_id("alice"));
+    server
+        .handle
+        .close(alice, wspush::CloseCode(4100), reason)
+        .unwrap();
+    assert_eq!(stream.event().data, "first");
+    let closed = stream.event();
+    assert_eq!(status_of(&closed), "closed");
+    assert_eq!(
+        closed.data,
+        r#"{"status":"closed","code":4100,"reason":"moved \"elsewhere\""}"#
+    );
+    let mut rest = Vec::new();
+    stream.socket.read_to_end(&mut rest).unwrap();
+    assert!(
+        rest.iter().all(|&b| b == b'\n' || b == b':'),
+        "only heartbeats may follow: {rest:?}"
+    );
+    server.wait_for("closed", |m| m.closed_publisher == 1);
+}

@@ -11,6 +11,7 @@
 
 mod util;
 
+use std::io::{Read, Write};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
@@ -397,6 +398,36 @@ fn a_connection_closes_with_4001_at_exp_and_resumes_with_a_new_token() {
     assert!(got[0].contains(r#""status":"recovered""#), "{got:?}");
     assert!(got[1].ends_with(" while away"), "{got:?}");
     server.wait_for("the expiry counted", |m| m.closed_token_expired == 1);
+}
+
+#[test]
+fn an_event_stream_is_told_its_token_expired_and_its_url_is_refused_after() {
+    let server = server(verifier(Algorithm::HS256, &[SECRET.as_bytes()]), |_| {});
+    let token = hs256(&json!({"sub": "alice", "exp": now() + 2}));
+    let request =
+        format!("GET /?token={token} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n");
+    let mut socket = util::raw(server.addr);
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    socket.write_all(request.as_bytes()).unwrap();
+    // The stream runs until the token expires, then ends after saying so.
+    let mut stream = Vec::new();
+    socket.read_to_end(&mut stream).unwrap();
+    let stream = String::from_utf8(stream).unwrap();
+    assert!(stream.starts_with("HTTP/1.1 200"), "{stream}");
+    let closed = r#"{"status":"closed","code":4001,"reason":"token expired"}"#;
+    assert!(
+        stream.ends_with(&format!("event: status\ndata: {closed}\n\n")),
+        "{stream}"
+    );
+    server.wait_for("the expiry counted", |m| m.closed_token_expired == 1);
+    // An `EventSource` asks again for the same URL: refused, so it stops.
+    let mut again = util::raw(server.addr);
+    again.write_all(request.as_bytes()).unwrap();
+    let answer = util::read_response(&mut again);
+    assert_eq!(answer.status, 401);
+    assert_eq!(answer.body.trim_end(), "token refused: expired");
 }
 
 #[test]

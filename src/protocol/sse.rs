@@ -12,6 +12,10 @@
 //!   `EventSource` that reconnects sends it back as `Last-Event-ID`.
 //! - A status (where a connection stands, a gap, a drain's hint) is an
 //!   event named `status` with the JSON object as its data.
+//! - A stream the server ends for a reason the client should act on (its
+//!   token expired, a publisher closed it, the server is going) ends with
+//!   a `closed` status naming the code a WebSocket would have had in its
+//!   close frame: an `EventSource` cannot see why a stream ended.
 //! - A heartbeat is a comment line (`:`), which no application sees.
 //! - The first thing a stream sends is a `retry:` field, the delay an
 //!   `EventSource` waits before it reconnects, with jitter given by the
@@ -128,6 +132,14 @@ fn write_data(out: &mut Vec<u8>, payload: &[u8]) {
         };
         rest = &rest[end + skip..];
     }
+}
+
+/// The status that ends a stream closed with `code` for `reason` (what a
+/// WebSocket's close frame would have carried):
+/// `{"status":"closed","code":4001,"reason":"token expired"}`.
+pub fn closed_status(code: u16, reason: &str) -> String {
+    let reason = serde_json::to_string(reason).expect("a string serialises");
+    format!(r#"{{"status":"closed","code":{code},"reason":{reason}}}"#)
 }
 
 /// The position a reconnecting `EventSource` names (its `Last-Event-ID`

@@ -148,12 +148,14 @@ impl<'a> Fields<'a> {
         if line[0] == b':' {
             return;
         }
-        let (field, value) = match memchr::memchr(b':', line) {
-            Some(colon) => {
-                let value = &line[colon + 1..];
-                (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
-            }
-            None => (line, &b""[..]),
+        // The two lines of every message, as servers write them, without
+        // a search for the colon.
+        let (field, value) = if let Some(value) = line.strip_prefix(b"data: ") {
+            (&b"data"[..], value)
+        } else if let Some(value) = line.strip_prefix(b"id: ") {
+            (&b"id"[..], value)
+        } else {
+            field_and_value(line)
         };
         match field {
             b"data" => {
@@ -187,6 +189,18 @@ impl<'a> Fields<'a> {
             id: self.id,
             data: if self.data_lines > 1 { joined } else { first },
         })
+    }
+}
+
+/// A line's field name and value (after the colon and one space; the
+/// whole line is a name with an empty value if it has no colon).
+fn field_and_value(line: &[u8]) -> (&[u8], &[u8]) {
+    match memchr::memchr(b':', line) {
+        Some(colon) => {
+            let value = &line[colon + 1..];
+            (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
+        }
+        None => (line, &b""[..]),
     }
 }
 

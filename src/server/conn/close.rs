@@ -12,6 +12,7 @@ use crate::ops::metrics::Metrics;
 use crate::protocol::ws::{CloseCode, OpCode, ProtocolError};
 use crate::protocol::{position, sse};
 use crate::server::key::ConnKey;
+use crate::server::output::Sent;
 
 impl Conn {
     /// Ends the connection (the loop has taken it out of the slab): clears
@@ -67,9 +68,23 @@ impl Conn {
         };
         if self.transport.is_event_stream() {
             // No close frame: the stream ends once what is queued is
-            // written, and the client reconnects (or goes).
+            // written, and the client reconnects (or goes). Where the
+            // client should know why, a status says it first.
+            let tell = matches!(
+                reason,
+                CloseReason::TokenExpired | CloseReason::Publisher(_) | CloseReason::Shutdown
+            );
+            let sent = if tell {
+                let status = sse::closed_status(code.0, why);
+                self.send(
+                    Outgoing::Frame(Message::plain(OpCode::Text, status.as_bytes())),
+                    ctx,
+                )
+            } else {
+                Ok(Sent::Written)
+            };
             self.linger(key, reason, ctx);
-            return Verdict::after(self.send(Outgoing::Queued, ctx));
+            return Verdict::after(sent.and_then(|_| self.send(Outgoing::Queued, ctx)));
         }
         self.phase = Phase::CloseSent { decoder, reason };
         self.arm(key, ctx.config.close_timeout, ctx);
