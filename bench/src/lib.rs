@@ -1,11 +1,12 @@
 //! `wspush-bench`: measures WebSocket push servers that follow the wspush
 //! contract (upgrade on any path; each stdin line is broadcast as one text
-//! message to every client), next to a bare-epoll reference in the same run.
+//! message to every client), next to a bare-epoll reference in the same run;
+//! and event-stream (SSE) servers, whose clients get each line as an event.
 //!
 //! The crate is in layers; each uses only the ones below it:
 //!
-//! - [`wire`]: frames, handshake, permessage-deflate, payloads, the JSON
-//!   feed; pure, no imports from the crate;
+//! - [`wire`]: frames, handshake, permessage-deflate, event streams,
+//!   payloads, the JSON feed; pure, no imports from the crate;
 //! - [`observe`]: receipts, latency, `/proc`, CPU marks, formats;
 //! - [`client`]: dialing, the one connection state machine
 //!   ([`client::conn::Conn`]) with a [`client::conn::Check`] per kind of

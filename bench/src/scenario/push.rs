@@ -19,6 +19,7 @@ use crate::observe::format;
 use crate::observe::latency::LatencyReport;
 use crate::observe::procfs::{self, Usage};
 use crate::observe::ramp::Ramp;
+use crate::observe::scrape;
 use crate::observe::sys;
 use crate::report::RunInfo;
 use crate::report::{
@@ -550,17 +551,16 @@ impl Run<'_> {
         }
         let observed = self.fleet.finish()?;
         let counted = match o.metrics_from {
-            Some(addr) => crate::scenario::channels::fetch_metrics(addr)
-                .map_err(|e| format!("/metrics from {addr}: {e}"))?
-                .lines()
-                .filter_map(|line| {
-                    let (name, value) = line.split_once(' ')?;
-                    COUNTED
-                        .contains(&name)
-                        .then(|| (name.to_string(), value.parse().ok()))
-                })
-                .filter_map(|(name, value)| Some((name, value?)))
-                .collect(),
+            Some(addr) => {
+                let page = scrape::fetch_metrics(addr)
+                    .map_err(|e| format!("/metrics from {addr}: {e}"))?;
+                COUNTED
+                    .iter()
+                    .filter_map(|&name| {
+                        Some((name.to_string(), scrape::metric(&page, name)? as u64))
+                    })
+                    .collect()
+            }
             None => Vec::new(),
         };
 

@@ -37,10 +37,7 @@ impl Conn {
                 };
                 self.deliver_taking(key, owed, taking, ctx)
             }
-            Transport::EventStream => {
-                let made = &ctx.metrics.event_stream_batches;
-                self.deliver_taking(key, owed, Events { made }, ctx)
-            }
+            Transport::EventStream => self.deliver_taking(key, owed, Events, ctx),
         }
     }
 
@@ -53,12 +50,13 @@ impl Conn {
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
         let mut gathered = std::mem::take(ctx.gathered);
+        let made = &ctx.metrics.event_stream_batches;
         // After a replay, what it gave (up to `skip`) is not given again.
         let mut skip = None;
         let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames], skip| match skip {
-            None => gathered.extend(frames.iter().map(|f| taking.take(f)).cloned()),
+            None => gathered.extend(frames.iter().map(|f| taking.take(f, made)).cloned()),
             Some(through) => {
-                gathered.extend(frames.iter().filter_map(|f| taking.after(f, through)))
+                gathered.extend(frames.iter().filter_map(|f| taking.after(f, through, made)))
             }
         };
         let mut cursor = self.out.next_batch();
@@ -86,7 +84,7 @@ impl Conn {
                     let progress =
                         ctx.history
                             .gather(replay, taking.compressed(), room, &mut gathered);
-                    taking.replayed(&mut gathered[before..]);
+                    taking.replayed(&mut gathered[before..], made);
                     if progress.overrun {
                         Metrics::incr(&ctx.metrics.replay_overruns);
                     }
@@ -204,14 +202,14 @@ impl Conn {
 /// How a connection takes the shared frames it is owed.
 trait Taking: Copy {
     /// The frames it gets of `frames`.
-    fn take<'f>(&self, frames: &'f SharedFrames) -> &'f SharedFrames;
+    fn take<'f>(&self, frames: &'f SharedFrames, made: &AtomicU64) -> &'f SharedFrames;
     /// What it gets of `frames` after position `through` (after a replay
     /// that gave up to there), if anything.
-    fn after(&self, frames: &SharedFrames, through: u64) -> Option<SharedFrames>;
+    fn after(&self, frames: &SharedFrames, through: u64, made: &AtomicU64) -> Option<SharedFrames>;
     /// It gets compressed frames from the history.
     fn compressed(&self) -> bool;
     /// Makes what a replay gathered from the history its own.
-    fn replayed(&self, gathered: &mut [SharedFrames]);
+    fn replayed(&self, gathered: &mut [SharedFrames], made: &AtomicU64);
 }
 
 /// A WebSocket's frames: compressed or plain, positioned or not.
@@ -222,46 +220,44 @@ struct Frames {
 }
 
 impl Taking for Frames {
-    fn take<'f>(&self, frames: &'f SharedFrames) -> &'f SharedFrames {
+    fn take<'f>(&self, frames: &'f SharedFrames, _: &AtomicU64) -> &'f SharedFrames {
         frames.for_connection(self.compressed, self.positions)
     }
 
-    fn after(&self, frames: &SharedFrames, through: u64) -> Option<SharedFrames> {
-        after_position(self.take(frames), through)
+    fn after(&self, frames: &SharedFrames, through: u64, made: &AtomicU64) -> Option<SharedFrames> {
+        after_position(self.take(frames, made), through)
     }
 
     fn compressed(&self) -> bool {
         self.compressed
     }
 
-    fn replayed(&self, _: &mut [SharedFrames]) {}
+    fn replayed(&self, _: &mut [SharedFrames], _: &AtomicU64) {}
 }
 
 /// An event stream's events, made from the positioned frames (which also
 /// tell what a replay gave); `made` counts each time events are made.
 #[derive(Debug, Clone, Copy)]
-struct Events<'m> {
-    made: &'m AtomicU64,
-}
+struct Events;
 
-impl Taking for Events<'_> {
-    fn take<'f>(&self, frames: &'f SharedFrames) -> &'f SharedFrames {
-        frames.events(self.made)
+impl Taking for Events {
+    fn take<'f>(&self, frames: &'f SharedFrames, made: &AtomicU64) -> &'f SharedFrames {
+        frames.events(made)
     }
 
-    fn after(&self, frames: &SharedFrames, through: u64) -> Option<SharedFrames> {
+    fn after(&self, frames: &SharedFrames, through: u64, made: &AtomicU64) -> Option<SharedFrames> {
         let rest = after_position(frames.positioned().unwrap_or(frames), through)?;
-        Some(rest.events(self.made).clone())
+        Some(rest.events(made).clone())
     }
 
     fn compressed(&self) -> bool {
         false
     }
 
-    fn replayed(&self, gathered: &mut [SharedFrames]) {
+    fn replayed(&self, gathered: &mut [SharedFrames], made: &AtomicU64) {
         // The history keeps frames: events are made once per record.
         for frames in gathered {
-            *frames = frames.events(self.made).clone();
+            *frames = frames.events(made).clone();
         }
     }
 }
