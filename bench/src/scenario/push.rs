@@ -463,7 +463,7 @@ pub struct Observations {
     pub max_feed_rate: Option<f64>,
     /// What the connections observed.
     pub observed: crate::observe::stats::Observed,
-    /// The server's counts named in [`COUNTED`], at the end.
+    /// The server's counts `--metrics-from` read, at the end.
     pub counted: Vec<(String, u64)>,
 }
 
