@@ -323,21 +323,32 @@ mod tests {
         newly
     }
 
-    /// The frames a client has been sent until the server stops writing
-    /// to it: (opcode, payload).
+    /// The frames a client has been sent: (opcode, payload). The slices
+    /// write from this thread, so once they are done every byte is in the
+    /// client's socket: it is read until there is nothing more.
     fn frames(client: &mut TcpStream) -> Vec<(u8, Vec<u8>)> {
-        client
-            .set_read_timeout(Some(Duration::from_millis(200)))
-            .unwrap();
-        let mut frames = Vec::new();
-        let mut head = [0u8; 2];
-        while client.read_exact(&mut head).is_ok() {
-            let len = usize::from(head[1] & 0x7F);
-            assert!(len < 126, "short frames only here");
-            let mut payload = vec![0u8; len];
-            client.read_exact(&mut payload).unwrap();
-            frames.push((head[0] & 0x0F, payload));
+        client.set_nonblocking(true).unwrap();
+        let mut bytes = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match client.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => bytes.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => panic!("read: {e}"),
+            }
         }
+        client.set_nonblocking(false).unwrap();
+        let mut frames = Vec::new();
+        let mut rest = &bytes[..];
+        while let [first, second, after @ ..] = rest {
+            let len = usize::from(second & 0x7F);
+            assert!(len < 126, "short frames only here");
+            assert!(after.len() >= len, "a frame cut short: {bytes:?}");
+            frames.push((first & 0x0F, after[..len].to_vec()));
+            rest = &after[len..];
+        }
+        assert!(rest.is_empty(), "a frame header cut short: {bytes:?}");
         frames
     }
 
