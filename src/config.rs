@@ -195,9 +195,11 @@ pub struct Config {
     /// The position the first message gets (unless its source numbers it).
     pub first_position: u64,
     /// Read the history another process writes (a supervisor's, whose
-    /// instances inherit its descriptor) instead of keeping one: the
-    /// descriptor's number. The epoch is the history's.
-    pub history_fd: Option<i32>,
+    /// instances inherit its descriptor; see
+    /// [`SharedHistory::reader_fd`](crate::SharedHistory::reader_fd))
+    /// instead of keeping one. The server reads it through a duplicate of
+    /// the descriptor; the epoch is the history's.
+    pub history_fd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
 
 impl Default for Config {

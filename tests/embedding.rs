@@ -11,10 +11,12 @@ use std::time::{Duration, Instant};
 
 use tungstenite::Message;
 use util::{
-    client_frame, connect, poll_until, raw, read_frame, read_response, upgrade_request, IO_TIMEOUT,
+    client_frame, connect, poll_until, raw, read_frame, read_response, upgrade_request, TestServer,
+    IO_TIMEOUT,
 };
 use wspush::{
-    BindError, BroadcastError, Config, Handle, MessageKind, MessageTooBig, Server, ServerGone,
+    BindError, BroadcastError, Config, Handle, MessageKind, MessageTooBig, Recipients, Server,
+    ServerGone, SharedHistory,
 };
 
 #[test]
@@ -307,4 +309,26 @@ fn a_shutdown_gives_queued_broadcasts_half_its_timeout_then_abandons_the_rest() 
         sent.load(Ordering::SeqCst),
         "every queued broadcast was sent or counted as abandoned"
     );
+}
+
+#[test]
+fn servers_read_a_shared_history_through_duplicates_of_its_descriptor() {
+    let mut history = SharedHistory::create(&Config::default()).unwrap();
+    for (seq, text) in [(1, "one"), (2, "two")] {
+        history.append(seq, &Recipients::All, MessageKind::Text, text.as_bytes());
+    }
+    let epoch = history.epoch();
+    let fd = Arc::new(history.reader_fd().unwrap());
+    // Two servers, one after the other, from the same descriptor: each
+    // reads a duplicate, so the first's end leaves the second its own.
+    for _ in 0..2 {
+        let server = TestServer::start(Config::default().with(|c| {
+            c.history_fd = Some(Arc::clone(&fd));
+            c.first_position = 3;
+        }));
+        let mut client = util::connect(server.addr, &format!("/?since={epoch}.1"));
+        let got = util::texts(&mut client, 2);
+        assert!(got[0].contains(r#""status":"recovered""#), "{got:?}");
+        assert_eq!(got[1], format!("{epoch}.2 two"));
+    }
 }

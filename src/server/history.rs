@@ -448,12 +448,13 @@ impl SharedHistory {
     }
 
     /// A descriptor of its memory for a loop of this process to read it
-    /// by: the number to set as [`Config::history_fd`](crate::Config::history_fd),
-    /// which the loop takes as its own.
-    pub fn reader_fd(&self) -> io::Result<i32> {
-        use std::os::fd::IntoRawFd;
-        let fd = self.history.ring.memory().inheritable()?;
-        Ok(fd.try_clone_to_owned()?.into_raw_fd())
+    /// by, as [`Config::history_fd`](crate::Config::history_fd).
+    pub fn reader_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
+        self.history
+            .ring
+            .memory()
+            .inheritable()?
+            .try_clone_to_owned()
     }
 
     /// Keeps message `seq` (its position) for `to`.

@@ -33,8 +33,8 @@ impl Records {
             bytes: config.history_bytes,
             age: config.history_age,
         };
-        let history = match config.history_fd {
-            Some(fd) => History::shared(sys::inherited_fd(fd)?, config.first_position)?,
+        let history = match &config.history_fd {
+            Some(fd) => History::shared(fd.try_clone()?, config.first_position)?,
             None => {
                 let epoch = config.epoch.unwrap_or_default();
                 History::new(epoch, config.first_position, bounds)?

@@ -468,9 +468,6 @@ fn config(cli: &Cli) -> Result<Config, String> {
         c.history_messages = cli.history_messages;
         c.history_bytes = cli.history_bytes;
         c.history_age = cli.history_age;
-        c.history_fd = std::env::var(HISTORY_FD_ENV)
-            .ok()
-            .and_then(|fd| fd.parse().ok());
         c.first_position = std::env::var(FIRST_LINE_ENV)
             .ok()
             .and_then(|n| n.parse().ok())
@@ -637,6 +634,16 @@ fn channel_pattern(value: &str) -> Result<Pattern, String> {
 /// One instance: the ordinary single-threaded loop.
 fn serve(cli: Cli) -> Result<(), String> {
     let mut config = config(&cli)?;
+    // An instance reads the history its supervisor keeps, through the
+    // descriptor it inherited (named in its environment).
+    if let Some(fd) = std::env::var(HISTORY_FD_ENV)
+        .ok()
+        .and_then(|fd| fd.parse().ok())
+    {
+        let fd = wspush::sys::inherited_fd(fd)
+            .map_err(|e| format!("cannot read the supervisor's history: {e}"))?;
+        config.history_fd = Some(std::sync::Arc::new(fd));
+    }
     let (feed, stream) = redis_inputs(&cli, &config)?;
     let mode = cli.input;
     let max_message = config.max_message_bytes as usize;
@@ -648,11 +655,11 @@ fn serve(cli: Cli) -> Result<(), String> {
         Some(_) => {
             let history = SharedHistory::create(&config)
                 .map_err(|e| format!("cannot make the history's shared memory: {e}"))?;
-            config.history_fd = Some(
+            config.history_fd = Some(std::sync::Arc::new(
                 history
                     .reader_fd()
                     .map_err(|e| format!("cannot share the history: {e}"))?,
-            );
+            ));
             Some(input::Recorder::new(history, mode, max_message))
         }
         None => None,
