@@ -194,7 +194,9 @@ fn steering_program(to: &[u32]) -> Vec<libc::sock_filter> {
 }
 
 /// Takes ownership of descriptor `fd`, inherited from the parent process
-/// (which named it), if it is open.
+/// (which named it), if it is open: the binary's, for the history its
+/// supervisor shares.
+#[cfg(feature = "internals")]
 pub fn inherited_fd(fd: i32) -> io::Result<OwnedFd> {
     // SAFETY: fcntl(F_GETFD) only reads the descriptor table; it fails
     // with EBADF for a number that is not open.
