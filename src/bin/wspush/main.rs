@@ -985,6 +985,47 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_flag_has_help_and_a_row_in_the_operations_table() {
+        use clap::CommandFactory;
+        use std::collections::BTreeSet;
+        let operations = include_str!("../../../docs/OPERATIONS.md");
+        let table = operations
+            .split("\n## Flags\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\n## ").next())
+            .expect("OPERATIONS has a Flags section");
+        // The flags named in the first cell of each row.
+        let mut listed = BTreeSet::new();
+        for row in table.lines().filter(|l| l.starts_with("| `")) {
+            let first = row.split(" | ").next().unwrap_or_default();
+            for part in first.split("`--").skip(1) {
+                let name: String = part
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                    .collect();
+                listed.insert(name);
+            }
+        }
+        let command = Cli::command();
+        let mut flags = BTreeSet::new();
+        for arg in command.get_arguments().filter(|a| !a.is_hide_set()) {
+            let Some(long) = arg.get_long() else { continue };
+            if matches!(long, "help" | "version") {
+                continue;
+            }
+            assert!(arg.get_help().is_some(), "--{long} has no help");
+            flags.insert(long.to_string());
+        }
+        let missing: Vec<_> = flags.difference(&listed).collect();
+        assert!(missing.is_empty(), "not in OPERATIONS' flags: {missing:?}");
+        let unknown: Vec<_> = listed.difference(&flags).collect();
+        assert!(
+            unknown.is_empty(),
+            "OPERATIONS lists no such flags: {unknown:?}"
+        );
+    }
+
+    #[test]
     fn quiet_turns_the_stats_line_off() {
         let parse = |extra: &[&str]| {
             let base = [
