@@ -26,7 +26,7 @@ use crate::server::connections::sync_interest;
 use crate::server::fanout::Stream;
 use crate::server::key::ConnKey;
 use crate::server::owed::{Addressed, Item, Owed, Unfinished};
-use crate::server::targeted::{Targeted, Turn, Until};
+use crate::server::targeted::{Targeted, Turn, Until, WalkMark};
 
 /// Bytes one slice hands to sockets (or queues), at most, before the loop
 /// serves other events again (besides [`Config::fanout_budget`] visits).
@@ -102,13 +102,13 @@ impl Visitor<'_, '_> {
                 continue;
             };
             let mark = conn.walk_mark();
-            if conn.serial() != turn.serial || mark.is_none() {
+            if conn.serial() != turn.serial || !mark.is_marked() {
                 continue; // Closed, or its slot taken by another since.
             }
             let up_to = match targeted.next_after() {
                 Some(after) if targeted.waits_for_next(mark) => after,
                 _ => {
-                    conn.mark_walk(None);
+                    conn.mark_walk(WalkMark::Unmarked);
                     stream.next_seq()
                 }
             };
@@ -169,7 +169,7 @@ impl Visitor<'_, '_> {
             };
             budget.visit();
             let owed = conn.next_batch().filter(|&next| next != up_to);
-            if owed.is_none() || conn.walk_mark().is_some() {
+            if owed.is_none() || conn.walk_mark().is_marked() {
                 continue; // Up to date, not open, or the walk's.
             }
             self.visit(

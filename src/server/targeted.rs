@@ -28,7 +28,21 @@ use std::ops::Range;
 
 /// Which walk a connection's last items are in: the connection keeps the
 /// walk's parity while it has items waiting (one byte in its padding).
-pub type WalkMark = Option<bool>;
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WalkMark {
+    /// No items wait for it.
+    #[default]
+    Unmarked,
+    /// Its last items are in the walk of this parity.
+    Walk(bool),
+}
+
+impl WalkMark {
+    /// Whether items wait for it.
+    pub fn is_marked(self) -> bool {
+        self != WalkMark::Unmarked
+    }
+}
 
 /// The targeted items on their way, and the loop's scratch space for
 /// addressing them (capacities kept from step to step).
@@ -96,7 +110,7 @@ impl Targeted {
 
     /// The mark of a connection with items in the next walk.
     fn next_mark(&self) -> WalkMark {
-        Some(!self.generation)
+        WalkMark::Walk(!self.generation)
     }
 
     /// Whether a connection marked `mark` also has items in the next
@@ -141,7 +155,7 @@ impl Targeted {
         let ahead = self.walk.get(self.at).is_some_and(|a| slot >= a.slot);
         if ahead && mark != self.next_mark() {
             self.joining.push(addressed);
-            Some(self.generation)
+            WalkMark::Walk(self.generation)
         } else {
             self.next.push(addressed);
             self.next_mark()
@@ -205,7 +219,10 @@ impl Targeted {
                 until,
             };
             self.parked.insert(slot, parked);
-            return mark.or(Some(self.generation));
+            return match mark {
+                WalkMark::Unmarked => WalkMark::Walk(self.generation),
+                marked => marked,
+            };
         }
         for addressed in items {
             self.next.push(Addressed {
@@ -226,7 +243,7 @@ impl Targeted {
             return None;
         }
         let parked = self.parked.remove(&slot).expect("parked");
-        Some(self.leave((slot, serial, None), parked.items, None))
+        Some(self.leave((slot, serial, WalkMark::Unmarked), parked.items, None))
     }
 
     /// The connections whose items waited for the loop to frame up to
@@ -243,7 +260,11 @@ impl Targeted {
         let mut marked = Vec::with_capacity(slots.len());
         for slot in slots {
             let parked = self.parked.remove(&slot).expect("parked");
-            let mark = self.leave((slot, parked.serial, None), parked.items, None);
+            let mark = self.leave(
+                (slot, parked.serial, WalkMark::Unmarked),
+                parked.items,
+                None,
+            );
             marked.push((slot, parked.serial, mark));
         }
         marked
@@ -309,7 +330,12 @@ mod tests {
         let mut targeted = Targeted::default();
         assert!(targeted.is_idle() && targeted.next_turn().is_none());
         for (slot, text) in [(5, "a"), (2, "b"), (5, "c"), (9, "d"), (2, "e")] {
-            targeted.push((slot, 1, None), Seq(0), frames(text, Seq(0)), min);
+            targeted.push(
+                (slot, 1, WalkMark::Unmarked),
+                Seq(0),
+                frames(text, Seq(0)),
+                min,
+            );
         }
         let mut visits = Vec::new();
         while let Some(turn) = targeted.next_turn() {
@@ -326,10 +352,10 @@ mod tests {
     #[test]
     fn items_addressed_during_a_walk_join_it_ahead_of_it_and_wait_for_the_next_behind() {
         let mut targeted = Targeted::default();
-        let first = targeted.push((1, 7, None), Seq(3), frames("a", Seq(3)), min);
-        let two = targeted.push((2, 7, None), Seq(3), frames("b", Seq(3)), min);
+        let first = targeted.push((1, 7, WalkMark::Unmarked), Seq(3), frames("a", Seq(3)), min);
+        let two = targeted.push((2, 7, WalkMark::Unmarked), Seq(3), frames("b", Seq(3)), min);
         assert_eq!(first, two);
-        targeted.push((3, 7, None), Seq(3), frames("c", Seq(3)), min);
+        targeted.push((3, 7, WalkMark::Unmarked), Seq(3), frames("c", Seq(3)), min);
         let turn = targeted.next_turn().unwrap();
         assert_eq!(turn.slot, 1);
         // The walk is at slot 2: slot 1 is behind it, slots 2 and 4 ahead.
@@ -341,7 +367,7 @@ mod tests {
             two
         );
         assert_eq!(
-            targeted.push((4, 7, None), Seq(4), frames("f", Seq(5)), min),
+            targeted.push((4, 7, WalkMark::Unmarked), Seq(4), frames("f", Seq(5)), min),
             first
         );
         assert_eq!(targeted.next_after(), Some(Seq(5)));
@@ -364,8 +390,8 @@ mod tests {
     #[test]
     fn a_later_connection_in_the_same_slot_has_a_turn_of_its_own() {
         let mut targeted = Targeted::default();
-        targeted.push((4, 1, None), Seq(0), frames("a", Seq(0)), min);
-        targeted.push((4, 2, None), Seq(0), frames("b", Seq(0)), min);
+        targeted.push((4, 1, WalkMark::Unmarked), Seq(0), frames("a", Seq(0)), min);
+        targeted.push((4, 2, WalkMark::Unmarked), Seq(0), frames("b", Seq(0)), min);
         let old = targeted.next_turn().unwrap();
         let new = targeted.next_turn().unwrap();
         assert_eq!((old.slot, old.serial, new.slot, new.serial), (4, 1, 4, 2));

@@ -323,7 +323,7 @@ impl Conn {
             liveness: Liveness::default(),
             transport: Transport::WebSocket(DeflateUse::Off),
             positions: false,
-            walk: None,
+            walk: WalkMark::Unmarked,
             serial,
             target: RequestTarget::default(),
         }
