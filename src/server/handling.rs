@@ -16,7 +16,6 @@ use slab::Slab;
 
 use crate::ops::metrics::Metrics;
 use crate::protocol::http::{Endpoint, Method};
-use crate::protocol::ws::CloseCode;
 use crate::server::accept::{self, Accepted, ACCEPTS_PER_WAKE};
 use crate::server::address::Directory;
 use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
@@ -208,17 +207,9 @@ impl Server {
         {
             return;
         }
-        let (code, why, reason) = match ending {
-            Ending::Shutdown => (
-                CloseCode::GOING_AWAY,
-                "server shutting down",
-                CloseReason::Shutdown,
-            ),
-            Ending::Drain => (
-                CloseCode::SERVICE_RESTART,
-                "service restart",
-                CloseReason::Drain,
-            ),
+        let (why, reason) = match ending {
+            Ending::Shutdown => ("server shutting down", CloseReason::Shutdown),
+            Ending::Drain => ("service restart", CloseReason::Drain),
         };
         let open = self.conns.len();
         if open > 0 || ending == Ending::Shutdown {
@@ -232,7 +223,7 @@ impl Server {
         let mut ctx = handling.ctx;
         for (key, conn) in handling.conns.iter_mut() {
             let verdict = if conn.is_open() {
-                conn.begin_close(ConnKey(key), code, why, reason, &mut ctx)
+                conn.begin_close(ConnKey(key), why, reason, &mut ctx)
             } else {
                 Verdict::Close(reason)
             };

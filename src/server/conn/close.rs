@@ -52,17 +52,18 @@ impl Conn {
         log::debug!("connection {key} closed: {reason:?}");
     }
 
-    /// Starts a server-initiated close: sends a close frame after whatever
-    /// is queued, then waits (bounded by the close timeout) for the
-    /// client's close.
+    /// Starts a server-initiated close for `reason` (whose code the close
+    /// frame carries, with `why`): sends a close frame after whatever is
+    /// queued, then waits (bounded by the close timeout) for the client's
+    /// close.
     pub fn begin_close(
         &mut self,
         key: ConnKey,
-        code: CloseCode,
         why: &str,
         reason: CloseReason,
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
+        let code = reason.code();
         let Phase::Open(decoder) = self.phase else {
             return Verdict::Keep;
         };
@@ -122,8 +123,7 @@ impl Conn {
                 return Verdict::Close(reason);
             }
         }
-        let restart = CloseCode::SERVICE_RESTART;
-        self.begin_close(key, restart, "service restart", CloseReason::Drain, ctx)
+        self.begin_close(key, "service restart", CloseReason::Drain, ctx)
     }
 
     /// Fails the connection: a close frame with the error's code, then linger.

@@ -9,7 +9,6 @@ use super::output::{Outgoing, Transport};
 use super::{CloseReason, Conn, Ctx, Verdict};
 use crate::config::SlowConsumerPolicy;
 use crate::ops::metrics::Metrics;
-use crate::protocol::ws::CloseCode;
 use crate::server::frames::SharedFrames;
 use crate::server::history::{seq_of, Replay};
 use crate::server::key::ConnKey;
@@ -124,7 +123,7 @@ impl Conn {
         *ctx.gathered = gathered;
         match close {
             Some((code, reason)) if verdict == Verdict::Keep => {
-                self.begin_close(key, code, reason, CloseReason::Publisher(code), ctx)
+                self.begin_close(key, reason, CloseReason::Publisher(code), ctx)
             }
             _ => verdict,
         }
@@ -183,8 +182,7 @@ impl Conn {
                      not given; closing after what it was given, to resume",
                     self.out.queued_bytes(),
                 );
-                let code = CloseCode::POLICY_VIOLATION;
-                self.begin_close(key, code, why, CloseReason::SlowConsumer, ctx)
+                self.begin_close(key, why, CloseReason::SlowConsumer, ctx)
             }
             SlowConsumerPolicy::Close => {
                 let dropped = self.discard_output(false, ctx.tally);
@@ -192,8 +190,7 @@ impl Conn {
                     "slow consumer {key}: {} bytes queued, {dropped} frames dropped, closing",
                     self.out.queued_bytes()
                 );
-                let code = CloseCode::POLICY_VIOLATION;
-                self.begin_close(key, code, why, CloseReason::SlowConsumer, ctx)
+                self.begin_close(key, why, CloseReason::SlowConsumer, ctx)
             }
         }
     }

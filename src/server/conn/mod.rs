@@ -425,7 +425,7 @@ impl Conn {
             }
             Phase::Open(_) => {
                 let expired = CloseReason::TokenExpired;
-                self.begin_close(key, expired.code(), "token expired", expired, ctx)
+                self.begin_close(key, "token expired", expired, ctx)
             }
         }
     }
@@ -470,13 +470,7 @@ impl Conn {
             Visit::Ping => {}
             Visit::Close => {
                 log::debug!("connection {key} idle: closing");
-                return self.begin_close(
-                    key,
-                    CloseCode::GOING_AWAY,
-                    "idle timeout",
-                    CloseReason::IdleTimeout,
-                    ctx,
-                );
+                return self.begin_close(key, "idle timeout", CloseReason::IdleTimeout, ctx);
             }
         }
         let ping = self.transport.frames(ping, false, ctx.metrics);
