@@ -141,9 +141,8 @@ impl Visitor<'_, '_> {
         let Some(conn) = self.conns.get_mut(key.0).filter(|c| c.is_open()) else {
             return;
         };
-        let framed = self.ctx.history.current().seq;
         let park = match &rest[0].item {
-            Item::Replay { replay, .. } if replay.through > framed => {
+            Item::Replay { replay, .. } if replay.ahead_of(self.ctx.history) => {
                 Some(Until::Framed(replay.through))
             }
             _ if conn.queued_bytes() > 0 => Some(Until::Drained),

@@ -89,6 +89,17 @@ pub struct Replay {
     pub filter: Arc<Filter>,
 }
 
+impl Replay {
+    /// Whether it reaches past what this loop has framed into `history`:
+    /// the client is ahead of this loop (another instance or host gave it
+    /// later positions). It then waits until the loop has framed as far,
+    /// so that what the loop frames up to there is skipped, not given
+    /// twice.
+    pub fn ahead_of(&self, history: &History) -> bool {
+        self.through > history.current().seq
+    }
+}
+
 /// How far one visit of a replay got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {

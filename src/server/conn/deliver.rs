@@ -87,13 +87,11 @@ impl Conn {
                     if progress.overrun {
                         Metrics::incr(&ctx.metrics.replay_overruns);
                     }
-                    // Not all given yet, or all given but this loop has
-                    // not framed as far (it waits until it has, to skip
-                    // what it frames up to there).
-                    let framed = ctx.history.current().seq;
+                    // Not all given yet, or all given but ahead of this
+                    // loop.
                     let more = progress
                         .more
-                        .or((replay.through > framed).then_some(replay.through));
+                        .or(replay.ahead_of(ctx.history).then_some(replay.through));
                     if let Some(from) = more {
                         let replay = Replay {
                             from: from.max(replay.from),
