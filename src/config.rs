@@ -314,7 +314,30 @@ fn out_of_range(setting: &'static str, must_be: impl Into<String>) -> Result<(),
     })
 }
 
+/// Which messages are compressed for the connections that negotiated
+/// permessage-deflate: one rule for broadcasts, the history's records and
+/// echoes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Compression {
+    /// Messages at least this long (`None`: permessage-deflate is off).
+    min_bytes: Option<usize>,
+}
+
+impl Compression {
+    /// Whether a message of `len` bytes is compressed.
+    pub(crate) fn worth(self, len: usize) -> bool {
+        self.min_bytes.is_some_and(|min| len >= min)
+    }
+}
+
 impl Config {
+    /// Which messages are compressed (`deflate`, `deflate_min_bytes`).
+    pub(crate) fn compression(&self) -> Compression {
+        Compression {
+            min_bytes: self.deflate.then_some(self.deflate_min_bytes),
+        }
+    }
+
     /// This configuration with `change` applied:
     /// `Config::default().with(|c| c.max_connections = 10_000)`.
     pub fn with(mut self, change: impl FnOnce(&mut Config)) -> Config {

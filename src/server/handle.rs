@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use mio::Waker;
 
+use crate::config::Compression;
 use crate::ops::metrics::{LoopHistogram, Metrics, MetricsSnapshot};
 use crate::protocol::commands::{self, Recipients, MAX_REASON_LEN};
 use crate::protocol::names::{ChannelName, ClientId};
@@ -36,9 +37,9 @@ pub(super) struct Shared {
     pub(super) gate: Gate,
     /// Broadcasts over this many bytes are refused as they are queued.
     pub(super) max_message_bytes: u64,
-    /// With permessage-deflate on: messages of at least this many bytes
-    /// are compressed as they are queued (if a connection negotiated it).
-    pub(super) deflate_min_bytes: Option<usize>,
+    /// Which messages are compressed as they are queued (if a connection
+    /// negotiated permessage-deflate).
+    pub(super) compression: Compression,
     /// How many queued broadcasts go out before the shutdown a handle asked
     /// for (`u64::MAX`: none asked). Kept beside the queue, so that asking
     /// never blocks behind a full one.
@@ -67,9 +68,7 @@ impl Shared {
         kind: MessageKind,
         payload: Vec<u8>,
     ) -> Action {
-        let worth = self
-            .deflate_min_bytes
-            .is_some_and(|min| payload.len() >= min)
+        let worth = self.compression.worth(payload.len())
             && self.metrics.connections_deflate.load(Ordering::Relaxed) > 0;
         let deflated = worth.then(|| {
             Metrics::incr(&self.metrics.broadcasts_compressed);

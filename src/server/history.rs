@@ -426,8 +426,8 @@ impl History {
 #[derive(Debug)]
 pub struct SharedHistory {
     history: History,
-    /// Messages at least this long are compressed too (permessage-deflate on).
-    deflate_min: Option<usize>,
+    /// Which messages are compressed too.
+    compression: crate::config::Compression,
 }
 
 impl SharedHistory {
@@ -442,7 +442,7 @@ impl SharedHistory {
         let epoch = config.epoch.unwrap_or_default();
         Ok(SharedHistory {
             history: History::new(epoch, 1, bounds)?,
-            deflate_min: config.deflate.then_some(config.deflate_min_bytes),
+            compression: config.compression(),
         })
     }
 
@@ -472,9 +472,9 @@ impl SharedHistory {
     pub fn append(&mut self, seq: u64, to: &Recipients, kind: crate::MessageKind, payload: &[u8]) {
         let position = self.history.assign(Some(seq));
         let deflated = self
-            .deflate_min
-            .filter(|&min| payload.len() >= min)
-            .map(|_| crate::protocol::ws::compress::deflate_message(payload));
+            .compression
+            .worth(payload.len())
+            .then(|| crate::protocol::ws::compress::deflate_message(payload));
         let frames = SharedFrames::encode_batch([crate::server::frames::Message {
             opcode: kind.opcode(),
             payload,

@@ -230,7 +230,7 @@ impl Server {
             broadcasts_taken: AtomicU64::new(0),
             gate: Gate::new(config.max_pending_bytes),
             max_message_bytes: config.max_message_bytes,
-            deflate_min_bytes: config.deflate.then_some(config.deflate_min_bytes),
+            compression: config.compression(),
             shutdown_after: AtomicU64::new(u64::MAX),
             drain_asked: AtomicU8::new(0),
             drain_paced: !config.drain_time.is_zero(),

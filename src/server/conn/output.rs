@@ -74,7 +74,7 @@ impl Transport {
     /// data message of `--deflate-min-bytes` or more, when it gets
     /// compressed frames.
     fn compresses(self, opcode: OpCode, len: usize, config: &Config) -> bool {
-        !opcode.is_control() && self.compressed() && len >= config.deflate_min_bytes
+        !opcode.is_control() && self.compressed() && config.compression().worth(len)
     }
 
     /// How a message of the connection's own goes out: its head (written
