@@ -12,7 +12,6 @@
 //! so it begins with `{`, which no position does.
 
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
 
 /// The longest position printed: 16 + 1 + 20 bytes.
 pub const MAX_LEN: usize = 37;
@@ -22,18 +21,6 @@ pub const MAX_LEN: usize = 37;
 pub struct Epoch(pub u64);
 
 impl Epoch {
-    /// A new epoch, unlike any other with overwhelming odds (64 bits the
-    /// OS seeds for the standard library's hasher).
-    pub fn new() -> Epoch {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        Epoch(hasher.finish())
-    }
-
     /// Parses 16 lowercase hex digits.
     pub fn parse(text: &[u8]) -> Option<Epoch> {
         if text.len() != 16 || !text.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
@@ -42,12 +29,6 @@ impl Epoch {
         u64::from_str_radix(std::str::from_utf8(text).ok()?, 16)
             .ok()
             .map(Epoch)
-    }
-}
-
-impl Default for Epoch {
-    fn default() -> Epoch {
-        Epoch::new()
     }
 }
 
@@ -270,9 +251,10 @@ mod tests {
     }
 
     #[test]
-    fn new_epochs_differ() {
-        assert_ne!(Epoch::new(), Epoch::new());
-        let epoch = Epoch::new();
+    fn an_epoch_prints_as_it_parses() {
+        let epoch = Epoch(0x00c0_ffee_1234_abcd);
+        assert_eq!(epoch.to_string(), "00c0ffee1234abcd");
         assert_eq!(Epoch::parse(epoch.to_string().as_bytes()), Some(epoch));
+        assert_eq!(Epoch::parse(b"00C0FFEE1234ABCD"), None);
     }
 }

@@ -100,6 +100,19 @@ impl Replay {
     }
 }
 
+/// A new epoch, unlike any other with overwhelming odds: 64 bits the OS
+/// seeds for the standard library's hasher, over the wall clock's time.
+pub(super) fn fresh_epoch() -> Epoch {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    Epoch(hasher.finish())
+}
+
 /// How far one visit of a replay got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {
@@ -439,7 +452,7 @@ impl SharedHistory {
             bytes: config.history_bytes,
             age: config.history_age,
         };
-        let epoch = config.epoch.unwrap_or_default();
+        let epoch = config.epoch.unwrap_or_else(fresh_epoch);
         Ok(SharedHistory {
             history: History::new(epoch, 1, bounds)?,
             compression: config.compression(),
@@ -528,6 +541,13 @@ mod tests {
     use super::*;
     use crate::server::frames::Message;
     use std::time::Duration;
+
+    #[test]
+    fn fresh_epochs_differ_and_print_as_they_parse() {
+        assert_ne!(fresh_epoch(), fresh_epoch());
+        let epoch = fresh_epoch();
+        assert_eq!(Epoch::parse(epoch.to_string().as_bytes()), Some(epoch));
+    }
 
     const EPOCH: Epoch = Epoch(0xabc);
 

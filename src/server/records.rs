@@ -8,7 +8,7 @@ use std::time::Instant;
 use crate::config::Config;
 use crate::ops::metrics::Metrics;
 use crate::ops::sys;
-use crate::server::history::{Bounds, History, Replay};
+use crate::server::history::{fresh_epoch, Bounds, History, Replay};
 use crate::server::key::ConnKey;
 use crate::server::routes::Routes;
 
@@ -36,7 +36,7 @@ impl Records {
         let history = match &config.history_fd {
             Some(fd) => History::shared(fd.try_clone()?, config.first_position)?,
             None => {
-                let epoch = config.epoch.unwrap_or_default();
+                let epoch = config.epoch.unwrap_or_else(fresh_epoch);
                 History::new(epoch, config.first_position, bounds)?
             }
         };
