@@ -26,17 +26,8 @@ pub fn request(host: &str, path: &str) -> Vec<u8> {
 /// `Content-Type: text/event-stream`.
 pub fn check_response(head: &[u8]) -> Result<(), HandshakeError> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
-    let mut response = httparse::Response::new(&mut headers);
-    match response.parse(head) {
-        Ok(httparse::Status::Complete(_)) => {}
-        _ => return Err(HandshakeError::Malformed),
-    }
-    match response.code {
-        Some(200) => {}
-        Some(code) => return Err(HandshakeError::Status(code)),
-        None => return Err(HandshakeError::Malformed),
-    }
-    let media = handshake::header(response.headers, "content-type").map(|v| {
+    let headers = handshake::parse_answer(head, &mut headers, 200)?;
+    let media = handshake::header(headers, "content-type").map(|v| {
         v.split(|&b| b == b';')
             .next()
             .unwrap_or_default()

@@ -113,17 +113,7 @@ pub fn head_len(buf: &[u8]) -> Option<usize> {
 /// otherwise).
 pub fn check_response(head: &[u8], key: &str, deflate: bool) -> Result<(), HandshakeError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut response = httparse::Response::new(&mut headers);
-    match response.parse(head) {
-        Ok(httparse::Status::Complete(_)) => {}
-        _ => return Err(HandshakeError::Malformed),
-    }
-    match response.code {
-        Some(101) => {}
-        Some(code) => return Err(HandshakeError::Status(code)),
-        None => return Err(HandshakeError::Malformed),
-    }
-    let headers = response.headers;
+    let headers = parse_answer(head, &mut headers, 101)?;
     if !has_token(headers, "upgrade", "websocket") || !has_token(headers, "connection", "upgrade") {
         return Err(HandshakeError::NotUpgrade);
     }
@@ -145,6 +135,25 @@ fn agrees_to_deflate(agreed: &[u8]) -> bool {
     parts.next() == Some(b"permessage-deflate".as_slice())
         && !agreed.contains(&b',')
         && parts.any(|p| p == b"server_no_context_takeover")
+}
+
+/// The headers of a complete response head whose status is `status`, or
+/// why it is not one.
+pub(crate) fn parse_answer<'h, 'b>(
+    head: &'b [u8],
+    headers: &'h mut [httparse::Header<'b>],
+    status: u16,
+) -> Result<&'h [httparse::Header<'b>], HandshakeError> {
+    let mut response = httparse::Response::new(headers);
+    match response.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        _ => return Err(HandshakeError::Malformed),
+    }
+    match response.code {
+        Some(code) if code == status => Ok(response.headers),
+        Some(code) => Err(HandshakeError::Status(code)),
+        None => Err(HandshakeError::Malformed),
+    }
 }
 
 /// The 101 response for a complete request head, or why there is none.
