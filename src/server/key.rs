@@ -25,6 +25,20 @@ impl ConnKey {
     pub(crate) fn slot(self) -> u32 {
         self.0 as u32
     }
+
+    /// A number of the connection's own (the connection `serial` in this
+    /// slot), spread evenly over `u32`: where it falls within a range
+    /// that each connection picks a point of (its token's close, its
+    /// event stream's `retry:`), so that connections made together do
+    /// not act together. The slot and serial are mixed whole (splitmix64's
+    /// finalizer): consecutive slots and serials, as a fresh server gives
+    /// out, would XOR to one value for dozens of connections at a time.
+    pub(crate) fn own_point(self, serial: u32) -> u32 {
+        let mut x = u64::from(self.slot()) << 32 | u64::from(serial);
+        x = (x ^ x >> 30).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ x >> 27).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((x ^ x >> 31) >> 32) as u32
+    }
 }
 
 /// Serials for connections: a number new for every connection, kept in
@@ -55,5 +69,28 @@ impl Serials {
     pub(crate) fn assign(&mut self) -> u32 {
         self.next = self.next.wrapping_add(1);
         self.next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_made_together_get_points_spread_over_the_range() {
+        // A fresh server gives consecutive slots with consecutive serials
+        // from a random start; whatever the start (one whose low bits are
+        // all zero among them), 40 connections fall in every tenth of the
+        // range but a few.
+        for first in [0u32, 63, 1 << 20, u32::MAX - 20, 0x9e37_79b9] {
+            let mut tenths = [0u32; 10];
+            for k in 0..40u32 {
+                let point = ConnKey(k as usize).own_point(first.wrapping_add(k + 1));
+                tenths[(u64::from(point) * 10 >> 32) as usize] += 1;
+            }
+            let used = tenths.iter().filter(|&&n| n > 0).count();
+            assert!(used >= 7, "start {first}: {tenths:?}");
+            assert!(tenths.iter().all(|&n| n <= 12), "start {first}: {tenths:?}");
+        }
     }
 }

@@ -107,16 +107,14 @@ impl Conn {
     /// that went away come back spread over it.
     fn retry_ms(&self, key: ConnKey, ctx: &Ctx<'_>) -> u32 {
         let interval = ctx.config.ping_interval.as_millis().min(60_000) as u32;
-        let mixed = (key.slot() ^ self.serial).wrapping_mul(0x9e37_79b9);
-        interval / 2 + ((u64::from(interval / 2) * u64::from(mixed)) >> 32) as u32
+        let point = u64::from(key.own_point(self.serial));
+        interval / 2 + ((u64::from(interval / 2) * point) >> 32) as u32
     }
 
     /// Arms the deadline that closes it (4001) before its signed token's
     /// validity ends, at a point of its own (see [`jwt::close_after`]).
     fn arm_expiry(&mut self, key: ConnKey, valid_until: i64, ctx: &mut Ctx<'_>) {
-        // Spread by its key: a multiplicative hash, as a fraction of 2^32.
-        let mixed = (key.slot() ^ self.serial).wrapping_mul(0x9e37_79b9);
-        let spread = f64::from(mixed) / f64::from(u32::MAX);
+        let spread = f64::from(key.own_point(self.serial)) / f64::from(u32::MAX);
         if let Some(after) = jwt::close_after(valid_until, unix_now(), spread) {
             self.arm(key, after, ctx);
         }
