@@ -34,10 +34,10 @@ impl ConnKey {
     /// finalizer): consecutive slots and serials, as a fresh server gives
     /// out, would XOR to one value for dozens of connections at a time.
     pub(crate) fn own_point(self, serial: u32) -> u32 {
-        let mut x = u64::from(self.slot()) << 32 | u64::from(serial);
-        x = (x ^ x >> 30).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x = (x ^ x >> 27).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((x ^ x >> 31) >> 32) as u32
+        let mut x = (u64::from(self.slot()) << 32) | u64::from(serial);
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((x ^ (x >> 31)) >> 32) as u32
     }
 }
 
@@ -86,7 +86,7 @@ mod tests {
             let mut tenths = [0u32; 10];
             for k in 0..40u32 {
                 let point = ConnKey(k as usize).own_point(first.wrapping_add(k + 1));
-                tenths[(u64::from(point) * 10 >> 32) as usize] += 1;
+                tenths[((u64::from(point) * 10) >> 32) as usize] += 1;
             }
             let used = tenths.iter().filter(|&&n| n > 0).count();
             assert!(used >= 7, "start {first}: {tenths:?}");
