@@ -190,7 +190,11 @@ pub struct Config {
     /// The epoch of the positions given out (`None`: a new one). Servers
     /// that number their messages the same way (see
     /// [`Handle::send_at`](crate::Handle::send_at)) and share an epoch
-    /// give the same positions, as the instances of a supervisor do.
+    /// give the same positions, as the instances of a supervisor do. A
+    /// client may then resume from a position another server gave out
+    /// and this one has not reached yet: it waits for this one to reach
+    /// it, for the handshake timeout at most (then it is closed with
+    /// 1013, Try Again Later, and counted as `ahead`).
     pub epoch: Option<Epoch>,
     /// The position the first message gets (unless its source numbers it).
     pub first_position: u64,

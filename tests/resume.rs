@@ -553,3 +553,64 @@ fn a_message_larger_than_the_history_is_refused_alone_and_a_resume_across_it_is_
         "the one position refused"
     );
 }
+
+#[test]
+fn a_client_ahead_of_a_server_sharing_its_epoch_waits_for_it_or_is_told_to_try_again() {
+    // Servers that share an epoch (hosts reading one stream) give the
+    // same positions; this one has framed 1 to 3 when a client comes from
+    // one that gave 4 and 5 already.
+    let mut config = Config::default();
+    config.epoch = Some(wspush::Epoch(0x5eed));
+    config.handshake_timeout = Duration::from_secs(1);
+    let server = TestServer::start(config);
+    let send = |seq: u64, text: &str| {
+        server
+            .handle
+            .send_at(seq, Recipients::All, MessageKind::Text, text)
+            .unwrap()
+    };
+    for (seq, text) in [(1, "a"), (2, "b"), (3, "c")] {
+        send(seq, text);
+    }
+    server.wait_for("the loop to take 1 to 3", |m| m.broadcasts >= 3);
+    let epoch = "0000000000005eed";
+    let mut client = connect(server.addr, &format!("/?since={epoch}.5"));
+    let (name, position, _) = status(&mut client);
+    assert_eq!(
+        (name.as_str(), position),
+        ("recovered", format!("{epoch}.3"))
+    );
+    // What it had is skipped once this server gets there; it goes on after.
+    for (seq, text) in [(4, "d"), (5, "e"), (6, "f")] {
+        send(seq, text);
+    }
+    assert_eq!(
+        positioned(&mut client, 1),
+        [(format!("{epoch}.6"), "f".to_string())]
+    );
+    // A position this server does not reach within the handshake timeout:
+    // the client is told to try again (1013), and it is counted.
+    let mut early = connect(server.addr, &format!("/?since={epoch}.1000"));
+    assert_eq!(status(&mut early).0, "recovered");
+    match early.read() {
+        Ok(Message::Close(Some(frame))) => {
+            assert_eq!(u16::from(frame.code), 1013);
+            assert_eq!(frame.reason, "position ahead of this server");
+        }
+        other => panic!("not a close: {other:?}"),
+    }
+    // Its answer goes out, the server ends the connection, and so does it.
+    assert!(matches!(
+        early.read(),
+        Err(tungstenite::Error::ConnectionClosed)
+    ));
+    drop(early);
+    server.wait_for("the close counted", |m| m.closed_ahead == 1);
+    send(7, "g");
+    assert_eq!(
+        positioned(&mut client, 1),
+        [(format!("{epoch}.7"), "g".to_string())],
+        "the others go on"
+    );
+    assert_eq!(server.handle.metrics().resumes_recovered, 2);
+}

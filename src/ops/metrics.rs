@@ -150,6 +150,9 @@ metrics! {
     closed_drain: Counter "wspush_connections_closed_total" "{reason=\"drain\"}" "",
     /// Closed as its signed token expired (4001).
     closed_token_expired: Counter "wspush_connections_closed_total" "{reason=\"token_expired\"}" "",
+    /// Closed as it resumed from a position this server did not reach in
+    /// time (1013).
+    closed_ahead: Counter "wspush_connections_closed_total" "{reason=\"ahead\"}" "",
     /// Closed by a publisher's `close` command (or `Handle::close`).
     closed_publisher: Counter "wspush_connections_closed_total" "{reason=\"publisher\"}" "",
     /// The peer vanished without a close handshake (EOF, reset or I/O error).

@@ -143,7 +143,10 @@ impl Visitor<'_, '_> {
         };
         let park = match &rest[0].item {
             Item::Replay { replay, .. } if replay.ahead_of(self.ctx.history) => {
-                Some(Until::Framed(replay.through))
+                Some(Until::Framed {
+                    through: replay.through,
+                    by: self.ctx.now + self.ctx.config.handshake_timeout,
+                })
             }
             _ if conn.queued_bytes() > 0 => Some(Until::Drained),
             _ => None,

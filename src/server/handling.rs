@@ -26,6 +26,7 @@ use crate::server::endpoints;
 use crate::server::handle::HAND_OVER;
 use crate::server::key::ConnKey;
 use crate::server::sockets::Door;
+use crate::server::targeted::WalkMark;
 use crate::server::Server;
 
 /// How the connections left are closed when closing begins.
@@ -402,6 +403,38 @@ impl Server {
             self.settle(key, verdict);
         }
         self.clock.deadlines_done(due);
+    }
+
+    /// Closes (1013) the connections that resumed from a position this
+    /// loop has not framed in the handshake timeout since (see
+    /// [`Targeted::overdue`](crate::server::targeted::Targeted::overdue)).
+    pub(super) fn give_up_waits(&mut self, now: Instant) {
+        if self
+            .delivery
+            .targeted
+            .next_overdue()
+            .is_none_or(|at| at > now)
+        {
+            return;
+        }
+        let current = self.records.history.current();
+        for (slot, serial) in self.delivery.targeted.overdue(now) {
+            let key = ConnKey(slot as usize);
+            let handling = self.handling(now);
+            let mut ctx = handling.ctx;
+            let conn = handling.conns.get_mut(key.0);
+            let Some(conn) = conn.filter(|c| c.serial() == serial && c.is_open()) else {
+                continue;
+            };
+            log::info!(
+                "connection {key} resumed from a position this server has not reached \
+                 (it is at {current}): closed with 1013 to try again"
+            );
+            conn.mark_walk(WalkMark::Unmarked);
+            let why = "position ahead of this server";
+            let verdict = conn.begin_close(key, why, CloseReason::Ahead, &mut ctx);
+            self.settle(key, verdict);
+        }
     }
 
     /// Runs the heartbeat slice that is due (at most

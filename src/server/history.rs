@@ -129,6 +129,9 @@ pub struct History {
     ring: Ring,
     /// The last position this loop gave out.
     last: u64,
+    /// Whether positions of its epoch are given out elsewhere too (other
+    /// hosts read the same stream, see [`History::given_elsewhere`]).
+    elsewhere: bool,
     /// Resumes that met a gap, logged a line a minute at most.
     gaps: Throttle,
     /// Messages refused, logged likewise (by the history's writer).
@@ -181,9 +184,22 @@ impl History {
         History {
             ring,
             last,
+            elsewhere: false,
             gaps: Throttle::default(),
             refusals: Throttle::default(),
         }
+    }
+
+    /// Positions of its epoch are given out elsewhere too: servers that
+    /// share an epoch number their messages alike (other hosts reading
+    /// one stream, see [`Config::epoch`](crate::Config::epoch)), so a
+    /// client may come with a position this loop has not reached yet. It
+    /// is told `recovered` and waits until this loop reaches it (its
+    /// messages up to there are skipped), for the handshake timeout at
+    /// most (then it is closed with 1013, to try again).
+    pub fn given_elsewhere(mut self) -> History {
+        self.elsewhere = true;
+        self
     }
 
     /// The position for a message numbered `asked` by its source (`None`:
@@ -264,17 +280,25 @@ impl History {
     /// comes from the history (the replay waits for this loop to have
     /// framed it, and its live messages up to there are skipped), so a
     /// message kept in the history only is replayed too, and only what
-    /// the history forgot is lost.
+    /// the history forgot is lost. A `since` past the newest position
+    /// is `unknown`, unless positions are [given
+    /// elsewhere](History::given_elsewhere) too: then the replay waits for
+    /// this loop to reach it.
     pub fn resume(&self, since: &[u8], now: Instant) -> (Status, Option<(u64, u64)>) {
         let current = self.current();
         let newest = self.ring.last().max(self.last);
         let since = match Position::parse(since) {
-            Some(since) if since.epoch == current.epoch && since.seq <= newest => since.seq,
+            Some(since)
+                if since.epoch == current.epoch && (since.seq <= newest || self.elsewhere) =>
+            {
+                since.seq
+            }
             _ => return (Status::Unknown { current }, None),
         };
         let lost = self.ring.forgotten().min(newest);
         if since >= lost {
-            let replay = (since != self.last || since != newest).then_some((since, newest));
+            let through = newest.max(since);
+            let replay = (since != self.last || since != through).then_some((since, through));
             return (Status::Recovered { current }, replay);
         }
         let gap = self.gap(since + 1, lost);
@@ -637,6 +661,34 @@ mod tests {
 
     fn at(seq: u64) -> Position {
         Position { epoch: EPOCH, seq }
+    }
+
+    #[test]
+    fn a_since_past_the_newest_position_waits_only_where_positions_are_given_elsewhere() {
+        let now = Instant::now();
+        let mut own = history(bounds(8, 1 << 20, 60));
+        keep(&mut own, &["a", "b"], Recipients::All, now);
+        let (status, replayed) = own.resume(&since(5), now);
+        assert_eq!(
+            (status, replayed),
+            (Status::Unknown { current: at(2) }, None),
+            "never given out: this loop alone gives its epoch's positions"
+        );
+        let mut shared = history(bounds(8, 1 << 20, 60)).given_elsewhere();
+        keep(&mut shared, &["a", "b"], Recipients::All, now);
+        let (status, replayed) = shared.resume(&since(5), now);
+        assert_eq!(status, Status::Recovered { current: at(2) });
+        assert_eq!(
+            replayed,
+            Some((5, 5)),
+            "nothing to give: it waits for this loop to frame 5"
+        );
+        let other = Position {
+            epoch: Epoch(EPOCH.0 + 1),
+            seq: 1,
+        };
+        let (status, _) = shared.resume(other.to_string().as_bytes(), now);
+        assert_eq!(status, Status::Unknown { current: at(2) }, "another epoch");
     }
 
     #[test]

@@ -360,6 +360,7 @@ impl Server {
         self.sockets.put_back(events);
         self.retry_reads(now);
         self.expire_deadlines(now);
+        self.give_up_waits(now);
         self.sweep_heartbeats(now);
         self.resume_accepting(now);
         self.drain(now);
@@ -492,7 +493,8 @@ impl Server {
 
     /// The earliest time event: a connection's deadline, the heartbeat
     /// sweep, the end of an accept pause, a step of a drain or the end of
-    /// the shutdown, the pool's trim or the stats line.
+    /// the shutdown, the pool's trim, the end of a resume's wait or the
+    /// stats line.
     fn next_time_event(&self) -> Option<Instant> {
         let [paused_until, lifecycle_at] = self.lifecycle.next_at(Instant::now());
         [
@@ -500,6 +502,7 @@ impl Server {
             paused_until,
             lifecycle_at,
             self.buffers.next_trim(),
+            self.delivery.targeted.next_overdue(),
             self.report.stats_at(),
         ]
         .into_iter()

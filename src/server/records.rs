@@ -33,13 +33,16 @@ impl Records {
             bytes: config.history_bytes,
             age: config.history_age,
         };
-        let history = match &config.history_fd {
+        let mut history = match &config.history_fd {
             Some(fd) => History::shared(fd.try_clone()?, config.first_position)?,
             None => {
                 let epoch = config.epoch.unwrap_or_else(fresh_epoch);
                 History::new(epoch, config.first_position, bounds)?
             }
         };
+        if config.epoch.is_some() {
+            history = history.given_elsewhere();
+        }
         Ok(Records {
             routes: Routes::new(config.max_channels),
             history,

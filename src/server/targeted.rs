@@ -23,8 +23,9 @@
 use crate::server::fanout::Seq;
 use crate::server::owed::{Addressed, Item};
 use crate::server::routes::Slot;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
+use std::time::Instant;
 
 /// Which walk a connection's last items are in: the connection keeps the
 /// walk's parity while it has items waiting (one byte in its padding).
@@ -73,16 +74,29 @@ pub(super) struct Targeted {
     /// connection takes no part in walks meanwhile, and items addressed
     /// to it join those it has parked here.
     parked: HashMap<Slot, Parked>,
+    /// The connections parked until the loop frames a position, with
+    /// when they stop waiting, earliest first (entries of those released
+    /// since are skipped when they come up).
+    waits: VecDeque<(Instant, Slot, u32)>,
 }
+
+/// Room kept for waits once none is left (more is given back).
+const WAITS_KEPT: usize = 64;
 
 /// What a connection's replay waits for before it goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Until {
     /// Its queue to drain (the socket took what it was given).
     Drained,
-    /// The loop to have framed up to this position (the client came from
-    /// an instance further on).
-    Framed(u64),
+    /// The loop to have framed up to `through` (the client came from an
+    /// instance or host further on), by `by` at the latest (see
+    /// [`Targeted::overdue`]).
+    Framed {
+        /// The last position the client had.
+        through: u64,
+        /// When it stops waiting.
+        by: Instant,
+    },
 }
 
 /// A connection's items left, waiting.
@@ -213,6 +227,9 @@ impl Targeted {
         park: Option<Until>,
     ) -> WalkMark {
         if let Some(until) = park {
+            if let Until::Framed { by, .. } = until {
+                self.waits.push_back((by, slot, serial));
+            }
             let parked = Parked {
                 serial,
                 items,
@@ -250,7 +267,8 @@ impl Targeted {
     /// `framed` or less: their items are now for the next walk. Returns
     /// each one's slot, serial and mark then.
     pub(super) fn framed(&mut self, framed: u64) -> Vec<(Slot, u32, WalkMark)> {
-        let due = |p: &Parked| matches!(p.until, Until::Framed(through) if through <= framed);
+        let due =
+            |p: &Parked| matches!(p.until, Until::Framed { through, .. } if through <= framed);
         let slots: Vec<Slot> = self
             .parked
             .iter()
@@ -268,6 +286,37 @@ impl Targeted {
             marked.push((slot, parked.serial, mark));
         }
         marked
+    }
+
+    /// When the first connection parked until a position is framed stops
+    /// waiting, if one is (perhaps one released since: the loop then
+    /// finds none overdue).
+    pub(super) fn next_overdue(&self) -> Option<Instant> {
+        self.waits.front().map(|&(by, ..)| by)
+    }
+
+    /// The connections that waited for the loop to frame a position until
+    /// `now` in vain, each one's slot and serial: their items are dropped
+    /// (the loop closes them). A client that came with a position this
+    /// loop does not reach within the wait (one a host further on gave it,
+    /// while this one's feed is cut off) tries again later, perhaps
+    /// elsewhere, rather than be kept waiting for good.
+    pub(super) fn overdue(&mut self, now: Instant) -> Vec<(Slot, u32)> {
+        let mut overdue = Vec::new();
+        while let Some(&(by, slot, serial)) = self.waits.front().filter(|w| w.0 <= now) {
+            self.waits.pop_front();
+            let waited = |p: &Parked| {
+                p.serial == serial && matches!(p.until, Until::Framed { by: b, .. } if b == by)
+            };
+            if self.parked.get(&slot).is_some_and(waited) {
+                self.parked.remove(&slot);
+                overdue.push((slot, serial));
+            }
+        }
+        if self.waits.is_empty() {
+            self.waits.shrink_to(WAITS_KEPT);
+        }
+        overdue
     }
 
     /// Forgets what was parked for the connection in `slot` (closed).

@@ -91,19 +91,23 @@ impl CloseCode {
     /// 1011: unexpected condition on the server.
     pub const INTERNAL_ERROR: CloseCode = CloseCode(1011);
     /// 1012: the service is restarting; reconnect (IANA's registry, after
-    /// RFC 6455; browsers take it, though it is not one a peer may send
-    /// this server: [`CloseCode::is_valid_on_wire`]).
+    /// RFC 6455).
     pub const SERVICE_RESTART: CloseCode = CloseCode(1012);
+    /// 1013: try again later (IANA's registry, after RFC 6455): the
+    /// client came with a position this server has not reached in time.
+    pub const TRY_AGAIN_LATER: CloseCode = CloseCode(1013);
     /// 4001 (private use, wspush's): the connection's signed token
     /// expired; reconnect with a new one.
     pub const TOKEN_EXPIRED: CloseCode = CloseCode(4001);
 
     /// Whether a peer may send this code in a close frame: 1000–1003,
-    /// 1007–1011 and the application/private range 3000–4999. Everything else
-    /// (below 1000, 1004–1006, 1012–2999 including 1015, 5000 and above) is a
-    /// protocol error when received (RFC 6455 §7.4.1–§7.4.2).
+    /// 1007–1011 (RFC 6455 §7.4.1), 1012–1014 (registered with IANA since:
+    /// a client answering this server's 1012 or 1013 echoes it, as
+    /// tungstenite and browsers do) and the application/private range
+    /// 3000–4999. Everything else (below 1000, 1004–1006, 1015–2999, 5000
+    /// and above) is a protocol error when received (§7.4.2).
     pub fn is_valid_on_wire(self) -> bool {
-        matches!(self.0, 1000..=1003 | 1007..=1011 | 3000..=4999)
+        matches!(self.0, 1000..=1003 | 1007..=1014 | 3000..=4999)
     }
 }
 
@@ -126,10 +130,11 @@ mod tests {
     #[test]
     fn close_code_validity_follows_rfc_ranges() {
         let valid = [
-            1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 3000, 3999, 4000, 4999,
+            1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014, 3000, 3999,
+            4000, 4999,
         ];
         let invalid = [
-            0, 999, 1004, 1005, 1006, 1012, 1015, 1016, 1100, 2000, 2999, 5000, 65535,
+            0, 999, 1004, 1005, 1006, 1015, 1016, 1100, 2000, 2999, 5000, 65535,
         ];
         for code in valid {
             assert!(CloseCode(code).is_valid_on_wire(), "{code}");

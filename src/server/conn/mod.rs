@@ -80,6 +80,9 @@ pub enum CloseReason {
     Drain,
     /// Its signed token expired (4001).
     TokenExpired,
+    /// It resumed from a position this server did not reach within the
+    /// handshake timeout (1013, Try Again Later).
+    Ahead,
     /// A publisher closed it (`close`, or `Handle::close`) with this code.
     Publisher(CloseCode),
     /// The TCP connection ended without a close handshake.
@@ -102,6 +105,7 @@ impl CloseReason {
             CloseReason::Shutdown => &metrics.closed_shutdown,
             CloseReason::Drain => &metrics.closed_drain,
             CloseReason::TokenExpired => &metrics.closed_token_expired,
+            CloseReason::Ahead => &metrics.closed_ahead,
             CloseReason::Publisher(_) => &metrics.closed_publisher,
             CloseReason::Abnormal => &metrics.closed_abnormal,
         }
@@ -121,6 +125,7 @@ impl CloseReason {
             CloseReason::IdleTimeout | CloseReason::Shutdown => CloseCode::GOING_AWAY,
             CloseReason::Drain => CloseCode::SERVICE_RESTART,
             CloseReason::TokenExpired => CloseCode::TOKEN_EXPIRED,
+            CloseReason::Ahead => CloseCode::TRY_AGAIN_LATER,
             CloseReason::HandshakeTimeout
             | CloseReason::Rejected
             | CloseReason::Http
