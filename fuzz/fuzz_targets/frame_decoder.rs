@@ -103,8 +103,9 @@ enum CloseBody {
 }
 
 /// Close codes on both sides of every boundary of the valid ranges.
-const CLOSE_CODES: [u16; 16] = [
-    0, 999, 1000, 1003, 1004, 1005, 1006, 1007, 1011, 1012, 1015, 2999, 3000, 4999, 5000, 65535,
+const CLOSE_CODES: [u16; 17] = [
+    0, 999, 1000, 1003, 1004, 1005, 1006, 1007, 1011, 1012, 1014, 1015, 2999, 3000, 4999, 5000,
+    65535,
 ];
 
 const RESERVED_OPCODES: [u8; 10] = [3, 4, 5, 6, 7, 0xB, 0xC, 0xD, 0xE, 0xF];
@@ -417,7 +418,8 @@ fn check_parse_close(payload: &[u8]) {
         [_] => assert_eq!(parsed, Err(ProtocolError::TruncatedCloseCode)),
         [hi, lo, reason @ ..] => {
             let code = u16::from_be_bytes([*hi, *lo]);
-            let valid = matches!(code, 1000..=1003 | 1007..=1011 | 3000..=4999);
+            // RFC 6455 §7.4, and 1012-1014 registered with IANA since.
+            let valid = matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999);
             match (valid, std::str::from_utf8(reason)) {
                 (false, _) => assert_eq!(parsed, Err(ProtocolError::InvalidCloseCode(code))),
                 (true, Err(_)) => assert_eq!(parsed, Err(ProtocolError::InvalidUtf8)),
