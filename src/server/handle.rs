@@ -13,7 +13,6 @@ use crate::ops::metrics::{LoopHistogram, Metrics, MetricsSnapshot};
 use crate::protocol::commands::{self, Recipients, MAX_REASON_LEN};
 use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::ws::{compress, CloseCode, MessageKind};
-use crate::server::check_message_limit;
 use crate::server::feed::{Action, Command, Gate};
 use crate::server::upstream::Shelf;
 
@@ -59,6 +58,22 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// Whether a broadcast fits the message limit; one that does not is
+    /// counted and logged.
+    pub(super) fn check_message_limit(&self, payload: &[u8]) -> Result<(), MessageTooBig> {
+        let limit = self.max_message_bytes;
+        if payload.len() as u64 <= limit {
+            return Ok(());
+        }
+        Metrics::incr(&self.metrics.broadcasts_rejected);
+        let refused = MessageTooBig {
+            len: payload.len(),
+            limit,
+        };
+        log::warn!("broadcast refused: {refused}");
+        Err(refused)
+    }
+
     /// The command that sends `payload` to `to`: compressed too, once,
     /// when permessage-deflate is on, the message is large enough, and
     /// some open connection negotiated it.
@@ -363,7 +378,7 @@ impl Handle {
     ) -> Result<(), BroadcastError> {
         let payload = payload.into();
         let shared = &self.shared;
-        check_message_limit(&payload, shared.max_message_bytes, &shared.metrics)?;
+        shared.check_message_limit(&payload)?;
         Ok(self.queue(shared.send_action(to, kind, payload), seq)?)
     }
 

@@ -10,7 +10,6 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use mio::event::Event;
 use mio::Registry;
 use slab::Slab;
 
@@ -25,48 +24,10 @@ use crate::server::drain::Pace;
 use crate::server::endpoints;
 use crate::server::handle::HAND_OVER;
 use crate::server::key::ConnKey;
-use crate::server::sockets::Door;
+use crate::server::lifecycle::Ending;
+use crate::server::sockets::{Door, Ready};
 use crate::server::targeted::WalkMark;
 use crate::server::Server;
-
-/// How the connections left are closed when closing begins.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Ending {
-    /// A shutdown: 1001.
-    Shutdown,
-    /// The end of a drain's pace: 1012 for the few left (those that
-    /// upgraded after the pace had passed them).
-    Drain,
-}
-
-/// What to do for a connection on one turn of the loop.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Ready {
-    read: bool,
-    write: bool,
-    /// Answering an epoll edge without hang-up (see [`Conn::on_readable`]).
-    edge: bool,
-}
-
-impl From<&Event> for Ready {
-    fn from(event: &Event) -> Ready {
-        let hangup = event.is_read_closed() || event.is_error();
-        Ready {
-            read: event.is_readable() || hangup,
-            write: event.is_writable() || event.is_write_closed(),
-            edge: !hangup,
-        }
-    }
-}
-
-impl Ready {
-    /// Read without an event to go by: until WouldBlock.
-    const RETRY_READ: Ready = Ready {
-        read: true,
-        write: false,
-        edge: false,
-    };
-}
 
 /// The parts of a server a connection handler (or a delivery slice)
 /// works with, borrowed apart.

@@ -11,6 +11,16 @@ use crate::ops::metrics::Metrics;
 use crate::server::drain::Pace;
 use crate::server::sockets::Door;
 
+/// How the connections left are closed when closing begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ending {
+    /// A shutdown: 1001.
+    Shutdown,
+    /// The end of a drain's pace: 1012 for the few left (those that
+    /// upgraded after the pace had passed them).
+    Drain,
+}
+
 /// How long accepting pauses when file descriptors run out.
 pub(super) const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 

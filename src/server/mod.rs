@@ -69,16 +69,15 @@ use connections::Connections;
 use delivery::Delivery;
 use handle::Shared;
 pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone, UpstreamReader};
-use handling::{Ending, Ready};
 pub use history::SharedHistory;
 use intake::Intake;
 use key::ConnKey;
-use lifecycle::Lifecycle;
+use lifecycle::{Ending, Lifecycle};
 use records::Records;
 use report::Report;
 use room::Room;
 pub use sockets::listen;
-use sockets::{Door, Sockets, ALARM, LISTENER, METRICS_LISTENER, WAKER};
+use sockets::{Door, Ready, Sockets, ALARM, LISTENER, METRICS_LISTENER, WAKER};
 
 use crate::server::conn::CloseReason;
 use crate::server::feed::{Action, Command, Gate, Taken};
@@ -378,7 +377,7 @@ impl Server {
     /// than `max_message_bytes`.
     pub fn broadcast(&mut self, kind: MessageKind, payload: &[u8]) -> Result<(), MessageTooBig> {
         let shared = &self.report.shared;
-        check_message_limit(payload, shared.max_message_bytes, &shared.metrics)?;
+        shared.check_message_limit(payload)?;
         shared.broadcasts_queued.fetch_add(1, Ordering::AcqRel);
         let action = shared.send_action(Recipients::All, kind, payload.to_vec());
         shared.gate.force_acquire(action.cost());
@@ -574,48 +573,5 @@ impl Server {
     }
 }
 
-/// Whether a broadcast fits the message limit; one that does not is
-/// counted and logged.
-pub(super) fn check_message_limit(
-    payload: &[u8],
-    limit: u64,
-    metrics: &Metrics,
-) -> Result<(), MessageTooBig> {
-    if payload.len() as u64 <= limit {
-        return Ok(());
-    }
-    Metrics::incr(&metrics.broadcasts_rejected);
-    let refused = MessageTooBig {
-        len: payload.len(),
-        limit,
-    };
-    log::warn!("broadcast refused: {refused}");
-    Err(refused)
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn accepts_left_over_while_accepting_is_paused_do_not_keep_the_loop_awake() {
-        let mut server = Server::bind(Config::default()).unwrap();
-        let now = Instant::now();
-        // One listener hit its per-wake cap, then the other ran out of
-        // file descriptors in the same turn.
-        server.lifecycle.accept_again(Door::Main);
-        let exhausted = io::Error::from_raw_os_error(24);
-        let metrics = &server.report.shared.metrics;
-        server
-            .lifecycle
-            .pause_accepting(&exhausted, now, 0, metrics);
-        assert_eq!(server.poll_timeout(None, now).unwrap(), None);
-        server
-            .lifecycle
-            .resume_accepting(now + lifecycle::ACCEPT_PAUSE);
-        assert_eq!(
-            server.poll_timeout(None, now).unwrap(),
-            Some(Duration::ZERO)
-        );
-    }
-}
+mod tests;

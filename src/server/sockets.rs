@@ -5,6 +5,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use socket2::{Domain, Socket, Type};
@@ -12,6 +13,38 @@ use socket2::{Domain, Socket, Type};
 use crate::config::Config;
 use crate::ops::sys;
 use crate::server::nonblocking::attempt;
+
+/// What to do for a connection on one turn of the loop, after its event.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ready {
+    /// Read it.
+    pub(super) read: bool,
+    /// Write what it has queued.
+    pub(super) write: bool,
+    /// Answering an epoll edge without hang-up (see
+    /// [`Conn::on_readable`](crate::server::conn::Conn::on_readable)).
+    pub(super) edge: bool,
+}
+
+impl From<&Event> for Ready {
+    fn from(event: &Event) -> Ready {
+        let hangup = event.is_read_closed() || event.is_error();
+        Ready {
+            read: event.is_readable() || hangup,
+            write: event.is_writable() || event.is_write_closed(),
+            edge: !hangup,
+        }
+    }
+}
+
+impl Ready {
+    /// Read without an event to go by: until WouldBlock.
+    pub(super) const RETRY_READ: Ready = Ready {
+        read: true,
+        write: false,
+        edge: false,
+    };
+}
 
 /// The main listener's token.
 pub(super) const LISTENER: Token = Token(usize::MAX);

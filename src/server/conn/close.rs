@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::output::{Message, Outgoing};
+use super::transport::{Message, Outgoing};
 use super::{CloseReason, Conn, Ctx, Phase, Verdict};
 use crate::ops::metrics::Metrics;
 use crate::protocol::ws::{CloseCode, OpCode, ProtocolError};

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::AtomicU64;
 
-use super::output::{Outgoing, Transport};
+use super::transport::{Outgoing, Transport};
 use super::{CloseReason, Conn, Ctx, Verdict};
 use crate::config::SlowConsumerPolicy;
 use crate::ops::metrics::Metrics;

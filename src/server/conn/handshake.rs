@@ -2,8 +2,8 @@
 //! answered with 101 or an HTTP error, or handed to the loop to answer
 //! (`/healthz`, `/metrics`, the demo page: see [`Verdict::Serve`]).
 
-use super::output::{Message, Outgoing, Transport, MAX_OWN_HEAD};
-use super::{CloseReason, Conn, Ctx, DeflateUse, Phase, Verdict};
+use super::transport::{DeflateUse, Message, Outgoing, Transport, MAX_OWN_HEAD};
+use super::{CloseReason, Conn, Ctx, Phase, Verdict};
 use crate::ops::metrics::Metrics;
 use crate::protocol::http::{
     self, Credential, Endpoints, HandshakeRules, HeadStatus, Protocol, Rejection, MAX_RESPONSE_LEN,

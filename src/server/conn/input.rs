@@ -4,7 +4,7 @@
 //! upstream, echoed, or (a ping) answered with a pong among the read's
 //! gathered replies.
 
-use super::output::{Message, Outgoing};
+use super::transport::{Message, Outgoing};
 use super::{CloseReason, Conn, Ctx, Phase, Verdict};
 use crate::config::Config;
 use crate::ops::metrics::Metrics;
