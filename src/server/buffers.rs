@@ -9,8 +9,8 @@ use crate::config::Config;
 use crate::ops::sys;
 use crate::server::conn::{Assemblies, DeflateScratch};
 use crate::server::frames::SharedFrames;
+use crate::server::net::pool::BufferPool;
 use crate::server::owed::Unfinished;
-use crate::server::pool::BufferPool;
 
 /// Size of the loop's one read buffer; every connection reads into it.
 const SCRATCH_BYTES: usize = 64 * 1024;

@@ -3,7 +3,7 @@
 //! listener), the connections (a `Slab`), the buffers handlers borrow, the
 //! records (routes, history), the deliveries, the intake of commands, the
 //! clock, the lifecycle and the report (metrics). Each step borrows the
-//! parts it needs; `handling` runs connection handlers on them.
+//! parts it needs; `dispatch` runs connection handlers on them.
 //! [`Server::poll_once`] is one step, waiting at most the caller's
 //! timeout; [`Server::run`] loops until shutdown. A [`Handle`] broadcasts
 //! and shuts down from any thread.
@@ -11,8 +11,28 @@
 //! Like Redis' `ae`, the loop has file events (sockets) and time events:
 //! connection deadlines on the wheel, the heartbeat slices, the pool trim
 //! and the periodic stats line. The nearest one sets the alarm (a timerfd
-//! in the poll, see `alarm`); with none pending the loop sleeps until a
+//! in the poll, see `time::alarm`); with none pending the loop sleeps until a
 //! socket or a command wakes it.
+//!
+//! The modules, from the bottom up (each names only those below it, or
+//! its own folder's):
+//! - `key`, `frames` (frames encoded once, shared), `routes` (ids and
+//!   channels);
+//! - `history/` (positions, and the ring of what was sent), `owed/` (what
+//!   a connection is owed: the broadcast `stream`, the `targeted` items
+//!   and their walk), `net/` (the poll's `sockets`, `nonblocking` calls,
+//!   a connection's output `queue`, the input buffer `pool`), `time/`
+//!   (the alarm, the deadline wheel, heartbeats, batching), `handle/`
+//!   (other threads' way in: the handle, the `feed` and `intake` of
+//!   commands; and `upstream`, client messages out);
+//! - `conn/`, a connection's state machine;
+//! - the loop's parts over the connections: `admit/` (accepting, the
+//!   slab of connections, the per-address limit, the room), `deliver/`
+//!   (delivery slices, and the `directory` that addresses targeted
+//!   commands), `lifecycle/` (running, draining, closing; a drain's pace),
+//!   `buffers`, `records`, `report`, `endpoints`;
+//! - `dispatch` (handlers run on the parts, their verdicts acted on) and
+//!   this file, the loop itself.
 
 use std::io;
 use std::net::SocketAddr;
@@ -22,66 +42,48 @@ use std::time::{Duration, Instant};
 
 use mio::Token;
 
-mod accept;
-mod address;
-mod alarm;
-mod batching;
+mod admit;
 mod buffers;
-mod clock;
 pub(crate) mod conn;
-mod connections;
-mod delivery;
-mod drain;
+mod deliver;
+mod dispatch;
 mod endpoints;
-mod fanout;
-mod feed;
 mod frames;
 mod handle;
-mod handling;
-mod heartbeat;
 mod history;
-mod intake;
 mod key;
 mod lifecycle;
-mod nonblocking;
-pub(crate) mod output;
+mod net;
 mod owed;
-mod per_ip;
-mod pool;
 mod records;
 mod report;
-mod ring;
-mod room;
 mod routes;
-mod sockets;
-mod targeted;
-mod timer;
-mod upstream;
+mod time;
 
 use crate::config::{Config, ConfigError};
 use crate::ops::metrics::{LoopHistogram, Metrics, MetricsSnapshot};
 use crate::protocol::commands::{ConnRef, Recipients};
 use crate::protocol::ws::MessageKind;
-use address::Directory;
+use admit::connections::Connections;
+use admit::room::Room;
 use buffers::Buffers;
-use clock::Clock;
-use connections::Connections;
-use delivery::Delivery;
+use deliver::directory::Directory;
+use deliver::Delivery;
+use handle::intake::Intake;
 use handle::Shared;
 pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone, UpstreamReader};
 pub use history::SharedHistory;
-use intake::Intake;
 use key::ConnKey;
 use lifecycle::{Ending, Lifecycle};
+pub use net::sockets::listen;
+use net::sockets::{Door, Ready, Sockets, ALARM, LISTENER, METRICS_LISTENER, WAKER};
 use records::Records;
 use report::Report;
-use room::Room;
-pub use sockets::listen;
-use sockets::{Door, Ready, Sockets, ALARM, LISTENER, METRICS_LISTENER, WAKER};
+use time::Clock;
 
 use crate::server::conn::CloseReason;
-use crate::server::feed::{Action, Command, Gate, Taken};
-use crate::server::upstream::{Outbox, Shelf};
+use crate::server::handle::feed::{Action, Command, Gate, Taken};
+use crate::server::handle::upstream::{Outbox, Shelf};
 
 /// An open WebSocket connection, as seen from the embedding program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,7 +155,7 @@ impl std::error::Error for BindError {
 ///
 /// The loop is made of parts, each owning what one kind of work needs;
 /// a step borrows the parts it uses, and a connection handler gets its
-/// context split from several of them (see `handling`).
+/// context split from several of them (see `dispatch`).
 #[derive(Debug)]
 pub struct Server {
     /// Limits and modes.
@@ -426,7 +428,7 @@ impl Server {
     /// if one was asked for), in order: broadcasts are framed into batches
     /// at the end of the stream, messages for some connections into
     /// batches addressed to them (as are closes), subscription changes
-    /// are made. Delivery carries them on (see `delivery`).
+    /// are made. Delivery carries them on (see `deliver`).
     fn frame_waiting(&mut self) {
         let shared = &self.report.shared;
         let shutdown_after = shared.shutdown_after.load(Ordering::Acquire);
@@ -515,7 +517,7 @@ impl Server {
         self.lifecycle.is_serving() && !self.conns.is_empty()
     }
 
-    /// The end of every loop iteration: follow the room (see `room`), give
+    /// The end of every loop iteration: follow the room (see `admit::room`), give
     /// idle pool buffers back, keep the history's bounds, hand the upstream lines over, publish the
     /// metrics, and log the stats line when it is due.
     fn housekeeping(&mut self, now: Instant) {

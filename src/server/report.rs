@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::ops::metrics::{self, LoopMax, Metrics, MetricsSnapshot, Tally};
 use crate::server::handle::Shared;
-use crate::server::pool::BufferPool;
+use crate::server::net::pool::BufferPool;
 use crate::server::records::Records;
 
 /// The periodic info line with the key counters.

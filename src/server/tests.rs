@@ -1,5 +1,5 @@
 //! The loop driven whole, on its private parts: when it sleeps, and how
-//! the delivery slices carry targeted bursts (see `delivery`).
+//! the delivery slices carry targeted bursts (see `deliver`).
 
 mod loop_wait {
     use crate::server::*;
@@ -192,7 +192,7 @@ mod delivery {
         }
         assert_eq!(
             server.delivery.stream.next_seq(),
-            crate::server::fanout::Seq(2)
+            crate::server::owed::stream::Seq(2)
         );
         let targeted = &server.delivery.targeted;
         assert!(targeted.is_idle() && targeted.floor().is_none());

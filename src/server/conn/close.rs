@@ -12,7 +12,7 @@ use crate::ops::metrics::Metrics;
 use crate::protocol::ws::{CloseCode, OpCode, ProtocolError};
 use crate::protocol::{position, sse};
 use crate::server::key::ConnKey;
-use crate::server::output::Sent;
+use crate::server::net::queue::Sent;
 
 impl Conn {
     /// Ends the connection (the loop has taken it out of the slab): clears

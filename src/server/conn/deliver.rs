@@ -12,11 +12,11 @@ use crate::ops::metrics::Metrics;
 use crate::server::frames::SharedFrames;
 use crate::server::history::{seq_of, Replay};
 use crate::server::key::ConnKey;
-use crate::server::output::Sent;
+use crate::server::net::queue::Sent;
 use crate::server::owed::{Item, Owed, Unfinished};
 
 impl Conn {
-    /// A delivery visit (see `delivery`): writes what this connection is
+    /// A delivery visit (see `deliver`): writes what this connection is
     /// owed, in order, with one `writev`: the stream's batches it has not
     /// had, each of its own items after the batches framed before it, and
     /// the batches after them up to `owed.up_to`. A close among its items

@@ -15,10 +15,10 @@ use crate::protocol::sse;
 use crate::protocol::target::RequestTarget;
 use crate::protocol::ws::Decoder;
 use crate::protocol::ws::OpCode;
-use crate::server::clock::unix_now;
-use crate::server::heartbeat::Liveness;
 use crate::server::history::{Filter, Replay};
 use crate::server::key::ConnKey;
+use crate::server::time::heartbeat::Liveness;
+use crate::server::time::unix_now;
 use std::sync::Arc;
 
 impl Conn {

@@ -10,9 +10,9 @@ use crate::config::Config;
 use crate::ops::metrics::Metrics;
 use crate::protocol::ws::inflate::InflateError;
 use crate::protocol::ws::{CloseCode, Event, MessageKind, OpCode, ProtocolError};
+use crate::server::handle::upstream::Offered;
 use crate::server::key::ConnKey;
-use crate::server::nonblocking::{read_some, Progress};
-use crate::server::upstream::Offered;
+use crate::server::net::nonblocking::{read_some, Progress};
 
 /// Bytes read from one connection per readiness event before the loop
 /// serves the others (the rest is read on the next iteration).

@@ -32,18 +32,18 @@ use crate::protocol::http::{Endpoint, Endpoints, Method};
 use crate::protocol::target::RequestTarget;
 use crate::protocol::ws::inflate::Inflater;
 use crate::protocol::ws::{CloseCode, Decoder};
-use crate::server::fanout::Seq;
 use crate::server::frames::SharedFrames;
-use crate::server::heartbeat::{Liveness, Visit};
+use crate::server::handle::upstream::Outbox;
 use crate::server::history::{History, Replay};
 use crate::server::key::ConnKey;
-use crate::server::output::{OutQueue, Sent};
+use crate::server::net::pool::{BufferPool, PooledBuf};
+use crate::server::net::queue::{OutQueue, Sent};
+use crate::server::owed::stream::Seq;
+use crate::server::owed::targeted::WalkMark;
 use crate::server::owed::Unfinished;
-use crate::server::pool::{BufferPool, PooledBuf};
 use crate::server::routes::Routes;
-use crate::server::targeted::WalkMark;
-use crate::server::timer::{Deadline, Tick, TimerWheel};
-use crate::server::upstream::Outbox;
+use crate::server::time::heartbeat::{Liveness, Visit};
+use crate::server::time::timer::{Deadline, Tick, TimerWheel};
 
 mod close;
 mod deliver;
@@ -275,7 +275,7 @@ pub struct Conn {
     /// It asked for positions: it gets each message as its position, a
     /// space and the payload.
     positions: bool,
-    /// The walk its targeted items wait for, if any (see `targeted`).
+    /// The walk its targeted items wait for, if any (see `owed::targeted`).
     walk: WalkMark,
     /// Its serial: which connection of those that held its slot it is.
     serial: u32,

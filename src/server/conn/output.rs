@@ -4,7 +4,7 @@
 //! visit gives it, or what is queued once the socket is writable), in one
 //! `write`/`writev` per call, and answers with one [`Sent`]. How a message
 //! is put on the wire (framing, compression) is the connection's
-//! [`Transport`], a parameter of that path.
+//! [`Transport`](super::transport::Transport), a parameter of that path.
 
 use std::net::Shutdown;
 
@@ -16,7 +16,7 @@ use crate::protocol::ws::compress::{deflate_into, Level};
 use crate::protocol::ws::OpCode;
 use crate::server::frames::SharedFrames;
 use crate::server::key::ConnKey;
-use crate::server::output::Sent;
+use crate::server::net::queue::Sent;
 
 impl Conn {
     /// The socket is writable: flush the queue; a drained queue may let
@@ -240,7 +240,7 @@ fn total_len(parts: &[&[u8]]) -> usize {
 mod tests {
     use super::super::rig::{client_frame, read_in_background, Rig};
     use super::*;
-    use crate::server::fanout::Seq;
+    use crate::server::owed::stream::Seq;
     use std::io::{Read, Write};
     use std::time::{Duration, Instant};
 

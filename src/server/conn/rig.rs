@@ -12,14 +12,14 @@ use crate::ops::metrics::{Metrics, Tally};
 use crate::protocol::http::Endpoints;
 use crate::protocol::position::Epoch;
 use crate::protocol::ws::OpCode;
-use crate::server::fanout::{Seq, Stream};
 use crate::server::frames::SharedFrames;
 use crate::server::history::{Bounds, History, Replay};
 use crate::server::key::ConnKey;
+use crate::server::net::pool::BufferPool;
+use crate::server::owed::stream::{Seq, Stream};
 use crate::server::owed::{Owed, Unfinished};
-use crate::server::pool::BufferPool;
 use crate::server::routes::Routes;
-use crate::server::timer::TimerWheel;
+use crate::server::time::timer::TimerWheel;
 
 /// One upgraded connection over a loopback pair, with the loop's parts
 /// it needs, driven by hand (no poll): so a test decides when the loop

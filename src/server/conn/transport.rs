@@ -89,7 +89,7 @@ impl Transport {
     }
 
     /// Whether a message of its own, `opcode` with `len` bytes, goes
-    /// compressed ([`Level::Single`]: it is for this connection alone): a
+    /// compressed ([`Level::Single`](crate::protocol::ws::compress::Level::Single): it is for this connection alone): a
     /// data message of `--deflate-min-bytes` or more, when it gets
     /// compressed frames.
     pub(super) fn compresses(self, opcode: OpCode, len: usize, config: &Config) -> bool {
@@ -155,7 +155,7 @@ impl<'a> Message<'a> {
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Outgoing<'a> {
     /// A message answering what the current read brought (a pong, an
-    /// echo): gathered with the others in [`Ctx::replies`], written once
+    /// echo): gathered with the others in [`Ctx::replies`](super::Ctx::replies), written once
     /// the read is processed.
     Reply(Message<'a>),
     /// A message of its own that goes out now (a close).
@@ -163,7 +163,7 @@ pub(super) enum Outgoing<'a> {
     /// An HTTP response: head and body.
     Response(&'a [u8], &'a [u8]),
     /// Broadcast batches or the ping, shared with other connections:
-    /// [`Sent::Dropped`] for those the queue has no room for.
+    /// [`Sent::Dropped`](crate::server::net::queue::Sent::Dropped) for those the queue has no room for.
     Shared(&'a [SharedFrames]),
     /// The gathered replies, at the end of a read.
     Replies,

@@ -6,9 +6,9 @@
 //! serves accepts, reads, pongs and timers before the next slice:
 //!
 //! - the walk over the recipients of targeted items (messages for a
-//!   channel, an id or a connection, and closes: see `targeted`);
+//!   channel, an id or a connection, and closes: see `owed::targeted`);
 //! - the pass over every connection, for the broadcast stream (see
-//!   `fanout`), which leaves a connection with targeted items waiting to
+//!   `owed::stream`), which leaves a connection with targeted items waiting to
 //!   the first walk, so that it gets everything in order.
 //!
 //! Each visit hands a connection what it is owed ([`Owed`]) through one
@@ -16,17 +16,19 @@
 //! answers with one [`Verdict`]; the verdicts other than keep are acted
 //! on in one place, the loop's `settle`, once the slice is over.
 
+pub(crate) mod directory;
+
 use mio::Registry;
 use slab::Slab;
 
 use crate::config::Config;
 use crate::ops::metrics::Tally;
+use crate::server::admit::connections::sync_interest;
 use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
-use crate::server::connections::sync_interest;
-use crate::server::fanout::Stream;
 use crate::server::key::ConnKey;
+use crate::server::owed::stream::Stream;
+use crate::server::owed::targeted::{Targeted, Turn, Until, WalkMark};
 use crate::server::owed::{Addressed, Item, Owed, Unfinished};
-use crate::server::targeted::{Targeted, Turn, Until, WalkMark};
 
 /// Bytes one slice hands to sockets (or queues), at most, before the loop
 /// serves other events again (besides [`Config::fanout_budget`] visits).

@@ -4,12 +4,14 @@
 //! connections at a pace); closing once a shutdown begins or the pace is
 //! done.
 
+pub(crate) mod drain;
+
 use std::io;
 use std::time::{Duration, Instant};
 
 use crate::ops::metrics::Metrics;
-use crate::server::drain::Pace;
-use crate::server::sockets::Door;
+use crate::server::lifecycle::drain::Pace;
+use crate::server::net::sockets::Door;
 
 /// How the connections left are closed when closing begins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,12 +7,15 @@
 //! [`Conn::deliver`](crate::server::conn::Conn::deliver) writes in order
 //! with one `writev`.
 
+pub(crate) mod stream;
+pub(crate) mod targeted;
+
 use std::sync::Arc;
 
 use crate::protocol::ws::CloseCode;
-use crate::server::fanout::{Seq, Stream};
 use crate::server::frames::SharedFrames;
 use crate::server::history::Replay;
+use crate::server::owed::stream::{Seq, Stream};
 use crate::server::routes::Slot;
 
 /// A connection's own item, after every stream batch before `after`.

@@ -53,7 +53,7 @@ const HOST_PAGE_AT: usize = 4096;
 const HOST_PAGE_LEN: usize = 4096;
 /// In the host's page: when an instance last had a broadcast under way
 /// (nanoseconds of the host's monotonic clock). Every instance's heartbeat
-/// yields to it (see `heartbeat`); it is here because this memory is the
+/// yields to it (see `time::heartbeat`); it is here because this memory is the
 /// one every instance of a host maps.
 const DELIVERING: usize = 0;
 const HEADER_LEN: usize = HOST_PAGE_AT + HOST_PAGE_LEN;

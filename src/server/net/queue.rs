@@ -12,9 +12,9 @@
 use std::collections::VecDeque;
 use std::io::{self, Write};
 
-use crate::server::fanout::Seq;
 use crate::server::frames::SharedFrames;
-use crate::server::nonblocking::{write_until_blocked, MAX_IOV};
+use crate::server::net::nonblocking::{write_until_blocked, MAX_IOV};
+use crate::server::owed::stream::Seq;
 
 /// What became of output offered to a queue: every [`OutQueue`] send
 /// and flush answers with one of these (after uWebSockets' `send`,

@@ -1,6 +1,10 @@
 //! Accepting connections: admission (limits, the slab, the poll
 //! registration) and refusals before a connection exists.
 
+pub(crate) mod connections;
+pub(crate) mod per_ip;
+pub(crate) mod room;
+
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 
@@ -10,9 +14,9 @@ use mio::{Interest, Registry, Token};
 use crate::config::Config;
 use crate::ops::metrics::Metrics;
 use crate::protocol::http::{Endpoints, Rejection, MAX_RESPONSE_LEN};
-use crate::server::connections::Connections;
+use crate::server::admit::connections::Connections;
 use crate::server::key::ConnKey;
-use crate::server::sockets::{Door, Sockets};
+use crate::server::net::sockets::{Door, Sockets};
 
 /// Connections accepted per wake-up before the loop serves the others.
 pub(super) const ACCEPTS_PER_WAKE: usize = 256;

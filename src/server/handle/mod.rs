@@ -1,6 +1,10 @@
 //! The handle: how other threads talk to a running loop (broadcast, shut
 //! down, read metrics), and the state the loop shares with them.
 
+pub(crate) mod feed;
+pub(crate) mod intake;
+pub(crate) mod upstream;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
@@ -13,8 +17,8 @@ use crate::ops::metrics::{LoopHistogram, Metrics, MetricsSnapshot};
 use crate::protocol::commands::{self, Recipients, MAX_REASON_LEN};
 use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::ws::{compress, CloseCode, MessageKind};
-use crate::server::feed::{Action, Command, Gate};
-use crate::server::upstream::Shelf;
+use crate::server::handle::feed::{Action, Command, Gate};
+use crate::server::handle::upstream::Shelf;
 
 /// [`Shared::drain_asked`]: a drain, announced, after the grace.
 pub(super) const DRAIN: u8 = 1;

@@ -12,18 +12,18 @@ use socket2::{Domain, Socket, Type};
 
 use crate::config::Config;
 use crate::ops::sys;
-use crate::server::nonblocking::attempt;
+use crate::server::net::nonblocking::attempt;
 
 /// What to do for a connection on one turn of the loop, after its event.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Ready {
+pub(crate) struct Ready {
     /// Read it.
-    pub(super) read: bool,
+    pub(crate) read: bool,
     /// Write what it has queued.
-    pub(super) write: bool,
+    pub(crate) write: bool,
     /// Answering an epoll edge without hang-up (see
     /// [`Conn::on_readable`](crate::server::conn::Conn::on_readable)).
-    pub(super) edge: bool,
+    pub(crate) edge: bool,
 }
 
 impl From<&Event> for Ready {
@@ -39,7 +39,7 @@ impl From<&Event> for Ready {
 
 impl Ready {
     /// Read without an event to go by: until WouldBlock.
-    pub(super) const RETRY_READ: Ready = Ready {
+    pub(crate) const RETRY_READ: Ready = Ready {
         read: true,
         write: false,
         edge: false,
@@ -47,13 +47,13 @@ impl Ready {
 }
 
 /// The main listener's token.
-pub(super) const LISTENER: Token = Token(usize::MAX);
+pub(crate) const LISTENER: Token = Token(usize::MAX);
 /// The token of the waker a handle rings when it queued something.
-pub(super) const WAKER: Token = Token(usize::MAX - 1);
+pub(crate) const WAKER: Token = Token(usize::MAX - 1);
 /// The metrics listener's token.
-pub(super) const METRICS_LISTENER: Token = Token(usize::MAX - 2);
-/// The alarm's token (see `alarm`).
-pub(super) const ALARM: Token = Token(usize::MAX - 3);
+pub(crate) const METRICS_LISTENER: Token = Token(usize::MAX - 2);
+/// The alarm's token (see `time::alarm`).
+pub(crate) const ALARM: Token = Token(usize::MAX - 3);
 
 /// Readiness events taken per poll.
 const EVENTS_CAPACITY: usize = 1024;
@@ -62,7 +62,7 @@ const LISTEN_BACKLOG: i32 = 65_535;
 
 /// The listener a connection came in through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Door {
+pub(crate) enum Door {
     /// The main listener: WebSocket upgrades (and `/healthz`, the demo
     /// page if on, and `/metrics` unless it has a listener of its own).
     Main,
@@ -74,7 +74,7 @@ pub(super) enum Door {
 /// listener, the optional metrics listener (the waker and the alarm
 /// register through [`Sockets::registry`]).
 #[derive(Debug)]
-pub(super) struct Sockets {
+pub(crate) struct Sockets {
     poll: Poll,
     events: Events,
     /// `None` once closed (see [`Sockets::close`]).
@@ -88,7 +88,7 @@ pub(super) struct Sockets {
 impl Sockets {
     /// A new poll with `listener` (or else `config`'s listen address
     /// bound) and the metrics address, if any, registered.
-    pub(super) fn open(
+    pub(crate) fn open(
         config: &Config,
         listener: Option<std::net::TcpListener>,
     ) -> io::Result<Sockets> {
@@ -139,36 +139,36 @@ impl Sockets {
     }
 
     /// Where sockets are registered.
-    pub(super) fn registry(&self) -> &Registry {
+    pub(crate) fn registry(&self) -> &Registry {
         self.poll.registry()
     }
 
     /// The waker handles ring (see [`WAKER`]).
-    pub(super) fn waker(&self) -> io::Result<Waker> {
+    pub(crate) fn waker(&self) -> io::Result<Waker> {
         Waker::new(self.registry(), WAKER)
     }
 
     /// The address the listener is bound to.
-    pub(super) fn local_addr(&self) -> SocketAddr {
+    pub(crate) fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }
 
     /// The metrics listener's address, if there is one.
-    pub(super) fn metrics_addr(&self) -> Option<SocketAddr> {
+    pub(crate) fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_listener
             .as_ref()
             .and_then(|l| l.local_addr().ok())
     }
 
     /// Whether `/metrics` has a listener of its own.
-    pub(super) fn has_metrics_listener(&self) -> bool {
+    pub(crate) fn has_metrics_listener(&self) -> bool {
         self.metrics_listener.is_some()
     }
 
     /// Waits for readiness, at most `timeout`, and hands the events out
     /// (give them back with [`Sockets::put_back`]); `None` if the wait was
     /// interrupted.
-    pub(super) fn wait(&mut self, timeout: Option<Duration>) -> io::Result<Option<Events>> {
+    pub(crate) fn wait(&mut self, timeout: Option<Duration>) -> io::Result<Option<Events>> {
         if let Err(e) = self.poll.poll(&mut self.events, timeout) {
             return if e.kind() == io::ErrorKind::Interrupted {
                 Ok(None)
@@ -183,12 +183,12 @@ impl Sockets {
     }
 
     /// Takes back the events [`Sockets::wait`] handed out, for the next poll.
-    pub(super) fn put_back(&mut self, events: Events) {
+    pub(crate) fn put_back(&mut self, events: Events) {
         self.events = events;
     }
 
     /// The next connection waiting at `door`'s listener, if any.
-    pub(super) fn accept(&self, door: Door) -> io::Result<Option<(TcpStream, SocketAddr)>> {
+    pub(crate) fn accept(&self, door: Door) -> io::Result<Option<(TcpStream, SocketAddr)>> {
         let listener = match door {
             Door::Main => &self.listener,
             Door::Metrics => &self.metrics_listener,
@@ -201,18 +201,18 @@ impl Sockets {
 
     /// Whether the main listener was bound here, in an `SO_REUSEPORT`
     /// group (`reuse_port`): it may leave the group and join it again.
-    pub(super) fn may_leave_group(&self, reuse_port: bool) -> bool {
+    pub(crate) fn may_leave_group(&self, reuse_port: bool) -> bool {
         self.own_listener && reuse_port
     }
 
     /// Whether the main listener is closed.
-    pub(super) fn main_closed(&self) -> bool {
+    pub(crate) fn main_closed(&self) -> bool {
         self.listener.is_none()
     }
 
     /// Binds the main listener again, on the address it had, and registers
     /// it (after [`Sockets::close`], back in its `SO_REUSEPORT` group).
-    pub(super) fn reopen_main(&mut self, reuse_port: bool) -> io::Result<()> {
+    pub(crate) fn reopen_main(&mut self, reuse_port: bool) -> io::Result<()> {
         let mut listener = TcpListener::from_std(listen(self.local_addr, reuse_port)?);
         self.poll
             .registry()
@@ -226,7 +226,7 @@ impl Sockets {
     /// other members (a listener merely taken out of the poll would go on
     /// taking its share, and leave it waiting). Connections still in its
     /// accept queue are reset.
-    pub(super) fn close(&mut self, door: Door) {
+    pub(crate) fn close(&mut self, door: Door) {
         let listener = match door {
             Door::Main => self.listener.take(),
             Door::Metrics => self.metrics_listener.take(),

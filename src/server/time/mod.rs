@@ -2,6 +2,11 @@
 //! the connections' deadlines, the heartbeat sweep's schedule, and the
 //! batching of polls under load.
 
+pub(crate) mod alarm;
+pub(crate) mod batching;
+pub(crate) mod heartbeat;
+pub(crate) mod timer;
+
 use std::io;
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -10,12 +15,12 @@ use mio::Registry;
 
 use crate::config::Config;
 use crate::ops::metrics::Metrics;
-use crate::server::alarm::Alarm;
-use crate::server::batching::Batching;
-use crate::server::heartbeat::Heartbeat;
 use crate::server::key::ConnKey;
-use crate::server::sockets::ALARM;
-use crate::server::timer::{Tick, TimerWheel};
+use crate::server::net::sockets::ALARM;
+use crate::server::time::alarm::Alarm;
+use crate::server::time::batching::Batching;
+use crate::server::time::heartbeat::Heartbeat;
+use crate::server::time::timer::{Tick, TimerWheel};
 
 /// The time since the Unix epoch (zero on a clock set before it), for
 /// what is dated in wall-clock seconds: signed tokens.

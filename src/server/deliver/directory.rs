@@ -2,7 +2,7 @@
 //! subscribers, a client id's connections, one connection (found through
 //! the routes), and the replays connections asked for. Each recipient is
 //! given an item "after stream batch N, this" and marked as waiting for
-//! the walk (see `targeted`); subscription changes are made here too.
+//! the walk (see `owed::targeted`); subscription changes are made here too.
 
 use std::sync::Arc;
 
@@ -13,31 +13,31 @@ use crate::protocol::commands::Recipients;
 use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::ws::CloseCode;
 use crate::server::conn::Conn;
-use crate::server::delivery::Delivery;
-use crate::server::fanout::Stream;
+use crate::server::deliver::Delivery;
 use crate::server::frames::SharedFrames;
 use crate::server::history::Replay;
 use crate::server::key::ConnKey;
+use crate::server::owed::stream::Stream;
+use crate::server::owed::targeted::Targeted;
 use crate::server::owed::Item;
 use crate::server::routes::{Routes, Slot};
-use crate::server::targeted::Targeted;
 
 /// What addressing a command goes by: the targeted items, the stream's
 /// batch numbers, the connections, the routes, this instance's number
 /// and the counters.
-pub(super) struct Directory<'a> {
-    pub(super) targeted: &'a mut Targeted,
-    pub(super) stream: &'a mut Stream,
-    pub(super) conns: &'a mut Slab<Conn>,
-    pub(super) routes: &'a mut Routes,
-    pub(super) instance: u32,
-    pub(super) metrics: &'a Metrics,
+pub(crate) struct Directory<'a> {
+    pub(crate) targeted: &'a mut Targeted,
+    pub(crate) stream: &'a mut Stream,
+    pub(crate) conns: &'a mut Slab<Conn>,
+    pub(crate) routes: &'a mut Routes,
+    pub(crate) instance: u32,
+    pub(crate) metrics: &'a Metrics,
 }
 
 impl<'a> Directory<'a> {
-    /// The directory over `delivery`'s items and stream, `conns` and
+    /// The directory over the delivery's items and stream, `conns` and
     /// `routes`, for instance `instance`.
-    pub(super) fn new(
+    pub(crate) fn new(
         delivery: &'a mut Delivery,
         conns: &'a mut Slab<Conn>,
         routes: &'a mut Routes,
@@ -55,7 +55,7 @@ impl<'a> Directory<'a> {
     }
 
     /// Addresses a batch of messages to `to`'s open connections now.
-    pub(super) fn address_frames(&mut self, to: &Recipients, frames: SharedFrames) {
+    pub(crate) fn address_frames(&mut self, to: &Recipients, frames: SharedFrames) {
         let after = self.stream.next_seq();
         self.address(to, || Item::Frames {
             after,
@@ -64,7 +64,7 @@ impl<'a> Directory<'a> {
     }
 
     /// Addresses a close to `whom`'s open connections now.
-    pub(super) fn address_close(&mut self, whom: &Recipients, code: CloseCode, reason: &str) {
+    pub(crate) fn address_close(&mut self, whom: &Recipients, code: CloseCode, reason: &str) {
         let after = self.stream.next_seq();
         let reason: Arc<str> = reason.into();
         self.address(whom, || Item::Close {
@@ -76,7 +76,7 @@ impl<'a> Directory<'a> {
 
     /// Addresses the `replays` the connections that upgraded asked for,
     /// each before anything live: at the batch it starts at.
-    pub(super) fn address_replays(&mut self, replays: &mut Vec<(ConnKey, Replay)>) {
+    pub(crate) fn address_replays(&mut self, replays: &mut Vec<(ConnKey, Replay)>) {
         let stream = &*self.stream;
         for (key, replay) in replays.drain(..) {
             let Some(conn) = self.conns.get_mut(key.0) else {
@@ -95,7 +95,7 @@ impl<'a> Directory<'a> {
 
     /// Releases the replays that waited for the loop to frame up to
     /// `framed`, if any wait: the connections are marked for the next walk.
-    pub(super) fn release_framed_through(&mut self, framed: u64) {
+    pub(crate) fn release_framed_through(&mut self, framed: u64) {
         if !self.targeted.has_parked() {
             return;
         }
@@ -133,7 +133,7 @@ impl<'a> Directory<'a> {
     }
 
     /// Subscribes (or unsubscribes) client `id`'s open connections.
-    pub(super) fn change_subscription(
+    pub(crate) fn change_subscription(
         &mut self,
         on: bool,
         id: &ClientId,

@@ -11,13 +11,13 @@ use std::time::{Duration, Instant};
 
 /// A watcher of the room: called with `false` when the server becomes
 /// full, `true` when it has room again.
-pub(super) type Watch = Box<dyn FnMut(bool) + Send>;
+pub(crate) type Watch = Box<dyn FnMut(bool) + Send>;
 
 /// How long after a failed try to join the group again the next one waits.
 const REJOIN_RETRY: Duration = Duration::from_secs(1);
 
 /// The room and its watcher.
-pub(super) struct Room {
+pub(crate) struct Room {
     full: bool,
     watch: Option<Watch>,
     /// Joining the group again failed; not tried again before then.
@@ -36,7 +36,7 @@ impl fmt::Debug for Room {
 
 impl Room {
     /// Room, not watched.
-    pub(super) fn new() -> Room {
+    pub(crate) fn new() -> Room {
         Room {
             full: false,
             watch: None,
@@ -45,7 +45,7 @@ impl Room {
     }
 
     /// Tells `watch` of every change from now on.
-    pub(super) fn watch(&mut self, watch: Watch) {
+    pub(crate) fn watch(&mut self, watch: Watch) {
         self.watch = Some(watch);
     }
 
@@ -56,7 +56,7 @@ impl Room {
     /// 1% (at least one) is free, so that a server near its limit does not
     /// flap. Returns the change, if any (the watcher was told it):
     /// `Some(false)` full, `Some(true)` room again.
-    pub(super) fn update(&mut self, open: usize, max: usize) -> Option<bool> {
+    pub(crate) fn update(&mut self, open: usize, max: usize) -> Option<bool> {
         let headroom = max / 100;
         let margin = headroom.max(1);
         let full = match self.full {
@@ -74,19 +74,19 @@ impl Room {
     }
 
     /// Whether the server is full (see [`Room::update`]).
-    pub(super) fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.full
     }
 
     /// Whether a server out of its group may try to join it again at
     /// `now`: it has room, and no failed try is under a second old.
-    pub(super) fn may_rejoin(&self, now: Instant) -> bool {
+    pub(crate) fn may_rejoin(&self, now: Instant) -> bool {
         !self.full && self.retry_at.is_none_or(|at| now >= at)
     }
 
     /// Joining the group again failed with `error` at `now`: logged, and
     /// tried again in a second.
-    pub(super) fn rejoin_failed(&mut self, error: &std::io::Error, now: Instant) {
+    pub(crate) fn rejoin_failed(&mut self, error: &std::io::Error, now: Instant) {
         log::warn!(
             "cannot listen again after being full: {error}; trying again in {REJOIN_RETRY:?}"
         );

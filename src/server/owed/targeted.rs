@@ -2,10 +2,10 @@
 //! client id's connections, one connection. They never go through the
 //! pass over every connection. As the loop takes them from the feed, each
 //! is addressed to its recipients, found through the routes (see
-//! `address`), as an item
+//! `deliver::directory`), as an item
 //! "after stream batch N, this". A walk then visits the recipients in key
 //! order, a budgeted slice per loop iteration like the pass (see
-//! `delivery`), and gives each one everything it is owed in one visit: the
+//! `deliver`), and gives each one everything it is owed in one visit: the
 //! broadcast batches framed before each of its items, its items, and the
 //! batches after them.
 //!
@@ -20,7 +20,7 @@
 //! of the walk before gives it the batches only up to the next walk's
 //! first item.
 
-use crate::server::fanout::Seq;
+use crate::server::owed::stream::Seq;
 use crate::server::owed::{Addressed, Item};
 use crate::server::routes::Slot;
 use std::collections::{HashMap, VecDeque};
@@ -48,7 +48,7 @@ impl WalkMark {
 /// The targeted items on their way, and the loop's scratch space for
 /// addressing them (capacities kept from step to step).
 #[derive(Debug, Default)]
-pub(super) struct Targeted {
+pub(crate) struct Targeted {
     /// The walk under way: its items by recipient (slot, then serial),
     /// each recipient's in the order addressed.
     walk: Vec<Addressed>,
@@ -67,8 +67,8 @@ pub(super) struct Targeted {
     /// The earliest stream batch a connection with items waiting may
     /// still be owed (the stream keeps it).
     floor: Option<Seq>,
-    /// The recipients of the command being addressed (see `address`).
-    pub(super) recipients: Vec<Slot>,
+    /// The recipients of the command being addressed (see `deliver::directory`).
+    pub(crate) recipients: Vec<Slot>,
     /// Connections whose replay waits (see
     /// [`Unfinished`](crate::server::owed::Unfinished)), by slot. Such a
     /// connection takes no part in walks meanwhile, and items addressed
@@ -85,7 +85,7 @@ const WAITS_KEPT: usize = 64;
 
 /// What a connection's replay waits for before it goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Until {
+pub(crate) enum Until {
     /// Its queue to drain (the socket took what it was given).
     Drained,
     /// The loop to have framed up to `through` (the client came from an
@@ -110,7 +110,7 @@ struct Parked {
 /// One recipient's turn in a walk: the connection that held `slot` when
 /// the items were addressed, and where its items are in the walk.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Turn {
+pub(crate) struct Turn {
     pub slot: Slot,
     pub serial: u32,
     pub items: Range<usize>,
@@ -118,7 +118,7 @@ pub(super) struct Turn {
 
 impl Targeted {
     /// Nothing waits to be delivered.
-    pub(super) fn is_idle(&self) -> bool {
+    pub(crate) fn is_idle(&self) -> bool {
         self.at == self.walk.len() && self.next.is_empty() && self.joining.is_empty()
     }
 
@@ -129,17 +129,17 @@ impl Targeted {
 
     /// Whether a connection marked `mark` also has items in the next
     /// walk (and so may be given the batches only up to [`Targeted::next_after`]).
-    pub(super) fn waits_for_next(&self, mark: WalkMark) -> bool {
+    pub(crate) fn waits_for_next(&self, mark: WalkMark) -> bool {
         mark == self.next_mark()
     }
 
     /// The stream batch the next walk's first item comes before.
-    pub(super) fn next_after(&self) -> Option<Seq> {
+    pub(crate) fn next_after(&self) -> Option<Seq> {
         self.next.first().map(|a| a.item.after())
     }
 
     /// The earliest batch a connection with items waiting may be owed.
-    pub(super) fn floor(&self) -> Option<Seq> {
+    pub(crate) fn floor(&self) -> Option<Seq> {
         self.floor
     }
 
@@ -147,7 +147,7 @@ impl Targeted {
     /// `mark`, whose next stream batch is `cursor`; `earlier` picks the
     /// earlier of two batch numbers. Returns the connection's mark: the
     /// walk under way's if the item joins it, else the next one's.
-    pub(super) fn push(
+    pub(crate) fn push(
         &mut self,
         (slot, serial, mark): (Slot, u32, WalkMark),
         cursor: Seq,
@@ -179,7 +179,7 @@ impl Targeted {
     /// The next recipient's turn in the walk under way (with the items
     /// that joined it), starting the next walk when this one is done;
     /// `None` when nothing waits.
-    pub(super) fn next_turn(&mut self) -> Option<Turn> {
+    pub(crate) fn next_turn(&mut self) -> Option<Turn> {
         if !self.joining.is_empty() {
             self.walk.drain(..self.at);
             self.at = 0;
@@ -205,12 +205,12 @@ impl Targeted {
     }
 
     /// The items of the walk under way in `range` (from a [`Turn`]).
-    pub(super) fn items(&self, range: Range<usize>) -> &[Addressed] {
+    pub(crate) fn items(&self, range: Range<usize>) -> &[Addressed] {
         &self.walk[range]
     }
 
     /// Forgets the floor (and restarts the order) once nothing waits.
-    pub(super) fn settle_floor(&mut self) {
+    pub(crate) fn settle_floor(&mut self) {
         if self.is_idle() && self.parked.is_empty() {
             self.floor = None;
             self.order = 0;
@@ -220,7 +220,7 @@ impl Targeted {
     /// Takes back what a visit left of a connection's items: parked
     /// until what `park` says, or for the next walk. Returns the
     /// connection's mark.
-    pub(super) fn leave(
+    pub(crate) fn leave(
         &mut self,
         (slot, serial, mark): (Slot, u32, WalkMark),
         items: Vec<Addressed>,
@@ -254,7 +254,7 @@ impl Targeted {
     /// The items the connection `serial` in `slot` parked until its
     /// queue drained, if any, now for the next walk; returns the
     /// connection's mark then.
-    pub(super) fn unpark(&mut self, slot: Slot, serial: u32) -> Option<WalkMark> {
+    pub(crate) fn unpark(&mut self, slot: Slot, serial: u32) -> Option<WalkMark> {
         let parked = self.parked.get(&slot)?;
         if parked.serial != serial || parked.until != Until::Drained {
             return None;
@@ -266,7 +266,7 @@ impl Targeted {
     /// The connections whose items waited for the loop to frame up to
     /// `framed` or less: their items are now for the next walk. Returns
     /// each one's slot, serial and mark then.
-    pub(super) fn framed(&mut self, framed: u64) -> Vec<(Slot, u32, WalkMark)> {
+    pub(crate) fn framed(&mut self, framed: u64) -> Vec<(Slot, u32, WalkMark)> {
         let due =
             |p: &Parked| matches!(p.until, Until::Framed { through, .. } if through <= framed);
         let slots: Vec<Slot> = self
@@ -291,7 +291,7 @@ impl Targeted {
     /// When the first connection parked until a position is framed stops
     /// waiting, if one is (perhaps one released since: the loop then
     /// finds none overdue).
-    pub(super) fn next_overdue(&self) -> Option<Instant> {
+    pub(crate) fn next_overdue(&self) -> Option<Instant> {
         self.waits.front().map(|&(by, ..)| by)
     }
 
@@ -301,7 +301,7 @@ impl Targeted {
     /// loop does not reach within the wait (one a host further on gave it,
     /// while this one's feed is cut off) tries again later, perhaps
     /// elsewhere, rather than be kept waiting for good.
-    pub(super) fn overdue(&mut self, now: Instant) -> Vec<(Slot, u32)> {
+    pub(crate) fn overdue(&mut self, now: Instant) -> Vec<(Slot, u32)> {
         let mut overdue = Vec::new();
         while let Some(&(by, slot, serial)) = self.waits.front().filter(|w| w.0 <= now) {
             self.waits.pop_front();
@@ -320,12 +320,12 @@ impl Targeted {
     }
 
     /// Forgets what was parked for the connection in `slot` (closed).
-    pub(super) fn forget(&mut self, slot: Slot) {
+    pub(crate) fn forget(&mut self, slot: Slot) {
         self.parked.remove(&slot);
     }
 
     /// Whether some connection's items are parked.
-    pub(super) fn has_parked(&self) -> bool {
+    pub(crate) fn has_parked(&self) -> bool {
         !self.parked.is_empty()
     }
 

@@ -10,15 +10,15 @@ use std::time::{Duration, Instant};
 /// The shortest time between two steps: closes due sooner wait for the
 /// next step (at most this late), so a fast pace costs at most one wake-up
 /// per step.
-pub(super) const STEP: Duration = Duration::from_millis(10);
+pub(crate) const STEP: Duration = Duration::from_millis(10);
 
 /// The longest reconnect delay a hint gives (the pace itself spreads the
 /// closes; the hint only smooths each step's).
-pub(super) const MAX_HINT: Duration = Duration::from_secs(1);
+pub(crate) const MAX_HINT: Duration = Duration::from_secs(1);
 
 /// How far a drain's closing has come.
 #[derive(Debug)]
-pub(super) struct Pace {
+pub(crate) struct Pace {
     /// When closing began.
     from: Instant,
     /// The drain time: the last close is due then.
@@ -36,7 +36,7 @@ pub(super) struct Pace {
 impl Pace {
     /// Closing `total` connections over `over`, from `now`; `seed` seeds
     /// the hints' delays (any value; 0 is taken as 1).
-    pub(super) fn new(now: Instant, over: Duration, total: usize, seed: u64) -> Pace {
+    pub(crate) fn new(now: Instant, over: Duration, total: usize, seed: u64) -> Pace {
         Pace {
             from: now,
             over,
@@ -49,7 +49,7 @@ impl Pace {
 
     /// How many closes are due by `now` and not made yet: the share of
     /// `total` that the time passed stands for, less those made.
-    pub(super) fn due(&self, now: Instant) -> usize {
+    pub(crate) fn due(&self, now: Instant) -> usize {
         let passed = now.saturating_duration_since(self.from);
         let share = if passed >= self.over {
             self.total
@@ -62,7 +62,7 @@ impl Pace {
 
     /// When the next close is due: the time its share stands for, but not
     /// before [`STEP`] after `now`; `None` once every close was made.
-    pub(super) fn next_at(&self, now: Instant) -> Option<Instant> {
+    pub(crate) fn next_at(&self, now: Instant) -> Option<Instant> {
         if self.closed >= self.total {
             return None;
         }
@@ -76,27 +76,27 @@ impl Pace {
     }
 
     /// The key to look for the next connection to close from.
-    pub(super) fn cursor(&self) -> usize {
+    pub(crate) fn cursor(&self) -> usize {
         self.cursor
     }
 
     /// The connection at `key` was closed by the pace; the next close
     /// looks after it.
-    pub(super) fn closed(&mut self, key: usize) {
+    pub(crate) fn closed(&mut self, key: usize) {
         self.closed += 1;
         self.cursor = key + 1;
     }
 
     /// Connections open when closing began, not closed by the pace yet
     /// (some may have gone by themselves meanwhile).
-    pub(super) fn left(&self) -> usize {
+    pub(crate) fn left(&self) -> usize {
         self.total.saturating_sub(self.closed)
     }
 
     /// A reconnect delay for a hint: uniform over the time to the next
     /// step, from zero to the drain time's share of one close or
     /// [`STEP`], whichever is longer, and at most [`MAX_HINT`].
-    pub(super) fn hint(&mut self) -> Duration {
+    pub(crate) fn hint(&mut self) -> Duration {
         let per_close = self.over / self.total.max(1) as u32;
         let spread = per_close.max(STEP).min(MAX_HINT);
         let mut x = self.random;

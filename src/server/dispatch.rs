@@ -15,18 +15,18 @@ use slab::Slab;
 
 use crate::ops::metrics::Metrics;
 use crate::protocol::http::{Endpoint, Method};
-use crate::server::accept::{self, Accepted, ACCEPTS_PER_WAKE};
-use crate::server::address::Directory;
+use crate::server::admit::connections::sync_interest;
+use crate::server::admit::{self, Accepted, ACCEPTS_PER_WAKE};
 use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
-use crate::server::connections::sync_interest;
-use crate::server::delivery::Delivery;
-use crate::server::drain::Pace;
+use crate::server::deliver::directory::Directory;
+use crate::server::deliver::Delivery;
 use crate::server::endpoints;
 use crate::server::handle::HAND_OVER;
 use crate::server::key::ConnKey;
+use crate::server::lifecycle::drain::Pace;
 use crate::server::lifecycle::Ending;
-use crate::server::sockets::{Door, Ready};
-use crate::server::targeted::WalkMark;
+use crate::server::net::sockets::{Door, Ready};
+use crate::server::owed::targeted::WalkMark;
 use crate::server::Server;
 
 /// The parts of a server a connection handler (or a delivery slice)
@@ -274,7 +274,7 @@ impl Server {
         for _ in 0..ACCEPTS_PER_WAKE {
             let metrics = &self.report.shared.metrics;
             let scratch = &mut self.buffers.scratch;
-            match accept::accept_one(
+            match admit::accept_one(
                 door,
                 &self.sockets,
                 &mut self.conns,
@@ -368,7 +368,7 @@ impl Server {
 
     /// Closes (1013) the connections that resumed from a position this
     /// loop has not framed in the handshake timeout since (see
-    /// [`Targeted::overdue`](crate::server::targeted::Targeted::overdue)).
+    /// [`Targeted::overdue`](crate::server::owed::targeted::Targeted::overdue)).
     pub(super) fn give_up_waits(&mut self, now: Instant) {
         if self
             .delivery
@@ -399,7 +399,7 @@ impl Server {
     }
 
     /// Runs the heartbeat slice that is due (at most
-    /// [`Config::fanout_budget`] keys; the rest in the next iterations):
+    /// [`Config::fanout_budget`](crate::Config::fanout_budget) keys; the rest in the next iterations):
     /// pings, and closes connections silent for the idle timeout. While a
     /// broadcast is on its way to every connection in any instance of the
     /// host (and a little after), or connections arrive in a storm, the
@@ -434,7 +434,7 @@ impl Server {
         }
     }
 
-    /// Carries every delivery one slice further (see `delivery`), then
+    /// Carries every delivery one slice further (see `deliver`), then
     /// acts on the verdicts.
     pub(super) fn deliver_slice(&mut self, now: Instant) {
         let key_bound = self.conns.key_bound();

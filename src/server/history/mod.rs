@@ -17,6 +17,8 @@
 //! longer reaches, a replay the history outruns, and a message the
 //! history refused for being larger than its byte bound alone.
 
+pub(crate) mod ring;
+
 use std::cell::Cell;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -27,8 +29,8 @@ use crate::protocol::commands::{self, Recipients};
 use crate::protocol::position::{Epoch, Position, Status};
 use crate::protocol::ws::OpCode;
 use crate::server::frames::SharedFrames;
-pub use crate::server::ring::Bounds;
-use crate::server::ring::{Appended, Content, Kind, Ring};
+pub use crate::server::history::ring::Bounds;
+use crate::server::history::ring::{Appended, Content, Kind, Ring};
 
 /// What a resuming connection was addressed as at its upgrade: the
 /// messages of the history it is given.

@@ -6,7 +6,7 @@ use std::sync::mpsc::{self, Sender};
 use std::time::{Duration, Instant};
 
 use crate::ops::metrics::Metrics;
-use crate::server::feed::{Command, Feed, Taken};
+use crate::server::handle::feed::{Command, Feed, Taken};
 use crate::server::handle::Shared;
 use crate::server::history::History;
 
@@ -16,7 +16,7 @@ const MAX_BATCH_BYTES: usize = 64 * 1024;
 
 /// The commands queued for the loop, from handles or its own broadcasts.
 #[derive(Debug)]
-pub(super) struct Intake {
+pub(crate) struct Intake {
     /// Broadcasts queued for the loop.
     feed: Feed,
     /// The channel's sending end, cloned into every handle.
@@ -29,7 +29,7 @@ pub(super) struct Intake {
 
 impl Intake {
     /// A new channel with nothing on it.
-    pub(super) fn new() -> Intake {
+    pub(crate) fn new() -> Intake {
         let (sender, commands) = mpsc::channel();
         Intake {
             feed: Feed::new(commands),
@@ -40,38 +40,38 @@ impl Intake {
     }
 
     /// Where a handle sends its commands.
-    pub(super) fn sender(&self) -> Sender<Command> {
+    pub(crate) fn sender(&self) -> Sender<Command> {
         self.sender.clone()
     }
 
     /// How many commands the loop has taken.
-    pub(super) fn taken(&self) -> u64 {
+    pub(crate) fn taken(&self) -> u64 {
         self.taken
     }
 
     /// A handle's waker fired: commands may be on the channel.
-    pub(super) fn woken(&mut self) {
+    pub(crate) fn woken(&mut self) {
         self.pending = true;
     }
 
     /// The waker fired and its commands are not taken in yet.
-    pub(super) fn is_woken(&self) -> bool {
+    pub(crate) fn is_woken(&self) -> bool {
         self.pending
     }
 
     /// Commands wait in the queue.
-    pub(super) fn is_waiting(&self) -> bool {
+    pub(crate) fn is_waiting(&self) -> bool {
         !self.feed.is_empty()
     }
 
     /// How long the oldest waiting command has waited.
-    pub(super) fn oldest_age(&self, now: Instant) -> Duration {
+    pub(crate) fn oldest_age(&self, now: Instant) -> Duration {
         self.feed.oldest_age(now)
     }
 
     /// After the waker fired: moves what arrived on the channel into the
     /// queue, and lets the handles wake the loop again.
-    pub(super) fn take_arrivals(&mut self, shared: &Shared) {
+    pub(crate) fn take_arrivals(&mut self, shared: &Shared) {
         if self.pending {
             shared.wake_pending.store(false, Ordering::Release);
             self.pending = false;
@@ -80,13 +80,13 @@ impl Intake {
     }
 
     /// Queues a broadcast of the loop's own.
-    pub(super) fn push(&mut self, command: Command) {
+    pub(crate) fn push(&mut self, command: Command) {
         self.feed.push(command);
     }
 
     /// Whether a handle asked for a shutdown, and if so whether every
     /// command queued before it was taken.
-    pub(super) fn shutdown_asked(&self, shared: &Shared) -> Option<bool> {
+    pub(crate) fn shutdown_asked(&self, shared: &Shared) -> Option<bool> {
         let shutdown_after = shared.shutdown_after.load(Ordering::Acquire);
         (shutdown_after != u64::MAX).then_some(self.taken >= shutdown_after)
     }
@@ -94,7 +94,7 @@ impl Intake {
     /// The next command from the front of the queue (see [`Feed::next`]),
     /// as long as it was queued before `shutdown_after` commands: its room
     /// is given back at the gate and it is counted as taken.
-    pub(super) fn next(
+    pub(crate) fn next(
         &mut self,
         shutdown_after: u64,
         shared: &Shared,
@@ -120,7 +120,7 @@ impl Intake {
     }
 
     /// Empties the queue without sending: counts and logs what it held.
-    pub(super) fn abandon(&mut self, shared: &Shared) {
+    pub(crate) fn abandon(&mut self, shared: &Shared) {
         let (abandoned, cost) = self.feed.discard_all();
         shared.gate.release(cost);
         if abandoned > 0 {

@@ -9,10 +9,10 @@ use slab::Slab;
 
 use crate::config::Config;
 use crate::protocol::http::Endpoints;
+use crate::server::admit::per_ip::{OverLimit, PerIpLimit};
 use crate::server::conn::Conn;
+use crate::server::handle::upstream::Outbox;
 use crate::server::key::{ConnKey, Serials};
-use crate::server::per_ip::{OverLimit, PerIpLimit};
-use crate::server::upstream::Outbox;
 
 /// Slab slots reserved up front (address space only: untouched pages cost
 /// no memory), so growing to many connections never copies the slab.
@@ -20,9 +20,9 @@ const SLAB_RESERVE: usize = 1 << 20;
 
 /// Every connection the loop holds, by key, and the reading that waits.
 #[derive(Debug)]
-pub(super) struct Connections {
+pub(crate) struct Connections {
     /// The connections, the key being the slot.
-    pub(super) slab: Slab<Conn>,
+    pub(crate) slab: Slab<Conn>,
     /// One more than the highest key ever used: the heartbeat sweeps
     /// and the pass visit `0..key_bound`.
     key_bound: usize,
@@ -33,14 +33,14 @@ pub(super) struct Connections {
     /// Connections that used their read budget with input left.
     read_again: Vec<ConnKey>,
     /// Client messages on their way to the upstream reader, if they go there.
-    pub(super) upstream: Option<Outbox>,
+    pub(crate) upstream: Option<Outbox>,
     /// Connections whose reading waits for the upstream reader.
     upstream_waiting: Vec<ConnKey>,
 }
 
 impl Connections {
     /// None yet, with room reserved for `config.max_connections`.
-    pub(super) fn new(config: &Config, upstream: Option<Outbox>) -> Connections {
+    pub(crate) fn new(config: &Config, upstream: Option<Outbox>) -> Connections {
         Connections {
             slab: Slab::with_capacity(config.max_connections.min(SLAB_RESERVE)),
             key_bound: 0,
@@ -53,23 +53,23 @@ impl Connections {
     }
 
     /// How many connections there are.
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.slab.len()
     }
 
     /// There are none.
-    pub(super) fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.slab.is_empty()
     }
 
     /// One more than the highest key ever used.
-    pub(super) fn key_bound(&self) -> usize {
+    pub(crate) fn key_bound(&self) -> usize {
         self.key_bound
     }
 
     /// Counts a connection from `ip` under `key`, unless its address holds
     /// its maximum already.
-    pub(super) fn admit_peer(&mut self, key: ConnKey, ip: IpAddr) -> Result<(), OverLimit> {
+    pub(crate) fn admit_peer(&mut self, key: ConnKey, ip: IpAddr) -> Result<(), OverLimit> {
         match &mut self.per_ip {
             Some(per_ip) => per_ip.admit(key, ip),
             None => Ok(()),
@@ -77,14 +77,14 @@ impl Connections {
     }
 
     /// Uncounts the connection under `key` from its address.
-    pub(super) fn release_peer(&mut self, key: ConnKey) {
+    pub(crate) fn release_peer(&mut self, key: ConnKey) {
         if let Some(per_ip) = &mut self.per_ip {
             per_ip.release(key);
         }
     }
 
     /// Takes an accepted socket in, with a serial of its own; returns its key.
-    pub(super) fn insert(&mut self, stream: TcpStream, endpoints: Endpoints) -> ConnKey {
+    pub(crate) fn insert(&mut self, stream: TcpStream, endpoints: Endpoints) -> ConnKey {
         let serial = self.serials.assign();
         let key = self.slab.insert(Conn::accepted(stream, endpoints, serial));
         self.key_bound = self.key_bound.max(key + 1);
@@ -92,36 +92,36 @@ impl Connections {
     }
 
     /// Takes the connection under `key` out, uncounted from its address.
-    pub(super) fn remove(&mut self, key: ConnKey) -> Option<Conn> {
+    pub(crate) fn remove(&mut self, key: ConnKey) -> Option<Conn> {
         let conn = self.slab.try_remove(key.0)?;
         self.release_peer(key);
         Some(conn)
     }
 
     /// Some connection is to be read again.
-    pub(super) fn reads_pending(&self) -> bool {
+    pub(crate) fn reads_pending(&self) -> bool {
         !self.read_again.is_empty()
     }
 
     /// Reads `key` again after the others, before the next poll.
-    pub(super) fn read_again(&mut self, key: ConnKey) {
+    pub(crate) fn read_again(&mut self, key: ConnKey) {
         self.read_again.push(key);
     }
 
     /// Reads `key` again once the upstream reader caught up.
-    pub(super) fn await_upstream(&mut self, key: ConnKey) {
+    pub(crate) fn await_upstream(&mut self, key: ConnKey) {
         self.upstream_waiting.push(key);
     }
 
     /// The connections to read again, taken out (give the list back with
     /// [`Connections::reads_done`], to keep its capacity).
-    pub(super) fn take_reads(&mut self) -> Vec<ConnKey> {
+    pub(crate) fn take_reads(&mut self) -> Vec<ConnKey> {
         std::mem::take(&mut self.read_again)
     }
 
     /// Takes back the emptied list [`Connections::take_reads`] gave, unless
     /// more were added meanwhile.
-    pub(super) fn reads_done(&mut self, keys: Vec<ConnKey>) {
+    pub(crate) fn reads_done(&mut self, keys: Vec<ConnKey>) {
         if self.read_again.is_empty() {
             self.read_again = keys;
         }
@@ -129,7 +129,7 @@ impl Connections {
 
     /// Hands the iteration's upstream lines to the reader; once it has
     /// caught up, the connections that waited for it are read again.
-    pub(super) fn hand_over_upstream(&mut self) {
+    pub(crate) fn hand_over_upstream(&mut self) {
         if let Some(upstream) = &mut self.upstream {
             if upstream.hand_over() {
                 // A connection may have waited from several events.
@@ -143,7 +143,7 @@ impl Connections {
 
 /// Registers or drops writable interest when the connection's output
 /// queue changed between empty and not; `false` if the registry failed.
-pub(super) fn sync_interest(registry: &Registry, key: ConnKey, conn: &mut Conn) -> bool {
+pub(crate) fn sync_interest(registry: &Registry, key: ConnKey, conn: &mut Conn) -> bool {
     let Some(want_writable) = conn.interest_change() else {
         return true;
     };
