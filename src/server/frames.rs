@@ -47,7 +47,7 @@ struct Frames {
 
 /// A message to frame.
 #[derive(Debug, Clone, Copy)]
-pub struct Message<'a> {
+pub struct ToFrame<'a> {
     /// Text or binary.
     pub opcode: OpCode,
     /// The payload.
@@ -91,7 +91,7 @@ impl SharedFrames {
         I: IntoIterator<Item = (OpCode, &'a [u8])>,
         I::IntoIter: Clone,
     {
-        SharedFrames::encode_batch(frames.into_iter().map(|(opcode, payload)| Message {
+        SharedFrames::encode_batch(frames.into_iter().map(|(opcode, payload)| ToFrame {
             opcode,
             payload,
             deflated: None,
@@ -105,7 +105,7 @@ impl SharedFrames {
     /// positioned frames (with their compressed ones).
     pub fn encode_batch<'a, I>(messages: I) -> SharedFrames
     where
-        I: IntoIterator<Item = Message<'a>>,
+        I: IntoIterator<Item = ToFrame<'a>>,
         I::IntoIter: Clone,
     {
         let messages = messages.into_iter();
@@ -124,7 +124,7 @@ impl SharedFrames {
         with: Option<SharedFrames>,
     ) -> SharedFrames
     where
-        I: Iterator<Item = Message<'a>> + Clone,
+        I: Iterator<Item = ToFrame<'a>> + Clone,
     {
         let deflated = messages
             .clone()
@@ -146,7 +146,7 @@ impl SharedFrames {
         with: Option<SharedFrames>,
     ) -> SharedFrames
     where
-        I: Iterator<Item = Message<'a>> + Clone,
+        I: Iterator<Item = ToFrame<'a>> + Clone,
     {
         let pieces = messages.map(|m| {
             let (payload, compressed) = match m.deflated {
@@ -394,13 +394,13 @@ mod tests {
         let epoch = position::Epoch(0xab);
         let at = |seq| Some(Position { epoch, seq });
         let batch = SharedFrames::encode_batch([
-            Message {
+            ToFrame {
                 opcode: OpCode::Text,
                 payload: b"two\nlines",
                 deflated: None,
                 position: at(7),
             },
-            Message {
+            ToFrame {
                 opcode: OpCode::Binary,
                 payload: &[0xff],
                 deflated: None,
@@ -476,13 +476,13 @@ mod tests {
             seq: 77,
         };
         let batch = SharedFrames::encode_batch([
-            Message {
+            ToFrame {
                 opcode: OpCode::Text,
                 payload: message.as_bytes(),
                 deflated: Some(&deflated),
                 position: Some(position),
             },
-            Message {
+            ToFrame {
                 opcode: OpCode::Binary,
                 payload: b"\x00\xff",
                 deflated: None,

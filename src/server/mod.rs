@@ -82,7 +82,7 @@ use report::Report;
 use time::Clock;
 
 use crate::server::conn::CloseReason;
-use crate::server::handle::feed::{Action, Command, Gate, Taken};
+use crate::server::handle::feed::{Action, Gate, Queued, Taken};
 use crate::server::handle::upstream::{Outbox, Shelf};
 
 /// An open WebSocket connection, as seen from the embedding program.
@@ -384,7 +384,7 @@ impl Server {
         let action = shared.send_action(Recipients::All, kind, payload.to_vec());
         shared.gate.force_acquire(action.cost());
         let now = Instant::now();
-        self.intake.push(Command {
+        self.intake.push(Queued {
             action,
             queued_at: now,
             seq: None,

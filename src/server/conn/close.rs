@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::transport::{Message, Outgoing};
+use super::transport::{Outgoing, OwnMessage};
 use super::{CloseReason, Conn, Ctx, Phase, Verdict};
 use crate::ops::metrics::Metrics;
 use crate::protocol::ws::{CloseCode, OpCode, ProtocolError};
@@ -78,7 +78,7 @@ impl Conn {
             let sent = if tell {
                 let status = sse::closed_status(code.0, why);
                 self.send(
-                    Outgoing::Frame(Message::plain(OpCode::Text, status.as_bytes())),
+                    Outgoing::Frame(OwnMessage::plain(OpCode::Text, status.as_bytes())),
                     ctx,
                 )
             } else {
@@ -109,7 +109,7 @@ impl Conn {
             // is given the hint's: the stream's end is its close.
             let retry = sse::retry_field(delay.as_millis().min(u128::from(u32::MAX)) as u32);
             let hint = position::reconnect_hint(delay);
-            let status = Outgoing::Frame(Message::plain(OpCode::Text, hint.as_bytes()));
+            let status = Outgoing::Frame(OwnMessage::plain(OpCode::Text, hint.as_bytes()));
             let sent = self
                 .send(Outgoing::Response(retry.as_bytes(), b""), ctx)
                 .and_then(|_| self.send(status, ctx));
@@ -118,7 +118,7 @@ impl Conn {
             }
         } else if self.positions {
             let hint = position::reconnect_hint(delay);
-            let hint = Outgoing::Frame(Message::plain(OpCode::Text, hint.as_bytes()));
+            let hint = Outgoing::Frame(OwnMessage::plain(OpCode::Text, hint.as_bytes()));
             if let Verdict::Close(reason) = Verdict::after(self.send(hint, ctx)) {
                 return Verdict::Close(reason);
             }
@@ -162,7 +162,7 @@ impl Conn {
         let why = &why.as_bytes()[..why.len().min(123)];
         payload[2..2 + why.len()].copy_from_slice(why);
         let payload = &payload[..2 + why.len()];
-        let close = Outgoing::Frame(Message::plain(OpCode::Close, payload));
+        let close = Outgoing::Frame(OwnMessage::plain(OpCode::Close, payload));
         Verdict::after(self.send(close, ctx))
     }
 

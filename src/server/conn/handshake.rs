@@ -2,7 +2,7 @@
 //! answered with 101 or an HTTP error, or handed to the loop to answer
 //! (`/healthz`, `/metrics`, the demo page: see [`Verdict::Serve`]).
 
-use super::transport::{DeflateUse, Message, Outgoing, Transport, MAX_OWN_HEAD};
+use super::transport::{DeflateUse, Outgoing, OwnMessage, Transport, MAX_OWN_HEAD};
 use super::{CloseReason, Conn, Ctx, Phase, Verdict};
 use crate::ops::metrics::Metrics;
 use crate::protocol::http::{
@@ -226,7 +226,7 @@ impl Conn {
         }
         let message = status.message();
         let mut head = [0u8; MAX_OWN_HEAD];
-        let message = Message::plain(OpCode::Text, message.as_bytes());
+        let message = OwnMessage::plain(OpCode::Text, message.as_bytes());
         let (len, payload, tail) = self.transport.wrap(message, &mut head);
         [&head[..len], payload, tail].concat()
     }

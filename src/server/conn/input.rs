@@ -4,7 +4,7 @@
 //! upstream, echoed, or (a ping) answered with a pong among the read's
 //! gathered replies.
 
-use super::transport::{Message, Outgoing};
+use super::transport::{Outgoing, OwnMessage};
 use super::{CloseReason, Conn, Ctx, Phase, Verdict};
 use crate::config::Config;
 use crate::ops::metrics::Metrics;
@@ -203,7 +203,7 @@ impl Conn {
                 // Echo the status code (§5.5.1); no code in, no code out.
                 let code = frame.map(|f| f.code.0.to_be_bytes());
                 let payload = code.as_ref().map_or(&[][..], |c| &c[..]);
-                let close = Outgoing::Frame(Message::plain(OpCode::Close, payload));
+                let close = Outgoing::Frame(OwnMessage::plain(OpCode::Close, payload));
                 Verdict::after(self.send(close, ctx))
             }
         }

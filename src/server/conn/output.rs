@@ -8,7 +8,7 @@
 
 use std::net::Shutdown;
 
-use super::transport::{Message, Outgoing, MAX_OWN_HEAD};
+use super::transport::{Outgoing, OwnMessage, MAX_OWN_HEAD};
 use super::{CloseReason, Conn, Ctx, Phase, Verdict};
 use crate::ops::metrics::Tally;
 use crate::protocol::http::{self, MAX_RESPONSE_LEN};
@@ -77,12 +77,12 @@ impl Conn {
     /// transport says so.
     pub(super) fn reply(&mut self, opcode: OpCode, payload: &[u8], ctx: &mut Ctx<'_>) -> Verdict {
         if !self.transport.compresses(opcode, payload.len(), ctx.config) {
-            let reply = Outgoing::Reply(Message::plain(opcode, payload));
+            let reply = Outgoing::Reply(OwnMessage::plain(opcode, payload));
             return Verdict::after(self.send(reply, ctx));
         }
         let mut compressed = std::mem::take(&mut ctx.deflate.compressed);
         deflate_into(payload, Level::Single, &mut compressed);
-        let message = Message {
+        let message = OwnMessage {
             opcode,
             payload: &compressed,
             compressed: true,

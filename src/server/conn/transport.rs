@@ -103,7 +103,7 @@ impl Transport {
     /// and nothing for the rest (a close is the end of the stream).
     pub(super) fn wrap<'m>(
         self,
-        message: Message<'m>,
+        message: OwnMessage<'m>,
         head: &mut [u8; MAX_OWN_HEAD],
     ) -> (usize, &'m [u8], &'static [u8]) {
         let len = message.payload.len() as u64;
@@ -131,7 +131,7 @@ impl Transport {
 
 /// A message of the connection's own, as it goes out.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Message<'a> {
+pub(super) struct OwnMessage<'a> {
     /// What it is.
     pub(super) opcode: OpCode,
     /// Its payload (compressed if `compressed`).
@@ -140,10 +140,10 @@ pub(super) struct Message<'a> {
     pub(super) compressed: bool,
 }
 
-impl<'a> Message<'a> {
+impl<'a> OwnMessage<'a> {
     /// A message of `opcode` with `payload`, not compressed.
-    pub(super) fn plain(opcode: OpCode, payload: &'a [u8]) -> Message<'a> {
-        Message {
+    pub(super) fn plain(opcode: OpCode, payload: &'a [u8]) -> OwnMessage<'a> {
+        OwnMessage {
             opcode,
             payload,
             compressed: false,
@@ -157,9 +157,9 @@ pub(super) enum Outgoing<'a> {
     /// A message answering what the current read brought (a pong, an
     /// echo): gathered with the others in [`Ctx::replies`](super::Ctx::replies), written once
     /// the read is processed.
-    Reply(Message<'a>),
+    Reply(OwnMessage<'a>),
     /// A message of its own that goes out now (a close).
-    Frame(Message<'a>),
+    Frame(OwnMessage<'a>),
     /// An HTTP response: head and body.
     Response(&'a [u8], &'a [u8]),
     /// Broadcast batches or the ping, shared with other connections:

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crate::protocol::commands::{self, Recipients};
 use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::ws::{CloseCode, MessageKind};
-use crate::server::frames::{encoded_len, Message, SharedFrames};
+use crate::server::frames::{encoded_len, SharedFrames, ToFrame};
 use crate::server::history::History;
 
 /// Bytes a queued broadcast is charged besides its payload: its slot in
@@ -97,9 +97,10 @@ impl Action {
     }
 }
 
-/// A command a handle queued for the loop.
+/// A command a handle queued for the loop (the feed's, not the command
+/// language's [`Command`](crate::Command)).
 #[derive(Debug)]
-pub struct Command {
+pub struct Queued {
     /// What to do.
     pub action: Action,
     /// When it was queued (for the age of the oldest pending command).
@@ -109,7 +110,7 @@ pub struct Command {
     pub seq: Option<u64>,
 }
 
-impl Command {
+impl Queued {
     /// What it is charged against the byte bound.
     pub fn cost(&self) -> usize {
         self.action.cost()
@@ -255,13 +256,13 @@ pub enum Taken {
 /// The loop's side: broadcasts taken from the channel, oldest first.
 #[derive(Debug)]
 pub struct Feed {
-    receiver: Receiver<Command>,
-    queue: VecDeque<Command>,
+    receiver: Receiver<Queued>,
+    queue: VecDeque<Queued>,
 }
 
 impl Feed {
     /// The loop's end of the channel the handles send on.
-    pub fn new(receiver: Receiver<Command>) -> Feed {
+    pub fn new(receiver: Receiver<Queued>) -> Feed {
         Feed {
             receiver,
             queue: VecDeque::new(),
@@ -274,7 +275,7 @@ impl Feed {
     }
 
     /// Queues a broadcast of the loop's own.
-    pub fn push(&mut self, command: Command) {
+    pub fn push(&mut self, command: Queued) {
         self.queue.push_back(command);
     }
 
@@ -342,7 +343,7 @@ impl Feed {
                     payload,
                     deflated,
                     ..
-                } => Message {
+                } => ToFrame {
                     opcode: kind.opcode(),
                     payload,
                     deflated: deflated.as_deref(),
@@ -377,8 +378,8 @@ mod tests {
     use std::sync::mpsc;
     use std::sync::Arc;
 
-    fn send(to: Recipients, payload: &str) -> Command {
-        Command {
+    fn send(to: Recipients, payload: &str) -> Queued {
+        Queued {
             action: Action::Send {
                 to,
                 kind: MessageKind::Text,
@@ -400,7 +401,7 @@ mod tests {
         History::new(crate::protocol::position::Epoch(1), 1, bounds).unwrap()
     }
 
-    fn text(payload: &str) -> Command {
+    fn text(payload: &str) -> Queued {
         send(Recipients::All, payload)
     }
 
@@ -467,7 +468,7 @@ mod tests {
             send(news(), "b"),
             text("c"),
             send(news(), "d"),
-            Command {
+            Queued {
                 action: close.clone(),
                 queued_at: Instant::now(),
                 seq: None,

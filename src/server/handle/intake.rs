@@ -6,7 +6,7 @@ use std::sync::mpsc::{self, Sender};
 use std::time::{Duration, Instant};
 
 use crate::ops::metrics::Metrics;
-use crate::server::handle::feed::{Command, Feed, Taken};
+use crate::server::handle::feed::{Feed, Queued, Taken};
 use crate::server::handle::Shared;
 use crate::server::history::History;
 
@@ -20,7 +20,7 @@ pub(crate) struct Intake {
     /// Broadcasts queued for the loop.
     feed: Feed,
     /// The channel's sending end, cloned into every handle.
-    sender: Sender<Command>,
+    sender: Sender<Queued>,
     /// Broadcasts may have arrived on the channel (the waker fired).
     pending: bool,
     /// Broadcasts framed into batches so far.
@@ -40,7 +40,7 @@ impl Intake {
     }
 
     /// Where a handle sends its commands.
-    pub(crate) fn sender(&self) -> Sender<Command> {
+    pub(crate) fn sender(&self) -> Sender<Queued> {
         self.sender.clone()
     }
 
@@ -80,7 +80,7 @@ impl Intake {
     }
 
     /// Queues a broadcast of the loop's own.
-    pub(crate) fn push(&mut self, command: Command) {
+    pub(crate) fn push(&mut self, command: Queued) {
         self.feed.push(command);
     }
 

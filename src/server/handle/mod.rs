@@ -17,7 +17,7 @@ use crate::ops::metrics::{LoopHistogram, Metrics, MetricsSnapshot};
 use crate::protocol::commands::{self, Recipients, MAX_REASON_LEN};
 use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::ws::{compress, CloseCode, MessageKind};
-use crate::server::handle::feed::{Action, Command, Gate};
+use crate::server::handle::feed::{Action, Gate, Queued};
 use crate::server::handle::upstream::Shelf;
 
 /// [`Shared::drain_asked`]: a drain, announced, after the grace.
@@ -192,7 +192,7 @@ impl From<ServerGone> for BroadcastError {
 /// metrics. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Handle {
-    pub(super) commands: Sender<Command>,
+    pub(super) commands: Sender<Queued>,
     pub(super) shared: Arc<Shared>,
 }
 
@@ -448,7 +448,7 @@ impl Handle {
             queued.fetch_sub(1, Ordering::AcqRel);
             return Err(ServerGone);
         }
-        let command = Command {
+        let command = Queued {
             action,
             queued_at: Instant::now(),
             seq,

@@ -514,7 +514,7 @@ impl SharedHistory {
             .compression
             .worth(payload.len())
             .then(|| crate::protocol::ws::compress::deflate_message(payload));
-        let frames = SharedFrames::encode_batch([crate::server::frames::Message {
+        let frames = SharedFrames::encode_batch([crate::server::frames::ToFrame {
             opcode: kind.opcode(),
             payload,
             deflated: deflated.as_deref(),
@@ -565,7 +565,7 @@ pub fn seq_of((payload, compressed): (&[u8], bool)) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::frames::Message;
+    use crate::server::frames::ToFrame;
     use std::time::Duration;
 
     #[test]
@@ -613,7 +613,7 @@ mod tests {
     fn keep(history: &mut History, texts: &[&str], to: Recipients, at: Instant) {
         let positions: Vec<Position> = texts.iter().map(|_| history.assign(None)).collect();
         let frames =
-            SharedFrames::encode_batch(texts.iter().zip(&positions).map(|(t, p)| Message {
+            SharedFrames::encode_batch(texts.iter().zip(&positions).map(|(t, p)| ToFrame {
                 opcode: OpCode::Text,
                 payload: t.as_bytes(),
                 deflated: None,
@@ -1025,7 +1025,7 @@ mod tests {
         let text = "bid 1.0842 ask 1.0843 ".repeat(40);
         let deflated = compress::deflate_message(text.as_bytes());
         let position = history.assign(None);
-        let frames = SharedFrames::encode_batch([Message {
+        let frames = SharedFrames::encode_batch([ToFrame {
             opcode: OpCode::Text,
             payload: text.as_bytes(),
             deflated: Some(&deflated),
