@@ -10,7 +10,6 @@ use crate::ops::sys;
 use crate::server::conn::{Assemblies, DeflateScratch};
 use crate::server::frames::SharedFrames;
 use crate::server::net::pool::BufferPool;
-use crate::server::owed::Unfinished;
 
 /// Size of the loop's one read buffer; every connection reads into it.
 const SCRATCH_BYTES: usize = 64 * 1024;
@@ -37,8 +36,6 @@ pub(super) struct Buffers {
     pub(super) gathered: Vec<SharedFrames>,
     /// See [`Ctx::messages`](crate::server::conn::Ctx::messages).
     pub(super) messages: Assemblies,
-    /// See [`Ctx::unfinished`](crate::server::conn::Ctx::unfinished).
-    pub(super) unfinished: Option<Unfinished>,
     /// Where bytes not consumed yet wait.
     pub(super) pool: BufferPool,
     /// When the pool next gives back buffers that sat unused (only while
@@ -57,7 +54,6 @@ impl Buffers {
             deflate: DeflateScratch::default(),
             gathered: Vec::new(),
             messages: Assemblies::new(),
-            unfinished: None,
             pool: BufferPool::new(config.max_head_bytes, POOL_PREALLOCATED, POOL_MAX_IDLE),
             next_trim: None,
             released_at_last_return: 0,

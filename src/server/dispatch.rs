@@ -74,8 +74,6 @@ impl Server {
                 now,
                 next_batch: delivery.stream.next_seq(),
                 history: &records.history,
-                replays: &mut records.replays,
-                unfinished: &mut buffers.unfinished,
             },
             delivery,
         }
@@ -100,17 +98,23 @@ impl Server {
     /// Acts on a handler's verdict: close, schedule another read, and keep
     /// the writable interest in step with the output queue.
     fn settle(&mut self, key: ConnKey, verdict: Verdict) {
-        if !self.records.replays.is_empty() {
-            let mut dir = Directory::new(
-                &mut self.delivery,
-                &mut self.conns.slab,
-                &mut self.records.routes,
-                self.config.instance,
-                &self.report.shared.metrics,
-            );
-            dir.address_replays(&mut self.records.replays);
-        }
         match verdict {
+            Verdict::Replay(replay) => {
+                let mut dir = Directory::new(
+                    &mut self.delivery,
+                    &mut self.conns.slab,
+                    &mut self.records.routes,
+                    self.config.instance,
+                    &self.report.shared.metrics,
+                );
+                dir.address_replay(key, *replay);
+                self.conns.read_again(key);
+            }
+            Verdict::Unfinished(_) => {
+                // Only a walk's visit leaves items, and the walk takes them
+                // back (see `deliver`): none reaches here.
+                debug_assert!(false, "bug: unfinished items outside a walk");
+            }
             Verdict::Close(reason) => return self.close(key, reason),
             Verdict::Serve(endpoint, method) => {
                 let answered = self.serve(key, endpoint, method);

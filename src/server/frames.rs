@@ -26,6 +26,16 @@ use crate::protocol::ws::{FrameHeader, OpCode};
 #[derive(Debug, Clone)]
 pub struct SharedFrames(Arc<Frames>);
 
+/// Frames are encoded once and shared: two are the same when they are
+/// one buffer.
+impl PartialEq for SharedFrames {
+    fn eq(&self, other: &SharedFrames) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for SharedFrames {}
+
 #[derive(Debug)]
 struct Frames {
     /// How many frames `bytes` holds (1 for bytes of a connection's own).

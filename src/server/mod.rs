@@ -166,7 +166,7 @@ pub struct Server {
     conns: Connections,
     /// What the handlers borrow: the read buffer, replies, the pool, ...
     buffers: Buffers,
-    /// The routes, the history and the replays asked of it.
+    /// The routes and the history.
     records: Records,
     /// The stream and its pass, the targeted items and their walk.
     delivery: Delivery,

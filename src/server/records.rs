@@ -1,6 +1,6 @@
 //! What the loop knows of its connections and of what it sent: the
-//! routes (client ids, channel subscriptions), the history of positioned
-//! messages, and the replays of it that connections asked for.
+//! routes (client ids, channel subscriptions) and the history of
+//! positioned messages.
 
 use std::io;
 use std::time::Instant;
@@ -8,11 +8,10 @@ use std::time::Instant;
 use crate::config::Config;
 use crate::ops::metrics::Metrics;
 use crate::ops::sys;
-use crate::server::history::{fresh_epoch, Bounds, History, Replay};
-use crate::server::key::ConnKey;
+use crate::server::history::{fresh_epoch, Bounds, History};
 use crate::server::routes::Routes;
 
-/// The routes, the history and the replays asked of it.
+/// The routes and the history.
 #[derive(Debug)]
 pub(super) struct Records {
     /// Client ids and channel subscriptions.
@@ -20,8 +19,6 @@ pub(super) struct Records {
     /// The positions given out and the history kept (see
     /// [`Ctx::history`](crate::server::conn::Ctx::history)).
     pub(super) history: History,
-    /// See [`Ctx::replays`](crate::server::conn::Ctx::replays).
-    pub(super) replays: Vec<(ConnKey, Replay)>,
 }
 
 impl Records {
@@ -46,7 +43,6 @@ impl Records {
         Ok(Records {
             routes: Routes::new(config.max_channels),
             history,
-            replays: Vec::new(),
         })
     }
 

@@ -60,6 +60,7 @@ impl Conn {
         };
         let mut cursor = self.out.next_batch();
         let mut close = None;
+        let mut unfinished = None;
         for (at, item) in owed.items.iter().map(|a| &a.item).enumerate() {
             gather(
                 &mut gathered,
@@ -101,14 +102,14 @@ impl Conn {
                             after: *after,
                             replay,
                         };
-                        *ctx.unfinished = Some(Unfinished { at, item });
+                        unfinished = Some(Unfinished { at, item });
                         break;
                     }
                     skip = Some(replay.through);
                 }
             }
         }
-        if close.is_none() && ctx.unfinished.is_none() {
+        if close.is_none() && unfinished.is_none() {
             gather(&mut gathered, owed.stream.between(cursor, owed.up_to), skip);
             cursor = owed.up_to;
         }
@@ -119,11 +120,12 @@ impl Conn {
             gathered.clear();
         }
         *ctx.gathered = gathered;
-        match close {
-            Some((code, reason)) if verdict == Verdict::Keep => {
+        match (verdict, close, unfinished) {
+            (Verdict::Keep, Some((code, reason)), _) => {
                 self.begin_close(key, reason, CloseReason::Publisher(code), ctx)
             }
-            _ => verdict,
+            (Verdict::Keep, _, Some(left)) => Verdict::Unfinished(Box::new(left)),
+            (verdict, ..) => verdict,
         }
     }
 

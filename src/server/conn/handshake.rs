@@ -90,9 +90,12 @@ impl Conn {
                 Metrics::decr(&ctx.metrics.connections_http);
                 Metrics::incr(&ctx.metrics.connections_open);
                 log::debug!("upgraded {}", self.target());
-                let status = self.resume(key, resume, ctx);
+                let (status, replay) = self.resume(resume, ctx);
                 let sent = self.send(Outgoing::Response(head, &status), ctx);
-                (head_len, Verdict::after(sent))
+                match (Verdict::after(sent), replay) {
+                    (Verdict::Keep, Some(replay)) => (head_len, Verdict::Replay(Box::new(replay))),
+                    (verdict, _) => (head_len, verdict),
+                }
             }
             Ok(HeadStatus::Endpoint(endpoint, method, head_len)) => {
                 self.linger(key, CloseReason::Http, ctx);
@@ -186,16 +189,15 @@ impl Conn {
 
     /// A connection that asked for positions gets them from now on, and
     /// its status message (the frame returned, empty for one that did
-    /// not ask); one resuming is given a replay, addressed to it by the
-    /// loop before anything live.
+    /// not ask); one resuming is given a replay (returned too), for the
+    /// loop to address to it before anything live.
     fn resume(
         &mut self,
-        key: ConnKey,
         asked: Option<(Option<String>, Filter)>,
         ctx: &mut Ctx<'_>,
-    ) -> Vec<u8> {
+    ) -> (Vec<u8>, Option<Replay>) {
         let Some((since, filter)) = asked else {
-            return Vec::new();
+            return (Vec::new(), None);
         };
         self.positions = true;
         let history = ctx.history;
@@ -215,20 +217,16 @@ impl Conn {
             Status::Gap { .. } => &metrics.resumes_gap,
             Status::Unknown { .. } => &metrics.resumes_unknown,
         });
-        if let Some((from, through)) = replay {
-            let filter = Arc::new(filter);
-            let replay = Replay {
-                from,
-                through,
-                filter,
-            };
-            ctx.replays.push((key, replay));
-        }
+        let replay = replay.map(|(from, through)| Replay {
+            from,
+            through,
+            filter: Arc::new(filter),
+        });
         let message = status.message();
         let mut head = [0u8; MAX_OWN_HEAD];
         let message = OwnMessage::plain(OpCode::Text, message.as_bytes());
         let (len, payload, tail) = self.transport.wrap(message, &mut head);
-        [&head[..len], payload, tail].concat()
+        ([&head[..len], payload, tail].concat(), replay)
     }
 
     /// Answers `request` with an HTTP error (its head alone to a `HEAD`)

@@ -80,9 +80,9 @@ impl Conn {
     fn consume(&mut self, key: ConnKey, fresh: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
         let verdict = self.consume_gathering(key, fresh, ctx);
         match (verdict, self.send(Outgoing::Replies, ctx)) {
-            (Verdict::Close(_), _) => verdict,
+            (verdict @ Verdict::Close(_), _) => verdict,
             (_, Err(reason)) => Verdict::Close(reason),
-            (_, Ok(_)) => verdict,
+            (verdict, Ok(_)) => verdict,
         }
     }
 

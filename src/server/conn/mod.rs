@@ -134,8 +134,9 @@ impl CloseReason {
     }
 }
 
-/// What the loop must do with a connection after a handler ran.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the loop must do with a connection after a handler ran: one
+/// value carries everything the loop is to act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// Keep it; wait for its next event.
     Keep,
@@ -149,6 +150,14 @@ pub enum Verdict {
     /// Keep it, and read it again once the upstream reader has caught up
     /// (reading clients is paused until then).
     AwaitUpstream,
+    /// Keep it: it upgraded resuming. The loop addresses it this replay
+    /// (before anything live) and reads it again (its client may have
+    /// sent frames right after the request).
+    Replay(Box<Replay>),
+    /// Keep it: a delivery visit left these of its items (a replay larger
+    /// than its queue has room for, or ahead of this loop), for the walk
+    /// to take back.
+    Unfinished(Box<Unfinished>),
     /// Drop the TCP connection now.
     Close(CloseReason),
 }
@@ -241,12 +250,6 @@ pub struct Ctx<'a> {
     pub next_batch: Seq,
     /// The positions given out and the history kept.
     pub history: &'a History,
-    /// Replays asked for by connections that upgraded, for the loop to
-    /// address to them.
-    pub replays: &'a mut Vec<(ConnKey, Replay)>,
-    /// What a delivery visit left of the connection's items, if it could
-    /// not give them all (a replay larger than its queue has room for).
-    pub unfinished: &'a mut Option<Unfinished>,
 }
 
 /// One client connection.

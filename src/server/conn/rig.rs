@@ -13,11 +13,11 @@ use crate::protocol::http::Endpoints;
 use crate::protocol::position::Epoch;
 use crate::protocol::ws::OpCode;
 use crate::server::frames::SharedFrames;
-use crate::server::history::{Bounds, History, Replay};
+use crate::server::history::{Bounds, History};
 use crate::server::key::ConnKey;
 use crate::server::net::pool::BufferPool;
 use crate::server::owed::stream::{Seq, Stream};
-use crate::server::owed::{Owed, Unfinished};
+use crate::server::owed::Owed;
 use crate::server::routes::Routes;
 use crate::server::time::timer::TimerWheel;
 
@@ -39,8 +39,6 @@ pub(super) struct Rig {
     pub(super) gathered: Vec<SharedFrames>,
     pub(super) messages: Assemblies,
     pub(super) history: History,
-    pub(super) replays: Vec<(ConnKey, Replay)>,
-    pub(super) unfinished: Option<Unfinished>,
 }
 
 /// An upgrade request, whole.
@@ -88,8 +86,6 @@ impl Rig {
                 },
             )
             .unwrap(),
-            replays: Vec::new(),
-            unfinished: None,
         }
     }
 
@@ -130,8 +126,6 @@ impl Rig {
             now: Instant::now(),
             next_batch: Seq(0),
             history: &self.history,
-            replays: &mut self.replays,
-            unfinished: &mut self.unfinished,
         };
         handler(&mut self.conn, &mut self.scratch, &mut ctx)
     }

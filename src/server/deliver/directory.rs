@@ -74,23 +74,21 @@ impl<'a> Directory<'a> {
         });
     }
 
-    /// Addresses the `replays` the connections that upgraded asked for,
-    /// each before anything live: at the batch it starts at.
-    pub(crate) fn address_replays(&mut self, replays: &mut Vec<(ConnKey, Replay)>) {
+    /// Addresses the `replay` the connection at `key` asked for as it
+    /// upgraded, before anything live: at the batch it starts at.
+    pub(crate) fn address_replay(&mut self, key: ConnKey, replay: Replay) {
         let stream = &*self.stream;
-        for (key, replay) in replays.drain(..) {
-            let Some(conn) = self.conns.get_mut(key.0) else {
-                continue;
-            };
-            let Some(after) = conn.next_batch() else {
-                continue;
-            };
-            let recipient = (key.slot(), conn.serial(), conn.walk_mark());
-            let item = Item::Replay { after, replay };
-            let earlier = |a, b| stream.earlier(a, b);
-            let mark = self.targeted.push(recipient, after, item, earlier);
-            conn.mark_walk(mark);
-        }
+        let Some(conn) = self.conns.get_mut(key.0) else {
+            return;
+        };
+        let Some(after) = conn.next_batch() else {
+            return;
+        };
+        let recipient = (key.slot(), conn.serial(), conn.walk_mark());
+        let item = Item::Replay { after, replay };
+        let earlier = |a, b| stream.earlier(a, b);
+        let mark = self.targeted.push(recipient, after, item, earlier);
+        conn.mark_walk(mark);
     }
 
     /// Releases the replays that waited for the loop to frame up to

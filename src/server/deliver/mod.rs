@@ -76,12 +76,15 @@ struct Visitor<'a, 'c> {
 
 impl Visitor<'_, '_> {
     /// Gives the connection at `key` what it is owed, and keeps its
-    /// writable interest in step with its queue.
-    fn visit(&mut self, key: ConnKey, owed: Owed<'_>) {
-        let Some(conn) = self.conns.get_mut(key.0) else {
-            return;
+    /// writable interest in step with its queue. Returns what the visit
+    /// left of its items, if it could not give them all.
+    fn visit(&mut self, key: ConnKey, owed: Owed<'_>) -> Option<Box<Unfinished>> {
+        let conn = self.conns.get_mut(key.0)?;
+        let (verdict, left) = match conn.deliver(key, owed, &mut self.ctx) {
+            Verdict::Unfinished(left) => (Verdict::Keep, Some(left)),
+            verdict => (verdict, None),
         };
-        match conn.deliver(key, owed, &mut self.ctx) {
+        match verdict {
             Verdict::Keep => {
                 if !sync_interest(self.registry, key, conn) {
                     self.unsettled
@@ -90,6 +93,7 @@ impl Visitor<'_, '_> {
             }
             verdict => self.unsettled.push((key, verdict)),
         }
+        left
     }
 
     /// One slice of the walk over the recipients of targeted items.
@@ -115,16 +119,13 @@ impl Visitor<'_, '_> {
                 }
             };
             let items = targeted.items(turn.items.clone());
-            self.visit(
-                key,
-                Owed {
-                    stream,
-                    items,
-                    up_to,
-                },
-            );
-            if let Some(unfinished) = self.ctx.unfinished.take() {
-                self.leave(key, targeted, turn, unfinished);
+            let owed = Owed {
+                stream,
+                items,
+                up_to,
+            };
+            if let Some(left) = self.visit(key, owed) {
+                self.leave(key, targeted, turn, *left);
             }
         }
     }

@@ -19,7 +19,7 @@ use crate::server::owed::stream::{Seq, Stream};
 use crate::server::routes::Slot;
 
 /// A connection's own item, after every stream batch before `after`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Item {
     /// Frames shared with the other recipients.
     Frames {
@@ -61,7 +61,7 @@ impl Item {
 
 /// What a visit left of a connection's items: the first of them not
 /// given in full (a replay, what is left of it), and those after it.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unfinished {
     /// Where the items left begin among those the visit was given.
     pub at: usize,
