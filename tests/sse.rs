@@ -300,8 +300,13 @@ fn a_drain_sets_the_retry_to_its_hint_and_ends_the_stream() {
         rest.is_empty() || rest.iter().all(|&b| b == b'\n' || b == b':'),
         "{rest:?}"
     );
+    drop(stream); // The client goes too, as `EventSource` does.
     let m = server.wait_for("closed", |m| m.connections_open == 0);
-    assert_eq!((m.closed_drain, m.connections_event_stream), (1, 0));
+    assert_eq!(
+        (m.closed_drain, m.connections_event_stream),
+        (1, 0),
+        "{m:#?}"
+    );
 }
 
 #[test]

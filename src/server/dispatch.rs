@@ -148,9 +148,13 @@ impl Server {
         conn.close(key, reason, &mut ctx);
     }
 
+    /// Drops every connection left, each counted for the close it was in
+    /// (a drain's, a publisher's...), or for `reason` if it was in none.
     pub(super) fn close_all(&mut self, reason: CloseReason) {
-        let keys: Vec<usize> = self.conns.slab.iter().map(|(key, _)| key).collect();
-        for key in keys {
+        let left: Vec<(usize, CloseReason)> = (self.conns.slab.iter())
+            .map(|(key, conn)| (key, conn.closing_reason().unwrap_or(reason)))
+            .collect();
+        for (key, reason) in left {
             self.close(ConnKey(key), reason);
         }
     }
@@ -164,19 +168,14 @@ impl Server {
     }
 
     /// Stops accepting and starts closing every connection left (with
-    /// 1001 for a shutdown, 1012 at the end of a drain); gives up on them
-    /// the shutdown timeout after the request was seen (or from now).
+    /// 1001 for a shutdown, 1012 at the end of a drain), a budgeted slice
+    /// at a time (see [`Server::close_slice`]); gives up on them the
+    /// shutdown timeout after the request was seen (or from now).
     pub(super) fn close_everything(&mut self, now: Instant, ending: Ending) {
-        if !self
-            .lifecycle
-            .begin_closing(now, self.config.shutdown_timeout)
-        {
+        let timeout = self.config.shutdown_timeout;
+        if !self.lifecycle.begin_closing(now, timeout, ending) {
             return;
         }
-        let (why, reason) = match ending {
-            Ending::Shutdown => ("server shutting down", CloseReason::Shutdown),
-            Ending::Drain => ("service restart", CloseReason::Drain),
-        };
         let open = self.conns.len();
         if open > 0 || ending == Ending::Shutdown {
             log::info!("shutting down: closing {open} connections");
@@ -184,20 +183,49 @@ impl Server {
         Metrics::set(&self.report.shared.metrics.drain_left, 0);
         self.sockets.close(Door::Main);
         self.sockets.close(Door::Metrics);
-        let mut closing = Vec::with_capacity(self.conns.len());
-        let handling = self.handling(now);
-        let mut ctx = handling.ctx;
-        for (key, conn) in handling.conns.iter_mut() {
+        self.close_slice(now);
+    }
+
+    /// One slice of the closing sweep, over at most
+    /// [`Config::fanout_budget`](crate::Config::fanout_budget) keys: an
+    /// open connection is sent its close (after what it has queued), one
+    /// still in its handshake is dropped, and one already closing is left
+    /// to finish its close handshake.
+    pub(super) fn close_slice(&mut self, now: Instant) {
+        let bound = self.conns.key_bound();
+        let Some((ending, cursor)) = self.lifecycle.closing_sweep() else {
+            return;
+        };
+        let (why, reason) = match ending {
+            Ending::Shutdown => ("server shutting down", CloseReason::Shutdown),
+            Ending::Drain => ("service restart", CloseReason::Drain),
+        };
+        let from = *cursor;
+        let to = bound.min(from.saturating_add(self.config.fanout_budget));
+        *cursor = to;
+        for key in from..to {
+            let handling = self.handling(now);
+            let mut ctx = handling.ctx;
+            let Some(conn) = handling.conns.get_mut(key) else {
+                continue;
+            };
             let verdict = if conn.is_open() {
                 conn.begin_close(ConnKey(key), why, reason, &mut ctx)
+            } else if conn.is_closing() {
+                Verdict::Keep // Closing already: its own deadline ends it.
             } else {
                 Verdict::Close(reason)
             };
-            closing.push((key, verdict));
-        }
-        for (key, verdict) in closing {
             self.settle(ConnKey(key), verdict);
         }
+    }
+
+    /// Whether the closing sweep has keys left to visit.
+    pub(super) fn closing_pending(&mut self) -> bool {
+        let bound = self.conns.key_bound();
+        self.lifecycle
+            .closing_sweep()
+            .is_some_and(|(_, cursor)| *cursor < bound)
     }
 
     /// Carries a drain one step on (see [`Handle::drain`](crate::Handle::drain)):

@@ -401,11 +401,13 @@ impl Server {
 
     /// Moves the broadcasts along, one step per loop iteration: frames
     /// what is waiting into a batch, and carries the batches one slice
-    /// further (starting a pass if a connection may be owed one). Once a
+    /// further (starting a pass if a connection may be owed one); while
+    /// closing, the closing sweep a slice further instead. Once a
     /// handle asked for a shutdown, sends what was queued before it (for
     /// at most half the shutdown timeout), then begins the shutdown.
     fn advance_broadcasts(&mut self, now: Instant) {
         if !self.lifecycle.is_serving() {
+            self.close_slice(now);
             return self.intake.abandon(&self.report.shared);
         }
         if let Some(all_taken) = self.intake.shutdown_asked(&self.report.shared) {
@@ -481,7 +483,8 @@ impl Server {
     ) -> io::Result<Option<Duration>> {
         let accept_pending = self.lifecycle.accepts_pending();
         let broadcasting = self.delivery.delivering() || self.intake.is_waiting();
-        let work_pending = broadcasting || accept_pending || self.conns.reads_pending();
+        let work_pending =
+            broadcasting || accept_pending || self.conns.reads_pending() || self.closing_pending();
         let sweep_pending = self.clock.heartbeat_due(now, self.sweeping()) && !broadcasting;
         if self.intake.is_woken() || work_pending || sweep_pending {
             return Ok(Some(Duration::ZERO));

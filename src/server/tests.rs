@@ -35,6 +35,7 @@ mod delivery {
     use crate::config::Config;
     use crate::protocol::commands::Recipients;
     use crate::protocol::ws::{CloseCode, MessageKind};
+    use crate::server::lifecycle::Ending;
     use crate::server::Server;
 
     /// A server whose slices visit `budget` connections, and `count`
@@ -231,5 +232,50 @@ mod delivery {
             assert_eq!(&payload[..2], &4000u16.to_be_bytes());
             assert_eq!(&payload[2..], b"bye");
         }
+    }
+
+    /// The clients that have bytes waiting (each counted once in `seen`).
+    fn newly_reached(clients: &[TcpStream], seen: &mut [bool]) -> usize {
+        let mut newly = 0;
+        for (client, seen) in clients.iter().zip(seen.iter_mut()) {
+            client.set_nonblocking(true).unwrap();
+            let got = matches!(client.peek(&mut [0u8; 1]), Ok(n) if n > 0);
+            client.set_nonblocking(false).unwrap();
+            if got && !*seen {
+                *seen = true;
+                newly += 1;
+            }
+        }
+        newly
+    }
+
+    #[test]
+    fn a_shutdown_closes_the_connections_a_budget_at_a_time() {
+        const BUDGET: usize = 4;
+        let (mut server, mut clients) = server_and_clients(BUDGET, 10, |_| false);
+        let now = Instant::now();
+        let mut seen = vec![false; clients.len()];
+        server.close_everything(now, Ending::Shutdown);
+        assert_eq!(
+            newly_reached(&clients, &mut seen),
+            BUDGET,
+            "the first slice"
+        );
+        assert!(server.closing_pending());
+        server.close_slice(now);
+        assert_eq!(newly_reached(&clients, &mut seen), BUDGET, "the second");
+        server.close_slice(now);
+        assert_eq!(newly_reached(&clients, &mut seen), 2, "the rest");
+        assert!(!server.closing_pending());
+        for (i, client) in clients.iter_mut().enumerate() {
+            let frames = frames(client);
+            assert_eq!(frames.len(), 1, "client {i}: one close");
+            assert_eq!(frames[0].0, 0x8);
+            assert_eq!(&frames[0].1[..2], &1001u16.to_be_bytes());
+        }
+        // Closing connections are left to their handshake: none was
+        // dropped, and a sweep again sends nothing more.
+        assert_eq!(server.connections().count(), 0, "none open");
+        assert_eq!(server.conns.len(), clients.len(), "none dropped");
     }
 }

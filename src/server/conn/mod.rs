@@ -353,6 +353,20 @@ impl Conn {
         )
     }
 
+    /// Whether it is closing: its close was sent, or it lingers until its
+    /// client goes (its deadline ends it either way).
+    pub fn is_closing(&self) -> bool {
+        self.closing_reason().is_some()
+    }
+
+    /// Why it is closing, if it is.
+    pub fn closing_reason(&self) -> Option<CloseReason> {
+        match self.phase {
+            Phase::CloseSent { reason, .. } | Phase::Lingering { reason, .. } => Some(reason),
+            Phase::Handshake(_) | Phase::Open(_) => None,
+        }
+    }
+
     /// The first broadcast batch it has not had yet, if it is open.
     pub fn next_batch(&self) -> Option<Seq> {
         self.is_open().then(|| self.out.next_batch())

@@ -36,9 +36,14 @@ enum State {
     Announcing { until: Instant },
     /// Accepting stopped; the connections are closed at the pace.
     Pacing(Pace),
-    /// Every connection was asked to close; give up on the rest at the
-    /// deadline.
-    Closing { deadline: Instant },
+    /// Every connection is asked to close, a budgeted slice of keys per
+    /// iteration from `cursor` on (as `ending` says); give up on the rest
+    /// at the deadline.
+    Closing {
+        deadline: Instant,
+        ending: Ending,
+        cursor: usize,
+    },
 }
 
 /// The loop's shutdown progress and the state of accepting.
@@ -88,7 +93,7 @@ impl Lifecycle {
     /// or the close timeout passed.
     pub(super) fn is_finished(&self, closed: bool) -> bool {
         match self.state {
-            State::Closing { deadline } => closed || Instant::now() >= deadline,
+            State::Closing { deadline, .. } => closed || Instant::now() >= deadline,
             _ => false,
         }
     }
@@ -131,14 +136,30 @@ impl Lifecycle {
     /// Begins closing every connection left, to give up `timeout` after the
     /// shutdown request was seen (or after `now`, at the end of a drain);
     /// `false` if it had begun.
-    pub(super) fn begin_closing(&mut self, now: Instant, timeout: Duration) -> bool {
+    pub(super) fn begin_closing(
+        &mut self,
+        now: Instant,
+        timeout: Duration,
+        ending: Ending,
+    ) -> bool {
         if matches!(self.state, State::Closing { .. }) {
             return false;
         }
         self.state = State::Closing {
             deadline: self.shutdown_seen.unwrap_or(now) + timeout,
+            ending,
+            cursor: 0,
         };
         true
+    }
+
+    /// While closing, how the connections are closed and the first key
+    /// the closing sweep has not reached (`None`: not closing).
+    pub(super) fn closing_sweep(&mut self) -> Option<(Ending, &mut usize)> {
+        match &mut self.state {
+            State::Closing { ending, cursor, .. } => Some((*ending, cursor)),
+            _ => None,
+        }
     }
 
     /// The time events this state waits for: the end of an accept pause,
@@ -149,7 +170,7 @@ impl Lifecycle {
             State::Running => None,
             State::Announcing { until } => Some(*until),
             State::Pacing(pace) => pace.next_at(now),
-            State::Closing { deadline } => Some(*deadline),
+            State::Closing { deadline, .. } => Some(*deadline),
         };
         [self.accept_paused_until, state]
     }
