@@ -4,8 +4,8 @@
 //! Input: the bytes of a position, and (if UTF-8) of a query. Parsing
 //! never panics; a position parses only in its one printed form (it
 //! prints back as the same bytes), and a query that asks for `since`
-//! hands the value on as written, for the server to place or answer
-//! `unknown`.
+//! hands on the position its value parses as (or none, for the server
+//! to answer `unknown`), and the channels it names, in order.
 
 #![no_main]
 
@@ -30,10 +30,12 @@ fuzz_target!(|data: &[u8]| {
         require_token_id: false,
     };
     if let Ok(asked) = query::asked(&target, None, &limits) {
+        let params = || query::params(&target[2..]);
         if let Resume::Since(since) = asked.resume {
-            assert!(query::params(&target[2..]).any(|(k, v)| k == "since" && v == since));
-            // Whatever it is, the server parses it or answers unknown.
-            let _ = Position::parse(since.as_bytes());
+            let (_, given) = params().find(|(k, _)| *k == "since").expect("a since");
+            assert_eq!(since, Position::parse(given.as_bytes()));
         }
+        let channels = params().filter(|(k, _)| *k == "channel").map(|(_, v)| v);
+        assert!(channels.eq(asked.channels.iter().copied()));
     }
 });

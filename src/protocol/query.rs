@@ -8,6 +8,7 @@
 use crate::protocol::auth::Grant;
 use crate::protocol::http::Rejection;
 use crate::protocol::names::{self, Pattern};
+use crate::protocol::position::Position;
 
 /// The query parameter naming the client id.
 pub const ID_PARAM: &str = "id";
@@ -20,14 +21,22 @@ pub const SINCE_PARAM: &str = "since";
 
 /// Whether a connection asks for positions, and from where.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resume<'a> {
+pub enum Resume {
     /// No positions: messages as they are published.
     Off,
     /// Positions, from now on.
     Positions,
-    /// Positions, and every message after this one (as given: it is
-    /// parsed by the loop, which answers one it cannot place as unknown).
-    Since(&'a str),
+    /// Positions, and every message after this one (`None`: what was
+    /// given is not a position, and the loop answers it as unknown).
+    Since(Option<Position>),
+}
+
+impl Resume {
+    /// Resuming after `since` as given (a query's `since`, an event
+    /// stream's `Last-Event-ID`): parsed here, once.
+    pub fn since(since: &str) -> Resume {
+        Resume::Since(Position::parse(since.as_bytes()))
+    }
 }
 
 /// What the server allows.
@@ -43,22 +52,14 @@ pub struct Limits<'a> {
 }
 
 /// A request's id and channels, valid and allowed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Asked<'a> {
     /// The client id: the query's, or the token's when the query has none.
     pub id: Option<&'a str>,
-    /// Positions, and from where.
-    pub resume: Resume<'a>,
-    query: &'a str,
-}
-
-impl<'a> Asked<'a> {
     /// The channels asked for, in order (a name given twice comes twice).
-    pub fn channels(&self) -> impl Iterator<Item = &'a str> + Clone {
-        params(self.query)
-            .filter(|(key, _)| *key == CHANNEL_PARAM)
-            .map(|(_, value)| value)
-    }
+    pub channels: Vec<&'a str>,
+    /// Positions, and from where.
+    pub resume: Resume,
 }
 
 /// The `key=value` pairs of a query (a pair without `=` has an empty value).
@@ -80,7 +81,7 @@ pub fn asked<'a>(
 ) -> Result<Asked<'a>, Rejection> {
     let query = target.split_once('?').map_or("", |(_, query)| query);
     let mut id = None;
-    let mut channels = 0;
+    let mut channels = Vec::new();
     let mut positions = None;
     let mut since = None;
     for (key, value) in params(query) {
@@ -111,8 +112,7 @@ pub fn asked<'a>(
                         "a channel is not 1-64 bytes of letters, digits and - _ . : @",
                     )
                 })?;
-                channels += 1;
-                if channels > limits.max_channels {
+                if channels.len() == limits.max_channels {
                     return Err(Rejection::TooManyChannels(limits.max_channels));
                 }
                 let allowed = match grant.and_then(|g| g.channels.as_deref()) {
@@ -122,6 +122,7 @@ pub fn asked<'a>(
                 if !allowed {
                     return Err(Rejection::Forbidden("channel not allowed"));
                 }
+                channels.push(value);
             }
             _ => {}
         }
@@ -138,11 +139,15 @@ pub fn asked<'a>(
     };
     let resume = match (since, positions) {
         (Some(_), Some(false)) => return Err(Rejection::BadRequest("since asks for positions")),
-        (Some(since), _) => Resume::Since(since),
+        (Some(since), _) => Resume::since(since),
         (None, Some(true)) => Resume::Positions,
         (None, _) => Resume::Off,
     };
-    Ok(Asked { id, resume, query })
+    Ok(Asked {
+        id,
+        channels,
+        resume,
+    })
 }
 
 #[cfg(test)]
@@ -162,9 +167,9 @@ mod tests {
         };
         let ok = asked("/ws?id=alice&x=1&channel=news&channel=chat", None, &anyone).unwrap();
         assert_eq!(ok.id, Some("alice"));
-        assert_eq!(ok.channels().collect::<Vec<_>>(), ["news", "chat"]);
+        assert_eq!(ok.channels, ["news", "chat"]);
         let none = asked("/ws", None, &anyone).unwrap();
-        assert_eq!((none.id, none.channels().count()), (None, 0));
+        assert_eq!((none.id, none.channels.len()), (None, 0));
         assert_eq!(none.resume, Resume::Off);
 
         let bad = |target: &str| asked(target, None, &anyone).map(|_| ()).unwrap_err();
@@ -192,21 +197,27 @@ mod tests {
     }
 
     #[test]
-    fn positions_and_since_are_read_and_a_since_is_kept_as_given() {
+    fn positions_and_since_are_read_and_a_since_is_parsed_once() {
         let anyone = Limits {
             max_channels: 3,
             allowed: &[],
             require_token_id: false,
         };
-        fn resume<'a>(target: &'a str, limits: &Limits<'_>) -> Result<Resume<'a>, Rejection> {
-            asked(target, None, limits).map(|a| a.resume)
-        }
-        let resume = |target: &'static str| resume(target, &anyone);
+        let resume = |target: &str| asked(target, None, &anyone).map(|a| a.resume);
         assert_eq!(resume("/?positions=1"), Ok(Resume::Positions));
         assert_eq!(resume("/?positions=0"), Ok(Resume::Off));
-        assert_eq!(resume("/?since=abc.1&id=x"), Ok(Resume::Since("abc.1")));
-        assert_eq!(resume("/?since=&positions=1"), Ok(Resume::Since("")));
-        assert_eq!(resume("/?since=%ff%00"), Ok(Resume::Since("%ff%00")));
+        let position = Position {
+            epoch: crate::protocol::position::Epoch(0xabc),
+            seq: 7,
+        };
+        assert_eq!(
+            resume("/?since=0000000000000abc.7&id=x"),
+            Ok(Resume::Since(Some(position)))
+        );
+        // Not a position: resumed as unknown, never refused.
+        assert_eq!(resume("/?since=abc.1"), Ok(Resume::Since(None)));
+        assert_eq!(resume("/?since=&positions=1"), Ok(Resume::Since(None)));
+        assert_eq!(resume("/?since=%ff%00"), Ok(Resume::Since(None)));
         for bad in [
             "/?positions=yes",
             "/?positions",

@@ -133,7 +133,7 @@ impl Conn {
         key: ConnKey,
         upgrade: &http::Upgrade<'_>,
         ctx: &mut Ctx<'_>,
-    ) -> Result<Option<(Option<String>, Filter)>, Rejection> {
+    ) -> Result<(Resume, Filter), Rejection> {
         let config = ctx.config;
         let grant = match &upgrade.credential {
             None => None,
@@ -150,8 +150,8 @@ impl Conn {
             // An event stream always has its positions (its events' ids),
             // and a reconnecting one resumes after the last it had.
             asked.resume = match (last_event_id, asked.resume) {
-                (Some(id), _) => Resume::Since(id),
-                (None, Resume::Since(since)) => Resume::Since(since),
+                (Some(id), _) => Resume::since(id),
+                (None, since @ Resume::Since(_)) => since,
                 (None, _) => Resume::Positions,
             };
         }
@@ -162,7 +162,7 @@ impl Conn {
         }
         let slot = key.slot();
         ctx.routes.join(slot, asked.id);
-        for channel in asked.channels() {
+        for &channel in &asked.channels {
             if ctx.routes.subscribe(slot, asked.id, channel).is_err() {
                 ctx.routes.leave(slot, asked.id);
                 return Err(Rejection::ChannelLimit);
@@ -171,20 +171,17 @@ impl Conn {
         if let Some(upstream) = ctx.upstream.as_deref_mut() {
             let conn = self.conn_ref(key, config.instance);
             let event_stream = matches!(upgrade.protocol, Protocol::EventStream { .. });
-            upstream.opened(conn, asked.id, asked.channels(), event_stream);
+            upstream.opened(conn, asked.id, asked.channels.iter().copied(), event_stream);
         }
         self.target = target;
-        Ok(match asked.resume {
-            Resume::Off => None,
-            Resume::Positions => Some((None, Filter::default())),
-            Resume::Since(since) => Some((
-                Some(since.to_string()),
-                Filter {
-                    id: asked.id.map(Box::from),
-                    channels: asked.channels().map(Box::from).collect(),
-                },
-            )),
-        })
+        let filter = match asked.resume {
+            Resume::Since(_) => Filter {
+                id: asked.id.map(Box::from),
+                channels: asked.channels.iter().copied().map(Box::from).collect(),
+            },
+            Resume::Off | Resume::Positions => Filter::default(),
+        };
+        Ok((asked.resume, filter))
     }
 
     /// A connection that asked for positions gets them from now on, and
@@ -193,23 +190,21 @@ impl Conn {
     /// loop to address to it before anything live.
     fn resume(
         &mut self,
-        asked: Option<(Option<String>, Filter)>,
+        (asked, filter): (Resume, Filter),
         ctx: &mut Ctx<'_>,
     ) -> (Vec<u8>, Option<Replay>) {
-        let Some((since, filter)) = asked else {
-            return (Vec::new(), None);
-        };
-        self.positions = true;
         let history = ctx.history;
-        let (status, replay) = match since {
-            None => (
+        let (status, replay) = match asked {
+            Resume::Off => return (Vec::new(), None),
+            Resume::Positions => (
                 Status::Position {
                     current: history.current(),
                 },
                 None,
             ),
-            Some(since) => history.resume(since.as_bytes(), ctx.now),
+            Resume::Since(since) => history.resume(since, ctx.now),
         };
+        self.positions = true;
         let metrics = ctx.metrics;
         Metrics::incr(match status {
             Status::Position { .. } => &metrics.resumes_position,

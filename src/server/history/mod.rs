@@ -286,10 +286,10 @@ impl History {
     /// is `unknown`, unless positions are [given
     /// elsewhere](History::given_elsewhere) too: then the replay waits for
     /// this loop to reach it.
-    pub fn resume(&self, since: &[u8], now: Instant) -> (Status, Option<(u64, u64)>) {
+    pub fn resume(&self, since: Option<Position>, now: Instant) -> (Status, Option<(u64, u64)>) {
         let current = self.current();
         let newest = self.ring.last().max(self.last);
-        let since = match Position::parse(since) {
+        let since = match since {
             Some(since)
                 if since.epoch == current.epoch && (since.seq <= newest || self.elsewhere) =>
             {
@@ -657,8 +657,8 @@ mod tests {
         }
     }
 
-    fn since(seq: u64) -> Vec<u8> {
-        Position { epoch: EPOCH, seq }.to_string().into_bytes()
+    fn since(seq: u64) -> Option<Position> {
+        Some(Position { epoch: EPOCH, seq })
     }
 
     fn at(seq: u64) -> Position {
@@ -670,7 +670,7 @@ mod tests {
         let now = Instant::now();
         let mut own = history(bounds(8, 1 << 20, 60));
         keep(&mut own, &["a", "b"], Recipients::All, now);
-        let (status, replayed) = own.resume(&since(5), now);
+        let (status, replayed) = own.resume(since(5), now);
         assert_eq!(
             (status, replayed),
             (Status::Unknown { current: at(2) }, None),
@@ -678,7 +678,7 @@ mod tests {
         );
         let mut shared = history(bounds(8, 1 << 20, 60)).given_elsewhere();
         keep(&mut shared, &["a", "b"], Recipients::All, now);
-        let (status, replayed) = shared.resume(&since(5), now);
+        let (status, replayed) = shared.resume(since(5), now);
         assert_eq!(status, Status::Recovered { current: at(2) });
         assert_eq!(
             replayed,
@@ -689,7 +689,7 @@ mod tests {
             epoch: Epoch(EPOCH.0 + 1),
             seq: 1,
         };
-        let (status, _) = shared.resume(other.to_string().as_bytes(), now);
+        let (status, _) = shared.resume(Some(other), now);
         assert_eq!(status, Status::Unknown { current: at(2) }, "another epoch");
     }
 
@@ -708,7 +708,7 @@ mod tests {
             "0000000000000abc.4 d",
         ];
         assert_eq!(replay(&history, 1, Filter::default()), held);
-        let (status, replayed) = history.resume(&since(0), now);
+        let (status, replayed) = history.resume(since(0), now);
         assert_eq!(
             status,
             Status::Gap {
@@ -719,10 +719,10 @@ mod tests {
             "a left: only it is lost"
         );
         assert_eq!(replayed, Some((1, 4)), "from what the history holds");
-        let (status, replayed) = history.resume(&since(1), now);
+        let (status, replayed) = history.resume(since(1), now);
         assert_eq!(status, Status::Recovered { current: at(4) });
         assert_eq!(replayed, Some((1, 4)));
-        let (status, replayed) = history.resume(&since(4), now);
+        let (status, replayed) = history.resume(since(4), now);
         assert_eq!(
             (status, replayed),
             (Status::Recovered { current: at(4) }, None)
@@ -733,7 +733,7 @@ mod tests {
             3,
             "a batch larger than the bound keeps its last"
         );
-        let (status, _) = history.resume(&since(4), now);
+        let (status, _) = history.resume(since(4), now);
         assert_eq!(
             status,
             Status::Gap {
@@ -780,7 +780,7 @@ mod tests {
         );
         history.evict(now + Duration::from_secs(17));
         assert_eq!(history.held().0, 0);
-        let (status, replayed) = history.resume(&since(1), now);
+        let (status, replayed) = history.resume(since(1), now);
         assert_eq!(
             status,
             Status::Gap {
@@ -919,7 +919,7 @@ mod tests {
             ["0000000000000abc.1 a", "0000000000000abc.3 b"],
             "nothing missing for a client not in news"
         );
-        let (status, replayed) = history.resume(&since(0), now);
+        let (status, replayed) = history.resume(since(0), now);
         assert_eq!(
             (status, replayed),
             (Status::Recovered { current: at(3) }, Some((0, 3))),
@@ -934,7 +934,7 @@ mod tests {
         // Filled from a source's tail: nothing up to 10 is held.
         history.ring.forget_through(10);
         history.advance(10);
-        let (status, replayed) = history.resume(&since(4), now);
+        let (status, replayed) = history.resume(since(4), now);
         assert_eq!(
             (status, replayed),
             (
@@ -989,7 +989,7 @@ mod tests {
             .unwrap();
         let mut reader = History::shared(fd, 1).unwrap();
         assert_eq!(reader.current(), at(0), "the reader has framed nothing yet");
-        let (status, replayed) = reader.resume(&since(0), now);
+        let (status, replayed) = reader.resume(since(0), now);
         assert_eq!(status, Status::Recovered { current: at(0) });
         assert_eq!(
             replayed,
@@ -1001,14 +1001,14 @@ mod tests {
             replay(&reader, 0, Filter::default()),
             ["0000000000000abc.1 a"]
         );
-        let (status, _) = reader.resume(&since(17), now);
+        let (status, _) = reader.resume(since(17), now);
         assert_eq!(
             status,
             Status::Unknown { current: at(1) },
             "never given out anywhere"
         );
         keep(&mut writer, &["b"], Recipients::All, now);
-        let (status, replayed) = reader.resume(&since(17), now);
+        let (status, replayed) = reader.resume(since(17), now);
         assert_eq!(
             status,
             Status::Recovered { current: at(1) },
