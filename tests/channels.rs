@@ -347,3 +347,23 @@ fn messages_for_a_channel_taken_together_go_out_as_one_batch() {
     });
     assert_eq!(texts(&mut clients[2], 1), ["END"], "nothing before it");
 }
+
+#[test]
+fn a_message_for_a_channel_list_over_64_kib_is_refused() {
+    let server = TestServer::start(Config::default());
+    let name = "c".repeat(64);
+    let names: Vec<wspush::ChannelName> = (0..1009)
+        .map(|_| wspush::ChannelName::new(&name).unwrap())
+        .collect();
+    let to = Recipients::Channels(names.into());
+    let refused = server.handle.send(to, MessageKind::Text, "x");
+    assert!(
+        matches!(refused, Err(wspush::BroadcastError::ChannelListTooLong)),
+        "{refused:?}"
+    );
+    let names: Vec<wspush::ChannelName> = (0..1008)
+        .map(|_| wspush::ChannelName::new(&name).unwrap())
+        .collect();
+    let to = Recipients::Channels(names.into());
+    server.handle.send(to, MessageKind::Text, "x").unwrap();
+}

@@ -30,6 +30,11 @@ use crate::protocol::ws::CloseCode;
 /// most 125 bytes, two of them the code.
 pub const MAX_REASON_LEN: usize = 123;
 
+/// The most bytes a list of channels a message is for may take, its
+/// names joined by commas: the history keeps a message's audience with a
+/// 16-bit length.
+pub const MAX_CHANNEL_LIST_LEN: usize = u16::MAX as usize;
+
 /// One connection of one server, as upstream lines name it and `conn`
 /// and `close conn` address it: `INSTANCE.SLOT.SERIAL`. The serial tells
 /// apart the connections that held the same slot one after the other, so
@@ -113,6 +118,11 @@ pub(crate) fn names_len(names: &[ChannelName]) -> usize {
     names.iter().map(|n| n.as_str().len()).sum()
 }
 
+/// Whether `names`, joined by commas, fit [`MAX_CHANNEL_LIST_LEN`].
+pub fn channel_list_fits(names: &[ChannelName]) -> bool {
+    names_len(names) + names.len().saturating_sub(1) <= MAX_CHANNEL_LIST_LEN
+}
+
 /// A message's payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Payload<'a> {
@@ -178,6 +188,8 @@ pub enum CommandError {
     BadCode,
     /// A close reason is longer than [`MAX_REASON_LEN`] bytes.
     ReasonTooLong,
+    /// A list of channels is longer than [`MAX_CHANNEL_LIST_LEN`] bytes.
+    ChannelListTooLong,
     /// `sub`, `unsub` or `close` has more arguments than it takes.
     TrailingWords,
 }
@@ -200,6 +212,9 @@ impl fmt::Display for CommandError {
             ),
             CommandError::ReasonTooLong => {
                 write!(f, "a close reason is at most {MAX_REASON_LEN} bytes")
+            }
+            CommandError::ChannelListTooLong => {
+                write!(f, "a list of channels is at most {MAX_CHANNEL_LIST_LEN} bytes")
             }
             CommandError::TrailingWords => f.write_str("more words than the command takes"),
         }
@@ -309,6 +324,9 @@ fn id_arg(id: &str) -> Result<ClientId, CommandError> {
 /// A comma-separated list of channel names, in the order given (a name
 /// given twice comes twice).
 fn channels_arg(channels: &str) -> Result<Box<[ChannelName]>, CommandError> {
+    if channels.len() > MAX_CHANNEL_LIST_LEN {
+        return Err(CommandError::ChannelListTooLong);
+    }
     channels
         .split(',')
         .map(ChannelName::new)
@@ -535,6 +553,28 @@ mod tests {
         };
         let names: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
         assert_eq!(names, ["b", "a", "b"]);
+    }
+
+    #[test]
+    fn a_channel_list_over_64_kib_is_refused_not_cut() {
+        // 1,008 names of 64 bytes and their commas: 65,519 bytes.
+        let name = "c".repeat(64);
+        let fits = vec![name.as_str(); 1008].join(",");
+        assert!(fits.len() <= MAX_CHANNEL_LIST_LEN);
+        let Ok(Command::Send { to, .. }) = Command::parse(&format!("pub {fits} x")) else {
+            panic!("a message");
+        };
+        let Recipients::Channels(names) = to else {
+            panic!("channels");
+        };
+        assert_eq!(names.len(), 1008);
+        assert!(channel_list_fits(&names));
+        let over = format!("{fits},{name}");
+        assert_eq!(
+            Command::parse(&format!("pub {over} x")),
+            Err(CommandError::ChannelListTooLong)
+        );
+        assert!(!channel_list_fits(&chans(&over)));
     }
 
     #[test]

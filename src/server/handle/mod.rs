@@ -14,7 +14,7 @@ use mio::Waker;
 
 use crate::config::Compression;
 use crate::ops::metrics::{LoopHistogram, Metrics, MetricsSnapshot};
-use crate::protocol::commands::{self, Recipients, MAX_REASON_LEN};
+use crate::protocol::commands::{self, Recipients, MAX_CHANNEL_LIST_LEN, MAX_REASON_LEN};
 use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::ws::{compress, CloseCode, MessageKind};
 use crate::server::handle::feed::{Action, Gate, Queued};
@@ -160,6 +160,10 @@ pub enum BroadcastError {
     Gone(ServerGone),
     /// A close code a server may not send, or a reason over 123 bytes.
     BadClose,
+    /// A list of channels over
+    /// [`MAX_CHANNEL_LIST_LEN`](crate::protocol::commands::MAX_CHANNEL_LIST_LEN)
+    /// bytes.
+    ChannelListTooLong,
 }
 
 impl std::fmt::Display for BroadcastError {
@@ -169,6 +173,10 @@ impl std::fmt::Display for BroadcastError {
             BroadcastError::Gone(e) => e.fmt(f),
             BroadcastError::BadClose => f.write_str(
                 "a close code is 1000-1003, 1007-1011 or 3000-4999, with at most 123 bytes of reason",
+            ),
+            BroadcastError::ChannelListTooLong => write!(
+                f,
+                "a list of channels is at most {MAX_CHANNEL_LIST_LEN} bytes"
             ),
         }
     }
@@ -383,6 +391,11 @@ impl Handle {
         let payload = payload.into();
         let shared = &self.shared;
         shared.check_message_limit(&payload)?;
+        if let Recipients::Channels(names) = &to {
+            if !commands::channel_list_fits(names) {
+                return Err(BroadcastError::ChannelListTooLong);
+            }
+        }
         Ok(self.queue(shared.send_action(to, kind, payload), seq)?)
     }
 

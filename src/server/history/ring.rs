@@ -377,18 +377,25 @@ impl Ring {
             .as_ref()
             .expect("bug: appending to a history read-only here");
         let bounds = writer.bounds;
-        let names = &names[..names.len().min(u16::MAX as usize)];
+        // Commands and handles refuse longer lists; were one to come, its
+        // record would be refused for everyone (a gap told), never cut.
+        debug_assert!(
+            names.len() <= u16::MAX as usize,
+            "bug: a channel list too long"
+        );
+        let names_fit = names.len() <= u16::MAX as usize;
         let record_len = |names: &[u8], frames: &[u8], compressed: &[u8]| {
             (RECORD_HEAD + names.len() + frames.len() + compressed.len()).next_multiple_of(8)
         };
-        let (kind, names, frames, compressed, appended) =
-            if record_len(names, frames, compressed) <= bounds.bytes {
-                (kind, names, frames, compressed, Appended::Kept)
-            } else if record_len(names, &[], &[]) <= bounds.bytes {
-                (kind, names, &[][..], &[][..], Appended::Refused)
-            } else {
-                (Kind::All, &[][..], &[][..], &[][..], Appended::Refused)
-            };
+        let (kind, names, frames, compressed, appended) = if !names_fit {
+            (Kind::All, &[][..], &[][..], &[][..], Appended::Refused)
+        } else if record_len(names, frames, compressed) <= bounds.bytes {
+            (kind, names, frames, compressed, Appended::Kept)
+        } else if record_len(names, &[], &[]) <= bounds.bytes {
+            (kind, names, &[][..], &[][..], Appended::Refused)
+        } else {
+            (Kind::All, &[][..], &[][..], &[][..], Appended::Refused)
+        };
         let len = record_len(names, frames, compressed);
         if count > bounds.messages || len > bounds.bytes {
             self.forget_through(last);
