@@ -253,9 +253,7 @@ impl History {
         for ((frame, _), &seq) in frames.frames().zip(positions) {
             let zipped = compressed.as_mut().and_then(Iterator::next);
             let zipped = zipped.map_or(&[][..], |(frame, _)| frame);
-            let appended = self
-                .ring
-                .append((seq, seq, 1), (kind, &names), frame, zipped, now);
+            let appended = self.ring.append(seq, (kind, &names), frame, zipped, now);
             if appended == Appended::Refused {
                 if let Some(count) = self.refusals.due(now) {
                     log::warn!(
@@ -405,12 +403,8 @@ impl History {
                     break;
                 }
                 match record.content {
-                    Content::Frames(bytes) if from >= record.first => {
-                        // Cut by `from`: only its messages after it.
-                        let frames = SharedFrames::from_encoded(bytes);
-                        let before = frames.payloads().take_while(|p| seq_of(*p) <= from).count();
-                        copied.extend_from_slice(frames.skip(before).bytes());
-                    }
+                    // A record holds one message, positioned `first`.
+                    Content::Frames(_) if from >= record.first => {}
                     Content::Frames(bytes) => copied.extend_from_slice(&bytes),
                     Content::Refused => {
                         tell_gap(&mut copied, out, record.first.max(from + 1), record.last)

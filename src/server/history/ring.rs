@@ -357,8 +357,9 @@ impl Ring {
         }
     }
 
-    /// Appends a record of messages `first..=last` (`count` of them) for
-    /// `kind` `names`, its frames and compressed frames, dropping the
+    /// Appends the record of the message positioned `seq`, for `kind`
+    /// `names`: its frame and compressed frame (a record holds one
+    /// message, so its position is the record's own), dropping the
     /// oldest records as the bounds ask. A record over the byte bound by
     /// itself is refused: a mark with its recipients (or, if even they are
     /// over it, for everyone) takes its place, and the rest stays. With
@@ -366,7 +367,7 @@ impl Ring {
     /// before it are forgotten.
     pub fn append(
         &mut self,
-        (first, last, count): (u64, u64, usize),
+        seq: u64,
         (kind, names): (Kind, &[u8]),
         frames: &[u8],
         compressed: &[u8],
@@ -397,8 +398,8 @@ impl Ring {
             (Kind::All, &[][..], &[][..], &[][..], Appended::Refused)
         };
         let len = record_len(names, frames, compressed);
-        if count > bounds.messages || len > bounds.bytes {
-            self.forget_through(last);
+        if bounds.messages == 0 || len > bounds.bytes {
+            self.forget_through(seq);
             return Appended::Forgotten;
         }
         if appended == Appended::Refused {
@@ -406,7 +407,7 @@ impl Ring {
         }
         let refused = appended == Appended::Refused;
         self.put(
-            (first, last, count),
+            (seq, seq, 1),
             (kind, names),
             (frames, compressed),
             refused,
@@ -601,14 +602,8 @@ mod tests {
     fn records_written_are_read_back_through_another_mapping() {
         let now = Instant::now();
         let mut ring = Ring::create(bounds(10, 4096), Epoch(7), 0).unwrap();
-        ring.append(
-            (1, 2, 2),
-            (Kind::Channels, b"a,b"),
-            b"frames",
-            b"zipped",
-            now,
-        );
-        ring.append((3, 3, 1), (Kind::All, b""), b"more", b"", now);
+        ring.append(2, (Kind::Channels, b"a,b"), b"frames", b"zipped", now);
+        ring.append(3, (Kind::All, b""), b"more", b"", now);
         let fd = ring
             .memory()
             .inheritable()
@@ -628,7 +623,7 @@ mod tests {
         assert_eq!(
             first,
             Record {
-                first: 1,
+                first: 2,
                 last: 2,
                 content: Content::Frames(b"zipped".to_vec()),
             }
@@ -653,7 +648,7 @@ mod tests {
         let now = Instant::now();
         let mut ring = Ring::create(bounds(3, 1024), Epoch(1), 0).unwrap();
         for seq in 1..=5 {
-            ring.append((seq, seq, 1), (Kind::All, b""), &[seq as u8; 100], b"", now);
+            ring.append(seq, (Kind::All, b""), &[seq as u8; 100], b"", now);
         }
         assert_eq!(ring.held().0, 3);
         assert_eq!(ring.forgotten(), 2);
@@ -662,7 +657,7 @@ mod tests {
         // history but still intact until written over.
         assert!(ring.read(0, false, everything).is_ok());
         for seq in 6..=40 {
-            ring.append((seq, seq, 1), (Kind::All, b""), &[seq as u8; 100], b"", now);
+            ring.append(seq, (Kind::All, b""), &[seq as u8; 100], b"", now);
         }
         assert_eq!(ring.read(0, false, everything), Err(Overrun));
         let (n, records) = ring.find(37);
@@ -686,13 +681,7 @@ mod tests {
             } else {
                 Kind::Channels
             };
-            ring.append(
-                (seq, seq, 1),
-                (kind, names),
-                &vec![seq as u8; len],
-                b"",
-                now,
-            )
+            ring.append(seq, (kind, names), &vec![seq as u8; len], b"", now)
         };
         assert_eq!(append(&mut ring, 1, b"", 100), Appended::Kept);
         assert_eq!(append(&mut ring, 2, b"news", 2000), Appended::Refused);
