@@ -82,7 +82,9 @@ pub use config::{
 };
 pub use ops::metrics::MetricsSnapshot;
 pub use protocol::auth::{TokenError, Tokens};
-pub use protocol::commands::{Command, CommandError, ConnRef, Payload, Recipients, MAX_REASON_LEN};
+pub use protocol::commands::{
+    Command, CommandError, ConnRef, Payload, Recipients, MAX_CHANNEL_LIST_LEN, MAX_REASON_LEN,
+};
 pub use protocol::jwt::{Algorithm, KeyError, Verifier};
 pub use protocol::names::{ChannelName, ClientId, NameError, Pattern, MAX_NAME_LEN};
 pub use protocol::position::Epoch;

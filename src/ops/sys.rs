@@ -15,7 +15,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{fstat, ftruncate, memfd_create, MemfdFlags};
 use rustix::io::{fcntl_setfd, FdFlags};
@@ -231,56 +231,49 @@ pub fn monotonic_nanos() -> u64 {
     now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
-/// Memory shared between processes: a memory file (`memfd`) mapped into
-/// this process, read-write by the process that made it, read-only by
-/// those it is handed to (by descriptor: see [`SharedMemory::inheritable`]).
-/// The one who writes publishes through atomic words; readers copy bytes
-/// out and check those words again after (a seqlock), since the bytes may
-/// change under them. A part meant for every process to update is mapped
-/// again on its own, read-write ([`SharedMemory::open_part`]).
+/// Memory shared between processes, as this process may only read it: a
+/// memory file (`memfd`) mapped read-only into a process it was handed to
+/// (by descriptor: see [`SharedView::inheritable`]), or the read side of
+/// a [`SharedMemory`]. The one who writes publishes through atomic words;
+/// readers load those words and copy bytes out, then check the words
+/// again (a seqlock), since the bytes may change under them. Nothing here
+/// stores: a read-only mapping hands out no reference a store could go
+/// through.
+///
+/// ```compile_fail
+/// # use std::sync::atomic::Ordering;
+/// # fn store(view: &wspush::sys::SharedView) {
+/// view.word(0).store(1, Ordering::Relaxed); // No `word` on a view.
+/// # }
+/// ```
 #[derive(Debug)]
-pub struct SharedMemory {
+pub struct SharedView {
     ptr: NonNull<u8>,
     len: usize,
     fd: OwnedFd,
-    writable: bool,
 }
+
+/// Memory shared between processes that this process writes: a memory
+/// file it made, or a part of one mapped again on its own for every
+/// process of the host to update ([`SharedMemory::open_part`]). It reads
+/// as a [`SharedView`] too.
+#[derive(Debug)]
+pub struct SharedMemory(SharedView);
 
 // SAFETY: the mapping is plain memory owned by this value (unmapped on
 // drop); it holds no thread-bound state, and every access goes through
 // the methods below, whose copies and atomics are fine from any thread.
-unsafe impl Send for SharedMemory {}
+unsafe impl Send for SharedView {}
 
-impl SharedMemory {
-    /// A new memory file of `len` bytes (zeroed), mapped read-write.
-    pub fn create(name: &str, len: usize) -> io::Result<SharedMemory> {
-        let fd = memfd_create(name, MemfdFlags::CLOEXEC)?;
-        ftruncate(&fd, len as u64)?;
-        SharedMemory::map(fd, 0, len, true)
-    }
-
+impl SharedView {
     /// Maps a memory file another process made, read-only.
-    pub fn open(fd: OwnedFd) -> io::Result<SharedMemory> {
+    pub fn open(fd: OwnedFd) -> io::Result<SharedView> {
         let len = usize::try_from(fstat(&fd)?.st_size)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a negative size"))?;
-        SharedMemory::map(fd, 0, len, false)
+        SharedView::map(fd, 0, len, false)
     }
 
-    /// Maps `len` bytes at `offset` (page-aligned) of the memory file
-    /// `whole` is a mapping of, read-write, on their own: words every
-    /// process of the host may update.
-    pub fn open_part(whole: &SharedMemory, offset: usize, len: usize) -> io::Result<SharedMemory> {
-        let inside = offset.checked_add(len).is_some_and(|end| end <= whole.len);
-        if !inside {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "a part past the end of the memory file",
-            ));
-        }
-        SharedMemory::map(whole.fd.try_clone()?, offset, len, true)
-    }
-
-    fn map(fd: OwnedFd, offset: usize, len: usize, writable: bool) -> io::Result<SharedMemory> {
+    fn map(fd: OwnedFd, offset: usize, len: usize, writable: bool) -> io::Result<SharedView> {
         if len == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -307,12 +300,7 @@ impl SharedMemory {
             )?
         };
         let ptr = NonNull::new(ptr.cast()).ok_or_else(io::Error::last_os_error)?;
-        Ok(SharedMemory {
-            ptr,
-            len,
-            fd,
-            writable,
-        })
+        Ok(SharedView { ptr, len, fd })
     }
 
     /// Lets processes this one starts inherit the descriptor (cleared
@@ -327,9 +315,8 @@ impl SharedMemory {
         self.len
     }
 
-    /// The 64-bit word at `offset` (a multiple of 8, inside), for atomic
-    /// access. Stores need a writable mapping.
-    pub fn word(&self, offset: usize) -> &AtomicU64 {
+    /// The 64-bit word at `offset` (a multiple of 8, inside).
+    fn atomic(&self, offset: usize) -> &AtomicU64 {
         assert!(
             offset.is_multiple_of(8) && offset + 8 <= self.len,
             "bug: word {offset} of {}",
@@ -338,8 +325,14 @@ impl SharedMemory {
         // SAFETY: in bounds and aligned (the mapping is page-aligned), and
         // only ever accessed as an `AtomicU64` by every process sharing it,
         // so no non-atomic access races with it. It lives as long as the
-        // borrow of `self`, which keeps the mapping.
+        // borrow of `self`, which keeps the mapping. A store through it
+        // needs a writable mapping: only [`SharedMemory::word`] hands it out.
         unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU64>() }
+    }
+
+    /// Loads the 64-bit word at `offset` (a multiple of 8, inside).
+    pub fn load(&self, offset: usize, order: Ordering) -> u64 {
+        self.atomic(offset).load(order)
     }
 
     /// Copies the bytes at `offset` into `out` (they may be changing: the
@@ -362,37 +355,75 @@ impl SharedMemory {
             }
         }
     }
-
-    /// Writes `bytes` at `offset` (a writable mapping only).
-    pub fn write(&self, offset: usize, bytes: &[u8]) {
-        assert!(self.writable, "bug: a write to a read-only mapping");
-        assert!(
-            offset
-                .checked_add(bytes.len())
-                .is_some_and(|end| end <= self.len),
-            "bug: write past the end"
-        );
-        // SAFETY: in bounds (checked) of a writable mapping; `bytes` is a
-        // distinct buffer. Readers in other processes copy with volatile
-        // reads and check the writer's words after, so a concurrent copy
-        // is discarded, never trusted.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                self.ptr.as_ptr().add(offset),
-                bytes.len(),
-            );
-        }
-    }
 }
 
-impl Drop for SharedMemory {
+impl Drop for SharedView {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `map`, of this length, unmapped once;
         // no borrow of it outlives `self`.
         if let Err(e) = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) } {
             log::warn!("unmapping shared memory failed: {e}");
         }
+    }
+}
+
+impl SharedMemory {
+    /// A new memory file of `len` bytes (zeroed), mapped read-write.
+    pub fn create(name: &str, len: usize) -> io::Result<SharedMemory> {
+        let fd = memfd_create(name, MemfdFlags::CLOEXEC)?;
+        ftruncate(&fd, len as u64)?;
+        SharedView::map(fd, 0, len, true).map(SharedMemory)
+    }
+
+    /// Maps `len` bytes at `offset` (page-aligned) of the memory file
+    /// `whole` is a mapping of, read-write, on their own: words every
+    /// process of the host may update.
+    pub fn open_part(whole: &SharedView, offset: usize, len: usize) -> io::Result<SharedMemory> {
+        let inside = offset.checked_add(len).is_some_and(|end| end <= whole.len);
+        if !inside {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a part past the end of the memory file",
+            ));
+        }
+        SharedView::map(whole.fd.try_clone()?, offset, len, true).map(SharedMemory)
+    }
+
+    /// The 64-bit word at `offset` (a multiple of 8, inside), for atomic
+    /// access, stores included.
+    pub fn word(&self, offset: usize) -> &AtomicU64 {
+        self.0.atomic(offset)
+    }
+
+    /// Writes `bytes` at `offset`.
+    pub fn write(&self, offset: usize, bytes: &[u8]) {
+        let view = &self.0;
+        assert!(
+            offset
+                .checked_add(bytes.len())
+                .is_some_and(|end| end <= view.len),
+            "bug: write past the end"
+        );
+        // SAFETY: in bounds (checked) of a writable mapping (a
+        // `SharedMemory` is only ever made writable); `bytes` is a
+        // distinct buffer. Readers in other processes copy with volatile
+        // reads and check the writer's words after, so a concurrent copy
+        // is discarded, never trusted.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                view.ptr.as_ptr().add(offset),
+                bytes.len(),
+            );
+        }
+    }
+}
+
+impl std::ops::Deref for SharedMemory {
+    type Target = SharedView;
+
+    fn deref(&self) -> &SharedView {
+        &self.0
     }
 }
 
@@ -457,22 +488,18 @@ mod tests {
 
     #[test]
     fn shared_memory_written_here_is_read_through_another_mapping() {
-        use std::sync::atomic::Ordering;
         let mine = SharedMemory::create("wspush-test", 8192).unwrap();
-        let theirs = SharedMemory::open(mine.fd.try_clone().unwrap()).unwrap();
+        let theirs = SharedView::open(mine.fd.try_clone().unwrap()).unwrap();
         assert_eq!(theirs.size(), 8192);
         mine.write(100, b"hello");
         mine.word(8).store(42, Ordering::Release);
         let mut out = [0u8; 5];
         theirs.read(100, &mut out);
-        assert_eq!(
-            (&out, theirs.word(8).load(Ordering::Acquire)),
-            (b"hello", 42)
-        );
-        assert!(
-            std::panic::catch_unwind(|| theirs.write(0, b"x")).is_err(),
-            "read-only"
-        );
+        assert_eq!((&out, theirs.load(8, Ordering::Acquire)), (b"hello", 42));
         assert!(theirs.inheritable().is_ok());
+        // A part mapped on its own is writable, and written where the whole is.
+        let part = SharedMemory::open_part(&theirs, 4096, 4096).unwrap();
+        part.word(16).store(7, Ordering::Release);
+        assert_eq!(mine.load(4096 + 16, Ordering::Acquire), 7);
     }
 }

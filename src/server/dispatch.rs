@@ -440,14 +440,13 @@ impl Server {
     /// others get no data meanwhile, and a proxy in front of them sees
     /// only the pings.
     pub(super) fn sweep_heartbeats(&mut self, now: Instant) {
-        let history = &self.records.history;
         if self.delivery.stream.is_busy() {
-            history.mark_delivering(now);
+            self.clock.host.mark(now);
         }
         if !self.clock.heartbeat_due(now, self.sweeping()) {
             return;
         }
-        let last_delivery = history.last_delivering();
+        let last_delivery = self.clock.host.last();
         let bounds = (self.conns.key_bound(), self.config.fanout_budget);
         let Some(due) = self.clock.heartbeat_keys(now, last_delivery, bounds) else {
             return;

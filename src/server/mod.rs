@@ -244,11 +244,13 @@ impl Server {
             .upstream
             .map(|up| Outbox::new(up, Arc::clone(&shared.shelf)));
         let now = Instant::now();
+        let records = Records::new(&config)?;
+        let host = records.history.host_page()?;
         Ok(Server {
-            clock: Clock::new(&config, sockets.registry(), now)?,
+            clock: Clock::new(&config, sockets.registry(), host, now)?,
             conns: Connections::new(&config, upstream),
             buffers: Buffers::new(&config),
-            records: Records::new(&config)?,
+            records,
             delivery: Delivery::default(),
             intake: Intake::new(),
             lifecycle: Lifecycle::new(),

@@ -160,8 +160,7 @@ pub enum BroadcastError {
     Gone(ServerGone),
     /// A close code a server may not send, or a reason over 123 bytes.
     BadClose,
-    /// A list of channels over
-    /// [`MAX_CHANNEL_LIST_LEN`](crate::protocol::commands::MAX_CHANNEL_LIST_LEN)
+    /// A list of channels over [`crate::MAX_CHANNEL_LIST_LEN`]
     /// bytes.
     ChannelListTooLong,
 }

@@ -439,15 +439,9 @@ impl History {
         self.ring.refused()
     }
 
-    /// Notes, for every instance of the host, that a broadcast of this
-    /// loop is under way at `now` (the heartbeats yield to it).
-    pub fn mark_delivering(&self, now: Instant) {
-        self.ring.mark_delivering(now);
-    }
-
-    /// When an instance of the host last had a broadcast under way.
-    pub fn last_delivering(&self) -> Option<Instant> {
-        self.ring.last_delivering()
+    /// The host's page of the history's memory (see [`Ring::host_page`]).
+    pub fn host_page(&self) -> io::Result<crate::ops::sys::SharedMemory> {
+        self.ring.host_page()
     }
 }
 

@@ -20,10 +20,9 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{fence, Ordering};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::ops::sys::{monotonic_nanos, SharedMemory};
+use crate::ops::sys::{SharedMemory, SharedView};
 use crate::protocol::position::Epoch;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"wspushH3");
@@ -47,15 +46,10 @@ const MESSAGES: usize = 9;
 const BYTES: usize = 10;
 /// Messages refused so far (each larger than the byte bound alone).
 const REFUSED: usize = 11;
-/// The writer's words are in the first page; the second holds words any
-/// process of the host updates, mapped read-write by each on its own.
+/// The writer's words are in the first page; the second is the host's
+/// (see [`Ring::host_page`]).
 const HOST_PAGE_AT: usize = 4096;
 const HOST_PAGE_LEN: usize = 4096;
-/// In the host's page: when an instance last had a broadcast under way
-/// (nanoseconds of the host's monotonic clock). Every instance's heartbeat
-/// yields to it (see `time::heartbeat`); it is here because this memory is the
-/// one every instance of a host maps.
-const DELIVERING: usize = 0;
 const HEADER_LEN: usize = HOST_PAGE_AT + HOST_PAGE_LEN;
 /// A slot: first and last positions, and where the record is.
 const SLOT_LEN: usize = 24;
@@ -153,12 +147,36 @@ struct Writer {
     kept: VecDeque<Kept>,
 }
 
+/// The ring's memory as this process maps it.
+#[derive(Debug)]
+enum Mapped {
+    /// Read-write: this process writes the ring.
+    Writer(SharedMemory),
+    /// Read-only: another process writes it.
+    Reader(SharedView),
+}
+
+impl Mapped {
+    fn view(&self) -> &SharedView {
+        match self {
+            Mapped::Writer(mem) => mem,
+            Mapped::Reader(view) => view,
+        }
+    }
+
+    /// The writable mapping, for the writer's methods.
+    fn writable(&self) -> &SharedMemory {
+        match self {
+            Mapped::Writer(mem) => mem,
+            Mapped::Reader(_) => panic!("bug: writing a history read-only here"),
+        }
+    }
+}
+
 /// The ring, mapped; with the writer's bookkeeping if this process writes.
 #[derive(Debug)]
 pub struct Ring {
-    mem: SharedMemory,
-    /// The host's page, read-write.
-    host: SharedMemory,
+    mem: Mapped,
     data: u64,
     slots: u64,
     data_at: usize,
@@ -188,8 +206,7 @@ impl Ring {
             mem.word(word * 8).store(value, Ordering::Release);
         }
         Ok(Ring {
-            host: SharedMemory::open_part(&mem, HOST_PAGE_AT, HOST_PAGE_LEN)?,
-            mem,
+            mem: Mapped::Writer(mem),
             data,
             slots,
             data_at,
@@ -202,20 +219,19 @@ impl Ring {
 
     /// The ring another process writes, from its descriptor.
     pub fn open(fd: OwnedFd) -> io::Result<Ring> {
-        let mem = SharedMemory::open(fd)?;
+        let mem = SharedView::open(fd)?;
         let invalid = |what| io::Error::new(io::ErrorKind::InvalidData, what);
-        if mem.size() < HEADER_LEN || mem.word(MAGIC_AT * 8).load(Ordering::Acquire) != MAGIC {
+        if mem.size() < HEADER_LEN || mem.load(MAGIC_AT * 8, Ordering::Acquire) != MAGIC {
             return Err(invalid("not a wspush history"));
         }
-        let data = mem.word(DATA * 8).load(Ordering::Relaxed);
-        let slots = mem.word(SLOTS * 8).load(Ordering::Relaxed);
+        let data = mem.load(DATA * 8, Ordering::Relaxed);
+        let slots = mem.load(SLOTS * 8, Ordering::Relaxed);
         let data_at = (HEADER_LEN + slots as usize * SLOT_LEN).next_multiple_of(4096);
         if data_at as u64 + data != mem.size() as u64 {
             return Err(invalid("a history of the wrong size"));
         }
         Ok(Ring {
-            host: SharedMemory::open_part(&mem, HOST_PAGE_AT, HOST_PAGE_LEN)?,
-            mem,
+            mem: Mapped::Reader(mem),
             data,
             slots,
             data_at,
@@ -224,8 +240,16 @@ impl Ring {
     }
 
     /// The shared memory (to hand its descriptor on).
-    pub fn memory(&self) -> &SharedMemory {
-        &self.mem
+    pub fn memory(&self) -> &SharedView {
+        self.mem.view()
+    }
+
+    /// The host's page of the ring's memory, mapped read-write on its own:
+    /// words any process of the host updates (see
+    /// [`HostDelivery`](crate::server::time::host::HostDelivery)), kept here
+    /// because this memory is the one every instance of a host maps.
+    pub fn host_page(&self) -> io::Result<SharedMemory> {
+        SharedMemory::open_part(self.mem.view(), HOST_PAGE_AT, HOST_PAGE_LEN)
     }
 
     /// Whether this process writes it.
@@ -234,25 +258,12 @@ impl Ring {
     }
 
     fn load(&self, word: usize) -> u64 {
-        self.mem.word(word * 8).load(Ordering::Acquire)
+        self.mem.view().load(word * 8, Ordering::Acquire)
     }
 
     fn store(&self, word: usize, value: u64) {
-        self.mem.word(word * 8).store(value, Ordering::Release);
-    }
-
-    /// Notes that a broadcast of this process is under way at `now`.
-    pub fn mark_delivering(&self, now: Instant) {
-        let word = self.host.word(DELIVERING * 8);
-        word.fetch_max(host_nanos(now), Ordering::Relaxed);
-    }
-
-    /// When an instance of the host last noted a broadcast under way.
-    pub fn last_delivering(&self) -> Option<Instant> {
-        match self.host.word(DELIVERING * 8).load(Ordering::Relaxed) {
-            0 => None,
-            nanos => Some(host_instant(nanos)),
-        }
+        let mem = self.mem.writable();
+        mem.word(word * 8).store(value, Ordering::Release);
     }
 
     /// The epoch of its positions.
@@ -314,7 +325,7 @@ impl Ring {
         let (first, last, start) = self.slot(n);
         let at = self.data_at + (start % self.data) as usize;
         let mut head = [0u8; RECORD_HEAD];
-        self.mem.read(at, &mut head);
+        self.mem.view().read(at, &mut head);
         let word =
             |i: usize| u32::from_le_bytes(head[i * 4..i * 4 + 4].try_into().unwrap()) as usize;
         let (len, plain, compressed) = (word(0), word(1), word(2));
@@ -328,7 +339,7 @@ impl Ring {
         let mut record = None;
         if fits {
             let mut names = vec![0u8; names_len];
-            self.mem.read(at + RECORD_HEAD, &mut names);
+            self.mem.view().read(at + RECORD_HEAD, &mut names);
             let content = match wanted(kind, &names) {
                 false => Content::Unwanted,
                 true if refused => Content::Refused,
@@ -338,8 +349,8 @@ impl Ring {
                         false => (0, plain),
                     };
                     let mut frames = vec![0u8; take];
-                    self.mem
-                        .read(at + RECORD_HEAD + names_len + skip, &mut frames);
+                    let from = at + RECORD_HEAD + names_len + skip;
+                    self.mem.view().read(from, &mut frames);
                     Content::Frames(frames)
                 }
             };
@@ -478,11 +489,11 @@ impl Ring {
         head[14] = kind as u8;
         head[15] = if missing { REFUSED_FLAG } else { 0 };
         let at = self.data_at + (start % self.data) as usize;
-        self.mem.write(at, &head);
-        self.mem.write(at + RECORD_HEAD, names);
-        self.mem.write(at + RECORD_HEAD + names.len(), frames);
-        self.mem
-            .write(at + RECORD_HEAD + names.len() + frames.len(), compressed);
+        let mem = self.mem.writable();
+        mem.write(at, &head);
+        mem.write(at + RECORD_HEAD, names);
+        mem.write(at + RECORD_HEAD + names.len(), frames);
+        mem.write(at + RECORD_HEAD + names.len() + frames.len(), compressed);
         let slot = HEADER_LEN / 8 + (records % self.slots) as usize * SLOT_LEN / 8;
         self.store(slot, first);
         self.store(slot + 1, last);
@@ -539,34 +550,6 @@ impl Ring {
     }
 }
 
-/// An `Instant` and the host's monotonic clock read together: `Instant`
-/// is that clock, but says so in no number another process can compare.
-fn clock_base() -> (Instant, u64) {
-    static BASE: OnceLock<(Instant, u64)> = OnceLock::new();
-    *BASE.get_or_init(|| (Instant::now(), monotonic_nanos()))
-}
-
-/// `at` in nanoseconds of the host's monotonic clock (at least 1).
-fn host_nanos(at: Instant) -> u64 {
-    let (base, nanos) = clock_base();
-    let nanos = match at.checked_duration_since(base) {
-        Some(after) => nanos.saturating_add(after.as_nanos() as u64),
-        None => nanos.saturating_sub(base.duration_since(at).as_nanos() as u64),
-    };
-    nanos.max(1)
-}
-
-/// The `Instant` of `nanos` of the host's monotonic clock.
-fn host_instant(nanos: u64) -> Instant {
-    let (base, base_nanos) = clock_base();
-    if nanos >= base_nanos {
-        base + Duration::from_nanos(nanos - base_nanos)
-    } else {
-        base.checked_sub(Duration::from_nanos(base_nanos - nanos))
-            .unwrap_or(base)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -581,21 +564,6 @@ mod tests {
 
     fn everything(_: Kind, _: &[u8]) -> bool {
         true
-    }
-
-    #[test]
-    fn a_delivery_noted_by_one_instance_is_seen_by_every_mapping() {
-        let ring = Ring::create(bounds(1, 64), Epoch(1), 0).unwrap();
-        let fd = ring.memory().inheritable().unwrap();
-        let other = Ring::open(fd.try_clone_to_owned().unwrap()).unwrap();
-        assert_eq!(other.last_delivering(), None, "none yet");
-        let t0 = Instant::now();
-        other.mark_delivering(t0 + Duration::from_millis(5));
-        ring.mark_delivering(t0);
-        let seen = ring.last_delivering().unwrap();
-        let off = seen.max(t0 + Duration::from_millis(5)) - seen.min(t0 + Duration::from_millis(5));
-        assert!(off < Duration::from_micros(1), "the later one, {off:?} off");
-        assert_eq!(other.last_delivering(), Some(seen));
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //! period more), so no key comes up again within less than an interval,
 //! and none more than three apart.
 //! - A broadcast on its way to every connection in any instance of the
-//!   host (they share when one last was, see `history::ring`). Each connection gets
+//!   host (they share when one last was, see `host`). Each connection gets
 //!   the broadcast meanwhile, so a proxy in front of it sees traffic all
 //!   the same. Pings and their pongs beside a fan-out to a million
 //!   connections cost as much CPU as the fan-out itself (bench/RESULTS.md).

@@ -5,6 +5,7 @@
 pub(crate) mod alarm;
 pub(crate) mod batching;
 pub(crate) mod heartbeat;
+pub(crate) mod host;
 pub(crate) mod timer;
 
 use std::io;
@@ -15,11 +16,13 @@ use mio::Registry;
 
 use crate::config::Config;
 use crate::ops::metrics::Metrics;
+use crate::ops::sys::SharedMemory;
 use crate::server::key::ConnKey;
 use crate::server::net::sockets::ALARM;
 use crate::server::time::alarm::Alarm;
 use crate::server::time::batching::Batching;
 use crate::server::time::heartbeat::Heartbeat;
+use crate::server::time::host::HostDelivery;
 use crate::server::time::timer::{Tick, TimerWheel};
 
 /// The time since the Unix epoch (zero on a clock set before it), for
@@ -45,17 +48,26 @@ pub(super) struct Clock {
     expired: Vec<(ConnKey, Tick)>,
     /// When the heartbeat visits which connections.
     pub(super) heartbeat: Heartbeat,
+    /// When an instance of the host last had a broadcast under way.
+    pub(super) host: HostDelivery,
     batching: Batching,
 }
 
 impl Clock {
-    /// The clock for `config`'s intervals, its alarm registered in the poll.
-    pub(super) fn new(config: &Config, registry: &Registry, now: Instant) -> io::Result<Clock> {
+    /// The clock for `config`'s intervals, its alarm registered in the
+    /// poll, with the host's page of shared words (see `host`).
+    pub(super) fn new(
+        config: &Config,
+        registry: &Registry,
+        host: SharedMemory,
+        now: Instant,
+    ) -> io::Result<Clock> {
         Ok(Clock {
             alarm: Alarm::new(registry, ALARM)?,
             timers: TimerWheel::new(TIMER_RESOLUTION, TIMER_SLOTS, now),
             expired: Vec::new(),
             heartbeat: Heartbeat::new(config.ping_interval, config.idle_timeout, now),
+            host: HostDelivery::new(host),
             batching: Batching::new(config.batch_delay),
         })
     }
