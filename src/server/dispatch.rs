@@ -432,13 +432,9 @@ impl Server {
 
     /// Runs the heartbeat slice that is due (at most
     /// [`Config::fanout_budget`](crate::Config::fanout_budget) keys; the rest in the next iterations):
-    /// pings, and closes connections silent for the idle timeout. While a
-    /// broadcast is on its way to every connection in any instance of the
-    /// host (and a little after), or connections arrive in a storm, the
-    /// sweep is postponed instead, up to one interval a pass (see
-    /// `heartbeat`). Messages for some connections do not postpone it: the
-    /// others get no data meanwhile, and a proxy in front of them sees
-    /// only the pings.
+    /// pings, and closes connections silent for the idle timeout; or none,
+    /// while the sweep yields to the host's broadcasts and accept storms
+    /// (see `time::heartbeat`).
     pub(super) fn sweep_heartbeats(&mut self, now: Instant) {
         if self.delivery.stream.is_busy() {
             self.clock.host.mark(now);

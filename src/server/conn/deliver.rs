@@ -102,7 +102,7 @@ impl Conn {
                             after: *after,
                             replay,
                         };
-                        unfinished = Some(Unfinished { at, item });
+                        unfinished = Some(Box::new(Unfinished { at, item }));
                         break;
                     }
                     skip = Some(replay.through);
@@ -120,12 +120,15 @@ impl Conn {
             gathered.clear();
         }
         *ctx.gathered = gathered;
-        match (verdict, close, unfinished) {
-            (Verdict::Keep, Some((code, reason)), _) => {
-                self.begin_close(key, reason, CloseReason::Publisher(code), ctx)
-            }
-            (Verdict::Keep, _, Some(left)) => Verdict::Unfinished(Box::new(left)),
-            (verdict, ..) => verdict,
+        if !matches!(verdict, Verdict::Keep) {
+            return verdict;
+        }
+        if let Some((code, reason)) = close {
+            return self.begin_close(key, reason, CloseReason::Publisher(code), ctx);
+        }
+        match unfinished {
+            Some(left) => Verdict::Unfinished(left),
+            None => Verdict::Keep,
         }
     }
 

@@ -80,18 +80,17 @@ impl Visitor<'_, '_> {
     /// left of its items, if it could not give them all.
     fn visit(&mut self, key: ConnKey, owed: Owed<'_>) -> Option<Box<Unfinished>> {
         let conn = self.conns.get_mut(key.0)?;
-        let (verdict, left) = match conn.deliver(key, owed, &mut self.ctx) {
-            Verdict::Unfinished(left) => (Verdict::Keep, Some(left)),
-            verdict => (verdict, None),
-        };
-        match verdict {
-            Verdict::Keep => {
-                if !sync_interest(self.registry, key, conn) {
-                    self.unsettled
-                        .push((key, Verdict::Close(CloseReason::Abnormal)));
-                }
+        let left = match conn.deliver(key, owed, &mut self.ctx) {
+            Verdict::Keep => None,
+            Verdict::Unfinished(left) => Some(left),
+            verdict => {
+                self.unsettled.push((key, verdict));
+                return None;
             }
-            verdict => self.unsettled.push((key, verdict)),
+        };
+        if !sync_interest(self.registry, key, conn) {
+            self.unsettled
+                .push((key, Verdict::Close(CloseReason::Abnormal)));
         }
         left
     }

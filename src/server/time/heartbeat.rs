@@ -24,6 +24,10 @@
 //!   slice period, as when a host's clients all come back at once. At a
 //!   million connections, pings beside the setup halved its rate.
 //!
+//! Messages for some connections (a channel's, an id's) do not hold it
+//! back: the others get no data meanwhile, and a proxy in front of them
+//! sees only the pings.
+//!
 //! A slice left over by the loop's budget is finished in the next
 //! iterations.
 
