@@ -12,9 +12,11 @@
 //!   the first walk, so that it gets everything in order.
 //!
 //! Each visit hands a connection what it is owed ([`Owed`]) through one
-//! function, [`Conn::deliver`], which writes it with one `writev` and
-//! answers with one [`Verdict`]; the verdicts other than keep are acted
-//! on in one place, the loop's `settle`, once the slice is over.
+//! function, [`Conn::deliver`], which writes it in order with one
+//! `writev` and answers with one [`Verdict`]: what a walk's visit could
+//! not give ([`Verdict::Unfinished`]) the walk takes back; the other
+//! verdicts but keep are acted on in one place, the loop's `settle`, once
+//! the slice is over.
 
 pub(crate) mod directory;
 

@@ -1,11 +1,8 @@
-//! What a connection is owed when a delivery visits it: the broadcast
-//! batches of the stream it has not had yet, up to a point, and its own
-//! items (a message for some connections, a close, the replay of what it
-//! missed), each placed after the batches framed before it was addressed. Every kind of delivery,
-//! the pass over every connection and the walk over the recipients of
-//! targeted items alike, hands a connection one [`Owed`], which
-//! [`Conn::deliver`](crate::server::conn::Conn::deliver) writes in order
-//! with one `writev`.
+//! What a connection is owed when a delivery visits it (see `deliver`):
+//! the broadcast batches of the `stream` it has not had yet, up to a
+//! point, and its own items (`targeted`: a message for some connections,
+//! a close, the replay of what it missed), each placed after the batches
+//! framed before it was addressed.
 
 pub(crate) mod stream;
 pub(crate) mod targeted;
