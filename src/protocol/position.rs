@@ -108,8 +108,9 @@ pub enum Status {
         /// The last position given out when it was told.
         current: Position,
     },
-    /// Its `since` is of another epoch, or not a position: nothing is
-    /// replayed, and live messages follow.
+    /// Its `since` is of another epoch, not a position, or one never
+    /// given out (past the newest, where this server alone gives out its
+    /// epoch's positions): nothing is replayed, and live messages follow.
     Unknown {
         /// The last position given out.
         current: Position,

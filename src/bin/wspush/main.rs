@@ -985,7 +985,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_flag_has_help_and_a_row_in_the_operations_table() {
+    fn a_bare_command_line_gives_the_librarys_defaults() {
+        use clap::Parser;
+        // The flags' defaults are the library's: a setting the binary
+        // defaults otherwise would show up here.
+        let cli = Cli::parse_from(["wspush", "--listen", "127.0.0.1:9000"]);
+        let from_flags = config(&cli).unwrap();
+        let mut library = wspush::Config::default();
+        library.listen = cli.listen;
+        assert_eq!(format!("{from_flags:?}"), format!("{library:?}"));
+    }
+
+    #[test]
+    fn every_flag_has_help_and_a_row_with_its_default_in_the_operations_table() {
         use clap::CommandFactory;
         use std::collections::BTreeSet;
         let operations = include_str!("../../../docs/OPERATIONS.md");
@@ -994,19 +1006,47 @@ mod tests {
             .nth(1)
             .and_then(|rest| rest.split("\n## ").next())
             .expect("OPERATIONS has a Flags section");
-        // The flags named in the first cell of each row.
+        // The flags named in the first cell of each row, with the default
+        // the second cell gives each (`A / B` for two flags).
         let mut listed = BTreeSet::new();
+        let mut documented = Vec::new();
         for row in table.lines().filter(|l| l.starts_with("| `")) {
-            let first = row.split(" | ").next().unwrap_or_default();
-            for part in first.split("`--").skip(1) {
+            let mut cells = row.split(" | ");
+            let first = cells.next().unwrap_or_default();
+            let defaults: Vec<&str> = cells.next().unwrap_or_default().split(" / ").collect();
+            for (i, part) in first.split("`--").skip(1).enumerate() {
                 let name: String = part
                     .chars()
                     .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
                     .collect();
+                documented.push((name.clone(), defaults.get(i).copied()));
                 listed.insert(name);
             }
         }
         let command = Cli::command();
+        // A documented default reads as the parser's: `16 MiB` is
+        // 16777216, `10,000` is 10000.
+        let value = |text: &str| -> String {
+            let text = text.trim().trim_matches('`').replace(',', "");
+            let scaled = |n: &str, shift: u32| n.trim().parse::<u64>().map(|n| n << shift);
+            match (text.strip_suffix(" MiB"), text.strip_suffix(" KiB")) {
+                (Some(n), _) => scaled(n, 20).map_or(text.clone(), |n| n.to_string()),
+                (_, Some(n)) => scaled(n, 10).map_or(text.clone(), |n| n.to_string()),
+                _ => text,
+            }
+        };
+        for (name, doc) in &documented {
+            let arg = command.get_arguments().find(|a| a.get_long() == Some(name));
+            let Some(default) = arg.and_then(|a| a.get_default_values().first()) else {
+                continue;
+            };
+            let default = default.to_string_lossy();
+            assert_eq!(
+                doc.map(value),
+                Some(default.to_string()),
+                "--{name}: OPERATIONS' default against the parser's"
+            );
+        }
         let mut flags = BTreeSet::new();
         for arg in command.get_arguments().filter(|a| !a.is_hide_set()) {
             let Some(long) = arg.get_long() else { continue };
