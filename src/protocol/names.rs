@@ -81,6 +81,12 @@ macro_rules! name_type {
             pub fn as_str(&self) -> &str {
                 &self.0
             }
+
+            /// Keeps `name`, checked already (by the query it came in).
+            pub(crate) fn checked(name: &str) -> $name {
+                debug_assert!(check(name).is_ok(), "bug: {name:?} was not checked");
+                $name(name.into())
+            }
         }
 
         impl TryFrom<&str> for $name {

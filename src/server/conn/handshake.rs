@@ -9,6 +9,7 @@ use crate::protocol::http::{
     self, Credential, Endpoints, HandshakeRules, HeadStatus, Protocol, Rejection, MAX_RESPONSE_LEN,
 };
 use crate::protocol::jwt;
+use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::position::Status;
 use crate::protocol::query::{self, Limits, Resume};
 use crate::protocol::sse;
@@ -176,8 +177,12 @@ impl Conn {
         self.target = target;
         let filter = match asked.resume {
             Resume::Since(_) => Filter {
-                id: asked.id.map(Box::from),
-                channels: asked.channels.iter().copied().map(Box::from).collect(),
+                id: asked.id.map(ClientId::checked),
+                channels: asked
+                    .channels
+                    .iter()
+                    .map(|c| ChannelName::checked(c))
+                    .collect(),
             },
             Resume::Off | Resume::Positions => Filter::default(),
         };

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::protocol::commands::{self, Recipients};
+use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::position::{Epoch, Position, Status};
 use crate::protocol::ws::OpCode;
 use crate::server::frames::SharedFrames;
@@ -37,9 +38,9 @@ use crate::server::history::ring::{Appended, Content, Kind, Ring};
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Filter {
     /// Its client id.
-    pub id: Option<Box<str>>,
+    pub id: Option<ClientId>,
     /// Its channels.
-    pub channels: Box<[Box<str>]>,
+    pub channels: Box<[ChannelName]>,
 }
 
 impl Filter {
@@ -49,8 +50,8 @@ impl Filter {
             Kind::All => true,
             Kind::Channels => names
                 .split(|&b| b == b',')
-                .any(|n| self.channels.iter().any(|c| c.as_bytes() == n)),
-            Kind::Id => self.id.as_deref().map(str::as_bytes) == Some(names),
+                .any(|n| self.channels.iter().any(|c| c.as_str().as_bytes() == n)),
+            Kind::Id => self.id.as_ref().map(|id| id.as_str().as_bytes()) == Some(names),
             // A connection of its own, which is gone: a resume is another.
             Kind::Conn => false,
         }
@@ -641,7 +642,7 @@ mod tests {
     fn subscriber_of(channel: &str) -> Filter {
         Filter {
             id: None,
-            channels: vec![channel.into()].into(),
+            channels: vec![ChannelName::new(channel).unwrap()].into(),
         }
     }
 
@@ -797,8 +798,8 @@ mod tests {
         keep(&mut history, &["7"], Recipients::channels(&["c"]), now);
         keep(&mut history, &["8"], Recipients::All, now);
         let ann = Filter {
-            id: Some("ann".into()),
-            channels: vec!["a".into()].into(),
+            id: Some(ClientId::new("ann").unwrap()),
+            channels: vec![ChannelName::new("a").unwrap()].into(),
         };
         assert_eq!(
             replay(&history, 1, ann),
