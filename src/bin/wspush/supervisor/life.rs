@@ -1,0 +1,254 @@
+//! The instances' lives: started, reaped, started again after their
+//! backoff (or the crash loop that stops everything), stopped and killed.
+
+use super::*;
+
+impl Supervisor {
+    /// Kills a process a roll started that did not listen in time (the
+    /// roll is given up), and a retiring one still running at its
+    /// deadline.
+    pub(super) fn expire(&mut self, now: Instant) {
+        let mut late = Vec::new();
+        for (key, proc) in &self.procs {
+            match proc.role {
+                Role::Starting { deadline, .. } | Role::Retiring { deadline }
+                    if now >= deadline =>
+                {
+                    late.push(key)
+                }
+                _ => {}
+            }
+        }
+        for key in late {
+            let proc = &mut self.procs[key];
+            let (number, pid) = (proc.number, proc.child.id());
+            let starting = matches!(proc.role, Role::Starting { .. });
+            let _ = proc.child.kill();
+            proc.role = Role::Killed;
+            if starting {
+                self.give_up_roll(&format!(
+                    "instance {number}'s new process (pid {pid}) did not listen within {LISTEN_TIMEOUT:?}"
+                ));
+            } else {
+                log::warn!(
+                    "instance {number}'s old process (pid {pid}) was still handing over: killed it"
+                );
+            }
+        }
+    }
+
+    /// Records every process that exited. An instance's process: a
+    /// requested stop lets it go; otherwise it is scheduled to start again,
+    /// or the policy says stop. A process a roll started that exited
+    /// before it listened gives the roll up; one that handed over is done.
+    pub(super) fn reap(
+        &mut self,
+        now: Instant,
+        stopping: bool,
+    ) -> io::Result<Option<SupervisorError>> {
+        let mut error = None;
+        let mut exited = Vec::new();
+        for (key, proc) in &mut self.procs {
+            if let Some(status) = proc.child.try_wait()? {
+                exited.push((key, status));
+            }
+        }
+        for (key, status) in exited {
+            let mut proc = self.procs.remove(key);
+            self.board.remove(key);
+            if let Some(merge) = &mut self.merge {
+                merge.detach(key + 1, self.poll.registry());
+            }
+            if let Some(mut pipe) = proc.status.take() {
+                let _ = self.poll.registry().deregister(&mut pipe);
+            }
+            let (number, pid, lived) = (proc.number, proc.child.id(), now - proc.started);
+            let (bytes, lines) = proc.backlog.clear();
+            match proc.role {
+                Role::Serving => {}
+                Role::Starting { .. } => {
+                    let ended = Ended(status);
+                    self.give_up_roll(&format!(
+                        "instance {number}'s new process (pid {pid}) {ended} before it listened"
+                    ));
+                    continue;
+                }
+                Role::Retiring { .. } => {
+                    log::info!(
+                        "instance {number}: pid {pid} {} after handing over",
+                        Ended(status)
+                    );
+                    continue;
+                }
+                Role::Killed => continue,
+            }
+            let instance = &mut self.instances[number - 1];
+            if stopping {
+                instance.life = Life::Gone;
+                continue;
+            }
+            let dropped = if bytes > 0 {
+                format!("; dropped {bytes} bytes ({lines} lines) of input queued for it")
+            } else {
+                String::new()
+            };
+            if self.policy.on_exit == OnExit::Stop {
+                log::error!("instance {number} (pid {pid}) {}{dropped}", Ended(status));
+                instance.life = Life::Gone;
+                error.get_or_insert(SupervisorError::InstanceDied {
+                    instance: number,
+                    pid,
+                    status,
+                });
+                continue;
+            }
+            if lived < YOUNG && !proc.killed_stuck {
+                instance.young_deaths += 1;
+            } else {
+                instance.young_deaths = 0;
+            }
+            if instance.young_deaths >= CRASH_LOOP {
+                log::error!(
+                    "instance {number} (pid {pid}) {} {lived:.1?} after starting{dropped}",
+                    Ended(status)
+                );
+                instance.life = Life::Gone;
+                error.get_or_insert(SupervisorError::CrashLoop {
+                    instance: number,
+                    status,
+                });
+                continue;
+            }
+            let backoff = MIN_BACKOFF
+                .saturating_mul(1 << instance.young_deaths.saturating_sub(1).min(10))
+                .min(MAX_BACKOFF);
+            let cause = if proc.killed_stuck {
+                "was replaced for being stuck".to_string()
+            } else {
+                Ended(status).to_string()
+            };
+            log::warn!(
+                "instance {number} (pid {pid}) {cause} after {lived:.1?}{dropped}; starting it again in {backoff:?}"
+            );
+            instance.life = Life::Waiting {
+                until: now + backoff,
+            };
+        }
+        self.steer();
+        Ok(error)
+    }
+
+    /// Starts again every instance whose backoff is over.
+    pub(super) fn restart_due(&mut self, now: Instant, input_open: bool) {
+        for index in 0..self.instances.len() {
+            match self.instances[index].life {
+                Life::Waiting { until } if now >= until => {}
+                _ => continue,
+            }
+            let number = index + 1;
+            let first_line = input_open.then_some(self.recorder.next_line());
+            let program = Rc::clone(&self.program);
+            let launched = self.launch(&program, number, first_line, Role::Serving);
+            self.restarts += 1;
+            let instance = &mut self.instances[index];
+            instance.restarts += 1;
+            match launched {
+                Ok(key) => {
+                    instance.life = Life::Running(key);
+                    let proc = &mut self.procs[key];
+                    if input_open {
+                        for _ in 0..self.feeds_lost {
+                            proc.backlog.push(Control::FeedLost.line().into());
+                        }
+                    }
+                    log::warn!(
+                        "instance {number} started again (pid {}): restart {} of it, {} in all",
+                        proc.child.id(),
+                        instance.restarts,
+                        self.restarts
+                    );
+                }
+                Err(e) => {
+                    log::error!(
+                        "instance {number} could not be started again: {e}; trying again in {MAX_BACKOFF:?}"
+                    );
+                    instance.life = Life::Waiting {
+                        until: now + MAX_BACKOFF,
+                    };
+                }
+            }
+        }
+    }
+
+    /// Sends `signal` (SIGTERM: drain; SIGINT: close at once) to every
+    /// process, cancels pending restarts and any roll, and returns when
+    /// to kill what is left.
+    pub(super) fn stop_all(&mut self, now: Instant, signal: Signal) -> Instant {
+        for (_, proc) in &self.procs {
+            let _ = kill_process(Pid::from_child(&proc.child), signal);
+        }
+        for instance in &mut self.instances {
+            if let Life::Waiting { .. } = instance.life {
+                instance.life = Life::Gone;
+            }
+        }
+        self.roll = None;
+        now + self.policy.stop_grace
+    }
+
+    /// Kills every process (start-up failed, or the stop grace is over);
+    /// they are reaped on their SIGCHLD.
+    pub(super) fn kill_all(&mut self) {
+        for (_, proc) in &mut self.procs {
+            let _ = proc.child.kill();
+        }
+    }
+
+    /// Starts a process of instance `number` running `program` (see
+    /// [`Program::spawn`]) and registers its pipes; returns its key.
+    pub(super) fn launch(
+        &mut self,
+        program: &Program,
+        number: usize,
+        first_line: Option<u64>,
+        role: Role,
+    ) -> io::Result<usize> {
+        let (mut status, writer) = status_pipe()?;
+        let start = Start {
+            number,
+            earlier: self.instances[number - 1].processes,
+            first_line,
+            capture_output: self.merge.is_some(),
+            listener: &self.instances[number - 1].listener,
+            status: &writer,
+        };
+        let (mut child, mut input) = program.spawn(&start)?;
+        drop(writer);
+        self.instances[number - 1].processes += 1;
+        let entry = self.procs.vacant_entry();
+        let key = entry.key();
+        let registry = self.poll.registry();
+        if let Some(input) = &mut input {
+            registry.register(input, Token(key), Interest::WRITABLE)?;
+        }
+        registry.register(&mut status, Token(STATUS_TOKENS + key), Interest::READABLE)?;
+        if let (Some(merge), Some(output)) = (&mut self.merge, child.stdout.take()) {
+            merge.attach(key + 1, number, Receiver::from(output), registry)?;
+        }
+        entry.insert(Proc {
+            number,
+            child,
+            input,
+            backlog: Backlog::default(),
+            started: Instant::now(),
+            stalled_since: None,
+            killed_stuck: false,
+            role,
+            status: Some(status),
+            listening: false,
+            full: false,
+            heard: Heard::default(),
+        });
+        Ok(key)
+    }
+}
