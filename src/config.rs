@@ -175,8 +175,8 @@ pub struct Config {
     /// so are echoes (`echo`, per connection, at a faster level); smaller
     /// ones go plain, their compression worth less than its time.
     pub deflate_min_bytes: usize,
-    /// How `/healthz` answers while a feed is lost
-    /// ([`Handle::feed_lost`](crate::Handle::feed_lost)).
+    /// How `/healthz` answers while a feed is lost (the binary's Redis
+    /// feed, which tells its handle so under the `internals` feature).
     pub degraded: Degraded,
     /// Messages kept for clients that resume (`?since=`): at most this
     /// many (0 keeps none: every resume but one from the last position is

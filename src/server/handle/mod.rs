@@ -8,7 +8,7 @@ pub(crate) mod upstream;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use mio::Waker;
 
@@ -288,6 +288,7 @@ impl Handle {
     /// Counts an input line the caller skipped instead of broadcasting it
     /// (not UTF-8, or too long), in `input_lines_rejected`: nothing is
     /// dropped uncounted.
+    #[cfg(feature = "internals")]
     pub fn count_rejected_input(&self) {
         Metrics::incr(&self.shared.metrics.input_lines_rejected);
     }
@@ -295,6 +296,7 @@ impl Handle {
     /// Records that a feed of this server's input (a Redis subscription)
     /// was lost: counted in `feed_outages`, and `/healthz` reports the
     /// server degraded until [`Handle::feed_restored`].
+    #[cfg(feature = "internals")]
     pub fn feed_lost(&self) {
         let metrics = &self.shared.metrics;
         Metrics::incr(&metrics.feed_outages);
@@ -303,7 +305,8 @@ impl Handle {
 
     /// Records that a lost feed is back after `outage` (a feed not
     /// recorded lost leaves `feeds_down` as it is).
-    pub fn feed_restored(&self, outage: Duration) {
+    #[cfg(feature = "internals")]
+    pub fn feed_restored(&self, outage: std::time::Duration) {
         let metrics = &self.shared.metrics;
         Metrics::add(&metrics.feed_outage_ms, outage.as_millis() as u64);
         let _ = metrics
@@ -326,6 +329,7 @@ impl Handle {
     /// Sets how many processes this instance had before this one under
     /// its supervisor (restarts after a death, replacements in rolling
     /// restarts and upgrades): `wspush_instance_restarts`.
+    #[cfg(feature = "internals")]
     pub fn set_instance_restarts(&self, earlier: u64) {
         self.shared
             .metrics
@@ -335,7 +339,8 @@ impl Handle {
 
     /// Sets how far the entries read are behind the stream's last, by
     /// their ids' milliseconds.
-    pub fn stream_lag(&self, lag: Duration) {
+    #[cfg(feature = "internals")]
+    pub fn stream_lag(&self, lag: std::time::Duration) {
         let lag = lag.as_millis().try_into().unwrap_or(u64::MAX);
         self.shared
             .metrics

@@ -481,6 +481,7 @@ impl SharedHistory {
 
     /// The descriptor of its memory, made inheritable: the number to name
     /// to the processes this one starts.
+    #[cfg(feature = "internals")]
     pub fn inheritable_fd(&self) -> io::Result<i32> {
         use std::os::fd::AsRawFd;
         Ok(self.history.ring.memory().inheritable()?.as_raw_fd())
