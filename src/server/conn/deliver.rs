@@ -13,6 +13,7 @@ use crate::server::frames::SharedFrames;
 use crate::server::history::{seq_of, Replay};
 use crate::server::key::ConnKey;
 use crate::server::net::queue::Sent;
+use crate::server::owed::stream::Seq;
 use crate::server::owed::{Item, Owed, Unfinished};
 
 impl Conn {
@@ -77,35 +78,13 @@ impl Conn {
                     break;
                 }
                 Item::Replay { after, replay } => {
-                    let pending: usize = gathered.iter().map(|f| f.bytes().len()).sum();
-                    let used = self.out.queued_bytes() + pending;
-                    let room = ctx.config.max_queued_bytes.saturating_sub(used);
-                    let before = gathered.len();
-                    let progress =
-                        ctx.history
-                            .gather(replay, taking.compressed(), room, &mut gathered);
-                    taking.replayed(&mut gathered[before..], made);
-                    if progress.overrun {
-                        Metrics::incr(&ctx.metrics.replay_overruns);
+                    match self.visit_replay((at, *after, replay), taking, &mut gathered, ctx) {
+                        Ok(through) => skip = Some(through),
+                        Err(left) => {
+                            unfinished = Some(left);
+                            break;
+                        }
                     }
-                    // Not all given yet, or all given but ahead of this
-                    // loop.
-                    let more = progress
-                        .more
-                        .or(replay.ahead_of(ctx.history).then_some(replay.through));
-                    if let Some(from) = more {
-                        let replay = Replay {
-                            from: from.max(replay.from),
-                            ..replay.clone()
-                        };
-                        let item = Item::Replay {
-                            after: *after,
-                            replay,
-                        };
-                        unfinished = Some(Box::new(Unfinished { at, item }));
-                        break;
-                    }
-                    skip = Some(replay.through);
                 }
             }
         }
@@ -129,6 +108,48 @@ impl Conn {
         match unfinished {
             Some(left) => Verdict::Unfinished(left),
             None => Verdict::Keep,
+        }
+    }
+
+    /// A replay item's part of a visit (the item at `at`, after stream
+    /// batch `after`): what the history holds of it, as much as the queue
+    /// has room for, gathered. Returns the position it gave up to, or
+    /// what is left of the items when it could not give it all (or it is
+    /// ahead of this loop). Out of line: most visits have no replay.
+    #[cold]
+    #[inline(never)]
+    fn visit_replay<T: Taking>(
+        &self,
+        (at, after, replay): (usize, Seq, &Replay),
+        taking: T,
+        gathered: &mut Vec<SharedFrames>,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<u64, Box<Unfinished>> {
+        let pending: usize = gathered.iter().map(|f| f.bytes().len()).sum();
+        let used = self.out.queued_bytes() + pending;
+        let room = ctx.config.max_queued_bytes.saturating_sub(used);
+        let before = gathered.len();
+        let progress = ctx
+            .history
+            .gather(replay, taking.compressed(), room, gathered);
+        taking.replayed(&mut gathered[before..], &ctx.metrics.event_stream_batches);
+        if progress.overrun {
+            Metrics::incr(&ctx.metrics.replay_overruns);
+        }
+        // Not all given yet, or all given but ahead of this loop.
+        let more = progress
+            .more
+            .or(replay.ahead_of(ctx.history).then_some(replay.through));
+        match more {
+            Some(from) => {
+                let replay = Replay {
+                    from: from.max(replay.from),
+                    ..replay.clone()
+                };
+                let item = Item::Replay { after, replay };
+                Err(Box::new(Unfinished { at, item }))
+            }
+            None => Ok(replay.through),
         }
     }
 
