@@ -53,6 +53,10 @@ struct Frames {
     /// The bytes are positioned frames themselves (a batch's positioned
     /// variant, a status for positioned connections, a history record).
     positioned_bytes: bool,
+    /// The positions (sequence numbers) the messages stand at, in order,
+    /// where the loop framed them with positions: a batch's, or the last
+    /// position a gap status names. Empty otherwise.
+    seqs: Box<[u64]>,
 }
 
 /// A message to frame.
@@ -119,11 +123,13 @@ impl SharedFrames {
         I::IntoIter: Clone,
     {
         let messages = messages.into_iter();
-        let positioned = messages
-            .clone()
-            .all(|m| m.position.is_some())
+        let seqs: Option<Box<[u64]>> = messages.clone().map(|m| Some(m.position?.seq)).collect();
+        let positioned = seqs
+            .is_some()
             .then(|| SharedFrames::encode_variants(messages.clone(), true, None));
-        SharedFrames::encode_variants(messages, false, positioned)
+        let mut frames = SharedFrames::encode_variants(messages, false, positioned);
+        Arc::get_mut(&mut frames.0).expect("not shared yet").seqs = seqs.unwrap_or_default();
+        frames
     }
 
     /// The frames of `messages`, positioned or not, with the compressed
@@ -194,6 +200,7 @@ impl SharedFrames {
             positioned: with,
             events: OnceLock::new(),
             positioned_bytes: positioned,
+            seqs: Box::default(),
         }))
     }
 
@@ -201,8 +208,9 @@ impl SharedFrames {
     /// them). The others get an empty unsolicited pong in its place
     /// (RFC 6455 5.5.3: a heartbeat no reply is due for), counted as no
     /// message, so that the delivery path needs no test for frames that
-    /// are not for a connection.
-    pub fn positioned_only(opcode: OpCode, payload: &[u8]) -> SharedFrames {
+    /// are not for a connection. It stands at position `seq` (a gap
+    /// status: the last position it names).
+    pub fn positioned_only(opcode: OpCode, payload: &[u8], seq: u64) -> SharedFrames {
         let pong = SharedFrames::encode(OpCode::Pong, b"");
         let mut status = SharedFrames::encode(opcode, payload);
         Arc::get_mut(&mut status.0)
@@ -215,6 +223,7 @@ impl SharedFrames {
             positioned: Some(status),
             events: OnceLock::new(),
             positioned_bytes: false,
+            seqs: Box::new([seq]),
         }))
     }
 
@@ -276,6 +285,7 @@ impl SharedFrames {
                 positioned: None,
                 events: OnceLock::new(),
                 positioned_bytes: false,
+                seqs: Box::default(),
             }))
         })
     }
@@ -317,7 +327,32 @@ impl SharedFrames {
             positioned: self.0.positioned.as_ref().map(|p| p.skip(n)),
             events: OnceLock::new(),
             positioned_bytes: self.0.positioned_bytes,
+            seqs: self.0.seqs.get(n..).unwrap_or_default().into(),
         }))
+    }
+
+    /// The positions (sequence numbers) of the messages, in order, if the
+    /// loop framed them with positions (see [`SharedFrames::encode_batch`]
+    /// and [`SharedFrames::positioned_only`]); empty otherwise.
+    pub fn seqs(&self) -> &[u64] {
+        &self.0.seqs
+    }
+
+    /// The messages after position `through` (a replay gave those up to
+    /// there): all of them (the same frames), the rest (copied, with
+    /// their variants), or `None` when none is after it. Messages without
+    /// positions are all after it.
+    pub fn after(&self, through: u64) -> Option<SharedFrames> {
+        let given = self
+            .seqs()
+            .iter()
+            .take_while(|&&seq| seq <= through)
+            .count();
+        match given {
+            0 => Some(self.clone()),
+            all if all == self.seqs().len() => None,
+            given => Some(self.skip(given)),
+        }
     }
 
     /// Whole frames encoded elsewhere (a record of the history: positioned
@@ -330,6 +365,7 @@ impl SharedFrames {
             positioned: None,
             events: OnceLock::new(),
             positioned_bytes: true,
+            seqs: Box::default(),
         }));
         let count = frames.payloads().count() as u32;
         Arc::get_mut(&mut frames.0).expect("not shared yet").count = count;
@@ -345,6 +381,7 @@ impl SharedFrames {
             positioned: None,
             events: OnceLock::new(),
             positioned_bytes: false,
+            seqs: Box::default(),
         }))
     }
 
@@ -430,7 +467,7 @@ mod tests {
         assert!(events.is(batch.events(&made)), "made once, then shared");
         assert_eq!(made.load(Ordering::Relaxed), 1);
         // A status for connections with positions is the status event.
-        let gap = SharedFrames::positioned_only(OpCode::Text, br#"{"status":"gap"}"#);
+        let gap = SharedFrames::positioned_only(OpCode::Text, br#"{"status":"gap"}"#, 3);
         assert_eq!(
             String::from_utf8_lossy(gap.events(&made).bytes()),
             "event: status\ndata: {\"status\":\"gap\"}\n\n"
@@ -533,5 +570,39 @@ mod tests {
             rest.for_connection(true, false).payloads().next(),
             Some(plain[1])
         );
+    }
+
+    #[test]
+    fn the_messages_after_a_position_are_told_by_the_positions_framed_not_read_back() {
+        let epoch = position::Epoch(0xab);
+        // Positions need not follow each other (a stream's may jump).
+        let batch =
+            SharedFrames::encode_batch([(b"a", 7), (b"b", 8), (b"c", 12)].map(|(payload, seq)| {
+                ToFrame {
+                    opcode: OpCode::Text,
+                    payload: &payload[..],
+                    deflated: None,
+                    position: Some(Position { epoch, seq }),
+                }
+            }));
+        assert_eq!(batch.seqs(), [7, 8, 12]);
+        assert!(
+            batch.after(6).is_some_and(|all| all.is(&batch)),
+            "all, shared"
+        );
+        for (through, left) in [(7, &["b", "c"][..]), (8, &["c"]), (11, &["c"])] {
+            let rest = batch.after(through).unwrap();
+            assert_eq!(rest.seqs().len(), left.len(), "after {through}");
+            let plain: Vec<_> = rest.payloads().map(|(p, _)| p).collect();
+            let left: Vec<_> = left.iter().map(|t| t.as_bytes()).collect();
+            assert_eq!(plain, left, "after {through}");
+            let positioned = rest.for_connection(false, true).payloads().count();
+            assert_eq!(positioned, left.len(), "and its positioned frames");
+        }
+        assert_eq!(batch.after(12), None);
+        // Without positions, nothing was given by a replay.
+        let plain = SharedFrames::encode(OpCode::Text, b"x");
+        assert!(plain.seqs().is_empty());
+        assert!(plain.after(u64::MAX).is_some_and(|all| all.is(&plain)));
     }
 }

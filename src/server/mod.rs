@@ -448,7 +448,7 @@ impl Server {
             match taken {
                 Taken::Batch(batch) => {
                     let now = Instant::now();
-                    history.keep(&batch.to, &batch.frames, &batch.positions, now);
+                    history.keep(&batch.to, &batch.frames, now);
                     dir.release_framed_through(history.current().seq);
                     match batch.to {
                         Recipients::All => dir.stream.push(batch.frames),

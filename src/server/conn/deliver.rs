@@ -10,7 +10,7 @@ use super::{CloseReason, Conn, Ctx, Verdict};
 use crate::config::SlowConsumerPolicy;
 use crate::ops::metrics::Metrics;
 use crate::server::frames::SharedFrames;
-use crate::server::history::{seq_of, Replay};
+use crate::server::history::Replay;
 use crate::server::key::ConnKey;
 use crate::server::net::queue::Sent;
 use crate::server::owed::stream::Seq;
@@ -55,9 +55,10 @@ impl Conn {
         let mut skip = None;
         let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames], skip| match skip {
             None => gathered.extend(frames.iter().map(|f| taking.take(f, made)).cloned()),
-            Some(through) => {
-                gathered.extend(frames.iter().filter_map(|f| taking.after(f, through, made)))
-            }
+            Some(through) => gathered.extend(
+                (frames.iter().filter_map(|f| f.after(through)))
+                    .map(|rest| taking.take(&rest, made).clone()),
+            ),
         };
         let mut cursor = self.out.next_batch();
         let mut close = None;
@@ -224,9 +225,6 @@ impl Conn {
 trait Taking: Copy {
     /// The frames it gets of `frames`.
     fn take<'f>(&self, frames: &'f SharedFrames, made: &AtomicU64) -> &'f SharedFrames;
-    /// What it gets of `frames` after position `through` (after a replay
-    /// that gave up to there), if anything.
-    fn after(&self, frames: &SharedFrames, through: u64, made: &AtomicU64) -> Option<SharedFrames>;
     /// It gets compressed frames from the history.
     fn compressed(&self) -> bool;
     /// Makes what a replay gathered from the history its own.
@@ -243,10 +241,6 @@ struct Frames {
 impl Taking for Frames {
     fn take<'f>(&self, frames: &'f SharedFrames, _: &AtomicU64) -> &'f SharedFrames {
         frames.for_connection(self.compressed, self.positions)
-    }
-
-    fn after(&self, frames: &SharedFrames, through: u64, made: &AtomicU64) -> Option<SharedFrames> {
-        after_position(self.take(frames, made), through)
     }
 
     fn compressed(&self) -> bool {
@@ -266,11 +260,6 @@ impl Taking for Events {
         frames.events(made)
     }
 
-    fn after(&self, frames: &SharedFrames, through: u64, made: &AtomicU64) -> Option<SharedFrames> {
-        let rest = after_position(frames.positioned().unwrap_or(frames), through)?;
-        Some(rest.events(made).clone())
-    }
-
     fn compressed(&self) -> bool {
         false
     }
@@ -283,19 +272,6 @@ impl Taking for Events {
     }
 }
 
-/// The messages of positioned `frames` after position `through`: all of
-/// them, some (copied), or none.
-fn after_position(frames: &SharedFrames, through: u64) -> Option<SharedFrames> {
-    let positions = || frames.payloads().map(seq_of);
-    if positions().last()? <= through {
-        return None;
-    }
-    match positions().take_while(|&seq| seq <= through).count() {
-        0 => Some(frames.clone()),
-        given => Some(frames.skip(given)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::rig::Rig;
@@ -304,7 +280,7 @@ mod tests {
 
     #[test]
     fn a_status_for_connections_with_positions_reaches_only_them() {
-        let status = SharedFrames::positioned_only(OpCode::Text, br#"{"status":"gap"}"#);
+        let status = SharedFrames::positioned_only(OpCode::Text, br#"{"status":"gap"}"#, 0);
         let text = SharedFrames::encode(OpCode::Text, b"hi");
         let mut rig = Rig::upgraded();
         assert_eq!(rig.offer(&status), Verdict::Keep);

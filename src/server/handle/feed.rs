@@ -238,8 +238,6 @@ pub struct Batch {
     pub to: Recipients,
     /// The messages' frames, back to back (with their positions too).
     pub frames: SharedFrames,
-    /// The messages' positions, in order.
-    pub positions: Vec<u64>,
     /// Bytes given back to the gate for them.
     pub cost: usize,
 }
@@ -353,13 +351,7 @@ impl Feed {
             });
         let frames = SharedFrames::encode_batch(sends);
         let cost = self.queue.drain(..count).map(|c| c.cost()).sum();
-        let positions = positions.iter().map(|p| p.seq).collect();
-        Some(Taken::Batch(Batch {
-            to,
-            frames,
-            positions,
-            cost,
-        }))
+        Some(Taken::Batch(Batch { to, frames, cost }))
     }
 
     /// Empties the queue and the channel without sending; returns how many

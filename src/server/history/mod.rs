@@ -232,26 +232,20 @@ impl History {
         }
     }
 
-    /// Keeps the messages of a batch just framed (at `positions`), each
+    /// Keeps the messages of a batch just framed (at their positions), each
     /// its own record (so the bounds count messages), if this loop writes
     /// the history; the oldest leave as the bounds ask. A message larger
     /// than the byte bound alone is refused, counted and logged; only a
     /// mark of its position stays.
-    pub fn keep(
-        &mut self,
-        to: &Recipients,
-        frames: &SharedFrames,
-        positions: &[u64],
-        now: Instant,
-    ) {
-        let Some(frames) = frames.positioned().filter(|_| self.ring.is_writer()) else {
+    pub fn keep(&mut self, to: &Recipients, batch: &SharedFrames, now: Instant) {
+        let Some(frames) = batch.positioned().filter(|_| self.ring.is_writer()) else {
             return;
         };
         // The compressed frames, if the batch has some (else `frames` itself).
         let compressed = frames.for_connection(true, false);
         let mut compressed = (!std::ptr::eq(compressed, frames)).then(|| compressed.frames());
         let (kind, names) = audience(to);
-        for ((frame, _), &seq) in frames.frames().zip(positions) {
+        for ((frame, _), &seq) in frames.frames().zip(batch.seqs()) {
             let zipped = compressed.as_mut().and_then(Iterator::next);
             let zipped = zipped.map_or(&[][..], |(frame, _)| frame);
             let appended = self.ring.append(seq, (kind, &names), frame, zipped, now);
@@ -321,7 +315,7 @@ impl History {
     /// [`SharedFrames::positioned_only`]).
     pub fn gap_frames(&self, from: u64, to: u64) -> SharedFrames {
         let status = self.gap(from, to).message();
-        SharedFrames::positioned_only(OpCode::Text, status.as_bytes())
+        SharedFrames::positioned_only(OpCode::Text, status.as_bytes(), to)
     }
 
     /// The status of a gap from position `from` to `to`, both included.
@@ -510,8 +504,7 @@ impl SharedHistory {
             deflated: deflated.as_deref(),
             position: Some(position),
         }]);
-        self.history
-            .keep(to, &frames, &[position.seq], Instant::now());
+        self.history.keep(to, &frames, Instant::now());
     }
 
     /// Notes that messages `from..=to`, for everyone, are missing (the
@@ -532,24 +525,6 @@ impl SharedHistory {
     pub fn evict(&mut self) {
         self.history.evict(Instant::now());
     }
-}
-
-/// The position of a positioned message, from its payload (a stored
-/// block first if it is compressed); of a gap status, the last position
-/// it names.
-pub fn seq_of((payload, compressed): (&[u8], bool)) -> u64 {
-    let text = if compressed { &payload[5..] } else { payload };
-    if let Some(named) = text.strip_prefix(br#"{"status":"gap","#) {
-        const TO: &[u8] = br#""to":""#;
-        let to = named.windows(TO.len()).position(|w| w == TO);
-        let printed = to.map(|at| &named[at + TO.len()..]).and_then(|rest| {
-            let end = rest.iter().position(|&b| b == b'"')?;
-            Some(&rest[..end])
-        });
-        return printed.and_then(Position::parse).map_or(0, |p| p.seq);
-    }
-    let printed = &text[..text.iter().position(|&b| b == b' ').unwrap_or(0)];
-    Position::parse(printed).map_or(0, |p| p.seq)
 }
 
 #[cfg(test)]
@@ -594,9 +569,9 @@ mod tests {
         assert_eq!(payloads, [(status.as_bytes(), false)]);
         assert_eq!(frames.for_connection(true, true).bytes(), told.bytes());
         // Its place in the stream is the last position it names.
-        assert_eq!(seq_of(payloads[0]), 9);
-        assert_eq!(seq_of((b"0000000000000abc.7 m7", false)), 7);
-        assert_eq!(seq_of((br#"{"status":"gap","from":"x"}"#, false)), 0);
+        assert_eq!(frames.seqs(), [9]);
+        assert!(frames.after(8).is_some_and(|rest| rest.is(&frames)));
+        assert_eq!(frames.after(9), None);
     }
 
     /// Frames `texts` into one batch, as the feed does, and keeps it.
@@ -609,8 +584,7 @@ mod tests {
                 deflated: None,
                 position: Some(*p),
             }));
-        let seqs: Vec<u64> = positions.iter().map(|p| p.seq).collect();
-        history.keep(&to, &frames, &seqs, at);
+        history.keep(&to, &frames, at);
     }
 
     /// The payloads a replay of everything after `from` gives, for `filter`.
@@ -1021,7 +995,7 @@ mod tests {
             deflated: Some(&deflated),
             position: Some(position),
         }]);
-        history.keep(&Recipients::All, &frames, &[position.seq], now);
+        history.keep(&Recipients::All, &frames, now);
         let replay = Replay {
             from: 0,
             through: 1,
