@@ -24,7 +24,7 @@ source tests/multihost/netns.sh
 
 [[ "$(id -u)" == 0 ]] || { echo "bench/multihost.sh: needs root (ip netns add)" >&2; exit 1; }
 netns_need_tools
-cargo build --release -p wspush --bin wspush -p wspush-bench >&2
+cargo build --release -p wspush-cli -p wspush-bench >&2
 bench=target/release/wspush-bench
 
 prefix="wspb-$$-"

@@ -51,16 +51,17 @@
 //! - operations (`ops`): metrics ([`MetricsSnapshot`]) and the OS calls
 //!   (`sys`, the crate's only `unsafe` code).
 //!
-//! The `wspush` binary (`src/bin/wspush/`) adds the command line, the
-//! standard-input reader and the `--processes` supervisor.
+//! The `wspush` binary (the `wspush-cli` package, `cli/`) adds the command
+//! line, standard input and Redis as input, and the `--processes`
+//! supervisor.
 //!
 //! ## Features
 //!
-//! `redis` and `cli` are the binary's (the Redis input; clap's
-//! `ValueEnum` on the settings' enums). `internals` makes `protocol` and
-//! `sys` public, for the binary, the bench and the fuzz targets. All three
-//! are on by default for the binary's sake; an embedder takes
-//! `default-features = false` and sees the API above.
+//! None is on by default: a plain dependency sees the API above. Both are
+//! the binary's. `cli` derives clap's `ValueEnum` on the settings' enums.
+//! `internals` makes `protocol` and `sys` public, and the binary's
+//! plumbing on the handle, for the binary, the bench and the fuzz targets;
+//! it is not a stable API.
 #![deny(missing_docs)]
 
 mod config;

@@ -10,7 +10,7 @@ use tungstenite::protocol::frame::coding::CloseCode as WsCloseCode;
 use tungstenite::Message;
 use util::{
     channel, channels, client_id, connect, poll_until, raw, read_response, texts, upgrade_request,
-    Binary, Client, TestServer,
+    Client, TestServer,
 };
 use wspush::{CloseCode, Config, MessageKind, Pattern, Recipients, Server, Tokens};
 
@@ -281,29 +281,6 @@ fn a_token_binds_its_bearer_to_its_channels_and_id() {
     assert_eq!(texts(&mut alice, 2), ["by the token's id", "dm"]);
     assert_eq!(texts(&mut anyone, 1), ["news"]);
     nothing_more(&server, &mut [&mut alice, &mut anyone]);
-}
-
-#[test]
-fn standard_input_takes_commands() {
-    let mut server = Binary::start(&["--input", "commands"]);
-    let mut news = connect(server.addr, "/?channel=news");
-    let mut alice = connect(server.addr, "/?id=alice");
-    server.process.send(
-        b"pub news hello, news\nbogus line\nid alice hi alice\nall:b64 AAEC\nsub alice news\npub news to both\nclose id alice 4000 done\n",
-    );
-    server
-        .process
-        .wait_for("input line 2 skipped: unknown command");
-    assert_eq!(texts(&mut news, 1), ["hello, news"]);
-    assert_eq!(news.read().unwrap(), Message::binary(vec![0, 1, 2]));
-    assert_eq!(texts(&mut news, 1), ["to both"]);
-    assert_eq!(texts(&mut alice, 1), ["hi alice"]);
-    assert_eq!(alice.read().unwrap(), Message::binary(vec![0, 1, 2]));
-    assert_eq!(texts(&mut alice, 1), ["to both"]);
-    match alice.read() {
-        Ok(Message::Close(Some(frame))) => assert_eq!(frame.code, WsCloseCode::from(4000)),
-        other => panic!("not the close: {other:?}"),
-    }
 }
 
 #[test]

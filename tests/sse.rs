@@ -3,145 +3,18 @@
 //! status event, resume through `Last-Event-ID`, heartbeat comments, the
 //! refusals, and WebSocket and event-stream clients side by side.
 //!
-//! The reader here follows the HTML standard's event stream
+//! The reader (`util::sse`) follows the HTML standard's event stream
 //! interpretation, written apart from the server's writer.
 
 mod util;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::time::Duration;
 
+use util::sse::{status_of, Event, Stream};
 use util::{client_id, raw, read_response, TestServer};
 use wspush::{Config, MessageKind, Recipients};
-
-/// One dispatched event: its last event id, type and data.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Event {
-    id: String,
-    kind: String,
-    data: String,
-}
-
-/// An event stream read off a socket.
-struct Stream {
-    socket: TcpStream,
-    buf: Vec<u8>,
-    last_id: String,
-    retry: Option<u32>,
-    comments: usize,
-}
-
-impl Stream {
-    /// Asks for an event stream at `target` with `extra` header lines;
-    /// the response's status and head, and the stream if it is 200.
-    fn open(addr: SocketAddr, target: &str, extra: &str) -> (u16, String, Option<Stream>) {
-        let mut socket = raw(addr);
-        write!(
-            socket,
-            "GET {target} HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n{extra}\r\n"
-        )
-        .unwrap();
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            assert_eq!(socket.read(&mut byte).unwrap(), 1, "the head ended early");
-            head.push(byte[0]);
-        }
-        let head = String::from_utf8(head).unwrap();
-        let status: u16 = head[9..12].parse().unwrap();
-        if status != 200 {
-            return (status, head, None);
-        }
-        let stream = Stream {
-            socket,
-            buf: Vec::new(),
-            last_id: String::new(),
-            retry: None,
-            comments: 0,
-        };
-        (status, head, Some(stream))
-    }
-
-    /// The next line (without its end: CRLF, LF or CR).
-    fn line(&mut self) -> String {
-        loop {
-            if let Some(end) = self.buf.iter().position(|&b| b == b'\n' || b == b'\r') {
-                let line = String::from_utf8(self.buf[..end].to_vec()).unwrap();
-                let skip = match &self.buf[end..] {
-                    [b'\r', b'\n', ..] => 2,
-                    [b'\r'] => return self.more_then_line(),
-                    _ => 1,
-                };
-                self.buf.drain(..end + skip);
-                return line;
-            }
-            self.fill();
-        }
-    }
-
-    fn more_then_line(&mut self) -> String {
-        self.fill();
-        self.line()
-    }
-
-    fn fill(&mut self) {
-        let mut chunk = [0u8; 4096];
-        let n = self.socket.read(&mut chunk).expect("more of the stream");
-        assert!(n > 0, "the stream ended");
-        self.buf.extend_from_slice(&chunk[..n]);
-    }
-
-    /// The next event dispatched (comments and retry fields are counted).
-    fn event(&mut self) -> Event {
-        let (mut data, mut kind, mut id) = (String::new(), String::new(), None);
-        loop {
-            let line = self.line();
-            if line.is_empty() {
-                if let Some(new) = id.take() {
-                    self.last_id = new;
-                }
-                if !data.is_empty() {
-                    data.pop();
-                    let kind = if kind.is_empty() {
-                        "message".into()
-                    } else {
-                        kind
-                    };
-                    return Event {
-                        id: self.last_id.clone(),
-                        kind,
-                        data,
-                    };
-                }
-                kind.clear();
-                continue;
-            }
-            if line.starts_with(':') {
-                self.comments += 1;
-                continue;
-            }
-            let (field, value) = line.split_once(':').unwrap_or((&line, ""));
-            let value = value.strip_prefix(' ').unwrap_or(value);
-            match field {
-                "data" => {
-                    data.push_str(value);
-                    data.push('\n');
-                }
-                "event" => kind = value.to_string(),
-                "id" => id = Some(value.to_string()),
-                "retry" => self.retry = value.parse().ok(),
-                _ => {}
-            }
-        }
-    }
-}
-
-fn status_of(event: &Event) -> &str {
-    assert_eq!(event.kind, "status", "{event:?}");
-    let start = event.data.find(r#""status":""#).unwrap() + 10;
-    &event.data[start..start + event.data[start..].find('"').unwrap()]
-}
 
 #[test]
 fn messages_arrive_as_events_with_their_positions_as_ids() {
@@ -342,50 +215,6 @@ fn websocket_and_event_stream_clients_each_get_every_message_once() {
         .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
     assert_eq!(read_response(&mut plain).status, 400);
-}
-
-#[test]
-fn under_two_processes_with_deflate_each_transport_gets_every_line_once() {
-    let (mut process, addr) = util::start_supervisor(
-        std::path::Path::new(env!("CARGO_BIN_EXE_wspush")),
-        &[
-            "--processes",
-            "2",
-            "--deflate",
-            "on",
-            "--deflate-min-bytes",
-            "16",
-        ],
-        2,
-        "info",
-    );
-    let mut streams: Vec<Stream> = (0..6)
-        .map(|_| Stream::open(addr, "/", "").2.expect("a stream"))
-        .collect();
-    for stream in &mut streams {
-        assert_eq!(status_of(&stream.event()), "position");
-    }
-    let mut sockets: Vec<_> = (0..6).map(|_| util::connect(addr, "/")).collect();
-    // Both kinds on both instances, most likely; every one is counted
-    // open before the lines go out.
-    std::thread::sleep(Duration::from_millis(300));
-    let lines: Vec<String> = (0..100)
-        .map(|i| format!("line {i} {}", "compressible ".repeat(i % 4)))
-        .collect();
-    process.send(
-        lines
-            .iter()
-            .map(|l| format!("{l}\n"))
-            .collect::<String>()
-            .as_bytes(),
-    );
-    for socket in &mut sockets {
-        assert_eq!(util::texts(socket, lines.len()), lines);
-    }
-    for stream in &mut streams {
-        let got: Vec<String> = (0..lines.len()).map(|_| stream.event().data).collect();
-        assert_eq!(got, lines);
-    }
 }
 
 #[test]

@@ -4,7 +4,7 @@
 # of three (started by the tests), and the test process, with its clients
 # and publisher, in the last.
 #
-# The checks are the ignored tests of tests/multihost.rs, run inside the
+# The checks are the ignored tests of cli/tests/multihost.rs, run inside the
 # clients' namespace (they start redis-server and the wspush hosts in
 # theirs with `ip netns exec`). Installs redis-server and iproute2 with
 # apt-get when missing. Needs root. Every namespace made here is removed on
@@ -28,9 +28,9 @@ source "$here/netns.sh"
 netns_need_tools || die "cannot install redis-server and iproute2"
 redis_server="$(command -v redis-server)"
 
-log "building the tests (cargo test --test multihost --no-run)"
+log "building the tests (cargo test -p wspush-cli --test multihost --no-run)"
 # The test binary's artifact (the build may also name the wspush binary).
-test_bin="$(cargo test --test multihost --no-run --message-format=json-render-diagnostics |
+test_bin="$(cargo test -p wspush-cli --test multihost --no-run --message-format=json-render-diagnostics |
   grep '"name":"multihost"' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)"
 [[ -x "$test_bin" ]] || die "cargo named no test binary"
 
@@ -39,6 +39,6 @@ trap 'netns_down "$prefix"' EXIT
 log "making namespaces ${prefix}{redis,h1,h2,h3,clients,lan}"
 netns_up "$prefix"
 
-log "running tests/multihost.rs in ${prefix}clients"
+log "running cli/tests/multihost.rs in ${prefix}clients"
 WSPUSH_NETNS_PREFIX="$prefix" WSPUSH_REDIS_SERVER="$redis_server" \
   ip netns exec "${prefix}clients" "$test_bin" --ignored --test-threads 1 "$@"

@@ -5,9 +5,10 @@ mod util;
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tungstenite::Message;
+use util::sse::{status_of, Stream};
 use util::{connect, listening_addr, raw_upgraded, signal, Logged, TestServer, IO_TIMEOUT};
 use wspush::Config;
 
@@ -786,4 +787,48 @@ fn a_skipped_line_keeps_its_number_alone_as_under_a_supervisor_and_after_a_resta
     assert_eq!(text(&mut client), format!("{epoch}.6 x6"));
     signal(supervised.0.child.id(), "-INT");
     assert_eq!(supervised.wait().0, Some(0));
+}
+
+#[test]
+fn under_two_processes_with_deflate_each_transport_gets_every_line_once() {
+    let (mut process, addr) = util::start_supervisor(
+        std::path::Path::new(env!("CARGO_BIN_EXE_wspush")),
+        &[
+            "--processes",
+            "2",
+            "--deflate",
+            "on",
+            "--deflate-min-bytes",
+            "16",
+        ],
+        2,
+        "info",
+    );
+    let mut streams: Vec<Stream> = (0..6)
+        .map(|_| Stream::open(addr, "/", "").2.expect("a stream"))
+        .collect();
+    for stream in &mut streams {
+        assert_eq!(status_of(&stream.event()), "position");
+    }
+    let mut sockets: Vec<_> = (0..6).map(|_| util::connect(addr, "/")).collect();
+    // Both kinds on both instances, most likely; every one is counted
+    // open before the lines go out.
+    std::thread::sleep(Duration::from_millis(300));
+    let lines: Vec<String> = (0..100)
+        .map(|i| format!("line {i} {}", "compressible ".repeat(i % 4)))
+        .collect();
+    process.send(
+        lines
+            .iter()
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+            .as_bytes(),
+    );
+    for socket in &mut sockets {
+        assert_eq!(util::texts(socket, lines.len()), lines);
+    }
+    for stream in &mut streams {
+        let got: Vec<String> = (0..lines.len()).map(|_| stream.event().data).collect();
+        assert_eq!(got, lines);
+    }
 }

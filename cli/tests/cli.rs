@@ -6,8 +6,9 @@ mod util;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use tungstenite::protocol::frame::coding::CloseCode as WsCloseCode;
 use tungstenite::Message;
-use util::{connect, Binary, IO_TIMEOUT};
+use util::{connect, texts, Binary, IO_TIMEOUT};
 
 #[test]
 fn stdin_lines_are_broadcast_in_order_by_the_documented_rules() {
@@ -172,7 +173,7 @@ fn bad_command_lines_fail_with_one_line_and_a_non_zero_exit() {
 fn help_prints_and_states_the_stdin_rules() {
     // Every flag's help, and its row in OPERATIONS, are checked against
     // the parser itself (the binary's unit test
-    // `every_flag_has_help_and_a_row_in_the_operations_table`).
+    // `every_flag_has_help_and_a_row_with_its_default_in_the_operations_table`).
     let output = Command::new(env!("CARGO_BIN_EXE_wspush"))
         .arg("--help")
         .output()
@@ -184,4 +185,39 @@ fn help_prints_and_states_the_stdin_rules() {
         help.contains("empty") && help.contains("UTF-8"),
         "--help states the stdin rules"
     );
+}
+
+#[test]
+fn version_names_the_program_not_its_package() {
+    // The supervisor's upgrade checks a new binary by this line.
+    let output = Command::new(env!("CARGO_BIN_EXE_wspush"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let version = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(version, format!("wspush {}\n", env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn standard_input_takes_commands() {
+    let mut server = Binary::start(&["--input", "commands"]);
+    let mut news = connect(server.addr, "/?channel=news");
+    let mut alice = connect(server.addr, "/?id=alice");
+    server.process.send(
+        b"pub news hello, news\nbogus line\nid alice hi alice\nall:b64 AAEC\nsub alice news\npub news to both\nclose id alice 4000 done\n",
+    );
+    server
+        .process
+        .wait_for("input line 2 skipped: unknown command");
+    assert_eq!(texts(&mut news, 1), ["hello, news"]);
+    assert_eq!(news.read().unwrap(), Message::binary(vec![0, 1, 2]));
+    assert_eq!(texts(&mut news, 1), ["to both"]);
+    assert_eq!(texts(&mut alice, 1), ["hi alice"]);
+    assert_eq!(alice.read().unwrap(), Message::binary(vec![0, 1, 2]));
+    assert_eq!(texts(&mut alice, 1), ["to both"]);
+    match alice.read() {
+        Ok(Message::Close(Some(frame))) => assert_eq!(frame.code, WsCloseCode::from(4000)),
+        other => panic!("not the close: {other:?}"),
+    }
 }

@@ -24,6 +24,7 @@ use crate::supervisor::{OnExit, FIRST_LINE_ENV, INSTANCE_ENV};
 #[derive(Debug, Parser)]
 #[command(group(clap::ArgGroup::new("redis_input").args(["redis_channel", "redis_stream"]).multiple(true)))]
 #[command(
+    name = "wspush",
     version,
     args_override_self = true,
     allow_negative_numbers = true,
@@ -548,7 +549,7 @@ mod tests {
     fn every_flag_has_help_and_a_row_with_its_default_in_the_operations_table() {
         use clap::CommandFactory;
         use std::collections::BTreeSet;
-        let operations = include_str!("../../../docs/OPERATIONS.md");
+        let operations = include_str!("../../docs/OPERATIONS.md");
         let table = operations
             .split("\n## Flags\n")
             .nth(1)
