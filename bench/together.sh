@@ -10,7 +10,7 @@
 # Usage: bench/together.sh [CONNS_EACH [INSTANCES_EACH [ROUNDS]]]
 #   defaults: 200000 connections and 30 instances each (a million in all
 #   is 500000 each), 1 round. Build first:
-#   cargo build --release -p wspush -p wspush-bench
+#   cargo build --release -p wspush-cli -p wspush-bench
 # Reports go to $OUT (default /tmp/wspush-together), one pair per round.
 set -eu
 
@@ -22,7 +22,7 @@ bench=$root/target/release/wspush-bench
 wspush=$root/target/release/wspush
 out=${OUT:-/tmp/wspush-together}
 for binary in "$bench" "$wspush"; do
-    [ -x "$binary" ] || { echo "together.sh: $binary missing: cargo build --release -p wspush -p wspush-bench" >&2; exit 2; }
+    [ -x "$binary" ] || { echo "together.sh: $binary missing: cargo build --release -p wspush-cli -p wspush-bench" >&2; exit 2; }
 done
 mkdir -p "$out"
 

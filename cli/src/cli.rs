@@ -64,64 +64,64 @@ pub(crate) struct Cli {
     /// browser does): `on` compresses each broadcast of --deflate-min-bytes
     /// or more once, for all of them, and inflates what they send (one
     /// inflater for all: no client keeps a window); `off` declines it.
-    #[arg(long, value_name = "on|off", value_enum, default_value = "on")]
+    #[arg(long, value_name = "on|off", value_enum, default_value_t = OnOff::from(library().deflate))]
     pub(crate) deflate: OnOff,
     /// Broadcasts (and, with --echo, echoes) smaller than this go plain to
     /// every client.
-    #[arg(long, value_name = "N", default_value_t = 256)]
+    #[arg(long, value_name = "N", default_value_t = library().deflate_min_bytes)]
     pub(crate) deflate_min_bytes: usize,
     /// Largest message accepted from a client or broadcast, in bytes.
-    #[arg(long, value_name = "N", default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1..=MAX_MESSAGE_LIMIT))]
+    #[arg(long, value_name = "N", default_value_t = library().max_message_bytes, value_parser = clap::value_parser!(u64).range(1..=MAX_MESSAGE_LIMIT))]
     pub(crate) max_message_bytes: u64,
     /// Most connections one instance holds; more get HTTP 503. Default: as
     /// many as its open-file limit allows.
     #[arg(long, value_name = "N", value_parser = positive)]
     pub(crate) max_connections: Option<usize>,
     /// Output a connection may have queued before the slow-consumer policy applies, in bytes.
-    #[arg(long, value_name = "N", default_value_t = 1 << 20, value_parser = positive)]
+    #[arg(long, value_name = "N", default_value_t = library().max_queued_bytes, value_parser = positive)]
     pub(crate) max_queued_bytes: usize,
     /// Input read ahead of the broadcasts sent, in bytes (64 more per line): a
     /// feed this far ahead is not read until the fan-out catches up.
-    #[arg(long, value_name = "N", default_value_t = 16 << 20, value_parser = positive)]
+    #[arg(long, value_name = "N", default_value_t = library().max_pending_bytes, value_parser = positive)]
     pub(crate) max_pending_bytes: usize,
     /// Messages kept for clients that come back with ?since=POSITION (they
     /// get what they missed); 0 keeps none. A resume reaching back past
     /// what is kept is told of the gap.
-    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    #[arg(long, value_name = "N", default_value_t = library().history_messages)]
     pub(crate) history_messages: usize,
     /// Bytes of frames the history keeps at most.
-    #[arg(long, value_name = "N", default_value_t = 16 << 20, value_parser = positive)]
+    #[arg(long, value_name = "N", default_value_t = library().history_bytes, value_parser = positive)]
     pub(crate) history_bytes: usize,
     /// How long the history keeps a message.
-    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = duration, allow_hyphen_values = true)]
+    #[arg(long, value_name = "DURATION", default_value = duration_text(library().history_age), value_parser = duration, allow_hyphen_values = true)]
     pub(crate) history_age: Duration,
     /// What a connection whose queue is full gets instead of a broadcast.
-    #[arg(long, value_name = "POLICY", default_value = "close")]
+    #[arg(long, value_name = "POLICY", value_enum, default_value_t = library().slow_consumer)]
     pub(crate) slow_consumer: SlowConsumerPolicy,
     /// Send every connection a ping this often.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration, allow_hyphen_values = true)]
+    #[arg(long, value_name = "DURATION", default_value = duration_text(library().ping_interval), value_parser = duration, allow_hyphen_values = true)]
     pub(crate) ping_interval: Duration,
     /// Close a connection that sent nothing (not even a pong) this long
     /// (with 1001), checked once per ping interval. Default: twice the ping interval.
     #[arg(long, value_name = "DURATION", value_parser = duration, allow_hyphen_values = true)]
     pub(crate) idle_timeout: Option<Duration>,
     /// Close a connection whose upgrade request is not complete this long after it connected.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration, allow_hyphen_values = true)]
+    #[arg(long, value_name = "DURATION", default_value = duration_text(library().handshake_timeout), value_parser = duration, allow_hyphen_values = true)]
     pub(crate) handshake_timeout: Duration,
     /// Close a connection whose close handshake takes longer than this.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration, allow_hyphen_values = true)]
+    #[arg(long, value_name = "DURATION", default_value = duration_text(library().close_timeout), value_parser = duration, allow_hyphen_values = true)]
     pub(crate) close_timeout: Duration,
     /// On SIGINT/SIGTERM, wait this long for close replies and flushes before exiting
     /// (after a drain's closes).
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration, allow_hyphen_values = true)]
+    #[arg(long, value_name = "DURATION", default_value = duration_text(library().shutdown_timeout), value_parser = duration, allow_hyphen_values = true)]
     pub(crate) shutdown_timeout: Duration,
     /// On SIGTERM, close the connections with 1012 evenly over this time, so that their
     /// clients come back spread over it; 0 closes them all at once with 1001, as SIGINT does.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_or_zero, allow_hyphen_values = true)]
+    #[arg(long, value_name = "DURATION", default_value = duration_text(library().drain_time), value_parser = duration_or_zero, allow_hyphen_values = true)]
     pub(crate) drain_time: Duration,
     /// On SIGTERM, answer /healthz 503 draining and go on accepting this long before the
     /// drain's closes begin, so that load balancers stop sending new clients first.
-    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = duration_or_zero, allow_hyphen_values = true)]
+    #[arg(long, value_name = "DURATION", default_value = duration_text(library().drain_grace), value_parser = duration_or_zero, allow_hyphen_values = true)]
     pub(crate) drain_grace: Duration,
     /// Most connections one client IP address may hold; more get HTTP 429.
     #[arg(long, value_name = "N", value_parser = positive)]
@@ -195,7 +195,7 @@ pub(crate) struct Cli {
     pub(crate) redis_stream: Option<String>,
     /// What GET /healthz answers while the Redis feed is lost: 200 or 503,
     /// with the body `degraded`.
-    #[arg(long, value_name = "STATUS", value_enum, default_value = "200")]
+    #[arg(long, value_name = "STATUS", value_enum, default_value_t = library().degraded)]
     pub(crate) healthz_degraded: Degraded,
     /// Write what clients send to standard output, a line per message:
     /// `msg KEY ID text PAYLOAD` (\\, \n and \r escaped) or `msg KEY ID binary BASE64`.
@@ -223,18 +223,18 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "PATTERN", value_parser = channel_pattern)]
     pub(crate) allow_channel: Vec<Pattern>,
     /// Most channels one upgrade may ask for; more get HTTP 400.
-    #[arg(long, value_name = "N", default_value = "16", value_parser = positive)]
+    #[arg(long, value_name = "N", default_value_t = library().max_channels_per_connection, value_parser = positive)]
     pub(crate) max_channels_per_connection: usize,
     /// Most channels an instance holds (a channel lives while it has a
     /// subscriber); an upgrade that would make more gets HTTP 503.
-    #[arg(long, value_name = "N", default_value = "100000", value_parser = positive)]
+    #[arg(long, value_name = "N", default_value_t = library().max_channels, value_parser = positive)]
     pub(crate) max_channels: usize,
     /// Serve /metrics and /healthz on this address (e.g. 127.0.0.1:9100)
     /// instead of on --listen. With --processes, instance K listens on PORT+K-1.
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_listen: Option<SocketAddr>,
     /// Log a line with the key counters this often.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration, allow_hyphen_values = true)]
+    #[arg(long, value_name = "DURATION", default_value = duration_text(library().stats_interval.unwrap_or_default()), value_parser = duration, allow_hyphen_values = true)]
     pub(crate) stats_interval: Duration,
     /// No periodic stats line.
     #[arg(long)]
@@ -243,7 +243,7 @@ pub(crate) struct Cli {
     /// sooner than this after that poll returned (handling its events
     /// counts), so one wake-up handles what arrives meanwhile: less CPU per
     /// message, at most this much added latency. 0: never wait.
-    #[arg(long, value_name = "DURATION", default_value = "500us", value_parser = duration_or_zero, allow_hyphen_values = true)]
+    #[arg(long, value_name = "DURATION", default_value = duration_text(library().batch_delay), value_parser = duration_or_zero, allow_hyphen_values = true)]
     pub(crate) batch_delay: Duration,
     /// Bind with SO_REUSEPORT so several processes can share the address.
     #[arg(long)]
@@ -291,6 +291,16 @@ pub(crate) enum OnOff {
     Off,
 }
 
+impl From<bool> for OnOff {
+    fn from(on: bool) -> OnOff {
+        if on {
+            OnOff::On
+        } else {
+            OnOff::Off
+        }
+    }
+}
+
 /// `--processes` value.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Processes {
@@ -308,6 +318,33 @@ impl FromStr for Processes {
             return Ok(Processes::Auto);
         }
         positive(value).map(Processes::Count)
+    }
+}
+
+/// The library's settings by default. The flags for them take their
+/// defaults from here, so each default has one home (`Config::default()`);
+/// the binary's own flags (the supervisor's, the input's, upstream's,
+/// the token leeway) keep theirs in their attributes.
+fn library() -> Config {
+    Config::default()
+}
+
+/// A duration as the flags write it, in its largest whole unit (`5m`,
+/// `30s`, `500us`): how `--help` shows a default taken from the library.
+fn duration_text(duration: Duration) -> String {
+    let micros = duration.as_micros();
+    let units = [
+        ("h", 3_600_000_000),
+        ("m", 60_000_000),
+        ("s", 1_000_000),
+        ("ms", 1_000),
+    ];
+    match units
+        .iter()
+        .find(|(_, per)| micros > 0 && micros.is_multiple_of(*per))
+    {
+        Some((unit, per)) => format!("{}{unit}", micros / per),
+        None => format!("{micros}us"),
     }
 }
 
@@ -536,8 +573,8 @@ mod tests {
     #[test]
     fn a_bare_command_line_gives_the_librarys_defaults() {
         use clap::Parser;
-        // The flags' defaults are the library's: a setting the binary
-        // defaults otherwise would show up here.
+        // The flags' defaults are the library's (taken from it): a setting
+        // the binary defaults otherwise would show up here.
         let cli = Cli::parse_from(["wspush", "--listen", "127.0.0.1:9000"]);
         let from_flags = config(&cli).unwrap();
         let mut library = wspush::Config::default();
@@ -701,6 +738,20 @@ mod tests {
         assert_eq!(duration_or_zero("0"), Ok(Duration::ZERO));
         assert_eq!(duration_or_zero("0us"), Ok(Duration::ZERO));
         assert!(duration_or_zero("-1us").is_err());
+    }
+
+    #[test]
+    fn a_default_taken_from_the_library_is_shown_in_its_largest_whole_unit_and_reads_back() {
+        for (span, text) in [
+            (Duration::from_secs(300), "5m"),
+            (Duration::from_secs(90), "90s"),
+            (Duration::from_secs(7200), "2h"),
+            (Duration::from_millis(1500), "1500ms"),
+            (Duration::from_micros(500), "500us"),
+        ] {
+            assert_eq!(duration_text(span), text);
+            assert_eq!(duration(text), Ok(span), "{text}");
+        }
     }
 
     #[test]
