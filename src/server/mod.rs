@@ -413,19 +413,30 @@ impl Server {
             return self.intake.abandon(&self.report.shared);
         }
         if let Some(all_taken) = self.intake.shutdown_asked(&self.report.shared) {
-            let seen = self.lifecycle.shutdown_seen(now);
-            let flush_until = seen + self.config.shutdown_timeout / 2;
-            if all_taken || now >= flush_until {
+            self.lifecycle.see_shutdown(now);
+            let flush_until = self.lifecycle.flush_deadline(self.config.shutdown_timeout);
+            let flushing = flush_until.is_some_and(|until| now < until);
+            if !all_taken && flushing {
+                self.frame_waiting();
+            }
+            let all_taken = self.intake.shutdown_asked(&self.report.shared) == Some(true);
+            if all_taken || !flushing {
                 // Nothing more is framed; what was goes out first.
                 self.intake.abandon(&self.report.shared);
                 if !self.delivery.delivering() {
                     return self.close_everything(now, Ending::Shutdown);
                 }
-                return self.deliver_slice(now);
             }
+            return self.deliver_slice(now);
         }
         self.frame_waiting();
         self.deliver_slice(now);
+    }
+
+    /// A shutdown was asked for and what was queued before it is framed:
+    /// the closing sweep begins once its delivery is done, with no wait.
+    fn closing_due(&self) -> bool {
+        self.lifecycle.is_serving() && self.intake.shutdown_asked(&self.report.shared) == Some(true)
     }
 
     /// Takes the commands waiting (up to those queued before a shutdown,
@@ -485,8 +496,11 @@ impl Server {
     ) -> io::Result<Option<Duration>> {
         let accept_pending = self.lifecycle.accepts_pending();
         let broadcasting = self.delivery.delivering() || self.intake.is_waiting();
-        let work_pending =
-            broadcasting || accept_pending || self.conns.reads_pending() || self.closing_pending();
+        let work_pending = broadcasting
+            || accept_pending
+            || self.conns.reads_pending()
+            || self.closing_pending()
+            || self.closing_due();
         let sweep_pending = self.clock.heartbeat_due(now, self.sweeping()) && !broadcasting;
         if self.intake.is_woken() || work_pending || sweep_pending {
             return Ok(Some(Duration::ZERO));
@@ -498,15 +512,16 @@ impl Server {
     }
 
     /// The earliest time event: a connection's deadline, the heartbeat
-    /// sweep, the end of an accept pause, a step of a drain or the end of
-    /// the shutdown, the pool's trim, the end of a resume's wait or the
-    /// stats line.
+    /// sweep, the end of an accept pause, a step of a drain, the end of a
+    /// shutdown's flush or of the shutdown, the pool's trim, the end of a
+    /// resume's wait or the stats line.
     fn next_time_event(&self) -> Option<Instant> {
         let [paused_until, lifecycle_at] = self.lifecycle.next_at(Instant::now());
         [
             self.clock.next_at(self.sweeping()),
             paused_until,
             lifecycle_at,
+            self.lifecycle.flush_deadline(self.config.shutdown_timeout),
             self.buffers.next_trim(),
             self.delivery.targeted.next_overdue(),
             self.report.stats_at(),

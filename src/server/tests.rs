@@ -278,4 +278,35 @@ mod delivery {
         assert_eq!(server.connections().count(), 0, "none open");
         assert_eq!(server.conns.len(), clients.len(), "none dropped");
     }
+
+    #[test]
+    fn a_shutdown_asked_right_after_a_send_closes_once_the_send_is_out_with_no_wait() {
+        let (mut server, mut clients) = server_and_clients(1024, 2, |_| false);
+        // No periodic event to wake the loop by chance.
+        server.config.stats_interval = None;
+        let handle = server.handle();
+        handle.broadcast_text("last").unwrap();
+        handle.shutdown().unwrap();
+        // The iteration that takes them: it frames the message, and its
+        // slice writes it to both.
+        server.intake.woken();
+        server.intake.take_arrivals(&server.report.shared);
+        server.advance_broadcasts(Instant::now());
+        assert!(!server.delivery.delivering(), "the pass is over");
+        assert!(server.lifecycle.is_serving(), "the closes come after it");
+        // Nothing else is due, yet the loop does not sleep: the closing
+        // sweep begins in the next iteration.
+        let now = Instant::now();
+        assert_eq!(
+            server.poll_timeout(None, now).unwrap(),
+            Some(Duration::ZERO)
+        );
+        server.advance_broadcasts(now);
+        assert!(!server.lifecycle.is_serving());
+        for client in &mut clients {
+            let frames = frames(client);
+            assert_eq!(texts(&frames[..1]), ["last"]);
+            assert_eq!((frames.len(), frames[1].0), (2, 0x8), "then the close");
+        }
+    }
 }

@@ -98,10 +98,17 @@ impl Lifecycle {
         }
     }
 
-    /// When the loop first saw the shutdown request (`now` if this is the
-    /// first time).
-    pub(super) fn shutdown_seen(&mut self, now: Instant) -> Instant {
-        *self.shutdown_seen.get_or_insert(now)
+    /// The loop saw a shutdown request (`now`, if this is the first time).
+    pub(super) fn see_shutdown(&mut self, now: Instant) {
+        self.shutdown_seen.get_or_insert(now);
+    }
+
+    /// While serving after a shutdown request: until when what was queued
+    /// before it is still framed, half the shutdown `timeout` after the
+    /// loop first saw it.
+    pub(super) fn flush_deadline(&self, timeout: Duration) -> Option<Instant> {
+        let seen = self.shutdown_seen.filter(|_| self.is_serving())?;
+        Some(seen + timeout / 2)
     }
 
     /// Begins announcing a drain, accepting until `grace` from `now`;
