@@ -169,17 +169,23 @@ fn bad_command_lines_fail_with_one_line_and_a_non_zero_exit() {
     }
 }
 
+/// What the binary prints on standard output for `flag` alone, which it
+/// answers with success.
+fn printed_for(flag: &str) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_wspush"))
+        .arg(flag)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{flag}");
+    String::from_utf8(output.stdout).unwrap()
+}
+
 #[test]
 fn help_prints_and_states_the_stdin_rules() {
     // Every flag's help, and its row in OPERATIONS, are checked against
     // the parser itself (the binary's unit test
     // `every_flag_has_help_and_a_row_with_its_default_in_the_operations_table`).
-    let output = Command::new(env!("CARGO_BIN_EXE_wspush"))
-        .arg("--help")
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    let help = String::from_utf8(output.stdout).unwrap();
+    let help = printed_for("--help");
     assert!(help.contains("--listen <ADDR>"), "{help}");
     assert!(
         help.contains("empty") && help.contains("UTF-8"),
@@ -190,12 +196,7 @@ fn help_prints_and_states_the_stdin_rules() {
 #[test]
 fn version_names_the_program_not_its_package() {
     // The supervisor's upgrade checks a new binary by this line.
-    let output = Command::new(env!("CARGO_BIN_EXE_wspush"))
-        .arg("--version")
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    let version = String::from_utf8(output.stdout).unwrap();
+    let version = printed_for("--version");
     assert_eq!(version, format!("wspush {}\n", env!("CARGO_PKG_VERSION")));
 }
 
