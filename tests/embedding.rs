@@ -253,8 +253,8 @@ fn shut_down_without_blocking(handle: &Handle) {
 fn a_shutdown_behind_a_full_queue_returns_at_once_and_sends_what_came_before_it() {
     const TOTAL: u64 = 6000;
     let mut server = Server::bind(Config::default().with(|c| {
-        c.// About 1 = // About 1; c.000 one-byte messages.
-        max_pending_bytes = 64 * 1024;
+        // About 1,000 one-byte messages.
+        c.max_pending_bytes = 64 * 1024;
     }))
     .unwrap();
     let handle = server.handle();
@@ -286,8 +286,9 @@ fn a_shutdown_behind_a_full_queue_returns_at_once_and_sends_what_came_before_it(
 
 #[test]
 fn a_shutdown_gives_queued_broadcasts_half_its_timeout_then_abandons_the_rest() {
+    const TIMEOUT: Duration = Duration::from_millis(100);
     let mut server = Server::bind(Config::default().with(|c| {
-        c.shutdown_timeout = Duration::from_nanos(2);
+        c.shutdown_timeout = TIMEOUT;
         c.max_pending_bytes = 64 * 1024;
     }))
     .unwrap();
@@ -297,6 +298,21 @@ fn a_shutdown_gives_queued_broadcasts_half_its_timeout_then_abandons_the_rest() 
     let (producer, sent) = fill_the_queue(&handle, u64::MAX);
 
     shut_down_without_blocking(&handle);
+    // The first iteration frames what is queued; given room, the producer
+    // queues more (the send it was waiting in counted before the shutdown).
+    poll_until(&mut server, "the first batch", |s| {
+        s.metrics().broadcasts > 0
+    });
+    let waiting = Instant::now();
+    while handle.metrics().broadcast_queue_bytes == 0 {
+        assert!(
+            waiting.elapsed() < IO_TIMEOUT,
+            "the producer queued no more"
+        );
+        thread::yield_now();
+    }
+    // Past half the timeout, what is still queued is abandoned, not sent.
+    thread::sleep(TIMEOUT);
     poll_until(&mut server, "the shutdown", |s| s.is_finished());
     drop(server);
     producer.join().unwrap();
