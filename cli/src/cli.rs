@@ -156,7 +156,7 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "ISS", requires = "jwt_key_file", help_heading = JWT_HEADING)]
     pub(crate) jwt_issuer: Option<String>,
     /// How far clocks may differ, for exp and nbf.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration_or_zero, allow_hyphen_values = true, help_heading = JWT_HEADING)]
+    #[arg(long, value_name = "DURATION", default_value = duration_text(Duration::from_secs(Verifier::DEFAULT_LEEWAY)), value_parser = duration_or_zero, allow_hyphen_values = true, help_heading = JWT_HEADING)]
     pub(crate) jwt_leeway: Duration,
     /// Serve POST /publish (command lines, or one message) and GET /stats
     /// on this address, e.g. 127.0.0.1:8081: beside standard input and
@@ -323,8 +323,9 @@ impl FromStr for Processes {
 
 /// The library's settings by default. The flags for them take their
 /// defaults from here, so each default has one home (`Config::default()`);
-/// the binary's own flags (the supervisor's, the input's, upstream's,
-/// the token leeway) keep theirs in their attributes.
+/// the token leeway's is the verifier's (`Verifier::DEFAULT_LEEWAY`); the
+/// binary's own flags (the supervisor's, the input's, upstream's) keep
+/// theirs in their attributes.
 fn library() -> Config {
     Config::default()
 }

@@ -11,8 +11,10 @@
 //! - a header with `crit` is refused (no extension is understood);
 //! - claims of the right JSON types only: `exp` (required) and `nbf` are
 //!   numbers, `sub`, `iss` strings, `aud` a string or a list of them,
-//!   `channels` a list of channel patterns; a claim of another type or
-//!   given twice makes the token malformed, never absent.
+//!   `channels` a list of channel patterns; a claim of another type,
+//!   `null`, or given twice makes the token malformed, never absent (a
+//!   signer that writes a missing value as `null` would otherwise hand
+//!   out tokens bound to no id and no channel).
 //!
 //! The signature is checked before the claims are read. The cryptography
 //! is `ring`'s (constant-time HMAC compare; RSA PKCS#1 v1.5 with SHA-256
@@ -166,21 +168,52 @@ pub struct Claims {
 struct Header<'a> {
     #[serde(borrow)]
     alg: Cow<'a, str>,
-    crit: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    crit: Claim<serde::de::IgnoredAny>,
 }
 
 /// The claims read, with their JSON types; any other is ignored.
 #[derive(Deserialize)]
 struct RawClaims<'a> {
-    #[serde(borrow)]
-    sub: Option<Cow<'a, str>>,
-    exp: Option<serde_json::Number>,
-    nbf: Option<serde_json::Number>,
-    #[serde(borrow)]
-    iss: Option<Cow<'a, str>>,
-    aud: Option<Audience>,
-    #[serde(borrow)]
-    channels: Option<Vec<Cow<'a, str>>>,
+    #[serde(default, borrow)]
+    sub: Claim<Cow<'a, str>>,
+    #[serde(default)]
+    exp: Claim<serde_json::Number>,
+    #[serde(default)]
+    nbf: Claim<serde_json::Number>,
+    #[serde(default, borrow)]
+    iss: Claim<Cow<'a, str>>,
+    #[serde(default)]
+    aud: Claim<Audience>,
+    #[serde(default, borrow)]
+    channels: Claim<Vec<Cow<'a, str>>>,
+}
+
+/// A field as the JSON has it: absent, `null`, or a value of its type.
+/// (`Option` would read `null` as absent.)
+#[derive(Default)]
+enum Claim<T> {
+    #[default]
+    Absent,
+    Null,
+    Given(T),
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Claim<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(json: D) -> Result<Self, D::Error> {
+        Ok(Option::<T>::deserialize(json)?.map_or(Claim::Null, Claim::Given))
+    }
+}
+
+impl<T> Claim<T> {
+    /// The value, if given; `null` is malformed, `why` saying so.
+    fn given(&self, why: &'static str) -> Result<Option<&T>, TokenRefusal> {
+        match self {
+            Claim::Absent => Ok(None),
+            Claim::Null => Err(TokenRefusal::Malformed(why)),
+            Claim::Given(value) => Ok(Some(value)),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -200,6 +233,10 @@ impl Audience {
 }
 
 impl Verifier {
+    /// The leeway, in seconds, that the binary's `--jwt-leeway` takes
+    /// unless told otherwise.
+    pub const DEFAULT_LEEWAY: u64 = 5;
+
     /// A verifier for `algorithm` with no key yet (add one or more with
     /// [`Verifier::add_key`]), `leeway` seconds of tolerance for clocks
     /// on `exp` and `nbf`, and no audience or issuer required.
@@ -285,7 +322,7 @@ impl Verifier {
         if header.alg != self.algorithm.name() {
             return Err(TokenRefusal::WrongAlgorithm);
         }
-        if header.crit.is_some() {
+        if !matches!(header.crit, Claim::Absent) {
             return Err(Malformed("malformed token: crit is not supported"));
         }
         let signed = &token[..token.len() - signature.len() - 1];
@@ -310,7 +347,7 @@ impl Verifier {
             .ok()
             .and_then(|claims| serde_json::from_str(claims).ok())
             .ok_or(Malformed(
-                "malformed token: claims are not JSON of the types taken (exp and nbf numbers; sub, iss strings; aud a string or list; channels a list)",
+                "malformed token: claims are not JSON of the types taken (exp and nbf numbers; sub, iss strings; aud a string or list; channels a list; none null)",
             ))?;
         self.check(&claims, now)
     }
@@ -333,31 +370,35 @@ impl Verifier {
 
     fn check(&self, claims: &RawClaims<'_>, now: i64) -> Result<Claims, TokenRefusal> {
         use TokenRefusal::Malformed;
+        // The form first: a null claim is malformed, whatever else holds.
+        let exp = claims.exp.given("malformed token: exp is null")?;
+        let nbf = claims.nbf.given("malformed token: nbf is null")?;
+        let aud = claims.aud.given("malformed token: aud is null")?;
+        let iss = claims.iss.given("malformed token: iss is null")?;
+        let sub = claims.sub.given("malformed token: sub is null")?;
+        let channels = claims.channels.given("malformed token: channels is null")?;
         let leeway = self.leeway as i64;
-        let exp = claims
-            .exp
-            .as_ref()
-            .ok_or(Malformed("malformed token: exp is required"))?;
+        let exp = exp.ok_or(Malformed("malformed token: exp is required"))?;
         let valid_until = seconds(exp).saturating_add(leeway);
         if now >= valid_until {
             return Err(TokenRefusal::Expired);
         }
-        if let Some(nbf) = &claims.nbf {
+        if let Some(nbf) = nbf {
             if now.saturating_add(leeway) < seconds(nbf) {
                 return Err(TokenRefusal::NotYetValid);
             }
         }
-        match (&self.audience, &claims.aud) {
+        match (&self.audience, aud) {
             (Some(ours), Some(theirs)) if theirs.names(ours) => {}
             (None, None) => {}
             _ => return Err(TokenRefusal::WrongAudience),
         }
         if let Some(ours) = &self.issuer {
-            if claims.iss.as_deref() != Some(ours) {
+            if iss.map(|iss| iss.as_ref()) != Some(ours.as_str()) {
                 return Err(TokenRefusal::WrongIssuer);
             }
         }
-        let id = match &claims.sub {
+        let id = match sub {
             Some(sub) => {
                 names::check(sub).map_err(|_| {
                     Malformed("malformed token: sub is not a client id (1-64 bytes of letters, digits and - _ . : @)")
@@ -366,7 +407,7 @@ impl Verifier {
             }
             None => None,
         };
-        let channels = match &claims.channels {
+        let channels = match channels {
             Some(list) => Some(
                 list.iter()
                     .map(|p| Pattern::parse(p))
@@ -391,13 +432,19 @@ pub const MAX_CLOSE_SPREAD: Duration = Duration::from_secs(60);
 /// would outlive any process).
 pub const LONGEST_WAIT: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
+/// How long before a token's end its connection's close is placed at the
+/// latest: time for the loop to reach it and for the frame to travel, so
+/// that the close arrives before the end.
+pub const CLOSE_MARGIN: Duration = Duration::from_millis(100);
+
 /// How long after `now` (since the Unix epoch) a connection whose token is
-/// good until `valid_until` is closed: at that second, brought forward by
-/// `spread` (0 to 1, a value of its own for each connection) times a
-/// tenth of the time left, at most [`MAX_CLOSE_SPREAD`]. `None`: beyond
-/// [`LONGEST_WAIT`], never.
+/// good until `valid_until` is closed: [`CLOSE_MARGIN`] before that
+/// second, brought forward by `spread` (0 to 1, a value of its own for
+/// each connection) times a tenth of the time left, at most
+/// [`MAX_CLOSE_SPREAD`]. `None`: beyond [`LONGEST_WAIT`], never. The
+/// caller closes it at that point or before, never after.
 pub fn close_after(valid_until: i64, now: Duration, spread: f64) -> Option<Duration> {
-    let end = Duration::from_secs(valid_until.max(0) as u64);
+    let end = Duration::from_secs(valid_until.max(0) as u64).saturating_sub(CLOSE_MARGIN);
     let left = end.saturating_sub(now);
     if left > LONGEST_WAIT {
         return None;
@@ -658,18 +705,27 @@ mod tests {
     fn connections_close_before_their_token_ends_spread_over_a_tenth_of_its_life() {
         let now = Duration::from_secs(NOW as u64);
         let secs = Duration::from_secs;
-        assert_eq!(close_after(NOW + 100, now, 0.0), Some(secs(100)));
-        assert_eq!(close_after(NOW + 100, now, 0.5), Some(secs(95)));
-        assert_eq!(close_after(NOW + 100, now, 1.0), Some(secs(90)));
+        let ms = Duration::from_millis;
+        assert_eq!(
+            close_after(NOW + 100, now, 0.0),
+            Some(secs(100) - CLOSE_MARGIN)
+        );
+        assert_eq!(close_after(NOW + 100, now, 0.5), Some(ms(94_905)));
+        assert_eq!(close_after(NOW + 100, now, 1.0), Some(ms(89_910)));
         // A long-lived token is spread over a minute at most.
-        assert_eq!(close_after(NOW + 3600, now, 1.0), Some(secs(3540)));
+        assert_eq!(
+            close_after(NOW + 3600, now, 1.0),
+            Some(secs(3540) - CLOSE_MARGIN)
+        );
         // Good only within the leeway: closed at once.
         assert_eq!(close_after(NOW - 5, now, 0.3), Some(Duration::ZERO));
         assert_eq!(close_after(i64::MIN, now, 0.3), Some(Duration::ZERO));
-        let half = now + Duration::from_millis(500);
+        let half = now + ms(500);
+        assert_eq!(close_after(NOW + 1, half, 0.0), Some(ms(400)));
+        // Within the margin of its end: closed at once.
         assert_eq!(
-            close_after(NOW + 1, half, 0.0),
-            Some(Duration::from_millis(500))
+            close_after(NOW + 1, now + ms(950), 0.0),
+            Some(Duration::ZERO)
         );
         assert_eq!(close_after(i64::MAX, now, 0.5), None);
         assert_eq!(close_after(31_557_600_000_000, now, 0.5), None);
@@ -840,6 +896,32 @@ mod tests {
         assert_eq!(
             v.verify(third.as_bytes(), NOW),
             Err(TokenRefusal::BadSignature)
+        );
+    }
+
+    #[test]
+    fn a_null_claim_or_crit_is_malformed_before_any_other_check() {
+        let mut v = verifier();
+        v.require_audience("push");
+        v.require_issuer("app");
+        let good = serde_json::json!({"exp": 1_900_000_000, "aud": "push", "iss": "app"});
+        assert!(v.verify(token(&good.to_string()).as_bytes(), NOW).is_ok());
+        let mut expired = good.clone();
+        expired["exp"] = 1.into();
+        for claim in ["sub", "channels", "nbf", "exp", "aud", "iss"] {
+            // Null, and the token otherwise good or expired alike.
+            for claims in [&good, &expired] {
+                let mut claims = claims.clone();
+                claims[claim] = serde_json::Value::Null;
+                let refusal = v.verify(token(&claims.to_string()).as_bytes(), NOW);
+                let null = format!("malformed token: {claim} is null");
+                assert_eq!(refusal.unwrap_err().reason(), null, "{claims}");
+            }
+        }
+        let crit = hs256(r#"{"alg":"HS256","crit":null}"#, good.to_string(), SECRET);
+        assert_eq!(
+            v.verify(crit.as_bytes(), NOW).unwrap_err().reason(),
+            "malformed token: crit is not supported"
         );
     }
 

@@ -4,7 +4,8 @@
 # websockets client presents them to a wspush server it starts
 # (tests/tokens/pyjwt_check.py): each algorithm's token is taken, by header
 # and by query, and its client gets the messages for its `sub`; an expired
-# one and one signed with another algorithm are refused with 401.
+# one and one signed with another algorithm are refused with 401, and so
+# is one with a null claim (PyJWT writes None as null).
 #
 # Installs what is missing: python3-venv (apt-get, as root), then PyJWT,
 # cryptography and websockets (pinned below) from PyPI into a virtual

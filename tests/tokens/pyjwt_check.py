@@ -97,6 +97,38 @@ async def check_algorithm(alg, key_file, signing_key):
         server.stop()
 
 
+async def refusal_body(url):
+    """The status and body an upgrade is refused with (None if it was not)."""
+    try:
+        async with websockets.connect(url, open_timeout=TIMEOUT):
+            return None
+    except websockets.exceptions.InvalidStatus as refused:
+        return refused.response.status_code, refused.response.body.decode().strip()
+
+
+async def check_null_claims():
+    """PyJWT writes None as null: such a claim is refused, never absent
+    (which, with no --require-token-id or --allow-channel, would bind the
+    bearer to no id and no channel)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".key") as f:
+        f.write(SECRET)
+        f.flush()
+        server = Server(["--jwt-alg", "HS256", "--jwt-key-file", f.name])
+    try:
+        base = f"ws://{server.addr}/"
+        now = int(time.time())
+        for claim in ["sub", "channels", "nbf", "exp", "aud", "iss"]:
+            claims = {"exp": now + 600}
+            claims[claim] = None
+            token = jwt.encode(claims, SECRET, "HS256")
+            got = await refusal_body(f"{base}?id=bob&channel=anything&token={token}")
+            assert got == (401, f"malformed token: {claim} is null"), (claim, got)
+        taken = jwt.encode({"exp": now + 600}, SECRET, "HS256")
+        assert await refusal_body(f"{base}?id=bob&token={taken}") is None
+    finally:
+        server.stop()
+
+
 CHECKS = [
     ("HS256", SECRET + "\n", SECRET),
     ("RS256", key("rsa-public.pem"), key("rsa-private.pem")),
@@ -114,7 +146,14 @@ async def main():
         except Exception as error:  # noqa: BLE001 - every failure is reported
             failed += 1
             print(f"FAIL {name}: {error!r}")
-    print(f"{len(CHECKS) - failed} passed, {failed} failed")
+    name = f"PyJWT {jwt.__version__} tokens with a null claim (None) are refused as malformed"
+    try:
+        await check_null_claims()
+        print(f"PASS {name}")
+    except Exception as error:  # noqa: BLE001 - every failure is reported
+        failed += 1
+        print(f"FAIL {name}: {error!r}")
+    print(f"{len(CHECKS) + 1 - failed} passed, {failed} failed")
     return 1 if failed else 0
 
 

@@ -88,7 +88,7 @@ impl Conn {
             return Verdict::after(sent.and_then(|_| self.send(Outgoing::Queued, ctx)));
         }
         self.phase = Phase::CloseSent { decoder, reason };
-        self.arm(key, ctx.config.close_timeout, ctx);
+        self.arm_within(key, ctx.config.close_timeout, ctx);
         self.send_close(code, why, ctx)
     }
 
@@ -151,7 +151,7 @@ impl Conn {
             write_shut: false,
             upgraded: self.is_websocket(),
         };
-        self.arm(key, ctx.config.close_timeout, ctx);
+        self.arm_within(key, ctx.config.close_timeout, ctx);
     }
 
     /// Sends a close frame with `code` and `why` (cut to the 123 bytes a

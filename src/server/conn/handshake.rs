@@ -116,11 +116,12 @@ impl Conn {
     }
 
     /// Arms the deadline that closes it (4001) before its signed token's
-    /// validity ends, at a point of its own (see [`jwt::close_after`]).
+    /// validity ends, at a point of its own (see [`jwt::close_after`]),
+    /// on the last tick before that point.
     fn arm_expiry(&mut self, key: ConnKey, valid_until: i64, ctx: &mut Ctx<'_>) {
         let spread = f64::from(key.own_point(self.serial)) / f64::from(u32::MAX);
         if let Some(after) = jwt::close_after(valid_until, unix_now(), spread) {
-            self.arm(key, after, ctx);
+            self.arm_within(key, after, ctx);
         }
     }
 

@@ -318,7 +318,7 @@ impl Conn {
         let verdict = self.on_readable(key, true, scratch, ctx);
         let waiting = matches!(self.phase, Phase::Handshake(_));
         if waiting && !matches!(verdict, Verdict::Close(_)) {
-            self.arm(key, ctx.config.handshake_timeout, ctx);
+            self.arm_after(key, ctx.config.handshake_timeout, ctx);
         }
         verdict
     }
@@ -477,8 +477,17 @@ impl Conn {
         }
     }
 
-    fn arm(&mut self, key: ConnKey, after: Duration, ctx: &mut Ctx<'_>) {
+    /// Arms its deadline `after` from now at the soonest (a timeout: the
+    /// peer has that long).
+    fn arm_after(&mut self, key: ConnKey, after: Duration, ctx: &mut Ctx<'_>) {
         let tick = ctx.timers.tick_at(ctx.now + after);
+        self.deadline.arm(ctx.timers, key, tick);
+    }
+
+    /// Arms its deadline `within` from now at the latest, as the wheel's
+    /// ticks fall (a bound: the wait is never longer).
+    fn arm_within(&mut self, key: ConnKey, within: Duration, ctx: &mut Ctx<'_>) {
+        let tick = ctx.timers.tick_before(ctx.now + within);
         self.deadline.arm(ctx.timers, key, tick);
     }
 }

@@ -12,6 +12,14 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Tick(NonZeroU32);
 
+impl Tick {
+    /// A count of ticks, clamped to what a tick holds (tick 0 is tick 1).
+    fn clamped(ticks: u128) -> Tick {
+        let ticks = ticks.clamp(1, u32::MAX as u128) as u32;
+        Tick(NonZeroU32::new(ticks).expect("clamped to at least 1"))
+    }
+}
+
 /// Entries a slot keeps room for once emptied; more is freed.
 const SLOT_KEEP: usize = 64;
 
@@ -40,13 +48,24 @@ impl TimerWheel {
         }
     }
 
-    /// The first tick at or after `at`.
+    /// The first tick at or after `at`: an entry due then never expires
+    /// before `at` (for a deadline that must have passed, as a timeout's).
     pub fn tick_at(&self, at: Instant) -> Tick {
+        Tick::clamped(self.ticks_to(at))
+    }
+
+    /// The last tick that begins before `at`: an entry due then expires
+    /// before `at` if the loop is awake, whatever the resolution (for a
+    /// point not to pass, as a token's end). If that tick has begun
+    /// already, the entry is due at once (the next tick).
+    pub fn tick_before(&self, at: Instant) -> Tick {
+        Tick::clamped(self.ticks_to(at).saturating_sub(1))
+    }
+
+    /// Ticks from the start to `at`, rounded up.
+    fn ticks_to(&self, at: Instant) -> u128 {
         let elapsed = at.saturating_duration_since(self.start).as_nanos();
-        let ticks = elapsed
-            .div_ceil(self.resolution.as_nanos())
-            .clamp(1, u32::MAX as u128);
-        Tick(NonZeroU32::new(ticks as u32).expect("clamped to at least 1"))
+        elapsed.div_ceil(self.resolution.as_nanos())
     }
 
     /// Arms an entry for `key` at `deadline`.
@@ -155,6 +174,30 @@ mod tests {
         );
         one.clear(&mut wheel);
         assert_eq!(wheel.next_at(), None, "nothing armed");
+    }
+
+    #[test]
+    fn a_deadline_not_to_pass_expires_on_the_tick_before_it() {
+        let t0 = Instant::now();
+        // Within a tick and on a tick's start alike, the tick before.
+        for (at, due) in [(25, 20), (30, 20), (31, 30)] {
+            let mut wheel = TimerWheel::new(10 * MS, 8, t0);
+            let tick = wheel.tick_before(t0 + at as u32 * MS);
+            Deadline::default().arm(&mut wheel, ConnKey(at), tick);
+            assert!(expire(&mut wheel, t0 + (due - 1) * MS).is_empty(), "{at}");
+            assert_eq!(expire(&mut wheel, t0 + due * MS), vec![at], "{at}");
+        }
+        // As against a timeout's, which never expires before its point.
+        let mut wheel = TimerWheel::new(10 * MS, 8, t0);
+        let tick = wheel.tick_at(t0 + 25 * MS);
+        Deadline::default().arm(&mut wheel, ConnKey(1), tick);
+        assert!(expire(&mut wheel, t0 + 29 * MS).is_empty());
+        assert_eq!(expire(&mut wheel, t0 + 30 * MS), vec![1]);
+        // A point within the current tick: due at once, on the next one.
+        let tick = wheel.tick_before(t0 + 32 * MS);
+        Deadline::default().arm(&mut wheel, ConnKey(2), tick);
+        assert!(expire(&mut wheel, t0 + 39 * MS).is_empty());
+        assert_eq!(expire(&mut wheel, t0 + 40 * MS), vec![2]);
     }
 
     #[test]
