@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The million-connection row of the standard comparisons, in one command:
+# the bench's floor and wspush (default flags: pings every 30 s), 64
+# instances each behind SO_REUSEPORT, one after the other in one `compare`
+# run: the setup rate, the idle CPU over one ping interval, the memory per
+# connection and five lone broadcasts 20 s apart (each one's fan-out and
+# the latency percentiles), every delivery checked.
+#
+# Usage: bench/million.sh [NAME=WSPUSH ...]
+#   Each NAME=WSPUSH is a wspush binary measured beside the floor (default:
+#   wspush=target/release/wspush); give two (before=..., after=...) for a
+#   before-and-after record, which adds about 4.5 minutes.
+#   Environment: OUT (default /tmp/wspush-million) gets the table
+#   (table.txt) and the reports (reports.txt); CONNS (1000000) and
+#   INSTANCES (64) change the size, for a try at a smaller one.
+#
+# Raises the kernel's limits for this boot first (tuning/apply.sh 1000000
+# --both-ends; needs root, raises only, changes nothing a second time).
+# Builds what is missing (cargo build --release -p wspush-cli -p
+# wspush-bench). Time on the 2-vCPU machine: about 9 minutes for the floor
+# and one wspush.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+conns="${CONNS:-1000000}"
+instances="${INSTANCES:-64}"
+out="${OUT:-/tmp/wspush-million}"
+bench=target/release/wspush-bench
+
+servers=("$@")
+((${#servers[@]})) || servers=("wspush=target/release/wspush")
+for server in "${servers[@]}"; do
+  [[ "$server" == *=* ]] || {
+    echo "million.sh: '$server' is not NAME=WSPUSH" >&2
+    exit 2
+  }
+done
+if [[ ! -x "$bench" || ! -x target/release/wspush ]]; then
+  cargo build --release -p wspush-cli -p wspush-bench
+fi
+for server in "${servers[@]}"; do
+  binary="${server#*=}"
+  [[ -x "$binary" ]] || {
+    echo "million.sh: ${binary} is not an executable" >&2
+    exit 2
+  }
+done
+
+tuning/apply.sh "$conns" --both-ends >/dev/null
+mkdir -p "$out"
+
+spawn=(--server "floor=floor --processes $instances")
+for server in "${servers[@]}"; do
+  spawn+=(--server "${server%%=*}=${server#*=} --processes $instances --listen 127.0.0.1:{port}")
+done
+echo "million.sh: $conns connections over $instances instances: floor, ${servers[*]}; reports in $out" >&2
+started=$SECONDS
+"$bench" compare --conns "$conns" --rate 30000 --max-in-flight 1024 --settle-ms 3000 \
+  --idle-secs 30 --messages 5 --gap-ms 20000 --no-echo --wait-quiet 30 "${spawn[@]}" \
+  >"$out/table.txt" 2>"$out/reports.txt"
+cat "$out/table.txt"
+echo "million.sh: done in $((SECONDS - started)) s" >&2
