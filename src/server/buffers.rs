@@ -1,13 +1,14 @@
 //! The memory the loop lends its connection handlers: the read buffer,
-//! the gathered replies and frames, the deflate work space, the messages
-//! being assembled, what a delivery visit left, and the pool of input buffers with its trim schedule.
+//! the gathered replies and frames, the deflate work space, what
+//! connections hold aside (input not consumed yet, messages being
+//! assembled), what a delivery visit left, and the pool of input buffers with its trim schedule.
 //! All allocated once, their capacities kept.
 
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::ops::sys;
-use crate::server::conn::{Assemblies, DeflateScratch};
+use crate::server::conn::{Aside, DeflateScratch};
 use crate::server::frames::SharedFrames;
 use crate::server::net::pool::BufferPool;
 
@@ -34,8 +35,8 @@ pub(super) struct Buffers {
     pub(super) deflate: DeflateScratch,
     /// See [`Ctx::gathered`](crate::server::conn::Ctx::gathered).
     pub(super) gathered: Vec<SharedFrames>,
-    /// See [`Ctx::messages`](crate::server::conn::Ctx::messages).
-    pub(super) messages: Assemblies,
+    /// See [`Ctx::aside`](crate::server::conn::Ctx::aside).
+    pub(super) aside: Aside,
     /// Where bytes not consumed yet wait.
     pub(super) pool: BufferPool,
     /// When the pool next gives back buffers that sat unused (only while
@@ -53,7 +54,7 @@ impl Buffers {
             replies: Vec::with_capacity(SCRATCH_BYTES),
             deflate: DeflateScratch::default(),
             gathered: Vec::new(),
-            messages: Assemblies::new(),
+            aside: Aside::default(),
             pool: BufferPool::new(config.max_head_bytes, POOL_PREALLOCATED, POOL_MAX_IDLE),
             next_trim: None,
             released_at_last_return: 0,

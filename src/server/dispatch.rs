@@ -70,7 +70,7 @@ impl Server {
                 upstream: conns.upstream.as_mut(),
                 deflate: &mut buffers.deflate,
                 gathered: &mut buffers.gathered,
-                messages: &mut buffers.messages,
+                aside: &mut buffers.aside,
                 now,
                 next_batch: delivery.stream.next_seq(),
                 history: &records.history,

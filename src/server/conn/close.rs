@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::transport::{Outgoing, OwnMessage};
-use super::{CloseReason, Conn, Ctx, Phase, Verdict};
+use super::{CloseReason, Conn, Ctx, Flags, Phase, Verdict};
 use crate::ops::metrics::Metrics;
 use crate::protocol::ws::{CloseCode, OpCode, ProtocolError};
 use crate::protocol::{position, sse};
@@ -32,9 +32,7 @@ impl Conn {
             }
         }
         self.discard_output(true, ctx.tally);
-        if let Some(input) = self.input.take() {
-            ctx.pool.give_back(input);
-        }
+        self.drop_held(key, ctx);
         self.drop_message(key, ctx);
         Metrics::incr(reason.counter(metrics));
         Metrics::decr(if self.is_websocket() {
@@ -116,7 +114,7 @@ impl Conn {
             if let Verdict::Close(reason) = Verdict::after(sent) {
                 return Verdict::Close(reason);
             }
-        } else if self.positions {
+        } else if self.flags.has(Flags::POSITIONS) {
             let hint = position::reconnect_hint(delay);
             let hint = Outgoing::Frame(OwnMessage::plain(OpCode::Text, hint.as_bytes()));
             if let Verdict::Close(reason) = Verdict::after(self.send(hint, ctx)) {
@@ -168,9 +166,18 @@ impl Conn {
 
     /// Gives back the buffer of a message being assembled, if any.
     pub(super) fn drop_message(&mut self, key: ConnKey, ctx: &mut Ctx<'_>) {
-        if std::mem::take(&mut self.assembling) {
-            if let Some(message) = ctx.messages.remove(&key) {
+        if self.flags.take(Flags::ASSEMBLING) {
+            if let Some(message) = ctx.aside.messages.remove(&key) {
                 ctx.pool.give_back(message);
+            }
+        }
+    }
+
+    /// Gives back the buffer of input not consumed yet, if any.
+    fn drop_held(&mut self, key: ConnKey, ctx: &mut Ctx<'_>) {
+        if self.flags.take(Flags::HOLDING) {
+            if let Some(held) = ctx.aside.held.remove(&key) {
+                ctx.pool.give_back(held);
             }
         }
     }

@@ -6,7 +6,7 @@
 use std::sync::atomic::AtomicU64;
 
 use super::transport::{Outgoing, Transport};
-use super::{CloseReason, Conn, Ctx, Verdict};
+use super::{CloseReason, Conn, Ctx, Flags, Verdict};
 use crate::config::SlowConsumerPolicy;
 use crate::ops::metrics::Metrics;
 use crate::server::frames::SharedFrames;
@@ -33,7 +33,7 @@ impl Conn {
             Transport::WebSocket(_) => {
                 let taking = Frames {
                     compressed: self.transport.compressed(),
-                    positions: self.positions,
+                    positions: self.flags.has(Flags::POSITIONS),
                 };
                 self.deliver_taking(key, owed, taking, ctx)
             }
@@ -194,7 +194,7 @@ impl Conn {
     fn on_slow_consumer(&mut self, key: ConnKey, missed: u64, ctx: &mut Ctx<'_>) -> Verdict {
         let why = "slow consumer";
         match ctx.config.slow_consumer {
-            SlowConsumerPolicy::Drop if !self.positions => {
+            SlowConsumerPolicy::Drop if !self.flags.has(Flags::POSITIONS) => {
                 log::debug!(
                     "slow consumer {key}: {} bytes queued, {missed} broadcasts dropped for it",
                     self.out.queued_bytes(),
@@ -289,7 +289,7 @@ mod tests {
         assert_eq!(rig.client_frame_start(), [0x8A, 0], "an empty pong instead");
         assert_eq!(rig.client_frame_start(), [0x81, 2], "then the text");
         assert_eq!([rig.client_byte(), rig.client_byte()], *b"hi");
-        rig.conn.positions = true;
+        rig.conn.flags.set(Flags::POSITIONS, true);
         assert_eq!(rig.offer(&status), Verdict::Keep);
         assert_eq!(rig.tally.broadcast_deliveries, 2);
         assert_eq!(rig.client_frame_start(), [0x81, 16], "the status");

@@ -3,7 +3,7 @@
 //! (`/healthz`, `/metrics`, the demo page: see [`Verdict::Serve`]).
 
 use super::transport::{DeflateUse, Outgoing, OwnMessage, Transport, MAX_OWN_HEAD};
-use super::{CloseReason, Conn, Ctx, Phase, Verdict};
+use super::{CloseReason, Conn, Ctx, Flags, Phase, Verdict};
 use crate::ops::metrics::Metrics;
 use crate::protocol::http::{
     self, Credential, Endpoints, HandshakeRules, HeadStatus, Protocol, Rejection, MAX_RESPONSE_LEN,
@@ -210,7 +210,7 @@ impl Conn {
             ),
             Resume::Since(since) => history.resume(since, ctx.now),
         };
-        self.positions = true;
+        self.flags.set(Flags::POSITIONS, true);
         let metrics = ctx.metrics;
         Metrics::incr(match status {
             Status::Position { .. } => &metrics.resumes_position,

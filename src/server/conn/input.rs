@@ -5,7 +5,7 @@
 //! gathered replies.
 
 use super::transport::{Outgoing, OwnMessage};
-use super::{CloseReason, Conn, Ctx, Phase, Verdict};
+use super::{CloseReason, Conn, Ctx, Flags, Phase, Verdict};
 use crate::config::Config;
 use crate::ops::metrics::Metrics;
 use crate::protocol::ws::inflate::InflateError;
@@ -13,6 +13,7 @@ use crate::protocol::ws::{CloseCode, Event, MessageKind, OpCode, ProtocolError};
 use crate::server::handle::upstream::Offered;
 use crate::server::key::ConnKey;
 use crate::server::net::nonblocking::{read_some, Progress};
+use crate::server::net::pool::PooledBuf;
 
 /// Bytes read from one connection per readiness event before the loop
 /// serves the others (the rest is read on the next iteration).
@@ -42,14 +43,16 @@ impl Conn {
             if upstream_paused && !matches!(self.phase, Phase::Handshake(_)) {
                 return Verdict::AwaitUpstream;
             }
-            self.read_paused = self.output_backed_up(ctx.config);
-            if self.read_paused {
+            let backed_up = self.output_backed_up(ctx.config);
+            self.flags.set(Flags::READ_PAUSED, backed_up);
+            if backed_up {
                 // Echo backpressure: resume when the queue drains.
                 return Verdict::Keep;
             }
-            let room = self
-                .input
-                .as_ref()
+            let held = self.flags.has(Flags::HOLDING);
+            let room = held
+                .then(|| ctx.aside.held.get(&key))
+                .flatten()
                 .map_or(scratch.len(), |buf| buf.capacity() - buf.len())
                 .min(scratch.len());
             debug_assert!(room > 0, "bug: a lent input buffer is never full");
@@ -88,12 +91,13 @@ impl Conn {
 
     /// [`Conn::consume`] up to the write of the gathered replies.
     fn consume_gathering(&mut self, key: ConnKey, fresh: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
-        let Some(mut held) = self.input.take() else {
+        let held = self.flags.take(Flags::HOLDING);
+        let Some(mut held) = held.then(|| ctx.aside.held.remove(&key)).flatten() else {
             let (used, verdict) = self.process(key, fresh, 0, ctx);
             if used < fresh.len() && !matches!(verdict, Verdict::Close(_)) {
                 let mut held = ctx.pool.lend();
                 held.extend_from_slice(&fresh[used..]);
-                self.input = Some(held);
+                self.hold(key, held, ctx);
             }
             return verdict;
         };
@@ -104,9 +108,15 @@ impl Conn {
         if held.is_empty() || matches!(verdict, Verdict::Close(_)) {
             ctx.pool.give_back(held);
         } else {
-            self.input = Some(held);
+            self.hold(key, held, ctx);
         }
         verdict
+    }
+
+    /// Keeps `held`, input not consumed yet, aside until more arrives.
+    fn hold(&mut self, key: ConnKey, held: PooledBuf, ctx: &mut Ctx<'_>) {
+        self.flags.set(Flags::HOLDING, true);
+        ctx.aside.held.insert(key, held);
     }
 
     /// Runs the current phase over `bytes`, of which the first `seen` were
@@ -222,17 +232,17 @@ impl Conn {
         compressed: bool,
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
-        if last && !self.assembling {
+        if last && !self.flags.has(Flags::ASSEMBLING) {
             return self.on_whole(key, kind, payload, compressed, ctx);
         }
         let pool = &mut *ctx.pool;
-        let message = ctx.messages.entry(key).or_insert_with(|| pool.lend());
+        let message = ctx.aside.messages.entry(key).or_insert_with(|| pool.lend());
         message.extend_from_slice(payload);
-        self.assembling = !last;
+        self.flags.set(Flags::ASSEMBLING, !last);
         if !last {
             return Verdict::Keep;
         }
-        let message = ctx.messages.remove(&key).expect("just assembled");
+        let message = ctx.aside.messages.remove(&key).expect("just assembled");
         let verdict = self.on_whole(key, kind, &message, compressed, ctx);
         ctx.pool.give_back(message);
         verdict
@@ -322,7 +332,10 @@ mod tests {
             read(&mut rig),
             Verdict::Serve(Endpoint::Health, Method::Get)
         );
-        assert!(rig.conn.input.is_none(), "nothing held after the request");
+        assert!(
+            !rig.conn.flags.has(Flags::HOLDING),
+            "nothing held after the request"
+        );
         let answered = rig.drive(|conn, _, ctx| {
             let body = (&b"ok\n"[..], Method::Get);
             conn.respond(http::PageStatus::Ok, "text/plain", body, ctx)
@@ -330,7 +343,10 @@ mod tests {
         assert_eq!(answered, Verdict::ReadAgain, "what follows is read on");
         for _ in 0..2 {
             assert_eq!(read(&mut rig), Verdict::Keep);
-            assert!(rig.conn.input.is_none(), "nothing held after the answer");
+            assert!(
+                !rig.conn.flags.has(Flags::HOLDING),
+                "nothing held after the answer"
+            );
         }
         let mut answer = Vec::new();
         rig.client.read_to_end(&mut answer).unwrap();

@@ -19,7 +19,8 @@
 //! answer; `input` what is read (frames decoded, messages inflated, then
 //! sent upstream, echoed or answered); `output` what is written (the one
 //! send path, with the connection's transport as its parameter);
-//! `deliver` what a delivery visit gives it; `close` how it ends.
+//! `deliver` what a delivery visit gives it; `close` how it ends;
+//! `aside` what it holds only while busy, out of its slot.
 
 use std::time::{Duration, Instant};
 
@@ -36,7 +37,7 @@ use crate::server::frames::SharedFrames;
 use crate::server::handle::upstream::Outbox;
 use crate::server::history::{History, Replay};
 use crate::server::key::ConnKey;
-use crate::server::net::pool::{BufferPool, PooledBuf};
+use crate::server::net::pool::BufferPool;
 use crate::server::net::queue::{OutQueue, Sent};
 use crate::server::owed::stream::Seq;
 use crate::server::owed::targeted::WalkMark;
@@ -45,6 +46,7 @@ use crate::server::routes::Routes;
 use crate::server::time::heartbeat::{Liveness, Visit};
 use crate::server::time::timer::{Deadline, Tick, TimerWheel};
 
+mod aside;
 mod close;
 mod deliver;
 mod handshake;
@@ -54,6 +56,7 @@ mod output;
 mod rig;
 mod transport;
 
+pub use aside::Aside;
 use transport::{DeflateUse, Outgoing, Transport};
 
 /// Why a connection ended; each reason has its own counter.
@@ -209,9 +212,6 @@ pub struct DeflateScratch {
     compressed: Vec<u8>,
 }
 
-/// Messages being assembled from several pieces, by connection.
-pub type Assemblies = std::collections::HashMap<ConnKey, PooledBuf>;
-
 /// The loop-owned resources a handler may use.
 pub struct Ctx<'a> {
     /// Limits and modes.
@@ -236,10 +236,9 @@ pub struct Ctx<'a> {
     pub upstream: Option<&'a mut Outbox>,
     /// The loop's permessage-deflate work space.
     pub deflate: &'a mut DeflateScratch,
-    /// The messages being assembled from several pieces (echoed, sent
-    /// upstream or inflated), by connection: few connections have one, so
-    /// the buffer is not in every connection's slot.
-    pub messages: &'a mut Assemblies,
+    /// What connections hold only while busy (input not consumed yet,
+    /// messages being assembled), out of their slots.
+    pub aside: &'a mut Aside,
     /// The frames a delivery visit gathers for one connection, as
     /// references. Empty between visits; its capacity is kept.
     pub gathered: &'a mut Vec<SharedFrames>,
@@ -252,34 +251,68 @@ pub struct Ctx<'a> {
     pub history: &'a History,
 }
 
+/// A connection's yes-or-no state, a bit each, so that they take one
+/// byte of its slot.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Flags(u8);
+
+impl Flags {
+    /// The socket is registered for writability (output is pending).
+    const WRITABLE_INTEREST: u8 = 1;
+    /// Reading stopped because output backed up (echo backpressure).
+    const READ_PAUSED: u8 = 1 << 1;
+    /// Received bytes not consumed yet wait in [`Aside`]'s `held`.
+    const HOLDING: u8 = 1 << 2;
+    /// A message is being assembled from several pieces in [`Aside`]'s
+    /// `messages`.
+    const ASSEMBLING: u8 = 1 << 3;
+    /// It asked for positions: it gets each message as its position, a
+    /// space and the payload.
+    const POSITIONS: u8 = 1 << 4;
+    /// Targeted items wait for it (see `owed::targeted`), in the walk of
+    /// the parity [`Flags::WALK_PARITY`] gives.
+    const WALK_MARKED: u8 = 1 << 5;
+    /// The parity of the walk its targeted items wait for.
+    const WALK_PARITY: u8 = 1 << 6;
+
+    /// Whether `flag` is set.
+    fn has(self, flag: u8) -> bool {
+        self.0 & flag != 0
+    }
+
+    /// Sets `flag` to `on`.
+    fn set(&mut self, flag: u8, on: bool) {
+        if on {
+            self.0 |= flag;
+        } else {
+            self.0 &= !flag;
+        }
+    }
+
+    /// Clears `flag`; whether it was set.
+    fn take(&mut self, flag: u8) -> bool {
+        let was = self.has(flag);
+        self.set(flag, false);
+        was
+    }
+}
+
 /// One client connection.
 #[derive(Debug)]
 pub struct Conn {
     stream: TcpStream,
     phase: Phase,
     out: OutQueue,
-    /// Received bytes not consumed yet (a partial request head or frame).
-    input: Option<PooledBuf>,
     /// When the current phase times out, if it can; while open, when its
     /// signed token is to be closed.
     deadline: Deadline,
-    /// The socket is registered for writability (output is pending).
-    writable_interest: bool,
-    /// Reading stopped because output backed up (echo backpressure).
-    read_paused: bool,
-    /// A message is being assembled from several pieces in the loop's
-    /// [`Ctx::messages`].
-    assembling: bool,
+    /// Its yes-or-no state, in one byte.
+    flags: Flags,
     /// Heartbeat state while open (two bytes that fit in padding).
     liveness: Liveness,
     /// How its messages go on the wire (with what permessage-deflate,
     /// negotiated at the upgrade, gives it).
     transport: Transport,
-    /// It asked for positions: it gets each message as its position, a
-    /// space and the payload.
-    positions: bool,
-    /// The walk its targeted items wait for, if any (see `owed::targeted`).
-    walk: WalkMark,
     /// Its serial: which connection of those that held its slot it is.
     serial: u32,
     target: RequestTarget,
@@ -294,15 +327,10 @@ impl Conn {
             stream,
             phase: Phase::Handshake(endpoints),
             out: OutQueue::default(),
-            input: None,
             deadline: Deadline::default(),
-            writable_interest: false,
-            read_paused: false,
-            assembling: false,
+            flags: Flags::default(),
             liveness: Liveness::default(),
             transport: Transport::WebSocket(DeflateUse::Off),
-            positions: false,
-            walk: WalkMark::Unmarked,
             serial,
             target: RequestTarget::default(),
         }
@@ -393,12 +421,23 @@ impl Conn {
 
     /// The walk its targeted items wait for, if any.
     pub fn walk_mark(&self) -> WalkMark {
-        self.walk
+        match (
+            self.flags.has(Flags::WALK_MARKED),
+            self.flags.has(Flags::WALK_PARITY),
+        ) {
+            (false, _) => WalkMark::Unmarked,
+            (true, parity) => WalkMark::Walk(parity),
+        }
     }
 
     /// Marks it as waiting for a walk (or for none).
     pub fn mark_walk(&mut self, mark: WalkMark) {
-        self.walk = mark;
+        let (marked, parity) = match mark {
+            WalkMark::Unmarked => (false, false),
+            WalkMark::Walk(parity) => (true, parity),
+        };
+        self.flags.set(Flags::WALK_MARKED, marked);
+        self.flags.set(Flags::WALK_PARITY, parity);
     }
 
     /// Whether `tick` is this connection's current deadline (timer entries

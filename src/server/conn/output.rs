@@ -9,7 +9,7 @@
 use std::net::Shutdown;
 
 use super::transport::{Outgoing, OwnMessage, MAX_OWN_HEAD};
-use super::{CloseReason, Conn, Ctx, Phase, Verdict};
+use super::{CloseReason, Conn, Ctx, Flags, Phase, Verdict};
 use crate::ops::metrics::Tally;
 use crate::protocol::http::{self, MAX_RESPONSE_LEN};
 use crate::protocol::ws::compress::{deflate_into, Level};
@@ -24,7 +24,9 @@ impl Conn {
     pub fn on_writable(&mut self, key: ConnKey, scratch: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
         match self.send(Outgoing::Queued, ctx) {
             Err(reason) => Verdict::Close(reason),
-            Ok(Sent::Written) if self.read_paused => self.on_readable(key, false, scratch, ctx),
+            Ok(Sent::Written) if self.flags.has(Flags::READ_PAUSED) => {
+                self.on_readable(key, false, scratch, ctx)
+            }
             Ok(_) => Verdict::Keep,
         }
     }
@@ -66,8 +68,8 @@ impl Conn {
     /// Returns `Some(want)` when the writable interest must change to `want`.
     pub fn interest_change(&mut self) -> Option<bool> {
         let want = !self.out.is_empty();
-        (want != self.writable_interest).then(|| {
-            self.writable_interest = want;
+        (want != self.flags.has(Flags::WRITABLE_INTEREST)).then(|| {
+            self.flags.set(Flags::WRITABLE_INTEREST, want);
             want
         })
     }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
 
-use super::{Assemblies, Conn, Ctx, DeflateScratch, Verdict};
+use super::{Aside, Conn, Ctx, DeflateScratch, Verdict};
 use crate::config::Config;
 use crate::ops::metrics::{Metrics, Tally};
 use crate::protocol::http::Endpoints;
@@ -37,7 +37,7 @@ pub(super) struct Rig {
     pub(super) routes: Routes,
     pub(super) deflate: DeflateScratch,
     pub(super) gathered: Vec<SharedFrames>,
-    pub(super) messages: Assemblies,
+    pub(super) aside: Aside,
     pub(super) history: History,
 }
 
@@ -75,7 +75,7 @@ impl Rig {
             routes: Routes::new(16),
             deflate: DeflateScratch::default(),
             gathered: Vec::new(),
-            messages: Assemblies::new(),
+            aside: Aside::default(),
             history: History::new(
                 Epoch(1),
                 1,
@@ -121,7 +121,7 @@ impl Rig {
             routes: &mut self.routes,
             upstream: None,
             deflate: &mut self.deflate,
-            messages: &mut self.messages,
+            aside: &mut self.aside,
             gathered: &mut self.gathered,
             now: Instant::now(),
             next_batch: Seq(0),
