@@ -343,6 +343,30 @@ if host_wide net.core.netdev_max_backlog; then
   fi
 fi
 
+# --- established-socket hash ------------------------------------------------------
+
+# Every arriving segment finds its socket in this table: a table smaller
+# than the sockets makes chains that each lookup walks, a cache miss a
+# link. Its size is fixed when it is made: the host's at boot, a network
+# namespace's when the namespace is made. Not a shortage, a cost: WARN.
+if ehash=$(read_sysctl net.ipv4.tcp_ehash_entries); then
+  own="its own"
+  if ((ehash < 0)); then
+    ehash=$((-ehash))
+    own="the host's, shared by this namespace"
+  fi
+  need_ehash=$(pow2_at_least "$SOCKETS")
+  chains=$(((SOCKETS + ehash - 1) / ehash))
+  detail="$SOCKETS sockets in $ehash buckets ($own): chains of about $chains"
+  if ((ehash >= SOCKETS)); then
+    report OK "net.ipv4.tcp_ehash_entries" "$detail"
+  else
+    report WARN "net.ipv4.tcp_ehash_entries" "$detail"       "without more: each segment's lookup walks its chain; at 2,000,000 loopback sockets in 262,144 buckets the bench's floor took 1.34x as long to broadcast as in 2,097,152 (bench/RESULTS.md)"       "fix (read-only, sized when made): thash_entries=$need_ehash on the kernel command line, then reboot;"       "     or sysctl -w net.ipv4.tcp_child_ehash_entries=$need_ehash, then run the server in a network namespace made after that (ip netns add)"
+  fi
+else
+  report INFO "net.ipv4.tcp_ehash_entries" "not shown by this kernel (Linux 6.1 and later show it); dmesg's \"TCP established hash table entries\" gives the host's"
+fi
+
 # --- connection tracking -------------------------------------------------------------
 
 if conntrack_max=$(read_sysctl net.netfilter.nf_conntrack_max); then
