@@ -77,9 +77,9 @@ instructions() {
     --conns 2000 --rate 2000 --messages 20 --burst 200 --idle-secs 5 --settle-ms 1000 \
     >"$out/callgrind.$name.reports.txt" 2>&1
   local total visits
-  total="$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }')"
+  total="$(callgrind_annotate "$file" 2>/dev/null | awk '!found && /PROGRAM TOTALS/ { gsub(",", "", $1); print $1; found = 1 }')"
   visits="$(callgrind_annotate --inclusive=yes "$file" 2>/dev/null |
-    awk '$NF ~ /^\[/ && $(NF-1) ~ /wspush::server::deliver::Visitor::visit$/ { gsub(",", "", $1); print $1; exit }')"
+    awk '!found && $NF ~ /^\[/ && $(NF-1) ~ /wspush::server::deliver::Visitor::visit$/ { gsub(",", "", $1); print $1; found = 1 }')"
   printf '%-8s program %6.2f M instructions, delivery visits %6.2f M\n' "$name" \
     "$(echo "${total:-0} / 1000000" | bc -l)" "$(echo "${visits:-0} / 1000000" | bc -l)"
 }

@@ -12,7 +12,7 @@
 mod util;
 
 use std::io::{Read, Write};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine;
@@ -300,17 +300,10 @@ fn a_null_claim_makes_the_token_malformed() {
     server.wait_for("the refusals counted", |m| m.rejected_401 == 6);
 }
 
-/// Sixty connections whose tokens share one `exp`, closed over the last
-/// tenth of what they had left: every close (4001) arrives before `exp`
-/// plus `leeway`, whatever the timer wheel's resolution.
-fn expiry_closes_arrive_before_the_deadline(leeway: u64) {
-    let mut jwt = Verifier::new(Algorithm::HS256, leeway);
-    jwt.add_key(SECRET.as_bytes()).unwrap();
-    let server = server(jwt, |_| {});
-    // Good for two to three seconds more, whatever the leeway.
-    let deadline = now() + 3;
-    let token = hs256(&json!({ "exp": deadline - leeway as i64 }));
-    let readers: Vec<_> = (0..60)
+/// Opens `n` connections with `token` and returns when each one's close
+/// (4001) arrived, as time since the Unix epoch.
+fn expiry_closes(server: &TestServer, token: &str, n: usize) -> Vec<Duration> {
+    let readers: Vec<_> = (0..n)
         .map(|_| {
             let mut client = util::connect(server.addr, &format!("/?token={token}"));
             std::thread::spawn(move || match client.read().expect("a close") {
@@ -322,10 +315,23 @@ fn expiry_closes_arrive_before_the_deadline(leeway: u64) {
             })
         })
         .collect();
+    readers.into_iter().map(|r| r.join().unwrap()).collect()
+}
+
+/// Sixty connections whose tokens share one `exp`, closed over the last
+/// tenth of what they had left: every close (4001) arrives before `exp`
+/// plus `leeway`, whatever the timer wheel's resolution.
+fn expiry_closes_arrive_before_the_deadline(leeway: u64) {
+    let mut jwt = Verifier::new(Algorithm::HS256, leeway);
+    jwt.add_key(SECRET.as_bytes()).unwrap();
+    let server = server(jwt, |_| {});
+    // Good for two to three seconds more, whatever the leeway.
+    let deadline = now() + 3;
+    let token = hs256(&json!({ "exp": deadline - leeway as i64 }));
+    let closed = expiry_closes(&server, &token, 60);
     let deadline = Duration::from_secs(deadline as u64);
-    let late: Vec<Duration> = readers
+    let late: Vec<Duration> = closed
         .into_iter()
-        .map(|reader| reader.join().unwrap())
         .filter(|&closed| closed >= deadline)
         .map(|closed| closed - deadline)
         .collect();
@@ -512,19 +518,7 @@ fn expiries_in_the_same_second_are_spread_over_its_last_tenth() {
     // Good for four to five seconds: closed over its last 400-500 ms.
     let exp = now() + 5;
     let token = hs256(&json!({"exp": exp}));
-    let readers: Vec<_> = (0..40)
-        .map(|_| {
-            let mut client = util::connect(server.addr, &format!("/?token={token}"));
-            std::thread::spawn(move || match client.read().expect("a close") {
-                Message::Close(Some(frame)) => {
-                    assert_eq!(frame.code, CloseCode::from(4001));
-                    Instant::now()
-                }
-                other => panic!("not a close: {other:?}"),
-            })
-        })
-        .collect();
-    let closed: Vec<Instant> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    let closed = expiry_closes(&server, &token, 40);
     let first = closed.iter().min().unwrap();
     let last = closed.iter().max().unwrap();
     let spread = *last - *first;

@@ -130,7 +130,7 @@ impl Server {
             if !sync_interest(registry, key, conn) {
                 return self.close(key, CloseReason::Abnormal);
             }
-            if targeted.has_parked() && conn.queued_bytes() == 0 {
+            if targeted.has_parked() && !conn.has_queued() {
                 // Its queue drained: its replay goes on.
                 if let Some(mark) = targeted.unpark(key.slot(), conn.serial()) {
                     conn.mark_walk(mark);
@@ -375,7 +375,7 @@ impl Server {
         let verdict = match handling.conns.get_mut(key.0) {
             Some(conn) => {
                 let body = (answer.body, method);
-                conn.respond(answer.status, answer.content_type, body, &mut ctx)
+                conn.respond(key, answer.status, answer.content_type, body, &mut ctx)
             }
             None => Verdict::Keep,
         };

@@ -31,7 +31,7 @@ impl Conn {
                 upstream.closed(conn, self.target.id(), reason.code(), event_stream);
             }
         }
-        self.discard_output(true, ctx.tally);
+        self.discard_output(key, true, ctx);
         self.drop_held(key, ctx);
         self.drop_message(key, ctx);
         Metrics::incr(reason.counter(metrics));
@@ -76,6 +76,7 @@ impl Conn {
             let sent = if tell {
                 let status = sse::closed_status(code.0, why);
                 self.send(
+                    key,
                     Outgoing::Frame(OwnMessage::plain(OpCode::Text, status.as_bytes())),
                     ctx,
                 )
@@ -83,11 +84,11 @@ impl Conn {
                 Ok(Sent::Written)
             };
             self.linger(key, reason, ctx);
-            return Verdict::after(sent.and_then(|_| self.send(Outgoing::Queued, ctx)));
+            return Verdict::after(sent.and_then(|_| self.send(key, Outgoing::Queued, ctx)));
         }
         self.phase = Phase::CloseSent { decoder, reason };
         self.arm_within(key, ctx.config.close_timeout, ctx);
-        self.send_close(code, why, ctx)
+        self.send_close(key, code, why, ctx)
     }
 
     /// Closes it for a drain, after what is queued: a client with
@@ -109,15 +110,15 @@ impl Conn {
             let hint = position::reconnect_hint(delay);
             let status = Outgoing::Frame(OwnMessage::plain(OpCode::Text, hint.as_bytes()));
             let sent = self
-                .send(Outgoing::Response(retry.as_bytes(), b""), ctx)
-                .and_then(|_| self.send(status, ctx));
+                .send(key, Outgoing::Response(retry.as_bytes(), b""), ctx)
+                .and_then(|_| self.send(key, status, ctx));
             if let Verdict::Close(reason) = Verdict::after(sent) {
                 return Verdict::Close(reason);
             }
         } else if self.flags.has(Flags::POSITIONS) {
             let hint = position::reconnect_hint(delay);
             let hint = Outgoing::Frame(OwnMessage::plain(OpCode::Text, hint.as_bytes()));
-            if let Verdict::Close(reason) = Verdict::after(self.send(hint, ctx)) {
+            if let Verdict::Close(reason) = Verdict::after(self.send(key, hint, ctx)) {
                 return Verdict::Close(reason);
             }
         }
@@ -136,9 +137,9 @@ impl Conn {
         let already_closing = !self.is_open();
         self.linger(key, CloseReason::Failed(code), ctx);
         if already_closing {
-            return Verdict::after(self.send(Outgoing::Queued, ctx));
+            return Verdict::after(self.send(key, Outgoing::Queued, ctx));
         }
-        self.send_close(code, error.reason(), ctx)
+        self.send_close(key, code, error.reason(), ctx)
     }
 
     /// Enters the lingering phase with its deadline; drops a half-built message.
@@ -154,14 +155,20 @@ impl Conn {
 
     /// Sends a close frame with `code` and `why` (cut to the 123 bytes a
     /// control frame has room for).
-    pub(super) fn send_close(&mut self, code: CloseCode, why: &str, ctx: &mut Ctx<'_>) -> Verdict {
+    pub(super) fn send_close(
+        &mut self,
+        key: ConnKey,
+        code: CloseCode,
+        why: &str,
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
         let mut payload = [0u8; 2 + 123];
         payload[..2].copy_from_slice(&code.0.to_be_bytes());
         let why = &why.as_bytes()[..why.len().min(123)];
         payload[2..2 + why.len()].copy_from_slice(why);
         let payload = &payload[..2 + why.len()];
         let close = Outgoing::Frame(OwnMessage::plain(OpCode::Close, payload));
-        Verdict::after(self.send(close, ctx))
+        Verdict::after(self.send(key, close, ctx))
     }
 
     /// Gives back the buffer of a message being assembled, if any.

@@ -60,7 +60,7 @@ impl Conn {
                     .map(|rest| taking.take(&rest, made).clone()),
             ),
         };
-        let mut cursor = self.out.next_batch();
+        let mut cursor = self.next_batch;
         let mut close = None;
         let mut unfinished = None;
         for (at, item) in owed.items.iter().map(|a| &a.item).enumerate() {
@@ -79,7 +79,8 @@ impl Conn {
                     break;
                 }
                 Item::Replay { after, replay } => {
-                    match self.visit_replay((at, *after, replay), taking, &mut gathered, ctx) {
+                    let replay = (at, *after, replay);
+                    match self.visit_replay(key, replay, taking, &mut gathered, ctx) {
                         Ok(through) => skip = Some(through),
                         Err(left) => {
                             unfinished = Some(left);
@@ -93,7 +94,7 @@ impl Conn {
             gather(&mut gathered, owed.stream.between(cursor, owed.up_to), skip);
             cursor = owed.up_to;
         }
-        self.out.set_next_batch(cursor);
+        self.next_batch = cursor;
         let mut verdict = Verdict::Keep;
         if !gathered.is_empty() {
             verdict = self.deliver_frames(key, &gathered, ctx);
@@ -121,13 +122,14 @@ impl Conn {
     #[inline(never)]
     fn visit_replay<T: Taking>(
         &self,
+        key: ConnKey,
         (at, after, replay): (usize, Seq, &Replay),
         taking: T,
         gathered: &mut Vec<SharedFrames>,
         ctx: &mut Ctx<'_>,
     ) -> Result<u64, Box<Unfinished>> {
         let pending: usize = gathered.iter().map(|f| f.bytes().len()).sum();
-        let used = self.out.queued_bytes() + pending;
+        let used = self.queued_bytes(key, ctx.aside) + pending;
         let room = ctx.config.max_queued_bytes.saturating_sub(used);
         let before = gathered.len();
         let progress = ctx
@@ -164,7 +166,7 @@ impl Conn {
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
         let messages = |frames: &[SharedFrames]| frames.iter().map(|f| f.count() as u64).sum();
-        match self.send(Outgoing::Shared(owed), ctx) {
+        match self.send(key, Outgoing::Shared(owed), ctx) {
             Err(reason) => return Verdict::Close(reason),
             Ok(Sent::Written) => ctx.tally.broadcast_deliveries += messages(owed),
             Ok(Sent::Queued) => {
@@ -197,7 +199,7 @@ impl Conn {
             SlowConsumerPolicy::Drop if !self.flags.has(Flags::POSITIONS) => {
                 log::debug!(
                     "slow consumer {key}: {} bytes queued, {missed} broadcasts dropped for it",
-                    self.out.queued_bytes(),
+                    self.queued_bytes(key, ctx.aside),
                 );
                 Verdict::Keep
             }
@@ -205,15 +207,15 @@ impl Conn {
                 log::debug!(
                     "slow consumer {key} with positions: {} bytes queued, {missed} broadcasts \
                      not given; closing after what it was given, to resume",
-                    self.out.queued_bytes(),
+                    self.queued_bytes(key, ctx.aside),
                 );
                 self.begin_close(key, why, CloseReason::SlowConsumer, ctx)
             }
             SlowConsumerPolicy::Close => {
-                let dropped = self.discard_output(false, ctx.tally);
+                let dropped = self.discard_output(key, false, ctx);
                 log::debug!(
                     "slow consumer {key}: {} bytes queued, {dropped} frames dropped, closing",
-                    self.out.queued_bytes()
+                    self.queued_bytes(key, ctx.aside)
                 );
                 self.begin_close(key, why, CloseReason::SlowConsumer, ctx)
             }
@@ -326,7 +328,7 @@ mod tests {
                     assert!(!rig.conn.is_open());
                     assert!(rig.tally.frames_discarded > 0, "unstarted frames discarded");
                     assert_eq!(
-                        rig.conn.out.queued_frames(),
+                        rig.aside.queues[&ConnKey(0)].queued_frames(),
                         2,
                         "the started one and the close"
                     );

@@ -81,7 +81,7 @@ impl Conn {
                     Transport::EventStream => &head[..],
                 };
                 self.phase = Phase::Open(Decoder::default());
-                self.out.set_next_batch(ctx.next_batch);
+                self.next_batch = ctx.next_batch;
                 self.liveness = Liveness::default();
                 self.deadline.clear(ctx.timers);
                 if let Some(Credential::Signed(claims)) = &upgrade.credential {
@@ -92,7 +92,7 @@ impl Conn {
                 Metrics::incr(&ctx.metrics.connections_open);
                 log::debug!("upgraded {}", self.target());
                 let (status, replay) = self.resume(resume, ctx);
-                let sent = self.send(Outgoing::Response(head, &status), ctx);
+                let sent = self.send(key, Outgoing::Response(head, &status), ctx);
                 match (Verdict::after(sent), replay) {
                     (Verdict::Keep, Some(replay)) => (head_len, Verdict::Replay(Box::new(replay))),
                     (verdict, _) => (head_len, verdict),
@@ -247,6 +247,6 @@ impl Conn {
             len = http::head_len(&response[..len]);
         }
         self.linger(key, CloseReason::Rejected, ctx);
-        Verdict::after(self.send(Outgoing::Response(&response[..len], &[]), ctx))
+        Verdict::after(self.send(key, Outgoing::Response(&response[..len], &[]), ctx))
     }
 }

@@ -6,7 +6,6 @@
 
 use super::transport::{Outgoing, OwnMessage};
 use super::{CloseReason, Conn, Ctx, Flags, Phase, Verdict};
-use crate::config::Config;
 use crate::ops::metrics::Metrics;
 use crate::protocol::ws::inflate::InflateError;
 use crate::protocol::ws::{CloseCode, Event, MessageKind, OpCode, ProtocolError};
@@ -43,7 +42,7 @@ impl Conn {
             if upstream_paused && !matches!(self.phase, Phase::Handshake(_)) {
                 return Verdict::AwaitUpstream;
             }
-            let backed_up = self.output_backed_up(ctx.config);
+            let backed_up = self.output_backed_up(key, ctx);
             self.flags.set(Flags::READ_PAUSED, backed_up);
             if backed_up {
                 // Echo backpressure: resume when the queue drains.
@@ -82,7 +81,7 @@ impl Conn {
     /// current phase, and keeps what it could not consume yet.
     fn consume(&mut self, key: ConnKey, fresh: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
         let verdict = self.consume_gathering(key, fresh, ctx);
-        match (verdict, self.send(Outgoing::Replies, ctx)) {
+        match (verdict, self.send(key, Outgoing::Replies, ctx)) {
             (verdict @ Verdict::Close(_), _) => verdict,
             (_, Err(reason)) => Verdict::Close(reason),
             (verdict, Ok(_)) => verdict,
@@ -197,7 +196,7 @@ impl Conn {
             }
             Event::Ping(payload) if !closing => {
                 Metrics::incr(&ctx.metrics.pings_received);
-                self.reply(OpCode::Pong, payload, ctx)
+                self.reply(key, OpCode::Pong, payload, ctx)
             }
             Event::Ping(_) | Event::Pong(_) => Verdict::Keep,
             Event::Close(frame) => {
@@ -208,13 +207,13 @@ impl Conn {
                 self.linger(key, reason, ctx);
                 if closing {
                     // Our close went out before; nothing more to send.
-                    return Verdict::after(self.send(Outgoing::Queued, ctx));
+                    return Verdict::after(self.send(key, Outgoing::Queued, ctx));
                 }
                 // Echo the status code (§5.5.1); no code in, no code out.
                 let code = frame.map(|f| f.code.0.to_be_bytes());
                 let payload = code.as_ref().map_or(&[][..], |c| &c[..]);
                 let close = Outgoing::Frame(OwnMessage::plain(OpCode::Close, payload));
-                Verdict::after(self.send(close, ctx))
+                Verdict::after(self.send(key, close, ctx))
             }
         }
     }
@@ -273,7 +272,7 @@ impl Conn {
             return Verdict::Keep;
         }
         Metrics::incr(&ctx.metrics.messages_echoed);
-        self.reply(kind.opcode(), message, ctx)
+        self.reply(key, kind.opcode(), message, ctx)
     }
 
     /// A whole data message as it came: inflated first if compressed (at
@@ -305,8 +304,8 @@ impl Conn {
 
     /// Echo backpressure: stop reading while the client is not reading
     /// what it is sent.
-    fn output_backed_up(&self, config: &Config) -> bool {
-        self.out.queued_bytes() > config.max_queued_bytes
+    fn output_backed_up(&self, key: ConnKey, ctx: &Ctx<'_>) -> bool {
+        self.queued_bytes(key, ctx.aside) > ctx.config.max_queued_bytes
     }
 }
 
@@ -338,7 +337,7 @@ mod tests {
         );
         let answered = rig.drive(|conn, _, ctx| {
             let body = (&b"ok\n"[..], Method::Get);
-            conn.respond(http::PageStatus::Ok, "text/plain", body, ctx)
+            conn.respond(ConnKey(0), http::PageStatus::Ok, "text/plain", body, ctx)
         });
         assert_eq!(answered, Verdict::ReadAgain, "what follows is read on");
         for _ in 0..2 {

@@ -274,6 +274,8 @@ impl Flags {
     const WALK_MARKED: u8 = 1 << 5;
     /// The parity of the walk its targeted items wait for.
     const WALK_PARITY: u8 = 1 << 6;
+    /// Output waits in [`Aside`]'s `queues` for the socket to take it.
+    const QUEUED: u8 = 1 << 7;
 
     /// Whether `flag` is set.
     fn has(self, flag: u8) -> bool {
@@ -302,7 +304,9 @@ impl Flags {
 pub struct Conn {
     stream: TcpStream,
     phase: Phase,
-    out: OutQueue,
+    /// The first broadcast batch of the loop's stream it has not been
+    /// offered yet.
+    next_batch: Seq,
     /// When the current phase times out, if it can; while open, when its
     /// signed token is to be closed.
     deadline: Deadline,
@@ -326,7 +330,7 @@ impl Conn {
         Conn {
             stream,
             phase: Phase::Handshake(endpoints),
-            out: OutQueue::default(),
+            next_batch: Seq::default(),
             deadline: Deadline::default(),
             flags: Flags::default(),
             liveness: Liveness::default(),
@@ -397,7 +401,7 @@ impl Conn {
 
     /// The first broadcast batch it has not had yet, if it is open.
     pub fn next_batch(&self) -> Option<Seq> {
-        self.is_open().then(|| self.out.next_batch())
+        self.is_open().then_some(self.next_batch)
     }
 
     /// Its serial (see [`Serials`](crate::server::key::Serials)).
@@ -414,9 +418,17 @@ impl Conn {
         }
     }
 
+    /// Whether output waits for its socket to take it.
+    pub fn has_queued(&self) -> bool {
+        self.flags.has(Flags::QUEUED)
+    }
+
     /// Output bytes queued, not yet taken by the socket.
-    pub fn queued_bytes(&self) -> usize {
-        self.out.queued_bytes()
+    fn queued_bytes(&self, key: ConnKey, aside: &Aside) -> usize {
+        if !self.has_queued() {
+            return 0;
+        }
+        aside.queues.get(&key).map_or(0, OutQueue::queued_bytes)
     }
 
     /// The walk its targeted items wait for, if any.
@@ -506,7 +518,7 @@ impl Conn {
             }
         }
         let ping = self.transport.frames(ping, false, ctx.metrics);
-        match self.send(Outgoing::Shared(std::slice::from_ref(ping)), ctx) {
+        match self.send(key, Outgoing::Shared(std::slice::from_ref(ping)), ctx) {
             Err(reason) => Verdict::Close(reason),
             Ok(Sent::Dropped { .. }) => Verdict::Keep,
             Ok(Sent::Written | Sent::Queued) => {

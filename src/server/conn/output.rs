@@ -10,19 +10,18 @@ use std::net::Shutdown;
 
 use super::transport::{Outgoing, OwnMessage, MAX_OWN_HEAD};
 use super::{CloseReason, Conn, Ctx, Flags, Phase, Verdict};
-use crate::ops::metrics::Tally;
 use crate::protocol::http::{self, MAX_RESPONSE_LEN};
 use crate::protocol::ws::compress::{deflate_into, Level};
 use crate::protocol::ws::OpCode;
 use crate::server::frames::SharedFrames;
 use crate::server::key::ConnKey;
-use crate::server::net::queue::Sent;
+use crate::server::net::queue::{OutQueue, Sent};
 
 impl Conn {
     /// The socket is writable: flush the queue; a drained queue may let
     /// the connection half-close or resume reading.
     pub fn on_writable(&mut self, key: ConnKey, scratch: &mut [u8], ctx: &mut Ctx<'_>) -> Verdict {
-        match self.send(Outgoing::Queued, ctx) {
+        match self.send(key, Outgoing::Queued, ctx) {
             Err(reason) => Verdict::Close(reason),
             Ok(Sent::Written) if self.flags.has(Flags::READ_PAUSED) => {
                 self.on_readable(key, false, scratch, ctx)
@@ -36,6 +35,7 @@ impl Conn {
     /// discarding, until the client goes.
     pub fn respond(
         &mut self,
+        key: ConnKey,
         status: http::PageStatus,
         content_type: &str,
         (body, method): (&[u8], http::Method),
@@ -58,7 +58,7 @@ impl Conn {
         } else {
             body
         };
-        match self.send(Outgoing::Response(&head[..len], body), ctx) {
+        match self.send(key, Outgoing::Response(&head[..len], body), ctx) {
             // Reading stopped at the request to let the loop answer it.
             Ok(_) => Verdict::ReadAgain,
             Err(reason) => Verdict::Close(reason),
@@ -67,7 +67,7 @@ impl Conn {
 
     /// Returns `Some(want)` when the writable interest must change to `want`.
     pub fn interest_change(&mut self) -> Option<bool> {
-        let want = !self.out.is_empty();
+        let want = self.has_queued();
         (want != self.flags.has(Flags::WRITABLE_INTEREST)).then(|| {
             self.flags.set(Flags::WRITABLE_INTEREST, want);
             want
@@ -77,10 +77,16 @@ impl Conn {
     /// Answers what the current read brought with a message (a pong, an
     /// echo), gathered with the read's other replies; compressed when the
     /// transport says so.
-    pub(super) fn reply(&mut self, opcode: OpCode, payload: &[u8], ctx: &mut Ctx<'_>) -> Verdict {
+    pub(super) fn reply(
+        &mut self,
+        key: ConnKey,
+        opcode: OpCode,
+        payload: &[u8],
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
         if !self.transport.compresses(opcode, payload.len(), ctx.config) {
             let reply = Outgoing::Reply(OwnMessage::plain(opcode, payload));
-            return Verdict::after(self.send(reply, ctx));
+            return Verdict::after(self.send(key, reply, ctx));
         }
         let mut compressed = std::mem::take(&mut ctx.deflate.compressed);
         deflate_into(payload, Level::Single, &mut compressed);
@@ -89,7 +95,7 @@ impl Conn {
             payload: &compressed,
             compressed: true,
         };
-        let verdict = Verdict::after(self.send(Outgoing::Reply(message), ctx));
+        let verdict = Verdict::after(self.send(key, Outgoing::Reply(message), ctx));
         ctx.deflate.compressed = compressed;
         verdict
     }
@@ -99,48 +105,80 @@ impl Conn {
     /// any frame that follows them, in the same `writev`), counts what it
     /// wrote and queued, and, lingering with nothing left to write,
     /// half-closes. A failed socket is `Err` with the reason to close.
+    /// The queue is taken from aside for the call, and put back while it
+    /// is not empty.
     pub(super) fn send(
         &mut self,
+        key: ConnKey,
         out: Outgoing<'_>,
         ctx: &mut Ctx<'_>,
     ) -> Result<Sent, CloseReason> {
         if let Outgoing::Reply(message) = out {
             let mut header = [0u8; MAX_OWN_HEAD];
             let (len, payload, tail) = self.transport.wrap(message, &mut header);
-            if let Some(sent) = self.gather(&[&header[..len], payload, tail], ctx)? {
+            if let Some(sent) = self.gather(key, &[&header[..len], payload, tail], ctx)? {
                 return Ok(sent);
             }
         }
+        let mut queue = self.take_queue(key, ctx);
+        let sent = self.send_through(&mut queue, out, ctx);
+        self.keep_queue(key, queue, ctx);
+        sent
+    }
+
+    /// Its output queue, taken from aside (an empty one if it has none).
+    fn take_queue(&mut self, key: ConnKey, ctx: &mut Ctx<'_>) -> OutQueue {
+        if !self.flags.take(Flags::QUEUED) {
+            return OutQueue::default();
+        }
+        ctx.aside.queues.remove(&key).unwrap_or_default()
+    }
+
+    /// Puts `queue` back aside, unless it is empty.
+    fn keep_queue(&mut self, key: ConnKey, queue: OutQueue, ctx: &mut Ctx<'_>) {
+        if !queue.is_empty() {
+            self.flags.set(Flags::QUEUED, true);
+            ctx.aside.queues.insert(key, queue);
+        }
+    }
+
+    /// [`Conn::send`] through `queue`, its output queue.
+    fn send_through(
+        &mut self,
+        queue: &mut OutQueue,
+        out: Outgoing<'_>,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<Sent, CloseReason> {
         let replies: &[u8] = ctx.replies;
         if matches!(out, Outgoing::Replies) && replies.is_empty() {
             // Nothing written, nothing to half-close after: a connection
             // that just asked for an endpoint lingers until the loop has
             // handed it the answer (`Verdict::Serve`).
-            return Ok(Sent::taken(&self.out));
+            return Ok(Sent::taken(queue));
         }
-        let before = self.out.queued_bytes();
+        let before = queue.queued_bytes();
         let (sent, offered, frames) = match out {
             Outgoing::Reply(message) | Outgoing::Frame(message) => {
                 let mut header = [0u8; MAX_OWN_HEAD];
                 let (len, payload, tail) = self.transport.wrap(message, &mut header);
                 let parts = [replies, &header[..len], payload, tail];
-                let sent = self.out.send_private(&parts, &mut self.stream);
+                let sent = queue.send_private(&parts, &mut self.stream);
                 (sent, total_len(&parts), 1)
             }
             Outgoing::Response(head, body) => {
                 let parts = [replies, head, body];
-                let sent = self.out.send_private(&parts, &mut self.stream);
+                let sent = queue.send_private(&parts, &mut self.stream);
                 (sent, total_len(&parts), 0)
             }
             Outgoing::Replies => {
-                let sent = self.out.send_private(&[replies], &mut self.stream);
+                let sent = queue.send_private(&[replies], &mut self.stream);
                 (sent, replies.len(), 0)
             }
             Outgoing::Shared(shared) => {
                 let limit = ctx.config.max_queued_bytes;
                 let sent = self
-                    .write_ahead(replies)
-                    .and_then(|()| self.out.send_shared(shared, limit, &mut self.stream));
+                    .write_ahead(queue, replies)
+                    .and_then(|()| queue.send_shared(shared, limit, &mut self.stream));
                 let taken = match sent {
                     Ok(Sent::Dropped { kept }) => &shared[..kept],
                     _ => shared,
@@ -151,8 +189,8 @@ impl Conn {
             }
             Outgoing::Queued => {
                 let sent = self
-                    .write_ahead(replies)
-                    .and_then(|()| self.out.flush(&mut self.stream));
+                    .write_ahead(queue, replies)
+                    .and_then(|()| queue.flush(&mut self.stream));
                 (sent, replies.len(), 0)
             }
         };
@@ -166,17 +204,17 @@ impl Conn {
             // Counted apart too (for events, what was not dropped).
             ctx.tally.event_stream_deliveries += frames as u64;
         }
-        let after = self.out.queued_bytes();
+        let after = queue.queued_bytes();
         ctx.tally.wrote(before + offered - after, before, after);
-        self.half_close_when_flushed()?;
+        self.half_close_when_flushed(queue)?;
         Ok(sent)
     }
 
     /// Writes (or queues) the gathered replies ahead of what [`Conn::send`]
     /// writes next with a call of its own.
-    fn write_ahead(&mut self, replies: &[u8]) -> std::io::Result<()> {
+    fn write_ahead(&mut self, queue: &mut OutQueue, replies: &[u8]) -> std::io::Result<()> {
         if !replies.is_empty() {
-            self.out.send_private(&[replies], &mut self.stream)?;
+            queue.send_private(&[replies], &mut self.stream)?;
         }
         Ok(())
     }
@@ -184,10 +222,15 @@ impl Conn {
     /// Adds a reply frame to the gathered replies, writing those first
     /// when it does not fit behind them; `None` when it is larger than the
     /// gathering buffer and must go out on its own, without the copy.
-    fn gather(&mut self, frame: &[&[u8]], ctx: &mut Ctx<'_>) -> Result<Option<Sent>, CloseReason> {
+    fn gather(
+        &mut self,
+        key: ConnKey,
+        frame: &[&[u8]],
+        ctx: &mut Ctx<'_>,
+    ) -> Result<Option<Sent>, CloseReason> {
         let len = total_len(frame);
         if len > ctx.replies.capacity() - ctx.replies.len() {
-            self.send(Outgoing::Replies, ctx)?;
+            self.send(key, Outgoing::Replies, ctx)?;
         }
         if len > ctx.replies.capacity() {
             return Ok(None);
@@ -202,26 +245,28 @@ impl Conn {
     /// Discards queued output, what is not started yet or (`all`: the
     /// connection is going) everything, counting its frames as discarded;
     /// returns how many.
-    pub(super) fn discard_output(&mut self, all: bool, tally: &mut Tally) -> usize {
-        let before = self.out.queued_bytes();
+    pub(super) fn discard_output(&mut self, key: ConnKey, all: bool, ctx: &mut Ctx<'_>) -> usize {
+        let mut queue = self.take_queue(key, ctx);
+        let before = queue.queued_bytes();
         let dropped = if all {
-            std::mem::take(&mut self.out).queued_frames()
+            std::mem::take(&mut queue).queued_frames()
         } else {
-            self.out.drop_unstarted()
+            queue.drop_unstarted()
         };
-        tally.wrote(0, before, self.out.queued_bytes());
-        tally.frames_discarded += dropped as u64;
+        ctx.tally.wrote(0, before, queue.queued_bytes());
+        ctx.tally.frames_discarded += dropped as u64;
+        self.keep_queue(key, queue, ctx);
         dropped
     }
 
     /// Lingering with everything written: send FIN (the server closes the
     /// TCP connection first, RFC 6455 §7.1.1) and wait for the client's.
-    fn half_close_when_flushed(&mut self) -> Result<(), CloseReason> {
+    fn half_close_when_flushed(&mut self, queue: &OutQueue) -> Result<(), CloseReason> {
         if let Phase::Lingering {
             reason, write_shut, ..
         } = &mut self.phase
         {
-            if !*write_shut && self.out.is_empty() {
+            if !*write_shut && queue.is_empty() {
                 *write_shut = true;
                 if let Err(e) = self.stream.shutdown(Shutdown::Write) {
                     log::debug!("shutdown failed: {e}");
@@ -293,6 +338,7 @@ mod tests {
         }
         assert_eq!(rig.tally.broadcast_deliveries, 2);
         assert_eq!(rig.tally.write_would_block, 2, "both queued");
+        assert_eq!(rig.aside.queues(), 1, "the queue is aside");
         assert_eq!(rig.conn.interest_change(), Some(true));
         assert_eq!(rig.conn.interest_change(), None, "only on a change");
         assert_eq!(rig.conn.next_batch(), Some(Seq(2)));
@@ -300,7 +346,7 @@ mod tests {
         let total = big.bytes().len() + small.bytes().len();
         let reader = read_in_background(&rig.client, total);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !rig.conn.out.is_empty() {
+        while rig.conn.has_queued() {
             assert!(Instant::now() < deadline, "the queue never drained");
             let verdict =
                 rig.drive(|conn, scratch, ctx| conn.on_writable(ConnKey(0), scratch, ctx));
@@ -309,6 +355,7 @@ mod tests {
         }
         assert_eq!(rig.conn.interest_change(), Some(false));
         assert_eq!(rig.conn.interest_change(), None);
+        assert_eq!(rig.aside.queues(), 0, "a drained queue is not kept");
         let got = reader.join().unwrap();
         assert_eq!(&got[got.len() - 7..], b"\x81\x05after", "in order, whole");
         assert_eq!(rig.tally.queued_bytes, 0, "every queued byte uncounted");

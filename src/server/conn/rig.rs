@@ -133,7 +133,7 @@ impl Rig {
     /// A delivery visit offering `frames` as the one batch the
     /// connection is owed.
     pub(super) fn offer(&mut self, frames: &SharedFrames) -> Verdict {
-        let mut stream = Stream::starting_at(self.conn.out.next_batch());
+        let mut stream = Stream::starting_at(self.conn.next_batch);
         stream.push(frames.clone());
         let up_to = stream.next_seq();
         let owed = Owed {

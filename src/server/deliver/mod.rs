@@ -152,7 +152,7 @@ impl Visitor<'_, '_> {
                     by: self.ctx.now + self.ctx.config.handshake_timeout,
                 })
             }
-            _ if conn.queued_bytes() > 0 => Some(Until::Drained),
+            _ if conn.has_queued() => Some(Until::Drained),
             _ => None,
         };
         let mark = targeted.leave((turn.slot, turn.serial, conn.walk_mark()), rest, park);

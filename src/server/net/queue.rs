@@ -14,7 +14,6 @@ use std::io::{self, Write};
 
 use crate::server::frames::SharedFrames;
 use crate::server::net::nonblocking::{write_until_blocked, MAX_IOV};
-use crate::server::owed::stream::Seq;
 
 /// What became of output offered to a queue: every [`OutQueue`] send
 /// and flush answers with one of these (after uWebSockets' `send`,
@@ -64,23 +63,10 @@ pub struct OutQueue {
     /// Bytes of `head` already written (frames are under 4 GiB, see
     /// [`MAX_MESSAGE_LIMIT`](crate::MAX_MESSAGE_LIMIT)).
     written: u32,
-    /// The first broadcast batch of the loop's stream this connection has
-    /// not been offered yet (in the 4 bytes `written` leaves free).
-    next_batch: Seq,
     backlog: Option<Box<Backlog>>,
 }
 
 impl OutQueue {
-    /// The first broadcast batch not offered to this queue yet.
-    pub fn next_batch(&self) -> Seq {
-        self.next_batch
-    }
-
-    /// Records that every batch before `next` was offered.
-    pub fn set_next_batch(&mut self, next: Seq) {
-        self.next_batch = next;
-    }
-
     /// Nothing is waiting to be written.
     pub fn is_empty(&self) -> bool {
         self.head.is_none()

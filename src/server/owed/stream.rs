@@ -20,8 +20,8 @@
 use crate::server::frames::SharedFrames;
 
 /// A batch's number. Numbers wrap around; a connection is never owed more
-/// than the batches kept, so distances stay small. Four bytes, so a
-/// connection keeps its next one in its output queue's spare bytes.
+/// than the batches kept, so distances stay small. Four bytes in each
+/// connection's slot (its next one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Seq(pub u32);
 
