@@ -19,8 +19,8 @@
 # the run with an established-socket hash of a bucket per socket
 # (net.ipv4.tcp_child_ehash_entries, Linux 6.1 and later; set back at
 # once) and removed after it: this machine's own table, sized at boot,
-# holds 2,000,000 sockets in chains of 8, whose walk took a quarter of the
-# floor's broadcast (tuning/README.md). Raises the kernel's limits there
+# holds 2,000,000 sockets in chains of 8, whose walk slows every broadcast
+# (tuning/README.md). Raises the kernel's limits there
 # first (tuning/apply.sh 1000000 --both-ends; needs root, raises only).
 # Builds what is missing (cargo build --release -p wspush-cli -p
 # wspush-bench). Time on the 2-vCPU machine: about 9 minutes for the floor

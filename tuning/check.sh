@@ -361,7 +361,10 @@ if ehash=$(read_sysctl net.ipv4.tcp_ehash_entries); then
   if ((ehash >= SOCKETS)); then
     report OK "net.ipv4.tcp_ehash_entries" "$detail"
   else
-    report WARN "net.ipv4.tcp_ehash_entries" "$detail"       "without more: each segment's lookup walks its chain; at 2,000,000 loopback sockets in 262,144 buckets the bench's floor took 1.34x as long to broadcast as in 2,097,152 (bench/RESULTS.md)"       "fix (read-only, sized when made): thash_entries=$need_ehash on the kernel command line, then reboot;"       "     or sysctl -w net.ipv4.tcp_child_ehash_entries=$need_ehash, then run the server in a network namespace made after that (ip netns add)"
+    report WARN "net.ipv4.tcp_ehash_entries" "$detail" \
+      "without more: each segment's lookup walks its chain, a cache miss a link, and broadcasts take longer (measured: bench/RESULTS.md, \"an established-socket hash of a bucket per socket\")" \
+      "fix (read-only, sized when made): thash_entries=$need_ehash on the kernel command line, then reboot;" \
+      "     or sysctl -w net.ipv4.tcp_child_ehash_entries=$need_ehash, then run the server in a network namespace made after that (ip netns add)"
   fi
 else
   report INFO "net.ipv4.tcp_ehash_entries" "not shown by this kernel (Linux 6.1 and later show it); dmesg's \"TCP established hash table entries\" gives the host's"

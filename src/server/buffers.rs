@@ -1,7 +1,7 @@
 //! The memory the loop lends its connection handlers: the read buffer,
 //! the gathered replies and frames, the deflate work space, what
-//! connections hold aside (input not consumed yet, messages being
-//! assembled), what a delivery visit left, and the pool of input buffers with its trim schedule.
+//! connections hold aside (output not taken yet, input not consumed
+//! yet, messages being assembled), what a delivery visit left, and the pool of input buffers with its trim schedule.
 //! All allocated once, their capacities kept.
 
 use std::time::{Duration, Instant};

@@ -236,8 +236,9 @@ pub struct Ctx<'a> {
     pub upstream: Option<&'a mut Outbox>,
     /// The loop's permessage-deflate work space.
     pub deflate: &'a mut DeflateScratch,
-    /// What connections hold only while busy (input not consumed yet,
-    /// messages being assembled), out of their slots.
+    /// What connections hold only while busy (output not taken yet,
+    /// input not consumed yet, messages being assembled), out of their
+    /// slots.
     pub aside: &'a mut Aside,
     /// The frames a delivery visit gathers for one connection, as
     /// references. Empty between visits; its capacity is kept.
