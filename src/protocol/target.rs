@@ -4,8 +4,35 @@
 use crate::protocol::auth::TOKEN_PARAM;
 use crate::protocol::query::{params, CHANNEL_PARAM, ID_PARAM, POSITIONS_PARAM, SINCE_PARAM};
 
-/// Longest target stored inline, e.g. `/ws?id=0123456789ab` fits.
-const INLINE: usize = 22;
+/// Longest target stored inline, e.g. `/ws?id=12345678` fits.
+const INLINE: usize = 15;
+
+/// The length of an inline target, as an enum of its 16 values: the
+/// other 240 of its byte are free for [`RequestTarget`]'s own tag, so
+/// that a target takes 16 bytes, not 24.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+#[rustfmt::skip]
+enum InlineLen {
+    L0, L1, L2, L3, L4, L5, L6, L7, L8, L9, L10, L11, L12, L13, L14, L15,
+}
+
+impl InlineLen {
+    /// Every length, by its value.
+    #[rustfmt::skip]
+    const ALL: [InlineLen; INLINE + 1] = {
+        use InlineLen::*;
+        [L0, L1, L2, L3, L4, L5, L6, L7, L8, L9, L10, L11, L12, L13, L14, L15]
+    };
+
+    fn of(len: usize) -> InlineLen {
+        InlineLen::ALL[len]
+    }
+
+    fn get(self) -> usize {
+        usize::from(self as u8)
+    }
+}
 
 /// Builds a target piece by piece: in place while it fits, then on the heap.
 #[derive(Default)]
@@ -33,34 +60,39 @@ impl Builder {
 
     fn finish(self) -> RequestTarget {
         match self.spilled {
-            Some(target) => RequestTarget::Boxed(target.into()),
-            None => RequestTarget::Inline {
-                len: self.len as u8,
+            Some(target) => RequestTarget(Stored::Boxed(Box::new(target.into()))),
+            None => RequestTarget(Stored::Inline {
+                len: InlineLen::of(self.len),
                 bytes: self.inline,
-            },
+            }),
         }
     }
 }
 
-/// A request target such as `/ws?id=01`: inline up to 22 bytes, boxed
-/// when longer; 24 bytes either way.
+/// A request target such as `/ws?id=01`: inline up to 15 bytes, boxed
+/// when longer; 16 bytes either way.
+#[derive(Debug, Clone, Default)]
+pub struct RequestTarget(Stored);
+
+/// Where a [`RequestTarget`] keeps its bytes.
 #[derive(Debug, Clone)]
-pub enum RequestTarget {
+enum Stored {
     /// A short target, in place.
     Inline {
         /// Bytes used in `bytes`.
-        len: u8,
+        len: InlineLen,
         /// UTF-8 bytes of the target.
         bytes: [u8; INLINE],
     },
-    /// A longer target on the heap.
-    Boxed(Box<str>),
+    /// A longer target on the heap, behind one thin pointer (8 bytes
+    /// beside the inline form's length).
+    Boxed(Box<Box<str>>),
 }
 
-impl Default for RequestTarget {
-    fn default() -> RequestTarget {
-        RequestTarget::Inline {
-            len: 0,
+impl Default for Stored {
+    fn default() -> Stored {
+        Stored::Inline {
+            len: InlineLen::L0,
             bytes: [0; INLINE],
         }
     }
@@ -73,7 +105,7 @@ impl RequestTarget {
     /// `positions` and `since` (acted on at the upgrade, and kept as one
     /// flag), with
     /// `id=ADDED` appended when the id came from a token rather than the
-    /// query. Copied once, onto the heap only when longer than 22 bytes.
+    /// query. Copied once, onto the heap only when longer than 15 bytes.
     pub fn kept(target: &str, added_id: Option<&str>) -> RequestTarget {
         let (path, query) = target.split_once('?').unwrap_or((target, ""));
         let pairs = query.split('&').filter(|pair| {
@@ -101,12 +133,11 @@ impl RequestTarget {
 
     /// The whole target, path and query.
     pub fn as_str(&self) -> &str {
-        match self {
-            RequestTarget::Inline { len, bytes } => {
-                std::str::from_utf8(&bytes[..usize::from(*len)])
-                    .expect("bug: stored from a str that fits")
+        match &self.0 {
+            Stored::Inline { len, bytes } => {
+                std::str::from_utf8(&bytes[..len.get()]).expect("bug: stored from a str that fits")
             }
-            RequestTarget::Boxed(target) => target,
+            Stored::Boxed(target) => target,
         }
     }
 }
@@ -117,18 +148,20 @@ mod tests {
 
     #[test]
     fn short_targets_are_inline_and_long_ones_boxed() {
-        assert_eq!(std::mem::size_of::<RequestTarget>(), 24);
+        assert_eq!(std::mem::size_of::<RequestTarget>(), 16);
         for target in [
             "",
             "/",
             "/ws?id=01",
+            "/ws?id=12345678",
+            "/ws?id=123456789",
             "/ws?id=0123456789abcde",
             "/a/much/longer/path?with=a&query=string",
         ] {
             let stored = RequestTarget::kept(target, None);
             assert_eq!(stored.as_str(), target);
             assert_eq!(
-                matches!(stored, RequestTarget::Inline { .. }),
+                matches!(stored.0, Stored::Inline { .. }),
                 target.len() <= INLINE,
                 "{target}"
             );
@@ -160,10 +193,7 @@ mod tests {
         }
         assert_eq!(RequestTarget::kept("/ws?x=1&id=7", None).id(), Some("7"));
         assert_eq!(RequestTarget::kept("/ws?x=1", None).id(), None);
-        let resumed = RequestTarget::kept("/ws?id=123456789&since=00c0ffee1234abcd.99999", None);
-        assert!(
-            matches!(resumed, RequestTarget::Inline { .. }),
-            "{resumed:?}"
-        );
+        let resumed = RequestTarget::kept("/ws?id=1234567&since=00c0ffee1234abcd.99999", None);
+        assert!(matches!(resumed.0, Stored::Inline { .. }), "{resumed:?}");
     }
 }

@@ -544,7 +544,7 @@ impl Server {
         self.keep_room();
         self.keep_group(now);
         self.buffers.trim_pool(now);
-        self.records.upkeep(now);
+        self.records.upkeep(now, &self.conns.slab);
         self.conns.hand_over_upstream();
         self.publish_metrics(now);
         self.report.log_stats(now);

@@ -5,9 +5,12 @@
 use std::io;
 use std::time::Instant;
 
+use slab::Slab;
+
 use crate::config::Config;
 use crate::ops::metrics::Metrics;
 use crate::ops::sys;
+use crate::server::conn::Conn;
 use crate::server::history::{fresh_epoch, Bounds, History};
 use crate::server::routes::Routes;
 
@@ -46,10 +49,14 @@ impl Records {
         })
     }
 
-    /// Drops the history's messages past its bounds, and gives the
-    /// allocator back the table a grown index left free.
-    pub(super) fn upkeep(&mut self, now: Instant) {
+    /// Drops the history's messages past its bounds, files the client ids
+    /// that joined while their index was full (`conns` gives each
+    /// holder's id), and gives the allocator back the table a grown index
+    /// left free.
+    pub(super) fn upkeep(&mut self, now: Instant, conns: &Slab<Conn>) {
         self.history.evict(now);
+        self.routes
+            .make_room(|slot| conns.get(slot as usize).and_then(Conn::id));
         if self.routes.take_grown() {
             // A grown index left its old, smaller table free.
             sys::release_free_memory();

@@ -4,11 +4,16 @@
 //! with no id and no channel costs nothing here.
 //!
 //! The indexes are `hashbrown` tables of small fixed-size entries whose
-//! keys live elsewhere. A connection with an id or a channel has one
-//! 12-byte record: its slot, its id's hash (the id stays in its request
-//! target; the caller gives it to confirm a match) and its first channel.
-//! Each further channel is an 8-byte entry in a second table, and every
-//! subscription is 4 bytes in its channel's list.
+//! keys live elsewhere. A connection with an id is 4 bytes in the table
+//! of holders: its slot, filed by its id's hash (the id stays in its
+//! request target; the caller gives it to confirm a match, and to file
+//! the holders again when the table grows). Each subscription is an
+//! 8-byte membership, filed by slot, and 4 bytes in its channel's list.
+//!
+//! The holders' table grows only in [`Routes::make_room`], which the loop
+//! calls once per pass with every connection's id at hand; a connection
+//! that joins while it is full waits in a short list until then, and is
+//! found there meanwhile.
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -19,21 +24,11 @@ use slab::Slab;
 /// A connection's slot in the loop's slab.
 pub type Slot = u32;
 
-/// No channel, in [`Member::channel`].
-const NONE: u32 = u32::MAX;
+/// How many joins the waiting list keeps room for between passes; a
+/// burst's longer list is given back.
+const JOINING_KEPT: usize = 256;
 
-/// A connection with an id or a channel.
-#[derive(Debug, Clone, Copy)]
-struct Member {
-    slot: Slot,
-    /// The id's hash if it has an id, else its slot: what the record is
-    /// filed under.
-    filed: u32,
-    /// Its first channel (an index into `channels`), or [`NONE`].
-    channel: u32,
-}
-
-/// A further channel of a connection.
+/// A subscription: connection `slot` is in `channel`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Membership {
     slot: Slot,
@@ -55,15 +50,16 @@ pub struct ChannelLimit;
 #[derive(Debug)]
 pub struct Routes {
     hasher: RandomState,
-    /// Connections with an id or a channel, by `filed`.
-    members: HashTable<Member>,
+    /// Connections with an id, filed by the id's hash.
+    holders: HashTable<Slot>,
+    /// Connections that joined with an id while `holders` was full, with
+    /// the id's hash, until the next [`Routes::make_room`].
+    joining: Vec<(Slot, u32)>,
     /// Channel indexes, by the channel name's hash.
     names: HashTable<u32>,
     channels: Slab<Channel>,
-    /// Channels beyond a connection's first, by its slot.
-    more: HashTable<Membership>,
-    /// Connections with an id.
-    ids: usize,
+    /// Every subscription, filed by its connection's slot.
+    memberships: HashTable<Membership>,
     /// Subscriptions, over all channels.
     subscriptions: usize,
     /// A table or a list moved to a larger allocation since the last
@@ -78,43 +74,44 @@ fn spread(value: u32) -> u64 {
     u64::from(value).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
+/// The 32 bits of `id`'s hash its holders are filed under.
+fn id_hash(hasher: &RandomState, id: &str) -> u32 {
+    hasher.hash_one(id) as u32
+}
+
 impl Routes {
     /// Empty indexes allowing at most `max_channels` channels at once.
     pub fn new(max_channels: usize) -> Routes {
         Routes {
             hasher: RandomState::new(),
-            members: HashTable::new(),
+            holders: HashTable::new(),
+            joining: Vec::new(),
             names: HashTable::new(),
             channels: Slab::new(),
-            more: HashTable::new(),
-            ids: 0,
+            memberships: HashTable::new(),
             subscriptions: 0,
             grown: false,
             max_channels,
         }
     }
 
-    fn id_hash(&self, id: &str) -> u32 {
-        self.hasher.hash_one(id) as u32
-    }
-
-    /// What connection `slot`'s record is filed under.
-    fn filed(&self, slot: Slot, id: Option<&str>) -> u32 {
-        id.map_or(slot, |id| self.id_hash(id))
-    }
-
     /// The connections holding `id`; `id_of` gives a connection's id, to
-    /// tell apart ids whose hashes collide (and connections without one).
+    /// tell apart ids whose hashes collide.
     pub fn holders<'a, 'f>(
         &'a self,
         id: &'a str,
         id_of: impl Fn(Slot) -> Option<&'f str> + 'a,
     ) -> impl Iterator<Item = Slot> + 'a {
-        let id_hash = self.id_hash(id);
-        self.members
-            .iter_hash(spread(id_hash))
-            .filter(move |m| m.filed == id_hash && id_of(m.slot) == Some(id))
-            .map(|m| m.slot)
+        let hash = id_hash(&self.hasher, id);
+        let filed = self.holders.iter_hash(spread(hash)).copied();
+        let waiting = self
+            .joining
+            .iter()
+            .filter(move |&&(_, h)| h == hash)
+            .map(|&(slot, _)| slot);
+        filed
+            .chain(waiting)
+            .filter(move |&slot| id_of(slot) == Some(id))
     }
 
     /// The channels subscribed to now.
@@ -129,7 +126,7 @@ impl Routes {
 
     /// The connections with a client id now.
     pub fn id_count(&self) -> usize {
-        self.ids
+        self.holders.len() + self.joining.len()
     }
 
     /// Whether a table or a list grew (leaving its old allocation free)
@@ -187,64 +184,54 @@ impl Routes {
     }
 
     /// Enters a connection that just upgraded with client id `id` (if
-    /// any); it has no channel yet.
+    /// any) among the id's holders; it has no channel yet. Filed at once
+    /// while the table has room, else when the loop next makes room.
     pub fn join(&mut self, slot: Slot, id: Option<&str>) {
-        if id.is_none() {
+        let Some(id) = id else {
+            return;
+        };
+        let hash = id_hash(&self.hasher, id);
+        if self.holders.len() < self.holders.capacity() {
+            // Room without growing, so the table never files the others
+            // again here (it could not: their ids are not at hand).
+            self.holders.insert_unique(spread(hash), slot, |_| {
+                unreachable!("bug: a table with room grew")
+            });
+        } else {
+            self.joining.push((slot, hash));
+        }
+    }
+
+    /// Files the connections waiting to join, growing the holders' table
+    /// as they need; `id_of` gives each holder's id, to file it again.
+    pub fn make_room<'f>(&mut self, id_of: impl Fn(Slot) -> Option<&'f str>) {
+        if self.joining.is_empty() {
             return;
         }
-        self.ids += 1;
-        let member = Member {
-            slot,
-            filed: self.filed(slot, id),
-            channel: NONE,
-        };
-        self.add_member(member);
+        let hasher = &self.hasher;
+        let hash_of = |&slot: &Slot| spread(id_of(slot).map_or(0, |id| id_hash(hasher, id)));
+        let before = self.holders.capacity();
+        self.holders.reserve(self.joining.len(), hash_of);
+        for (slot, hash) in self.joining.drain(..) {
+            self.holders.insert_unique(spread(hash), slot, hash_of);
+        }
+        self.joining.shrink_to(JOINING_KEPT);
+        let after = self.holders.capacity();
+        self.note(before, after);
     }
 
-    fn add_member(&mut self, member: Member) {
-        let before = self.members.capacity();
-        self.members
-            .insert_unique(spread(member.filed), member, |m| spread(m.filed));
-        self.note(before, self.members.capacity());
-    }
-
-    fn member(&mut self, slot: Slot, id: Option<&str>) -> Option<&mut Member> {
-        let filed = self.filed(slot, id);
-        self.members
-            .find_mut(spread(filed), |m| m.slot == slot && m.filed == filed)
-    }
-
-    /// Subscribes `slot` (with client id `id`) to `name`; `Ok(false)` if it
-    /// already was.
-    pub fn subscribe(
-        &mut self,
-        slot: Slot,
-        id: Option<&str>,
-        name: &str,
-    ) -> Result<bool, ChannelLimit> {
+    /// Subscribes `slot` to `name`; `Ok(false)` if it already was.
+    pub fn subscribe(&mut self, slot: Slot, name: &str) -> Result<bool, ChannelLimit> {
         let channel = self.channel_or_new(name)?;
         let membership = Membership { slot, channel };
         let hash = spread(slot);
-        let in_more = self.more.find(hash, |m| *m == membership).is_some();
-        match self.member(slot, id) {
-            Some(member) if member.channel == channel || in_more => return Ok(false),
-            Some(member) if member.channel == NONE => member.channel = channel,
-            Some(_) => {
-                let before = self.more.capacity();
-                self.more
-                    .insert_unique(hash, membership, |m| spread(m.slot));
-                self.note(before, self.more.capacity());
-            }
-            None => {
-                self.ids += usize::from(id.is_some());
-                let member = Member {
-                    slot,
-                    filed: self.filed(slot, id),
-                    channel,
-                };
-                self.add_member(member);
-            }
+        if self.memberships.find(hash, |m| *m == membership).is_some() {
+            return Ok(false);
         }
+        let before = self.memberships.capacity();
+        self.memberships
+            .insert_unique(hash, membership, |m| spread(m.slot));
+        self.note(before, self.memberships.capacity());
         let subscribers = &mut self.channels[channel as usize].subscribers;
         let before = subscribers.capacity();
         subscribers.push(slot);
@@ -254,62 +241,35 @@ impl Routes {
         Ok(true)
     }
 
-    /// Unsubscribes `slot` (with client id `id`) from `name`; `false` if it
-    /// was not subscribed.
-    pub fn unsubscribe(&mut self, slot: Slot, id: Option<&str>, name: &str) -> bool {
+    /// Unsubscribes `slot` from `name`; `false` if it was not subscribed.
+    pub fn unsubscribe(&mut self, slot: Slot, name: &str) -> bool {
         let Some(channel) = self.channel(name) else {
             return false;
         };
         let membership = Membership { slot, channel };
-        match self.member(slot, id) {
-            Some(member) if member.channel == channel => member.channel = NONE,
-            Some(_) => match self.more.find_entry(spread(slot), |m| *m == membership) {
-                Ok(entry) => drop(entry.remove()),
-                Err(_) => return false,
-            },
-            None => return false,
+        match self
+            .memberships
+            .find_entry(spread(slot), |m| *m == membership)
+        {
+            Ok(entry) => drop(entry.remove()),
+            Err(_) => return false,
         }
         self.drop_subscriber(channel, slot);
-        if id.is_none() {
-            self.forget_if_bare(slot);
-        }
         true
-    }
-
-    /// Drops the record of a connection without an id once it has no
-    /// channel left, so that it costs nothing again.
-    fn forget_if_bare(&mut self, slot: Slot) {
-        let hash = spread(slot);
-        let has_more = self.more.find(hash, |m| m.slot == slot).is_some();
-        if let Ok(entry) = self
-            .members
-            .find_entry(hash, |m| m.slot == slot && m.filed == slot)
-        {
-            if entry.get().channel == NONE && !has_more {
-                entry.remove();
-            }
-        }
     }
 
     /// Takes `slot` (with client id `id`) out of every channel and out of
     /// the id's holders: its connection closed.
     pub fn leave(&mut self, slot: Slot, id: Option<&str>) {
-        let filed = self.filed(slot, id);
-        let Ok(entry) = self
-            .members
-            .find_entry(spread(filed), |m| m.slot == slot && m.filed == filed)
-        else {
-            return;
-        };
-        let (member, _) = entry.remove();
-        if id.is_some() {
-            self.ids -= 1;
-        }
-        if member.channel != NONE {
-            self.drop_subscriber(member.channel, slot);
+        if let Some(id) = id {
+            let hash = id_hash(&self.hasher, id);
+            match self.holders.find_entry(spread(hash), |&s| s == slot) {
+                Ok(entry) => drop(entry.remove()),
+                Err(_) => self.joining.retain(|&(s, _)| s != slot),
+            }
         }
         let hash = spread(slot);
-        while let Ok(entry) = self.more.find_entry(hash, |m| m.slot == slot) {
+        while let Ok(entry) = self.memberships.find_entry(hash, |m| m.slot == slot) {
             let (membership, _) = entry.remove();
             self.drop_subscriber(membership.channel, slot);
         }
@@ -346,13 +306,18 @@ mod tests {
     fn ids_find_every_holder_and_only_theirs() {
         let mut routes = Routes::new(10);
         let ids = ["alice", "bob", "alice", "carol", "alice"];
+        let id_of = |slot: Slot| ids.get(slot as usize).copied();
         for (slot, id) in ids.iter().enumerate() {
             routes.join(slot as Slot, Some(id));
         }
-        let id_of = |slot: Slot| ids.get(slot as usize).copied();
-        assert_eq!(sorted(routes.holders("alice", id_of)), [0, 2, 4]);
-        assert_eq!(sorted(routes.holders("bob", id_of)), [1]);
-        assert_eq!(sorted(routes.holders("dave", id_of)), Vec::<Slot>::new());
+        for made_room in [false, true] {
+            assert_eq!(sorted(routes.holders("alice", id_of)), [0, 2, 4]);
+            assert_eq!(sorted(routes.holders("bob", id_of)), [1]);
+            assert_eq!(sorted(routes.holders("dave", id_of)), Vec::<Slot>::new());
+            assert_eq!(routes.id_count(), 5);
+            assert_eq!(routes.joining.is_empty(), made_room);
+            routes.make_room(id_of);
+        }
         routes.leave(2, Some("alice"));
         assert_eq!(sorted(routes.holders("alice", id_of)), [0, 4]);
         assert_eq!(routes.id_count(), 4);
@@ -361,72 +326,104 @@ mod tests {
     #[test]
     fn an_id_whose_hash_collides_is_told_apart() {
         let mut routes = Routes::new(10);
-        // Two holders entered under the same hash, as a collision would,
-        // and a connection without an id whose slot is that hash.
-        let id_hash = routes.id_hash("alice");
-        for slot in [1, 2, id_hash] {
-            let member = Member {
-                slot,
-                filed: id_hash,
-                channel: NONE,
-            };
-            routes
-                .members
-                .insert_unique(spread(id_hash), member, |m| spread(m.filed));
-        }
+        // Two holders entered under the same hash, as a collision would.
+        let hash = id_hash(&routes.hasher, "alice");
+        routes.joining.extend([(1, hash), (2, hash)]);
         let id_of = |slot: Slot| match slot {
             1 => Some("alice"),
             2 => Some("mallory"),
             _ => None,
         };
-        assert_eq!(sorted(routes.holders("alice", id_of)), [1]);
+        assert_eq!(sorted(routes.holders("alice", id_of)), [1], "waiting");
+        let mut filed = Routes::new(10);
+        filed.hasher = routes.hasher.clone();
+        for slot in [1, 2] {
+            filed.holders.insert_unique(spread(hash), slot, |_| 0);
+        }
+        assert_eq!(sorted(filed.holders("alice", id_of)), [1], "filed");
+    }
+
+    /// Holders that joined while the table was full are found, can leave
+    /// before they are filed, and are filed under their own ids when the
+    /// table grows, the earlier holders again under theirs.
+    #[test]
+    fn joins_wait_for_room_and_are_filed_when_it_grows() {
+        let mut routes = Routes::new(10);
+        let ids: Vec<String> = (0..1000).map(|i| format!("u{}", i % 300)).collect();
+        let id_of = |slot: Slot| ids.get(slot as usize).map(String::as_str);
+        let mut waited = 0;
+        for slot in 0..1000u32 {
+            routes.join(slot, id_of(slot));
+            waited = waited.max(routes.joining.len());
+            if slot == 500 {
+                routes.leave(slot, id_of(slot));
+            }
+            if slot % 7 == 0 {
+                routes.make_room(id_of);
+                assert!(routes.joining.is_empty());
+            }
+        }
+        assert!(waited > 1, "joins waited for room");
+        assert!(routes.take_grown(), "the holders' table grew");
+        let holders_of = |routes: &Routes, i: u32| sorted(routes.holders(&ids[i as usize], id_of));
+        for made_room in [false, true] {
+            for i in [0u32, 200, 299] {
+                let want: Vec<Slot> = (0..1000).filter(|s| s % 300 == i && *s != 500).collect();
+                assert_eq!(holders_of(&routes, i), want, "u{i} {made_room}");
+            }
+            assert_eq!(routes.id_count(), 999);
+            routes.make_room(id_of);
+        }
+        for slot in 0..1000u32 {
+            routes.leave(slot, id_of(slot));
+        }
+        assert_eq!(routes.id_count(), 0);
     }
 
     #[test]
     fn subscriptions_come_and_go_with_their_channels() {
         let mut routes = Routes::new(2);
-        assert_eq!(routes.subscribe(1, None, "news"), Ok(true));
-        assert_eq!(routes.subscribe(1, None, "news"), Ok(false), "once");
-        assert_eq!(routes.subscribe(2, None, "news"), Ok(true));
-        assert_eq!(routes.subscribe(2, None, "chat"), Ok(true));
+        assert_eq!(routes.subscribe(1, "news"), Ok(true));
+        assert_eq!(routes.subscribe(1, "news"), Ok(false), "once");
+        assert_eq!(routes.subscribe(2, "news"), Ok(true));
+        assert_eq!(routes.subscribe(2, "chat"), Ok(true));
         assert_eq!(
-            routes.subscribe(3, None, "sport"),
+            routes.subscribe(3, "sport"),
             Err(ChannelLimit),
             "two at most"
         );
         assert_eq!(sorted(routes.subscribers("news").iter().copied()), [1, 2]);
-        assert!(routes.unsubscribe(1, None, "news"));
-        assert!(!routes.unsubscribe(1, None, "news"));
-        assert!(!routes.unsubscribe(1, None, "nothing"));
+        assert!(routes.unsubscribe(1, "news"));
+        assert!(!routes.unsubscribe(1, "news"));
+        assert!(!routes.unsubscribe(1, "nothing"));
         assert_eq!(routes.subscribers("news"), [2]);
         routes.leave(2, None);
         assert_eq!(routes.channel_count(), 0, "empty channels are dropped");
         assert_eq!(routes.subscription_count(), 0);
         assert_eq!(routes.subscribers("news"), [] as [Slot; 0]);
-        assert_eq!(routes.subscribe(3, None, "sport"), Ok(true), "room again");
+        assert_eq!(routes.subscribe(3, "sport"), Ok(true), "room again");
     }
 
     #[test]
-    fn a_connection_is_in_a_channel_once_however_it_got_there() {
+    fn a_connection_is_in_a_channel_once_and_leaves_nothing_behind() {
         let mut routes = Routes::new(10);
         routes.join(7, Some("bob"));
-        assert_eq!(routes.subscribe(7, Some("bob"), "a"), Ok(true));
-        assert_eq!(routes.subscribe(7, Some("bob"), "b"), Ok(true));
-        assert!(routes.unsubscribe(7, Some("bob"), "a"), "its first");
-        assert_eq!(
-            routes.subscribe(7, Some("bob"), "b"),
-            Ok(false),
-            "b is still there"
-        );
+        assert_eq!(routes.subscribe(7, "a"), Ok(true));
+        assert_eq!(routes.subscribe(7, "b"), Ok(true));
+        assert!(routes.unsubscribe(7, "a"));
+        assert_eq!(routes.subscribe(7, "b"), Ok(false), "b is still there");
         assert_eq!(routes.subscribers("b"), [7]);
         assert_eq!(routes.subscription_count(), 1);
-        // Without an id, a connection with no channel left has no record.
-        assert_eq!(routes.subscribe(8, None, "b"), Ok(true));
-        assert!(routes.unsubscribe(8, None, "b"));
-        assert_eq!(routes.members.len(), 1, "only bob's");
+        assert_eq!(routes.subscribe(8, "b"), Ok(true));
+        assert!(routes.unsubscribe(8, "b"));
+        assert_eq!(routes.memberships.len(), 1, "only bob's");
         routes.leave(7, Some("bob"));
         assert_eq!(
-            (routes.members.len(), routes.more.len(), routes.id_count()),
+            (
+                routes.holders.len() + routes.joining.len(),
+                routes.memberships.len(),
+                routes.id_count()
+            ),
             (0, 0, 0)
         );
         assert_eq!(routes.channel_count(), 0);
@@ -435,17 +432,15 @@ mod tests {
     #[test]
     fn many_connections_and_channels_stay_consistent() {
         let mut routes = Routes::new(1000);
+        let id = |slot: u32| slot.is_multiple_of(2).then(|| format!("u{slot}"));
         for slot in 0..500u32 {
+            routes.join(slot, id(slot).as_deref());
             for c in 0..(slot % 7) {
-                let id = (slot % 2 == 0).then(|| format!("u{slot}"));
-                routes
-                    .subscribe(slot, id.as_deref(), &format!("c{c}"))
-                    .unwrap();
+                routes.subscribe(slot, &format!("c{c}")).unwrap();
             }
         }
         for slot in (0..500u32).step_by(3) {
-            let id = (slot % 2 == 0).then(|| format!("u{slot}"));
-            routes.leave(slot, id.as_deref());
+            routes.leave(slot, id(slot).as_deref());
         }
         for c in 0..7u32 {
             let want: Vec<Slot> = (0..500).filter(|s| s % 3 != 0 && s % 7 > c).collect();
@@ -455,5 +450,7 @@ mod tests {
                 "c{c}"
             );
         }
+        let held = (0..500u32).filter(|s| s % 2 == 0 && s % 3 != 0).count();
+        assert_eq!(routes.id_count(), held);
     }
 }

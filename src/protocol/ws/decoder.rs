@@ -128,34 +128,52 @@ pub enum Event<'a> {
     Close(Option<CloseFrame<'a>>),
 }
 
-/// The data frame whose payload is being read.
-#[derive(Debug, Clone, Copy)]
-struct DataFrame {
-    /// Payload bytes still to come (a frame is never longer than the
-    /// message limit, which fits 32 bits).
-    remaining: u32,
-    /// The masking key, rotated so that `mask[0]` applies to the next byte.
-    mask: [u8; 4],
-    /// This frame ends its message.
-    fin: bool,
-}
-
-/// The data message in progress (possibly fragmented).
-#[derive(Debug, Clone, Copy)]
-struct Message {
-    kind: MessageKind,
-    /// RSV1 was set on its first frame.
-    compressed: bool,
-    /// Payload bytes announced so far, across fragments.
-    len: u32,
-    utf8: Utf8Validator,
-}
-
-/// Per-connection decoding state: 24 bytes, no heap.
+/// Per-connection decoding state: 16 bytes, no heap. Between frames only
+/// the message in progress (if fragmented) is kept; inside a data frame
+/// also what is left of it and its masking key.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Decoder {
-    frame: Option<DataFrame>,
-    message: Option<Message>,
+    /// Payload bytes of the current data frame still to come (a frame is
+    /// never longer than the message limit, which fits 32 bits).
+    remaining: u32,
+    /// The current frame's masking key, rotated so that `mask[0]` applies
+    /// to the next byte.
+    mask: [u8; 4],
+    /// Payload bytes announced so far across the message's fragments.
+    len: u32,
+    /// The message's text so far, when it is uncompressed text.
+    utf8: Utf8Validator,
+    /// Which of the above are in use, and the message's kind.
+    state: State,
+}
+
+/// What a [`Decoder`] holds, in a byte.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct State(u8);
+
+impl State {
+    /// A data message is in progress (possibly fragmented).
+    const MESSAGE: u8 = 1;
+    /// Its first frame was binary (else text).
+    const BINARY: u8 = 1 << 1;
+    /// RSV1 was set on its first frame.
+    const COMPRESSED: u8 = 1 << 2;
+    /// A data frame's payload is being read.
+    const FRAME: u8 = 1 << 3;
+    /// That frame ends its message.
+    const FIN: u8 = 1 << 4;
+
+    fn has(self, bit: u8) -> bool {
+        self.0 & bit != 0
+    }
+
+    fn set(&mut self, bit: u8, on: bool) {
+        if on {
+            self.0 |= bit;
+        } else {
+            self.0 &= !bit;
+        }
+    }
 }
 
 impl Decoder {
@@ -174,7 +192,7 @@ impl Decoder {
         max_message_bytes: u64,
         deflate: bool,
     ) -> Result<(usize, Option<Event<'a>>), ProtocolError> {
-        if self.frame.is_some() {
+        if self.state.has(State::FRAME) {
             return self.data_piece(input, 0);
         }
         let (header, header_len) = match FrameHeader::parse(input)? {
@@ -203,34 +221,28 @@ impl Decoder {
         mask: [u8; 4],
         max_message_bytes: u64,
     ) -> Result<(), ProtocolError> {
-        let message = match (header.opcode, self.message.as_mut()) {
-            (OpCode::Continuation, Some(message)) => message,
-            (OpCode::Continuation, None) => return Err(ProtocolError::UnexpectedContinuation),
-            (_, Some(_)) => return Err(ProtocolError::ExpectedContinuation),
-            (opcode, None) => {
-                let kind = if opcode == OpCode::Text {
-                    MessageKind::Text
-                } else {
-                    MessageKind::Binary
-                };
-                self.message.insert(Message {
-                    kind,
-                    compressed: header.rsv == RSV1,
-                    len: 0,
-                    utf8: Utf8Validator::default(),
-                })
+        match (header.opcode, self.state.has(State::MESSAGE)) {
+            (OpCode::Continuation, true) => {}
+            (OpCode::Continuation, false) => return Err(ProtocolError::UnexpectedContinuation),
+            (_, true) => return Err(ProtocolError::ExpectedContinuation),
+            (opcode, false) => {
+                let mut state = State(State::MESSAGE);
+                state.set(State::BINARY, opcode != OpCode::Text);
+                state.set(State::COMPRESSED, header.rsv == RSV1);
+                self.state = state;
+                self.len = 0;
+                self.utf8 = Utf8Validator::default();
             }
-        };
-        let len = u64::from(message.len) + header.payload_len;
-        message.len = u32::try_from(len)
+        }
+        let len = u64::from(self.len) + header.payload_len;
+        self.len = u32::try_from(len)
             .ok()
             .filter(|&len| u64::from(len) <= max_message_bytes)
             .ok_or(ProtocolError::MessageTooBig)?;
-        self.frame = Some(DataFrame {
-            remaining: header.payload_len as u32,
-            mask,
-            fin: header.fin,
-        });
+        self.remaining = header.payload_len as u32;
+        self.mask = mask;
+        self.state.set(State::FRAME, true);
+        self.state.set(State::FIN, header.fin);
         Ok(())
     }
 
@@ -241,33 +253,34 @@ impl Decoder {
         input: &'a mut [u8],
         start: usize,
     ) -> Result<(usize, Option<Event<'a>>), ProtocolError> {
-        let (Some(frame), Some(message)) = (self.frame.as_mut(), self.message.as_mut()) else {
-            unreachable!("bug: a data frame is always part of a message");
-        };
-        let take = (frame.remaining as usize).min(input.len() - start);
+        debug_assert!(
+            self.state.has(State::MESSAGE),
+            "bug: a data frame is always part of a message"
+        );
+        let take = (self.remaining as usize).min(input.len() - start);
         let payload = &mut input[start..start + take];
-        apply_mask(payload, frame.mask, 0);
-        frame.mask.rotate_left(take % 4);
-        frame.remaining -= take as u32;
-        let (kind, compressed) = (message.kind, message.compressed);
+        apply_mask(payload, self.mask, 0);
+        self.mask.rotate_left(take % 4);
+        self.remaining -= take as u32;
+        let kind = if self.state.has(State::BINARY) {
+            MessageKind::Binary
+        } else {
+            MessageKind::Text
+        };
+        let compressed = self.state.has(State::COMPRESSED);
         if kind == MessageKind::Text && !compressed {
-            message
-                .utf8
+            self.utf8
                 .feed(payload)
                 .map_err(|_| ProtocolError::InvalidUtf8)?;
         }
-        let frame_done = frame.remaining == 0;
-        let last = frame_done && frame.fin;
+        let frame_done = self.remaining == 0;
+        let last = frame_done && self.state.has(State::FIN);
         if frame_done {
-            self.frame = None;
+            self.state.set(State::FRAME, false);
         }
         if last {
-            if let Some(mut message) = self.message.take() {
-                message
-                    .utf8
-                    .finish()
-                    .map_err(|_| ProtocolError::InvalidUtf8)?;
-            }
+            self.state = State::default();
+            self.utf8.finish().map_err(|_| ProtocolError::InvalidUtf8)?;
         }
         if take == 0 && !frame_done {
             return Ok((start, None));
@@ -662,11 +675,7 @@ mod tests {
         let (used, event) = decoder.decode(&mut wire[108..], LIMIT, false).unwrap();
         assert_eq!(used, 200);
         assert!(matches!(event, Some(Event::Data { last: true, .. })));
-        assert!(
-            std::mem::size_of::<Decoder>() <= 32,
-            "{}",
-            std::mem::size_of::<Decoder>()
-        );
+        assert_eq!(std::mem::size_of::<Decoder>(), 16);
     }
 
     /// Arbitrary bytes (random, and random mutations of valid frames) end

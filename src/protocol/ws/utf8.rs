@@ -7,11 +7,13 @@
 pub struct InvalidUtf8;
 
 /// Validation state carried between pieces: the bytes of a code point whose
-/// first bytes arrived but whose last have not (at most 3).
+/// first bytes arrived but whose last have not (at most 3), in 3 bytes.
+/// The unused ones are 0, which no byte of an unfinished code point is
+/// (a lead byte is at least `C2`, a continuation byte at least `80`), so
+/// the first 0 marks where the pending bytes end.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Utf8Validator {
     pending: [u8; 3],
-    pending_len: u8,
 }
 
 impl Utf8Validator {
@@ -23,9 +25,9 @@ impl Utf8Validator {
     /// prefix (the standard validator checks each continuation byte's range
     /// against the lead byte, e.g. `F4 90` is rejected at once).
     pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), InvalidUtf8> {
-        if self.pending_len > 0 {
+        if self.pending_len() > 0 {
             bytes = self.complete_pending(bytes)?;
-            if self.pending_len > 0 {
+            if self.pending_len() > 0 {
                 return Ok(());
             }
         }
@@ -34,8 +36,8 @@ impl Utf8Validator {
             Err(e) if e.error_len().is_some() => Err(InvalidUtf8),
             Err(e) => {
                 let tail = &bytes[e.valid_up_to()..];
+                self.pending = [0; 3];
                 self.pending[..tail.len()].copy_from_slice(tail);
-                self.pending_len = tail.len() as u8;
                 Ok(())
             }
         }
@@ -44,7 +46,7 @@ impl Utf8Validator {
     /// Checks that the stream did not end inside a code point, and resets
     /// the validator for the next message.
     pub fn finish(&mut self) -> Result<(), InvalidUtf8> {
-        let complete = self.pending_len == 0;
+        let complete = self.pending_len() == 0;
         *self = Utf8Validator::default();
         if complete {
             Ok(())
@@ -53,10 +55,15 @@ impl Utf8Validator {
         }
     }
 
+    /// How many bytes of an unfinished code point are pending.
+    fn pending_len(&self) -> usize {
+        self.pending.iter().position(|&b| b == 0).unwrap_or(3)
+    }
+
     /// Moves bytes from `bytes` into the pending code point until it is
     /// complete or `bytes` runs out; returns the bytes not used.
     fn complete_pending<'a>(&mut self, bytes: &'a [u8]) -> Result<&'a [u8], InvalidUtf8> {
-        let held = usize::from(self.pending_len);
+        let held = self.pending_len();
         let width = sequence_width(self.pending[0]);
         let take = bytes.len().min(width - held);
         let mut candidate = [0u8; 4];
@@ -64,13 +71,13 @@ impl Utf8Validator {
         candidate[held..held + take].copy_from_slice(&bytes[..take]);
         match std::str::from_utf8(&candidate[..held + take]) {
             Ok(_) => {
-                self.pending_len = 0;
+                self.pending = [0; 3];
                 Ok(&bytes[take..])
             }
             Err(e) if e.error_len().is_none() => {
-                // Still a valid prefix, and the input is used up.
+                // Still a valid prefix (so no byte of it is 0), and the
+                // input is used up.
                 self.pending[held..held + take].copy_from_slice(&bytes[..take]);
-                self.pending_len += take as u8;
                 Ok(&[])
             }
             Err(_) => Err(InvalidUtf8),

@@ -165,7 +165,7 @@ impl Conn {
         let slot = key.slot();
         ctx.routes.join(slot, asked.id);
         for &channel in &asked.channels {
-            if ctx.routes.subscribe(slot, asked.id, channel).is_err() {
+            if ctx.routes.subscribe(slot, channel).is_err() {
                 ctx.routes.leave(slot, asked.id);
                 return Err(Rejection::ChannelLimit);
             }

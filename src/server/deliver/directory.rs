@@ -142,13 +142,8 @@ impl<'a> Directory<'a> {
         for &slot in &self.targeted.recipients {
             for channel in channels {
                 if !on {
-                    self.routes
-                        .unsubscribe(slot, Some(id.as_str()), channel.as_str());
-                } else if self
-                    .routes
-                    .subscribe(slot, Some(id.as_str()), channel.as_str())
-                    .is_err()
-                {
+                    self.routes.unsubscribe(slot, channel.as_str());
+                } else if self.routes.subscribe(slot, channel.as_str()).is_err() {
                     Metrics::incr(&metrics.subscriptions_refused);
                     log::warn!("subscription of {id} to {channel} refused: at the channel limit");
                 }
