@@ -57,6 +57,26 @@ pub struct UpstreamConfig {
 /// the production defaults; [`Config::with`] changes some of them (more
 /// settings may come, so a `Config` is not built field by field outside
 /// this crate).
+///
+/// ```
+/// use std::time::Duration;
+/// use wspush::{Config, ConfigError};
+///
+/// let config = Config::default().with(|c| {
+///     c.ping_interval = Duration::from_secs(15);
+///     c.idle_timeout = Duration::from_secs(45);
+///     c.max_connections = 10_000;
+/// });
+/// assert!(config.validate().is_ok());
+///
+/// // A setting out of its bounds is refused, by name, before anything binds.
+/// let bad = config.clone().with(|c| c.ping_interval = Duration::ZERO);
+/// match bad.validate() {
+///     Err(ConfigError::OutOfRange { setting, .. }) => assert_eq!(setting, "ping interval"),
+///     other => panic!("not refused: {other:?}"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Config {
@@ -98,9 +118,9 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// On shutdown, how long to wait for close replies and flushes.
     pub shutdown_timeout: Duration,
-    /// A drain ([`Handle::drain`](crate::Handle::drain)) closes the
+    /// A drain (`Handle::drain`) closes the
     /// connections with 1012 spread evenly over this time. Zero: a drain
-    /// is a shutdown ([`Handle::shutdown`](crate::Handle::shutdown)), every
+    /// is a shutdown (`Handle::shutdown`), every
     /// connection closed at once with 1001.
     pub drain_time: Duration,
     /// A drain first says so on `/healthz` (503 `draining`) and goes on
@@ -140,7 +160,7 @@ pub struct Config {
     pub batch_delay: Duration,
     /// Bytes of broadcasts queued for the loop and not yet sent, at most
     /// (each message counts its payload and 64 bytes): a producer this far
-    /// ahead waits in [`Handle::broadcast_text`](crate::Handle::broadcast_text),
+    /// ahead waits in `Handle::broadcast_text`,
     /// and the binary stops reading its input meanwhile. Nothing is dropped.
     pub max_pending_bytes: usize,
     /// Connection visits per loop iteration, shared by every kind of
@@ -160,9 +180,12 @@ pub struct Config {
     pub max_channels: usize,
     /// This server's number under a supervisor (1 to N), 0 when alone: the
     /// first part of the connection keys it gives out and acts on.
+    #[cfg(feature = "internals")]
     pub instance: u32,
+    #[cfg(not(feature = "internals"))]
+    pub(crate) instance: u32,
     /// Write what clients send as lines for a reader
-    /// ([`Server::upstream`](crate::Server::upstream)). `None`: client data
+    /// (`Server::upstream`). `None`: client data
     /// messages are counted and discarded (or echoed).
     pub upstream: Option<UpstreamConfig>,
     /// Accept permessage-deflate (RFC 7692) from clients that offer it:
@@ -177,7 +200,10 @@ pub struct Config {
     pub deflate_min_bytes: usize,
     /// How `/healthz` answers while a feed is lost (the binary's Redis
     /// feed, which tells its handle so under the `internals` feature).
+    #[cfg(feature = "internals")]
     pub degraded: Degraded,
+    #[cfg(not(feature = "internals"))]
+    pub(crate) degraded: Degraded,
     /// Messages kept for clients that resume (`?since=`): at most this
     /// many (0 keeps none: every resume but one from the last position is
     /// a gap) ...
@@ -189,7 +215,7 @@ pub struct Config {
     pub history_age: Duration,
     /// The epoch of the positions given out (`None`: a new one). Servers
     /// that number their messages the same way (see
-    /// [`Handle::send_at`](crate::Handle::send_at)) and share an epoch
+    /// `Handle::send_at`) and share an epoch
     /// give the same positions, as the instances of a supervisor do. A
     /// client may then resume from a position another server gave out
     /// and this one has not reached yet: it waits for this one to reach
@@ -197,7 +223,10 @@ pub struct Config {
     /// 1013, Try Again Later, and counted as `ahead`).
     pub epoch: Option<Epoch>,
     /// The position the first message gets (unless its source numbers it).
+    #[cfg(feature = "internals")]
     pub first_position: u64,
+    #[cfg(not(feature = "internals"))]
+    pub(crate) first_position: u64,
     /// Read the history another process writes (a supervisor's, whose
     /// instances inherit its descriptor; see
     /// [`SharedHistory::reader_fd`](crate::SharedHistory::reader_fd))

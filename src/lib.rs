@@ -60,8 +60,10 @@
 //! None is on by default: a plain dependency sees the API above. Both are
 //! the binary's. `cli` derives clap's `ValueEnum` on the settings' enums.
 //! `internals` makes `protocol` and `sys` public, and the binary's
-//! plumbing on the handle, for the binary, the bench and the fuzz targets;
-//! it is not a stable API.
+//! plumbing (on the handle, the shared history's writers, and the
+//! settings a supervisor gives its instances: `Config::instance`,
+//! `first_position` and `degraded`), for the binary, the bench and the
+//! fuzz targets; it is not a stable API.
 #![deny(missing_docs)]
 
 mod config;
@@ -77,16 +79,18 @@ mod testing;
 #[cfg(feature = "internals")]
 pub use ops::sys;
 
+#[cfg(feature = "internals")]
+pub use config::Degraded;
 pub use config::{
-    Config, ConfigError, Degraded, Overflow, SlowConsumerPolicy, UpstreamConfig,
-    DEFAULT_BATCH_DELAY, MAX_BATCH_DELAY, MAX_DURATION, MAX_MESSAGE_LIMIT,
+    Config, ConfigError, Overflow, SlowConsumerPolicy, UpstreamConfig, DEFAULT_BATCH_DELAY,
+    MAX_BATCH_DELAY, MAX_DURATION, MAX_MESSAGE_LIMIT,
 };
 pub use ops::metrics::MetricsSnapshot;
-pub use protocol::auth::{TokenError, Tokens};
+pub use protocol::auth::{Grant, TokenError, Tokens};
 pub use protocol::commands::{
     Command, CommandError, ConnRef, Payload, Recipients, MAX_CHANNEL_LIST_LEN, MAX_REASON_LEN,
 };
-pub use protocol::jwt::{Algorithm, KeyError, Verifier};
+pub use protocol::jwt::{Algorithm, Claims, KeyError, TokenRefusal, Verifier};
 pub use protocol::names::{ChannelName, ClientId, NameError, Pattern, MAX_NAME_LEN};
 pub use protocol::position::Epoch;
 pub use protocol::ws::{CloseCode, MessageKind};

@@ -112,7 +112,7 @@ fn publish_listener(
     };
     let keys = read_tokens(path, "publish key")?;
     let max_message = config.max_message_bytes as usize;
-    let limits = wspush::protocol::publish::Limits {
+    let limits = wspush::protocol::publish::PublishLimits {
         max_body: config.max_pending_bytes,
         max_line: input::max_line_bytes(InputMode::Commands, max_message),
     };

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
-use wspush::protocol::publish::{self, Limits, Parsed, Request};
+use wspush::protocol::publish::{self, Parsed, PublishLimits, Request};
 use wspush::Tokens;
 
 use crate::chunks::Control;
@@ -53,7 +53,7 @@ pub struct Listener {
     /// The keys a publisher presents (`--publish-key-file`).
     pub keys: Tokens,
     /// The longest body and line.
-    pub limits: Limits,
+    pub limits: PublishLimits,
     /// The most bytes of lines taken and not yet handed over.
     pub max_pending: usize,
     /// What `GET /stats` answers.
@@ -65,7 +65,7 @@ impl Listener {
     pub fn bind(
         addr: SocketAddr,
         keys: Tokens,
-        limits: Limits,
+        limits: PublishLimits,
         max_pending: usize,
         stats: Stats,
     ) -> io::Result<Listener> {
@@ -144,7 +144,7 @@ impl Tally {
 struct Publisher {
     listener: TcpListener,
     keys: Tokens,
-    limits: Limits,
+    limits: PublishLimits,
     max_pending: usize,
     stats: Stats,
     poll: Poll,

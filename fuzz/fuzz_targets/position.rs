@@ -11,7 +11,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use wspush::protocol::position::{Position, Status, MAX_LEN};
-use wspush::protocol::query::{self, Limits, Resume};
+use wspush::protocol::query::{self, Resume, UpgradeLimits};
 
 fuzz_target!(|data: &[u8]| {
     if let Some(position) = Position::parse(data) {
@@ -24,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let target = format!("/?{text}");
-    let limits = Limits {
+    let limits = UpgradeLimits {
         max_channels: 16,
         allowed: &[],
         require_token_id: false,

@@ -17,10 +17,10 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use wspush::protocol::publish::{self, Limits, Parsed, Request};
+use wspush::protocol::publish::{self, Parsed, PublishLimits, Request};
 use wspush::{Command, Tokens};
 
-const LIMITS: Limits = Limits {
+const LIMITS: PublishLimits = PublishLimits {
     max_body: 2048,
     max_line: 256,
 };

@@ -1,5 +1,5 @@
 //! Counters the loop keeps, readable from any thread through a
-//! [`Handle`](crate::Handle). Nothing is lost silently: every dropped
+//! `Handle`. Nothing is lost silently: every dropped
 //! message and every closed or refused connection is counted by reason.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -76,6 +76,24 @@ impl fmt::Display for ConnRef {
 /// made. It is queued with every targeted message, so it is small: 24
 /// bytes beside its names (one allocation each, and one more for a list
 /// of channels).
+///
+/// ```
+/// use wspush::{ChannelName, ClientId, Command, Payload, Recipients};
+///
+/// // Made from checked names ...
+/// let news = Recipients::Channels(Box::new([ChannelName::new("news")?]));
+/// let alice = Recipients::Id(ClientId::new("alice")?);
+/// // ... or parsed from a line of the command language.
+/// match Command::parse("pub news hello")? {
+///     Command::Send { to, payload: Payload::Text(text) } => {
+///         assert_eq!(to, news);
+///         assert_eq!(text, "hello");
+///     }
+///     other => panic!("not a send: {other:?}"),
+/// }
+/// assert_ne!(news, alice);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Recipients {
     /// Every open connection.

@@ -14,9 +14,9 @@
 //! - `GET /stats` with the key: what the server holds, as its owner says.
 //!
 //! A body needs a `Content-Length` (411; chunked bodies are refused, 501)
-//! of at most [`Limits::max_body`] (413, and the connection is closed
+//! of at most [`PublishLimits::max_body`] (413, and the connection is closed
 //! rather than its body read). Each line is at most
-//! [`Limits::max_line`] (413 naming it).
+//! [`PublishLimits::max_line`] (413 naming it).
 
 use std::fmt::Write as _;
 use std::mem::MaybeUninit;
@@ -38,7 +38,7 @@ pub const RETRY_AFTER_SECS: u32 = 1;
 
 /// What the listener takes.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub struct PublishLimits {
     /// The longest body.
     pub max_body: usize,
     /// The longest command line (a body's line, or the line a message
@@ -112,7 +112,7 @@ impl Refusal {
 /// the head is incomplete, only new bytes are searched for its end, so a
 /// head that comes a byte at a time costs linear time. `keys`: the keys
 /// a publisher may present.
-pub fn parse(buf: &[u8], seen: usize, keys: &Tokens, limits: &Limits) -> Parsed {
+pub fn parse(buf: &[u8], seen: usize, keys: &Tokens, limits: &PublishLimits) -> Parsed {
     let from = seen.saturating_sub(3);
     let Some(end) = buf[from..].windows(4).position(|w| w == b"\r\n\r\n") else {
         if buf.len() > MAX_HEAD_BYTES {
@@ -268,7 +268,7 @@ impl<'a> Head<'a> {
 /// A body of command lines, each checked: the lines with their ends, and
 /// how many. A last line without `\n` counts; a `\r` before a `\n` is
 /// dropped, as the input's reader drops it.
-fn lines(body: &[u8], limits: &Limits) -> Result<(Vec<u8>, usize), Refusal> {
+fn lines(body: &[u8], limits: &PublishLimits) -> Result<(Vec<u8>, usize), Refusal> {
     let body = body.strip_suffix(b"\n").unwrap_or(body);
     if body.is_empty() {
         return Ok((Vec::new(), 0));
@@ -300,7 +300,7 @@ fn message(
     query: &str,
     binary: bool,
     body: &[u8],
-    limits: &Limits,
+    limits: &PublishLimits,
 ) -> Result<(Vec<u8>, usize), Refusal> {
     let (verb, args) = query.split_once('=').unwrap_or((query, ""));
     let takes_args = match verb {
@@ -404,7 +404,7 @@ impl std::fmt::Write for Buf<'_> {
 mod tests {
     use super::*;
 
-    const LIMITS: Limits = Limits {
+    const LIMITS: PublishLimits = PublishLimits {
         max_body: 1000,
         max_line: 100,
     };

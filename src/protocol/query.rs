@@ -41,7 +41,7 @@ impl Resume {
 
 /// What the server allows.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits<'a> {
+pub struct UpgradeLimits<'a> {
     /// The most channels one connection may ask for.
     pub max_channels: usize,
     /// The channels anyone may subscribe to (empty: any); a token with
@@ -71,13 +71,13 @@ pub fn params(query: &str) -> impl Iterator<Item = (&str, &str)> + Clone {
 }
 
 /// The id and channels `target` asks for: 400 for a name that is not
-/// valid, a second id or more channels than [`Limits::max_channels`];
+/// valid, a second id or more channels than [`UpgradeLimits::max_channels`];
 /// 403 for an id other than the token's or a channel neither the token
 /// nor the server allows.
 pub fn asked<'a>(
     target: &'a str,
     grant: Option<&'a Grant>,
-    limits: &Limits<'_>,
+    limits: &UpgradeLimits<'_>,
 ) -> Result<Asked<'a>, Rejection> {
     let query = target.split_once('?').map_or("", |(_, query)| query);
     let mut id = None;
@@ -160,7 +160,7 @@ mod tests {
 
     #[test]
     fn ids_and_channels_are_read_checked_and_allowed() {
-        let anyone = Limits {
+        let anyone = UpgradeLimits {
             max_channels: 3,
             allowed: &[],
             require_token_id: false,
@@ -184,7 +184,7 @@ mod tests {
         );
 
         let server = patterns(&["news.*"]);
-        let restricted = Limits {
+        let restricted = UpgradeLimits {
             max_channels: 3,
             allowed: &server,
             require_token_id: false,
@@ -198,7 +198,7 @@ mod tests {
 
     #[test]
     fn positions_and_since_are_read_and_a_since_is_parsed_once() {
-        let anyone = Limits {
+        let anyone = UpgradeLimits {
             max_channels: 3,
             allowed: &[],
             require_token_id: false,
@@ -232,7 +232,7 @@ mod tests {
     #[test]
     fn a_token_holds_its_bearer_to_its_channels_and_id() {
         let server = patterns(&["public"]);
-        let limits = Limits {
+        let limits = UpgradeLimits {
             max_channels: 8,
             allowed: &server,
             require_token_id: false,
@@ -263,7 +263,7 @@ mod tests {
 
     #[test]
     fn with_ids_required_from_tokens_only_a_bound_id_is_taken() {
-        let limits = Limits {
+        let limits = UpgradeLimits {
             max_channels: 8,
             allowed: &[],
             require_token_id: true,

@@ -71,7 +71,7 @@ pub fn retry_field(retry_ms: u32) -> String {
 
 /// What a message is, as an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub enum EventKind {
     /// A text message: `data:` lines, the default event.
     Text,
     /// A binary message: the `binary` event, base64.
@@ -80,15 +80,15 @@ pub enum Kind {
 
 /// Appends one message as an event: its `id:` (the position, as
 /// printed, if it has one), its name if it is binary, and its data.
-pub fn write_message(out: &mut Vec<u8>, id: Option<&[u8]>, kind: Kind, payload: &[u8]) {
+pub fn write_message(out: &mut Vec<u8>, id: Option<&[u8]>, kind: EventKind, payload: &[u8]) {
     if let Some(id) = id {
         out.extend_from_slice(b"id: ");
         out.extend_from_slice(id);
         out.push(b'\n');
     }
     match kind {
-        Kind::Text => write_data(out, payload),
-        Kind::Binary => {
+        EventKind::Text => write_data(out, payload),
+        EventKind::Binary => {
             out.extend_from_slice(b"event: binary\ndata: ");
             let start = out.len();
             out.resize(start + payload.len().div_ceil(3) * 4, 0);
@@ -213,7 +213,7 @@ mod tests {
         ];
         for (payload, data) in cases {
             let mut out = Vec::new();
-            write_message(&mut out, None, Kind::Text, payload);
+            write_message(&mut out, None, EventKind::Text, payload);
             let (events, _) = interpret(&out);
             assert_eq!(
                 events,
@@ -235,10 +235,10 @@ mod tests {
         write_message(
             &mut out,
             Some(id.as_bytes()),
-            Kind::Binary,
+            EventKind::Binary,
             &[0, 255, 10, 13],
         );
-        write_message(&mut out, None, Kind::Text, b"after");
+        write_message(&mut out, None, EventKind::Text, b"after");
         write_status(&mut out, r#"{"status":"recovered","position":"x"}"#);
         out.extend_from_slice(HEARTBEAT);
         let (events, _) = interpret(&out);

@@ -187,7 +187,7 @@ impl Server {
     }
 
     /// One slice of the closing sweep, over at most
-    /// [`Config::fanout_budget`](crate::Config::fanout_budget) keys: an
+    /// [`Config::fanout_budget`](crate::config::Config::fanout_budget) keys: an
     /// open connection is sent its close (after what it has queued), one
     /// still in its handshake is dropped, and one already closing is left
     /// to finish its close handshake.
@@ -228,7 +228,7 @@ impl Server {
             .is_some_and(|(_, cursor)| *cursor < bound)
     }
 
-    /// Carries a drain one step on (see [`Handle::drain`](crate::Handle::drain)):
+    /// Carries a drain one step on (see [`Handle::drain`](crate::server::Handle::drain)):
     /// announces it when a handle asked, stops accepting at the end of the
     /// grace, closes the connections due at the pace, and ends it once
     /// every connection that was open has been closed.
@@ -431,7 +431,7 @@ impl Server {
     }
 
     /// Runs the heartbeat slice that is due (at most
-    /// [`Config::fanout_budget`](crate::Config::fanout_budget) keys; the rest in the next iterations):
+    /// [`Config::fanout_budget`](crate::config::Config::fanout_budget) keys; the rest in the next iterations):
     /// pings, and closes connections silent for the idle timeout; or none,
     /// while the sweep yields to the host's broadcasts and accept storms
     /// (see `time::heartbeat`).

@@ -259,15 +259,15 @@ impl SharedFrames {
             let mut count = 0;
             for (frame, (payload, _)) in source.frames() {
                 let kind = match OpCode::from_bits(frame[0] & 0x0F) {
-                    Some(OpCode::Text) => sse::Kind::Text,
-                    Some(OpCode::Binary) => sse::Kind::Binary,
+                    Some(OpCode::Text) => sse::EventKind::Text,
+                    Some(OpCode::Binary) => sse::EventKind::Binary,
                     Some(OpCode::Ping) => {
                         bytes.extend_from_slice(sse::HEARTBEAT);
                         continue;
                     }
                     _ => continue,
                 };
-                if positioned && kind == sse::Kind::Text && payload.starts_with(b"{") {
+                if positioned && kind == sse::EventKind::Text && payload.starts_with(b"{") {
                     sse::write_status(&mut bytes, &String::from_utf8_lossy(payload));
                     continue;
                 }

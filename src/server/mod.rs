@@ -139,7 +139,7 @@ impl std::error::Error for BindError {
 
 /// A WebSocket push server: one thread, one poll loop.
 ///
-/// ```no_run
+/// ```
 /// use wspush::{Config, Server};
 ///
 /// let mut server = Server::bind(Config::default())?;

@@ -3,7 +3,7 @@
 //! in an `SO_REUSEPORT` group it should get none while others have room.
 //! A server that bound its own listener leaves the group while it is full
 //! (it closes the listener, and binds again once it has room); one serving
-//! a listener made elsewhere ([`Server::from_listener`](crate::Server::from_listener))
+//! a listener made elsewhere ([`Server::from_listener`](crate::server::Server::from_listener))
 //! tells its watcher, whose supervisor steers connections away.
 
 use std::fmt;

@@ -11,7 +11,7 @@ use crate::protocol::http::{
 use crate::protocol::jwt;
 use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::position::Status;
-use crate::protocol::query::{self, Limits, Resume};
+use crate::protocol::query::{self, Resume, UpgradeLimits};
 use crate::protocol::sse;
 use crate::protocol::target::RequestTarget;
 use crate::protocol::ws::Decoder;
@@ -142,7 +142,7 @@ impl Conn {
             Some(Credential::Signed(claims)) => Some(&claims.grant),
             Some(Credential::Listed(index)) => config.tokens.as_ref().map(|t| t.grant(*index)),
         };
-        let limits = Limits {
+        let limits = UpgradeLimits {
             max_channels: config.max_channels_per_connection,
             allowed: &config.allowed_channels,
             require_token_id: config.require_token_id,

@@ -1,4 +1,4 @@
-//! Commands on their way into the loop: [`Handle`](crate::Handle)s queue
+//! Commands on their way into the loop: [`Handle`](crate::server::Handle)s queue
 //! them from any thread (messages, to everyone or to some, subscription
 //! changes, closes), the loop takes them in order and frames the messages
 //! waiting side by side with the same recipients into one batch.
@@ -38,7 +38,7 @@ pub enum Action {
         /// The message.
         payload: Vec<u8>,
         /// The message compressed for the connections that negotiated
-        /// permessage-deflate, when it is worth it (see [`Config::deflate_min_bytes`](crate::Config::deflate_min_bytes)).
+        /// permessage-deflate, when it is worth it (see [`Config::deflate_min_bytes`](crate::config::Config::deflate_min_bytes)).
         deflated: Option<Box<[u8]>>,
     },
     /// Subscribe (`true`) or unsubscribe a client's connections.
@@ -61,14 +61,17 @@ pub enum Action {
     },
     /// The source gave out positions up to `through` without a message
     /// here (kept in the history only, or lost): the next message is
-    /// positioned after it.
+    /// positioned after it. (Only the `internals` handle sends it.)
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     Advance {
         /// The last position given out.
         through: u64,
     },
     /// The source lost positions `from` to `through` (both included):
     /// every connection with positions is told the gap, in order, and the
-    /// next message is positioned after it.
+    /// next message is positioned after it. (Only the `internals` handle
+    /// sends it.)
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     Lost {
         /// The first position lost.
         from: u64,

@@ -197,6 +197,26 @@ impl From<ServerGone> for BroadcastError {
 
 /// Talks to a running server from any thread: broadcast, shut down, read
 /// metrics. Cheap to clone.
+///
+/// ```
+/// use wspush::{Config, Server};
+///
+/// let mut server = Server::bind(Config::default())?;
+/// let url = format!("ws://{}/", server.local_addr());
+/// let handle = server.handle();
+/// let loop_thread = std::thread::spawn(move || server.run());
+///
+/// // The 101 has come once `connect` returns: the client is open, and a
+/// // broadcast queued from now on reaches it.
+/// let (mut client, _) = tungstenite::connect(url)?;
+/// handle.broadcast_text("hello")?;
+/// assert_eq!(client.read()?.into_text()?.as_str(), "hello");
+/// assert_eq!(handle.metrics().broadcasts, 1);
+///
+/// handle.shutdown()?; // the client gets a 1001 close
+/// loop_thread.join().expect("the loop ran")?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Handle {
     pub(super) commands: Sender<Queued>,
@@ -206,7 +226,7 @@ pub struct Handle {
 impl Handle {
     /// Queues a text message for every open connection. Blocks while the
     /// loop is `max_pending_bytes` behind (backpressure), so do not call it
-    /// from the loop's own thread; use [`Server::broadcast`](crate::Server::broadcast) there. A
+    /// from the loop's own thread; use [`Server::broadcast`](crate::server::Server::broadcast) there. A
     /// message over `max_message_bytes` is not queued: it is counted in
     /// `broadcasts_rejected`, logged, and [`BroadcastError::TooBig`].
     pub fn broadcast_text(&self, text: impl Into<String>) -> Result<(), BroadcastError> {
@@ -220,7 +240,7 @@ impl Handle {
 
     /// Asks the loop to shut down: stop accepting, close every connection
     /// with 1001 after what is already queued for it, and let
-    /// [`Server::run`](crate::Server::run) return once they are closed or the shutdown timeout
+    /// [`Server::run`](crate::server::Server::run) return once they are closed or the shutdown timeout
     /// passed. Broadcasts queued before it still go out first, for at most
     /// half the shutdown timeout (the loop may be far behind); the rest,
     /// and any queued after it, are counted in `broadcasts_abandoned`.
@@ -238,13 +258,13 @@ impl Handle {
 
     /// Asks the loop to drain, for a deploy: `/healthz` answers 503
     /// `draining` at once, connections are still accepted for
-    /// [`Config::drain_grace`](crate::Config::drain_grace) (load balancers
+    /// [`Config::drain_grace`](crate::config::Config::drain_grace) (load balancers
     /// take note), then accepting stops (an `SO_REUSEPORT` group's other
     /// members take the new connections) and the open connections are
-    /// closed with 1012 evenly over [`Config::drain_time`](crate::Config::drain_time),
+    /// closed with 1012 evenly over [`Config::drain_time`](crate::config::Config::drain_time),
     /// each after what was sent to it, and a client with positions told
     /// before its close to reconnect after a short random delay.
-    /// Broadcasts go on meanwhile. Then [`Server::run`](crate::Server::run)
+    /// Broadcasts go on meanwhile. Then [`Server::run`](crate::server::Server::run)
     /// returns as after a shutdown. With a drain time of zero, the same as
     /// [`Handle::shutdown`]; a shutdown asked during a drain closes what
     /// is left at once. Never blocks.
@@ -259,6 +279,7 @@ impl Handle {
         self.wake()
     }
 
+    #[cfg(feature = "internals")]
     /// Asks the loop to hand its clients over to a replacement that
     /// already listens beside it (the same socket, or the same
     /// `SO_REUSEPORT` group): a [`Handle::drain`] without its announcement
@@ -314,6 +335,7 @@ impl Handle {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
 
+    #[cfg(feature = "internals")]
     /// Records that the Redis stream no longer held entries not read yet
     /// (positions `from` to `to`, both included): counted in
     /// `stream_gaps` (the stream's reader logs it, once per host). Every
@@ -348,6 +370,7 @@ impl Handle {
             .store(lag, Ordering::Relaxed);
     }
 
+    #[cfg(feature = "internals")]
     /// Positions up to `seq` were given out by the source without a
     /// message for this server (kept in the history only, or lost): the
     /// next message is positioned after it, in order with what was queued
@@ -486,7 +509,7 @@ impl Handle {
     }
 }
 
-/// The reader of the upstream lines (see [`Server::upstream`](crate::Server::upstream)).
+/// The reader of the upstream lines (see [`Server::upstream`](crate::server::Server::upstream)).
 #[derive(Debug, Clone)]
 pub struct UpstreamReader {
     pub(super) shared: Arc<Shared>,

@@ -31,7 +31,7 @@ use crate::protocol::position::{Epoch, Position, Status};
 use crate::protocol::ws::OpCode;
 use crate::server::frames::SharedFrames;
 pub use crate::server::history::ring::Bounds;
-use crate::server::history::ring::{Appended, Content, Kind, Ring};
+use crate::server::history::ring::{Appended, AudienceKind, Content, Ring};
 
 /// What a resuming connection was addressed as at its upgrade: the
 /// messages of the history it is given.
@@ -45,23 +45,23 @@ pub struct Filter {
 
 impl Filter {
     /// Whether messages for `kind` `names` (as a record holds them) were for it.
-    fn wants(&self, kind: Kind, names: &[u8]) -> bool {
+    fn wants(&self, kind: AudienceKind, names: &[u8]) -> bool {
         match kind {
-            Kind::All => true,
-            Kind::Channels => names
+            AudienceKind::All => true,
+            AudienceKind::Channels => names
                 .split(|&b| b == b',')
                 .any(|n| self.channels.iter().any(|c| c.as_str().as_bytes() == n)),
-            Kind::Id => self.id.as_ref().map(|id| id.as_str().as_bytes()) == Some(names),
+            AudienceKind::Id => self.id.as_ref().map(|id| id.as_str().as_bytes()) == Some(names),
             // A connection of its own, which is gone: a resume is another.
-            Kind::Conn => false,
+            AudienceKind::Conn => false,
         }
     }
 }
 
 /// How `to` is kept in a record.
-fn audience(to: &Recipients) -> (Kind, Vec<u8>) {
+fn audience(to: &Recipients) -> (AudienceKind, Vec<u8>) {
     match to {
-        Recipients::All => (Kind::All, Vec::new()),
+        Recipients::All => (AudienceKind::All, Vec::new()),
         Recipients::Channels(names) => {
             let mut joined = Vec::with_capacity(commands::names_len(names) + names.len());
             for (i, name) in names.iter().enumerate() {
@@ -70,10 +70,10 @@ fn audience(to: &Recipients) -> (Kind, Vec<u8>) {
                 }
                 joined.extend_from_slice(name.as_str().as_bytes());
             }
-            (Kind::Channels, joined)
+            (AudienceKind::Channels, joined)
         }
-        Recipients::Id(id) => (Kind::Id, id.as_str().as_bytes().to_vec()),
-        Recipients::Conn(_) => (Kind::Conn, Vec::new()),
+        Recipients::Id(id) => (AudienceKind::Id, id.as_str().as_bytes().to_vec()),
+        Recipients::Conn(_) => (AudienceKind::Conn, Vec::new()),
     }
 }
 
@@ -118,7 +118,7 @@ pub(super) fn fresh_epoch() -> Epoch {
 
 /// How far one visit of a replay got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Progress {
+pub struct ReplayProgress {
     /// Given up to this position, with more left (`None`: done).
     pub more: Option<u64>,
     /// The history no longer held all that was left: the connection was
@@ -195,7 +195,7 @@ impl History {
 
     /// Positions of its epoch are given out elsewhere too: servers that
     /// share an epoch number their messages alike (other hosts reading
-    /// one stream, see [`Config::epoch`](crate::Config::epoch)), so a
+    /// one stream, see [`Config::epoch`](crate::config::Config::epoch)), so a
     /// client may come with a position this loop has not reached yet. It
     /// is told `recovered` and waits until this loop reaches it (its
     /// messages up to there are skipped), for the handshake timeout at
@@ -340,7 +340,7 @@ impl History {
         deflate: bool,
         room: usize,
         out: &mut Vec<SharedFrames>,
-    ) -> Progress {
+    ) -> ReplayProgress {
         let mut from = replay.from;
         let mut overrun = false;
         let mut scanned = 0;
@@ -383,7 +383,7 @@ impl History {
                 }
                 if copied.len() >= room || scanned == SCAN_PER_VISIT {
                     flush(&mut copied, out);
-                    return Progress {
+                    return ReplayProgress {
                         more: Some(from),
                         overrun,
                     };
@@ -410,7 +410,7 @@ impl History {
             }
             if !raced {
                 flush(&mut copied, out);
-                return Progress {
+                return ReplayProgress {
                     more: None,
                     overrun,
                 };
@@ -418,7 +418,7 @@ impl History {
         }
         // Raced every round: the next visit goes on from here.
         flush(&mut copied, out);
-        Progress {
+        ReplayProgress {
             more: Some(from),
             overrun,
         }
@@ -443,19 +443,20 @@ impl History {
 /// The history a supervisor keeps for its instances: each message of its
 /// input, framed with its position (and compressed, as the instances
 /// would), in a ring in shared memory that the instances read (see
-/// [`Config::history_fd`](crate::Config::history_fd)). The host holds it
+/// [`Config::history_fd`](crate::config::Config::history_fd)). The host holds it
 /// once, and it outlives any instance.
 #[derive(Debug)]
 pub struct SharedHistory {
     history: History,
-    /// Which messages are compressed too.
+    /// Which messages are compressed too (for the `internals` writers).
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     compression: crate::config::Compression,
 }
 
 impl SharedHistory {
     /// A history within `config`'s bounds, of a new epoch (or its
     /// `epoch`), for positions numbered from 1.
-    pub fn create(config: &crate::Config) -> io::Result<SharedHistory> {
+    pub fn create(config: &crate::config::Config) -> io::Result<SharedHistory> {
         let bounds = Bounds {
             messages: config.history_messages,
             bytes: config.history_bytes,
@@ -482,7 +483,7 @@ impl SharedHistory {
     }
 
     /// A descriptor of its memory for a loop of this process to read it
-    /// by, as [`Config::history_fd`](crate::Config::history_fd).
+    /// by, as [`Config::history_fd`](crate::config::Config::history_fd).
     pub fn reader_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
         self.history
             .ring
@@ -491,8 +492,15 @@ impl SharedHistory {
             .try_clone_to_owned()
     }
 
+    #[cfg(feature = "internals")]
     /// Keeps message `seq` (its position) for `to`.
-    pub fn append(&mut self, seq: u64, to: &Recipients, kind: crate::MessageKind, payload: &[u8]) {
+    pub fn append(
+        &mut self,
+        seq: u64,
+        to: &Recipients,
+        kind: crate::protocol::ws::MessageKind,
+        payload: &[u8],
+    ) {
         let position = self.history.assign(Some(seq));
         let deflated = self
             .compression
@@ -507,6 +515,7 @@ impl SharedHistory {
         self.history.keep(to, &frames, Instant::now());
     }
 
+    #[cfg(feature = "internals")]
     /// Notes that messages `from..=to`, for everyone, are missing (the
     /// source lost them): a replay across them is told the gap.
     pub fn mark_missing(&mut self, from: u64, to: u64) {
@@ -514,6 +523,7 @@ impl SharedHistory {
         self.history.advance(to);
     }
 
+    #[cfg(feature = "internals")]
     /// Notes that nothing up to `seq` is held: a resume from before it is
     /// told the gap (a history filled from a source's tail begins so).
     pub fn forget_through(&mut self, seq: u64) {
@@ -521,6 +531,7 @@ impl SharedHistory {
         self.history.advance(seq);
     }
 
+    #[cfg(feature = "internals")]
     /// Drops what is older than the age bound.
     pub fn evict(&mut self) {
         self.history.evict(Instant::now());
@@ -808,7 +819,7 @@ mod tests {
         let progress = history.gather(&replay, false, 1, &mut out);
         assert_eq!(
             progress,
-            Progress {
+            ReplayProgress {
                 more: Some(1),
                 overrun: false
             }
@@ -820,7 +831,7 @@ mod tests {
         let progress = history.gather(&replay, false, usize::MAX, &mut out);
         assert_eq!(
             progress,
-            Progress {
+            ReplayProgress {
                 more: None,
                 overrun: true
             }

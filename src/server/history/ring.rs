@@ -61,7 +61,7 @@ const REFUSED_FLAG: u8 = 1;
 
 /// Who a record's messages were for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub enum AudienceKind {
     /// Everyone.
     All = 0,
     /// The subscribers of the channels named (comma-separated).
@@ -72,13 +72,13 @@ pub enum Kind {
     Conn = 3,
 }
 
-impl Kind {
-    fn of(byte: u8) -> Kind {
+impl AudienceKind {
+    fn of(byte: u8) -> AudienceKind {
         match byte {
-            0 => Kind::All,
-            1 => Kind::Channels,
-            2 => Kind::Id,
-            _ => Kind::Conn,
+            0 => AudienceKind::All,
+            1 => AudienceKind::Channels,
+            2 => AudienceKind::Id,
+            _ => AudienceKind::Conn,
         }
     }
 }
@@ -320,7 +320,7 @@ impl Ring {
         &self,
         n: u64,
         deflated: bool,
-        wanted: impl Fn(Kind, &[u8]) -> bool,
+        wanted: impl Fn(AudienceKind, &[u8]) -> bool,
     ) -> Result<Record, Overrun> {
         let (first, last, start) = self.slot(n);
         let at = self.data_at + (start % self.data) as usize;
@@ -331,7 +331,7 @@ impl Ring {
         let (len, plain, compressed) = (word(0), word(1), word(2));
         let (names_len, kind, refused) = (
             usize::from(head[12]) | usize::from(head[13]) << 8,
-            Kind::of(head[14]),
+            AudienceKind::of(head[14]),
             head[15] & REFUSED_FLAG != 0,
         );
         let fits = RECORD_HEAD + names_len + plain + compressed <= len
@@ -379,7 +379,7 @@ impl Ring {
     pub fn append(
         &mut self,
         seq: u64,
-        (kind, names): (Kind, &[u8]),
+        (kind, names): (AudienceKind, &[u8]),
         frames: &[u8],
         compressed: &[u8],
         now: Instant,
@@ -400,13 +400,25 @@ impl Ring {
             (RECORD_HEAD + names.len() + frames.len() + compressed.len()).next_multiple_of(8)
         };
         let (kind, names, frames, compressed, appended) = if !names_fit {
-            (Kind::All, &[][..], &[][..], &[][..], Appended::Refused)
+            (
+                AudienceKind::All,
+                &[][..],
+                &[][..],
+                &[][..],
+                Appended::Refused,
+            )
         } else if record_len(names, frames, compressed) <= bounds.bytes {
             (kind, names, frames, compressed, Appended::Kept)
         } else if record_len(names, &[], &[]) <= bounds.bytes {
             (kind, names, &[][..], &[][..], Appended::Refused)
         } else {
-            (Kind::All, &[][..], &[][..], &[][..], Appended::Refused)
+            (
+                AudienceKind::All,
+                &[][..],
+                &[][..],
+                &[][..],
+                Appended::Refused,
+            )
         };
         let len = record_len(names, frames, compressed);
         if bounds.messages == 0 || len > bounds.bytes {
@@ -429,13 +441,20 @@ impl Ring {
 
     /// Appends a mark that messages `first..=last`, for everyone, are
     /// missing (the source lost them): a replay across it is told the gap.
-    /// Not counted as refused.
+    /// Not counted as refused. (Only the `internals` writers mark.)
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub fn mark_missing(&mut self, first: u64, last: u64, now: Instant) {
         if self.writer.as_ref().is_some_and(|w| w.bounds.messages == 0) {
             self.forget_through(last);
             return;
         }
-        self.put((first, last, 1), (Kind::All, &[]), (&[], &[]), true, now);
+        self.put(
+            (first, last, 1),
+            (AudienceKind::All, &[]),
+            (&[], &[]),
+            true,
+            now,
+        );
     }
 
     /// Drops every record up to position `seq` from the history, and
@@ -457,7 +476,7 @@ impl Ring {
     fn put(
         &mut self,
         (first, last, count): (u64, u64, usize),
-        (kind, names): (Kind, &[u8]),
+        (kind, names): (AudienceKind, &[u8]),
         (frames, compressed): (&[u8], &[u8]),
         missing: bool,
         now: Instant,
@@ -562,7 +581,7 @@ mod tests {
         }
     }
 
-    fn everything(_: Kind, _: &[u8]) -> bool {
+    fn everything(_: AudienceKind, _: &[u8]) -> bool {
         true
     }
 
@@ -570,8 +589,14 @@ mod tests {
     fn records_written_are_read_back_through_another_mapping() {
         let now = Instant::now();
         let mut ring = Ring::create(bounds(10, 4096), Epoch(7), 0).unwrap();
-        ring.append(2, (Kind::Channels, b"a,b"), b"frames", b"zipped", now);
-        ring.append(3, (Kind::All, b""), b"more", b"", now);
+        ring.append(
+            2,
+            (AudienceKind::Channels, b"a,b"),
+            b"frames",
+            b"zipped",
+            now,
+        );
+        ring.append(3, (AudienceKind::All, b""), b"more", b"", now);
         let fd = ring
             .memory()
             .inheritable()
@@ -596,7 +621,7 @@ mod tests {
                 content: Content::Frames(b"zipped".to_vec()),
             }
         );
-        let channels = |kind, names: &[u8]| kind == Kind::Channels && names == b"a,b";
+        let channels = |kind, names: &[u8]| kind == AudienceKind::Channels && names == b"a,b";
         assert_eq!(
             reader.read(0, false, channels).unwrap().content,
             Content::Frames(b"frames".to_vec())
@@ -607,7 +632,9 @@ mod tests {
             Content::Frames(b"more".to_vec()),
             "no compressed frames: the plain ones"
         );
-        let unwanted = reader.read(1, false, |kind, _| kind == Kind::Id).unwrap();
+        let unwanted = reader
+            .read(1, false, |kind, _| kind == AudienceKind::Id)
+            .unwrap();
         assert_eq!((unwanted.last, unwanted.content), (3, Content::Unwanted));
     }
 
@@ -616,7 +643,7 @@ mod tests {
         let now = Instant::now();
         let mut ring = Ring::create(bounds(3, 1024), Epoch(1), 0).unwrap();
         for seq in 1..=5 {
-            ring.append(seq, (Kind::All, b""), &[seq as u8; 100], b"", now);
+            ring.append(seq, (AudienceKind::All, b""), &[seq as u8; 100], b"", now);
         }
         assert_eq!(ring.held().0, 3);
         assert_eq!(ring.forgotten(), 2);
@@ -625,7 +652,7 @@ mod tests {
         // history but still intact until written over.
         assert!(ring.read(0, false, everything).is_ok());
         for seq in 6..=40 {
-            ring.append(seq, (Kind::All, b""), &[seq as u8; 100], b"", now);
+            ring.append(seq, (AudienceKind::All, b""), &[seq as u8; 100], b"", now);
         }
         assert_eq!(ring.read(0, false, everything), Err(Overrun));
         let (n, records) = ring.find(37);
@@ -645,9 +672,9 @@ mod tests {
         let mut ring = Ring::create(bounds(10, 1024), Epoch(1), 0).unwrap();
         let append = |ring: &mut Ring, seq, names: &[u8], len| {
             let kind = if names.is_empty() {
-                Kind::All
+                AudienceKind::All
             } else {
-                Kind::Channels
+                AudienceKind::Channels
             };
             ring.append(seq, (kind, names), &vec![seq as u8; len], b"", now)
         };
@@ -655,7 +682,7 @@ mod tests {
         assert_eq!(append(&mut ring, 2, b"news", 2000), Appended::Refused);
         assert_eq!(append(&mut ring, 3, b"", 100), Appended::Kept);
         assert_eq!((ring.held().0, ring.forgotten(), ring.refused()), (3, 0, 1));
-        let news = |kind, names: &[u8]| kind == Kind::All || names == b"news";
+        let news = |kind, names: &[u8]| kind == AudienceKind::All || names == b"news";
         let contents: Vec<Content> = (0..3)
             .map(|n| ring.read(n, false, news).unwrap().content)
             .collect();
@@ -667,7 +694,7 @@ mod tests {
                 Content::Frames(vec![3; 100])
             ]
         );
-        let others = |kind, _: &[u8]| kind == Kind::All;
+        let others = |kind, _: &[u8]| kind == AudienceKind::All;
         assert_eq!(
             ring.read(1, false, others).unwrap().content,
             Content::Unwanted,

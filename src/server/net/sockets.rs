@@ -239,7 +239,7 @@ impl Sockets {
     }
 }
 
-/// A listening socket as a server makes it (for [`Server::from_listener`](crate::Server::from_listener):
+/// A listening socket as a server makes it (for [`Server::from_listener`](crate::server::Server::from_listener):
 /// a supervisor that holds the listeners its instances share): `SO_REUSEADDR` (restarts while old connections sit
 /// in TIME_WAIT), `SO_REUSEPORT` when asked, `TCP_NODELAY` (Linux copies it
 /// to every accepted socket, saving a syscall per connection),
