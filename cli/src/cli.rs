@@ -15,8 +15,8 @@ use wspush::{
     UpstreamConfig, Verifier, MAX_DURATION, MAX_MESSAGE_LIMIT,
 };
 
-use crate::input::InputMode;
-use crate::redis_stream;
+use crate::input::{self, InputMode};
+use crate::sources::{publish, pubsub, stdin, stream, Source};
 use crate::supervisor::{OnExit, FIRST_LINE_ENV, INSTANCE_ENV};
 
 /// A WebSocket push server: every line on standard input is broadcast as
@@ -450,7 +450,7 @@ pub(crate) fn config(cli: &Cli) -> Result<Config, String> {
         });
         c.stats_interval = (!cli.quiet).then_some(cli.stats_interval);
         // A stream's positions are of its epoch, on every host.
-        c.epoch = cli.redis_stream.as_deref().map(redis_stream::epoch);
+        c.epoch = cli.redis_stream.as_deref().map(stream::epoch);
         c.batch_delay = cli.batch_delay;
         c.degraded = cli.healthz_degraded;
     });
@@ -565,6 +565,43 @@ pub(crate) fn instance_args(args: impl Iterator<Item = OsString>) -> Vec<OsStrin
         }
     }
     out
+}
+
+/// The sources the command line asks for, checked: standard input, then
+/// the Redis subscription and stream (with `--redis`) and the publish
+/// listener (with `--publish-listen`), bound, its `GET /stats` answering
+/// what `stats` says. The stream fills at most what `config`'s history
+/// holds at its start. The same for a lone server and a supervisor.
+pub fn sources_from(
+    cli: &Cli,
+    config: &Config,
+    stats: publish::Stats,
+) -> Result<Vec<Box<dyn Source>>, String> {
+    let mut sources: Vec<Box<dyn Source>> = vec![Box::new(stdin::Stdin::new(std::io::stdin()))];
+    if let Some(url) = cli.redis.as_deref() {
+        if !cli.redis_channel.is_empty() {
+            sources.push(Box::new(pubsub::RedisFeed::new(url, &cli.redis_channel)?));
+        }
+        if let Some(key) = &cli.redis_stream {
+            let preload = stream::Preload {
+                messages: config.history_messages,
+                age: config.history_age,
+            };
+            sources.push(Box::new(stream::StreamFeed::new(url, key, preload)?));
+        }
+    }
+    if let (Some(addr), Some(path)) = (cli.publish_listen, &cli.publish_key_file) {
+        let keys = read_tokens(path, "publish key")?;
+        let max_message = config.max_message_bytes as usize;
+        let limits = wspush::protocol::publish::PublishLimits {
+            max_body: config.max_pending_bytes,
+            max_line: input::max_line_bytes(InputMode::Commands, max_message),
+        };
+        let listener = publish::Listener::bind(addr, keys, limits, config.max_pending_bytes, stats)
+            .map_err(|e| format!("cannot listen on {addr} for publishers: {e}"))?;
+        sources.push(Box::new(listener));
+    }
+    Ok(sources)
 }
 
 #[cfg(test)]

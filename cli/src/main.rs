@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use clap::Parser;
@@ -14,8 +15,8 @@ use signal_hook::iterator::Signals;
 use socket2::{Domain, Socket, Type};
 use wspush::sys::raise_open_file_limit;
 
-use cli::{config, instance_args, instance_number, one_line, read_tokens, Cli, Processes};
-use input::{InputMode, PumpEnd};
+use cli::{config, instance_args, instance_number, one_line, Cli, Processes};
+use input::PumpEnd;
 use rlimit::{connection_capacity, instances_for};
 use supervisor::{
     Policy, Supervisor, HISTORY_FD_ENV, INSTANCE_ENV, LISTEN_FD_ENV, RESTARTS_ENV, STATUS_FD_ENV,
@@ -26,15 +27,11 @@ mod chunks;
 mod cli;
 mod input;
 mod merge;
-mod publish;
-mod redis_feed;
-mod redis_stream;
 mod rlimit;
 mod sources;
 mod supervisor;
-use redis_feed::RedisFeed;
-use redis_stream::StreamFeed;
-use wspush::{Config, Handle, Server, SharedHistory, UpstreamReader};
+use board::Board;
+use wspush::{Handle, Server, SharedHistory, UpstreamReader};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -100,27 +97,6 @@ fn report_stats(mut status: std::fs::File, handle: Handle) -> Result<(), String>
         .map_err(|e| format!("cannot start the stats thread: {e}"))
 }
 
-/// The publish listener the flags ask for, bound, answering `GET /stats`
-/// with what `stats` says.
-fn publish_listener(
-    cli: &Cli,
-    config: &Config,
-    stats: publish::Stats,
-) -> Result<Option<publish::Listener>, String> {
-    let (Some(addr), Some(path)) = (cli.publish_listen, &cli.publish_key_file) else {
-        return Ok(None);
-    };
-    let keys = read_tokens(path, "publish key")?;
-    let max_message = config.max_message_bytes as usize;
-    let limits = wspush::protocol::publish::PublishLimits {
-        max_body: config.max_pending_bytes,
-        max_line: input::max_line_bytes(InputMode::Commands, max_message),
-    };
-    publish::Listener::bind(addr, keys, limits, config.max_pending_bytes, stats)
-        .map(Some)
-        .map_err(|e| format!("cannot listen on {addr} for publishers: {e}"))
-}
-
 /// Writes the upstream lines to standard output until the server is gone;
 /// after a failed write, lines are counted as dropped.
 fn write_upstream(reader: UpstreamReader) {
@@ -141,30 +117,6 @@ fn write_upstream(reader: UpstreamReader) {
     }
 }
 
-/// The Redis feed and stream the command line asks for, checked; the
-/// stream fills at most what `config`'s history holds at its start.
-fn redis_inputs(
-    cli: &Cli,
-    config: &Config,
-) -> Result<(Option<RedisFeed>, Option<StreamFeed>), String> {
-    let Some(url) = cli.redis.as_deref() else {
-        return Ok((None, None));
-    };
-    let feed = match cli.redis_channel.is_empty() {
-        true => None,
-        false => Some(RedisFeed::new(url, &cli.redis_channel)?),
-    };
-    let preload = redis_stream::Preload {
-        messages: config.history_messages,
-        age: config.history_age,
-    };
-    let stream = match &cli.redis_stream {
-        Some(key) => Some(StreamFeed::new(url, key, preload)?),
-        None => None,
-    };
-    Ok((feed, stream))
-}
-
 /// One instance: the ordinary single-threaded loop.
 fn serve(cli: Cli) -> Result<(), String> {
     let mut config = config(&cli)?;
@@ -178,15 +130,33 @@ fn serve(cli: Cli) -> Result<(), String> {
             .map_err(|e| format!("cannot read the supervisor's history: {e}"))?;
         config.history_fd = Some(std::sync::Arc::new(fd));
     }
-    let (feed, stream) = redis_inputs(&cli, &config)?;
     let mode = cli.input;
     let max_message = config.max_message_bytes as usize;
     let max_line = input::max_line_bytes(mode, max_message);
+    // Alone, the sources are checked (and the publish listener bound)
+    // before the server listens; `GET /stats` reads its handle once made.
+    let counted = Arc::new(OnceLock::<Handle>::new());
+    let sources = match instance_number() {
+        Some(_) => None,
+        None => {
+            let counted = Arc::clone(&counted);
+            let stats = Box::new(move || {
+                let Some(m) = counted.get().map(Handle::metrics) else {
+                    return String::new();
+                };
+                format!(
+                    "\"connections\":{},\"channels\":{}",
+                    m.connections_open, m.channels
+                )
+            });
+            Some(cli::sources_from(&cli, &config, stats)?)
+        }
+    };
     // Alone with a stream, the server keeps its history as a supervisor
     // does, apart from its loop: filled from the stream's tail, with the
     // stream's positions.
-    let recorder = match &stream {
-        Some(_) => {
+    let recorder = match cli.redis.is_some() && cli.redis_stream.is_some() {
+        true => {
             let history = SharedHistory::create(&config)
                 .map_err(|e| format!("cannot make the history's shared memory: {e}"))?;
             config.history_fd = Some(std::sync::Arc::new(
@@ -196,7 +166,7 @@ fn serve(cli: Cli) -> Result<(), String> {
             ));
             Some(input::Recorder::new(history, mode, max_message))
         }
-        None => None,
+        false => None,
     };
     let capacity = open_file_capacity();
     config.max_connections = match cli.max_connections {
@@ -273,23 +243,13 @@ fn serve(cli: Cli) -> Result<(), String> {
     // An instance reads its supervisor, which holds the Redis feed and
     // tells it the number of its first line; alone, the server merges its
     // sources as a supervisor does, and numbers from 1.
-    let merged = match instance_number() {
-        Some(_) => None,
-        None => {
-            let counts = handle.clone();
-            let stats = Box::new(move || {
-                let m = counts.metrics();
-                format!(
-                    "\"connections\":{},\"channels\":{}",
-                    m.connections_open, m.channels
-                )
-            });
-            let publish = publish_listener(&cli, &config, stats)?;
-            Some(
-                sources::spawn(io::stdin(), (feed, stream), publish, max_line, None)
-                    .map_err(|e| format!("cannot start the input readers: {e}"))?,
-            )
-        }
+    let _ = counted.set(handle.clone());
+    let merged = match sources {
+        None => None,
+        Some(sources) => Some(
+            sources::spawn(sources, max_line, None)
+                .map_err(|e| format!("cannot start the input readers: {e}"))?,
+        ),
     };
     let first_line = config.first_position;
     std::thread::Builder::new()
@@ -413,7 +373,14 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
             + config.shutdown_timeout
             + Duration::from_secs(5),
     };
-    let inputs = redis_inputs(cli, &config)?;
+    // The sources are checked (and the publish listener bound) before any
+    // instance starts; `GET /stats` reads the supervisor's board once it is.
+    let board = Arc::new(OnceLock::<Board>::new());
+    let stats = {
+        let board = Arc::clone(&board);
+        Box::new(move || board.get().map_or_else(String::new, Board::json))
+    };
+    let sources = cli::sources_from(cli, &config, stats)?;
     let max_message = config.max_message_bytes as usize;
     let max_line = input::max_line_bytes(cli.input, max_message);
     let history = SharedHistory::create(&config)
@@ -434,16 +401,9 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     log::info!(
         "listening on {listen} with {count} instances, up to {per_instance} connections each"
     );
-    let stats = supervisor.stats();
-    let publish = publish_listener(cli, &config, Box::new(move || stats.json()))?;
-    let chunks = sources::spawn(
-        io::stdin(),
-        inputs,
-        publish,
-        max_line,
-        Some(supervisor.waker()),
-    )
-    .map_err(|e| format!("cannot start the input readers: {e}"))?;
+    let _ = board.set(supervisor.stats());
+    let chunks = sources::spawn(sources, max_line, Some(supervisor.waker()))
+        .map_err(|e| format!("cannot start the input readers: {e}"))?;
     supervisor.run(chunks).map_err(|e| e.to_string())
 }
 

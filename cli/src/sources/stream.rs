@@ -34,8 +34,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use redis::{Client, Connection, RedisError, Value};
 
+use super::pubsub::{client, CONNECT_TIMEOUT};
+use super::reconnect::{keep_reading, Where};
+use super::source::{Outlet, Source};
 use crate::chunks::{decimal, Control, Skip, WholeLines};
-use crate::redis_feed::{client, keep_reading, FeedEvent, Source, CONNECT_TIMEOUT};
 use wspush::Epoch;
 
 /// The most lines an entry's positions number.
@@ -197,13 +199,13 @@ impl StreamFeed {
         })
     }
 
-    /// Reads the stream and hands its entries to `on` as chunks of whole
-    /// lines of at most `max_line` bytes (and control lines), reconnecting
-    /// whenever the connection is lost, until `on` returns false.
-    pub fn run(self, max_line: usize, on: impl FnMut(FeedEvent) -> bool) {
-        let mut lines = WholeLines::new(max_line);
+    /// Reads the stream and hands its entries to `out` as chunks of whole
+    /// lines (and control lines), reconnecting whenever the connection is
+    /// lost, until `out` is gone.
+    fn read(self, out: &Outlet) {
+        let mut lines = WholeLines::new(out.max_line());
         let what = format!("stream {}", self.key);
-        let source = Source {
+        let source = Where {
             server: &self.server,
             what: &what,
             ready: "reading",
@@ -212,7 +214,9 @@ impl StreamFeed {
         };
         // Where it is (`None`: the history is not filled yet).
         let mut at: Option<Read> = None;
-        keep_reading(source, |read| self.session(&mut at, &mut lines, read), on);
+        let session =
+            |read: &mut dyn FnMut(Option<Vec<u8>>) -> bool| self.session(&mut at, &mut lines, read);
+        keep_reading(source, session, |event| out.event(event));
     }
 
     /// One connection: fills the history (the first time) or says what
@@ -366,6 +370,16 @@ struct Read {
     /// The stream's count of entries ever added when `last` was added,
     /// if known (from Redis 7 on, once the reader has caught up).
     added: Option<u64>,
+}
+
+impl Source for StreamFeed {
+    fn name(&self) -> &'static str {
+        "redis-stream"
+    }
+
+    fn run(self: Box<Self>, out: Outlet) {
+        self.read(&out);
+    }
 }
 
 /// The last position the stream trimmed of what came after `read.last`

@@ -14,16 +14,15 @@
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
-use std::sync::mpsc::{SyncSender, TrySendError};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Token, Waker};
+use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 use wspush::protocol::publish::{self, Parsed, PublishLimits, Request};
 use wspush::Tokens;
 
+use super::source::{Outlet, Source};
 use crate::chunks::Control;
 
 /// The listener's token; connections' tokens are their slots.
@@ -46,18 +45,15 @@ const READ_CHUNK: usize = 16 * 1024;
 /// (a lone server's loop, or a supervisor's instances).
 pub type Stats = Box<dyn Fn() -> String + Send>;
 
-/// A publish listener, bound, and what it takes.
+/// A publish listener, bound where `--publish-listen` says, and what it
+/// takes: a source served on a thread of its own ([`Source::run`]).
 pub struct Listener {
-    /// The socket, bound where `--publish-listen` says.
-    pub socket: std::net::TcpListener,
-    /// The keys a publisher presents (`--publish-key-file`).
-    pub keys: Tokens,
-    /// The longest body and line.
-    pub limits: PublishLimits,
-    /// The most bytes of lines taken and not yet handed over.
-    pub max_pending: usize,
-    /// What `GET /stats` answers.
-    pub stats: Stats,
+    socket: TcpListener,
+    poll: Poll,
+    keys: Tokens,
+    limits: PublishLimits,
+    max_pending: usize,
+    stats: Stats,
 }
 
 impl Listener {
@@ -71,9 +67,13 @@ impl Listener {
     ) -> io::Result<Listener> {
         let socket = std::net::TcpListener::bind(addr)?;
         socket.set_nonblocking(true)?;
-        log::info!("publish on http://{}/publish", socket.local_addr()?);
+        let mut socket = TcpListener::from_std(socket);
+        let poll = Poll::new()?;
+        poll.registry()
+            .register(&mut socket, LISTENER, Interest::READABLE)?;
         Ok(Listener {
             socket,
+            poll,
             keys,
             limits,
             max_pending,
@@ -151,44 +151,47 @@ struct Publisher {
     conns: Slab<Conn>,
     /// Lines taken, not yet handed over.
     pending: Vec<u8>,
-    tx: SyncSender<Vec<u8>>,
-    waker: Option<Arc<Waker>>,
+    out: Outlet,
     tally: Tally,
 }
 
-/// Serves `listener` on a thread of its own, handing the lines taken to
-/// `tx` (and waking `waker`, a supervisor's poll); it ends when the
-/// reader is gone.
-pub fn spawn(
-    listener: Listener,
-    tx: SyncSender<Vec<u8>>,
-    waker: Option<Arc<Waker>>,
-) -> io::Result<()> {
-    let poll = Poll::new()?;
-    let mut socket = TcpListener::from_std(listener.socket);
-    poll.registry()
-        .register(&mut socket, LISTENER, Interest::READABLE)?;
-    let publisher = Publisher {
-        listener: socket,
-        keys: listener.keys,
-        limits: listener.limits,
-        max_pending: listener.max_pending,
-        stats: listener.stats,
-        poll,
-        conns: Slab::new(),
-        pending: Vec::new(),
-        tx,
-        waker,
-        tally: Tally::default(),
-    };
-    std::thread::Builder::new()
-        .name("publish".into())
-        .spawn(move || publisher.run())?;
-    Ok(())
+impl Source for Listener {
+    fn name(&self) -> &'static str {
+        "publish"
+    }
+
+    /// Serves the listener, handing the lines taken to `out`; it ends
+    /// when `out` is gone.
+    fn run(self: Box<Self>, out: Outlet) {
+        let Listener {
+            socket,
+            poll,
+            keys,
+            limits,
+            max_pending,
+            stats,
+        } = *self;
+        if let Ok(addr) = socket.local_addr() {
+            log::info!("publish on http://{addr}/publish");
+        }
+        let publisher = Publisher {
+            listener: socket,
+            keys,
+            limits,
+            max_pending,
+            stats,
+            poll,
+            conns: Slab::new(),
+            pending: Vec::new(),
+            out,
+            tally: Tally::default(),
+        };
+        publisher.serve_all();
+    }
 }
 
 impl Publisher {
-    fn run(mut self) {
+    fn serve_all(mut self) {
         let mut events = Events::with_capacity(256);
         let mut swept = Instant::now();
         loop {
@@ -371,18 +374,13 @@ impl Publisher {
     /// Offers the lines taken to the reader (they stay if it has no
     /// room); false once it is gone.
     fn hand_over(&mut self) -> bool {
-        match self.tx.try_send(std::mem::take(&mut self.pending)) {
-            Ok(()) => {
-                if let Some(waker) = &self.waker {
-                    let _ = waker.wake();
-                }
-                true
-            }
-            Err(TrySendError::Full(back)) => {
+        match self.out.offer(std::mem::take(&mut self.pending)) {
+            Ok(()) => true,
+            Err(Some(back)) => {
                 self.pending = back;
                 true
             }
-            Err(TrySendError::Disconnected(_)) => false,
+            Err(None) => false,
         }
     }
 

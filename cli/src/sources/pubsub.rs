@@ -8,16 +8,18 @@
 //!
 //! When the connection is lost (an error, or no answer to a `PING` sent
 //! after [`PING_AFTER`] of silence within as long again), the reader says
-//! so once ([`FeedEvent::Lost`], one warning), then reconnects with a
-//! backoff from [`MIN_BACKOFF`] doubling to [`MAX_BACKOFF`] (jittered, so
+//! so once ([`FeedEvent::Lost`](super::FeedEvent::Lost), one warning), then reconnects with a
+//! backoff from [`MIN_BACKOFF`](super::reconnect::MIN_BACKOFF) doubling to [`MAX_BACKOFF`](super::reconnect::MAX_BACKOFF) (jittered, so
 //! that many hosts do not reconnect in step), and says when it is back
-//! ([`FeedEvent::Restored`], one line with the outage and the attempts).
+//! ([`FeedEvent::Restored`](super::FeedEvent::Restored), one line with the outage and the attempts).
 //! Redis pub/sub is at-most-once: what is published meanwhile is lost.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 use redis::{Client, RedisError};
 
+use super::reconnect::{keep_reading, Where};
+use super::source::{Outlet, Source};
 use crate::chunks::WholeLines;
 
 /// Silence after which the reader pings Redis; the answer must come
@@ -25,103 +27,6 @@ use crate::chunks::WholeLines;
 pub const PING_AFTER: Duration = Duration::from_secs(1);
 /// Time allowed to connect.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// The first reconnection's delay.
-pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
-/// The longest delay between two attempts.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
-
-/// What a reader reports.
-#[derive(Debug, PartialEq, Eq)]
-pub enum FeedEvent {
-    /// Whole lines read (and control lines).
-    Chunk(Vec<u8>),
-    /// The connection is lost (or could not be made at the start).
-    Lost,
-    /// It is back after this outage.
-    Restored(Duration),
-}
-
-/// Where a reader reads, for its logs.
-#[derive(Debug, Clone, Copy)]
-pub struct Source<'a> {
-    /// The server (no password).
-    pub server: &'a str,
-    /// What it reads there: `feed` or `stream KEY`.
-    pub what: &'a str,
-    /// What it does once connected: `subscribed`, `reading`.
-    pub ready: &'a str,
-    /// What becomes of what is published during an outage.
-    pub meanwhile: &'a str,
-}
-
-/// Runs `session` again and again until `on` returns false: a session
-/// connects, calls its argument with `None` once it reads, then with each
-/// chunk, and returns the error that ended it (or `Ok` once its argument
-/// returned false). An outage is reported once ([`FeedEvent::Lost`], one
-/// warning), reconnected with a jittered backoff, and its end reported
-/// ([`FeedEvent::Restored`], one line with the outage and the attempts).
-pub fn keep_reading(
-    source: Source<'_>,
-    mut session: impl FnMut(&mut dyn FnMut(Option<Vec<u8>>) -> bool) -> Result<(), RedisError>,
-    mut on: impl FnMut(FeedEvent) -> bool,
-) {
-    let Source {
-        server,
-        what,
-        ready,
-        meanwhile,
-    } = source;
-    let mut backoff = MIN_BACKOFF;
-    // When the outage began, and the attempts since.
-    let mut lost: Option<(Instant, u32)> = None;
-    loop {
-        let mut reading = false;
-        let ended = session(&mut |chunk| {
-            if !reading {
-                reading = true;
-                backoff = MIN_BACKOFF;
-                match lost.take() {
-                    Some((since, attempts)) => {
-                        let outage = since.elapsed();
-                        let go_on = on(FeedEvent::Restored(outage));
-                        log::info!(
-                            "redis {what} restored on {server} after {:.1} s ({attempts} attempts)",
-                            outage.as_secs_f64()
-                        );
-                        if !go_on {
-                            return false;
-                        }
-                    }
-                    None => log::info!("redis {what}: {ready} on {server}"),
-                }
-            }
-            match chunk {
-                Some(chunk) => on(FeedEvent::Chunk(chunk)),
-                None => true,
-            }
-        });
-        let error = match ended {
-            Ok(()) => return, // `on` asked to stop.
-            Err(e) => e,
-        };
-        match &mut lost {
-            Some((_, attempts)) => {
-                *attempts += 1;
-                log::debug!("redis {what}: still unreachable on {server}: {error}");
-            }
-            None => {
-                lost = Some((Instant::now(), 1));
-                let go_on = on(FeedEvent::Lost);
-                log::warn!("redis {what} lost on {server}: {error}; reconnecting ({meanwhile})");
-                if !go_on {
-                    return;
-                }
-            }
-        }
-        std::thread::sleep(jittered(backoff));
-        backoff = (backoff * 2).min(MAX_BACKOFF);
-    }
-}
 
 /// A Redis subscription to read.
 #[derive(Debug)]
@@ -151,12 +56,11 @@ impl RedisFeed {
         })
     }
 
-    /// Subscribes and hands every message to `on`, as whole lines of at
-    /// most `max_line` bytes, reconnecting whenever the connection is
-    /// lost, until `on` returns false.
-    pub fn run(self, max_line: usize, on: impl FnMut(FeedEvent) -> bool) {
-        let mut lines = WholeLines::new(max_line);
-        let source = Source {
+    /// Subscribes and hands every message to `out`, as whole lines,
+    /// reconnecting whenever the connection is lost, until `out` is gone.
+    fn read(self, out: &Outlet) {
+        let mut lines = WholeLines::new(out.max_line());
+        let source = Where {
             server: &self.server,
             what: "feed",
             ready: "subscribed",
@@ -173,7 +77,7 @@ impl RedisFeed {
                     }))
                 })
             },
-            on,
+            |event| out.event(event),
         );
     }
 
@@ -212,18 +116,19 @@ impl RedisFeed {
     }
 }
 
+impl Source for RedisFeed {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn run(self: Box<Self>, out: Outlet) {
+        self.read(&out);
+    }
+}
+
 /// The client of `url`, or what is wrong with it.
 pub fn client(url: &str) -> Result<Client, String> {
     Client::open(url).map_err(|e| format!("--redis {url}: {e}"))
-}
-
-/// `delay` scaled by a factor in [0.5, 1): reconnections of many hosts
-/// spread out.
-fn jittered(delay: Duration) -> Duration {
-    let noise = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |t| t.subsec_nanos() % 1000);
-    delay.mul_f64(0.5 + f64::from(noise) / 2000.0)
 }
 
 #[cfg(test)]
@@ -249,13 +154,5 @@ mod tests {
         assert!(e.starts_with("--redis http://127.0.0.1: "), "{e}");
         let e = RedisFeed::new("redis://127.0.0.1", &[String::new()]).unwrap_err();
         assert!(e.contains("cannot be empty"), "{e}");
-    }
-
-    #[test]
-    fn jitter_keeps_delays_between_half_and_whole() {
-        for _ in 0..100 {
-            let d = jittered(Duration::from_millis(1000));
-            assert!(d >= Duration::from_millis(500) && d < Duration::from_millis(1000));
-        }
     }
 }
