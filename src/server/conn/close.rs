@@ -6,11 +6,10 @@
 
 use std::time::Duration;
 
-use super::transport::{Outgoing, OwnMessage};
+use super::wire::{Ending, Outgoing, OwnMessage};
 use super::{CloseReason, Conn, Ctx, Flags, Phase, Verdict};
 use crate::ops::metrics::Metrics;
 use crate::protocol::ws::{CloseCode, OpCode, ProtocolError};
-use crate::protocol::{position, sse};
 use crate::server::key::ConnKey;
 use crate::server::net::queue::Sent;
 
@@ -27,8 +26,8 @@ impl Conn {
             ctx.routes.leave(key.slot(), self.target.id());
             if let Some(upstream) = ctx.upstream.as_deref_mut() {
                 let conn = self.conn_ref(key, ctx.config.instance);
-                let event_stream = self.transport.is_event_stream();
-                upstream.closed(conn, self.target.id(), reason.code(), event_stream);
+                let wire = self.wire.upstream_name();
+                upstream.closed(conn, self.target.id(), reason.code(), wire);
             }
         }
         self.discard_output(key, true, ctx);
@@ -40,13 +39,7 @@ impl Conn {
         } else {
             &metrics.connections_http
         });
-        if self.transport.deflate().negotiated() {
-            Metrics::decr(&metrics.connections_deflate);
-        }
-        if self.transport.is_event_stream() {
-            Metrics::decr(&metrics.connections_event_stream);
-            Metrics::incr(&metrics.closed_event_stream);
-        }
+        self.wire.closed(metrics);
         log::debug!("connection {key} closed: {reason:?}");
     }
 
@@ -65,30 +58,21 @@ impl Conn {
         let Phase::Open(decoder) = self.phase else {
             return Verdict::Keep;
         };
-        if self.transport.is_event_stream() {
-            // No close frame: the stream ends once what is queued is
-            // written, and the client reconnects (or goes). Where the
-            // client should know why, a status says it first.
-            let tell = matches!(
-                reason,
-                CloseReason::TokenExpired | CloseReason::Publisher(_) | CloseReason::Shutdown
-            );
-            let sent = if tell {
-                let status = sse::closed_status(code.0, why);
-                self.send(
-                    key,
-                    Outgoing::Frame(OwnMessage::plain(OpCode::Text, status.as_bytes())),
-                    ctx,
-                )
-            } else {
-                Ok(Sent::Written)
-            };
-            self.linger(key, reason, ctx);
-            return Verdict::after(sent.and_then(|_| self.send(key, Outgoing::Queued, ctx)));
+        match self.wire.ending(reason, code, why) {
+            Ending::Handshake => {
+                self.phase = Phase::CloseSent { decoder, reason };
+                self.arm_within(key, ctx.config.close_timeout, ctx);
+                self.send_close(key, code, why, ctx)
+            }
+            Ending::Stream(status) => {
+                let sent = match status {
+                    Some(status) => self.send(key, status_message(&status), ctx),
+                    None => Ok(Sent::Written),
+                };
+                self.linger(key, reason, ctx);
+                Verdict::after(sent.and_then(|_| self.send(key, Outgoing::Queued, ctx)))
+            }
         }
-        self.phase = Phase::CloseSent { decoder, reason };
-        self.arm_within(key, ctx.config.close_timeout, ctx);
-        self.send_close(key, code, why, ctx)
     }
 
     /// Closes it for a drain, after what is queued: a client with
@@ -103,24 +87,18 @@ impl Conn {
         if !self.is_open() {
             return Verdict::Keep;
         }
-        if self.transport.is_event_stream() {
-            // An `EventSource` reconnects after its `retry:` delay, which
-            // is given the hint's: the stream's end is its close.
-            let retry = sse::retry_field(delay.as_millis().min(u128::from(u32::MAX)) as u32);
-            let hint = position::reconnect_hint(delay);
-            let status = Outgoing::Frame(OwnMessage::plain(OpCode::Text, hint.as_bytes()));
-            let sent = self
-                .send(key, Outgoing::Response(retry.as_bytes(), b""), ctx)
-                .and_then(|_| self.send(key, status, ctx));
-            if let Verdict::Close(reason) = Verdict::after(sent) {
-                return Verdict::Close(reason);
-            }
-        } else if self.flags.has(Flags::POSITIONS) {
-            let hint = position::reconnect_hint(delay);
-            let hint = Outgoing::Frame(OwnMessage::plain(OpCode::Text, hint.as_bytes()));
-            if let Verdict::Close(reason) = Verdict::after(self.send(key, hint, ctx)) {
-                return Verdict::Close(reason);
-            }
+        let notice = self
+            .wire
+            .drain_notice(delay, self.flags.has(Flags::POSITIONS));
+        let mut sent = Ok(Sent::Written);
+        if let Some(field) = &notice.field {
+            sent = self.send(key, Outgoing::Response(field.as_bytes(), b""), ctx);
+        }
+        if let Some(status) = &notice.status {
+            sent = sent.and_then(|_| self.send(key, status_message(status), ctx));
+        }
+        if let Verdict::Close(reason) = Verdict::after(sent) {
+            return Verdict::Close(reason);
         }
         self.begin_close(key, "service restart", CloseReason::Drain, ctx)
     }
@@ -189,17 +167,20 @@ impl Conn {
         }
     }
 
-    /// The client closed its side: the normal end of an event stream
-    /// (which has no close handshake), an abnormal one of a WebSocket.
+    /// The client closed its side: the end its wire says of an open
+    /// connection, an abnormal one of a handshake.
     pub(super) fn on_eof(&mut self) -> Verdict {
         match self.phase {
             Phase::Lingering { reason, .. } | Phase::CloseSent { reason, .. } => {
                 Verdict::Close(reason)
             }
-            Phase::Open(_) if self.transport.is_event_stream() => {
-                Verdict::Close(CloseReason::Normal(CloseCode::NORMAL))
-            }
-            Phase::Handshake(_) | Phase::Open(_) => Verdict::Close(CloseReason::Abnormal),
+            Phase::Open(_) => Verdict::Close(self.wire.eof_reason()),
+            Phase::Handshake(_) => Verdict::Close(CloseReason::Abnormal),
         }
     }
+}
+
+/// A status message (its text) of a connection's own, as it goes out.
+fn status_message(status: &str) -> Outgoing<'_> {
+    Outgoing::Frame(OwnMessage::plain(OpCode::Text, status.as_bytes()))
 }

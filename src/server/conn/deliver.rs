@@ -3,9 +3,7 @@
 //! frames and handed to the output stage in one `writev`; what its queue
 //! has no room for is dropped for it, or closes it, by policy.
 
-use std::sync::atomic::AtomicU64;
-
-use super::transport::{Outgoing, Transport};
+use super::wire::{Outgoing, Taking, WithTaking};
 use super::{CloseReason, Conn, Ctx, Flags, Verdict};
 use crate::config::SlowConsumerPolicy;
 use crate::ops::metrics::Metrics;
@@ -27,18 +25,14 @@ impl Conn {
         if !self.is_open() {
             return Verdict::Keep;
         }
-        // One copy of the visit for each way of taking frames, so that the
-        // WebSocket one carries nothing of the event stream's.
-        match self.transport {
-            Transport::WebSocket(_) => {
-                let taking = Frames {
-                    compressed: self.transport.compressed(),
-                    positions: self.flags.has(Flags::POSITIONS),
-                };
-                self.deliver_taking(key, owed, taking, ctx)
-            }
-            Transport::EventStream => self.deliver_taking(key, owed, Events, ctx),
-        }
+        let (wire, positions) = (self.wire, self.flags.has(Flags::POSITIONS));
+        let visit = Visit {
+            conn: self,
+            key,
+            owed,
+            ctx,
+        };
+        wire.visit(positions, visit)
     }
 
     /// [`Conn::deliver`], the frames taken as `taking` says.
@@ -178,9 +172,7 @@ impl Conn {
                 let missed = messages(missed);
                 ctx.tally.broadcast_deliveries += messages(taken);
                 ctx.tally.slow_consumer_drops += missed;
-                if self.transport.is_event_stream() {
-                    ctx.tally.event_stream_drops += missed;
-                }
+                self.wire.count(ctx.tally, 0, missed);
                 ctx.tally.write_would_block += 1;
                 return self.on_slow_consumer(key, missed, ctx);
             }
@@ -223,54 +215,21 @@ impl Conn {
     }
 }
 
-/// How a connection takes the shared frames it is owed.
-trait Taking: Copy {
-    /// The frames it gets of `frames`.
-    fn take<'f>(&self, frames: &'f SharedFrames, made: &AtomicU64) -> &'f SharedFrames;
-    /// It gets compressed frames from the history.
-    fn compressed(&self) -> bool;
-    /// Makes what a replay gathered from the history its own.
-    fn replayed(&self, gathered: &mut [SharedFrames], made: &AtomicU64);
+/// A delivery visit, run with the way its wire takes frames.
+struct Visit<'v, 'o, 'c> {
+    conn: &'v mut Conn,
+    key: ConnKey,
+    owed: Owed<'o>,
+    ctx: &'v mut Ctx<'c>,
 }
 
-/// A WebSocket's frames: compressed or plain, positioned or not.
-#[derive(Debug, Clone, Copy)]
-struct Frames {
-    compressed: bool,
-    positions: bool,
-}
+impl WithTaking for Visit<'_, '_, '_> {
+    type Output = Verdict;
 
-impl Taking for Frames {
-    fn take<'f>(&self, frames: &'f SharedFrames, _: &AtomicU64) -> &'f SharedFrames {
-        frames.for_connection(self.compressed, self.positions)
-    }
-
-    fn compressed(&self) -> bool {
-        self.compressed
-    }
-
-    fn replayed(&self, _: &mut [SharedFrames], _: &AtomicU64) {}
-}
-
-/// An event stream's events, made from the positioned frames (which also
-/// tell what a replay gave); `made` counts each time events are made.
-#[derive(Debug, Clone, Copy)]
-struct Events;
-
-impl Taking for Events {
-    fn take<'f>(&self, frames: &'f SharedFrames, made: &AtomicU64) -> &'f SharedFrames {
-        frames.events(made)
-    }
-
-    fn compressed(&self) -> bool {
-        false
-    }
-
-    fn replayed(&self, gathered: &mut [SharedFrames], made: &AtomicU64) {
-        // The history keeps frames: events are made once per record.
-        for frames in gathered {
-            *frames = frames.events(made).clone();
-        }
+    #[inline(always)]
+    fn run<T: Taking>(self, taking: T) -> Verdict {
+        self.conn
+            .deliver_taking(self.key, self.owed, taking, self.ctx)
     }
 }
 

@@ -2,17 +2,16 @@
 //! answered with 101 or an HTTP error, or handed to the loop to answer
 //! (`/healthz`, `/metrics`, the demo page: see [`Verdict::Serve`]).
 
-use super::transport::{DeflateUse, Outgoing, OwnMessage, Transport, MAX_OWN_HEAD};
+use super::wire::{Outgoing, OwnMessage, Wire, MAX_OWN_HEAD};
 use super::{CloseReason, Conn, Ctx, Flags, Phase, Verdict};
 use crate::ops::metrics::Metrics;
 use crate::protocol::http::{
-    self, Credential, Endpoints, HandshakeRules, HeadStatus, Protocol, Rejection, MAX_RESPONSE_LEN,
+    self, Credential, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
 };
 use crate::protocol::jwt;
 use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::position::Status;
 use crate::protocol::query::{self, Resume, UpgradeLimits};
-use crate::protocol::sse;
 use crate::protocol::target::RequestTarget;
 use crate::protocol::ws::Decoder;
 use crate::protocol::ws::OpCode;
@@ -49,7 +48,6 @@ impl Conn {
             endpoints,
             deflate: config.deflate,
         };
-        let mut response = [0u8; MAX_RESPONSE_LEN];
         match http::parse_request_after(bytes, seen, &rules) {
             Ok(HeadStatus::Partial) => (0, Verdict::Keep),
             Ok(HeadStatus::Upgrade(upgrade, head_len)) => {
@@ -60,26 +58,8 @@ impl Conn {
                     }
                 };
                 let mut head = Vec::new();
-                let len = match upgrade.protocol {
-                    Protocol::WebSocket { accept, deflate } => {
-                        let deflate_use = DeflateUse::of(deflate.as_ref());
-                        self.transport = Transport::WebSocket(deflate_use);
-                        if deflate_use.negotiated() {
-                            Metrics::incr(&ctx.metrics.connections_deflate);
-                        }
-                        http::write_accept_response(&accept, deflate.as_ref(), &mut response)
-                    }
-                    Protocol::EventStream { origin, .. } => {
-                        self.transport = Transport::EventStream;
-                        Metrics::incr(&ctx.metrics.connections_event_stream);
-                        sse::write_head(&mut head, origin, self.retry_ms(key, ctx));
-                        0
-                    }
-                };
-                let head = match self.transport {
-                    Transport::WebSocket(_) => &response[..len],
-                    Transport::EventStream => &head[..],
-                };
+                let retry_ms = || self.retry_ms(key, ctx);
+                self.wire = Wire::answer(&upgrade.protocol, retry_ms, &mut head, ctx.metrics);
                 self.phase = Phase::Open(Decoder::default());
                 self.next_batch = ctx.next_batch;
                 self.liveness = Liveness::default();
@@ -92,7 +72,7 @@ impl Conn {
                 Metrics::incr(&ctx.metrics.connections_open);
                 log::debug!("upgraded {}", self.target());
                 let (status, replay) = self.resume(resume, ctx);
-                let sent = self.send(key, Outgoing::Response(head, &status), ctx);
+                let sent = self.send(key, Outgoing::Response(&head, &status), ctx);
                 match (Verdict::after(sent), replay) {
                     (Verdict::Keep, Some(replay)) => (head_len, Verdict::Replay(Box::new(replay))),
                     (verdict, _) => (head_len, verdict),
@@ -148,15 +128,7 @@ impl Conn {
             require_token_id: config.require_token_id,
         };
         let mut asked = query::asked(upgrade.target, grant, &limits)?;
-        if let Protocol::EventStream { last_event_id, .. } = upgrade.protocol {
-            // An event stream always has its positions (its events' ids),
-            // and a reconnecting one resumes after the last it had.
-            asked.resume = match (last_event_id, asked.resume) {
-                (Some(id), _) => Resume::since(id),
-                (None, since @ Resume::Since(_)) => since,
-                (None, _) => Resume::Positions,
-            };
-        }
+        asked.resume = Wire::resume(&upgrade.protocol, asked.resume);
         let mut target = RequestTarget::kept(upgrade.target, None);
         if target.id().is_none() && asked.id.is_some() {
             // The id came from the token.
@@ -172,8 +144,8 @@ impl Conn {
         }
         if let Some(upstream) = ctx.upstream.as_deref_mut() {
             let conn = self.conn_ref(key, config.instance);
-            let event_stream = matches!(upgrade.protocol, Protocol::EventStream { .. });
-            upstream.opened(conn, asked.id, asked.channels.iter().copied(), event_stream);
+            let wire = Wire::of(&upgrade.protocol).upstream_name();
+            upstream.opened(conn, asked.id, asked.channels.iter().copied(), wire);
         }
         self.target = target;
         let filter = match asked.resume {
@@ -226,7 +198,7 @@ impl Conn {
         let message = status.message();
         let mut head = [0u8; MAX_OWN_HEAD];
         let message = OwnMessage::plain(OpCode::Text, message.as_bytes());
-        let (len, payload, tail) = self.transport.wrap(message, &mut head);
+        let (len, payload, tail) = self.wire.wrap(message, &mut head);
         ([&head[..len], payload, tail].concat(), replay)
     }
 

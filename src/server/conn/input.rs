@@ -4,7 +4,7 @@
 //! upstream, echoed, or (a ping) answered with a pong among the read's
 //! gathered replies.
 
-use super::transport::{Outgoing, OwnMessage};
+use super::wire::{Outgoing, OwnMessage};
 use super::{CloseReason, Conn, Ctx, Flags, Phase, Verdict};
 use crate::ops::metrics::Metrics;
 use crate::protocol::ws::inflate::InflateError;
@@ -141,9 +141,7 @@ impl Conn {
             // Bytes after the head are the first frames (pipelined).
             pos = used;
         }
-        if self.transport.is_event_stream() {
-            // An event stream's client has nothing to say: what it sends
-            // is read and dropped (its end still ends the stream).
+        if !self.wire.hears() {
             return (bytes.len(), Verdict::Keep);
         }
         loop {
@@ -151,7 +149,7 @@ impl Conn {
                 Phase::Open(decoder) | Phase::CloseSent { decoder, .. } => decoder.decode(
                     &mut bytes[pos..],
                     ctx.config.max_message_bytes,
-                    self.transport.deflate().negotiated(),
+                    self.wire.deflate().negotiated(),
                 ),
                 Phase::Handshake(_) | Phase::Lingering { .. } => {
                     return (bytes.len(), Verdict::Keep)

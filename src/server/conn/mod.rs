@@ -18,7 +18,7 @@
 //! its deadlines and heartbeat visits; `handshake` the request and its
 //! answer; `input` what is read (frames decoded, messages inflated, then
 //! sent upstream, echoed or answered); `output` what is written (the one
-//! send path, with the connection's transport as its parameter);
+//! send path, with the connection's wire as its parameter);
 //! `deliver` what a delivery visit gives it; `close` how it ends;
 //! `aside` what it holds only while busy, out of its slot.
 
@@ -54,10 +54,10 @@ mod input;
 mod output;
 #[cfg(test)]
 mod rig;
-mod transport;
+mod wire;
 
 pub use aside::Aside;
-use transport::{DeflateUse, Outgoing, Transport};
+use wire::{DeflateUse, Outgoing, Wire};
 
 /// Why a connection ended; each reason has its own counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -317,7 +317,7 @@ pub struct Conn {
     liveness: Liveness,
     /// How its messages go on the wire (with what permessage-deflate,
     /// negotiated at the upgrade, gives it).
-    transport: Transport,
+    wire: Wire,
     /// Its serial: which connection of those that held its slot it is.
     serial: u32,
     target: RequestTarget,
@@ -335,7 +335,7 @@ impl Conn {
             deadline: Deadline::default(),
             flags: Flags::default(),
             liveness: Liveness::default(),
-            transport: Transport::WebSocket(DeflateUse::Off),
+            wire: Wire::WebSocket(DeflateUse::Off),
             serial,
             target: RequestTarget::default(),
         }
@@ -495,12 +495,7 @@ impl Conn {
         if !self.is_open() {
             return Verdict::Keep;
         }
-        // An event stream's client never answers: it gets its heartbeat
-        // (a comment) at every visit, and only a failed write ends it.
-        let mut visit = match self.transport.is_event_stream() {
-            true => Visit::Ping,
-            false => self.liveness.visit(close_after),
-        };
+        let mut visit = self.wire.heartbeat(&mut self.liveness, close_after);
         if visit == Visit::Close {
             let verdict = self.on_readable(key, false, scratch, ctx);
             if verdict != Verdict::Keep || !self.is_open() {
@@ -518,7 +513,7 @@ impl Conn {
                 return self.begin_close(key, "idle timeout", CloseReason::IdleTimeout, ctx);
             }
         }
-        let ping = self.transport.frames(ping, false, ctx.metrics);
+        let ping = self.wire.frames(ping, false, ctx.metrics);
         match self.send(key, Outgoing::Shared(std::slice::from_ref(ping)), ctx) {
             Err(reason) => Verdict::Close(reason),
             Ok(Sent::Dropped { .. }) => Verdict::Keep,

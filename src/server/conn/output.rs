@@ -4,11 +4,11 @@
 //! visit gives it, or what is queued once the socket is writable), in one
 //! `write`/`writev` per call, and answers with one [`Sent`]. How a message
 //! is put on the wire (framing, compression) is the connection's
-//! [`Transport`](super::transport::Transport), a parameter of that path.
+//! [`Wire`](super::wire::Wire), a parameter of that path.
 
 use std::net::Shutdown;
 
-use super::transport::{Outgoing, OwnMessage, MAX_OWN_HEAD};
+use super::wire::{Outgoing, OwnMessage, MAX_OWN_HEAD};
 use super::{CloseReason, Conn, Ctx, Flags, Phase, Verdict};
 use crate::protocol::http::{self, MAX_RESPONSE_LEN};
 use crate::protocol::ws::compress::{deflate_into, Level};
@@ -76,7 +76,7 @@ impl Conn {
 
     /// Answers what the current read brought with a message (a pong, an
     /// echo), gathered with the read's other replies; compressed when the
-    /// transport says so.
+    /// wire says so.
     pub(super) fn reply(
         &mut self,
         key: ConnKey,
@@ -84,7 +84,7 @@ impl Conn {
         payload: &[u8],
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
-        if !self.transport.compresses(opcode, payload.len(), ctx.config) {
+        if !self.wire.compresses(opcode, payload.len(), ctx.config) {
             let reply = Outgoing::Reply(OwnMessage::plain(opcode, payload));
             return Verdict::after(self.send(key, reply, ctx));
         }
@@ -115,7 +115,7 @@ impl Conn {
     ) -> Result<Sent, CloseReason> {
         if let Outgoing::Reply(message) = out {
             let mut header = [0u8; MAX_OWN_HEAD];
-            let (len, payload, tail) = self.transport.wrap(message, &mut header);
+            let (len, payload, tail) = self.wire.wrap(message, &mut header);
             if let Some(sent) = self.gather(key, &[&header[..len], payload, tail], ctx)? {
                 return Ok(sent);
             }
@@ -160,7 +160,7 @@ impl Conn {
         let (sent, offered, frames) = match out {
             Outgoing::Reply(message) | Outgoing::Frame(message) => {
                 let mut header = [0u8; MAX_OWN_HEAD];
-                let (len, payload, tail) = self.transport.wrap(message, &mut header);
+                let (len, payload, tail) = self.wire.wrap(message, &mut header);
                 let parts = [replies, &header[..len], payload, tail];
                 let sent = queue.send_private(&parts, &mut self.stream);
                 (sent, total_len(&parts), 1)
@@ -200,10 +200,8 @@ impl Conn {
             CloseReason::Abnormal
         })?;
         ctx.tally.frames_sent += frames as u64;
-        if self.transport.is_event_stream() {
-            // Counted apart too (for events, what was not dropped).
-            ctx.tally.event_stream_deliveries += frames as u64;
-        }
+        // Counted by its wire too (what was not dropped).
+        self.wire.count(ctx.tally, frames as u64, 0);
         let after = queue.queued_bytes();
         ctx.tally.wrote(before + offered - after, before, after);
         self.half_close_when_flushed(queue)?;

@@ -196,14 +196,14 @@ impl Outbox {
         Offered::Taken
     }
 
-    /// Writes an `open` line, if events are on (marked `sse` for an
-    /// event stream).
+    /// Writes an `open` line, if events are on (marked with its
+    /// `wire`'s name, `sse` for an event stream).
     pub fn opened<'c>(
         &mut self,
         key: ConnRef,
         id: Option<&str>,
         channels: impl Iterator<Item = &'c str>,
-        event_stream: bool,
+        wire: Option<&str>,
     ) {
         if !self.config.events {
             return;
@@ -218,24 +218,25 @@ impl Outbox {
         if !any {
             self.lines.extend_from_slice(b" -");
         }
-        self.end_event(event_stream);
+        self.end_event(wire);
     }
 
-    /// Writes a `close` line, if events are on (marked `sse` for an event
-    /// stream).
-    pub fn closed(&mut self, key: ConnRef, id: Option<&str>, code: CloseCode, event_stream: bool) {
+    /// Writes a `close` line, if events are on (marked with its
+    /// `wire`'s name, `sse` for an event stream).
+    pub fn closed(&mut self, key: ConnRef, id: Option<&str>, code: CloseCode, wire: Option<&str>) {
         if !self.config.events {
             return;
         }
         self.head("close", key, id);
         self.lines
             .extend_from_slice(format!(" {}", code.0).as_bytes());
-        self.end_event(event_stream);
+        self.end_event(wire);
     }
 
-    fn end_event(&mut self, event_stream: bool) {
-        if event_stream {
-            self.lines.extend_from_slice(b" sse");
+    fn end_event(&mut self, wire: Option<&str>) {
+        if let Some(wire) = wire {
+            self.lines.push(b' ');
+            self.lines.extend_from_slice(wire.as_bytes());
         }
         self.lines.push(b'\n');
     }
@@ -309,8 +310,8 @@ mod tests {
     #[test]
     fn each_message_and_event_is_one_line() {
         let (mut out, shelf) = outbox(1 << 20, Overflow::Pause);
-        out.opened(KEY, Some("alice"), ["news", "chat"].into_iter(), false);
-        out.opened(KEY, None, std::iter::empty(), true);
+        out.opened(KEY, Some("alice"), ["news", "chat"].into_iter(), None);
+        out.opened(KEY, None, std::iter::empty(), Some("sse"));
         let text = "two\nlines \\ and\r a return";
         assert_eq!(
             out.message(KEY, Some("alice"), MessageKind::Text, text.as_bytes()),
@@ -318,8 +319,8 @@ mod tests {
         );
         out.message(KEY, None, MessageKind::Binary, &[0, 1, 2, 255]);
         out.message(KEY, None, MessageKind::Text, b"");
-        out.closed(KEY, Some("alice"), CloseCode(1006), false);
-        out.closed(KEY, None, CloseCode(1000), true);
+        out.closed(KEY, Some("alice"), CloseCode(1006), None);
+        out.closed(KEY, None, CloseCode(1000), Some("sse"));
         assert!(!out.hand_over());
         assert_eq!(
             taken(&shelf),
