@@ -7,6 +7,12 @@
 //! messages with positions carries the frames for connections that asked
 //! for them too: each message's position, a space, then its payload.
 //!
+//! Every batch keeps its messages in no wire's form too: what each is
+//! (text, binary, a status, a ping), where it stands, and where its frame
+//! and its payload are in the bytes. Another wire's encoding (the events
+//! of an event stream) is made from those fields, once per batch, never
+//! by reading the frames back.
+//!
 //! A positioned message that is compressed is not compressed again: its
 //! payload is a stored DEFLATE block holding the position and the space,
 //! then the message's compressed payload as it is. Each compressed
@@ -50,13 +56,61 @@ struct Frames {
     /// The same messages as the events of an event stream, made the first
     /// time a connection of that transport needs them.
     events: OnceLock<SharedFrames>,
-    /// The bytes are positioned frames themselves (a batch's positioned
-    /// variant, a status for positioned connections, a history record).
-    positioned_bytes: bool,
-    /// The positions (sequence numbers) the messages stand at, in order,
-    /// where the loop framed them with positions: a batch's, or the last
-    /// position a gap status names. Empty otherwise.
-    seqs: Box<[u64]>,
+    /// The messages in neutral fields, each with where its frame is in
+    /// `bytes` (none for bytes of a connection's own, or events).
+    messages: Box<[Message]>,
+}
+
+/// What a message is, whatever the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A text message.
+    Text,
+    /// A binary message.
+    Binary,
+    /// A status about the stream for connections with positions (a gap):
+    /// one line of JSON.
+    Status,
+    /// A ping: a heartbeat.
+    Ping,
+    /// Something of one wire alone (a pong): nothing on the others.
+    Other,
+}
+
+impl Kind {
+    /// The kind of a data or control message of `opcode`.
+    fn of(opcode: OpCode) -> Kind {
+        match opcode {
+            OpCode::Text => Kind::Text,
+            OpCode::Binary => Kind::Binary,
+            OpCode::Ping => Kind::Ping,
+            _ => Kind::Other,
+        }
+    }
+}
+
+/// A message of a batch in neutral fields: what it is, where it stands,
+/// and where its frame begins, its payload (after its position, in
+/// positioned frames) begins, and both end, in the batch's bytes.
+#[derive(Debug, Clone, Copy)]
+struct Message {
+    kind: Kind,
+    position: Option<Position>,
+    frame_at: u32,
+    payload_at: u32,
+    end: u32,
+}
+
+impl Message {
+    /// The same message in bytes cut `by` bytes from the front.
+    fn cut(self, by: u32) -> Message {
+        Message {
+            frame_at: self.frame_at - by,
+            payload_at: self.payload_at - by,
+            end: self.end - by,
+            ..self
+        }
+    }
 }
 
 /// A message to frame.
@@ -123,13 +177,10 @@ impl SharedFrames {
         I::IntoIter: Clone,
     {
         let messages = messages.into_iter();
-        let seqs: Option<Box<[u64]>> = messages.clone().map(|m| Some(m.position?.seq)).collect();
-        let positioned = seqs
-            .is_some()
+        let positions = messages.clone().all(|m| m.position.is_some());
+        let positioned = (positions && messages.clone().next().is_some())
             .then(|| SharedFrames::encode_variants(messages.clone(), true, None));
-        let mut frames = SharedFrames::encode_variants(messages, false, positioned);
-        Arc::get_mut(&mut frames.0).expect("not shared yet").seqs = seqs.unwrap_or_default();
-        frames
+        SharedFrames::encode_variants(messages, false, positioned)
     }
 
     /// The frames of `messages`, positioned or not, with the compressed
@@ -174,7 +225,7 @@ impl SharedFrames {
                 Some(position) if positioned => prefix(&position, compressed, &mut bytes),
                 _ => 0,
             };
-            (m.opcode, compressed, bytes, len, payload)
+            (m, compressed, bytes, len, payload)
         });
         let size = pieces
             .clone()
@@ -182,25 +233,32 @@ impl SharedFrames {
             .sum();
         let mut bytes = Vec::with_capacity(size);
         let mut header = [0u8; MAX_HEADER_LEN];
-        let mut count = 0u32;
-        for (opcode, compressed, prefix, prefix_len, payload) in pieces {
+        let mut messages = Vec::with_capacity(pieces.clone().count());
+        for (m, compressed, prefix, prefix_len, payload) in pieces {
             let len = (prefix_len + payload.len()) as u64;
-            let frame = FrameHeader::server_message(opcode, len, compressed);
+            let frame = FrameHeader::server_message(m.opcode, len, compressed);
             let header_len = frame.encode(&mut header);
+            let frame_at = bytes.len() as u32;
             bytes.extend_from_slice(&header[..header_len]);
             bytes.extend_from_slice(&prefix[..prefix_len]);
+            let payload_at = bytes.len() as u32;
             bytes.extend_from_slice(payload);
-            count += 1;
+            messages.push(Message {
+                kind: Kind::of(m.opcode),
+                position: m.position,
+                frame_at,
+                payload_at,
+                end: bytes.len() as u32,
+            });
         }
         debug_assert_eq!(bytes.len(), size);
         SharedFrames(Arc::new(Frames {
-            count,
+            count: messages.len() as u32,
             bytes: bytes.into_boxed_slice(),
             deflated: None,
             positioned: with,
             events: OnceLock::new(),
-            positioned_bytes: positioned,
-            seqs: Box::default(),
+            messages: messages.into_boxed_slice(),
         }))
     }
 
@@ -208,23 +266,27 @@ impl SharedFrames {
     /// them). The others get an empty unsolicited pong in its place
     /// (RFC 6455 5.5.3: a heartbeat no reply is due for), counted as no
     /// message, so that the delivery path needs no test for frames that
-    /// are not for a connection. It stands at position `seq` (a gap
-    /// status: the last position it names).
-    pub fn positioned_only(opcode: OpCode, payload: &[u8], seq: u64) -> SharedFrames {
-        let pong = SharedFrames::encode(OpCode::Pong, b"");
-        let mut status = SharedFrames::encode(opcode, payload);
-        Arc::get_mut(&mut status.0)
+    /// are not for a connection. It stands at `position` (a gap status:
+    /// the last position it names).
+    pub fn positioned_only(status: &[u8], position: Position) -> SharedFrames {
+        let mut pong = SharedFrames::encode(OpCode::Pong, b"");
+        let frames = Arc::get_mut(&mut pong.0).expect("not shared yet");
+        frames.count = 0;
+        frames.messages[0].position = Some(position);
+        frames.positioned = Some(SharedFrames::status(status, Some(position)));
+        pong
+    }
+
+    /// A status about the stream (`status`, one line of JSON), standing at
+    /// `position` if it has one: a text frame, and the `status` event.
+    pub fn status(status: &[u8], position: Option<Position>) -> SharedFrames {
+        let mut frames = SharedFrames::encode(OpCode::Text, status);
+        let message = &mut Arc::get_mut(&mut frames.0)
             .expect("not shared yet")
-            .positioned_bytes = true;
-        SharedFrames(Arc::new(Frames {
-            count: 0,
-            bytes: pong.bytes().into(),
-            deflated: None,
-            positioned: Some(status),
-            events: OnceLock::new(),
-            positioned_bytes: false,
-            seqs: Box::new([seq]),
-        }))
+            .messages[0];
+        message.kind = Kind::Status;
+        message.position = position;
+        frames
     }
 
     /// The frames a connection gets: with positions if it asked for them
@@ -241,41 +303,39 @@ impl SharedFrames {
         }
     }
 
-    /// The messages as events of an event stream (see [`sse`]): each with
-    /// its position as its `id:` when they have positions, a status (a
-    /// text message that begins with `{`, where positions are) as the
-    /// `status` event, control frames left out. Made from the positioned
-    /// frames the first time a connection of that transport needs them,
-    /// and shared from then on; counted as the data messages they hold.
-    /// Each time events are made, `made` counts one.
+    /// The messages as events of an event stream (see [`sse`]), made from
+    /// their neutral fields: a text or binary message as its event, with
+    /// its position as its `id:` when it has one; a status as the
+    /// `status` event; a ping as a heartbeat; the rest left out. Made the
+    /// first time a connection of that wire needs them, and shared from
+    /// then on; counted as the data messages they hold. Each time events
+    /// are made, `made` counts one.
     pub fn events(&self, made: &AtomicU64) -> &SharedFrames {
         self.0.events.get_or_init(|| {
             made.fetch_add(1, Ordering::Relaxed);
-            let (source, positioned) = match self.positioned() {
-                Some(positioned) => (positioned, true),
-                None => (self, self.0.positioned_bytes),
-            };
+            // The positioned frames hold the statuses for positioned
+            // connections; the payloads are the same in either.
+            let source = self.positioned().unwrap_or(self);
             let mut bytes = Vec::with_capacity(source.bytes().len() + 16 * source.count());
             let mut count = 0;
-            for (frame, (payload, _)) in source.frames() {
-                let kind = match OpCode::from_bits(frame[0] & 0x0F) {
-                    Some(OpCode::Text) => sse::EventKind::Text,
-                    Some(OpCode::Binary) => sse::EventKind::Binary,
-                    Some(OpCode::Ping) => {
+            for m in source.0.messages.iter() {
+                let payload = &source.bytes()[m.payload_at as usize..m.end as usize];
+                let kind = match m.kind {
+                    Kind::Text => sse::EventKind::Text,
+                    Kind::Binary => sse::EventKind::Binary,
+                    Kind::Status => {
+                        sse::write_status(&mut bytes, &String::from_utf8_lossy(payload));
+                        continue;
+                    }
+                    Kind::Ping => {
                         bytes.extend_from_slice(sse::HEARTBEAT);
                         continue;
                     }
-                    _ => continue,
+                    Kind::Other => continue,
                 };
-                if positioned && kind == sse::EventKind::Text && payload.starts_with(b"{") {
-                    sse::write_status(&mut bytes, &String::from_utf8_lossy(payload));
-                    continue;
-                }
-                let (id, data) = match payload.iter().position(|&b| b == b' ') {
-                    Some(space) if positioned => (Some(&payload[..space]), &payload[space + 1..]),
-                    _ => (None, payload),
-                };
-                sse::write_message(&mut bytes, id, kind, data);
+                let mut id = [0u8; position::MAX_LEN];
+                let id_len = m.position.map(|p| p.write(&mut id));
+                sse::write_message(&mut bytes, id_len.map(|len| &id[..len]), kind, payload);
                 count += 1;
             }
             SharedFrames(Arc::new(Frames {
@@ -284,8 +344,7 @@ impl SharedFrames {
                 deflated: None,
                 positioned: None,
                 events: OnceLock::new(),
-                positioned_bytes: false,
-                seqs: Box::default(),
+                messages: Box::default(),
             }))
         })
     }
@@ -296,8 +355,9 @@ impl SharedFrames {
         self.0.positioned.as_ref()
     }
 
-    /// The frames in order: each whole, and its payload with whether it
-    /// is compressed.
+    /// The frames in order, read back: each whole, and its payload with
+    /// whether it is compressed.
+    #[cfg(test)]
     pub fn frames(&self) -> impl Iterator<Item = (&[u8], (&[u8], bool))> {
         let mut rest = self.bytes();
         std::iter::from_fn(move || {
@@ -309,6 +369,7 @@ impl SharedFrames {
     }
 
     /// The frames' payloads in order, each with whether it is compressed.
+    #[cfg(test)]
     pub fn payloads(&self) -> impl Iterator<Item = (&[u8], bool)> {
         self.frames().map(|(_, payload)| payload)
     }
@@ -316,26 +377,34 @@ impl SharedFrames {
     /// The same frames but the first `n` (and the same of the compressed
     /// ones), copied.
     pub fn skip(&self, n: usize) -> SharedFrames {
-        let mut at = 0;
-        for _ in 0..n {
-            at += frame_bounds(&self.bytes()[at..]).map_or(0, |(_, end, _)| end);
-        }
+        let messages = self.0.messages.get(n..).unwrap_or_default();
+        let at = messages
+            .first()
+            .map_or(self.bytes().len(), |m| m.frame_at as usize);
         SharedFrames(Arc::new(Frames {
             count: self.0.count.saturating_sub(n as u32),
             bytes: self.bytes()[at..].into(),
             deflated: self.0.deflated.as_ref().map(|d| d.skip(n)),
             positioned: self.0.positioned.as_ref().map(|p| p.skip(n)),
             events: OnceLock::new(),
-            positioned_bytes: self.0.positioned_bytes,
-            seqs: self.0.seqs.get(n..).unwrap_or_default().into(),
+            messages: messages.iter().map(|m| m.cut(at as u32)).collect(),
         }))
     }
 
-    /// The positions (sequence numbers) of the messages, in order, if the
-    /// loop framed them with positions (see [`SharedFrames::encode_batch`]
-    /// and [`SharedFrames::positioned_only`]); empty otherwise.
-    pub fn seqs(&self) -> &[u64] {
-        &self.0.seqs
+    /// The positions (sequence numbers) of the messages, in order, where
+    /// they have them (see [`SharedFrames::encode_batch`] and
+    /// [`SharedFrames::positioned_only`]); none otherwise.
+    pub fn seqs(&self) -> impl Iterator<Item = u64> + '_ {
+        self.0.messages.iter().filter_map(|m| Some(m.position?.seq))
+    }
+
+    /// Each message's frame, with its position (if it has one) and whether
+    /// it is a status rather than a message of the stream.
+    pub fn messages(&self) -> impl Iterator<Item = (&[u8], Option<Position>, bool)> {
+        self.0.messages.iter().map(|m| {
+            let frame = &self.bytes()[m.frame_at as usize..m.end as usize];
+            (frame, m.position, m.kind == Kind::Status)
+        })
     }
 
     /// The messages after position `through` (a replay gave those up to
@@ -343,33 +412,54 @@ impl SharedFrames {
     /// their variants), or `None` when none is after it. Messages without
     /// positions are all after it.
     pub fn after(&self, through: u64) -> Option<SharedFrames> {
-        let given = self
-            .seqs()
-            .iter()
-            .take_while(|&&seq| seq <= through)
-            .count();
+        let given = self.seqs().take_while(|&seq| seq <= through).count();
         match given {
             0 => Some(self.clone()),
-            all if all == self.seqs().len() => None,
+            all if all == self.0.messages.len() => None,
             given => Some(self.skip(given)),
         }
     }
 
-    /// Whole frames encoded elsewhere (a record of the history: positioned
-    /// frames), back to back.
-    pub fn from_encoded(bytes: Vec<u8>) -> SharedFrames {
-        let mut frames = SharedFrames(Arc::new(Frames {
-            count: 0,
+    /// Frames the loop encoded with positions (the records of the
+    /// history), back to back in `bytes`, with each one's position and
+    /// whether it is a status, in `stored`: what each is comes from its
+    /// opcode and the status mark, its payload after its position (none
+    /// in a status), as [`SharedFrames::encode_batch`] framed it.
+    pub fn from_encoded(bytes: Vec<u8>, stored: &[(Position, bool)]) -> SharedFrames {
+        let mut at = 0;
+        let mut messages = Vec::with_capacity(stored.len());
+        for &(position, status) in stored {
+            let Some((start, end, compressed)) = frame_bounds(&bytes[at..]) else {
+                debug_assert!(false, "bug: fewer frames than positions");
+                break;
+            };
+            let kind = match OpCode::from_bits(bytes[at] & 0x0F) {
+                _ if status => Kind::Status,
+                Some(opcode) => Kind::of(opcode),
+                None => Kind::Other,
+            };
+            let prefix = match (kind, compressed) {
+                (Kind::Status, _) => 0,
+                (_, false) => position.write(&mut [0u8; position::MAX_LEN]) + 1,
+                (_, true) => prefix(&position, true, &mut [0u8; MAX_PREFIX]),
+            };
+            messages.push(Message {
+                kind,
+                position: Some(position),
+                frame_at: at as u32,
+                payload_at: (at + start + prefix).min(at + end) as u32,
+                end: (at + end) as u32,
+            });
+            at += end;
+        }
+        SharedFrames(Arc::new(Frames {
+            count: messages.len() as u32,
             bytes: bytes.into_boxed_slice(),
             deflated: None,
             positioned: None,
             events: OnceLock::new(),
-            positioned_bytes: true,
-            seqs: Box::default(),
-        }));
-        let count = frames.payloads().count() as u32;
-        Arc::get_mut(&mut frames.0).expect("not shared yet").count = count;
-        frames
+            messages: messages.into_boxed_slice(),
+        }))
     }
 
     /// Bytes already encoded (one frame, or the unwritten rest of one).
@@ -380,8 +470,7 @@ impl SharedFrames {
             deflated: None,
             positioned: None,
             events: OnceLock::new(),
-            positioned_bytes: false,
-            seqs: Box::default(),
+            messages: Box::default(),
         }))
     }
 
@@ -467,7 +556,7 @@ mod tests {
         assert!(events.is(batch.events(&made)), "made once, then shared");
         assert_eq!(made.load(Ordering::Relaxed), 1);
         // A status for connections with positions is the status event.
-        let gap = SharedFrames::positioned_only(OpCode::Text, br#"{"status":"gap"}"#, 3);
+        let gap = SharedFrames::positioned_only(br#"{"status":"gap"}"#, Position { epoch, seq: 3 });
         assert_eq!(
             String::from_utf8_lossy(gap.events(&made).bytes()),
             "event: status\ndata: {\"status\":\"gap\"}\n\n"
@@ -478,6 +567,44 @@ mod tests {
         assert_eq!(
             String::from_utf8_lossy(plain.events(&made).bytes()),
             "data: hi\n\n:\n\n"
+        );
+    }
+
+    #[test]
+    fn events_come_from_what_a_message_is_not_from_how_its_payload_looks() {
+        let epoch = position::Epoch(0xab);
+        let at = |seq| Position { epoch, seq };
+        // A message that looks like a status, with a space in it, is a message.
+        let json = br#"{"status":"gap", "not": "one"}"#;
+        let batch = SharedFrames::encode_batch([ToFrame {
+            opcode: OpCode::Text,
+            payload: json,
+            deflated: None,
+            position: Some(at(5)),
+        }]);
+        let made = AtomicU64::new(0);
+        let want = format!("id: {}\ndata: {}\n\n", at(5), String::from_utf8_lossy(json));
+        assert_eq!(String::from_utf8_lossy(batch.events(&made).bytes()), want);
+        assert_eq!(batch.events(&made).count(), 1);
+        // Records read back from the history: a message, then a status
+        // (marked so), each with its position; the message's payload
+        // after its position, as it was framed.
+        let status = SharedFrames::status(br#"{"status":"gap"}"#, Some(at(6)));
+        let mut bytes = batch.positioned().unwrap().bytes().to_vec();
+        bytes.extend_from_slice(status.bytes());
+        let records = SharedFrames::from_encoded(bytes, &[(at(5), false), (at(6), true)]);
+        assert_eq!(records.count(), 2);
+        assert_eq!(records.seqs().collect::<Vec<_>>(), [5, 6]);
+        let events = String::from_utf8_lossy(records.events(&made).bytes()).into_owned();
+        assert_eq!(
+            events,
+            format!("{want}event: status\ndata: {{\"status\":\"gap\"}}\n\n")
+        );
+        // Skipped, the rest keeps its fields.
+        let rest = records.skip(1);
+        assert_eq!(
+            String::from_utf8_lossy(rest.events(&made).bytes()),
+            "event: status\ndata: {\"status\":\"gap\"}\n\n"
         );
     }
 
@@ -585,14 +712,14 @@ mod tests {
                     position: Some(Position { epoch, seq }),
                 }
             }));
-        assert_eq!(batch.seqs(), [7, 8, 12]);
+        assert_eq!(batch.seqs().collect::<Vec<_>>(), [7, 8, 12]);
         assert!(
             batch.after(6).is_some_and(|all| all.is(&batch)),
             "all, shared"
         );
         for (through, left) in [(7, &["b", "c"][..]), (8, &["c"]), (11, &["c"])] {
             let rest = batch.after(through).unwrap();
-            assert_eq!(rest.seqs().len(), left.len(), "after {through}");
+            assert_eq!(rest.seqs().count(), left.len(), "after {through}");
             let plain: Vec<_> = rest.payloads().map(|(p, _)| p).collect();
             let left: Vec<_> = left.iter().map(|t| t.as_bytes()).collect();
             assert_eq!(plain, left, "after {through}");
@@ -602,7 +729,7 @@ mod tests {
         assert_eq!(batch.after(12), None);
         // Without positions, nothing was given by a replay.
         let plain = SharedFrames::encode(OpCode::Text, b"x");
-        assert!(plain.seqs().is_empty());
+        assert_eq!(plain.seqs().count(), 0);
         assert!(plain.after(u64::MAX).is_some_and(|all| all.is(&plain)));
     }
 }

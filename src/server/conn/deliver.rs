@@ -241,7 +241,11 @@ mod tests {
 
     #[test]
     fn a_status_for_connections_with_positions_reaches_only_them() {
-        let status = SharedFrames::positioned_only(OpCode::Text, br#"{"status":"gap"}"#, 0);
+        let at = crate::protocol::position::Position {
+            epoch: crate::protocol::position::Epoch(1),
+            seq: 0,
+        };
+        let status = SharedFrames::positioned_only(br#"{"status":"gap"}"#, at);
         let text = SharedFrames::encode(OpCode::Text, b"hi");
         let mut rig = Rig::upgraded();
         assert_eq!(rig.offer(&status), Verdict::Keep);

@@ -28,7 +28,6 @@ use std::time::Instant;
 use crate::protocol::commands::{self, Recipients};
 use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::position::{Epoch, Position, Status};
-use crate::protocol::ws::OpCode;
 use crate::server::frames::SharedFrames;
 pub use crate::server::history::ring::Bounds;
 use crate::server::history::ring::{Appended, AudienceKind, Content, Ring};
@@ -243,12 +242,18 @@ impl History {
         };
         // The compressed frames, if the batch has some (else `frames` itself).
         let compressed = frames.for_connection(true, false);
-        let mut compressed = (!std::ptr::eq(compressed, frames)).then(|| compressed.frames());
+        let mut compressed = (!std::ptr::eq(compressed, frames)).then(|| compressed.messages());
         let (kind, names) = audience(to);
-        for ((frame, _), &seq) in frames.frames().zip(batch.seqs()) {
+        for (frame, position, status) in frames.messages() {
             let zipped = compressed.as_mut().and_then(Iterator::next);
-            let zipped = zipped.map_or(&[][..], |(frame, _)| frame);
-            let appended = self.ring.append(seq, (kind, &names), frame, zipped, now);
+            let zipped = zipped.map_or(&[][..], |(frame, ..)| frame);
+            let Some(Position { seq, .. }) = position else {
+                debug_assert!(false, "bug: a positioned frame without its position");
+                continue;
+            };
+            let appended = self
+                .ring
+                .append(seq, (kind, &names), frame, zipped, status, now);
             if appended == Appended::Refused {
                 if let Some(count) = self.refusals.due(now) {
                     log::warn!(
@@ -315,7 +320,7 @@ impl History {
     /// [`SharedFrames::positioned_only`]).
     pub fn gap_frames(&self, from: u64, to: u64) -> SharedFrames {
         let status = self.gap(from, to).message();
-        SharedFrames::positioned_only(OpCode::Text, status.as_bytes(), to)
+        SharedFrames::positioned_only(status.as_bytes(), self.at(to))
     }
 
     /// The status of a gap from position `from` to `to`, both included.
@@ -344,19 +349,21 @@ impl History {
         let mut from = replay.from;
         let mut overrun = false;
         let mut scanned = 0;
-        let mut copied = Vec::new();
-        let flush = |copied: &mut Vec<u8>, out: &mut Vec<SharedFrames>| {
-            if !copied.is_empty() {
-                out.push(SharedFrames::from_encoded(std::mem::take(copied)));
+        // The frames copied, and each one's position and status mark.
+        let mut copied = Copied::default();
+        let flush = |copied: &mut Copied, out: &mut Vec<SharedFrames>| {
+            if !copied.0.is_empty() {
+                out.push(SharedFrames::from_encoded(
+                    std::mem::take(&mut copied.0),
+                    &copied.1,
+                ));
+                copied.1.clear();
             }
         };
-        let tell_gap = |copied: &mut Vec<u8>, out: &mut Vec<SharedFrames>, first, last| {
+        let tell_gap = |copied: &mut Copied, out: &mut Vec<SharedFrames>, first, last| {
             flush(copied, out);
-            let status = self.gap(first, last);
-            out.push(SharedFrames::encode(
-                OpCode::Text,
-                status.message().as_bytes(),
-            ));
+            let status = self.gap(first, last).message();
+            out.push(SharedFrames::status(status.as_bytes(), None));
         };
         // A copy that raced the writer means the history moved on past it:
         // the next round starts with the gap.
@@ -381,7 +388,7 @@ impl History {
                 if from >= replay.through {
                     break;
                 }
-                if copied.len() >= room || scanned == SCAN_PER_VISIT {
+                if copied.0.len() >= room || scanned == SCAN_PER_VISIT {
                     flush(&mut copied, out);
                     return ReplayProgress {
                         more: Some(from),
@@ -399,8 +406,9 @@ impl History {
                 }
                 match record.content {
                     // A record holds one message, positioned `first`.
-                    Content::Frames(_) if from >= record.first => {}
-                    Content::Frames(bytes) => copied.extend_from_slice(&bytes),
+                    Content::Frames(_) | Content::Status(_) if from >= record.first => {}
+                    Content::Frames(bytes) => copied.add(&bytes, self.at(record.first), false),
+                    Content::Status(bytes) => copied.add(&bytes, self.at(record.first), true),
                     Content::Refused => {
                         tell_gap(&mut copied, out, record.first.max(from + 1), record.last)
                     }
@@ -437,6 +445,18 @@ impl History {
     /// The host's page of the history's memory (see [`Ring::host_page`]).
     pub fn host_page(&self) -> io::Result<crate::ops::sys::SharedMemory> {
         self.ring.host_page()
+    }
+}
+
+/// Frames a replay copied out of the history, back to back, with each
+/// one's position and whether it is a status.
+#[derive(Debug, Default)]
+struct Copied(Vec<u8>, Vec<(Position, bool)>);
+
+impl Copied {
+    fn add(&mut self, frame: &[u8], position: Position, status: bool) {
+        self.0.extend_from_slice(frame);
+        self.1.push((position, status));
     }
 }
 
@@ -580,7 +600,7 @@ mod tests {
         assert_eq!(payloads, [(status.as_bytes(), false)]);
         assert_eq!(frames.for_connection(true, true).bytes(), told.bytes());
         // Its place in the stream is the last position it names.
-        assert_eq!(frames.seqs(), [9]);
+        assert_eq!(frames.seqs().collect::<Vec<_>>(), [9]);
         assert!(frames.after(8).is_some_and(|rest| rest.is(&frames)));
         assert_eq!(frames.after(9), None);
     }
@@ -590,7 +610,7 @@ mod tests {
         let positions: Vec<Position> = texts.iter().map(|_| history.assign(None)).collect();
         let frames =
             SharedFrames::encode_batch(texts.iter().zip(&positions).map(|(t, p)| ToFrame {
-                opcode: OpCode::Text,
+                opcode: crate::protocol::ws::OpCode::Text,
                 payload: t.as_bytes(),
                 deflated: None,
                 position: Some(*p),
@@ -1001,7 +1021,7 @@ mod tests {
         let deflated = compress::deflate_message(text.as_bytes());
         let position = history.assign(None);
         let frames = SharedFrames::encode_batch([ToFrame {
-            opcode: OpCode::Text,
+            opcode: crate::protocol::ws::OpCode::Text,
             payload: text.as_bytes(),
             deflated: Some(&deflated),
             position: Some(position),

@@ -58,6 +58,10 @@ const SLOT_LEN: usize = 24;
 const RECORD_HEAD: usize = 16;
 /// In a record head's flags: the message was refused (no frames).
 const REFUSED_FLAG: u8 = 1;
+/// In a record head's flags: the message is a status about the stream
+/// (a gap), not one of its messages. A bit a writer of the layout before
+/// it left clear, so the layout (and its magic) stays.
+const STATUS_FLAG: u8 = 2;
 
 /// Who a record's messages were for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +117,8 @@ pub enum Content {
     /// The frames of messages it wants (the compressed ones if asked for
     /// and there are).
     Frames(Vec<u8>),
+    /// The frame of a status about the stream (a gap) it wants.
+    Status(Vec<u8>),
     /// Messages it wants, which the history refused: they are missing.
     Refused,
 }
@@ -334,6 +340,7 @@ impl Ring {
             AudienceKind::of(head[14]),
             head[15] & REFUSED_FLAG != 0,
         );
+        let status = head[15] & STATUS_FLAG != 0;
         let fits = RECORD_HEAD + names_len + plain + compressed <= len
             && (start % self.data) + len as u64 <= self.data;
         let mut record = None;
@@ -351,7 +358,10 @@ impl Ring {
                     let mut frames = vec![0u8; take];
                     let from = at + RECORD_HEAD + names_len + skip;
                     self.mem.view().read(from, &mut frames);
-                    Content::Frames(frames)
+                    match status {
+                        true => Content::Status(frames),
+                        false => Content::Frames(frames),
+                    }
                 }
             };
             record = Some(Record {
@@ -369,7 +379,8 @@ impl Ring {
     }
 
     /// Appends the record of the message positioned `seq`, for `kind`
-    /// `names`: its frame and compressed frame (a record holds one
+    /// `names`: its frame and compressed frame, and whether it is a
+    /// `status` about the stream rather than a message (a record holds one
     /// message, so its position is the record's own), dropping the
     /// oldest records as the bounds ask. A record over the byte bound by
     /// itself is refused: a mark with its recipients (or, if even they are
@@ -382,6 +393,7 @@ impl Ring {
         (kind, names): (AudienceKind, &[u8]),
         frames: &[u8],
         compressed: &[u8],
+        status: bool,
         now: Instant,
     ) -> Appended {
         let writer = self
@@ -428,12 +440,16 @@ impl Ring {
         if appended == Appended::Refused {
             self.store(REFUSED, self.load(REFUSED) + 1);
         }
-        let refused = appended == Appended::Refused;
+        let flags = match appended {
+            Appended::Refused => REFUSED_FLAG,
+            _ if status => STATUS_FLAG,
+            _ => 0,
+        };
         self.put(
             (seq, seq, 1),
             (kind, names),
             (frames, compressed),
-            refused,
+            flags,
             now,
         );
         appended
@@ -452,7 +468,7 @@ impl Ring {
             (first, last, 1),
             (AudienceKind::All, &[]),
             (&[], &[]),
-            true,
+            REFUSED_FLAG,
             now,
         );
     }
@@ -471,14 +487,14 @@ impl Ring {
         self.store(LAST, self.load(LAST).max(seq));
     }
 
-    /// Writes a record that fits the byte bound (`missing`: flagged as
-    /// messages missing, with no frames).
+    /// Writes a record that fits the byte bound, with `flags` in its head
+    /// (`REFUSED_FLAG`: messages missing, with no frames; `STATUS_FLAG`).
     fn put(
         &mut self,
         (first, last, count): (u64, u64, usize),
         (kind, names): (AudienceKind, &[u8]),
         (frames, compressed): (&[u8], &[u8]),
-        missing: bool,
+        flags: u8,
         now: Instant,
     ) {
         let len = (RECORD_HEAD + names.len() + frames.len() + compressed.len()).next_multiple_of(8);
@@ -506,7 +522,7 @@ impl Ring {
         head[8..12].copy_from_slice(&(compressed.len() as u32).to_le_bytes());
         head[12..14].copy_from_slice(&(names.len() as u16).to_le_bytes());
         head[14] = kind as u8;
-        head[15] = if missing { REFUSED_FLAG } else { 0 };
+        head[15] = flags;
         let at = self.data_at + (start % self.data) as usize;
         let mem = self.mem.writable();
         mem.write(at, &head);
@@ -594,9 +610,10 @@ mod tests {
             (AudienceKind::Channels, b"a,b"),
             b"frames",
             b"zipped",
+            false,
             now,
         );
-        ring.append(3, (AudienceKind::All, b""), b"more", b"", now);
+        ring.append(3, (AudienceKind::All, b""), b"more", b"", false, now);
         let fd = ring
             .memory()
             .inheritable()
@@ -643,7 +660,14 @@ mod tests {
         let now = Instant::now();
         let mut ring = Ring::create(bounds(3, 1024), Epoch(1), 0).unwrap();
         for seq in 1..=5 {
-            ring.append(seq, (AudienceKind::All, b""), &[seq as u8; 100], b"", now);
+            ring.append(
+                seq,
+                (AudienceKind::All, b""),
+                &[seq as u8; 100],
+                b"",
+                false,
+                now,
+            );
         }
         assert_eq!(ring.held().0, 3);
         assert_eq!(ring.forgotten(), 2);
@@ -652,7 +676,14 @@ mod tests {
         // history but still intact until written over.
         assert!(ring.read(0, false, everything).is_ok());
         for seq in 6..=40 {
-            ring.append(seq, (AudienceKind::All, b""), &[seq as u8; 100], b"", now);
+            ring.append(
+                seq,
+                (AudienceKind::All, b""),
+                &[seq as u8; 100],
+                b"",
+                false,
+                now,
+            );
         }
         assert_eq!(ring.read(0, false, everything), Err(Overrun));
         let (n, records) = ring.find(37);
@@ -676,7 +707,7 @@ mod tests {
             } else {
                 AudienceKind::Channels
             };
-            ring.append(seq, (kind, names), &vec![seq as u8; len], b"", now)
+            ring.append(seq, (kind, names), &vec![seq as u8; len], b"", false, now)
         };
         assert_eq!(append(&mut ring, 1, b"", 100), Appended::Kept);
         assert_eq!(append(&mut ring, 2, b"news", 2000), Appended::Refused);
