@@ -3,7 +3,9 @@
 //! by borrowing the parts apart; every event that reaches a connection
 //! (readiness, an accept, a deadline, a heartbeat visit, an endpoint, a
 //! delivery slice) runs its handler with it, and the verdict goes to
-//! `settle`, the one place verdicts are acted on.
+//! `settle`, the one place verdicts are acted on. The duties toward a
+//! connection besides its deliveries (a ping, a drain's, a shutdown's and
+//! an `ahead` close) are each a [`Duty`], done by one visit, `owe`.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -17,7 +19,7 @@ use crate::ops::metrics::Metrics;
 use crate::protocol::http::{Endpoint, Method};
 use crate::server::admit::connections::sync_interest;
 use crate::server::admit::{self, Accepted, ACCEPTS_PER_WAKE};
-use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
+use crate::server::conn::{CloseReason, Conn, Ctx, Duty, Verdict};
 use crate::server::deliver::directory::Directory;
 use crate::server::deliver::Delivery;
 use crate::server::endpoints;
@@ -26,7 +28,6 @@ use crate::server::key::ConnKey;
 use crate::server::lifecycle::drain::Pace;
 use crate::server::lifecycle::Ending;
 use crate::server::net::sockets::{Door, Ready};
-use crate::server::owed::targeted::WalkMark;
 use crate::server::Server;
 
 /// The parts of a server a connection handler (or a delivery slice)
@@ -109,11 +110,6 @@ impl Server {
                 );
                 dir.address_replay(key, *replay);
                 self.conns.read_again(key);
-            }
-            Verdict::Unfinished(_) => {
-                // Only a walk's visit leaves items, and the walk takes them
-                // back (see `deliver`): none reaches here.
-                debug_assert!(false, "bug: unfinished items outside a walk");
             }
             Verdict::Close(reason) => return self.close(key, reason),
             Verdict::Serve(endpoint, method) => {
@@ -204,19 +200,7 @@ impl Server {
         let to = bound.min(from.saturating_add(self.config.fanout_budget));
         *cursor = to;
         for key in from..to {
-            let handling = self.handling(now);
-            let mut ctx = handling.ctx;
-            let Some(conn) = handling.conns.get_mut(key) else {
-                continue;
-            };
-            let verdict = if conn.is_open() {
-                conn.begin_close(ConnKey(key), why, reason, &mut ctx)
-            } else if conn.is_closing() {
-                Verdict::Keep // Closing already: its own deadline ends it.
-            } else {
-                Verdict::Close(reason)
-            };
-            self.settle(ConnKey(key), verdict);
+            self.owe(ConnKey(key), None, Duty::Close { why, reason }, now);
         }
     }
 
@@ -282,13 +266,7 @@ impl Server {
         let left = pace.left();
         Metrics::set(&metrics.drain_left, left as u64);
         for (key, delay) in closing {
-            let handling = self.handling(now);
-            let mut ctx = handling.ctx;
-            let Some(conn) = handling.conns.get_mut(key) else {
-                continue;
-            };
-            let verdict = conn.begin_drain_close(ConnKey(key), delay, &mut ctx);
-            self.settle(ConnKey(key), verdict);
+            self.owe(ConnKey(key), None, Duty::Drain { delay }, now);
         }
         if done {
             log::info!("draining: every connection was asked to close");
@@ -413,20 +391,12 @@ impl Server {
         let current = self.records.history.current();
         for (slot, serial) in self.delivery.targeted.overdue(now) {
             let key = ConnKey(slot as usize);
-            let handling = self.handling(now);
-            let mut ctx = handling.ctx;
-            let conn = handling.conns.get_mut(key.0);
-            let Some(conn) = conn.filter(|c| c.serial() == serial && c.is_open()) else {
-                continue;
-            };
-            log::info!(
-                "connection {key} resumed from a position this server has not reached \
-                 (it is at {current}): closed with 1013 to try again"
-            );
-            conn.mark_walk(WalkMark::Unmarked);
-            let why = "position ahead of this server";
-            let verdict = conn.begin_close(key, why, CloseReason::Ahead, &mut ctx);
-            self.settle(key, verdict);
+            if self.owe(key, Some(serial), Duty::Ahead, now) {
+                log::info!(
+                    "connection {key} resumed from a position this server has not reached \
+                     (it is at {current}): closed with 1013 to try again"
+                );
+            }
         }
     }
 
@@ -449,16 +419,30 @@ impl Server {
         };
         let ping = self.clock.heartbeat.ping().clone();
         let close_after = self.clock.heartbeat.close_after();
+        let duty = Duty::Ping {
+            ping: &ping,
+            close_after,
+        };
         for key in due {
-            let handling = self.handling(now);
-            let mut ctx = handling.ctx;
-            let Some(conn) = handling.conns.get_mut(key) else {
-                continue;
-            };
-            let verdict =
-                conn.on_heartbeat(ConnKey(key), &ping, close_after, handling.scratch, &mut ctx);
-            self.settle(ConnKey(key), verdict);
+            self.owe(ConnKey(key), None, duty, now);
         }
+    }
+
+    /// Does `duty` toward the connection at `key` (if it is still the one
+    /// of `serial`, where given) and settles the verdict: the one visit of
+    /// every duty besides the deliveries. Returns whether it was there
+    /// (and open, for [`Duty::Ahead`]).
+    fn owe(&mut self, key: ConnKey, serial: Option<u32>, duty: Duty<'_>, now: Instant) -> bool {
+        let handling = self.handling(now);
+        let mut ctx = handling.ctx;
+        let conn = handling.conns.get_mut(key.0);
+        let Some(conn) = conn.filter(|c| serial.is_none_or(|serial| c.serial() == serial)) else {
+            return false;
+        };
+        let there = !matches!(duty, Duty::Ahead) || conn.is_open();
+        let verdict = conn.owe(key, duty, handling.scratch, &mut ctx);
+        self.settle(key, verdict);
+        there
     }
 
     /// Carries every delivery one slice further (see `deliver`), then

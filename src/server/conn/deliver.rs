@@ -20,10 +20,13 @@ impl Conn {
     /// had, each of its own items after the batches framed before it, and
     /// the batches after them up to `owed.up_to`. A close among its items
     /// goes out after what precedes it, and the rest is not sent. Counts
-    /// what became of the messages: delivered, or missed.
-    pub fn deliver(&mut self, key: ConnKey, owed: Owed<'_>, ctx: &mut Ctx<'_>) -> Verdict {
+    /// what became of the messages: delivered, or missed. What it could
+    /// not give of its items (a replay larger than its queue has room
+    /// for, or ahead of this loop) is `Err`, for the walk to take back:
+    /// the connection is kept.
+    pub fn deliver(&mut self, key: ConnKey, owed: Owed<'_>, ctx: &mut Ctx<'_>) -> Visited {
         if !self.is_open() {
-            return Verdict::Keep;
+            return Ok(Verdict::Keep);
         }
         let (wire, positions) = (self.wire, self.flags.has(Flags::POSITIONS));
         let visit = Visit {
@@ -42,7 +45,7 @@ impl Conn {
         owed: Owed<'_>,
         taking: T,
         ctx: &mut Ctx<'_>,
-    ) -> Verdict {
+    ) -> Visited {
         let mut gathered = std::mem::take(ctx.gathered);
         let made = &ctx.metrics.event_stream_batches;
         // After a replay, what it gave (up to `skip`) is not given again.
@@ -96,14 +99,14 @@ impl Conn {
         }
         *ctx.gathered = gathered;
         if !matches!(verdict, Verdict::Keep) {
-            return verdict;
+            return Ok(verdict);
         }
         if let Some((code, reason)) = close {
-            return self.begin_close(key, reason, CloseReason::Publisher(code), ctx);
+            return Ok(self.begin_close(key, reason, CloseReason::Publisher(code), ctx));
         }
         match unfinished {
-            Some(left) => Verdict::Unfinished(left),
-            None => Verdict::Keep,
+            Some(left) => Err(left),
+            None => Ok(Verdict::Keep),
         }
     }
 
@@ -215,6 +218,10 @@ impl Conn {
     }
 }
 
+/// What a delivery visit leaves: a verdict, or (the connection kept) what
+/// it could not give of its items, for the walk to take back.
+pub type Visited = Result<Verdict, Box<Unfinished>>;
+
 /// A delivery visit, run with the way its wire takes frames.
 struct Visit<'v, 'o, 'c> {
     conn: &'v mut Conn,
@@ -224,10 +231,10 @@ struct Visit<'v, 'o, 'c> {
 }
 
 impl WithTaking for Visit<'_, '_, '_> {
-    type Output = Verdict;
+    type Output = Visited;
 
     #[inline(always)]
-    fn run<T: Taking>(self, taking: T) -> Verdict {
+    fn run<T: Taking>(self, taking: T) -> Visited {
         self.conn
             .deliver_taking(self.key, self.owed, taking, self.ctx)
     }

@@ -41,7 +41,6 @@ use crate::server::net::pool::BufferPool;
 use crate::server::net::queue::{OutQueue, Sent};
 use crate::server::owed::stream::Seq;
 use crate::server::owed::targeted::WalkMark;
-use crate::server::owed::Unfinished;
 use crate::server::routes::Routes;
 use crate::server::time::heartbeat::{Liveness, Visit};
 use crate::server::time::timer::{Deadline, Tick, TimerWheel};
@@ -57,6 +56,7 @@ mod rig;
 mod wire;
 
 pub use aside::Aside;
+pub use deliver::Visited;
 use wire::{DeflateUse, Outgoing, Wire};
 
 /// Why a connection ended; each reason has its own counter.
@@ -157,12 +157,40 @@ pub enum Verdict {
     /// (before anything live) and reads it again (its client may have
     /// sent frames right after the request).
     Replay(Box<Replay>),
-    /// Keep it: a delivery visit left these of its items (a replay larger
-    /// than its queue has room for, or ahead of this loop), for the walk
-    /// to take back.
-    Unfinished(Box<Unfinished>),
     /// Drop the TCP connection now.
     Close(CloseReason),
+}
+
+/// A duty toward one connection besides what the deliveries owe it, each
+/// done through [`Conn::owe`] and settled in the loop's one place.
+#[derive(Debug, Clone, Copy)]
+pub enum Duty<'a> {
+    /// A heartbeat visit: `ping`, or the idle close after `close_after`
+    /// silent visits (see [`Conn::on_heartbeat`]).
+    Ping {
+        /// The shared ping.
+        ping: &'a SharedFrames,
+        /// Silent visits before the idle close.
+        close_after: u16,
+    },
+    /// The closing sweep's close, for `reason` with `why`: an open
+    /// connection is sent its close (after what it has queued), one still
+    /// in its handshake is dropped, one already closing is left to finish.
+    Close {
+        /// What the close frame says.
+        why: &'static str,
+        /// Why it closes.
+        reason: CloseReason,
+    },
+    /// A drain's close, its client told to reconnect after `delay` (see
+    /// [`Conn::begin_drain_close`]).
+    Drain {
+        /// When its client should come back.
+        delay: Duration,
+    },
+    /// The close (1013) of a connection whose replay waited, in vain, for
+    /// this loop to reach the position it resumed from.
+    Ahead,
 }
 
 impl Verdict {
@@ -475,6 +503,34 @@ impl Conn {
         }
     }
 
+    /// Does `duty` toward the connection (see [`Duty`]).
+    pub fn owe(
+        &mut self,
+        key: ConnKey,
+        duty: Duty<'_>,
+        scratch: &mut [u8],
+        ctx: &mut Ctx<'_>,
+    ) -> Verdict {
+        match duty {
+            Duty::Ping { ping, close_after } => {
+                self.on_heartbeat(key, ping, close_after, scratch, ctx)
+            }
+            Duty::Close { why, reason } if self.is_open() => {
+                self.begin_close(key, why, reason, ctx)
+            }
+            // Closing already: its own deadline ends it.
+            Duty::Close { .. } if self.is_closing() => Verdict::Keep,
+            Duty::Close { reason, .. } => Verdict::Close(reason),
+            Duty::Drain { delay } => self.begin_drain_close(key, delay, ctx),
+            Duty::Ahead if self.is_open() => {
+                self.mark_walk(WalkMark::Unmarked);
+                let why = "position ahead of this server";
+                self.begin_close(key, why, CloseReason::Ahead, ctx)
+            }
+            Duty::Ahead => Verdict::Keep,
+        }
+    }
+
     /// A heartbeat visit (see [`Liveness::visit`]): a connection silent
     /// too long is closed with 1001, others get the shared ping unless
     /// their queue has no room for it (they are behind already; the
@@ -484,7 +540,7 @@ impl Conn {
     /// be behind its readiness events (one poll hands over at most 1,024):
     /// so before closing, the socket is read, and a client whose pong was
     /// waiting there is kept.
-    pub fn on_heartbeat(
+    fn on_heartbeat(
         &mut self,
         key: ConnKey,
         ping: &SharedFrames,

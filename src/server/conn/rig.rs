@@ -107,10 +107,10 @@ impl Rig {
     }
 
     /// Runs `handler` on the connection with a context over the rig's parts.
-    pub(super) fn drive(
+    pub(super) fn drive<V>(
         &mut self,
-        handler: impl FnOnce(&mut Conn, &mut [u8], &mut Ctx<'_>) -> Verdict,
-    ) -> Verdict {
+        handler: impl FnOnce(&mut Conn, &mut [u8], &mut Ctx<'_>) -> V,
+    ) -> V {
         let mut ctx = Ctx {
             config: &self.config,
             pool: &mut self.pool,
@@ -141,7 +141,8 @@ impl Rig {
             items: &[],
             up_to,
         };
-        self.drive(|conn, _, ctx| conn.deliver(ConnKey(0), owed, ctx))
+        let visited = self.drive(|conn, _, ctx| conn.deliver(ConnKey(0), owed, ctx));
+        visited.expect("no items to leave unfinished")
     }
 
     /// A heartbeat visit closing after 3 silent visits (ping interval

@@ -14,7 +14,7 @@
 //! Each visit hands a connection what it is owed ([`Owed`]) through one
 //! function, [`Conn::deliver`], which writes it in order with one
 //! `writev` and answers with one [`Verdict`]: what a walk's visit could
-//! not give ([`Verdict::Unfinished`]) the walk takes back; the other
+//! not give (the `Err` of [`Visited`]) the walk takes back; the other
 //! verdicts but keep are acted on in one place, the loop's `settle`, once
 //! the slice is over.
 
@@ -26,7 +26,7 @@ use slab::Slab;
 use crate::config::Config;
 use crate::ops::metrics::Tally;
 use crate::server::admit::connections::sync_interest;
-use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
+use crate::server::conn::{CloseReason, Conn, Ctx, Verdict, Visited};
 use crate::server::key::ConnKey;
 use crate::server::owed::stream::Stream;
 use crate::server::owed::targeted::{Targeted, Turn, Until, WalkMark};
@@ -82,10 +82,11 @@ impl Visitor<'_, '_> {
     /// left of its items, if it could not give them all.
     fn visit(&mut self, key: ConnKey, owed: Owed<'_>) -> Option<Box<Unfinished>> {
         let conn = self.conns.get_mut(key.0)?;
-        let left = match conn.deliver(key, owed, &mut self.ctx) {
-            Verdict::Keep => None,
-            Verdict::Unfinished(left) => Some(left),
-            verdict => {
+        let visited: Visited = conn.deliver(key, owed, &mut self.ctx);
+        let left = match visited {
+            Ok(Verdict::Keep) => None,
+            Err(left) => Some(left),
+            Ok(verdict) => {
                 self.unsettled.push((key, verdict));
                 return None;
             }
