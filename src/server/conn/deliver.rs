@@ -4,7 +4,7 @@
 //! has no room for is dropped for it, or closes it, by policy.
 
 use super::wire::{Outgoing, Taking, WithTaking};
-use super::{CloseReason, Conn, Ctx, Flags, Verdict};
+use super::{CloseReason, Conn, Ctx, Flags, Verdict, Visited};
 use crate::config::SlowConsumerPolicy;
 use crate::ops::metrics::Metrics;
 use crate::server::frames::SharedFrames;
@@ -217,10 +217,6 @@ impl Conn {
         }
     }
 }
-
-/// What a delivery visit leaves: a verdict, or (the connection kept) what
-/// it could not give of its items, for the walk to take back.
-pub type Visited = Result<Verdict, Box<Unfinished>>;
 
 /// A delivery visit, run with the way its wire takes frames.
 struct Visit<'v, 'o, 'c> {

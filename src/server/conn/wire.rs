@@ -21,7 +21,7 @@ use crate::protocol::{position, sse};
 use crate::server::frames::SharedFrames;
 use crate::server::time::heartbeat::{Liveness, Visit};
 
-use super::CloseReason;
+use super::reason::CloseReason;
 
 /// What permessage-deflate gives a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
