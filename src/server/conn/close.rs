@@ -77,7 +77,7 @@ impl Conn {
 
     /// Closes it for a drain, after what is queued: a client with
     /// positions is first told to reconnect after `delay` (the hint, see
-    /// [`position::reconnect_hint`]), then every client gets 1012.
+    /// [`position::reconnect_hint`](crate::protocol::position::reconnect_hint)), then every client gets 1012.
     pub fn begin_drain_close(
         &mut self,
         key: ConnKey,
