@@ -24,8 +24,9 @@
 #   build --release -p wspush-cli` and copy target/release/wspush away).
 #   STEPs (default: all) pick among 19000 memory 100000 callgrind million.
 #   Environment: OUT (default /tmp/wspush-standard) gets each step's table
-#   and reports; FASTWEBSOCKETS, the peer's run.sh (default: built from
-#   ../shared/peers into /tmp/peers when missing).
+#   and reports (FLOOR_PINGS=1 goes on to bench/million.sh);
+#   FASTWEBSOCKETS, the peer's run.sh (default: built from ../shared/peers
+#   into /tmp/peers when missing).
 #
 # Time on the 2-vCPU machine: about 40 minutes, 14 of them the million.
 set -euo pipefail
