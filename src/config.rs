@@ -233,6 +233,12 @@ pub struct Config {
     /// instead of keeping one. The server reads it through a duplicate of
     /// the descriptor; the epoch is the history's.
     pub history_fd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// The host's shared words: a memory file of at least a page (made
+    /// with [`sys::SharedMemory::create`](crate::sys::SharedMemory::create))
+    /// that every server of the host maps read-write, so that each one's
+    /// heartbeat yields to the others' broadcasts (a supervisor's instances
+    /// inherit its descriptor). None: a page of this server's own.
+    pub host_fd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
 
 impl Default for Config {
@@ -279,6 +285,7 @@ impl Default for Config {
             epoch: None,
             first_position: 1,
             history_fd: None,
+            host_fd: None,
         }
     }
 }

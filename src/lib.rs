@@ -91,7 +91,9 @@ pub use protocol::commands::{
     Command, CommandError, ConnRef, Payload, Recipients, MAX_CHANNEL_LIST_LEN, MAX_REASON_LEN,
 };
 pub use protocol::jwt::{Algorithm, Claims, KeyError, TokenRefusal, Verifier};
-pub use protocol::names::{ChannelName, ClientId, NameError, Pattern, MAX_NAME_LEN};
+pub use protocol::names::{
+    ChannelName, ChannelNameRef, ClientId, ClientIdRef, NameError, Pattern, MAX_NAME_LEN,
+};
 pub use protocol::position::Epoch;
 pub use protocol::ws::{CloseCode, MessageKind};
 pub use server::{

@@ -1,12 +1,14 @@
 //! The `wspush` binary: flags, logging, signals, standard input →
 //! broadcasts, and `--processes` (a supervisor over single-threaded instances).
 
+use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use clap::Parser;
@@ -19,7 +21,8 @@ use cli::{config, instance_args, instance_number, one_line, Cli, Processes};
 use input::PumpEnd;
 use rlimit::{connection_capacity, instances_for};
 use supervisor::{
-    Policy, Supervisor, HISTORY_FD_ENV, INSTANCE_ENV, LISTEN_FD_ENV, RESTARTS_ENV, STATUS_FD_ENV,
+    Policy, Supervisor, HISTORY_FD_ENV, HOST_FD_ENV, INSTANCE_ENV, LISTEN_FD_ENV, RESTARTS_ENV,
+    STATUS_FD_ENV,
 };
 
 mod board;
@@ -31,7 +34,8 @@ mod rlimit;
 mod sources;
 mod supervisor;
 use board::Board;
-use wspush::{Handle, Server, SharedHistory, UpstreamReader};
+use sources::Source;
+use wspush::{Config, Handle, Server, SharedHistory, UpstreamReader};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -117,59 +121,106 @@ fn write_upstream(reader: UpstreamReader) {
     }
 }
 
-/// One instance: the ordinary single-threaded loop.
+/// One instance: the ordinary single-threaded loop, alone or under a
+/// supervisor, from its flags to its last upstream line.
 fn serve(cli: Cli) -> Result<(), String> {
     let mut config = config(&cli)?;
-    // An instance reads the history its supervisor keeps, through the
-    // descriptor it inherited (named in its environment).
-    if let Some(fd) = std::env::var(HISTORY_FD_ENV)
-        .ok()
-        .and_then(|fd| fd.parse().ok())
-    {
-        let fd = wspush::sys::inherited_fd(fd)
-            .map_err(|e| format!("cannot read the supervisor's history: {e}"))?;
-        config.history_fd = Some(std::sync::Arc::new(fd));
+    if let Some(history) = inherited_memory(HISTORY_FD_ENV, "history")? {
+        config.history_fd = Some(history);
     }
-    let mode = cli.input;
-    let max_message = config.max_message_bytes as usize;
-    let max_line = input::max_line_bytes(mode, max_message);
-    // Alone, the sources are checked (and the publish listener bound)
-    // before the server listens; `GET /stats` reads its handle once made.
+    if let Some(host) = inherited_memory(HOST_FD_ENV, "host's words")? {
+        config.host_fd = Some(host);
+    }
     let counted = Arc::new(OnceLock::<Handle>::new());
-    let sources = match instance_number() {
-        Some(_) => None,
-        None => {
-            let counted = Arc::clone(&counted);
-            let stats = Box::new(move || {
-                let Some(m) = counted.get().map(Handle::metrics) else {
-                    return String::new();
-                };
-                format!(
-                    "\"connections\":{},\"channels\":{}",
-                    m.connections_open, m.channels
-                )
-            });
-            Some(cli::sources_from(&cli, &config, stats)?)
-        }
-    };
-    // Alone with a stream, the server keeps its history as a supervisor
-    // does, apart from its loop: filled from the stream's tail, with the
-    // stream's positions.
-    let recorder = match cli.redis.is_some() && cli.redis_stream.is_some() {
-        true => {
-            let history = SharedHistory::create(&config)
-                .map_err(|e| format!("cannot make the history's shared memory: {e}"))?;
-            config.history_fd = Some(std::sync::Arc::new(
-                history
-                    .reader_fd()
-                    .map_err(|e| format!("cannot share the history: {e}"))?,
-            ));
-            Some(input::Recorder::new(history, mode, max_message))
-        }
-        false => None,
-    };
+    let sources = lone_sources(&cli, &config, &counted)?;
+    let recorder = lone_history(&cli, &mut config)?;
     let capacity = open_file_capacity();
-    config.max_connections = match cli.max_connections {
+    config.max_connections = max_connections(cli.max_connections, capacity);
+    let mut server = listen(&config)?;
+    report_to_supervisor(&mut server)?;
+    log_listening(&server, &config, capacity);
+    let handle = server.handle();
+    if let Some(earlier) = inherited(RESTARTS_ENV) {
+        handle.set_instance_restarts(earlier);
+    }
+    stop_on_signals(handle.clone())?;
+    let upstream = spawn_upstream_writer(&server)?;
+    let _ = counted.set(handle.clone());
+    spawn_input(&cli, &config, sources, recorder, handle)?;
+    let ran = server.run().map_err(|e| format!("event loop failed: {e}"));
+    // The last lines go out before the process ends.
+    drop(server);
+    if let Some(writer) = upstream {
+        let _ = writer.join();
+    }
+    ran
+}
+
+/// The number in the environment variable `name`: a descriptor, or a
+/// count, a supervisor hands an instance.
+fn inherited<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+}
+
+/// Under a supervisor, a memory it shares with its instances (its history,
+/// the host's words), through the descriptor named in `env`; alone, none.
+fn inherited_memory(env: &str, what: &str) -> Result<Option<Arc<OwnedFd>>, String> {
+    let Some(fd) = inherited(env) else {
+        return Ok(None);
+    };
+    let fd = wspush::sys::inherited_fd(fd)
+        .map_err(|e| format!("cannot read the supervisor's {what}: {e}"))?;
+    Ok(Some(Arc::new(fd)))
+}
+
+/// Alone, the input sources, checked (and the publish listener bound)
+/// before the server listens; `GET /stats` reads the server's handle once
+/// `counted` holds it. Under a supervisor, none: the instance reads its
+/// supervisor.
+fn lone_sources(
+    cli: &Cli,
+    config: &Config,
+    counted: &Arc<OnceLock<Handle>>,
+) -> Result<Option<Vec<Box<dyn Source>>>, String> {
+    if instance_number().is_some() {
+        return Ok(None);
+    }
+    let counted = Arc::clone(counted);
+    let stats = Box::new(move || {
+        let Some(m) = counted.get().map(Handle::metrics) else {
+            return String::new();
+        };
+        format!(
+            "\"connections\":{},\"channels\":{}",
+            m.connections_open, m.channels
+        )
+    });
+    cli::sources_from(cli, config, stats).map(Some)
+}
+
+/// Alone with a stream, the server keeps its history as a supervisor
+/// does, apart from its loop: filled from the stream's tail, with the
+/// stream's positions. Its reader's descriptor goes into `config`.
+fn lone_history(cli: &Cli, config: &mut Config) -> Result<Option<input::Recorder>, String> {
+    if cli.redis.is_none() || cli.redis_stream.is_none() {
+        return Ok(None);
+    }
+    let history = SharedHistory::create(config)
+        .map_err(|e| format!("cannot make the history's shared memory: {e}"))?;
+    let reader = history
+        .reader_fd()
+        .map_err(|e| format!("cannot share the history: {e}"))?;
+    config.history_fd = Some(Arc::new(reader));
+    let max_message = config.max_message_bytes as usize;
+    Ok(Some(input::Recorder::new(history, cli.input, max_message)))
+}
+
+/// `--max-connections`, or as many as `capacity` (the open-file limit)
+/// allows; a flag over that is warned about, and kept.
+fn max_connections(flag: Option<usize>, capacity: u64) -> usize {
+    match flag {
         Some(n) => {
             if n as u64 > capacity {
                 log::warn!("--max-connections {n} exceeds the {capacity} connections the open-file limit allows");
@@ -177,11 +228,13 @@ fn serve(cli: Cli) -> Result<(), String> {
             n
         }
         None => capacity.clamp(1, usize::MAX as u64) as usize,
-    };
-    // Under a supervisor, the instance serves the listener the supervisor
-    // holds for its number, and says when it does.
-    let inherited = |name| std::env::var(name).ok().and_then(|fd| fd.parse().ok());
-    let mut server = match inherited(LISTEN_FD_ENV) {
+    }
+}
+
+/// The server: under a supervisor, on the listener the supervisor holds
+/// for this instance's number; alone, on its own.
+fn listen(config: &Config) -> Result<Server, String> {
+    match inherited(LISTEN_FD_ENV) {
         Some(fd) => {
             let listener = wspush::sys::inherited_fd(fd)
                 .map_err(|e| format!("cannot take the supervisor's listener: {e}"))?;
@@ -189,30 +242,41 @@ fn serve(cli: Cli) -> Result<(), String> {
         }
         None => Server::bind(config.clone()),
     }
-    .map_err(|e| e.to_string())?;
-    if let Some(fd) = inherited(STATUS_FD_ENV) {
-        let status = wspush::sys::inherited_fd(fd)
-            .map_err(|e| format!("cannot take the supervisor's status pipe: {e}"))?;
-        let mut status = std::fs::File::from(status);
-        status
-            .write_all(&[supervisor::LISTENING])
-            .map_err(|e| format!("cannot tell the supervisor this instance listens: {e}"))?;
-        let reporter = status
-            .try_clone()
-            .map_err(|e| format!("cannot share the status pipe: {e}"))?;
-        report_stats(reporter, server.handle())?;
-        // The supervisor steers new connections away while it is full.
-        server.watch_room(move |room| {
-            let said = if room {
-                supervisor::ROOM
-            } else {
-                supervisor::FULL
-            };
-            if let Err(e) = status.write_all(&[said]) {
-                log::warn!("cannot tell the supervisor whether this instance has room: {e}");
-            }
-        });
-    }
+    .map_err(|e| e.to_string())
+}
+
+/// Under a supervisor: says on the status pipe that the instance listens,
+/// then what it holds every second, and whether it has room, as that
+/// changes (the supervisor steers new connections away while it is full).
+fn report_to_supervisor(server: &mut Server) -> Result<(), String> {
+    let Some(fd) = inherited(STATUS_FD_ENV) else {
+        return Ok(());
+    };
+    let status = wspush::sys::inherited_fd(fd)
+        .map_err(|e| format!("cannot take the supervisor's status pipe: {e}"))?;
+    let mut status = std::fs::File::from(status);
+    status
+        .write_all(&[supervisor::LISTENING])
+        .map_err(|e| format!("cannot tell the supervisor this instance listens: {e}"))?;
+    let reporter = status
+        .try_clone()
+        .map_err(|e| format!("cannot share the status pipe: {e}"))?;
+    report_stats(reporter, server.handle())?;
+    server.watch_room(move |room| {
+        let said = if room {
+            supervisor::ROOM
+        } else {
+            supervisor::FULL
+        };
+        if let Err(e) = status.write_all(&[said]) {
+            log::warn!("cannot tell the supervisor whether this instance has room: {e}");
+        }
+    });
+    Ok(())
+}
+
+/// Logs where the server listens, and its metrics.
+fn log_listening(server: &Server, config: &Config, capacity: u64) {
     log::info!(
         "listening on {} (path {}, {} mode, up to {} connections; the open-file limit allows {capacity})",
         server.local_addr(),
@@ -223,27 +287,33 @@ fn serve(cli: Cli) -> Result<(), String> {
     if let Some(addr) = server.metrics_addr() {
         log::info!("metrics on http://{addr}/metrics");
     }
-    let handle = server.handle();
-    if let Some(earlier) = std::env::var(RESTARTS_ENV)
-        .ok()
-        .and_then(|n| n.parse().ok())
-    {
-        handle.set_instance_restarts(earlier);
-    }
-    stop_on_signals(handle.clone())?;
-    let upstream = match server.upstream() {
-        Some(reader) => Some(
-            std::thread::Builder::new()
-                .name("upstream".into())
-                .spawn(move || write_upstream(reader))
-                .map_err(|e| format!("cannot start the upstream thread: {e}"))?,
-        ),
-        None => None,
+}
+
+/// With `--upstream`, a thread writing the clients' messages to standard
+/// output (see `write_upstream`).
+fn spawn_upstream_writer(server: &Server) -> Result<Option<JoinHandle<()>>, String> {
+    let Some(reader) = server.upstream() else {
+        return Ok(None);
     };
-    // An instance reads its supervisor, which holds the Redis feed and
-    // tells it the number of its first line; alone, the server merges its
-    // sources as a supervisor does, and numbers from 1.
-    let _ = counted.set(handle.clone());
+    std::thread::Builder::new()
+        .name("upstream".into())
+        .spawn(move || write_upstream(reader))
+        .map(Some)
+        .map_err(|e| format!("cannot start the upstream thread: {e}"))
+}
+
+/// The input thread: an instance reads its supervisor, which holds the
+/// sources and tells it the number of its first line; alone, the server
+/// merges its sources as a supervisor does, and numbers from 1.
+fn spawn_input(
+    cli: &Cli,
+    config: &Config,
+    sources: Option<Vec<Box<dyn Source>>>,
+    recorder: Option<input::Recorder>,
+    handle: Handle,
+) -> Result<(), String> {
+    let (mode, max_message) = (cli.input, config.max_message_bytes as usize);
+    let max_line = input::max_line_bytes(mode, max_message);
     let merged = match sources {
         None => None,
         Some(sources) => Some(
@@ -267,14 +337,8 @@ fn serve(cli: Cli) -> Result<(), String> {
                 }
             }
         })
-        .map_err(|e| format!("cannot start the input thread: {e}"))?;
-    let ran = server.run().map_err(|e| format!("event loop failed: {e}"));
-    // The last lines go out before the process ends.
-    drop(server);
-    if let Some(writer) = upstream {
-        let _ = writer.join();
-    }
-    ran
+        .map(drop)
+        .map_err(|e| format!("cannot start the input thread: {e}"))
 }
 
 /// Raises the open-file limit to its maximum and returns how many
@@ -336,32 +400,9 @@ fn stop_on_signals(handle: Handle) -> Result<(), String> {
 fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     // Refuse bad settings once, before starting any instance.
     let config = config(cli)?;
-    // Instances inherit the raised limit (and raise it again themselves).
-    let per_instance = match cli.max_connections {
-        Some(n) => (n as u64).min(open_file_capacity()),
-        None => open_file_capacity(),
-    };
-    let count = match processes {
-        Processes::Count(n) => n,
-        Processes::Auto => {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            instances_for(cli.total_connections, per_instance, cores)
-        }
-    };
-    let holds = (count as u64).saturating_mul(per_instance);
-    if let Some(total) = cli.total_connections.filter(|&total| total > holds) {
-        log::warn!(
-            "{count} instances hold at most {holds} connections ({per_instance} each), fewer than --total-connections {total}"
-        );
-    }
+    let (count, per_instance) = instance_count(cli, processes);
     let (listen, _port_hold) = resolve_shared_address(cli.listen)?;
-    let program = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-    let mut args = instance_args(std::env::args_os().skip(1));
-    args.extend([
-        "--listen".into(),
-        listen.to_string().into(),
-        "--reuse-port".into(),
-    ]);
+    let (program, args) = instance_command(listen)?;
     let policy = Policy {
         on_exit: cli.on_instance_exit,
         max_backlog: cli.instance_backlog,
@@ -382,7 +423,6 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     };
     let sources = cli::sources_from(cli, &config, stats)?;
     let max_message = config.max_message_bytes as usize;
-    let max_line = input::max_line_bytes(cli.input, max_message);
     let history = SharedHistory::create(&config)
         .map_err(|e| format!("cannot make the history's shared memory: {e}"))?;
     let recorder = input::Recorder::new(history, cli.input, max_message);
@@ -402,9 +442,49 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
         "listening on {listen} with {count} instances, up to {per_instance} connections each"
     );
     let _ = board.set(supervisor.stats());
+    let max_line = input::max_line_bytes(cli.input, max_message);
     let chunks = sources::spawn(sources, max_line, Some(supervisor.waker()))
         .map_err(|e| format!("cannot start the input readers: {e}"))?;
     supervisor.run(chunks).map_err(|e| e.to_string())
+}
+
+/// How many instances to start, and how many connections each holds:
+/// `--processes N`, or with `auto` as many as the host's cores and
+/// `--total-connections` ask (warned about when they hold fewer). The
+/// instances inherit the raised open-file limit (and raise it again
+/// themselves).
+fn instance_count(cli: &Cli, processes: Processes) -> (usize, u64) {
+    let per_instance = match cli.max_connections {
+        Some(n) => (n as u64).min(open_file_capacity()),
+        None => open_file_capacity(),
+    };
+    let count = match processes {
+        Processes::Count(n) => n,
+        Processes::Auto => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            instances_for(cli.total_connections, per_instance, cores)
+        }
+    };
+    let holds = (count as u64).saturating_mul(per_instance);
+    if let Some(total) = cli.total_connections.filter(|&total| total > holds) {
+        log::warn!(
+            "{count} instances hold at most {holds} connections ({per_instance} each), fewer than --total-connections {total}"
+        );
+    }
+    (count, per_instance)
+}
+
+/// The program the instances run and their arguments: this process's own,
+/// less the supervisor's, sharing `listen` behind `SO_REUSEPORT`.
+fn instance_command(listen: SocketAddr) -> Result<(PathBuf, Vec<OsString>), String> {
+    let program = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let mut args = instance_args(std::env::args_os().skip(1));
+    args.extend([
+        "--listen".into(),
+        listen.to_string().into(),
+        "--reuse-port".into(),
+    ]);
+    Ok((program, args))
 }
 
 /// For port 0, binds (without listening) an `SO_REUSEPORT` socket to pick

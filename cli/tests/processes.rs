@@ -131,6 +131,58 @@ fn three_instances_share_the_connections_and_each_line_reaches_every_one_once() 
     assert_eq!(code, Some(0), "a requested stop is a success");
 }
 
+/// The memory file an instance names in its environment variable `env`,
+/// as its device and inode (`/proc/PID/fd/N` followed).
+fn inherited_memory(pid: u32, env: &str) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let prefix = format!("{env}=");
+    let fd = environ
+        .split(|&b| b == 0)
+        .find_map(|var| var.strip_prefix(prefix.as_bytes()))
+        .map(|fd| std::str::from_utf8(fd).unwrap().to_owned())
+        .unwrap_or_else(|| panic!("no {env} in instance {pid}'s environment"));
+    let meta = std::fs::metadata(format!("/proc/{pid}/fd/{fd}")).unwrap();
+    (meta.dev(), meta.ino())
+}
+
+/// How an instance maps the memory files whose names start with `name`
+/// (`/memfd:NAME`): each mapping's permissions (`r--s`, `rw-s`).
+fn mappings(pid: u32, name: &str) -> Vec<String> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let wanted = format!("/memfd:{name}");
+    maps.lines()
+        .filter(|line| line.contains(&wanted))
+        .map(|line| line.split_whitespace().nth(1).unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn the_instances_share_the_hosts_words_and_map_the_history_read_only() {
+    let (mut supervised, _addr) = Supervised::start(2);
+    let pids = [supervised.instance_pid(1), supervised.instance_pid(2)];
+    let host = pids.map(|pid| inherited_memory(pid, "WSPUSH_HOST_FD"));
+    let history = pids.map(|pid| inherited_memory(pid, "WSPUSH_HISTORY_FD"));
+    assert_eq!(host[0], host[1], "one memory of the host's words");
+    assert_eq!(history[0], history[1], "one history");
+    assert_ne!(
+        host[0], history[0],
+        "the host's words are apart from the history"
+    );
+    for pid in pids {
+        let history = mappings(pid, "wspush-history");
+        assert!(!history.is_empty(), "instance {pid} maps the history");
+        assert!(
+            history.iter().all(|perms| !perms.contains('w')),
+            "instance {pid} maps the history {history:?}"
+        );
+        assert_eq!(mappings(pid, "wspush-host"), ["rw-s"], "instance {pid}");
+    }
+    signal(supervised.0.child.id(), "-INT");
+    let (code, _) = supervised.wait();
+    assert_eq!(code, Some(0));
+}
+
 #[test]
 fn three_instances_give_every_connection_every_line_of_a_burst_once() {
     const LINES: usize = 2000;

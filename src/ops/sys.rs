@@ -254,9 +254,9 @@ pub struct SharedView {
 }
 
 /// Memory shared between processes that this process writes: a memory
-/// file it made, or a part of one mapped again on its own for every
-/// process of the host to update ([`SharedMemory::open_part`]). It reads
-/// as a [`SharedView`] too.
+/// file it made, or one another process made for every process of the
+/// host to update ([`SharedMemory::open`]). It reads as a [`SharedView`]
+/// too.
 #[derive(Debug)]
 pub struct SharedMemory(SharedView);
 
@@ -375,18 +375,12 @@ impl SharedMemory {
         SharedView::map(fd, 0, len, true).map(SharedMemory)
     }
 
-    /// Maps `len` bytes at `offset` (page-aligned) of the memory file
-    /// `whole` is a mapping of, read-write, on their own: words every
-    /// process of the host may update.
-    pub fn open_part(whole: &SharedView, offset: usize, len: usize) -> io::Result<SharedMemory> {
-        let inside = offset.checked_add(len).is_some_and(|end| end <= whole.len);
-        if !inside {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "a part past the end of the memory file",
-            ));
-        }
-        SharedView::map(whole.fd.try_clone()?, offset, len, true).map(SharedMemory)
+    /// Maps a memory file another process made for every process of the
+    /// host to update, read-write, whole.
+    pub fn open(fd: OwnedFd) -> io::Result<SharedMemory> {
+        let len = usize::try_from(fstat(&fd)?.st_size)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a negative size"))?;
+        SharedView::map(fd, 0, len, true).map(SharedMemory)
     }
 
     /// The 64-bit word at `offset` (a multiple of 8, inside), for atomic
@@ -497,9 +491,9 @@ mod tests {
         theirs.read(100, &mut out);
         assert_eq!((&out, theirs.load(8, Ordering::Acquire)), (b"hello", 42));
         assert!(theirs.inheritable().is_ok());
-        // A part mapped on its own is writable, and written where the whole is.
-        let part = SharedMemory::open_part(&theirs, 4096, 4096).unwrap();
-        part.word(16).store(7, Ordering::Release);
+        // Opened writable by another, it is written where this one reads.
+        let other = SharedMemory::open(mine.fd.try_clone().unwrap()).unwrap();
+        other.word(4096 + 16).store(7, Ordering::Release);
         assert_eq!(mine.load(4096 + 16, Ordering::Acquire), 7);
     }
 }

@@ -10,7 +10,7 @@ use std::fmt;
 
 use sha1::{Digest, Sha1};
 
-use crate::protocol::names::{self, Pattern};
+use crate::protocol::names::{ClientId, Pattern};
 
 /// Longest token a token file may hold, in bytes.
 pub const MAX_TOKEN_LEN: usize = 256;
@@ -46,7 +46,7 @@ pub struct Grant {
     /// server allows anyone.
     pub channels: Option<Vec<Pattern>>,
     /// The client id its bearer must use (and gets when it names none).
-    pub id: Option<Box<str>>,
+    pub id: Option<ClientId>,
 }
 
 impl fmt::Debug for Tokens {
@@ -116,8 +116,8 @@ impl Tokens {
                             Some(patterns.map_err(|_| invalid("a channel pattern is not valid"))?);
                     }
                     Some(("id", id)) if grant.id.is_none() => {
-                        names::check(id).map_err(|_| invalid("the id is not valid"))?;
-                        grant.id = Some(id.into());
+                        let id = ClientId::new(id).map_err(|_| invalid("the id is not valid"))?;
+                        grant.id = Some(id);
                     }
                     _ => {
                         return Err(invalid(
@@ -363,7 +363,7 @@ mod tests {
             .collect();
         assert_eq!((patterns, reader.id), (vec!["news.*", "chat"], None));
         let alice = grant(b"alice-token");
-        assert_eq!(alice.id.as_deref(), Some("alice"));
+        assert_eq!(alice.id.as_ref().map(ClientId::as_str), Some("alice"));
         assert_eq!(tokens.find(b"nobody"), None);
         for (line, why) in [
             (

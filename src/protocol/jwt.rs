@@ -30,7 +30,7 @@ use ring::signature::{self, UnparsedPublicKey};
 use serde::Deserialize;
 
 use crate::protocol::auth::{Grant, MAX_PRESENTED_LEN};
-use crate::protocol::names::{self, Pattern};
+use crate::protocol::names::{ClientId, Pattern};
 
 /// The longest token taken, in bytes.
 pub const MAX_JWT_LEN: usize = MAX_PRESENTED_LEN;
@@ -399,12 +399,9 @@ impl Verifier {
             }
         }
         let id = match sub {
-            Some(sub) => {
-                names::check(sub).map_err(|_| {
-                    Malformed("malformed token: sub is not a client id (1-64 bytes of letters, digits and - _ . : @)")
-                })?;
-                Some(Box::from(sub.as_ref()))
-            }
+            Some(sub) => Some(ClientId::new(sub).map_err(|_| {
+                Malformed("malformed token: sub is not a client id (1-64 bytes of letters, digits and - _ . : @)")
+            })?),
             None => None,
         };
         let channels = match channels {
@@ -640,7 +637,10 @@ mod tests {
                 NOW,
             )
             .unwrap();
-        assert_eq!(claims.grant.id.as_deref(), Some("alice"));
+        assert_eq!(
+            claims.grant.id.as_ref().map(ClientId::as_str),
+            Some("alice")
+        );
         let channels: Vec<&str> = claims
             .grant
             .channels

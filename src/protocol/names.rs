@@ -63,9 +63,11 @@ fn check_with(name: &str, allowed: impl Fn(u8) -> bool) -> Result<(), NameError>
 }
 
 /// Declares a name type: a `Box<str>` checked by [`check`] when it is
-/// made, so that code which takes one never checks it again.
+/// made, so that code which takes one never checks it again; and its
+/// borrowed twin, a name checked where it was read (a request's query)
+/// that stays in the text it came in.
 macro_rules! name_type {
-    ($(#[$doc:meta])* $name:ident) => {
+    ($(#[$doc:meta])* $name:ident, $(#[$borrowed_doc:meta])* $borrowed:ident) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash)]
         pub struct $name(Box<str>);
@@ -82,10 +84,9 @@ macro_rules! name_type {
                 &self.0
             }
 
-            /// Keeps `name`, checked already (by the query it came in).
-            pub(crate) fn checked(name: &str) -> $name {
-                debug_assert!(check(name).is_ok(), "bug: {name:?} was not checked");
-                $name(name.into())
+            /// The name, borrowed.
+            pub fn borrowed(&self) -> $borrowed<'_> {
+                $borrowed(&self.0)
             }
         }
 
@@ -102,6 +103,34 @@ macro_rules! name_type {
                 f.write_str(&self.0)
             }
         }
+
+        $(#[$borrowed_doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub struct $borrowed<'a>(&'a str);
+
+        impl<'a> $borrowed<'a> {
+            /// Checks `name` and borrows it, or says why it is not valid.
+            pub fn new(name: &'a str) -> Result<$borrowed<'a>, NameError> {
+                check(name)?;
+                Ok($borrowed(name))
+            }
+
+            /// The name as text.
+            pub fn as_str(self) -> &'a str {
+                self.0
+            }
+
+            /// The name, kept.
+            pub fn owned(self) -> $name {
+                $name(self.0.into())
+            }
+        }
+
+        impl fmt::Display for $borrowed<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.0)
+            }
+        }
     };
 }
 
@@ -109,14 +138,20 @@ name_type!(
     /// A channel name: 1 to [`MAX_NAME_LEN`] bytes of ASCII letters, digits
     /// and `- _ . : @`, checked once where it is made ([`ChannelName::new`],
     /// or a command's parse) and never again.
-    ChannelName
+    ChannelName,
+    /// A channel name checked where it was read, borrowed from that text
+    /// ([`ChannelNameRef::new`], or [`ChannelName::borrowed`]).
+    ChannelNameRef
 );
 
 name_type!(
     /// A client id: 1 to [`MAX_NAME_LEN`] bytes of ASCII letters, digits
     /// and `- _ . : @`, checked once where it is made ([`ClientId::new`],
     /// or a command's parse) and never again.
-    ClientId
+    ClientId,
+    /// A client id checked where it was read, borrowed from that text
+    /// ([`ClientIdRef::new`], or [`ClientId::borrowed`]).
+    ClientIdRef
 );
 
 /// A pattern over channel names: a name in which `*` stands for any run
@@ -214,6 +249,10 @@ mod tests {
         for good in ["news.eu", "user@example.com", &"x".repeat(64)] {
             assert_eq!(ChannelName::new(good).unwrap().as_str(), good);
             assert_eq!(ClientId::try_from(good).unwrap().as_str(), good);
+            let borrowed = ClientIdRef::new(good).unwrap();
+            assert_eq!(borrowed.as_str(), good);
+            assert_eq!(borrowed.owned().borrowed(), borrowed);
+            assert_eq!(ChannelNameRef::new(good).unwrap().owned().as_str(), good);
         }
         let bad: [(&str, NameError); 4] = [
             ("", NameError::Empty),
@@ -224,6 +263,8 @@ mod tests {
         for (name, why) in bad {
             assert_eq!(ChannelName::try_from(name), Err(why), "{name:?}");
             assert_eq!(ClientId::new(name), Err(why), "{name:?}");
+            assert_eq!(ClientIdRef::new(name), Err(why), "{name:?}");
+            assert_eq!(ChannelNameRef::new(name), Err(why), "{name:?}");
         }
         assert_eq!(ClientId::new("alice").unwrap().to_string(), "alice");
     }

@@ -7,7 +7,7 @@
 
 use crate::protocol::auth::Grant;
 use crate::protocol::http::Rejection;
-use crate::protocol::names::{self, Pattern};
+use crate::protocol::names::{self, ChannelNameRef, ClientId, ClientIdRef, Pattern};
 use crate::protocol::position::Position;
 
 /// The query parameter naming the client id.
@@ -51,13 +51,14 @@ pub struct UpgradeLimits<'a> {
     pub require_token_id: bool,
 }
 
-/// A request's id and channels, valid and allowed.
+/// A request's id and channels, valid and allowed: names checked here,
+/// borrowed from the request's target.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Asked<'a> {
     /// The client id: the query's, or the token's when the query has none.
-    pub id: Option<&'a str>,
+    pub id: Option<ClientIdRef<'a>>,
     /// The channels asked for, in order (a name given twice comes twice).
-    pub channels: Vec<&'a str>,
+    pub channels: Vec<ChannelNameRef<'a>>,
     /// Positions, and from where.
     pub resume: Resume,
 }
@@ -99,15 +100,14 @@ pub fn asked<'a>(
             SINCE_PARAM => since = Some(value),
             ID_PARAM if id.is_some() => return Err(Rejection::BadRequest("more than one id")),
             ID_PARAM => {
-                names::check(value).map_err(|_| {
+                id = Some(ClientIdRef::new(value).map_err(|_| {
                     Rejection::BadRequest(
                         "the id is not 1-64 bytes of letters, digits and - _ . : @",
                     )
-                })?;
-                id = Some(value);
+                })?);
             }
             CHANNEL_PARAM => {
-                names::check(value).map_err(|_| {
+                let channel = ChannelNameRef::new(value).map_err(|_| {
                     Rejection::BadRequest(
                         "a channel is not 1-64 bytes of letters, digits and - _ . : @",
                     )
@@ -122,12 +122,15 @@ pub fn asked<'a>(
                 if !allowed {
                     return Err(Rejection::Forbidden("channel not allowed"));
                 }
-                channels.push(value);
+                channels.push(channel);
             }
             _ => {}
         }
     }
-    let id = match (id, grant.and_then(|g| g.id.as_deref())) {
+    let id = match (
+        id,
+        grant.and_then(|g| g.id.as_ref()).map(ClientId::borrowed),
+    ) {
         (Some(asked), Some(bound)) if asked != bound => {
             return Err(Rejection::Forbidden("id not allowed for this token"))
         }
@@ -154,6 +157,11 @@ pub fn asked<'a>(
 mod tests {
     use super::*;
 
+    /// The id an answer took, as text.
+    fn id_of(asked: Result<Asked<'_>, Rejection>) -> Option<&str> {
+        asked.unwrap().id.map(ClientIdRef::as_str)
+    }
+
     fn patterns(list: &[&str]) -> Vec<Pattern> {
         list.iter().map(|p| Pattern::parse(p).unwrap()).collect()
     }
@@ -166,8 +174,9 @@ mod tests {
             require_token_id: false,
         };
         let ok = asked("/ws?id=alice&x=1&channel=news&channel=chat", None, &anyone).unwrap();
-        assert_eq!(ok.id, Some("alice"));
-        assert_eq!(ok.channels, ["news", "chat"]);
+        assert_eq!(ok.id.map(ClientIdRef::as_str), Some("alice"));
+        let channels: Vec<&str> = ok.channels.iter().map(|c| c.as_str()).collect();
+        assert_eq!(channels, ["news", "chat"]);
         let none = asked("/ws", None, &anyone).unwrap();
         assert_eq!((none.id, none.channels.len()), (None, 0));
         assert_eq!(none.resume, Resume::Off);
@@ -239,11 +248,11 @@ mod tests {
         };
         let grant = Grant {
             channels: Some(patterns(&["chat.*"])),
-            id: Some("alice".into()),
+            id: Some(ClientId::new("alice").unwrap()),
         };
         let ok = asked("/?channel=chat.1", Some(&grant), &limits).unwrap();
         assert_eq!(
-            ok.id,
+            ok.id.map(ClientIdRef::as_str),
             Some("alice"),
             "the token's id when the query names none"
         );
@@ -270,18 +279,18 @@ mod tests {
         };
         let alice = Grant {
             channels: None,
-            id: Some("alice".into()),
+            id: Some(ClientId::new("alice").unwrap()),
         };
         let unbound = Grant::default();
         let refused = Err(Rejection::Forbidden("id not bound by a token"));
         assert_eq!(asked("/?id=alice", None, &limits), refused);
         assert_eq!(asked("/?id=alice", Some(&unbound), &limits), refused);
         assert_eq!(
-            asked("/?id=alice", Some(&alice), &limits).unwrap().id,
+            id_of(asked("/?id=alice", Some(&alice), &limits)),
             Some("alice")
         );
-        assert_eq!(asked("/", Some(&alice), &limits).unwrap().id, Some("alice"));
-        assert_eq!(asked("/?channel=a", None, &limits).unwrap().id, None);
+        assert_eq!(id_of(asked("/", Some(&alice), &limits)), Some("alice"));
+        assert_eq!(id_of(asked("/?channel=a", None, &limits)), None);
         assert_eq!(
             asked("/?id=bob", Some(&alice), &limits),
             Err(Rejection::Forbidden("id not allowed for this token"))

@@ -2,6 +2,7 @@
 //! request, stored without a heap allocation when it is short.
 
 use crate::protocol::auth::TOKEN_PARAM;
+use crate::protocol::names::ClientIdRef;
 use crate::protocol::query::{params, CHANNEL_PARAM, ID_PARAM, POSITIONS_PARAM, SINCE_PARAM};
 
 /// Longest target stored inline, e.g. `/ws?id=12345678` fits.
@@ -106,14 +107,14 @@ impl RequestTarget {
     /// flag), with
     /// `id=ADDED` appended when the id came from a token rather than the
     /// query. Copied once, onto the heap only when longer than 15 bytes.
-    pub fn kept(target: &str, added_id: Option<&str>) -> RequestTarget {
+    pub fn kept(target: &str, added_id: Option<ClientIdRef<'_>>) -> RequestTarget {
         let (path, query) = target.split_once('?').unwrap_or((target, ""));
         let pairs = query.split('&').filter(|pair| {
             let key = pair.split_once('=').map_or(*pair, |(key, _)| key);
             !pair.is_empty()
                 && ![TOKEN_PARAM, CHANNEL_PARAM, POSITIONS_PARAM, SINCE_PARAM].contains(&key)
         });
-        let added = added_id.map(|id| ["id=", id]);
+        let added = added_id.map(|id| ["id=", id.as_str()]);
         let mut out = Builder::default();
         out.push(path);
         for (i, pair) in pairs.map(|p| ["", p]).chain(added).enumerate() {
@@ -123,12 +124,14 @@ impl RequestTarget {
         out.finish()
     }
 
-    /// The client id (the `id` parameter), if any.
-    pub fn id(&self) -> Option<&str> {
+    /// The client id (the `id` parameter), if any: a connection's target
+    /// holds only an id checked as its upgrade was taken (an `id` that is
+    /// not a valid one, in a target kept some other way, is none).
+    pub fn id(&self) -> Option<ClientIdRef<'_>> {
         let (_, query) = self.as_str().split_once('?')?;
         params(query)
             .find(|(key, _)| *key == ID_PARAM)
-            .map(|(_, id)| id)
+            .and_then(|(_, id)| ClientIdRef::new(id).ok())
     }
 
     /// The whole target, path and query.
@@ -188,11 +191,18 @@ mod tests {
             ),
         ];
         for (target, added, want) in cases {
+            let added = added.map(|id| ClientIdRef::new(id).unwrap());
             let kept = RequestTarget::kept(target, added);
             assert_eq!(kept.as_str(), want, "{target}");
         }
-        assert_eq!(RequestTarget::kept("/ws?x=1&id=7", None).id(), Some("7"));
-        assert_eq!(RequestTarget::kept("/ws?x=1", None).id(), None);
+        let id = |target| {
+            RequestTarget::kept(target, None)
+                .id()
+                .map(|id| id.as_str().to_owned())
+        };
+        assert_eq!(id("/ws?x=1&id=7"), Some("7".to_owned()));
+        assert_eq!(id("/ws?x=1"), None);
+        assert_eq!(id("/ws?id=a%20b"), None, "not an id");
         let resumed = RequestTarget::kept("/ws?id=1234567&since=00c0ffee1234abcd.99999", None);
         assert!(matches!(resumed.0, Stored::Inline { .. }), "{resumed:?}");
     }

@@ -79,6 +79,7 @@ pub use net::sockets::listen;
 use net::sockets::{Door, Ready, Sockets, ALARM, LISTENER, METRICS_LISTENER, WAKER};
 use records::Records;
 use report::Report;
+use time::host::HostDelivery;
 use time::Clock;
 
 use crate::server::conn::CloseReason;
@@ -245,7 +246,7 @@ impl Server {
             .map(|up| Outbox::new(up, Arc::clone(&shared.shelf)));
         let now = Instant::now();
         let records = Records::new(&config)?;
-        let host = records.history.host_page()?;
+        let host = HostDelivery::memory(config.host_fd.as_deref())?;
         Ok(Server {
             clock: Clock::new(&config, sockets.registry(), host, now)?,
             conns: Connections::new(&config, upstream),

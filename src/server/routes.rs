@@ -21,6 +21,8 @@ use std::hash::BuildHasher;
 use hashbrown::HashTable;
 use slab::Slab;
 
+use crate::protocol::names::{ChannelNameRef, ClientIdRef};
+
 /// A connection's slot in the loop's slab.
 pub type Slot = u32;
 
@@ -99,10 +101,10 @@ impl Routes {
     /// tell apart ids whose hashes collide.
     pub fn holders<'a, 'f>(
         &'a self,
-        id: &'a str,
-        id_of: impl Fn(Slot) -> Option<&'f str> + 'a,
+        id: ClientIdRef<'a>,
+        id_of: impl Fn(Slot) -> Option<ClientIdRef<'f>> + 'a,
     ) -> impl Iterator<Item = Slot> + 'a {
-        let hash = id_hash(&self.hasher, id);
+        let hash = id_hash(&self.hasher, id.as_str());
         let filed = self.holders.iter_hash(spread(hash)).copied();
         let waiting = self
             .joining
@@ -111,7 +113,7 @@ impl Routes {
             .map(|&(slot, _)| slot);
         filed
             .chain(waiting)
-            .filter(move |&slot| id_of(slot) == Some(id))
+            .filter(move |&slot| id_of(slot).map(ClientIdRef::as_str) == Some(id.as_str()))
     }
 
     /// The channels subscribed to now.
@@ -178,19 +180,19 @@ impl Routes {
     }
 
     /// The subscribers of `name` (none if nobody is subscribed).
-    pub fn subscribers(&self, name: &str) -> &[Slot] {
-        self.channel(name)
+    pub fn subscribers(&self, name: ChannelNameRef<'_>) -> &[Slot] {
+        self.channel(name.as_str())
             .map_or(&[], |i| &self.channels[i as usize].subscribers)
     }
 
     /// Enters a connection that just upgraded with client id `id` (if
     /// any) among the id's holders; it has no channel yet. Filed at once
     /// while the table has room, else when the loop next makes room.
-    pub fn join(&mut self, slot: Slot, id: Option<&str>) {
+    pub fn join(&mut self, slot: Slot, id: Option<ClientIdRef<'_>>) {
         let Some(id) = id else {
             return;
         };
-        let hash = id_hash(&self.hasher, id);
+        let hash = id_hash(&self.hasher, id.as_str());
         if self.holders.len() < self.holders.capacity() {
             // Room without growing, so the table never files the others
             // again here (it could not: their ids are not at hand).
@@ -204,12 +206,13 @@ impl Routes {
 
     /// Files the connections waiting to join, growing the holders' table
     /// as they need; `id_of` gives each holder's id, to file it again.
-    pub fn make_room<'f>(&mut self, id_of: impl Fn(Slot) -> Option<&'f str>) {
+    pub fn make_room<'f>(&mut self, id_of: impl Fn(Slot) -> Option<ClientIdRef<'f>>) {
         if self.joining.is_empty() {
             return;
         }
         let hasher = &self.hasher;
-        let hash_of = |&slot: &Slot| spread(id_of(slot).map_or(0, |id| id_hash(hasher, id)));
+        let hash_of =
+            |&slot: &Slot| spread(id_of(slot).map_or(0, |id| id_hash(hasher, id.as_str())));
         let before = self.holders.capacity();
         self.holders.reserve(self.joining.len(), hash_of);
         for (slot, hash) in self.joining.drain(..) {
@@ -221,8 +224,12 @@ impl Routes {
     }
 
     /// Subscribes `slot` to `name`; `Ok(false)` if it already was.
-    pub fn subscribe(&mut self, slot: Slot, name: &str) -> Result<bool, ChannelLimit> {
-        let channel = self.channel_or_new(name)?;
+    pub fn subscribe(
+        &mut self,
+        slot: Slot,
+        name: ChannelNameRef<'_>,
+    ) -> Result<bool, ChannelLimit> {
+        let channel = self.channel_or_new(name.as_str())?;
         let membership = Membership { slot, channel };
         let hash = spread(slot);
         if self.memberships.find(hash, |m| *m == membership).is_some() {
@@ -242,8 +249,8 @@ impl Routes {
     }
 
     /// Unsubscribes `slot` from `name`; `false` if it was not subscribed.
-    pub fn unsubscribe(&mut self, slot: Slot, name: &str) -> bool {
-        let Some(channel) = self.channel(name) else {
+    pub fn unsubscribe(&mut self, slot: Slot, name: ChannelNameRef<'_>) -> bool {
+        let Some(channel) = self.channel(name.as_str()) else {
             return false;
         };
         let membership = Membership { slot, channel };
@@ -260,9 +267,9 @@ impl Routes {
 
     /// Takes `slot` (with client id `id`) out of every channel and out of
     /// the id's holders: its connection closed.
-    pub fn leave(&mut self, slot: Slot, id: Option<&str>) {
+    pub fn leave(&mut self, slot: Slot, id: Option<ClientIdRef<'_>>) {
         if let Some(id) = id {
-            let hash = id_hash(&self.hasher, id);
+            let hash = id_hash(&self.hasher, id.as_str());
             match self.holders.find_entry(spread(hash), |&s| s == slot) {
                 Ok(entry) => drop(entry.remove()),
                 Err(_) => self.joining.retain(|&(s, _)| s != slot),
@@ -296,6 +303,14 @@ impl Routes {
 mod tests {
     use super::*;
 
+    fn id(name: &str) -> ClientIdRef<'_> {
+        ClientIdRef::new(name).unwrap()
+    }
+
+    fn ch(name: &str) -> ChannelNameRef<'_> {
+        ChannelNameRef::new(name).unwrap()
+    }
+
     fn sorted(slots: impl IntoIterator<Item = Slot>) -> Vec<Slot> {
         let mut v: Vec<Slot> = slots.into_iter().collect();
         v.sort_unstable();
@@ -306,20 +321,23 @@ mod tests {
     fn ids_find_every_holder_and_only_theirs() {
         let mut routes = Routes::new(10);
         let ids = ["alice", "bob", "alice", "carol", "alice"];
-        let id_of = |slot: Slot| ids.get(slot as usize).copied();
-        for (slot, id) in ids.iter().enumerate() {
-            routes.join(slot as Slot, Some(id));
+        let id_of = |slot: Slot| ids.get(slot as usize).map(|name| id(name));
+        for (slot, name) in ids.iter().enumerate() {
+            routes.join(slot as Slot, Some(id(name)));
         }
         for made_room in [false, true] {
-            assert_eq!(sorted(routes.holders("alice", id_of)), [0, 2, 4]);
-            assert_eq!(sorted(routes.holders("bob", id_of)), [1]);
-            assert_eq!(sorted(routes.holders("dave", id_of)), Vec::<Slot>::new());
+            assert_eq!(sorted(routes.holders(id("alice"), id_of)), [0, 2, 4]);
+            assert_eq!(sorted(routes.holders(id("bob"), id_of)), [1]);
+            assert_eq!(
+                sorted(routes.holders(id("dave"), id_of)),
+                Vec::<Slot>::new()
+            );
             assert_eq!(routes.id_count(), 5);
             assert_eq!(routes.joining.is_empty(), made_room);
             routes.make_room(id_of);
         }
-        routes.leave(2, Some("alice"));
-        assert_eq!(sorted(routes.holders("alice", id_of)), [0, 4]);
+        routes.leave(2, Some(id("alice")));
+        assert_eq!(sorted(routes.holders(id("alice"), id_of)), [0, 4]);
         assert_eq!(routes.id_count(), 4);
     }
 
@@ -330,17 +348,17 @@ mod tests {
         let hash = id_hash(&routes.hasher, "alice");
         routes.joining.extend([(1, hash), (2, hash)]);
         let id_of = |slot: Slot| match slot {
-            1 => Some("alice"),
-            2 => Some("mallory"),
+            1 => Some(id("alice")),
+            2 => Some(id("mallory")),
             _ => None,
         };
-        assert_eq!(sorted(routes.holders("alice", id_of)), [1], "waiting");
+        assert_eq!(sorted(routes.holders(id("alice"), id_of)), [1], "waiting");
         let mut filed = Routes::new(10);
         filed.hasher = routes.hasher.clone();
         for slot in [1, 2] {
             filed.holders.insert_unique(spread(hash), slot, |_| 0);
         }
-        assert_eq!(sorted(filed.holders("alice", id_of)), [1], "filed");
+        assert_eq!(sorted(filed.holders(id("alice"), id_of)), [1], "filed");
     }
 
     /// Holders that joined while the table was full are found, can leave
@@ -350,7 +368,7 @@ mod tests {
     fn joins_wait_for_room_and_are_filed_when_it_grows() {
         let mut routes = Routes::new(10);
         let ids: Vec<String> = (0..1000).map(|i| format!("u{}", i % 300)).collect();
-        let id_of = |slot: Slot| ids.get(slot as usize).map(String::as_str);
+        let id_of = |slot: Slot| ids.get(slot as usize).map(|name| id(name));
         let mut waited = 0;
         for slot in 0..1000u32 {
             routes.join(slot, id_of(slot));
@@ -365,7 +383,8 @@ mod tests {
         }
         assert!(waited > 1, "joins waited for room");
         assert!(routes.take_grown(), "the holders' table grew");
-        let holders_of = |routes: &Routes, i: u32| sorted(routes.holders(&ids[i as usize], id_of));
+        let holders_of =
+            |routes: &Routes, i: u32| sorted(routes.holders(id(&ids[i as usize]), id_of));
         for made_room in [false, true] {
             for i in [0u32, 200, 299] {
                 let want: Vec<Slot> = (0..1000).filter(|s| s % 300 == i && *s != 500).collect();
@@ -383,41 +402,44 @@ mod tests {
     #[test]
     fn subscriptions_come_and_go_with_their_channels() {
         let mut routes = Routes::new(2);
-        assert_eq!(routes.subscribe(1, "news"), Ok(true));
-        assert_eq!(routes.subscribe(1, "news"), Ok(false), "once");
-        assert_eq!(routes.subscribe(2, "news"), Ok(true));
-        assert_eq!(routes.subscribe(2, "chat"), Ok(true));
+        assert_eq!(routes.subscribe(1, ch("news")), Ok(true));
+        assert_eq!(routes.subscribe(1, ch("news")), Ok(false), "once");
+        assert_eq!(routes.subscribe(2, ch("news")), Ok(true));
+        assert_eq!(routes.subscribe(2, ch("chat")), Ok(true));
         assert_eq!(
-            routes.subscribe(3, "sport"),
+            routes.subscribe(3, ch("sport")),
             Err(ChannelLimit),
             "two at most"
         );
-        assert_eq!(sorted(routes.subscribers("news").iter().copied()), [1, 2]);
-        assert!(routes.unsubscribe(1, "news"));
-        assert!(!routes.unsubscribe(1, "news"));
-        assert!(!routes.unsubscribe(1, "nothing"));
-        assert_eq!(routes.subscribers("news"), [2]);
+        assert_eq!(
+            sorted(routes.subscribers(ch("news")).iter().copied()),
+            [1, 2]
+        );
+        assert!(routes.unsubscribe(1, ch("news")));
+        assert!(!routes.unsubscribe(1, ch("news")));
+        assert!(!routes.unsubscribe(1, ch("nothing")));
+        assert_eq!(routes.subscribers(ch("news")), [2]);
         routes.leave(2, None);
         assert_eq!(routes.channel_count(), 0, "empty channels are dropped");
         assert_eq!(routes.subscription_count(), 0);
-        assert_eq!(routes.subscribers("news"), [] as [Slot; 0]);
-        assert_eq!(routes.subscribe(3, "sport"), Ok(true), "room again");
+        assert_eq!(routes.subscribers(ch("news")), [] as [Slot; 0]);
+        assert_eq!(routes.subscribe(3, ch("sport")), Ok(true), "room again");
     }
 
     #[test]
     fn a_connection_is_in_a_channel_once_and_leaves_nothing_behind() {
         let mut routes = Routes::new(10);
-        routes.join(7, Some("bob"));
-        assert_eq!(routes.subscribe(7, "a"), Ok(true));
-        assert_eq!(routes.subscribe(7, "b"), Ok(true));
-        assert!(routes.unsubscribe(7, "a"));
-        assert_eq!(routes.subscribe(7, "b"), Ok(false), "b is still there");
-        assert_eq!(routes.subscribers("b"), [7]);
+        routes.join(7, Some(id("bob")));
+        assert_eq!(routes.subscribe(7, ch("a")), Ok(true));
+        assert_eq!(routes.subscribe(7, ch("b")), Ok(true));
+        assert!(routes.unsubscribe(7, ch("a")));
+        assert_eq!(routes.subscribe(7, ch("b")), Ok(false), "b is still there");
+        assert_eq!(routes.subscribers(ch("b")), [7]);
         assert_eq!(routes.subscription_count(), 1);
-        assert_eq!(routes.subscribe(8, "b"), Ok(true));
-        assert!(routes.unsubscribe(8, "b"));
+        assert_eq!(routes.subscribe(8, ch("b")), Ok(true));
+        assert!(routes.unsubscribe(8, ch("b")));
         assert_eq!(routes.memberships.len(), 1, "only bob's");
-        routes.leave(7, Some("bob"));
+        routes.leave(7, Some(id("bob")));
         assert_eq!(
             (
                 routes.holders.len() + routes.joining.len(),
@@ -432,20 +454,20 @@ mod tests {
     #[test]
     fn many_connections_and_channels_stay_consistent() {
         let mut routes = Routes::new(1000);
-        let id = |slot: u32| slot.is_multiple_of(2).then(|| format!("u{slot}"));
+        let name = |slot: u32| slot.is_multiple_of(2).then(|| format!("u{slot}"));
         for slot in 0..500u32 {
-            routes.join(slot, id(slot).as_deref());
+            routes.join(slot, name(slot).as_deref().map(id));
             for c in 0..(slot % 7) {
-                routes.subscribe(slot, &format!("c{c}")).unwrap();
+                routes.subscribe(slot, ch(&format!("c{c}"))).unwrap();
             }
         }
         for slot in (0..500u32).step_by(3) {
-            routes.leave(slot, id(slot).as_deref());
+            routes.leave(slot, name(slot).as_deref().map(id));
         }
         for c in 0..7u32 {
             let want: Vec<Slot> = (0..500).filter(|s| s % 3 != 0 && s % 7 > c).collect();
             assert_eq!(
-                sorted(routes.subscribers(&format!("c{c}")).iter().copied()),
+                sorted(routes.subscribers(ch(&format!("c{c}"))).iter().copied()),
                 want,
                 "c{c}"
             );

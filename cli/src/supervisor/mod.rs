@@ -75,12 +75,20 @@ use crate::board::{Board, Heard, Word};
 use crate::chunks::{Control, CONTROL};
 use crate::input::{Recorder, EVICT_EVERY};
 use crate::merge::{self, Merge};
+use wspush::sys::SharedMemory;
+
+/// The size of the host's shared words' memory: a page.
+const HOST_MEMORY_LEN: usize = 4096;
 
 /// The environment variable that tells an instance its number (1-based).
 pub const INSTANCE_ENV: &str = "WSPUSH_INSTANCE";
 /// The environment variable that names the descriptor of the host's
 /// history, which the supervisor writes and its instances read.
 pub const HISTORY_FD_ENV: &str = "WSPUSH_HISTORY_FD";
+/// The environment variable that names the descriptor of the host's
+/// shared words (see `wspush::Config::host_fd`), which the supervisor
+/// makes and every instance updates.
+pub const HOST_FD_ENV: &str = "WSPUSH_HOST_FD";
 /// The environment variable that tells an instance the number of the
 /// first input line it reads (the lines before it went to the others):
 /// a line's number is its messages' position on every instance.
@@ -355,6 +363,8 @@ struct Program {
     args: Vec<OsString>,
     /// The descriptor of the history the instances read.
     history_fd: i32,
+    /// The descriptor of the host's shared words.
+    host_fd: i32,
     /// The new binary's file, held open while its instances run, so that
     /// `path` (this process's descriptor of it) keeps naming it whatever
     /// is later put on disk.
@@ -390,6 +400,7 @@ impl Program {
             .args(&self.args)
             .env(INSTANCE_ENV, start.number.to_string())
             .env(HISTORY_FD_ENV, self.history_fd.to_string())
+            .env(HOST_FD_ENV, self.host_fd.to_string())
             .env(LISTEN_FD_ENV, start.listener.as_raw_fd().to_string())
             .env(FIRST_LINE_ENV, start.first_line.unwrap_or(1).to_string())
             .env(RESTARTS_ENV, start.earlier.to_string())
@@ -471,6 +482,8 @@ pub struct Supervisor {
     feeds_lost: usize,
     /// Keeps the messages of the input in the host's history.
     recorder: Recorder,
+    /// The host's shared words, which the instances map.
+    _host: SharedMemory,
     /// What each process holds, as it says, for `GET /stats`.
     board: Board,
 }
@@ -507,12 +520,14 @@ impl Supervisor {
         }
         poll.registry()
             .register(&mut signal_pipe, SIGNALS, Interest::READABLE)?;
+        let host = SharedMemory::create("wspush-host", HOST_MEMORY_LEN)?;
         let count = listeners.len();
         let mut supervisor = Supervisor {
             program: Rc::new(Program {
                 path: program.to_path_buf(),
                 args: args.to_vec(),
                 history_fd: recorder.inheritable_fd()?,
+                host_fd: host.inheritable()?.as_raw_fd(),
                 _binary: None,
             }),
             on_disk,
@@ -531,6 +546,7 @@ impl Supervisor {
             waker: Arc::new(waker),
             feeds_lost: 0,
             board: Board::default(),
+            _host: host,
         };
         if merge_output {
             supervisor.merge = Some(Merge::new(Arc::clone(&supervisor.waker))?);

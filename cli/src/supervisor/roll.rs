@@ -51,6 +51,7 @@ impl Supervisor {
                     )),
                     args: self.program.args.clone(),
                     history_fd: self.program.history_fd,
+                    host_fd: self.program.host_fd,
                     _binary: Some(file),
                 };
                 self.roll = Some(Roll {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::wire::{Ending, Outgoing, OwnMessage};
 use super::{CloseReason, Conn, Ctx, Flags, Phase, Verdict};
 use crate::ops::metrics::Metrics;
+use crate::protocol::names::ClientIdRef;
 use crate::protocol::ws::{CloseCode, OpCode, ProtocolError};
 use crate::server::key::ConnKey;
 use crate::server::net::queue::Sent;
@@ -27,7 +28,8 @@ impl Conn {
             if let Some(upstream) = ctx.upstream.as_deref_mut() {
                 let conn = self.conn_ref(key, ctx.config.instance);
                 let wire = self.wire.upstream_name();
-                upstream.closed(conn, self.target.id(), reason.code(), wire);
+                let id = self.target.id().map(ClientIdRef::as_str);
+                upstream.closed(conn, id, reason.code(), wire);
             }
         }
         self.discard_output(key, true, ctx);

@@ -9,7 +9,7 @@ use crate::protocol::http::{
     self, Credential, Endpoints, HandshakeRules, HeadStatus, Rejection, MAX_RESPONSE_LEN,
 };
 use crate::protocol::jwt;
-use crate::protocol::names::{ChannelName, ClientId};
+use crate::protocol::names::ClientIdRef;
 use crate::protocol::position::Status;
 use crate::protocol::query::{self, Resume, UpgradeLimits};
 use crate::protocol::target::RequestTarget;
@@ -145,17 +145,14 @@ impl Conn {
         if let Some(upstream) = ctx.upstream.as_deref_mut() {
             let conn = self.conn_ref(key, config.instance);
             let wire = Wire::of(&upgrade.protocol).upstream_name();
-            upstream.opened(conn, asked.id, asked.channels.iter().copied(), wire);
+            let channels = asked.channels.iter().map(|c| c.as_str());
+            upstream.opened(conn, asked.id.map(ClientIdRef::as_str), channels, wire);
         }
         self.target = target;
         let filter = match asked.resume {
             Resume::Since(_) => Filter {
-                id: asked.id.map(ClientId::checked),
-                channels: asked
-                    .channels
-                    .iter()
-                    .map(|c| ChannelName::checked(c))
-                    .collect(),
+                id: asked.id.map(ClientIdRef::owned),
+                channels: asked.channels.iter().map(|c| c.owned()).collect(),
             },
             Resume::Off | Resume::Positions => Filter::default(),
         };

@@ -7,6 +7,7 @@
 use super::wire::{Outgoing, OwnMessage};
 use super::{CloseReason, Conn, Ctx, Flags, Phase, Verdict};
 use crate::ops::metrics::Metrics;
+use crate::protocol::names::ClientIdRef;
 use crate::protocol::ws::inflate::InflateError;
 use crate::protocol::ws::{CloseCode, Event, MessageKind, OpCode, ProtocolError};
 use crate::server::handle::upstream::Offered;
@@ -256,7 +257,8 @@ impl Conn {
     ) -> Verdict {
         if let Some(upstream) = ctx.upstream.as_deref_mut() {
             let conn = self.conn_ref(key, ctx.config.instance);
-            match upstream.message(conn, self.target.id(), kind, message) {
+            let id = self.target.id().map(ClientIdRef::as_str);
+            match upstream.message(conn, id, kind, message) {
                 Offered::Taken => Metrics::incr(&ctx.metrics.upstream_messages),
                 Offered::TakenPausing => {
                     Metrics::incr(&ctx.metrics.upstream_messages);

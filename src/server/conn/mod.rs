@@ -31,6 +31,7 @@ use crate::config::Config;
 use crate::ops::metrics::{Metrics, Tally};
 use crate::protocol::commands::ConnRef;
 use crate::protocol::http::{Endpoint, Endpoints, Method};
+use crate::protocol::names::ClientIdRef;
 use crate::protocol::target::RequestTarget;
 use crate::protocol::ws::inflate::Inflater;
 use crate::protocol::ws::Decoder;
@@ -325,7 +326,7 @@ impl Conn {
     }
 
     /// Its client id, if it has one.
-    pub fn id(&self) -> Option<&str> {
+    pub fn id(&self) -> Option<ClientIdRef<'_>> {
         self.target.id()
     }
 

@@ -142,8 +142,8 @@ impl<'a> Directory<'a> {
         for &slot in &self.targeted.recipients {
             for channel in channels {
                 if !on {
-                    self.routes.unsubscribe(slot, channel.as_str());
-                } else if self.routes.subscribe(slot, channel.as_str()).is_err() {
+                    self.routes.unsubscribe(slot, channel.borrowed());
+                } else if self.routes.subscribe(slot, channel.borrowed()).is_err() {
                     Metrics::incr(&metrics.subscriptions_refused);
                     log::warn!("subscription of {id} to {channel} refused: at the channel limit");
                 }
@@ -171,7 +171,7 @@ impl<'a> Directory<'a> {
                 for channel in channels {
                     recipients.extend(
                         self.routes
-                            .subscribers(channel.as_str())
+                            .subscribers(channel.borrowed())
                             .iter()
                             .filter(|s| open(s)),
                     );
@@ -183,7 +183,11 @@ impl<'a> Directory<'a> {
             }
             Recipients::Id(id) => {
                 let id_of = |slot: Slot| conns.get(slot as usize).and_then(|c| c.id());
-                recipients.extend(self.routes.holders(id.as_str(), id_of).filter(|s| open(s)));
+                recipients.extend(
+                    self.routes
+                        .holders(id.borrowed(), id_of)
+                        .filter(|s| open(s)),
+                );
             }
             Recipients::Conn(conn) => {
                 let holder = conns.get(conn.slot as usize);

@@ -441,11 +441,6 @@ impl History {
     pub fn refused(&self) -> u64 {
         self.ring.refused()
     }
-
-    /// The host's page of the history's memory (see [`Ring::host_page`]).
-    pub fn host_page(&self) -> io::Result<crate::ops::sys::SharedMemory> {
-        self.ring.host_page()
-    }
 }
 
 /// Frames a replay copied out of the history, back to back, with each

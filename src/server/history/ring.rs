@@ -4,7 +4,7 @@
 //! holds its history once, and an instance that dies loses none of it.
 //!
 //! The memory holds a header of 64-bit words (the writer's page, then a
-//! page of words any process of the host updates), an index of slots (a
+//! page kept free), an index of slots (a
 //! record's first and last positions and where it is) and the data: each
 //! record is its recipients and its frames as framed (with positions,
 //! and compressed ones beside them), or, for a message the history
@@ -46,11 +46,11 @@ const MESSAGES: usize = 9;
 const BYTES: usize = 10;
 /// Messages refused so far (each larger than the byte bound alone).
 const REFUSED: usize = 11;
-/// The writer's words are in the first page; the second is the host's
-/// (see [`Ring::host_page`]).
-const HOST_PAGE_AT: usize = 4096;
-const HOST_PAGE_LEN: usize = 4096;
-const HEADER_LEN: usize = HOST_PAGE_AT + HOST_PAGE_LEN;
+/// The writer's words are in the first page; the second is kept free
+/// (the host's words once were there; they have a memory of their own
+/// now, see `time::host`), so that a ring reads alike to every build of
+/// the program, as during an upgrade.
+const HEADER_LEN: usize = 2 * 4096;
 /// A slot: first and last positions, and where the record is.
 const SLOT_LEN: usize = 24;
 /// A record's head: total length, frames' length, compressed frames'
@@ -248,14 +248,6 @@ impl Ring {
     /// The shared memory (to hand its descriptor on).
     pub fn memory(&self) -> &SharedView {
         self.mem.view()
-    }
-
-    /// The host's page of the ring's memory, mapped read-write on its own:
-    /// words any process of the host updates (see
-    /// [`HostDelivery`](crate::server::time::host::HostDelivery)), kept here
-    /// because this memory is the one every instance of a host maps.
-    pub fn host_page(&self) -> io::Result<SharedMemory> {
-        SharedMemory::open_part(self.mem.view(), HOST_PAGE_AT, HOST_PAGE_LEN)
     }
 
     /// Whether this process writes it.

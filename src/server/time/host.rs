@@ -1,19 +1,25 @@
 //! The host-wide word a heartbeat yields to: when an instance of the host
 //! last had a broadcast under way. Every instance's heartbeat sweep waits
 //! while one is (see `heartbeat`), so that pings never compete with a
-//! fan-out for the host's CPUs. The word is in a page every process of
-//! the host maps read-write ([`Ring::host_page`](crate::server::history::ring::Ring::host_page)),
-//! in nanoseconds of the host's monotonic clock, which every process reads
-//! alike.
+//! fan-out for the host's CPUs. The word is in a memory file of its own
+//! that every process of the host maps read-write
+//! ([`Config::host_fd`](crate::config::Config::host_fd): a supervisor
+//! makes it, its instances inherit it), in nanoseconds of the host's
+//! monotonic clock, which every process reads alike. It shares no memory
+//! with the history, which its readers map read-only.
 
+use std::io;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::ops::sys::{monotonic_nanos, SharedMemory};
 
-/// Where in the host's page the word is.
+/// Where in the host's memory the word is.
 const DELIVERING: usize = 0;
+/// The size of the host's memory of its own (see [`HostDelivery::memory`]).
+pub(crate) const HOST_MEMORY_LEN: usize = 4096;
 
 /// The host's word of the last broadcast under way.
 #[derive(Debug)]
@@ -22,7 +28,16 @@ pub(crate) struct HostDelivery {
 }
 
 impl HostDelivery {
-    /// The word in `page` (the host's page of the history's memory).
+    /// The host's memory, through `shared` (a duplicate of it is mapped),
+    /// or, with none, a page of this process's own.
+    pub(crate) fn memory(shared: Option<&OwnedFd>) -> io::Result<SharedMemory> {
+        match shared {
+            Some(fd) => SharedMemory::open(fd.try_clone()?),
+            None => SharedMemory::create("wspush-host", HOST_MEMORY_LEN),
+        }
+    }
+
+    /// The word in `page` (the host's memory).
     pub(crate) fn new(page: SharedMemory) -> HostDelivery {
         HostDelivery { page }
     }
@@ -76,9 +91,10 @@ mod tests {
 
     #[test]
     fn a_delivery_noted_by_one_instance_is_seen_by_every_mapping() {
-        let whole = SharedMemory::create("wspush-test-host", 4096).unwrap();
-        let mine = HostDelivery::new(SharedMemory::open_part(&whole, 0, 4096).unwrap());
-        let other = HostDelivery::new(SharedMemory::open_part(&whole, 0, 4096).unwrap());
+        let made = SharedMemory::create("wspush-test-host", HOST_MEMORY_LEN).unwrap();
+        let fd = made.inheritable().unwrap().try_clone_to_owned().unwrap();
+        let mine = HostDelivery::new(HostDelivery::memory(Some(&fd)).unwrap());
+        let other = HostDelivery::new(HostDelivery::memory(Some(&fd)).unwrap());
         assert_eq!(other.last(), None, "none yet");
         let t0 = Instant::now();
         let later = t0 + Duration::from_millis(5);

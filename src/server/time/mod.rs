@@ -55,7 +55,7 @@ pub(super) struct Clock {
 
 impl Clock {
     /// The clock for `config`'s intervals, its alarm registered in the
-    /// poll, with the host's page of shared words (see `host`).
+    /// poll, with the host's memory of shared words (see `host`).
     pub(super) fn new(
         config: &Config,
         registry: &Registry,
