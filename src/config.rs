@@ -238,7 +238,10 @@ pub struct Config {
     /// that every server of the host maps read-write, so that each one's
     /// heartbeat yields to the others' broadcasts (a supervisor's instances
     /// inherit its descriptor). None: a page of this server's own.
+    #[cfg(feature = "internals")]
     pub host_fd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    #[cfg(not(feature = "internals"))]
+    pub(crate) host_fd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
 
 impl Default for Config {

@@ -62,7 +62,7 @@
 //! `internals` makes `protocol` and `sys` public, and the binary's
 //! plumbing (on the handle, the shared history's writers, and the
 //! settings a supervisor gives its instances: `Config::instance`,
-//! `first_position` and `degraded`), for the binary, the bench and the
+//! `first_position`, `degraded` and `host_fd`), for the binary, the bench and the
 //! fuzz targets; it is not a stable API.
 #![deny(missing_docs)]
 
