@@ -19,7 +19,7 @@
 //! answer; `input` what is read (frames decoded, messages inflated, then
 //! sent upstream, echoed or answered); `output` what is written (the one
 //! send path, with the connection's wire as its parameter);
-//! `deliver` what a delivery visit gives it; `close` how it ends and
+//! `visit` what a delivery visit gives it; `close` how it ends and
 //! `reason` why; `wire` what its transport makes of each of those;
 //! `aside` what it holds only while busy, out of its slot.
 
@@ -50,13 +50,13 @@ use crate::server::time::timer::{Deadline, Tick, TimerWheel};
 
 mod aside;
 mod close;
-mod deliver;
 mod handshake;
 mod input;
 mod output;
 mod reason;
 #[cfg(test)]
 mod rig;
+mod visit;
 mod wire;
 
 pub use aside::Aside;
