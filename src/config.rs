@@ -234,8 +234,7 @@ pub struct Config {
     /// the descriptor; the epoch is the history's.
     pub history_fd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
     /// The host's shared words: a memory file of at least a page (made
-    /// with [`sys::SharedMemory::create`](crate::sys::SharedMemory::create))
-    /// that every server of the host maps read-write, so that each one's
+    /// with [`host_memory`](crate::host_memory)) that every server of the host maps read-write, so that each one's
     /// heartbeat yields to the others' broadcasts (a supervisor's instances
     /// inherit its descriptor). None: a page of this server's own.
     #[cfg(feature = "internals")]

@@ -96,6 +96,8 @@ pub use protocol::names::{
 };
 pub use protocol::position::Epoch;
 pub use protocol::ws::{CloseCode, MessageKind};
+#[cfg(feature = "internals")]
+pub use server::host_memory;
 pub use server::{
     listen, BindError, BroadcastError, ConnectionInfo, Handle, MessageTooBig, Server, ServerGone,
     SharedHistory, UpstreamReader,

@@ -79,6 +79,8 @@ pub use net::sockets::listen;
 use net::sockets::{Door, Ready, Sockets, ALARM, LISTENER, METRICS_LISTENER, WAKER};
 use records::Records;
 use report::Report;
+#[cfg(feature = "internals")]
+pub use time::host::host_memory;
 use time::host::HostDelivery;
 use time::Clock;
 

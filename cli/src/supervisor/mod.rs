@@ -77,9 +77,6 @@ use crate::input::{Recorder, EVICT_EVERY};
 use crate::merge::{self, Merge};
 use wspush::sys::SharedMemory;
 
-/// The size of the host's shared words' memory: a page.
-const HOST_MEMORY_LEN: usize = 4096;
-
 /// The environment variable that tells an instance its number (1-based).
 pub const INSTANCE_ENV: &str = "WSPUSH_INSTANCE";
 /// The environment variable that names the descriptor of the host's
@@ -520,7 +517,7 @@ impl Supervisor {
         }
         poll.registry()
             .register(&mut signal_pipe, SIGNALS, Interest::READABLE)?;
-        let host = SharedMemory::create("wspush-host", HOST_MEMORY_LEN)?;
+        let host = wspush::host_memory()?;
         let count = listeners.len();
         let mut supervisor = Supervisor {
             program: Rc::new(Program {

@@ -18,8 +18,15 @@ use crate::ops::sys::{monotonic_nanos, SharedMemory};
 
 /// Where in the host's memory the word is.
 const DELIVERING: usize = 0;
-/// The size of the host's memory of its own (see [`HostDelivery::memory`]).
-pub(crate) const HOST_MEMORY_LEN: usize = 4096;
+/// The size of the host's memory: a page.
+const HOST_MEMORY_LEN: usize = 4096;
+
+/// A new memory of the host's words, for every server of the host to map
+/// (see [`Config::host_fd`](crate::config::Config::host_fd)): what a
+/// supervisor makes for its instances.
+pub fn host_memory() -> io::Result<SharedMemory> {
+    SharedMemory::create("wspush-host", HOST_MEMORY_LEN)
+}
 
 /// The host's word of the last broadcast under way.
 #[derive(Debug)]
@@ -33,7 +40,7 @@ impl HostDelivery {
     pub(crate) fn memory(shared: Option<&OwnedFd>) -> io::Result<SharedMemory> {
         match shared {
             Some(fd) => SharedMemory::open(fd.try_clone()?),
-            None => SharedMemory::create("wspush-host", HOST_MEMORY_LEN),
+            None => host_memory(),
         }
     }
 
@@ -91,7 +98,7 @@ mod tests {
 
     #[test]
     fn a_delivery_noted_by_one_instance_is_seen_by_every_mapping() {
-        let made = SharedMemory::create("wspush-test-host", HOST_MEMORY_LEN).unwrap();
+        let made = host_memory().unwrap();
         let fd = made.inheritable().unwrap().try_clone_to_owned().unwrap();
         let mine = HostDelivery::new(HostDelivery::memory(Some(&fd)).unwrap());
         let other = HostDelivery::new(HostDelivery::memory(Some(&fd)).unwrap());
