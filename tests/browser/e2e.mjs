@@ -426,7 +426,9 @@ await check("the --demo page over EventSource (?transport=sse) shows the lines, 
   assertEqual(now.messages, ["over sse one", "over sse two"], "what the page shows");
   assertEqual(now.resume, "position", "what the stream was told");
   assertEqual((await server.metrics()).get("wspush_connections_event_stream"), 1, "an event stream counted");
-  await page.click("#switch");
+  // The link loads the page again: wait for the new one before reading it
+  // (read while the old one unloads, it has no elements).
+  await Promise.all([page.waitForURL((url) => url.searchParams.get("transport") === "ws"), page.click("#switch")]);
   await waitForState(page, "open");
   assertEqual((await server.metrics()).get("wspush_connections_event_stream"), 0, "back on WebSocket");
 });
