@@ -80,7 +80,7 @@ instructions() {
   local total visits
   total="$(callgrind_annotate "$file" 2>/dev/null | awk '!found && /PROGRAM TOTALS/ { gsub(",", "", $1); print $1; found = 1 }')"
   visits="$(callgrind_annotate --inclusive=yes "$file" 2>/dev/null |
-    awk '!found && $NF ~ /^\[/ && $(NF-1) ~ /wspush::server::deliver::Visitor::visit$/ { gsub(",", "", $1); print $1; found = 1 }')"
+    awk '!found && $NF ~ /^\[/ && $(NF-1) ~ /wspush::server::(deliver|walk)::Visitor::visit$/ { gsub(",", "", $1); print $1; found = 1 }')"
   printf '%-8s program %6.2f M instructions, delivery visits %6.2f M\n' "$name" \
     "$(echo "${total:-0} / 1000000" | bc -l)" "$(echo "${visits:-0} / 1000000" | bc -l)"
 }

@@ -1,11 +1,11 @@
 //! Running connection handlers on the loop's parts and acting on their
 //! verdicts. [`Handling`] is the one place a handler's [`Ctx`] is made,
 //! by borrowing the parts apart; every event that reaches a connection
-//! (readiness, an accept, a deadline, a heartbeat visit, an endpoint, a
-//! delivery slice) runs its handler with it, and the verdict goes to
-//! `settle`, the one place verdicts are acted on. The duties toward a
-//! connection besides its deliveries (a ping, a drain's, a shutdown's and
-//! an `ahead` close) are each a [`Duty`], done by one visit, `owe`.
+//! (readiness, an accept, a deadline, an endpoint, a step of the walk)
+//! runs its handler with it, and the verdict goes to `settle`, the one
+//! place verdicts are acted on. Every duty toward the connections that
+//! is not an event of their own (what they are owed, a ping, a drain's, a
+//! shutdown's and an `ahead` close) is done on the one walk (see `walk`).
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -19,25 +19,28 @@ use crate::ops::metrics::Metrics;
 use crate::protocol::http::{Endpoint, Method};
 use crate::server::admit::connections::sync_interest;
 use crate::server::admit::{self, Accepted, ACCEPTS_PER_WAKE};
-use crate::server::conn::{CloseReason, Conn, Ctx, Duty, Verdict};
-use crate::server::deliver::directory::Directory;
-use crate::server::deliver::Delivery;
+use crate::server::conn::{CloseReason, Conn, Ctx, Verdict};
 use crate::server::endpoints;
 use crate::server::handle::HAND_OVER;
 use crate::server::key::ConnKey;
 use crate::server::lifecycle::drain::Pace;
-use crate::server::lifecycle::Ending;
+use crate::server::lifecycle::{Ending, Lifecycle};
 use crate::server::net::sockets::{Door, Ready};
+use crate::server::time::heartbeat::Heartbeat;
+use crate::server::walk::directory::Directory;
+use crate::server::walk::{Closing, Schedules, Walk};
 use crate::server::Server;
 
-/// The parts of a server a connection handler (or a delivery slice)
+/// The parts of a server a connection handler (or a step of the walk)
 /// works with, borrowed apart.
 pub(super) struct Handling<'a> {
     conns: &'a mut Slab<Conn>,
     registry: &'a Registry,
     scratch: &'a mut [u8],
     ctx: Ctx<'a>,
-    delivery: &'a mut Delivery,
+    walk: &'a mut Walk,
+    heartbeat: &'a mut Heartbeat,
+    lifecycle: &'a mut Lifecycle,
 }
 
 impl Server {
@@ -51,9 +54,10 @@ impl Server {
             conns,
             buffers,
             records,
-            delivery,
+            walk,
             clock,
             report,
+            lifecycle,
             ..
         } = self;
         Handling {
@@ -73,10 +77,12 @@ impl Server {
                 gathered: &mut buffers.gathered,
                 aside: &mut buffers.aside,
                 now,
-                next_batch: delivery.stream.next_seq(),
+                next_batch: walk.stream.next_seq(),
                 history: &records.history,
             },
-            delivery,
+            walk,
+            heartbeat: &mut clock.heartbeat,
+            lifecycle,
         }
     }
 
@@ -102,7 +108,7 @@ impl Server {
         match verdict {
             Verdict::Replay(replay) => {
                 let mut dir = Directory::new(
-                    &mut self.delivery,
+                    &mut self.walk,
                     &mut self.conns.slab,
                     &mut self.records.routes,
                     self.config.instance,
@@ -121,7 +127,7 @@ impl Server {
             Verdict::Keep => {}
         }
         let registry = self.sockets.registry();
-        let targeted = &mut self.delivery.targeted;
+        let targeted = &mut self.walk.targeted;
         if let Some(conn) = self.conns.slab.get_mut(key.0) {
             if !sync_interest(registry, key, conn) {
                 return self.close(key, CloseReason::Abnormal);
@@ -139,7 +145,7 @@ impl Server {
         let Some(conn) = self.conns.remove(key) else {
             return;
         };
-        self.delivery.targeted.forget(key.slot());
+        self.walk.targeted.forget(key.slot());
         let mut ctx = self.handling(Instant::now()).ctx;
         conn.close(key, reason, &mut ctx);
     }
@@ -164,12 +170,12 @@ impl Server {
     }
 
     /// Stops accepting and starts closing every connection left (with
-    /// 1001 for a shutdown, 1012 at the end of a drain), a budgeted slice
-    /// at a time (see [`Server::close_slice`]); gives up on them the
-    /// shutdown timeout after the request was seen (or from now).
+    /// 1001 for a shutdown, 1012 at the end of a drain) on a lap of the
+    /// walk; gives up on them the shutdown timeout after the request was
+    /// seen (or from now).
     pub(super) fn close_everything(&mut self, now: Instant, ending: Ending) {
         let timeout = self.config.shutdown_timeout;
-        if !self.lifecycle.begin_closing(now, timeout, ending) {
+        if !self.lifecycle.begin_closing(now, timeout) {
             return;
         }
         let open = self.conns.len();
@@ -179,43 +185,24 @@ impl Server {
         Metrics::set(&self.report.shared.metrics.drain_left, 0);
         self.sockets.close(Door::Main);
         self.sockets.close(Door::Metrics);
-        self.close_slice(now);
-    }
-
-    /// One slice of the closing sweep, over at most
-    /// [`Config::fanout_budget`](crate::config::Config::fanout_budget) keys: an
-    /// open connection is sent its close (after what it has queued), one
-    /// still in its handshake is dropped, and one already closing is left
-    /// to finish its close handshake.
-    pub(super) fn close_slice(&mut self, now: Instant) {
-        let bound = self.conns.key_bound();
-        let Some((ending, cursor)) = self.lifecycle.closing_sweep() else {
-            return;
+        let closing = match ending {
+            Ending::Shutdown => Closing {
+                why: "server shutting down",
+                reason: CloseReason::Shutdown,
+            },
+            Ending::Drain => Closing {
+                why: "service restart",
+                reason: CloseReason::Drain,
+            },
         };
-        let (why, reason) = match ending {
-            Ending::Shutdown => ("server shutting down", CloseReason::Shutdown),
-            Ending::Drain => ("service restart", CloseReason::Drain),
-        };
-        let from = *cursor;
-        let to = bound.min(from.saturating_add(self.config.fanout_budget));
-        *cursor = to;
-        for key in from..to {
-            self.owe(ConnKey(key), None, Duty::Close { why, reason }, now);
-        }
-    }
-
-    /// Whether the closing sweep has keys left to visit.
-    pub(super) fn closing_pending(&mut self) -> bool {
-        let bound = self.conns.key_bound();
-        self.lifecycle
-            .closing_sweep()
-            .is_some_and(|(_, cursor)| *cursor < bound)
+        self.walk.begin_closing(closing);
     }
 
     /// Carries a drain one step on (see [`Handle::drain`](crate::server::Handle::drain)):
     /// announces it when a handle asked, stops accepting at the end of the
-    /// grace, closes the connections due at the pace, and ends it once
-    /// every connection that was open has been closed.
+    /// grace and sets the pace (the walk's cursor makes its closes, in one
+    /// round), and ends it once every connection that was open has been
+    /// closed, or the round is over.
     pub(super) fn drain(&mut self, now: Instant) {
         let metrics = &self.report.shared.metrics;
         let over = self.config.drain_time;
@@ -237,6 +224,7 @@ impl Server {
                 );
             }
         }
+        let travelled = self.walk.travelled();
         if self.lifecycle.announced(now) {
             self.sockets.close(Door::Main);
             let total = self.conns.len();
@@ -245,30 +233,15 @@ impl Server {
                 "draining: accepting stopped; closing {total} connections over {over:?} ({per_second:.0} a second)"
             );
             let seed = RandomState::new().build_hasher().finish();
+            let round = travelled + self.conns.key_bound() as u64;
             self.lifecycle
-                .begin_pacing(Pace::new(now, over, total, seed));
+                .begin_pacing(Pace::new(now, over, (total, round), seed));
         }
-        let Some(pace) = self.lifecycle.pace_mut() else {
+        let Some(pace) = self.lifecycle.pace() else {
             return;
         };
-        let due = pace.due(now).min(self.config.fanout_budget);
-        let bound = self.conns.key_bound();
-        let mut closing = Vec::with_capacity(due);
-        let mut key = pace.cursor();
-        while closing.len() < due && key < bound {
-            if self.conns.slab.get(key).is_some_and(Conn::is_open) {
-                pace.closed(key);
-                closing.push((key, pace.hint()));
-            }
-            key += 1;
-        }
-        let done = key >= bound || pace.next_at(now).is_none();
-        let left = pace.left();
-        Metrics::set(&metrics.drain_left, left as u64);
-        for (key, delay) in closing {
-            self.owe(ConnKey(key), None, Duty::Drain { delay }, now);
-        }
-        if done {
+        Metrics::set(&metrics.drain_left, pace.left() as u64);
+        if pace.next_at(now).is_none() || travelled >= pace.until() {
             log::info!("draining: every connection was asked to close");
             self.close_everything(now, Ending::Drain);
         }
@@ -376,87 +349,26 @@ impl Server {
         self.clock.deadlines_done(due);
     }
 
-    /// Closes (1013) the connections that resumed from a position this
-    /// loop has not framed in the handshake timeout since (see
-    /// [`Targeted::overdue`](crate::server::owed::targeted::Targeted::overdue)).
-    pub(super) fn give_up_waits(&mut self, now: Instant) {
-        if self
-            .delivery
-            .targeted
-            .next_overdue()
-            .is_none_or(|at| at > now)
-        {
-            return;
-        }
-        let current = self.records.history.current();
-        for (slot, serial) in self.delivery.targeted.overdue(now) {
-            let key = ConnKey(slot as usize);
-            if self.owe(key, Some(serial), Duty::Ahead, now) {
-                log::info!(
-                    "connection {key} resumed from a position this server has not reached \
-                     (it is at {current}): closed with 1013 to try again"
-                );
-            }
-        }
-    }
-
-    /// Runs the heartbeat slice that is due (at most
-    /// [`Config::fanout_budget`](crate::config::Config::fanout_budget) keys; the rest in the next iterations):
-    /// pings, and closes connections silent for the idle timeout; or none,
-    /// while the sweep yields to the host's broadcasts and accept storms
-    /// (see `time::heartbeat`).
-    pub(super) fn sweep_heartbeats(&mut self, now: Instant) {
-        if self.delivery.stream.is_busy() {
-            self.clock.host.mark(now);
-        }
-        if !self.clock.heartbeat_due(now, self.sweeping()) {
-            return;
-        }
-        let last_delivery = self.clock.host.last();
-        let bounds = (self.conns.key_bound(), self.config.fanout_budget);
-        let Some(due) = self.clock.heartbeat_keys(now, last_delivery, bounds) else {
-            return;
-        };
-        let ping = self.clock.heartbeat.ping().clone();
-        let close_after = self.clock.heartbeat.close_after();
-        let duty = Duty::Ping {
-            ping: &ping,
-            close_after,
-        };
-        for key in due {
-            self.owe(ConnKey(key), None, duty, now);
-        }
-    }
-
-    /// Does `duty` toward the connection at `key` (if it is still the one
-    /// of `serial`, where given) and settles the verdict: the one visit of
-    /// every duty besides the deliveries. Returns whether it was there
-    /// (and open, for [`Duty::Ahead`]).
-    fn owe(&mut self, key: ConnKey, serial: Option<u32>, duty: Duty<'_>, now: Instant) -> bool {
-        let handling = self.handling(now);
-        let mut ctx = handling.ctx;
-        let conn = handling.conns.get_mut(key.0);
-        let Some(conn) = conn.filter(|c| serial.is_none_or(|serial| c.serial() == serial)) else {
-            return false;
-        };
-        let there = !matches!(duty, Duty::Ahead) || conn.is_open();
-        let verdict = conn.owe(key, duty, handling.scratch, &mut ctx);
-        self.settle(key, verdict);
-        there
-    }
-
-    /// Carries every delivery one slice further (see `deliver`), then
-    /// acts on the verdicts.
-    pub(super) fn deliver_slice(&mut self, now: Instant) {
+    /// Carries the walk one step further (see `walk`), with the
+    /// heartbeat's slice if it is due and a drain's pace, then acts on the
+    /// verdicts.
+    pub(super) fn walk_step(&mut self, now: Instant) {
+        let sweeping = self.sweeping();
+        let busy = self.walk.stream.is_busy();
+        let pings_due = self.clock.pings_due(now, sweeping, busy);
         let key_bound = self.conns.key_bound();
         let handling = self.handling(now);
+        let schedules = Schedules {
+            heartbeat: sweeping.then_some(handling.heartbeat),
+            pings_due,
+            pace: handling.lifecycle.pace(),
+        };
+        let parts = (handling.registry, handling.scratch);
         let conns = (handling.conns, key_bound);
-        let mut unsettled = handling
-            .delivery
-            .slice(conns, handling.registry, handling.ctx);
+        let mut unsettled = handling.walk.step(conns, parts, handling.ctx, schedules);
         for (key, verdict) in unsettled.drain(..) {
             self.settle(key, verdict);
         }
-        self.delivery.settled(unsettled);
+        self.walk.settled(unsettled);
     }
 }

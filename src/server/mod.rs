@@ -1,16 +1,18 @@
 //! The loop as a value made of a few parts, each in a module of its own:
 //! the sockets (the `mio::Poll`, the listener and an optional metrics
 //! listener), the connections (a `Slab`), the buffers handlers borrow, the
-//! records (routes, history), the deliveries, the intake of commands, the
-//! clock, the lifecycle and the report (metrics). Each step borrows the
+//! records (routes, history), the walk (every duty toward the
+//! connections), the intake of commands, the clock, the lifecycle and the
+//! report (metrics). Each step borrows the
 //! parts it needs; `dispatch` runs connection handlers on them.
 //! [`Server::poll_once`] is one step, waiting at most the caller's
 //! timeout; [`Server::run`] loops until shutdown. A [`Handle`] broadcasts
 //! and shuts down from any thread.
 //!
 //! Like Redis' `ae`, the loop has file events (sockets) and time events:
-//! connection deadlines on the wheel, the heartbeat slices, the pool trim
-//! and the periodic stats line. The nearest one sets the alarm (a timerfd
+//! connection deadlines on the wheel, the heartbeat slices and a drain's
+//! steps (both carried out by the walk), the pool trim and the periodic
+//! stats line. The nearest one sets the alarm (a timerfd
 //! in the poll, see `time::alarm`); with none pending the loop sleeps until a
 //! socket or a command wakes it.
 //!
@@ -18,19 +20,21 @@
 //! its own folder's):
 //! - `key`, `frames` (frames encoded once, shared), `routes` (ids and
 //!   channels);
-//! - `history/` (positions, and the ring of what was sent), `owed/` (what
-//!   a connection is owed: the broadcast `stream`, the `targeted` items
-//!   and their walk), `net/` (the poll's `sockets`, `nonblocking` calls,
+//! - `history/` (positions, and the ring of what was sent), `owed` (the
+//!   words a delivery visit is given in), `net/` (the poll's `sockets`, `nonblocking` calls,
 //!   a connection's output `queue`, the input buffer `pool`), `time/`
 //!   (the alarm, the deadline wheel, heartbeats, batching), `handle/`
 //!   (other threads' way in: the handle, the `feed` and `intake` of
 //!   commands; and `upstream`, client messages out);
 //! - `conn/`, a connection's state machine;
 //! - the loop's parts over the connections: `admit/` (accepting, the
-//!   slab of connections, the per-address limit, the room), `deliver/`
-//!   (delivery slices, and the `directory` that addresses targeted
-//!   commands), `lifecycle/` (running, draining, closing; a drain's pace),
-//!   `buffers`, `records`, `report`, `endpoints`;
+//!   slab of connections, the per-address limit, the room), `lifecycle/`
+//!   (running, draining, closing; a drain's pace), `buffers`, `records`,
+//!   `report`, `endpoints`;
+//! - `walk/`, everything delivery is: the broadcast `stream`, the
+//!   `targeted` items and the `directory` that addresses them, and the one
+//!   budgeted walk with its cursor over the keys (`sweep`), on which every
+//!   duty toward a connection is done;
 //! - `dispatch` (handlers run on the parts, their verdicts acted on) and
 //!   this file, the loop itself.
 
@@ -45,7 +49,6 @@ use mio::Token;
 mod admit;
 mod buffers;
 pub(crate) mod conn;
-mod deliver;
 mod dispatch;
 mod endpoints;
 mod frames;
@@ -59,6 +62,7 @@ mod records;
 mod report;
 mod routes;
 mod time;
+mod walk;
 
 use crate::config::{Config, ConfigError};
 use crate::ops::metrics::{LoopHistogram, Metrics, MetricsSnapshot};
@@ -67,8 +71,6 @@ use crate::protocol::ws::MessageKind;
 use admit::connections::Connections;
 use admit::room::Room;
 use buffers::Buffers;
-use deliver::directory::Directory;
-use deliver::Delivery;
 use handle::intake::Intake;
 use handle::Shared;
 pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone, UpstreamReader};
@@ -83,6 +85,8 @@ use report::Report;
 pub use time::host::host_memory;
 use time::host::HostDelivery;
 use time::Clock;
+use walk::directory::Directory;
+use walk::Walk;
 
 use crate::server::conn::CloseReason;
 use crate::server::handle::feed::{Action, Gate, Queued, Taken};
@@ -172,7 +176,7 @@ pub struct Server {
     /// The routes and the history.
     records: Records,
     /// The stream and its pass, the targeted items and their walk.
-    delivery: Delivery,
+    walk: Walk,
     /// The commands queued by handles.
     intake: Intake,
     /// Deadlines, the heartbeat, the alarm, batching.
@@ -254,7 +258,7 @@ impl Server {
             conns: Connections::new(&config, upstream),
             buffers: Buffers::new(&config),
             records,
-            delivery: Delivery::default(),
+            walk: Walk::default(),
             intake: Intake::new(),
             lifecycle: Lifecycle::new(),
             room: Room::new(),
@@ -366,12 +370,11 @@ impl Server {
         self.sockets.put_back(events);
         self.retry_reads(now);
         self.expire_deadlines(now);
-        self.give_up_waits(now);
-        self.sweep_heartbeats(now);
         self.resume_accepting(now);
         self.drain(now);
         self.intake.take_arrivals(&self.report.shared);
         self.advance_broadcasts(now);
+        self.walk_step(now);
         self.housekeeping(now);
         Ok(())
     }
@@ -394,25 +397,24 @@ impl Server {
             queued_at: now,
             seq: None,
         });
-        if self.delivery.delivering() {
+        if self.walk.delivering() {
             self.frame_waiting();
         } else {
             self.advance_broadcasts(now);
+            self.walk_step(now);
         }
         // Outside an iteration: what the slice did is published here.
         self.publish_metrics(now);
         Ok(())
     }
 
-    /// Moves the broadcasts along, one step per loop iteration: frames
-    /// what is waiting into a batch, and carries the batches one slice
-    /// further (starting a pass if a connection may be owed one); while
-    /// closing, the closing sweep a slice further instead. Once a
-    /// handle asked for a shutdown, sends what was queued before it (for
-    /// at most half the shutdown timeout), then begins the shutdown.
+    /// Moves the broadcasts along, once per loop iteration, before the
+    /// walk's step carries them: frames what is waiting into a batch (not
+    /// while closing). Once a handle asked for a shutdown, frames what was
+    /// queued before it (for at most half the shutdown timeout), then,
+    /// once it is delivered, begins the shutdown.
     fn advance_broadcasts(&mut self, now: Instant) {
         if !self.lifecycle.is_serving() {
-            self.close_slice(now);
             return self.intake.abandon(&self.report.shared);
         }
         if let Some(all_taken) = self.intake.shutdown_asked(&self.report.shared) {
@@ -426,14 +428,13 @@ impl Server {
             if all_taken || !flushing {
                 // Nothing more is framed; what was goes out first.
                 self.intake.abandon(&self.report.shared);
-                if !self.delivery.delivering() {
-                    return self.close_everything(now, Ending::Shutdown);
+                if !self.walk.delivering() {
+                    self.close_everything(now, Ending::Shutdown);
                 }
             }
-            return self.deliver_slice(now);
+            return;
         }
         self.frame_waiting();
-        self.deliver_slice(now);
     }
 
     /// A shutdown was asked for and what was queued before it is framed:
@@ -446,13 +447,13 @@ impl Server {
     /// if one was asked for), in order: broadcasts are framed into batches
     /// at the end of the stream, messages for some connections into
     /// batches addressed to them (as are closes), subscription changes
-    /// are made. Delivery carries them on (see `deliver`).
+    /// are made. The walk carries them on (see `walk`).
     fn frame_waiting(&mut self) {
         let shared = &self.report.shared;
         let shutdown_after = shared.shutdown_after.load(Ordering::Acquire);
         let history = &mut self.records.history;
         let mut dir = Directory::new(
-            &mut self.delivery,
+            &mut self.walk,
             &mut self.conns.slab,
             &mut self.records.routes,
             self.config.instance,
@@ -498,11 +499,11 @@ impl Server {
         now: Instant,
     ) -> io::Result<Option<Duration>> {
         let accept_pending = self.lifecycle.accepts_pending();
-        let broadcasting = self.delivery.delivering() || self.intake.is_waiting();
+        let broadcasting = self.walk.delivering() || self.intake.is_waiting();
         let work_pending = broadcasting
             || accept_pending
             || self.conns.reads_pending()
-            || self.closing_pending()
+            || self.walk.closing_pending()
             || self.closing_due();
         let sweep_pending = self.clock.heartbeat_due(now, self.sweeping()) && !broadcasting;
         if self.intake.is_woken() || work_pending || sweep_pending {
@@ -526,7 +527,7 @@ impl Server {
             lifecycle_at,
             self.lifecycle.flush_deadline(self.config.shutdown_timeout),
             self.buffers.next_trim(),
-            self.delivery.targeted.next_overdue(),
+            self.walk.targeted.next_overdue(),
             self.report.stats_at(),
         ]
         .into_iter()

@@ -1,5 +1,6 @@
 //! The loop driven whole, on its private parts: when it sleeps, and how
-//! the delivery slices carry targeted bursts (see `deliver`).
+//! the walk's steps carry targeted bursts and the closing sweep (see
+//! `walk`).
 
 mod loop_wait {
     use crate::server::*;
@@ -92,9 +93,9 @@ mod delivery {
         server.frame_waiting();
     }
 
-    /// One delivery slice; how many clients got their first bytes in it.
+    /// One step of the walk; how many clients got their first bytes in it.
     fn slice(server: &mut Server, clients: &[TcpStream], reached: &mut [bool]) -> usize {
-        server.deliver_slice(Instant::now());
+        server.walk_step(Instant::now());
         let mut newly = 0;
         for (client, reached) in clients.iter().zip(reached.iter_mut()) {
             client.set_nonblocking(true).unwrap();
@@ -177,7 +178,7 @@ mod delivery {
         handle.send(to_hot(), MessageKind::Text, "p3").unwrap();
         handle.broadcast_text("b1").unwrap();
         take_commands(&mut server);
-        while server.delivery.delivering() {
+        while server.walk.delivering() {
             assert!(slice(&mut server, &clients, &mut reached) <= BUDGET);
             slices += 1;
             assert!(slices < 100, "the deliveries never ended");
@@ -191,11 +192,8 @@ mod delivery {
             };
             assert_eq!(texts(&frames(client)), expected, "client {i}");
         }
-        assert_eq!(
-            server.delivery.stream.next_seq(),
-            crate::server::owed::stream::Seq(2)
-        );
-        let targeted = &server.delivery.targeted;
+        assert_eq!(server.walk.stream.next_seq(), crate::server::owed::Seq(2));
+        let targeted = &server.walk.targeted;
         assert!(targeted.is_idle() && targeted.floor().is_none());
     }
 
@@ -213,7 +211,7 @@ mod delivery {
         take_commands(&mut server);
         let mut reached = vec![false; clients.len()];
         let mut slices = 0;
-        while server.delivery.delivering() {
+        while server.walk.delivering() {
             let newly = slice(&mut server, &clients, &mut reached);
             assert!(newly <= BUDGET, "{newly} reached in one slice");
             slices += 1;
@@ -256,17 +254,15 @@ mod delivery {
         let now = Instant::now();
         let mut seen = vec![false; clients.len()];
         server.close_everything(now, Ending::Shutdown);
-        assert_eq!(
-            newly_reached(&clients, &mut seen),
-            BUDGET,
-            "the first slice"
-        );
-        assert!(server.closing_pending());
-        server.close_slice(now);
+        assert!(server.walk.closing_pending());
+        server.walk_step(now);
+        assert_eq!(newly_reached(&clients, &mut seen), BUDGET, "the first step");
+        assert!(server.walk.closing_pending());
+        server.walk_step(now);
         assert_eq!(newly_reached(&clients, &mut seen), BUDGET, "the second");
-        server.close_slice(now);
+        server.walk_step(now);
         assert_eq!(newly_reached(&clients, &mut seen), 2, "the rest");
-        assert!(!server.closing_pending());
+        assert!(!server.walk.closing_pending());
         for (i, client) in clients.iter_mut().enumerate() {
             let frames = frames(client);
             assert_eq!(frames.len(), 1, "client {i}: one close");
@@ -292,7 +288,8 @@ mod delivery {
         server.intake.woken();
         server.intake.take_arrivals(&server.report.shared);
         server.advance_broadcasts(Instant::now());
-        assert!(!server.delivery.delivering(), "the pass is over");
+        server.walk_step(Instant::now());
+        assert!(!server.walk.delivering(), "the pass is over");
         assert!(server.lifecycle.is_serving(), "the closes come after it");
         // Nothing else is due, yet the loop does not sleep: the closing
         // sweep begins in the next iteration.
@@ -303,6 +300,7 @@ mod delivery {
         );
         server.advance_broadcasts(now);
         assert!(!server.lifecycle.is_serving());
+        server.walk_step(now);
         for client in &mut clients {
             let frames = frames(client);
             assert_eq!(texts(&frames[..1]), ["last"]);

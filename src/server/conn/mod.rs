@@ -41,9 +41,7 @@ use crate::server::history::{History, Replay};
 use crate::server::key::ConnKey;
 use crate::server::net::pool::BufferPool;
 use crate::server::net::queue::{OutQueue, Sent};
-use crate::server::owed::stream::Seq;
-use crate::server::owed::targeted::WalkMark;
-use crate::server::owed::Unfinished;
+use crate::server::owed::{Left, Seq, WalkMark};
 use crate::server::routes::Routes;
 use crate::server::time::heartbeat::{Liveness, Visit};
 use crate::server::time::timer::{Deadline, Tick, TimerWheel};
@@ -89,10 +87,11 @@ pub enum Verdict {
 
 /// What a delivery visit leaves: a verdict, or (the connection kept) what
 /// it could not give of its items, for the walk to take back.
-pub type Visited = Result<Verdict, Box<Unfinished>>;
+pub type Visited = Result<Verdict, Left>;
 
 /// A duty toward one connection besides what the deliveries owe it, each
-/// done through [`Conn::owe`] and settled in the loop's one place.
+/// done through [`Conn::owe`] on the walk, and settled in the loop's one
+/// place.
 #[derive(Debug, Clone, Copy)]
 pub enum Duty<'a> {
     /// A heartbeat visit: `ping`, or the idle close after `close_after`
@@ -228,7 +227,7 @@ impl Flags {
     /// It asked for positions: it gets each message as its position, a
     /// space and the payload.
     const POSITIONS: u8 = 1 << 4;
-    /// Targeted items wait for it (see `owed::targeted`), in the walk of
+    /// Targeted items wait for it (see `walk::targeted`), in the walk of
     /// the parity [`Flags::WALK_PARITY`] gives.
     const WALK_MARKED: u8 = 1 << 5;
     /// The parity of the walk its targeted items wait for.

@@ -285,7 +285,7 @@ fn total_len(parts: &[&[u8]]) -> usize {
 mod tests {
     use super::super::rig::{client_frame, read_in_background, Rig};
     use super::*;
-    use crate::server::owed::stream::Seq;
+    use crate::server::owed::Seq;
     use std::io::{Read, Write};
     use std::time::{Duration, Instant};
 

@@ -16,8 +16,7 @@ use crate::server::frames::SharedFrames;
 use crate::server::history::{Bounds, History};
 use crate::server::key::ConnKey;
 use crate::server::net::pool::BufferPool;
-use crate::server::owed::stream::{Seq, Stream};
-use crate::server::owed::Owed;
+use crate::server::owed::{Batches, Owed, Seq};
 use crate::server::routes::Routes;
 use crate::server::time::timer::TimerWheel;
 
@@ -133,13 +132,12 @@ impl Rig {
     /// A delivery visit offering `frames` as the one batch the
     /// connection is owed.
     pub(super) fn offer(&mut self, frames: &SharedFrames) -> Verdict {
-        let mut stream = Stream::starting_at(self.conn.next_batch);
-        stream.push(frames.clone());
-        let up_to = stream.next_seq();
+        let first = self.conn.next_batch;
+        let log = [frames.clone()];
         let owed = Owed {
-            stream: &stream,
+            batches: Batches { first, log: &log },
             items: &[],
-            up_to,
+            up_to: first.plus(1),
         };
         let visited = self.drive(|conn, _, ctx| conn.deliver(ConnKey(0), owed, ctx));
         visited.expect("no items to leave unfinished")

@@ -11,11 +11,10 @@ use crate::server::frames::SharedFrames;
 use crate::server::history::Replay;
 use crate::server::key::ConnKey;
 use crate::server::net::queue::Sent;
-use crate::server::owed::stream::Seq;
-use crate::server::owed::{Item, Owed, Unfinished};
+use crate::server::owed::{Item, Left, Owed};
 
 impl Conn {
-    /// A delivery visit (see `deliver`): writes what this connection is
+    /// A delivery visit (see `walk`): writes what this connection is
     /// owed, in order, with one `writev`: the stream's batches it has not
     /// had, each of its own items after the batches framed before it, and
     /// the batches after them up to `owed.up_to`. A close among its items
@@ -63,7 +62,7 @@ impl Conn {
         for (at, item) in owed.items.iter().map(|a| &a.item).enumerate() {
             gather(
                 &mut gathered,
-                owed.stream.between(cursor, item.after()),
+                owed.batches.between(cursor, item.after()),
                 skip,
             );
             cursor = item.after();
@@ -75,9 +74,8 @@ impl Conn {
                     close = Some((*code, reason));
                     break;
                 }
-                Item::Replay { after, replay } => {
-                    let replay = (at, *after, replay);
-                    match self.visit_replay(key, replay, taking, &mut gathered, ctx) {
+                Item::Replay { replay, .. } => {
+                    match self.visit_replay(key, (at, replay), taking, &mut gathered, ctx) {
                         Ok(through) => skip = Some(through),
                         Err(left) => {
                             unfinished = Some(left);
@@ -88,7 +86,11 @@ impl Conn {
             }
         }
         if close.is_none() && unfinished.is_none() {
-            gather(&mut gathered, owed.stream.between(cursor, owed.up_to), skip);
+            gather(
+                &mut gathered,
+                owed.batches.between(cursor, owed.up_to),
+                skip,
+            );
             cursor = owed.up_to;
         }
         self.next_batch = cursor;
@@ -110,8 +112,7 @@ impl Conn {
         }
     }
 
-    /// A replay item's part of a visit (the item at `at`, after stream
-    /// batch `after`): what the history holds of it, as much as the queue
+    /// A replay item's part of a visit (the item at `at`): what the history holds of it, as much as the queue
     /// has room for, gathered. Returns the position it gave up to, or
     /// what is left of the items when it could not give it all (or it is
     /// ahead of this loop). Out of line: most visits have no replay.
@@ -120,11 +121,11 @@ impl Conn {
     fn visit_replay<T: Taking>(
         &self,
         key: ConnKey,
-        (at, after, replay): (usize, Seq, &Replay),
+        (at, replay): (usize, &Replay),
         taking: T,
         gathered: &mut Vec<SharedFrames>,
         ctx: &mut Ctx<'_>,
-    ) -> Result<u64, Box<Unfinished>> {
+    ) -> Result<u64, Left> {
         let pending: usize = gathered.iter().map(|f| f.bytes().len()).sum();
         let used = self.queued_bytes(key, ctx.aside) + pending;
         let room = ctx.config.max_queued_bytes.saturating_sub(used);
@@ -141,14 +142,10 @@ impl Conn {
             .more
             .or(replay.ahead_of(ctx.history).then_some(replay.through));
         match more {
-            Some(from) => {
-                let replay = Replay {
-                    from: from.max(replay.from),
-                    ..replay.clone()
-                };
-                let item = Item::Replay { after, replay };
-                Err(Box::new(Unfinished { at, item }))
-            }
+            Some(from) => Err(Left {
+                at,
+                from: from.max(replay.from),
+            }),
             None => Ok(replay.through),
         }
     }

@@ -27,22 +27,29 @@ pub(crate) struct Pace {
     total: usize,
     /// Connections closed so far by the pace.
     closed: usize,
-    /// The slab key the next close looks from (keys below it are done).
-    cursor: usize,
+    /// The walk's cursor ends the pace's round once it has travelled
+    /// this far (see `walk::sweep`).
+    until: u64,
     /// The state of the hints' random numbers (xorshift64).
     random: u64,
 }
 
 impl Pace {
-    /// Closing `total` connections over `over`, from `now`; `seed` seeds
+    /// Closing `total` connections over `over`, from `now`, in one round
+    /// of the walk's cursor: until it has travelled `until`; `seed` seeds
     /// the hints' delays (any value; 0 is taken as 1).
-    pub(crate) fn new(now: Instant, over: Duration, total: usize, seed: u64) -> Pace {
+    pub(crate) fn new(
+        now: Instant,
+        over: Duration,
+        (total, until): (usize, u64),
+        seed: u64,
+    ) -> Pace {
         Pace {
             from: now,
             over,
             total,
             closed: 0,
-            cursor: 0,
+            until,
             random: seed.max(1),
         }
     }
@@ -75,16 +82,14 @@ impl Pace {
         Some(at.max(now + STEP))
     }
 
-    /// The key to look for the next connection to close from.
-    pub(crate) fn cursor(&self) -> usize {
-        self.cursor
+    /// How far the walk's cursor goes for the pace: one round.
+    pub(crate) fn until(&self) -> u64 {
+        self.until
     }
 
-    /// The connection at `key` was closed by the pace; the next close
-    /// looks after it.
-    pub(crate) fn closed(&mut self, key: usize) {
+    /// A connection was closed by the pace.
+    pub(crate) fn closed_one(&mut self) {
         self.closed += 1;
-        self.cursor = key + 1;
     }
 
     /// Connections open when closing began, not closed by the pace yet
@@ -117,14 +122,13 @@ mod tests {
     /// closes each second of it made.
     fn closes_per_second(total: usize, over: Duration) -> Vec<usize> {
         let from = Instant::now();
-        let mut pace = Pace::new(from, over, total, 7);
+        let mut pace = Pace::new(from, over, (total, 0), 7);
         let mut seconds = vec![0; over.as_secs() as usize + 1];
         let mut now = from;
         while let Some(at) = pace.next_at(now) {
             now = at;
             for _ in 0..pace.due(now) {
-                let cursor = pace.cursor();
-                pace.closed(cursor);
+                pace.closed_one();
                 seconds[(now - from).as_secs() as usize] += 1;
             }
         }
@@ -146,38 +150,35 @@ mod tests {
     #[test]
     fn a_slow_pace_wakes_once_a_close_and_a_fast_one_once_a_step() {
         let from = Instant::now();
-        let pace = Pace::new(from, Duration::from_secs(10), 5, 1);
+        let pace = Pace::new(from, Duration::from_secs(10), (5, 0), 1);
         assert_eq!(pace.due(from), 0);
         assert_eq!(pace.next_at(from), Some(from + Duration::from_secs(2)));
         assert_eq!(pace.due(from + Duration::from_secs(2)), 1);
         assert_eq!(pace.due(from + Duration::from_secs(60)), 5);
 
-        let mut fast = Pace::new(from, Duration::from_secs(1), 100_000, 1);
+        let mut fast = Pace::new(from, Duration::from_secs(1), (100_000, 0), 1);
         let now = from + Duration::from_millis(1);
-        fast.closed(0);
+        fast.closed_one();
         let due = fast.due(now);
         assert_eq!(due, 99, "a millisecond's share, less the one made");
-        for key in 1..=due {
-            fast.closed(key);
-        }
+        (0..due).for_each(|_| fast.closed_one());
         assert_eq!(fast.next_at(now), Some(now + STEP));
-        assert_eq!(fast.cursor(), 100);
         assert_eq!(fast.left(), 100_000 - 100);
     }
 
     #[test]
     fn once_every_close_is_made_nothing_is_due() {
         let from = Instant::now();
-        let mut pace = Pace::new(from, Duration::from_secs(1), 2, 1);
+        let mut pace = Pace::new(from, Duration::from_secs(1), (2, 0), 1);
         let end = from + Duration::from_secs(1);
         assert_eq!(pace.due(end), 2);
-        pace.closed(4);
-        pace.closed(9);
+        pace.closed_one();
+        pace.closed_one();
         assert_eq!(
             (pace.due(end), pace.next_at(end), pace.left()),
             (0, None, 0)
         );
-        let empty = Pace::new(from, Duration::from_secs(1), 0, 1);
+        let empty = Pace::new(from, Duration::from_secs(1), (0, 0), 1);
         assert_eq!(empty.next_at(from), None);
     }
 
@@ -185,7 +186,7 @@ mod tests {
     fn hints_cover_the_time_to_the_next_close_and_stay_short() {
         let from = Instant::now();
         // 100 closes over 10 s: one every 100 ms.
-        let mut pace = Pace::new(from, Duration::from_secs(10), 100, 42);
+        let mut pace = Pace::new(from, Duration::from_secs(10), (100, 0), 42);
         let hints: Vec<_> = (0..10_000).map(|_| pace.hint()).collect();
         let limit = Duration::from_millis(100);
         assert!(hints.iter().all(|&h| h < limit));
@@ -199,7 +200,7 @@ mod tests {
             "{tenths:?}"
         );
         // Few connections over a long drain: never more than a second.
-        let mut slow = Pace::new(from, Duration::from_secs(60), 3, 42);
+        let mut slow = Pace::new(from, Duration::from_secs(60), (3, 0), 42);
         assert!((0..1000).all(|_| slow.hint() < MAX_HINT));
     }
 }

@@ -36,14 +36,9 @@ enum State {
     Announcing { until: Instant },
     /// Accepting stopped; the connections are closed at the pace.
     Pacing(Pace),
-    /// Every connection is asked to close, a budgeted slice of keys per
-    /// iteration from `cursor` on (as `ending` says); give up on the rest
-    /// at the deadline.
-    Closing {
-        deadline: Instant,
-        ending: Ending,
-        cursor: usize,
-    },
+    /// Every connection is asked to close (on a lap of the walk, as
+    /// `ending` says); give up on the rest at the deadline.
+    Closing { deadline: Instant },
 }
 
 /// The loop's shutdown progress and the state of accepting.
@@ -133,7 +128,7 @@ impl Lifecycle {
     }
 
     /// The pace, while the connections are closed at one.
-    pub(super) fn pace_mut(&mut self) -> Option<&mut Pace> {
+    pub(super) fn pace(&mut self) -> Option<&mut Pace> {
         match &mut self.state {
             State::Pacing(pace) => Some(pace),
             _ => None,
@@ -143,30 +138,14 @@ impl Lifecycle {
     /// Begins closing every connection left, to give up `timeout` after the
     /// shutdown request was seen (or after `now`, at the end of a drain);
     /// `false` if it had begun.
-    pub(super) fn begin_closing(
-        &mut self,
-        now: Instant,
-        timeout: Duration,
-        ending: Ending,
-    ) -> bool {
+    pub(super) fn begin_closing(&mut self, now: Instant, timeout: Duration) -> bool {
         if matches!(self.state, State::Closing { .. }) {
             return false;
         }
         self.state = State::Closing {
             deadline: self.shutdown_seen.unwrap_or(now) + timeout,
-            ending,
-            cursor: 0,
         };
         true
-    }
-
-    /// While closing, how the connections are closed and the first key
-    /// the closing sweep has not reached (`None`: not closing).
-    pub(super) fn closing_sweep(&mut self) -> Option<(Ending, &mut usize)> {
-        match &mut self.state {
-            State::Closing { ending, cursor, .. } => Some((*ending, cursor)),
-            _ => None,
-        }
     }
 
     /// The time events this state waits for: the end of an accept pause,

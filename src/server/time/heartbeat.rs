@@ -1,10 +1,12 @@
 //! Heartbeats: every open connection gets a ping once per ping interval,
 //! and one silent for the idle timeout is closed.
 //!
-//! The bookkeeping is a sweep over the slab's keys in slices, one slice
-//! per short period, so that each key comes up about once per interval:
-//! O(connections due) per step, no timer per connection, and the only
-//! per-connection state is two bytes of [`Liveness`]. The ping is one frame encoded once, shared by every connection.
+//! The bookkeeping is a schedule over the slab's keys: a pass of them in
+//! slices, one slice per short period, so that each key comes up about
+//! once per interval. The walk's cursor visits the keys a slice makes
+//! due (see `walk::sweep`): O(connections due) per step, no timer per
+//! connection, and the only per-connection state is two bytes of
+//! [`Liveness`]. The ping is one frame encoded once, shared by every connection.
 //!
 //! Heartbeats yield to the loop's bulk work ([`Heartbeat::yield_to_work`]):
 //! while it goes on, and for [`GRACE_SLICES`] slice periods after, the
@@ -29,9 +31,9 @@
 //! sees only the pings.
 //!
 //! A slice left over by the loop's budget is finished in the next
-//! iterations.
+//! iterations. While a drain paces its closes, the cursor goes at the
+//! drain's pace, and the pings ride on it.
 
-use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use crate::config::MAX_SILENT_INTERVALS;
@@ -63,9 +65,7 @@ pub struct Heartbeat {
     close_after: u16,
     /// When the current pass over the keys began.
     cycle_start: Instant,
-    /// The first key not visited in the current pass.
-    next_key: usize,
-    /// When the first key not visited fell due (or falls due).
+    /// When the next slice falls due.
     next_at: Instant,
     /// How far the current pass is behind its schedule: postponed, and
     /// not caught up yet.
@@ -99,7 +99,6 @@ impl Heartbeat {
                 .unwrap_or(MAX_SILENT_VISITS)
                 .min(MAX_SILENT_VISITS),
             cycle_start: now,
-            next_key: 0,
             next_at: now + period,
             behind: Duration::ZERO,
             most_behind: Duration::ZERO,
@@ -178,44 +177,54 @@ impl Heartbeat {
         self.close_after
     }
 
-    /// The keys out of `0..bound` due at `now`, at most `max` of them:
-    /// the part of the current pass that `now` has reached. A finished
-    /// pass starts the next one (skipping passes the loop slept through).
-    /// Keys left over by `max` stay due: [`Heartbeat::next_at`] does not
-    /// move until they are visited.
-    pub fn due(&mut self, now: Instant, bound: usize, max: usize) -> Range<usize> {
+    /// How far the current pass has come by `now`, over `bound` keys:
+    /// the keys below it are due (the walk's cursor visits them, see
+    /// `walk::sweep`; those it passed had theirs).
+    pub fn reach(&mut self, now: Instant, bound: usize) -> usize {
         self.catch_up(now);
         let elapsed = now.saturating_duration_since(self.cycle_start);
-        let reached = if elapsed >= self.interval {
-            bound
-        } else {
-            let reached = (bound as u128 * elapsed.as_nanos()).div_ceil(self.interval.as_nanos());
-            (reached as usize).min(bound)
-        };
-        let reached = reached.max(self.next_key);
-        let end = reached.min(self.next_key.saturating_add(max));
-        let due = self.next_key..end;
-        self.next_key = end;
-        if end < reached {
-            return due;
-        }
-        self.next_at = now + self.period;
         if elapsed >= self.interval {
-            let passes = (elapsed.as_nanos() / self.interval.as_nanos()) as u32;
-            // Visits lag the schedule by up to a slice period: a pass that
-            // was behind may have visited a key that much late.
-            let lag = if self.most_behind.is_zero() {
-                Duration::ZERO
-            } else {
-                self.period
-            };
-            let late = self.most_behind - self.behind + lag;
-            self.cycle_start += self.interval * passes + late;
-            self.next_key = 0;
-            self.behind = Duration::ZERO;
-            self.most_behind = Duration::ZERO;
+            return bound;
         }
-        due
+        let reached = (bound as u128 * elapsed.as_nanos()).div_ceil(self.interval.as_nanos());
+        (reached as usize).min(bound)
+    }
+
+    /// Whether the current pass's time is over by `now`: once the cursor
+    /// has visited every key, the next pass begins ([`Heartbeat::new_pass`]).
+    pub fn pass_over(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.cycle_start) >= self.interval
+    }
+
+    /// The walk visited the keys due at `now` (`done`), or stopped short
+    /// of them at the loop's budget: the next slice is due a period on,
+    /// or still due.
+    pub fn swept(&mut self, now: Instant, done: bool) {
+        if done {
+            self.next_at = now + self.period;
+        }
+    }
+
+    /// The cursor went round at `now`: the next pass begins, skipping
+    /// passes the loop slept through, as late as the one ended was at
+    /// its latest (and a slice period more), so that no key comes up
+    /// again within less than an interval. A pass ended before its time
+    /// (a drain moved the cursor round) is followed by the next at its
+    /// time.
+    pub fn new_pass(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.cycle_start);
+        let passes = ((elapsed.as_nanos() / self.interval.as_nanos()) as u32).max(1);
+        // Visits lag the schedule by up to a slice period: a pass that
+        // was behind may have visited a key that much late.
+        let lag = if self.most_behind.is_zero() {
+            Duration::ZERO
+        } else {
+            self.period
+        };
+        let late = self.most_behind - self.behind + lag;
+        self.cycle_start += self.interval * passes + late;
+        self.behind = Duration::ZERO;
+        self.most_behind = Duration::ZERO;
     }
 
     /// While no work is recent, a pass that is behind goes at twice its
@@ -283,13 +292,59 @@ impl Liveness {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ops::{Deref, Range};
 
     const MS: Duration = Duration::from_millis(1);
+
+    /// A heartbeat with a cursor that visits what it makes due, as the
+    /// walk's does (see `walk::sweep`).
+    struct Swept {
+        hb: Heartbeat,
+        cursor: usize,
+    }
+
+    impl Swept {
+        fn new(interval: Duration, idle_timeout: Duration, now: Instant) -> Swept {
+            let hb = Heartbeat::new(interval, idle_timeout, now);
+            Swept { hb, cursor: 0 }
+        }
+
+        /// The keys out of `0..bound` the cursor visits at `now`, at most
+        /// `max` of them; a pass it finished starts the next one.
+        fn due(&mut self, now: Instant, bound: usize, max: usize) -> Range<usize> {
+            let start = self.cursor;
+            let reach = self.hb.reach(now, bound).max(start);
+            let end = reach.min(start.saturating_add(max));
+            self.cursor = end;
+            let done = end == reach;
+            self.hb.swept(now, done);
+            if done && end >= bound && self.hb.pass_over(now) {
+                self.hb.new_pass(now);
+                self.cursor = 0;
+            }
+            start..end
+        }
+
+        fn yield_to_work(&mut self, now: Instant, last_delivery: Option<Instant>) -> bool {
+            self.hb.yield_to_work(now, last_delivery)
+        }
+
+        fn accepted(&mut self) {
+            self.hb.accepted();
+        }
+    }
+
+    impl Deref for Swept {
+        type Target = Heartbeat;
+        fn deref(&self) -> &Heartbeat {
+            &self.hb
+        }
+    }
 
     #[test]
     fn every_key_comes_up_once_per_interval() {
         let t0 = Instant::now();
-        let mut hb = Heartbeat::new(1000 * MS, 2000 * MS, t0);
+        let mut hb = Swept::new(1000 * MS, 2000 * MS, t0);
         assert_eq!(hb.period, 31250 * Duration::from_micros(1));
         let mut visits = vec![0u32; 100];
         let mut at = t0;
@@ -307,7 +362,7 @@ mod tests {
     #[test]
     fn a_late_sweep_finishes_the_pass_and_skips_missed_ones() {
         let t0 = Instant::now();
-        let mut hb = Heartbeat::new(100 * MS, 100 * MS, t0);
+        let mut hb = Swept::new(100 * MS, 100 * MS, t0);
         assert_eq!(hb.due(t0 + 50 * MS, 10, usize::MAX), 0..5);
         assert_eq!(
             hb.due(t0 + 1050 * MS, 10, usize::MAX),
@@ -324,7 +379,7 @@ mod tests {
     #[test]
     fn slices_follow_a_changing_key_bound() {
         let t0 = Instant::now();
-        let mut hb = Heartbeat::new(100 * MS, 100 * MS, t0);
+        let mut hb = Swept::new(100 * MS, 100 * MS, t0);
         assert_eq!(hb.due(t0 + 50 * MS, 4, usize::MAX), 0..2);
         assert_eq!(
             hb.due(t0 + 60 * MS, 1, usize::MAX),
@@ -338,7 +393,7 @@ mod tests {
     #[test]
     fn deliveries_move_the_schedule_whole_then_it_catches_up() {
         let t0 = Instant::now();
-        let mut hb = Heartbeat::new(320 * MS, 320 * MS, t0);
+        let mut hb = Swept::new(320 * MS, 320 * MS, t0);
         let grace = hb.period * GRACE_SLICES;
         assert_eq!(hb.due(t0 + 20 * MS, 32, usize::MAX), 0..2);
         assert!(!hb.yield_to_work(hb.next_at(), None), "no delivery yet");
@@ -377,7 +432,7 @@ mod tests {
     #[test]
     fn a_delivery_holds_the_sweep_until_its_grace_is_over() {
         let t0 = Instant::now();
-        let mut hb = Heartbeat::new(320 * MS, 320 * MS, t0);
+        let mut hb = Swept::new(320 * MS, 320 * MS, t0);
         let grace = hb.period * GRACE_SLICES;
         let due = hb.next_at();
         let over = due.checked_sub(grace).unwrap();
@@ -390,8 +445,8 @@ mod tests {
     #[test]
     fn an_accept_storm_holds_the_sweep_while_it_lasts() {
         let t0 = Instant::now();
-        let mut hb = Heartbeat::new(320 * MS, 320 * MS, t0);
-        let accept = |hb: &mut Heartbeat, n| (0..n).for_each(|_| hb.accepted());
+        let mut hb = Swept::new(320 * MS, 320 * MS, t0);
+        let accept = |hb: &mut Swept, n| (0..n).for_each(|_| hb.accepted());
         // One short of a storm in the first period: the slice runs.
         accept(&mut hb, STORM_ACCEPTS - 1);
         assert!(!hb.yield_to_work(hb.next_at(), None));
@@ -417,7 +472,7 @@ mod tests {
     fn visits_under_random_work(mut seed: u64) -> Vec<Vec<Instant>> {
         let t0 = Instant::now();
         let interval = 320 * MS;
-        let mut hb = Heartbeat::new(interval, interval, t0);
+        let mut hb = Swept::new(interval, interval, t0);
         let mut next = move || {
             seed ^= seed << 13;
             seed ^= seed >> 7;
@@ -470,7 +525,7 @@ mod tests {
     #[test]
     fn keys_past_the_budget_stay_due_until_visited() {
         let t0 = Instant::now();
-        let mut hb = Heartbeat::new(100 * MS, 100 * MS, t0);
+        let mut hb = Swept::new(100 * MS, 100 * MS, t0);
         let first_due = hb.next_at();
         let late = t0 + 55 * MS;
         assert_eq!(hb.due(late, 100, 25), 0..25);

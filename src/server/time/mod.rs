@@ -9,7 +9,6 @@ pub(crate) mod host;
 pub(crate) mod timer;
 
 use std::io;
-use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use mio::Registry;
@@ -125,20 +124,19 @@ impl Clock {
         sweeping && now >= self.heartbeat.next_at()
     }
 
-    /// The keys the heartbeat visits now, at most `budget` below
-    /// `key_bound`; none while it yields to a broadcast of the host, last
-    /// under way at `last_delivery`, or to an accept storm (see
-    /// `heartbeat`). Ask only when [`Clock::heartbeat_due`].
-    pub(super) fn heartbeat_keys(
-        &mut self,
-        now: Instant,
-        last_delivery: Option<Instant>,
-        (key_bound, budget): (usize, usize),
-    ) -> Option<Range<usize>> {
-        if self.heartbeat.yield_to_work(now, last_delivery) {
-            return None;
+    /// Whether the heartbeat's slice is due now, if `sweeping`, and
+    /// runs: it does not yield to a broadcast of the host (whether one is
+    /// under way here is `delivering`) or to an accept storm (see
+    /// `heartbeat`).
+    pub(super) fn pings_due(&mut self, now: Instant, sweeping: bool, delivering: bool) -> bool {
+        if delivering {
+            self.host.mark(now);
         }
-        Some(self.heartbeat.due(now, key_bound, budget))
+        if !self.heartbeat_due(now, sweeping) {
+            return false;
+        }
+        let last_delivery = self.host.last();
+        !self.heartbeat.yield_to_work(now, last_delivery)
     }
 
     /// The earliest deadline, or heartbeat slice if `sweeping`.

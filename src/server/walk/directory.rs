@@ -2,7 +2,7 @@
 //! subscribers, a client id's connections, one connection (found through
 //! the routes), and the replays connections asked for. Each recipient is
 //! given an item "after stream batch N, this" and marked as waiting for
-//! the walk (see `owed::targeted`); subscription changes are made here too.
+//! the walk (see `targeted`); subscription changes are made here too.
 
 use std::sync::Arc;
 
@@ -13,14 +13,14 @@ use crate::protocol::commands::Recipients;
 use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::ws::CloseCode;
 use crate::server::conn::Conn;
-use crate::server::deliver::Delivery;
 use crate::server::frames::SharedFrames;
 use crate::server::history::Replay;
 use crate::server::key::ConnKey;
-use crate::server::owed::stream::Stream;
-use crate::server::owed::targeted::Targeted;
 use crate::server::owed::Item;
 use crate::server::routes::{Routes, Slot};
+use crate::server::walk::stream::Stream;
+use crate::server::walk::targeted::Targeted;
+use crate::server::walk::Walk;
 
 /// What addressing a command goes by: the targeted items, the stream's
 /// batch numbers, the connections, the routes, this instance's number
@@ -35,18 +35,18 @@ pub(crate) struct Directory<'a> {
 }
 
 impl<'a> Directory<'a> {
-    /// The directory over the delivery's items and stream, `conns` and
+    /// The directory over the walk's items and stream, `conns` and
     /// `routes`, for instance `instance`.
     pub(crate) fn new(
-        delivery: &'a mut Delivery,
+        walk: &'a mut Walk,
         conns: &'a mut Slab<Conn>,
         routes: &'a mut Routes,
         instance: u32,
         metrics: &'a Metrics,
     ) -> Directory<'a> {
         Directory {
-            targeted: &mut delivery.targeted,
-            stream: &mut delivery.stream,
+            targeted: &mut walk.targeted,
+            stream: &mut walk.stream,
             conns,
             routes,
             instance,

@@ -2,10 +2,10 @@
 //! client id's connections, one connection. They never go through the
 //! pass over every connection. As the loop takes them from the feed, each
 //! is addressed to its recipients, found through the routes (see
-//! `deliver::directory`), as an item
+//! `directory`), as an item
 //! "after stream batch N, this". A walk then visits the recipients in key
 //! order, a budgeted slice per loop iteration like the pass (see
-//! `deliver`), and gives each one everything it is owed in one visit: the
+//! `walk`), and gives each one everything it is owed in one visit: the
 //! broadcast batches framed before each of its items, its items, and the
 //! batches after them.
 //!
@@ -20,30 +20,11 @@
 //! of the walk before gives it the batches only up to the next walk's
 //! first item.
 
-use crate::server::owed::stream::Seq;
-use crate::server::owed::{Addressed, Item};
+use crate::server::owed::{Addressed, Item, Seq, WalkMark};
 use crate::server::routes::Slot;
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::time::Instant;
-
-/// Which walk a connection's last items are in: the connection keeps the
-/// walk's parity while it has items waiting (one byte in its padding).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum WalkMark {
-    /// No items wait for it.
-    #[default]
-    Unmarked,
-    /// Its last items are in the walk of this parity.
-    Walk(bool),
-}
-
-impl WalkMark {
-    /// Whether items wait for it.
-    pub fn is_marked(self) -> bool {
-        self != WalkMark::Unmarked
-    }
-}
 
 /// The targeted items on their way, and the loop's scratch space for
 /// addressing them (capacities kept from step to step).
@@ -67,10 +48,10 @@ pub(crate) struct Targeted {
     /// The earliest stream batch a connection with items waiting may
     /// still be owed (the stream keeps it).
     floor: Option<Seq>,
-    /// The recipients of the command being addressed (see `deliver::directory`).
+    /// The recipients of the command being addressed (see `directory`).
     pub(crate) recipients: Vec<Slot>,
     /// Connections whose replay waits (see
-    /// [`Unfinished`](crate::server::owed::Unfinished)), by slot. Such a
+    /// [`Left`](crate::server::owed::Left)), by slot. Such a
     /// connection takes no part in walks meanwhile, and items addressed
     /// to it join those it has parked here.
     parked: HashMap<Slot, Parked>,

@@ -1,14 +1,15 @@
-//! The broadcast stream and the pass that carries it to every connection.
+//! The broadcast stream, and what its passes have covered.
 //!
 //! Broadcasts are framed into numbered batches as the loop takes them
 //! (what arrived together goes into one batch). Every open connection
-//! remembers the number of the first batch it has not had yet. A pass
-//! visits the connections in key order, a slice per loop iteration, and
-//! gives each one every batch it is owed, with one `writev`: a connection
-//! the pass reaches gets even the batches framed after the pass began, so
-//! no line waits for a whole fan-out before its own starts. Once a pass
-//! is over, every connection has every batch framed before it began, and
-//! those batches are dropped; if more came meanwhile, another pass begins.
+//! remembers the number of the first batch it has not had yet. A pass is
+//! one lap of the walk's cursor over every connection (see `sweep`), a
+//! slice per loop iteration, giving each one every batch it is owed,
+//! with one `writev`: a connection the lap reaches gets even the batches
+//! framed after the pass began, so no line waits for a whole fan-out
+//! before its own starts. Once a pass is over, every connection has every
+//! batch framed before it began, and those batches are dropped; if more
+//! came meanwhile, another pass begins.
 //!
 //! A connection that upgrades starts at the next batch to be framed: it
 //! gets exactly the broadcasts the loop takes after its upgrade.
@@ -18,24 +19,7 @@
 //! keeps what such a connection may still be owed until the walk is done.
 
 use crate::server::frames::SharedFrames;
-
-/// A batch's number. Numbers wrap around; a connection is never owed more
-/// than the batches kept, so distances stay small. Four bytes in each
-/// connection's slot (its next one).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Seq(pub u32);
-
-impl Seq {
-    /// The number `n` batches after this one.
-    pub fn plus(self, n: usize) -> Seq {
-        Seq(self.0.wrapping_add(n as u32))
-    }
-
-    /// How many batches this one is after `from` (counting round the wrap).
-    pub fn since(self, from: Seq) -> usize {
-        self.0.wrapping_sub(from.0) as usize
-    }
-}
+use crate::server::owed::{Batches, Seq};
 
 /// The batches some connection may still be owed, and the pass under way.
 #[derive(Debug, Default)]
@@ -43,18 +27,11 @@ pub struct Stream {
     /// `log[i]` is batch `first + i`.
     log: Vec<SharedFrames>,
     first: Seq,
-    pass: Option<Pass>,
+    /// The batches before this one reach every connection in the pass
+    /// under way, if one is.
+    pass: Option<Seq>,
     /// Every open connection has every batch before this one.
     delivered: Seq,
-}
-
-/// A pass over the connections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pass {
-    /// The next key to visit.
-    pub cursor: usize,
-    /// The batches before this one reach every connection in this pass.
-    covered: Seq,
 }
 
 impl Stream {
@@ -69,15 +46,18 @@ impl Stream {
         self.log.push(frames);
     }
 
+    /// The batches kept, for a visit to take from.
+    pub fn batches(&self) -> Batches<'_> {
+        Batches {
+            first: self.first,
+            log: &self.log,
+        }
+    }
+
     /// The batches from `from` up to (not including) `to`.
-    pub fn between(&self, from: Seq, to: Seq) -> &[SharedFrames] {
-        let start = from.since(self.first);
-        let end = to.since(self.first);
-        debug_assert!(
-            start <= end && end <= self.log.len(),
-            "bug: outside the stream"
-        );
-        &self.log[start.min(end)..end.min(self.log.len())]
+    #[cfg(test)]
+    fn between(&self, from: Seq, to: Seq) -> &[SharedFrames] {
+        self.batches().between(from, to)
     }
 
     /// Whether some connection may be owed a batch, or a pass is under way.
@@ -86,30 +66,26 @@ impl Stream {
     }
 
     /// Starts a pass if some connection may be owed a batch and none is
-    /// under way; returns the pass under way.
-    pub fn begin_pass(&mut self) -> Option<Pass> {
-        if self.pass.is_none() && self.delivered != self.next_seq() {
-            self.pass = Some(Pass {
-                cursor: 0,
-                covered: self.next_seq(),
-            });
+    /// under way (`true`: the walk's cursor is to go a lap for it).
+    pub fn begin_pass(&mut self) -> bool {
+        let begins = self.pass.is_none() && self.delivered != self.next_seq();
+        if begins {
+            self.pass = Some(self.next_seq());
         }
-        self.pass
+        begins
     }
 
-    /// Moves the pass's cursor to `key`.
-    pub fn advance(&mut self, key: usize) {
-        if let Some(pass) = &mut self.pass {
-            pass.cursor = key;
-        }
+    /// Whether a pass is under way.
+    pub fn in_pass(&self) -> bool {
+        self.pass.is_some()
     }
 
-    /// The pass reached the last key: every connection it does not leave
-    /// to the targeted walk has the batches it covered, and the next pass
-    /// may begin.
+    /// The lap visited every key: every connection it does not leave to
+    /// the targeted walk has the batches the pass covered, and the next
+    /// pass may begin.
     pub fn end_pass(&mut self) {
-        if let Some(pass) = self.pass.take() {
-            self.delivered = pass.covered;
+        if let Some(covered) = self.pass.take() {
+            self.delivered = covered;
         }
     }
 
@@ -130,16 +106,6 @@ impl Stream {
             a
         } else {
             b
-        }
-    }
-
-    /// A stream whose next batch is `first` (as after that many).
-    #[cfg(test)]
-    pub fn starting_at(first: Seq) -> Stream {
-        Stream {
-            first,
-            delivered: first,
-            ..Stream::default()
         }
     }
 
@@ -166,12 +132,12 @@ mod tests {
     #[test]
     fn a_connection_reached_by_a_pass_gets_every_batch_framed_so_far() {
         let mut stream = Stream::default();
-        assert!(!stream.is_busy() && stream.begin_pass().is_none());
+        assert!(!stream.is_busy() && !stream.begin_pass());
         let early = stream.next_seq();
         stream.push(batch("a"));
         assert!(stream.is_busy());
-        let pass = stream.begin_pass().unwrap();
-        assert_eq!(pass.cursor, 0);
+        assert!(stream.begin_pass());
+        assert!(!stream.begin_pass(), "under way");
         // Key 0 is visited now; then "b" is framed; key 1 later in the pass.
         assert_eq!(texts(stream.between(early, stream.next_seq())), b"a");
         let after_a = stream.next_seq();
@@ -186,12 +152,12 @@ mod tests {
         stream.trim(None);
         assert_eq!(stream.kept(), 1, "a is dropped, b is not yet everyone's");
         // Key 0 still lacks b: the next pass brings it.
-        assert!(stream.begin_pass().is_some());
+        assert!(stream.begin_pass());
         assert_eq!(texts(stream.between(after_a, stream.next_seq())), b"b");
         stream.end_pass();
         stream.trim(None);
         assert_eq!(stream.kept(), 0);
-        assert!(!stream.is_busy() && stream.begin_pass().is_none());
+        assert!(!stream.is_busy() && !stream.begin_pass());
     }
 
     #[test]
