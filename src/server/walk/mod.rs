@@ -41,7 +41,7 @@ use crate::server::conn::{CloseReason, Conn, Ctx, Duty, Verdict};
 use crate::server::frames::SharedFrames;
 use crate::server::key::ConnKey;
 use crate::server::lifecycle::drain::Pace;
-use crate::server::owed::{Item, Left, Owed, WalkMark};
+use crate::server::owed::{Batches, Item, Left, Owed, Seq, WalkMark};
 use crate::server::time::heartbeat::Heartbeat;
 use stream::Stream;
 use sweep::{Next, Paced, Sweep};
@@ -187,6 +187,12 @@ impl Walk {
     }
 }
 
+/// Whether a pass owes `conn` the stream's batches before `up_to`: it is
+/// open, behind, and not left to the targeted walk.
+fn owes_batches(conn: &Conn, up_to: Seq) -> bool {
+    !conn.walk_mark().is_marked() && conn.next_batch().is_some_and(|next| next != up_to)
+}
+
 /// The connections and what a visit needs, borrowed from the loop.
 struct Visitor<'a, 'c> {
     conns: &'a mut Slab<Conn>,
@@ -319,6 +325,33 @@ impl Visitor<'_, '_> {
         conn.mark_walk(mark);
     }
 
+    /// A visit of a lap alone: the connection at `key` is given the
+    /// stream's batches up to `up_to` if a pass is under way (`batches`)
+    /// and it is owed some, and the closing sweep's `close`, if one is
+    /// under way.
+    #[inline]
+    fn lap_visit(
+        &mut self,
+        key: ConnKey,
+        (batches, up_to): (Option<Batches<'_>>, Seq),
+        close: Option<Duty<'_>>,
+        budget: &mut Budget,
+    ) {
+        let Some(conn) = self.conns.get_mut(key.0) else {
+            return;
+        };
+        budget.visit();
+        let owed = batches.filter(|_| owes_batches(conn, up_to));
+        if owed.is_some() || close.is_some() {
+            let owed = owed.map(|batches| Owed {
+                batches,
+                items: &[],
+                up_to,
+            });
+            self.visit(key, owed, close);
+        }
+    }
+
     /// One step of the sweep over the keys below `bound`: the lap under
     /// way (the stream's pass, beginning one if a connection may be owed
     /// a batch, and the closing sweep) and the paced duties of
@@ -360,7 +393,7 @@ impl Visitor<'_, '_> {
                 cut = true;
                 break;
             }
-            let (key, lap, on_paced) = match sweep.next(bound, &paced) {
+            let (key, lap) = match sweep.next(bound, &paced) {
                 Next::Idle => break,
                 Next::LapEnded => {
                     stream.end_pass();
@@ -379,29 +412,35 @@ impl Visitor<'_, '_> {
                     }
                     continue;
                 }
-                Next::Visit { key, lap, paced } => (ConnKey(key), lap, paced),
+                Next::Lap(keys) => {
+                    let close = closing.map(|Closing { why, reason }| Duty::Close { why, reason });
+                    let owed = stream.in_pass().then(|| stream.batches());
+                    let mut key = keys.start;
+                    while key < keys.end && !budget.spent(self.ctx.tally, 0) {
+                        self.lap_visit(ConnKey(key), (owed, up_to), close, budget);
+                        key += 1;
+                    }
+                    sweep.lap_reached(key);
+                    continue;
+                }
+                Next::Paced { key, lap } => (ConnKey(key), lap),
             };
             let Some(conn) = self.conns.get_mut(key.0) else {
                 continue;
             };
             budget.visit();
-            let owes = lap
-                && stream.in_pass()
-                && !conn.walk_mark().is_marked()
-                && conn.next_batch().is_some_and(|next| next != up_to);
+            let owes = lap && stream.in_pass() && owes_batches(conn, up_to);
             let duty = match (closing.as_ref(), pace.as_deref_mut(), &ping) {
                 (Some(&Closing { why, reason }), ..) if lap => Some(Duty::Close { why, reason }),
-                (_, Some(pace), _) if on_paced && paced.closes > 0 && conn.is_open() => {
+                (_, Some(pace), _) if paced.closes > 0 && conn.is_open() => {
                     paced.closes -= 1;
                     pace.closed_one();
                     Some(Duty::Drain { delay: pace.hint() })
                 }
-                (_, _, Some((ping, close_after))) if on_paced && key.0 < paced.ping_below => {
-                    Some(Duty::Ping {
-                        ping,
-                        close_after: *close_after,
-                    })
-                }
+                (_, _, Some((ping, close_after))) if key.0 < paced.ping_below => Some(Duty::Ping {
+                    ping,
+                    close_after: *close_after,
+                }),
                 _ => None,
             };
             if owes || duty.is_some() {

@@ -28,6 +28,8 @@
 //! (`walk`) makes the visits. Keys are visited in order, each at most
 //! once per lap and once per round.
 
+use std::ops::Range;
+
 /// The cursor, and the lap under way.
 #[derive(Debug, Default)]
 pub(crate) struct Sweep {
@@ -92,17 +94,19 @@ impl Paced {
 }
 
 /// The sweep's next step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Next {
-    /// Visit the connection at `key`: for the lap's duties if `lap`, for
-    /// the paced duties if `paced`.
-    Visit {
+    /// Visit the connections at these keys for the lap's duties alone,
+    /// in order, then say how far the visits went
+    /// ([`Sweep::lap_reached`]).
+    Lap(Range<usize>),
+    /// Visit the connection at `key` for the paced duties, and for the
+    /// lap's too if `lap` (they ride on it there).
+    Paced {
         /// The slab key.
         key: usize,
-        /// The lap's duties are due on it.
+        /// The lap's duties are due on it too.
         lap: bool,
-        /// The paced duties are due on it.
-        paced: bool,
     },
     /// The lap under way visited every key and ended.
     LapEnded,
@@ -162,18 +166,20 @@ impl Sweep {
                 return Next::LapEnded;
             }
             let key = lap.at;
-            lap.at += 1;
             // The next round begins between laps.
             let rides = lap.riding && key == cursor && paced.due_at(key, self.travelled);
             lap.riding = rides;
-            if rides {
-                self.pass_cursor();
+            if !rides {
+                let end = if lap.wrapped {
+                    lap.end.min(bound)
+                } else {
+                    bound
+                };
+                return Next::Lap(key..end);
             }
-            return Next::Visit {
-                key,
-                lap: true,
-                paced: rides,
-            };
+            lap.at += 1;
+            self.pass_cursor();
+            return Next::Paced { key, lap: true };
         }
         if cursor >= bound {
             if !paced.next_round(self.travelled) {
@@ -186,10 +192,17 @@ impl Sweep {
             return Next::Idle;
         }
         self.pass_cursor();
-        Next::Visit {
+        Next::Paced {
             key: cursor,
             lap: false,
-            paced: true,
+        }
+    }
+
+    /// The lap's visits of a [`Next::Lap`] went up to (not including)
+    /// `key`.
+    pub(crate) fn lap_reached(&mut self, key: usize) {
+        if let Some(lap) = &mut self.lap {
+            lap.at = key;
         }
     }
 
@@ -203,8 +216,9 @@ impl Sweep {
 mod tests {
     use super::*;
 
-    /// The visits until the sweep is idle or ends a lap (`LapEnded` and
-    /// `Round` shown as keys `usize::MAX` and `usize::MAX - 1`).
+    /// The visits, at most `most`, until the sweep is idle, as (key, for
+    /// the lap, for the paced duties), with `LapEnded` and `Round` shown
+    /// as keys `usize::MAX` and `usize::MAX - 1`.
     fn run(
         sweep: &mut Sweep,
         bound: usize,
@@ -212,9 +226,17 @@ mod tests {
         most: usize,
     ) -> Vec<(usize, bool, bool)> {
         let mut seen = Vec::new();
-        for _ in 0..most {
+        while seen.len() < most {
             match sweep.next(bound, paced) {
-                Next::Visit { key, lap, paced } => seen.push((key, lap, paced)),
+                Next::Lap(keys) => {
+                    let mut key = keys.start;
+                    while key < keys.end && seen.len() < most {
+                        seen.push((key, true, false));
+                        key += 1;
+                    }
+                    sweep.lap_reached(key);
+                }
+                Next::Paced { key, lap } => seen.push((key, lap, true)),
                 Next::LapEnded => seen.push((usize::MAX, false, false)),
                 Next::Round => seen.push((usize::MAX - 1, false, false)),
                 Next::Idle => break,
