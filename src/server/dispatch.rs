@@ -351,11 +351,17 @@ impl Server {
 
     /// Carries the walk one step further (see `walk`), with the
     /// heartbeat's slice if it is due and a drain's pace, then acts on the
-    /// verdicts.
+    /// verdicts; nothing, when the walk has nothing to do.
     pub(super) fn walk_step(&mut self, now: Instant) {
         let sweeping = self.sweeping();
         let busy = self.walk.stream.is_busy();
         let pings_due = self.clock.pings_due(now, sweeping, busy);
+        if !self
+            .walk
+            .has_work(now, pings_due || self.lifecycle.is_pacing())
+        {
+            return;
+        }
         let key_bound = self.conns.key_bound();
         let handling = self.handling(now);
         let schedules = Schedules {

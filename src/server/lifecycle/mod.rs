@@ -127,6 +127,11 @@ impl Lifecycle {
         self.state = State::Pacing(pace);
     }
 
+    /// A drain's pace closes the connections.
+    pub(super) fn is_pacing(&self) -> bool {
+        matches!(self.state, State::Pacing(_))
+    }
+
     /// The pace, while the connections are closed at one.
     pub(super) fn pace(&mut self) -> Option<&mut Pace> {
         match &mut self.state {

@@ -31,6 +31,8 @@ pub(crate) mod stream;
 pub(crate) mod sweep;
 pub(crate) mod targeted;
 
+use std::time::Instant;
+
 use mio::Registry;
 use slab::Slab;
 
@@ -136,6 +138,17 @@ impl Walk {
     /// Whether the closing sweep has keys left to visit.
     pub(super) fn closing_pending(&self) -> bool {
         self.closing.is_some()
+    }
+
+    /// Whether a step has anything to do at `now`, besides what the
+    /// schedules have due (`scheduled`: the heartbeat's slice or a
+    /// drain's pace): a delivery, a lap, or a wait that is over. Most
+    /// iterations of an idle loop have nothing, and skip the step.
+    pub(super) fn has_work(&self, now: Instant, scheduled: bool) -> bool {
+        scheduled
+            || self.delivering()
+            || self.sweep.in_lap()
+            || self.targeted.next_overdue().is_some_and(|at| at <= now)
     }
 
     /// Keys the cursor has passed since the loop began (a drain's round is
