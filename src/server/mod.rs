@@ -403,7 +403,7 @@ impl Server {
             self.advance_broadcasts(now);
             self.walk_step(now);
         }
-        // Outside an iteration: what the slice did is published here.
+        // Outside an iteration: what the step did is published here.
         self.publish_metrics(now);
         Ok(())
     }

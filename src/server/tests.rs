@@ -213,7 +213,7 @@ mod delivery {
         let mut slices = 0;
         while server.walk.delivering() {
             let newly = slice(&mut server, &clients, &mut reached);
-            assert!(newly <= BUDGET, "{newly} reached in one slice");
+            assert!(newly <= BUDGET, "{newly} reached in one step");
             slices += 1;
             assert!(slices < 100, "the deliveries never ended");
         }
@@ -284,7 +284,7 @@ mod delivery {
         handle.broadcast_text("last").unwrap();
         handle.shutdown().unwrap();
         // The iteration that takes them: it frames the message, and its
-        // slice writes it to both.
+        // step writes it to both.
         server.intake.woken();
         server.intake.take_arrivals(&server.report.shared);
         server.advance_broadcasts(Instant::now());
