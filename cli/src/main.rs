@@ -21,8 +21,8 @@ use cli::{config, instance_args, instance_number, one_line, Cli, Processes};
 use input::PumpEnd;
 use rlimit::{connection_capacity, instances_for};
 use supervisor::{
-    Policy, Supervisor, HISTORY_FD_ENV, HOST_FD_ENV, INSTANCE_ENV, LISTEN_FD_ENV, RESTARTS_ENV,
-    STATUS_FD_ENV,
+    Policy, Signaled, Supervisor, HISTORY_FD_ENV, HOST_FD_ENV, INSTANCE_ENV, LISTEN_FD_ENV,
+    RESTARTS_ENV, STATUS_FD_ENV,
 };
 
 mod board;
@@ -125,6 +125,10 @@ fn write_upstream(reader: UpstreamReader) {
 /// supervisor, from its flags to its last upstream line.
 fn serve(cli: Cli) -> Result<(), String> {
     let mut config = config(&cli)?;
+    // Before any socket listens: a signal that comes once one does is
+    // handled, never fatal.
+    let signals = Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP])
+        .map_err(|e| format!("cannot handle signals: {e}"))?;
     if let Some(history) = inherited_memory(HISTORY_FD_ENV, "history")? {
         config.history_fd = Some(history);
     }
@@ -143,7 +147,7 @@ fn serve(cli: Cli) -> Result<(), String> {
     if let Some(earlier) = inherited(RESTARTS_ENV) {
         handle.set_instance_restarts(earlier);
     }
-    stop_on_signals(handle.clone())?;
+    stop_on_signals(signals, handle.clone())?;
     let upstream = spawn_upstream_writer(&server)?;
     let _ = counted.set(handle.clone());
     spawn_input(&cli, &config, sources, recorder, handle)?;
@@ -356,10 +360,10 @@ fn open_file_capacity() -> u64 {
 /// SIGTERM starts a drain (see [`Handle::drain`]), SIGUSR1 a hand-over to
 /// a replacement ([`Handle::hand_over`], sent by a supervisor), SIGINT a
 /// shutdown; a second one of them exits at once. SIGHUP, which restarts a
-/// supervisor's instances, is logged and ignored here.
-fn stop_on_signals(handle: Handle) -> Result<(), String> {
-    let mut signals = Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP])
-        .map_err(|e| format!("cannot handle signals: {e}"))?;
+/// supervisor's instances, is logged and ignored here. `signals` were
+/// registered before the server listened; those that came meanwhile are
+/// acted on now.
+fn stop_on_signals(mut signals: Signals, handle: Handle) -> Result<(), String> {
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -400,6 +404,9 @@ fn stop_on_signals(handle: Handle) -> Result<(), String> {
 fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     // Refuse bad settings once, before starting any instance.
     let config = config(cli)?;
+    // Before any socket listens: a signal that comes once one does is
+    // handled, never fatal.
+    let signaled = Signaled::register().map_err(|e| format!("cannot handle signals: {e}"))?;
     let (count, per_instance) = instance_count(cli, processes);
     let (listen, _port_hold) = resolve_shared_address(cli.listen)?;
     let (program, args) = instance_command(listen)?;
@@ -413,6 +420,7 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
             + config.drain_time
             + config.shutdown_timeout
             + Duration::from_secs(5),
+        merge_output: cli.upstream.is_some(),
     };
     // The sources are checked (and the publish listener bound) before any
     // instance starts; `GET /stats` reads the supervisor's board once it is.
@@ -426,7 +434,6 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     let history = SharedHistory::create(&config)
         .map_err(|e| format!("cannot make the history's shared memory: {e}"))?;
     let recorder = input::Recorder::new(history, cli.input, max_message);
-    let merge = cli.upstream.is_some();
     // The supervisor holds a listener for each instance, which every
     // process of that instance serves in turn.
     let listeners = (0..count)
@@ -436,7 +443,7 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     // Instances run this process's own binary, whatever is on disk later;
     // SIGUSR2 upgrades them to what is on disk then.
     let own = Path::new("/proc/self/exe");
-    let supervisor = Supervisor::start(own, program, &args, listeners, policy, merge, recorder)
+    let supervisor = Supervisor::start(own, program, &args, listeners, policy, recorder, signaled)
         .map_err(|e| e.to_string())?;
     log::info!(
         "listening on {listen} with {count} instances, up to {per_instance} connections each"

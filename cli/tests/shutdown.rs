@@ -280,3 +280,39 @@ fn a_second_signal_ends_a_drain_at_once() {
     assert_eq!(exit_code(&mut server), Some(130));
     assert!(client.join().is_err(), "no close: the process ended");
 }
+
+#[test]
+fn a_sigterm_as_soon_as_it_listens_exits_cleanly() {
+    // The handlers are set before the listener opens: a SIGTERM that
+    // comes the moment a connection is first accepted by the kernel is a
+    // drain (of nothing), never the signal's default death. Tried a few
+    // times, each signalling at the first connect that succeeds.
+    for _ in 0..10 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_wspush"))
+            .args([
+                "--listen",
+                &addr.to_string(),
+                "--quiet",
+                "--drain-time",
+                "0",
+            ])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(started.elapsed() < IO_TIMEOUT, "it never listened");
+        }
+        // From this process, not `kill`'s: at once.
+        let pid = rustix::process::Pid::from_child(&child);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "{status:?}");
+    }
+}

@@ -155,6 +155,9 @@ pub struct Policy {
     pub stall_timeout: Duration,
     /// How long instances get to exit after SIGTERM before they are killed.
     pub stop_grace: Duration,
+    /// Whether the instances' standard outputs (their upstream lines) are
+    /// merged into this one's.
+    pub merge_output: bool,
 }
 
 /// Why the supervisor stopped with an error.
@@ -451,6 +454,34 @@ struct Roll {
 /// its file and its `--version` line, or why it is refused.
 type Checked = Result<(std::fs::File, String), String>;
 
+/// The supervisor's signals, registered before anything listens or any
+/// child exists (so that no signal is fatal and no SIGCHLD is missed):
+/// a flag each, set by its handler, and a pipe whose byte wakes the poll.
+#[derive(Debug)]
+pub struct Signaled {
+    flags: [(i32, Arc<AtomicBool>); 5],
+    pipe: UnixStream,
+}
+
+impl Signaled {
+    /// Registers the handlers of SIGCHLD, SIGINT, SIGTERM, SIGHUP and SIGUSR2.
+    pub fn register() -> io::Result<Signaled> {
+        let (pipe, wake) = std::os::unix::net::UnixStream::pair()?;
+        pipe.set_nonblocking(true)?;
+        wake.set_nonblocking(true)?;
+        let flags = [SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR2]
+            .map(|s| (s, Arc::new(AtomicBool::new(false))));
+        for (signal, flag) in &flags {
+            signal_hook::flag::register(*signal, Arc::clone(flag))?;
+            signal_hook::low_level::pipe::register(*signal, wake.try_clone()?)?;
+        }
+        Ok(Signaled {
+            flags,
+            pipe: UnixStream::from_std(pipe),
+        })
+    }
+}
+
 /// Running instances and what drives the supervisor.
 #[derive(Debug)]
 pub struct Supervisor {
@@ -490,31 +521,25 @@ impl Supervisor {
     /// [`Program::spawn`]; the first is instance 1): the supervisor's own
     /// binary is `/proc/self/exe`, which names it whatever is on disk
     /// later. SIGUSR2 upgrades the instances to what is at `on_disk` then.
-    /// With `merge_output`, their standard outputs are merged into this
+    /// With [`Policy::merge_output`], their standard outputs are merged into this
     /// one's, whole lines at a time (see [`Merge`]). The input's messages
     /// are kept in `recorder`'s history before the instances get them.
+    /// `signaled` holds the signals that came since it was registered.
     pub fn start(
         program: &Path,
         on_disk: PathBuf,
         args: &[OsString],
         listeners: Vec<OwnedFd>,
         policy: Policy,
-        merge_output: bool,
         recorder: Recorder,
+        signaled: Signaled,
     ) -> Result<Supervisor, SupervisorError> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKE)?;
-        // Registered before any child exists, so no SIGCHLD is missed.
-        let (signal_pipe, wake) = std::os::unix::net::UnixStream::pair()?;
-        signal_pipe.set_nonblocking(true)?;
-        wake.set_nonblocking(true)?;
-        let mut signal_pipe = UnixStream::from_std(signal_pipe);
-        let signals = [SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR2]
-            .map(|s| (s, Arc::new(AtomicBool::new(false))));
-        for (signal, flag) in &signals {
-            signal_hook::flag::register(*signal, Arc::clone(flag))?;
-            signal_hook::low_level::pipe::register(*signal, wake.try_clone()?)?;
-        }
+        let Signaled {
+            flags: signals,
+            pipe: mut signal_pipe,
+        } = signaled;
         poll.registry()
             .register(&mut signal_pipe, SIGNALS, Interest::READABLE)?;
         let host = wspush::host_memory()?;
@@ -545,7 +570,7 @@ impl Supervisor {
             board: Board::default(),
             _host: host,
         };
-        if merge_output {
+        if supervisor.policy.merge_output {
             supervisor.merge = Some(Merge::new(Arc::clone(&supervisor.waker))?);
         }
         for (index, listener) in listeners.into_iter().enumerate() {
@@ -828,6 +853,7 @@ mod tests {
             max_backlog: 1 << 20,
             stall_timeout: Duration::from_secs(30),
             stop_grace: Duration::from_secs(10),
+            merge_output: false,
         }
     }
 
@@ -840,8 +866,8 @@ mod tests {
             &sh(script),
             listeners(3),
             policy(OnExit::Stop),
-            false,
             recorder(),
+            Signaled::register().unwrap(),
         )
         .unwrap();
         let started = Instant::now();
@@ -870,8 +896,8 @@ mod tests {
             &sh(script),
             listeners(2),
             policy(OnExit::Restart),
-            false,
             recorder(),
+            Signaled::register().unwrap(),
         )
         .unwrap();
         let started = Instant::now();
