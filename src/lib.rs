@@ -100,5 +100,5 @@ pub use protocol::ws::{CloseCode, MessageKind};
 pub use server::host_memory;
 pub use server::{
     listen, BindError, BroadcastError, ConnectionInfo, Handle, MessageTooBig, Server, ServerGone,
-    SharedHistory, UpstreamReader,
+    SharedHistory, TakeOverError, UpstreamReader, HANDOVER_TIMEOUT,
 };

@@ -196,6 +196,18 @@ metrics! {
     /// Times the Redis stream no longer held entries not read yet
     /// (trimmed during an outage): their positions are missing here.
     stream_gaps: Counter "wspush_stream_gaps_total" "" "Times the Redis stream no longer held entries not read yet; connected clients with positions, and resumes across them, are told the gap.",
+    /// Connections handed over to a successor process, alive.
+    handover_given: Counter "wspush_handover_connections_given_total" "" "Connections handed over, open, to a successor process (a deploy that closes nothing).",
+    /// Connections taken over from the process this one replaced.
+    handover_taken: Counter "wspush_handover_connections_taken_total" "" "Connections taken over, open, from the process this one replaced.",
+    /// Connections lost in a handover that broke off (their clients
+    /// reconnect, as after a crash).
+    handover_lost: Counter "wspush_handover_connections_lost_total" "" "Connections lost in a handover that broke off (they reconnect as after a crash).",
+    /// Handovers refused (a state format this build does not write, or a
+    /// loop that did not catch up): a drain follows.
+    handover_fallbacks: Counter "wspush_handover_fallbacks_total" "" "Handovers refused here; the successor falls back to a drain.",
+    /// How long the last handover paused the loop, in microseconds.
+    handover_pause_us: Gauge "wspush_handover_pause_microseconds" "" "How long the last handover paused this loop.",
     /// Processes this instance had before this one under its supervisor:
     /// restarts after a death, and replacements in rolling restarts and
     /// upgrades (0 for a lone server).

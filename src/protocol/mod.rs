@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod commands;
 pub mod deflate;
+pub(crate) mod handover;
 pub mod http;
 pub mod jwt;
 // The binary's input; the library has none.

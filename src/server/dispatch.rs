@@ -37,7 +37,7 @@ pub(super) struct Handling<'a> {
     conns: &'a mut Slab<Conn>,
     registry: &'a Registry,
     scratch: &'a mut [u8],
-    ctx: Ctx<'a>,
+    pub(super) ctx: Ctx<'a>,
     walk: &'a mut Walk,
     heartbeat: &'a mut Heartbeat,
     lifecycle: &'a mut Lifecycle,
@@ -104,7 +104,7 @@ impl Server {
 
     /// Acts on a handler's verdict: close, schedule another read, and keep
     /// the writable interest in step with the output queue.
-    fn settle(&mut self, key: ConnKey, verdict: Verdict) {
+    pub(super) fn settle(&mut self, key: ConnKey, verdict: Verdict) {
         match verdict {
             Verdict::Replay(replay) => {
                 let mut dir = Directory::new(

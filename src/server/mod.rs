@@ -30,7 +30,8 @@
 //! - the loop's parts over the connections: `admit/` (accepting, the
 //!   slab of connections, the per-address limit, the room), `lifecycle/`
 //!   (running, draining, closing; a drain's pace), `buffers`, `records`,
-//!   `report`, `endpoints`;
+//!   `report`, `endpoints`, `handover` (connections moved to a
+//!   successor process, or from the process this one replaces);
 //! - `walk/`, everything delivery is: the broadcast `stream`, the
 //!   `targeted` items and the `directory` that addresses them, and the one
 //!   budgeted walk with its cursor over the keys (`sweep`), on which every
@@ -53,6 +54,7 @@ mod dispatch;
 mod endpoints;
 mod frames;
 mod handle;
+mod handover;
 mod history;
 mod key;
 mod lifecycle;
@@ -76,9 +78,10 @@ use handle::Shared;
 pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone, UpstreamReader};
 pub use history::SharedHistory;
 use key::ConnKey;
+pub use lifecycle::handover::{TakeOverError, HANDOVER_TIMEOUT};
 use lifecycle::{Ending, Lifecycle};
 pub use net::sockets::listen;
-use net::sockets::{Door, Ready, Sockets, ALARM, LISTENER, METRICS_LISTENER, WAKER};
+use net::sockets::{Door, Ready, Sockets, ALARM, LISTENER, METRICS_LISTENER, SUCCESSOR, WAKER};
 use records::Records;
 use report::Report;
 #[cfg(feature = "internals")]
@@ -187,6 +190,8 @@ pub struct Server {
     room: Room,
     /// The state shared with the handles, the counts and the stats line.
     report: Report,
+    /// A successor's socket, and its ask.
+    handover: lifecycle::handover::Handover,
 }
 
 impl Drop for Server {
@@ -263,6 +268,7 @@ impl Server {
             lifecycle: Lifecycle::new(),
             room: Room::new(),
             report: Report::new(shared, &config, now),
+            handover: lifecycle::handover::Handover::default(),
             sockets,
             config,
         })
@@ -364,6 +370,7 @@ impl Server {
                 METRICS_LISTENER => self.accept(Door::Metrics, now),
                 WAKER => self.intake.woken(),
                 ALARM => self.clock.rang(),
+                SUCCESSOR => self.on_successor(now),
                 Token(key) => self.on_conn_event(ConnKey(key), Ready::from(event), now),
             }
         }
@@ -375,6 +382,7 @@ impl Server {
         self.intake.take_arrivals(&self.report.shared);
         self.advance_broadcasts(now);
         self.walk_step(now);
+        self.carry_handover(now);
         self.housekeeping(now);
         Ok(())
     }
@@ -416,6 +424,13 @@ impl Server {
     fn advance_broadcasts(&mut self, now: Instant) {
         if !self.lifecycle.is_serving() {
             return self.intake.abandon(&self.report.shared);
+        }
+        if self
+            .handover
+            .holds_input(self.records.history.current().seq)
+        {
+            // The successor frames what comes next.
+            return;
         }
         if let Some(all_taken) = self.intake.shutdown_asked(&self.report.shared) {
             self.lifecycle.see_shutdown(now);

@@ -265,6 +265,14 @@ impl Routes {
         true
     }
 
+    /// The names of the channels `slot` is subscribed to.
+    pub fn channels_of(&self, slot: Slot) -> impl Iterator<Item = &str> {
+        self.memberships
+            .iter_hash(spread(slot))
+            .filter(move |m| m.slot == slot)
+            .map(|m| &*self.channels[m.channel as usize].name)
+    }
+
     /// Takes `slot` (with client id `id`) out of every channel and out of
     /// the id's holders: its connection closed.
     pub fn leave(&mut self, slot: Slot, id: Option<ClientIdRef<'_>>) {

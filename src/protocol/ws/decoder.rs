@@ -176,7 +176,38 @@ impl State {
     }
 }
 
+/// The bytes of a [`Decoder`]'s state (see [`Decoder::to_bytes`]).
+pub const DECODER_BYTES: usize = 16;
+
 impl Decoder {
+    /// Its whole state as bytes, for another process to go on from
+    /// (`remaining`, `mask`, `len`, the UTF-8 state, the state byte).
+    pub fn to_bytes(&self) -> [u8; DECODER_BYTES] {
+        let mut out = [0u8; DECODER_BYTES];
+        out[..4].copy_from_slice(&self.remaining.to_le_bytes());
+        out[4..8].copy_from_slice(&self.mask);
+        out[8..12].copy_from_slice(&self.len.to_le_bytes());
+        out[12..15].copy_from_slice(&self.utf8.to_bytes());
+        out[15] = self.state.0;
+        out
+    }
+
+    /// The decoder [`Decoder::to_bytes`] gave, or `None` for bytes no
+    /// decoder could hold.
+    pub fn from_bytes(bytes: &[u8; DECODER_BYTES]) -> Option<Decoder> {
+        let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let utf8 = Utf8Validator::from_bytes(bytes[12..15].try_into().unwrap())?;
+        let state = bytes[15];
+        let known = State::MESSAGE | State::BINARY | State::COMPRESSED | State::FRAME | State::FIN;
+        (state & !known == 0).then_some(Decoder {
+            remaining: word(0),
+            mask: bytes[4..8].try_into().unwrap(),
+            len: word(8),
+            utf8,
+            state: State(state),
+        })
+    }
+
     /// Decodes from the start of `input`, unmasking payload bytes in place.
     ///
     /// Returns how many bytes were consumed and the event they completed;
@@ -435,8 +466,35 @@ mod tests {
                 }
             }
             held.drain(..pos);
+            // At every cut the decoder goes on from its bytes, as one
+            // handed over to another process does.
+            decoder = Decoder::from_bytes(&decoder.to_bytes()).expect("a decoder's own bytes");
         }
         seen
+    }
+
+    #[test]
+    fn bytes_no_decoder_holds_are_refused() {
+        let mut bytes = Decoder::default().to_bytes();
+        assert!(Decoder::from_bytes(&bytes).is_some());
+        bytes[15] = 1 << 7;
+        assert!(
+            Decoder::from_bytes(&bytes).is_none(),
+            "an unknown state bit"
+        );
+        let mut bytes = Decoder::default().to_bytes();
+        bytes[12..15].copy_from_slice(&[0x41, 0, 0]);
+        assert!(Decoder::from_bytes(&bytes).is_none(), "ASCII pending");
+        bytes[12..15].copy_from_slice(&[0, 0x80, 0]);
+        assert!(
+            Decoder::from_bytes(&bytes).is_none(),
+            "a byte after the end"
+        );
+        bytes[12..15].copy_from_slice(&[0xE2, 0x82, 0]);
+        assert!(
+            Decoder::from_bytes(&bytes).is_some(),
+            "two of three bytes of €"
+        );
     }
 
     /// Same result whole, byte by byte, and cut in two at every point.

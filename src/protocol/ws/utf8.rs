@@ -17,6 +17,24 @@ pub struct Utf8Validator {
 }
 
 impl Utf8Validator {
+    /// Its state as bytes (see [`Utf8Validator::from_bytes`]).
+    pub fn to_bytes(self) -> [u8; 3] {
+        self.pending
+    }
+
+    /// The state [`Utf8Validator::to_bytes`] gave; bytes no validator
+    /// could hold are refused.
+    pub fn from_bytes(pending: [u8; 3]) -> Option<Utf8Validator> {
+        let used = pending.iter().position(|&b| b == 0).unwrap_or(3);
+        let valid = pending[used..].iter().all(|&b| b == 0)
+            && pending[..used].first().is_none_or(|&b| b >= 0xC2)
+            && pending[..used]
+                .iter()
+                .skip(1)
+                .all(|&b| (0x80..0xC0).contains(&b));
+        valid.then_some(Utf8Validator { pending })
+    }
+
     /// Validates the next piece of the stream. Fails as soon as the bytes
     /// seen so far cannot be the start of valid UTF-8.
     ///

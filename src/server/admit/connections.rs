@@ -91,6 +91,34 @@ impl Connections {
         ConnKey(key)
     }
 
+    /// Takes in connections moved from another process, each under the
+    /// key it had there, registered in the poll (a socket with input
+    /// waiting raises its event at once). Only an empty slab takes them.
+    pub(crate) fn adopt(&mut self, entries: Vec<(usize, Conn)>, registry: &Registry) {
+        debug_assert!(self.slab.is_empty(), "bug: adopting beside connections");
+        let mut slab: Slab<Conn> = entries.into_iter().collect();
+        slab.reserve(self.slab.capacity().saturating_sub(slab.len()));
+        let keys: Vec<usize> = slab.iter().map(|(key, _)| key).collect();
+        for key in keys {
+            let conn = &mut slab[key];
+            let interest = if conn.has_queued() {
+                Interest::READABLE | Interest::WRITABLE
+            } else {
+                Interest::READABLE
+            };
+            let peer = conn.stream_mut().peer_addr();
+            let registered = registry.register(conn.stream_mut(), mio::Token(key), interest);
+            if let Err(e) = registered {
+                log::warn!("a connection taken over could not be registered: {e}");
+            }
+            if let Ok(peer) = peer {
+                let _ = self.admit_peer(ConnKey(key), peer.ip());
+            }
+            self.key_bound = self.key_bound.max(key + 1);
+        }
+        self.slab = slab;
+    }
+
     /// Takes the connection under `key` out, uncounted from its address.
     pub(crate) fn remove(&mut self, key: ConnKey) -> Option<Conn> {
         let conn = self.slab.try_remove(key.0)?;

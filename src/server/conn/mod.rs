@@ -50,6 +50,7 @@ mod aside;
 mod close;
 mod handshake;
 mod input;
+mod moved;
 mod output;
 mod reason;
 #[cfg(test)]

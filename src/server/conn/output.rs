@@ -127,7 +127,7 @@ impl Conn {
     }
 
     /// Its output queue, taken from aside (an empty one if it has none).
-    fn take_queue(&mut self, key: ConnKey, ctx: &mut Ctx<'_>) -> OutQueue {
+    pub(super) fn take_queue(&mut self, key: ConnKey, ctx: &mut Ctx<'_>) -> OutQueue {
         if !self.flags.take(Flags::QUEUED) {
             return OutQueue::default();
         }

@@ -144,12 +144,29 @@ impl Wire {
 
     /// Takes the connection, closed for good, off its gauges in `metrics`.
     pub(super) fn closed(self, metrics: &Metrics) {
+        if self.gauge(metrics).is_some() {
+            Metrics::incr(&metrics.closed_event_stream);
+        }
+        self.moved_out(metrics);
+    }
+
+    /// Takes a connection that moves to another process off its gauges.
+    pub(super) fn moved_out(self, metrics: &Metrics) {
         if let Some(gauge) = self.gauge(metrics) {
             Metrics::decr(gauge);
-            Metrics::incr(&metrics.closed_event_stream);
         }
         if self.deflate().negotiated() {
             Metrics::decr(&metrics.connections_deflate);
+        }
+    }
+
+    /// Puts a connection that moved from another process on its gauges.
+    pub(super) fn moved_in(self, metrics: &Metrics) {
+        if let Some(gauge) = self.gauge(metrics) {
+            Metrics::incr(gauge);
+        }
+        if self.deflate().negotiated() {
+            Metrics::incr(&metrics.connections_deflate);
         }
     }
 

@@ -5,6 +5,7 @@
 //! done.
 
 pub(crate) mod drain;
+pub(crate) mod handover;
 
 use std::io;
 use std::time::{Duration, Instant};

@@ -54,6 +54,8 @@ pub(crate) const WAKER: Token = Token(usize::MAX - 1);
 pub(crate) const METRICS_LISTENER: Token = Token(usize::MAX - 2);
 /// The alarm's token (see `time::alarm`).
 pub(crate) const ALARM: Token = Token(usize::MAX - 3);
+/// The token of the socket a successor asks for the connections on.
+pub(crate) const SUCCESSOR: Token = Token(usize::MAX - 4);
 
 /// Readiness events taken per poll.
 const EVENTS_CAPACITY: usize = 1024;
@@ -144,6 +146,26 @@ impl Sockets {
     }
 
     /// The waker handles ring (see [`WAKER`]).
+    /// Watches `socket`, on which a successor asks for the connections
+    /// (see `server::handover`).
+    pub(crate) fn watch_successor(&self, socket: &std::os::fd::OwnedFd) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let fd = socket.as_raw_fd();
+        self.registry().register(
+            &mut mio::unix::SourceFd(&fd),
+            SUCCESSOR,
+            mio::Interest::READABLE,
+        )
+    }
+
+    /// Stops watching `socket` (see [`Sockets::watch_successor`]).
+    pub(crate) fn unwatch_successor(&self, socket: &std::os::fd::OwnedFd) {
+        use std::os::fd::AsRawFd;
+        let fd = socket.as_raw_fd();
+        let _ = self.registry().deregister(&mut mio::unix::SourceFd(&fd));
+    }
+
+    /// A waker for the loop's poll.
     pub(crate) fn waker(&self) -> io::Result<Waker> {
         Waker::new(self.registry(), WAKER)
     }

@@ -264,6 +264,16 @@ pub struct Liveness(u16);
 impl Liveness {
     const VISITED: u16 = 1 << 15;
 
+    /// Its state as bits, for another process to go on from.
+    pub fn to_bits(self) -> u16 {
+        self.0
+    }
+
+    /// The state [`Liveness::to_bits`] gave.
+    pub fn from_bits(bits: u16) -> Liveness {
+        Liveness(bits)
+    }
+
     /// The client sent something (data, a pong, anything).
     pub fn heard(&mut self) {
         self.0 &= Liveness::VISITED;

@@ -130,7 +130,13 @@ impl Deadline {
         wheel.schedule(key, at);
     }
 
-    /// Clears the deadline, if armed.
+    /// When it is due, if armed: the start of its tick.
+    pub fn at(&self, wheel: &TimerWheel) -> Option<Instant> {
+        let tick = self.0?;
+        Some(wheel.start + wheel.resolution * tick.0.get())
+    }
+
+    /// Clears the deadline.
     pub fn clear(&mut self, wheel: &mut TimerWheel) {
         if self.0.take().is_some() {
             wheel.armed -= 1;

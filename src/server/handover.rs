@@ -1,0 +1,329 @@
+//! Handing live connections to a successor process, and taking them from
+//! the process this one replaces: nothing is closed, no client notices.
+//!
+//! The successor asks on a Unix stream socket the two share
+//! ([`Server::hand_over_on`] on the giving side, [`Server::take_over`] on
+//! the taking one), saying the first input position it frames itself.
+//! The giving loop frames its input up to the position before that (so
+//! no line is between the two), stops framing, lets its walk deliver
+//! what it framed (at most [`SETTLE`]), then, in one pause of its loop,
+//! sends every open connection: its state in the versioned format of
+//! `protocol::handover`, its socket beside it (SCM_RIGHTS). The
+//! successor puts each one in the same slot (its key stays valid), owed
+//! everything after the last position given: the live messages up to it
+//! are skipped, so each message reaches each client exactly once. What
+//! could not move (closing, or waiting for a replay) is closed by the
+//! giving process as a drain closes it, and it exits.
+//!
+//! A send that fails leaves the connections not sent yet with the giving
+//! process, which goes on serving them; the taking side refuses a state
+//! it cannot read before it takes anything, and its caller falls back to
+//! a drain.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::ops::metrics::Metrics;
+use crate::protocol::handover::{Answer, Ask, Record, VERSION};
+use crate::protocol::names::ChannelName;
+use crate::server::conn::{Conn, Verdict};
+use crate::server::history::{Filter, Replay};
+use crate::server::key::ConnKey;
+use crate::server::lifecycle::handover::{
+    Giving, TakeOverError, CATCH_UP, HANDOVER_TIMEOUT, SETTLE,
+};
+use crate::server::lifecycle::Ending;
+use crate::server::net::channel::{Channel, FDS_PER_CHUNK};
+use crate::server::walk::directory::Directory;
+use crate::server::Server;
+
+impl Server {
+    /// Hands this server's connections to a successor that asks on
+    /// `socket` (a Unix stream socket; see [`Server::take_over`]). The
+    /// loop reads the ask when it comes (the socket is in its poll), then
+    /// hands over at once, and ends as a drain does for whatever could
+    /// not move.
+    pub fn hand_over_on(&mut self, socket: OwnedFd) -> io::Result<()> {
+        self.sockets.watch_successor(&socket)?;
+        self.handover.socket = Some(socket);
+        Ok(())
+    }
+
+    /// The successor's socket is readable: its ask (or its end).
+    pub(super) fn on_successor(&mut self, now: Instant) {
+        let Some(socket) = self.handover.socket.take() else {
+            return;
+        };
+        self.sockets.unwatch_successor(&socket);
+        let asked = Channel::new(socket, HANDOVER_TIMEOUT).and_then(|mut channel| {
+            let head = channel.read_head()?;
+            let ask = Ask::decode(&head).map_err(crate::server::net::channel::invalid)?;
+            Ok((channel, ask))
+        });
+        match asked {
+            Ok((channel, ask)) if ask.version == VERSION => {
+                log::info!(
+                    "a successor asks for the connections (it frames from position {})",
+                    ask.first
+                );
+                self.handover.giving = Some(Giving {
+                    channel,
+                    first: ask.first,
+                    since: now,
+                });
+            }
+            Ok((mut channel, ask)) => {
+                log::warn!(
+                    "a successor reads the state format version {} (this build writes {VERSION}): refused; it drains us instead",
+                    ask.version
+                );
+                self.refused(&mut channel);
+            }
+            Err(e) => log::warn!("no handover: the successor's ask failed: {e}"),
+        }
+    }
+
+    /// Tells a successor no, and counts the fallback.
+    fn refused(&mut self, channel: &mut Channel) {
+        Metrics::incr(&self.report.shared.metrics.handover_fallbacks);
+        let _ = channel.write_all(&Answer::Refuse.encode());
+    }
+
+    /// Carries a handover on, once per loop iteration: once the loop
+    /// framed up to its successor's first position and delivered what it
+    /// framed (or [`SETTLE`] passed), moves the connections.
+    pub(super) fn carry_handover(&mut self, now: Instant) {
+        let Some(giving) = &self.handover.giving else {
+            return;
+        };
+        let current = self.records.history.current().seq;
+        if !self.handover.holds_input(current) {
+            if now.duration_since(giving.since) > CATCH_UP {
+                log::warn!(
+                    "no handover: this loop did not reach position {} within {CATCH_UP:?}",
+                    giving.first - 1
+                );
+                let mut giving = self.handover.giving.take().expect("giving");
+                self.refused(&mut giving.channel);
+            }
+            return;
+        }
+        let settling = now.duration_since(giving.since) < CATCH_UP + SETTLE;
+        if self.walk.delivering() && settling {
+            return;
+        }
+        let giving = self.handover.giving.take().expect("giving");
+        self.give(giving.channel, current, now);
+    }
+
+    /// Moves every open connection to the successor on `channel`, each
+    /// given every message up to `through`: one pause of the loop.
+    fn give(&mut self, mut channel: Channel, through: u64, now: Instant) {
+        let started = Instant::now();
+        let answer = Answer::Give {
+            version: VERSION,
+            through,
+        };
+        if let Err(e) = channel.write_all(&answer.encode()) {
+            log::warn!("no handover: the successor is gone ({e}); serving on");
+            return;
+        }
+        let keys: Vec<usize> = (self.conns.slab.iter())
+            .filter(|(_, conn)| conn.movable())
+            .map(|(key, _)| key)
+            .collect();
+        let mut given = 0u32;
+        let mut bytes = Vec::new();
+        for chunk in keys.chunks(FDS_PER_CHUNK) {
+            bytes.clear();
+            let mut streams = Vec::with_capacity(chunk.len());
+            for &key in chunk {
+                let key = ConnKey(key);
+                let Some(mut conn) = self.conns.remove(key) else {
+                    continue;
+                };
+                let _ = self.sockets.registry().deregister(conn.stream_mut());
+                self.walk.targeted.forget(key.slot());
+                let mut ctx = self.handling(now).ctx;
+                let (moved, stream) = conn.move_out(key, through, &mut ctx);
+                Record::Conn(Box::new(moved)).encode(&mut bytes);
+                streams.push(stream);
+            }
+            let fds: Vec<_> = streams.iter().map(|s| s.as_fd()).collect();
+            if let Err(e) = channel.send(&bytes, &fds) {
+                // These are gone with the successor (their sockets close
+                // as they drop here); the rest stay.
+                log::error!(
+                    "the handover broke off after {given} connections: {e}; {} lost, the {} not sent yet are served on here",
+                    streams.len(),
+                    self.conns.len()
+                );
+                Metrics::add(&self.report.shared.metrics.handover_given, u64::from(given));
+                Metrics::add(
+                    &self.report.shared.metrics.handover_lost,
+                    streams.len() as u64,
+                );
+                return;
+            }
+            given += streams.len() as u32;
+        }
+        bytes.clear();
+        Record::End { count: given }.encode(&mut bytes);
+        let ended = channel.send(&bytes, &[]);
+        let paused = started.elapsed();
+        let metrics = &self.report.shared.metrics;
+        Metrics::add(&metrics.handover_given, u64::from(given));
+        Metrics::set(&metrics.handover_pause_us, paused.as_micros() as u64);
+        match ended {
+            Ok(()) => log::info!(
+                "handed {given} connections over (given through position {through}) in {:.1} ms; {} could not move and close here",
+                paused.as_secs_f64() * 1e3,
+                self.conns.len()
+            ),
+            Err(e) => log::warn!("the handover's end was not sent ({e}); the successor has the {given} connections"),
+        }
+        self.close_everything(now, Ending::Drain);
+    }
+
+    /// Takes the connections of the process this one replaces, over
+    /// `socket` (a Unix stream socket it watches with
+    /// [`Server::hand_over_on`]), before this loop runs: each in the slot
+    /// it had, owed what the other process had not given it. Returns how
+    /// many were taken. Refused (nothing taken) when the other process
+    /// cannot write this build's state format, or this server already
+    /// holds connections; the caller then falls back to a drain.
+    pub fn take_over(&mut self, socket: OwnedFd) -> Result<usize, TakeOverError> {
+        if !self.conns.is_empty() {
+            return Err(TakeOverError::Refused(
+                "this server holds connections already".into(),
+            ));
+        }
+        let started = Instant::now();
+        let mut channel = Channel::new(socket, HANDOVER_TIMEOUT).map_err(TakeOverError::Io)?;
+        let first = self.records.history.current().seq + 1;
+        let ask = Ask {
+            version: VERSION,
+            first,
+        };
+        channel
+            .write_all(&ask.encode())
+            .map_err(TakeOverError::Io)?;
+        let head = channel.read_head().map_err(TakeOverError::Io)?;
+        match Answer::decode(&head) {
+            Ok(Answer::Give { .. }) => {}
+            Ok(Answer::Refuse) => {
+                return Err(TakeOverError::Refused("the other process said no".into()))
+            }
+            Err(e) => return Err(TakeOverError::Refused(e.to_string())),
+        }
+        let taken = self.take_records(&mut channel);
+        let metrics = &self.report.shared.metrics;
+        Metrics::add(&metrics.handover_taken, taken as u64);
+        Metrics::set(
+            &metrics.handover_pause_us,
+            started.elapsed().as_micros() as u64,
+        );
+        log::info!(
+            "took {taken} connections over in {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(taken)
+    }
+
+    /// Reads connection records until the end (or until the other side
+    /// broke off: what came is kept), puts each together in its slot,
+    /// and addresses each its wait for the positions it was given.
+    fn take_records(&mut self, channel: &mut Channel) -> usize {
+        let now = Instant::now();
+        let mut waits = Vec::new();
+        let mut entries = Vec::new();
+        let mut verdicts = Vec::new();
+        loop {
+            let record = match channel.read_record() {
+                Ok(record) => record,
+                Err(e) => {
+                    log::error!(
+                        "the handover broke off after {} connections: {e}",
+                        entries.len()
+                    );
+                    break;
+                }
+            };
+            let moved = match record {
+                Record::Conn(moved) => moved,
+                Record::End { count } => {
+                    if count as usize != entries.len() + verdicts.len() {
+                        log::warn!(
+                            "the handover sent {count} connections; {} came",
+                            entries.len()
+                        );
+                    }
+                    break;
+                }
+            };
+            let Some(fd) = channel.take_fd() else {
+                log::error!("a connection came without its socket: the handover stops here");
+                break;
+            };
+            let stream = std::net::TcpStream::from(fd);
+            let _ = stream.set_nonblocking(true);
+            let stream = mio::net::TcpStream::from_std(stream);
+            let key = ConnKey(moved.slot as usize);
+            if self.conns.slab.contains(key.0) || entries.iter().any(|(k, _)| *k == key.0) {
+                log::error!(
+                    "two connections came for slot {}: the second is closed",
+                    key.0
+                );
+                continue;
+            }
+            let mut ctx = self.handling(now).ctx;
+            match Conn::move_in(&moved, stream, key, &mut ctx) {
+                Ok((conn, verdict)) => {
+                    let filter = Filter {
+                        id: conn.id().map(|id| id.owned()),
+                        channels: (moved.channels.iter())
+                            .filter_map(|c| ChannelName::new(c).ok())
+                            .collect(),
+                    };
+                    waits.push((key, moved.given, moved.through, filter));
+                    verdicts.push((key, verdict));
+                    entries.push((key.0, conn));
+                }
+                Err(why) => {
+                    Metrics::incr(&self.report.shared.metrics.handover_lost);
+                    log::warn!("a connection could not be taken ({why}): it is closed");
+                }
+            }
+        }
+        let taken = entries.len();
+        self.conns.adopt(entries, self.sockets.registry());
+        let current = self.records.history.current().seq;
+        let mut dir = Directory::new(
+            &mut self.walk,
+            &mut self.conns.slab,
+            &mut self.records.routes,
+            self.config.instance,
+            &self.report.shared.metrics,
+        );
+        for (key, given, through, filter) in waits {
+            let through = through.max(given);
+            if given < through || through > current || given < current {
+                let replay = Replay {
+                    from: given,
+                    through: through.max(current),
+                    filter: Arc::new(filter),
+                };
+                dir.address_replay(key, replay);
+            }
+        }
+        for (key, verdict) in verdicts {
+            match verdict {
+                Verdict::Close(reason) => self.settle(key, Verdict::Close(reason)),
+                _ => self.conns.read_again(key),
+            }
+        }
+        taken
+    }
+}

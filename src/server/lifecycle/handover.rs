@@ -1,0 +1,71 @@
+//! The giving side of a handover's state (see `server::handover`): the
+//! socket a successor asks on, and the successor that asked.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+use crate::server::net::channel::Channel;
+
+/// How long either side waits for the other on the socket.
+pub const HANDOVER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the giving loop frames on to reach its successor's first
+/// position before it refuses.
+pub(crate) const CATCH_UP: Duration = Duration::from_secs(5);
+
+/// How long the giving loop lets its walk deliver what it framed before
+/// it moves the connections anyway (those still owed a replay stay and
+/// are closed as in a drain).
+pub(crate) const SETTLE: Duration = Duration::from_secs(1);
+
+/// Why [`Server::take_over`] took nothing.
+#[derive(Debug)]
+pub enum TakeOverError {
+    /// The other process refused (or could not write our version): it
+    /// keeps its connections.
+    Refused(String),
+    /// The socket failed before anything was taken.
+    Io(io::Error),
+}
+
+impl std::fmt::Display for TakeOverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TakeOverError::Refused(why) => write!(f, "the handover was refused: {why}"),
+            TakeOverError::Io(e) => write!(f, "the handover failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for TakeOverError {}
+
+/// A successor that asked: it frames from `first` on.
+#[derive(Debug)]
+pub(crate) struct Giving {
+    /// Its socket.
+    pub(crate) channel: Channel,
+    /// The first position it frames.
+    pub(crate) first: u64,
+    /// When it asked.
+    pub(crate) since: Instant,
+}
+
+/// The giving side's state: where a successor asks, and one that did.
+#[derive(Debug, Default)]
+pub(crate) struct Handover {
+    /// The socket a successor asks on.
+    pub(crate) socket: Option<OwnedFd>,
+    /// A successor asked.
+    pub(crate) giving: Option<Giving>,
+}
+
+impl Handover {
+    /// Whether the loop stops framing input: a successor asked, and the
+    /// loop framed up to the position before its first (`current`).
+    pub(crate) fn holds_input(&self, current: u64) -> bool {
+        self.giving
+            .as_ref()
+            .is_some_and(|g| current.saturating_add(1) >= g.first)
+    }
+}

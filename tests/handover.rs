@@ -1,0 +1,159 @@
+//! Handing live connections to a successor: one server hands its open
+//! connections, over a Unix socket, to another that takes them before it
+//! runs. Each client, an independent tungstenite one, sees no close and
+//! no gap: what the first server sent, then what the second sends, in
+//! order and once, on the same socket; a connection's key and channels
+//! stay what they were, and what it had sent half of arrives whole.
+
+mod util;
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use tungstenite::Message;
+use util::{connect, texts};
+use wspush::{Config, MessageKind, Recipients, Server};
+
+/// The recipients of channel `news`.
+fn news() -> Recipients {
+    Recipients::Channels([wspush::ChannelName::new("news").unwrap()].into())
+}
+
+/// A server on a port of its own whose first message takes `first`.
+fn server(first: u64) -> Server {
+    let mut config = Config::default();
+    config.first_position = first;
+    Server::bind(config).unwrap()
+}
+
+#[test]
+fn open_connections_move_to_the_successor_and_carry_on() {
+    let mut old = server(1);
+    let addr = old.local_addr();
+    let (give, take) = UnixStream::pair().unwrap();
+    old.hand_over_on(give.into()).unwrap();
+    let old_handle = old.handle();
+    let old_thread = std::thread::spawn(move || old.run().map(|()| old.metrics()));
+
+    let mut plain = connect(addr, "/");
+    let mut positions = connect(addr, "/?positions=1");
+    let mut alice = connect(addr, "/?id=alice&channel=news");
+    assert!(
+        texts(&mut positions, 1)[0].contains("\"position\""),
+        "its status"
+    );
+    old_handle.broadcast_text("one").unwrap();
+    old_handle
+        .send(news(), MessageKind::Text, "news one")
+        .unwrap();
+    assert_eq!(texts(&mut plain, 1), ["one"]);
+    assert_eq!(texts(&mut alice, 2), ["one", "news one"]);
+    let first_positioned = texts(&mut positions, 1).remove(0);
+    assert!(first_positioned.ends_with(".1 one"), "{first_positioned}");
+
+    // Half a frame from alice before the handover, the rest after.
+    let frame = masked_text(b"hello");
+    let raw = alice.get_mut();
+    raw.write_all(&frame[..4]).unwrap();
+    raw.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+
+    // The successor frames from position 3 on (two were sent).
+    let mut config = Config::default();
+    config.first_position = 3;
+    config.upstream = Some(wspush::UpstreamConfig {
+        max_bytes: 1 << 20,
+        overflow: wspush::Overflow::Pause,
+        events: false,
+    });
+    let mut new = Server::bind(config).unwrap();
+    let upstream = new.upstream().unwrap();
+    assert_eq!(new.take_over(take.into()).unwrap(), 3);
+    let keys: Vec<_> = new
+        .connections()
+        .map(|c| (c.key, c.target.to_string()))
+        .collect();
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    let old_metrics = old_thread.join().unwrap().unwrap();
+    assert_eq!(old_metrics.handover_given, 3);
+    assert_eq!(old_metrics.connections_open, 0);
+    let alice_key = keys.iter().find(|(_, t)| t.contains("alice")).unwrap().0;
+
+    let handle = new.handle();
+    let new_thread = std::thread::spawn(move || new.run().map(|()| new.metrics()));
+    handle.broadcast_text("two").unwrap();
+    handle.send(news(), MessageKind::Text, "news two").unwrap();
+    handle
+        .send(Recipients::Conn(alice_key), MessageKind::Text, "to alice")
+        .unwrap();
+    assert_eq!(texts(&mut plain, 1), ["two"]);
+    assert_eq!(texts(&mut alice, 3), ["two", "news two", "to alice"]);
+    let second = texts(&mut positions, 1).remove(0);
+    assert!(second.ends_with(".3 two"), "{second}");
+
+    // The rest of alice's frame: the successor reads the whole message.
+    let raw = alice.get_mut();
+    raw.write_all(&frame[4..]).unwrap();
+    raw.flush().unwrap();
+    let mut lines = Vec::new();
+    while !String::from_utf8_lossy(&lines).contains("hello") {
+        assert!(upstream.read(&mut lines), "the server is gone");
+    }
+    assert!(
+        String::from_utf8_lossy(&lines).contains("msg "),
+        "{lines:?}"
+    );
+
+    let metrics = handle.metrics();
+    assert_eq!(metrics.handover_taken, 3);
+    assert_eq!(metrics.connections_open, 3);
+    handle.shutdown().unwrap();
+    for client in [&mut plain, &mut positions, &mut alice] {
+        loop {
+            match client.read() {
+                Ok(Message::Close(Some(frame))) => {
+                    assert_eq!(u16::from(frame.code), 1001);
+                    break;
+                }
+                Ok(Message::Text(t)) => panic!("nothing more was sent: {t}"),
+                Ok(_) => {}
+                Err(e) => panic!("a close, then the end: {e}"),
+            }
+        }
+    }
+    new_thread.join().unwrap().unwrap();
+}
+
+#[test]
+fn a_successor_that_reads_another_version_is_refused_and_nothing_moves() {
+    let mut old = server(1);
+    let addr = old.local_addr();
+    let (give, mut take) = UnixStream::pair().unwrap();
+    old.hand_over_on(give.into()).unwrap();
+    let handle = old.handle();
+    let thread = std::thread::spawn(move || old.run());
+    let mut client = connect(addr, "/");
+    // An ask of version 99.
+    let mut ask = b"wspushHO".to_vec();
+    ask.extend_from_slice(&99u16.to_le_bytes());
+    ask.extend_from_slice(&1u64.to_le_bytes());
+    take.write_all(&ask).unwrap();
+    let mut answer = [0u8; 18];
+    std::io::Read::read_exact(&mut take, &mut answer).unwrap();
+    assert_eq!(&answer[8..10], &[0, 0], "refused");
+    handle.broadcast_text("still here").unwrap();
+    assert_eq!(texts(&mut client, 1), ["still here"]);
+    assert_eq!(handle.metrics().handover_fallbacks, 1);
+    handle.shutdown().unwrap();
+    thread.join().unwrap().unwrap();
+}
+
+/// A masked text frame, as a client sends it.
+fn masked_text(payload: &[u8]) -> Vec<u8> {
+    let key = [1u8, 2, 3, 4];
+    let mut frame = vec![0x81, 0x80 | payload.len() as u8];
+    frame.extend_from_slice(&key);
+    frame.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+    frame
+}
