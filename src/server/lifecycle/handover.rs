@@ -19,7 +19,7 @@ pub(crate) const CATCH_UP: Duration = Duration::from_secs(5);
 /// are closed as in a drain).
 pub(crate) const SETTLE: Duration = Duration::from_secs(1);
 
-/// Why [`Server::take_over`] took nothing.
+/// Why [`Server::take_over`](crate::Server::take_over) took nothing.
 #[derive(Debug)]
 pub enum TakeOverError {
     /// The other process refused (or could not write our version): it
