@@ -182,7 +182,7 @@ pub const DECODER_BYTES: usize = 16;
 impl Decoder {
     /// Its whole state as bytes, for another process to go on from
     /// (`remaining`, `mask`, `len`, the UTF-8 state, the state byte).
-    pub fn to_bytes(&self) -> [u8; DECODER_BYTES] {
+    pub fn to_bytes(self) -> [u8; DECODER_BYTES] {
         let mut out = [0u8; DECODER_BYTES];
         out[..4].copy_from_slice(&self.remaining.to_le_bytes());
         out[4..8].copy_from_slice(&self.mask);
