@@ -149,11 +149,8 @@ pub(crate) struct Moved {
     /// When its token's close is due, in milliseconds since the Unix
     /// epoch (0: none).
     pub(crate) closes_at_ms: u64,
-    /// Given up to this position...
+    /// Given every message up to this position; owed those after it.
     pub(crate) given: u64,
-    /// ...and owed the messages after it up to this one from the history
-    /// (equal: none), live ones up to there skipped.
-    pub(crate) through: u64,
     /// Its frame decoder.
     pub(crate) decoder: [u8; DECODER_BYTES],
     /// Its request target as kept (path and query, without the token).
@@ -244,7 +241,6 @@ impl Record {
                 out.extend_from_slice(&m.liveness.to_le_bytes());
                 out.extend_from_slice(&m.closes_at_ms.to_le_bytes());
                 out.extend_from_slice(&m.given.to_le_bytes());
-                out.extend_from_slice(&m.through.to_le_bytes());
                 out.extend_from_slice(&m.decoder);
                 put_bytes(out, m.target.as_bytes());
                 out.extend_from_slice(&(m.channels.len() as u32).to_le_bytes());
@@ -288,7 +284,6 @@ impl Record {
                 liveness: f.u16()?,
                 closes_at_ms: f.u64()?,
                 given: f.u64()?,
-                through: f.u64()?,
                 decoder: f.take(DECODER_BYTES)?.try_into().unwrap(),
                 target: f.string()?,
                 channels: (0..f.u32()?)
@@ -318,7 +313,6 @@ mod tests {
             liveness: 0x8001,
             closes_at_ms: 1_800_000_000_123,
             given: 41,
-            through: 44,
             decoder: [7; DECODER_BYTES],
             target: "/ws?id=alice".into(),
             channels: vec!["news".into(), "chat".into()],
@@ -376,7 +370,7 @@ mod tests {
         m.target = String::new();
         let mut bad = Vec::new();
         Record::Conn(Box::new(m)).encode(&mut bad);
-        let at = 5 + 4 + 4 + 1 + 1 + 2 + 8 + 8 + 8 + DECODER_BYTES;
+        let at = 5 + 4 + 4 + 1 + 1 + 2 + 8 + 8 + DECODER_BYTES;
         bad.splice(at..at + 4, [1, 0, 0, 0, 0xFF]);
         let body = (bad.len() - 5) as u32;
         bad[1..5].copy_from_slice(&body.to_le_bytes());

@@ -36,7 +36,6 @@ use crate::server::lifecycle::handover::{
 };
 use crate::server::lifecycle::Ending;
 use crate::server::net::channel::{Channel, FDS_PER_CHUNK};
-use crate::server::walk::directory::Directory;
 use crate::server::Server;
 
 impl Server {
@@ -237,9 +236,10 @@ impl Server {
     /// and addresses each its wait for the positions it was given.
     fn take_records(&mut self, channel: &mut Channel) -> usize {
         let now = Instant::now();
-        let mut waits = Vec::new();
+        let current = self.records.history.current().seq;
         let mut entries = Vec::new();
         let mut verdicts = Vec::new();
+        let mut failed = 0;
         loop {
             let record = match channel.read_record() {
                 Ok(record) => record,
@@ -254,10 +254,10 @@ impl Server {
             let moved = match record {
                 Record::Conn(moved) => moved,
                 Record::End { count } => {
-                    if count as usize != entries.len() + verdicts.len() {
+                    if count as usize != entries.len() + failed {
                         log::warn!(
                             "the handover sent {count} connections; {} came",
-                            entries.len()
+                            entries.len() + failed
                         );
                     }
                     break;
@@ -271,27 +271,40 @@ impl Server {
             let _ = stream.set_nonblocking(true);
             let stream = mio::net::TcpStream::from_std(stream);
             let key = ConnKey(moved.slot as usize);
-            if self.conns.slab.contains(key.0) || entries.iter().any(|(k, _)| *k == key.0) {
-                log::error!(
-                    "two connections came for slot {}: the second is closed",
-                    key.0
-                );
-                continue;
-            }
+            let taken_already = entries.iter().any(|(k, _)| *k == key.0);
             let mut ctx = self.handling(now).ctx;
-            match Conn::move_in(&moved, stream, key, &mut ctx) {
-                Ok((conn, verdict)) => {
-                    let filter = Filter {
-                        id: conn.id().map(|id| id.owned()),
-                        channels: (moved.channels.iter())
-                            .filter_map(|c| ChannelName::new(c).ok())
-                            .collect(),
+            let conn = match taken_already {
+                true => Err("a second connection for its slot"),
+                false => Conn::move_in(&moved, stream, key, &mut ctx),
+            };
+            match conn {
+                Ok((conn, Verdict::Keep)) => {
+                    // Owed what comes after the position it was given: a
+                    // replay (from the history, or a wait for this loop
+                    // to frame as far, its live messages skipped) unless
+                    // that is where this loop stands.
+                    let verdict = match moved.given == current {
+                        true => Verdict::ReadAgain,
+                        false => Verdict::Replay(Box::new(Replay {
+                            from: moved.given,
+                            through: moved.given.max(current),
+                            filter: Arc::new(Filter {
+                                id: conn.id().map(|id| id.owned()),
+                                channels: (moved.channels.iter())
+                                    .filter_map(|c| ChannelName::new(c).ok())
+                                    .collect(),
+                            }),
+                        })),
                     };
-                    waits.push((key, moved.given, moved.through, filter));
+                    verdicts.push((key, verdict));
+                    entries.push((key.0, conn));
+                }
+                Ok((conn, verdict)) => {
                     verdicts.push((key, verdict));
                     entries.push((key.0, conn));
                 }
                 Err(why) => {
+                    failed += 1;
                     Metrics::incr(&self.report.shared.metrics.handover_lost);
                     log::warn!("a connection could not be taken ({why}): it is closed");
                 }
@@ -299,30 +312,8 @@ impl Server {
         }
         let taken = entries.len();
         self.conns.adopt(entries, self.sockets.registry());
-        let current = self.records.history.current().seq;
-        let mut dir = Directory::new(
-            &mut self.walk,
-            &mut self.conns.slab,
-            &mut self.records.routes,
-            self.config.instance,
-            &self.report.shared.metrics,
-        );
-        for (key, given, through, filter) in waits {
-            let through = through.max(given);
-            if given < through || through > current || given < current {
-                let replay = Replay {
-                    from: given,
-                    through: through.max(current),
-                    filter: Arc::new(filter),
-                };
-                dir.address_replay(key, replay);
-            }
-        }
         for (key, verdict) in verdicts {
-            match verdict {
-                Verdict::Close(reason) => self.settle(key, Verdict::Close(reason)),
-                _ => self.conns.read_again(key),
-            }
+            self.settle(key, verdict);
         }
         taken
     }

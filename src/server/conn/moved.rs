@@ -6,7 +6,7 @@
 
 use mio::net::TcpStream;
 
-use super::wire::{DeflateUse, Outgoing, Wire};
+use super::wire::{Outgoing, Wire};
 use super::{Conn, Ctx, Flags, Phase, Verdict};
 use crate::ops::metrics::Metrics;
 use crate::protocol::handover::Moved;
@@ -66,17 +66,11 @@ impl Conn {
         let moved = Moved {
             slot,
             serial: self.serial,
-            wire: match self.wire {
-                Wire::WebSocket(DeflateUse::Off) => 0,
-                Wire::WebSocket(DeflateUse::Inflate) => 1,
-                Wire::WebSocket(DeflateUse::Full) => 2,
-                Wire::EventStream => 3,
-            },
+            wire: self.wire.code(),
             positions: self.flags.has(Flags::POSITIONS),
             liveness: self.liveness.to_bits(),
             closes_at_ms,
             given: through,
-            through,
             decoder: decoder.to_bytes(),
             target: self.target.as_str().to_owned(),
             channels,
@@ -98,13 +92,7 @@ impl Conn {
         ctx: &mut Ctx<'_>,
     ) -> Result<(Conn, Verdict), &'static str> {
         let decoder = Decoder::from_bytes(&moved.decoder).ok_or("a decoder state unknown here")?;
-        let wire = match moved.wire {
-            0 => Wire::WebSocket(DeflateUse::Off),
-            1 => Wire::WebSocket(DeflateUse::Inflate),
-            2 => Wire::WebSocket(DeflateUse::Full),
-            3 => Wire::EventStream,
-            _ => return Err("a wire unknown here"),
-        };
+        let wire = Wire::from_code(moved.wire).ok_or("a wire unknown here")?;
         let channels = moved
             .channels
             .iter()

@@ -150,6 +150,27 @@ impl Wire {
         self.moved_out(metrics);
     }
 
+    /// Its number in a handover's state (see [`Wire::from_code`]).
+    pub(super) fn code(self) -> u8 {
+        match self {
+            Wire::WebSocket(DeflateUse::Off) => 0,
+            Wire::WebSocket(DeflateUse::Inflate) => 1,
+            Wire::WebSocket(DeflateUse::Full) => 2,
+            Wire::EventStream => 3,
+        }
+    }
+
+    /// The wire [`Wire::code`] numbered, if this build knows it.
+    pub(super) fn from_code(code: u8) -> Option<Wire> {
+        Some(match code {
+            0 => Wire::WebSocket(DeflateUse::Off),
+            1 => Wire::WebSocket(DeflateUse::Inflate),
+            2 => Wire::WebSocket(DeflateUse::Full),
+            3 => Wire::EventStream,
+            _ => return None,
+        })
+    }
+
     /// Takes a connection that moves to another process off its gauges.
     pub(super) fn moved_out(self, metrics: &Metrics) {
         if let Some(gauge) = self.gauge(metrics) {
