@@ -8,12 +8,13 @@
 mod util;
 
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use tungstenite::Message;
 use util::{connect, texts};
-use wspush::{Config, MessageKind, Recipients, Server};
+use wspush::{introduce_successor, Config, MessageKind, Recipients, Server};
 
 /// The recipients of channel `news`.
 fn news() -> Recipients {
@@ -31,8 +32,9 @@ fn server(first: u64) -> Server {
 fn open_connections_move_to_the_successor_and_carry_on() {
     let mut old = server(1);
     let addr = old.local_addr();
-    let (give, take) = UnixStream::pair().unwrap();
-    old.hand_over_on(give.into()).unwrap();
+    let (control, supervisor) = UnixStream::pair().unwrap();
+    old.hand_over_on(control.into()).unwrap();
+    let take = introduce_successor(supervisor.as_fd()).unwrap();
     let old_handle = old.handle();
     let old_thread = std::thread::spawn(move || old.run().map(|()| old.metrics()));
 
@@ -69,7 +71,7 @@ fn open_connections_move_to_the_successor_and_carry_on() {
     });
     let mut new = Server::bind(config).unwrap();
     let upstream = new.upstream().unwrap();
-    assert_eq!(new.take_over(take.into()).unwrap(), 3);
+    assert_eq!(new.take_over(take).unwrap(), 3);
     let keys: Vec<_> = new
         .connections()
         .map(|c| (c.key, c.target.to_string()))
@@ -125,16 +127,20 @@ fn open_connections_move_to_the_successor_and_carry_on() {
     new_thread.join().unwrap().unwrap();
 }
 
+/// A successor that reads another version is refused, and one that goes
+/// away before it asks changes nothing: the server serves on, and the
+/// next successor takes its connections over.
 #[test]
-fn a_successor_that_reads_another_version_is_refused_and_nothing_moves() {
+fn refused_or_vanished_successors_leave_the_server_serving_for_the_next() {
     let mut old = server(1);
     let addr = old.local_addr();
-    let (give, mut take) = UnixStream::pair().unwrap();
-    old.hand_over_on(give.into()).unwrap();
+    let (control, supervisor) = UnixStream::pair().unwrap();
+    old.hand_over_on(control.into()).unwrap();
     let handle = old.handle();
-    let thread = std::thread::spawn(move || old.run());
+    let thread = std::thread::spawn(move || old.run().map(|()| old.metrics()));
     let mut client = connect(addr, "/");
     // An ask of version 99.
+    let mut take = UnixStream::from(introduce_successor(supervisor.as_fd()).unwrap());
     let mut ask = b"wspushHO".to_vec();
     ask.extend_from_slice(&99u16.to_le_bytes());
     ask.extend_from_slice(&1u64.to_le_bytes());
@@ -144,9 +150,39 @@ fn a_successor_that_reads_another_version_is_refused_and_nothing_moves() {
     assert_eq!(&answer[8..10], &[0, 0], "refused");
     handle.broadcast_text("still here").unwrap();
     assert_eq!(texts(&mut client, 1), ["still here"]);
-    assert_eq!(handle.metrics().handover_fallbacks, 1);
-    handle.shutdown().unwrap();
-    thread.join().unwrap().unwrap();
+    // One that goes away without asking.
+    drop(introduce_successor(supervisor.as_fd()).unwrap());
+    handle.broadcast_text("and here").unwrap();
+    assert_eq!(texts(&mut client, 1), ["and here"]);
+
+    // The next takes the connection over.
+    let mut new = server(3);
+    assert_eq!(
+        new.take_over(introduce_successor(supervisor.as_fd()).unwrap())
+            .unwrap(),
+        1
+    );
+    let old_metrics = thread.join().unwrap().unwrap();
+    assert_eq!(old_metrics.handover_given, 1);
+    let new_handle = new.handle();
+    let new_thread = std::thread::spawn(move || new.run());
+    new_handle.broadcast_text("moved").unwrap();
+    assert_eq!(texts(&mut client, 1), ["moved"]);
+    new_handle.shutdown().unwrap();
+    new_thread.join().unwrap().unwrap();
+}
+
+/// A successor whose predecessor is gone takes nothing, says why, and
+/// counts the fallback to a drain.
+#[test]
+fn a_successor_whose_predecessor_is_gone_counts_the_fallback() {
+    let (gone, take) = UnixStream::pair().unwrap();
+    drop(gone);
+    let mut new = server(1);
+    let refused = new.take_over(take.into()).unwrap_err();
+    assert!(matches!(refused, wspush::TakeOverError::Io(_)), "{refused}");
+    assert_eq!(new.metrics().handover_fallbacks, 1);
+    assert_eq!(new.metrics().handover_taken, 0);
 }
 
 /// A masked text frame, as a client sends it.

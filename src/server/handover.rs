@@ -35,27 +35,59 @@ use crate::server::lifecycle::handover::{
     Giving, TakeOverError, CATCH_UP, HANDOVER_TIMEOUT, SETTLE,
 };
 use crate::server::lifecycle::Ending;
-use crate::server::net::channel::{Channel, FDS_PER_CHUNK};
+use crate::server::net::channel::{arrived, Channel, FDS_PER_CHUNK};
+use crate::server::net::sockets::{ASKING, SUCCESSOR};
 use crate::server::Server;
 
 impl Server {
-    /// Hands this server's connections to a successor that asks on
-    /// `socket` (a Unix stream socket; see [`Server::take_over`]). The
-    /// loop reads the ask when it comes (the socket is in its poll), then
-    /// hands over at once, and ends as a drain does for whatever could
-    /// not move.
-    pub fn hand_over_on(&mut self, socket: OwnedFd) -> io::Result<()> {
-        self.sockets.watch_successor(&socket)?;
-        self.handover.socket = Some(socket);
+    /// Hands this server's connections to a successor, whose socket
+    /// arrives on `control` (a Unix stream socket; see
+    /// [`introduce_successor`](crate::introduce_successor) and
+    /// [`Server::take_over`]). The loop watches `control`, then the
+    /// successor's socket; once its ask comes, it hands over at once, and
+    /// ends as a drain does for whatever could not move. A successor that
+    /// goes away before it asks leaves `control` watched, for the next.
+    pub fn hand_over_on(&mut self, control: OwnedFd) -> io::Result<()> {
+        crate::server::net::channel::set_nonblocking(&control)?;
+        self.sockets.watch_handover(&control, SUCCESSOR)?;
+        self.handover.control = Some(control);
         Ok(())
+    }
+
+    /// The control socket is readable: successors' sockets (or its end).
+    /// The first is watched for its ask; others, while one is under way,
+    /// are closed (their successors fall back to a drain).
+    pub(super) fn on_control(&mut self) {
+        let Some(control) = &self.handover.control else {
+            return;
+        };
+        let sockets = match arrived(control.as_fd()) {
+            Ok(Some(sockets)) => sockets,
+            Ok(None) | Err(_) => {
+                log::warn!("the handover's control socket closed: no successor can take the connections over");
+                let control = self.handover.control.take().expect("control");
+                self.sockets.unwatch_handover(&control);
+                return;
+            }
+        };
+        for socket in sockets {
+            if self.handover.busy() || !self.lifecycle.is_serving() {
+                log::warn!("a second successor while one is under way (or this server ends): it is refused");
+                continue;
+            }
+            match self.sockets.watch_handover(&socket, ASKING) {
+                Ok(()) => self.handover.asking = Some(socket),
+                Err(e) => log::warn!("cannot watch a successor's socket: {e}"),
+            }
+        }
     }
 
     /// The successor's socket is readable: its ask (or its end).
     pub(super) fn on_successor(&mut self, now: Instant) {
-        let Some(socket) = self.handover.socket.take() else {
+        let Some(socket) = self.handover.asking.take() else {
             return;
         };
-        self.sockets.unwatch_successor(&socket);
+        self.sockets.unwatch_handover(&socket);
         let asked = Channel::new(socket, HANDOVER_TIMEOUT).and_then(|mut channel| {
             let head = channel.read_head()?;
             let ask = Ask::decode(&head).map_err(crate::server::net::channel::invalid)?;
@@ -78,16 +110,10 @@ impl Server {
                     "a successor reads the state format version {} (this build writes {VERSION}): refused; it drains us instead",
                     ask.version
                 );
-                self.refused(&mut channel);
+                refuse(&mut channel);
             }
             Err(e) => log::warn!("no handover: the successor's ask failed: {e}"),
         }
-    }
-
-    /// Tells a successor no, and counts the fallback.
-    fn refused(&mut self, channel: &mut Channel) {
-        Metrics::incr(&self.report.shared.metrics.handover_fallbacks);
-        let _ = channel.write_all(&Answer::Refuse.encode());
     }
 
     /// Carries a handover on, once per loop iteration: once the loop
@@ -105,7 +131,7 @@ impl Server {
                     giving.first - 1
                 );
                 let mut giving = self.handover.giving.take().expect("giving");
-                self.refused(&mut giving.channel);
+                refuse(&mut giving.channel);
             }
             return;
         }
@@ -194,6 +220,16 @@ impl Server {
     /// cannot write this build's state format, or this server already
     /// holds connections; the caller then falls back to a drain.
     pub fn take_over(&mut self, socket: OwnedFd) -> Result<usize, TakeOverError> {
+        let taken = self.ask_and_take(socket);
+        if let Err(e) = &taken {
+            Metrics::incr(&self.report.shared.metrics.handover_fallbacks);
+            log::warn!("{e}: the process this one replaces drains its connections instead");
+        }
+        taken
+    }
+
+    /// Asks on `socket`, then takes what comes (see [`Server::take_over`]).
+    fn ask_and_take(&mut self, socket: OwnedFd) -> Result<usize, TakeOverError> {
         if !self.conns.is_empty() {
             return Err(TakeOverError::Refused(
                 "this server holds connections already".into(),
@@ -317,4 +353,11 @@ impl Server {
         }
         taken
     }
+}
+
+/// Tells a successor no: it keeps what it has, and the caller of its
+/// [`Server::take_over`] falls back to a drain (and counts it, in the
+/// process that lives on).
+fn refuse(channel: &mut Channel) {
+    let _ = channel.write_all(&Answer::Refuse.encode());
 }

@@ -79,9 +79,12 @@ pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone, UpstreamRead
 pub use history::SharedHistory;
 use key::ConnKey;
 pub use lifecycle::handover::{TakeOverError, HANDOVER_TIMEOUT};
+pub use net::channel::introduce_successor;
 use lifecycle::{Ending, Lifecycle};
 pub use net::sockets::listen;
-use net::sockets::{Door, Ready, Sockets, ALARM, LISTENER, METRICS_LISTENER, SUCCESSOR, WAKER};
+use net::sockets::{
+    Door, Ready, Sockets, ALARM, ASKING, LISTENER, METRICS_LISTENER, SUCCESSOR, WAKER,
+};
 use records::Records;
 use report::Report;
 #[cfg(feature = "internals")]
@@ -370,7 +373,8 @@ impl Server {
                 METRICS_LISTENER => self.accept(Door::Metrics, now),
                 WAKER => self.intake.woken(),
                 ALARM => self.clock.rang(),
-                SUCCESSOR => self.on_successor(now),
+                SUCCESSOR => self.on_control(),
+                ASKING => self.on_successor(now),
                 Token(key) => self.on_conn_event(ConnKey(key), Ready::from(event), now),
             }
         }

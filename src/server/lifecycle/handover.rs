@@ -1,5 +1,6 @@
 //! The giving side of a handover's state (see `server::handover`): the
-//! socket a successor asks on, and the successor that asked.
+//! control socket successors' sockets arrive on, the one whose ask is
+//! awaited, and the successor that asked.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -51,16 +52,24 @@ pub(crate) struct Giving {
     pub(crate) since: Instant,
 }
 
-/// The giving side's state: where a successor asks, and one that did.
+/// The giving side's state: where successors' sockets arrive, one whose
+/// ask is awaited, and one that asked.
 #[derive(Debug, Default)]
 pub(crate) struct Handover {
-    /// The socket a successor asks on.
-    pub(crate) socket: Option<OwnedFd>,
+    /// The control socket successors' sockets arrive on.
+    pub(crate) control: Option<OwnedFd>,
+    /// A successor's socket, its ask not read yet.
+    pub(crate) asking: Option<OwnedFd>,
     /// A successor asked.
     pub(crate) giving: Option<Giving>,
 }
 
 impl Handover {
+    /// Whether a successor is under way (its ask awaited, or asked).
+    pub(crate) fn busy(&self) -> bool {
+        self.asking.is_some() || self.giving.is_some()
+    }
+
     /// Whether the loop stops framing input: a successor asked, and the
     /// loop framed up to the position before its first (`current`).
     pub(crate) fn holds_input(&self, current: u64) -> bool {

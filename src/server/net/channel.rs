@@ -143,6 +143,70 @@ impl Channel {
     }
 }
 
+/// Makes the socket a successor takes the connections over on (see
+/// [`Server::take_over`](crate::Server::take_over)): one end of a new
+/// pair goes, over `control`, to the server that watches it (see
+/// [`Server::hand_over_on`](crate::Server::hand_over_on)); the other is
+/// returned, for the successor.
+pub fn introduce_successor(control: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let (theirs, ours) = UnixStream::pair()?;
+    let fds = [std::os::fd::AsFd::as_fd(&theirs)];
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut ancillary = SendAncillaryBuffer::new(&mut space);
+    ancillary.push(SendAncillaryMessage::ScmRights(&fds));
+    loop {
+        match sendmsg(
+            control,
+            &[IoSlice::new(b"S")],
+            &mut ancillary,
+            SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+        ) {
+            Ok(1) => return Ok(ours.into()),
+            Ok(_) => return Err(io::ErrorKind::WriteZero.into()),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The successors' sockets that arrived on `control` (see
+/// [`introduce_successor`]), without waiting; `None` once its other end
+/// is closed.
+pub(crate) fn arrived(control: BorrowedFd<'_>) -> io::Result<Option<Vec<OwnedFd>>> {
+    let mut sockets = Vec::new();
+    loop {
+        let mut byte = [0u8; 16];
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(16))];
+        let mut ancillary = RecvAncillaryBuffer::new(&mut space);
+        let got = match recvmsg(
+            control,
+            &mut [IoSliceMut::new(&mut byte)],
+            &mut ancillary,
+            RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(got) => got,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::AGAIN) => return Ok(Some(sockets)),
+            Err(e) => return Err(e.into()),
+        };
+        for message in ancillary.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = message {
+                sockets.extend(fds);
+            }
+        }
+        if got.bytes == 0 {
+            return Ok(None);
+        }
+    }
+}
+
+/// Makes `socket` non-blocking.
+pub(crate) fn set_nonblocking(socket: &OwnedFd) -> io::Result<()> {
+    let flags = rustix::fs::fcntl_getfl(socket)?;
+    rustix::fs::fcntl_setfl(socket, flags | rustix::fs::OFlags::NONBLOCK)?;
+    Ok(())
+}
+
 /// A format error as an I/O error.
 pub(crate) fn invalid(e: FormatError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e.to_string())

@@ -54,8 +54,10 @@ pub(crate) const WAKER: Token = Token(usize::MAX - 1);
 pub(crate) const METRICS_LISTENER: Token = Token(usize::MAX - 2);
 /// The alarm's token (see `time::alarm`).
 pub(crate) const ALARM: Token = Token(usize::MAX - 3);
-/// The token of the socket a successor asks for the connections on.
+/// The token of the control socket successors' sockets arrive on.
 pub(crate) const SUCCESSOR: Token = Token(usize::MAX - 4);
+/// The token of a successor's socket, until its ask is read.
+pub(crate) const ASKING: Token = Token(usize::MAX - 5);
 
 /// Readiness events taken per poll.
 const EVENTS_CAPACITY: usize = 1024;
@@ -146,20 +148,21 @@ impl Sockets {
     }
 
     /// The waker handles ring (see [`WAKER`]).
-    /// Watches `socket`, on which a successor asks for the connections
-    /// (see `server::handover`).
-    pub(crate) fn watch_successor(&self, socket: &std::os::fd::OwnedFd) -> io::Result<()> {
+    /// Watches `socket` for reading under `token` ([`SUCCESSOR`] or
+    /// [`ASKING`]; see `server::handover`).
+    pub(crate) fn watch_handover(
+        &self,
+        socket: &std::os::fd::OwnedFd,
+        token: Token,
+    ) -> io::Result<()> {
         use std::os::fd::AsRawFd;
         let fd = socket.as_raw_fd();
-        self.registry().register(
-            &mut mio::unix::SourceFd(&fd),
-            SUCCESSOR,
-            mio::Interest::READABLE,
-        )
+        self.registry()
+            .register(&mut mio::unix::SourceFd(&fd), token, mio::Interest::READABLE)
     }
 
-    /// Stops watching `socket` (see [`Sockets::watch_successor`]).
-    pub(crate) fn unwatch_successor(&self, socket: &std::os::fd::OwnedFd) {
+    /// Stops watching `socket` (see [`Sockets::watch_handover`]).
+    pub(crate) fn unwatch_handover(&self, socket: &std::os::fd::OwnedFd) {
         use std::os::fd::AsRawFd;
         let fd = socket.as_raw_fd();
         let _ = self.registry().deregister(&mut mio::unix::SourceFd(&fd));
