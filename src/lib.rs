@@ -99,6 +99,6 @@ pub use protocol::ws::{CloseCode, MessageKind};
 #[cfg(feature = "internals")]
 pub use server::host_memory;
 pub use server::{
-    introduce_successor, listen, BindError, BroadcastError, ConnectionInfo, Handle, MessageTooBig, Server, ServerGone,
-    SharedHistory, TakeOverError, UpstreamReader, HANDOVER_TIMEOUT,
+    introduce_successor, listen, BindError, BroadcastError, ConnectionInfo, Handle, MessageTooBig,
+    Server, ServerGone, SharedHistory, TakeOverError, UpstreamReader, HANDOVER_TIMEOUT,
 };

@@ -21,8 +21,8 @@ use cli::{config, instance_args, instance_number, one_line, Cli, Processes};
 use input::PumpEnd;
 use rlimit::{connection_capacity, instances_for};
 use supervisor::{
-    Policy, Signaled, Supervisor, HISTORY_FD_ENV, HOST_FD_ENV, INSTANCE_ENV, LISTEN_FD_ENV,
-    RESTARTS_ENV, STATUS_FD_ENV,
+    Policy, Signaled, Supervisor, CONTROL_FD_ENV, HISTORY_FD_ENV, HOST_FD_ENV, INSTANCE_ENV,
+    LISTEN_FD_ENV, RESTARTS_ENV, STATUS_FD_ENV, TAKE_OVER_FD_ENV,
 };
 
 mod board;
@@ -141,6 +141,7 @@ fn serve(cli: Cli) -> Result<(), String> {
     let capacity = open_file_capacity();
     config.max_connections = max_connections(cli.max_connections, capacity);
     let mut server = listen(&config)?;
+    carry_connections(&mut server)?;
     report_to_supervisor(&mut server)?;
     log_listening(&server, &config, capacity);
     let handle = server.handle();
@@ -247,6 +248,26 @@ fn listen(config: &Config) -> Result<Server, String> {
         None => Server::bind(config.clone()),
     }
     .map_err(|e| e.to_string())
+}
+
+/// Under a supervisor: takes the connections of the process this one
+/// replaces, if a roll started it (a refusal or a failure leaves them to
+/// that process's drain), and watches for a successor to hand them to.
+fn carry_connections(server: &mut Server) -> Result<(), String> {
+    if let Some(fd) = inherited(TAKE_OVER_FD_ENV) {
+        let socket = wspush::sys::inherited_fd(fd)
+            .map_err(|e| format!("cannot take the predecessor's handover socket: {e}"))?;
+        // Logged (and counted) by the server either way.
+        let _ = server.take_over(socket);
+    }
+    if let Some(fd) = inherited(CONTROL_FD_ENV) {
+        let control = wspush::sys::inherited_fd(fd)
+            .map_err(|e| format!("cannot take the supervisor's handover socket: {e}"))?;
+        server
+            .hand_over_on(control)
+            .map_err(|e| format!("cannot watch the handover socket: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Under a supervisor: says on the status pipe that the instance listens,

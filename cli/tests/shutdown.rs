@@ -306,7 +306,11 @@ fn a_sigterm_as_soon_as_it_listens_exits_cleanly() {
             .spawn()
             .unwrap();
         let started = Instant::now();
-        while std::net::TcpStream::connect(addr).is_err() {
+        // A connect to a port nothing listens on can meet itself (the
+        // kernel may pick that very port as its own): not the server.
+        let listens =
+            || std::net::TcpStream::connect(addr).is_ok_and(|s| s.local_addr().unwrap() != addr);
+        while !listens() {
             assert!(started.elapsed() < IO_TIMEOUT, "it never listened");
         }
         // From this process, not `kill`'s: at once.

@@ -79,8 +79,8 @@ pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone, UpstreamRead
 pub use history::SharedHistory;
 use key::ConnKey;
 pub use lifecycle::handover::{TakeOverError, HANDOVER_TIMEOUT};
-pub use net::channel::introduce_successor;
 use lifecycle::{Ending, Lifecycle};
+pub use net::channel::introduce_successor;
 pub use net::sockets::listen;
 use net::sockets::{
     Door, Ready, Sockets, ALARM, ASKING, LISTENER, METRICS_LISTENER, SUCCESSOR, WAKER,

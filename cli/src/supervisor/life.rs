@@ -214,6 +214,19 @@ impl Supervisor {
         role: Role,
     ) -> io::Result<usize> {
         let (mut status, writer) = status_pipe()?;
+        let (control, theirs) = std::os::unix::net::UnixStream::pair()?;
+        let (control, theirs) = (OwnedFd::from(control), OwnedFd::from(theirs));
+        // A roll's process takes the connections of the one it replaces.
+        let take_over = match (&role, &self.instances[number - 1].life) {
+            (Role::Starting { .. }, Life::Running(old)) => {
+                wspush::introduce_successor(self.procs[*old].control.as_fd())
+                    .inspect_err(|e| {
+                        log::warn!("instance {number}: no handover ({e}); the old process drains")
+                    })
+                    .ok()
+            }
+            _ => None,
+        };
         let start = Start {
             number,
             earlier: self.instances[number - 1].processes,
@@ -221,9 +234,12 @@ impl Supervisor {
             capture_output: self.merge.is_some(),
             listener: &self.instances[number - 1].listener,
             status: &writer,
+            control: &theirs,
+            take_over: take_over.as_ref(),
         };
         let (mut child, mut input) = program.spawn(&start)?;
-        drop(writer);
+        // The child's ends are its own: a successor that dies closes them.
+        drop((writer, theirs, take_over));
         self.instances[number - 1].processes += 1;
         let entry = self.procs.vacant_entry();
         let key = entry.key();
@@ -248,6 +264,7 @@ impl Supervisor {
             listening: false,
             full: false,
             heard: Heard::default(),
+            control,
         });
         Ok(key)
     }

@@ -101,6 +101,14 @@ pub const LISTEN_FD_ENV: &str = "WSPUSH_LISTEN_FD";
 /// The environment variable that names the write end of a pipe on which
 /// the instance tells the supervisor it listens ([`LISTENING`]).
 pub const STATUS_FD_ENV: &str = "WSPUSH_STATUS_FD";
+/// The environment variable that names the instance's end of its
+/// handover control socket: a successor's socket arrives on it (see
+/// `wspush::Server::hand_over_on`), and the connections move to it.
+pub const CONTROL_FD_ENV: &str = "WSPUSH_CONTROL_FD";
+/// The environment variable that names, in a process a roll starts, the
+/// socket it takes the connections of the process it replaces over on
+/// (see `wspush::Server::take_over`), before it says it listens.
+pub const TAKE_OVER_FD_ENV: &str = "WSPUSH_TAKE_OVER_FD";
 /// What an instance writes on its status pipe once it serves its listener.
 pub const LISTENING: u8 = b'L';
 /// What an instance writes on its status pipe when it becomes full: new
@@ -327,6 +335,9 @@ struct Proc {
     full: bool,
     /// Its status pipe's bytes, read into words and stats records.
     heard: Heard,
+    /// The supervisor's end of its handover control socket: a
+    /// successor's socket is sent on it (see [`CONTROL_FD_ENV`]).
+    control: OwnedFd,
 }
 
 /// Where an instance is in its life.
@@ -382,6 +393,11 @@ struct Start<'a> {
     listener: &'a OwnedFd,
     /// The write end of its status pipe.
     status: &'a OwnedFd,
+    /// Its end of its handover control socket.
+    control: &'a OwnedFd,
+    /// The socket it takes its predecessor's connections over on, if a
+    /// roll starts it.
+    take_over: Option<&'a OwnedFd>,
 }
 
 impl Program {
@@ -416,12 +432,19 @@ impl Program {
             })
             .process_group(0);
         command.env(STATUS_FD_ENV, start.status.as_raw_fd().to_string());
+        command.env(CONTROL_FD_ENV, start.control.as_raw_fd().to_string());
+        if let Some(take_over) = start.take_over {
+            command.env(TAKE_OVER_FD_ENV, take_over.as_raw_fd().to_string());
+        }
         wspush::sys::die_with_parent(&mut command, wspush::sys::ParentDeath::Interrupt);
-        // Only this child inherits its listener and status pipe: the flags
-        // are set back as soon as it is started (nothing else here starts
-        // processes meanwhile).
-        let passed = [start.listener, start.status];
-        for fd in passed {
+        // Only this child inherits its listener, status pipe and handover
+        // sockets: the flags are set back as soon as it is started
+        // (nothing else here starts processes meanwhile).
+        let passed: Vec<&OwnedFd> = [start.listener, start.status, start.control]
+            .into_iter()
+            .chain(start.take_over)
+            .collect();
+        for &fd in &passed {
             wspush::sys::set_inheritable(fd.as_fd(), true)?;
         }
         let spawned = command.spawn();

@@ -157,8 +157,11 @@ impl Sockets {
     ) -> io::Result<()> {
         use std::os::fd::AsRawFd;
         let fd = socket.as_raw_fd();
-        self.registry()
-            .register(&mut mio::unix::SourceFd(&fd), token, mio::Interest::READABLE)
+        self.registry().register(
+            &mut mio::unix::SourceFd(&fd),
+            token,
+            mio::Interest::READABLE,
+        )
     }
 
     /// Stops watching `socket` (see [`Sockets::watch_handover`]).
