@@ -110,12 +110,15 @@ fn open_connections_move_to_the_successor_and_carry_on() {
     let metrics = handle.metrics();
     assert_eq!(metrics.handover_taken, 3);
     assert_eq!(metrics.connections_open, 3);
+    drop(upstream);
     handle.shutdown().unwrap();
     for client in [&mut plain, &mut positions, &mut alice] {
         loop {
             match client.read() {
                 Ok(Message::Close(Some(frame))) => {
                     assert_eq!(u16::from(frame.code), 1001);
+                    // The close's answer goes out.
+                    let _ = client.flush();
                     break;
                 }
                 Ok(Message::Text(t)) => panic!("nothing more was sent: {t}"),
@@ -124,6 +127,7 @@ fn open_connections_move_to_the_successor_and_carry_on() {
             }
         }
     }
+    drop((plain, positions, alice));
     new_thread.join().unwrap().unwrap();
 }
 
@@ -168,6 +172,7 @@ fn refused_or_vanished_successors_leave_the_server_serving_for_the_next() {
     let new_thread = std::thread::spawn(move || new.run());
     new_handle.broadcast_text("moved").unwrap();
     assert_eq!(texts(&mut client, 1), ["moved"]);
+    drop(client);
     new_handle.shutdown().unwrap();
     new_thread.join().unwrap().unwrap();
 }
@@ -192,4 +197,175 @@ fn masked_text(payload: &[u8]) -> Vec<u8> {
     frame.extend_from_slice(&key);
     frame.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
     frame
+}
+
+/// A server running on its thread, watching a control socket for a
+/// successor.
+struct Predecessor {
+    handle: wspush::Handle,
+    addr: std::net::SocketAddr,
+    supervisor: UnixStream,
+    thread: std::thread::JoinHandle<wspush::MetricsSnapshot>,
+}
+
+impl Predecessor {
+    fn start(config: Config) -> Predecessor {
+        let mut server = Server::bind(config).unwrap();
+        let (control, supervisor) = UnixStream::pair().unwrap();
+        server.hand_over_on(control.into()).unwrap();
+        Predecessor {
+            handle: server.handle(),
+            addr: server.local_addr(),
+            supervisor,
+            thread: std::thread::spawn(move || {
+                server.run().unwrap();
+                server.metrics()
+            }),
+        }
+    }
+
+    /// Hands every connection to a server of `config` (which frames from
+    /// `first` on), which runs on its thread once it took them; its
+    /// handle, and this one's last metrics.
+    fn hand_over(
+        self,
+        mut config: Config,
+        first: u64,
+    ) -> (util::TestServer, wspush::MetricsSnapshot) {
+        config.first_position = first;
+        let mut new = Server::bind(config).unwrap();
+        let socket = introduce_successor(self.supervisor.as_fd()).unwrap();
+        let taken = new.take_over(socket).unwrap();
+        let old = self.thread.join().unwrap();
+        assert_eq!(old.handover_given as usize, taken);
+        (util::TestServer::from_server(new), old)
+    }
+}
+
+/// An event stream moves: its events go on, on the same response, with
+/// rising ids.
+#[test]
+fn an_event_stream_moves_and_its_events_go_on() {
+    let old = Predecessor::start(Config::default());
+    let (status, _, stream) = util::sse::Stream::open(old.addr, "/?id=alice", "");
+    assert_eq!(status, 200);
+    let mut stream = stream.unwrap();
+    assert_eq!(util::sse::status_of(&stream.event()), "position");
+    old.handle.broadcast_text("before").unwrap();
+    let before = stream.event();
+    assert_eq!(before.data, "before");
+    let (new, _) = old.hand_over(Config::default(), 2);
+    new.handle.broadcast_text("after").unwrap();
+    new.handle
+        .send(
+            Recipients::Id(wspush::ClientId::new("alice").unwrap()),
+            MessageKind::Text,
+            "to alice",
+        )
+        .unwrap();
+    let after = [stream.event(), stream.event()];
+    assert_eq!([&after[0].data, &after[1].data], ["after", "to alice"]);
+    // Two servers alone, each of its own epoch: the positions go on.
+    let seq = |id: &str| id.rsplit('.').next().unwrap().parse::<u64>().unwrap();
+    assert_eq!((seq(&before.id), seq(&after[0].id)), (1, 2));
+    let m = new.handle.metrics();
+    assert_eq!((m.connections_open, m.handover_taken), (1, 1));
+    drop(stream);
+}
+
+/// A client that does not read while its output queue fills to its
+/// bound (further broadcasts skipped for it, and counted): what the first
+/// server had not written yet (a frame cut by the kernel included) moves,
+/// and the client reads it whole and in order, then what the second
+/// sends.
+#[test]
+fn a_full_output_queue_moves_and_is_written_whole_and_in_order() {
+    let config = || {
+        Config::default().with(|c| {
+            c.max_queued_bytes = 256 * 1024;
+            c.slow_consumer = wspush::SlowConsumerPolicy::Drop;
+        })
+    };
+    let old = Predecessor::start(config());
+    let mut client = util::stalling_client(old.addr);
+    let body = |n: usize| format!("{n:05} {}", "x".repeat(16 * 1024));
+    let sent = 1024;
+    for n in 0..sent {
+        old.handle.broadcast_text(body(n)).unwrap();
+    }
+    let full = |m: &wspush::MetricsSnapshot| m.slow_consumer_drops > 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !full(&old.handle.metrics()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the queue never filled"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (new, old_metrics) = old.hand_over(config(), sent as u64 + 1);
+    assert!(old_metrics.write_would_block > 0, "{old_metrics:?}");
+    new.handle.broadcast_text("after").unwrap();
+    let mut last = None;
+    loop {
+        let frame = util::read_frame(&mut client).expect("a frame");
+        let text = String::from_utf8(frame.payload).unwrap();
+        if text == "after" {
+            break;
+        }
+        let n: usize = text[..5].parse().unwrap();
+        assert_eq!(text, body(n), "whole");
+        assert!(last < Some(n), "in order: {last:?} then {n}");
+        last = Some(n);
+    }
+    assert!(last.is_some(), "what was queued came first");
+    drop(client);
+}
+
+/// A token signed with HS256 and `secret` over `claims` (JSON).
+fn hs256(secret: &[u8], claims: &str) -> String {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    let input = format!(
+        "{}.{}",
+        URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT"}"#),
+        URL_SAFE_NO_PAD.encode(claims)
+    );
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+    let signature = ring::hmac::sign(&key, input.as_bytes());
+    format!("{input}.{}", URL_SAFE_NO_PAD.encode(signature.as_ref()))
+}
+
+/// A connection whose token expires after the handover is still closed
+/// with 4001, by the successor, before its `exp`.
+#[test]
+fn a_token_that_expires_after_the_handover_closes_on_time() {
+    const SECRET: &[u8] = b"a-shared-secret-of-at-least-32-bytes";
+    let config = || {
+        let mut jwt = wspush::Verifier::new(wspush::Algorithm::HS256, 0);
+        jwt.add_key(SECRET).unwrap();
+        Config::default().with(|c| c.jwt = Some(jwt))
+    };
+    let since_epoch = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+    };
+    let exp = since_epoch().as_secs() + 3;
+    let token = hs256(SECRET, &format!(r#"{{"sub":"alice","exp":{exp}}}"#));
+    let old = Predecessor::start(config());
+    let mut client = connect(old.addr, &format!("/?token={token}"));
+    let (new, _) = old.hand_over(config(), 1);
+    let moved_at = since_epoch();
+    match client.read().expect("a close") {
+        Message::Close(Some(frame)) => assert_eq!(u16::from(frame.code), 4001),
+        other => panic!("not a close: {other:?}"),
+    }
+    let closed_at = since_epoch();
+    assert!(
+        closed_at < Duration::from_secs(exp),
+        "{closed_at:?}, exp {exp}"
+    );
+    assert!(closed_at > moved_at);
+    drop(client);
+    new.wait_for("the expiry counted", |m| m.closed_token_expired == 1);
 }

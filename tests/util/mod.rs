@@ -72,7 +72,11 @@ pub struct TestServer {
 
 impl TestServer {
     pub fn start(config: Config) -> TestServer {
-        let mut server = Server::bind(config).expect("bind on port 0");
+        TestServer::from_server(Server::bind(config).expect("bind on port 0"))
+    }
+
+    /// Runs `server` on its thread.
+    pub fn from_server(mut server: Server) -> TestServer {
         let addr = server.local_addr();
         let metrics_addr = server.metrics_addr();
         let handle = server.handle();
