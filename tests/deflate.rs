@@ -8,14 +8,10 @@
 mod util;
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpStream};
 
-use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
-use util::{client_frame, expect_close, raw, read_frame, read_response, TestServer, TEXT};
+use util::deflate::{deflated, inflated, upgrade, BROWSER_OFFER, RSV1};
+use util::{client_frame, expect_close, read_frame, TestServer, TEXT};
 use wspush::Config;
-
-/// RSV1: the message is compressed.
-const RSV1: u8 = 0x40;
 
 /// A server that echoes, with deflate on (or off).
 fn echo_server(deflate: bool) -> TestServer {
@@ -25,44 +21,6 @@ fn echo_server(deflate: bool) -> TestServer {
         c.max_message_bytes = 64 * 1024;
     }))
 }
-
-/// An upgraded raw client that offered `offer` (if any); the response's
-/// `Sec-WebSocket-Extensions`, if it had one.
-fn upgrade(addr: SocketAddr, offer: Option<&str>) -> (TcpStream, Option<String>) {
-    let mut stream = raw(addr);
-    let extensions = offer.map_or(String::new(), |o| {
-        format!("Sec-WebSocket-Extensions: {o}\r\n")
-    });
-    let request = format!(
-        "GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extensions}\r\n"
-    );
-    stream.write_all(request.as_bytes()).unwrap();
-    let response = read_response(&mut stream);
-    assert_eq!(response.status, 101);
-    let answer = response
-        .header("Sec-WebSocket-Extensions")
-        .map(String::from);
-    (stream, answer)
-}
-
-/// `message` as a browser compresses it: raw DEFLATE, a sync flush, the
-/// 4-byte tail dropped.
-fn deflated(message: &[u8]) -> Vec<u8> {
-    let mut c = Compress::new(Compression::default(), false);
-    let mut out = Vec::with_capacity(message.len() / 2 + 64);
-    while (c.total_in() as usize) < message.len() || out.is_empty() {
-        out.reserve(64 * 1024);
-        let from = c.total_in() as usize;
-        c.compress_vec(&message[from..], &mut out, FlushCompress::Sync)
-            .unwrap();
-    }
-    assert!(out.ends_with(&[0, 0, 0xff, 0xff]));
-    out.truncate(out.len() - 4);
-    out
-}
-
-const BROWSER_OFFER: &str = "permessage-deflate; client_max_window_bits";
 
 #[test]
 fn an_offer_is_answered_without_context_takeover_and_messages_are_inflated() {
@@ -199,18 +157,6 @@ fn corrupt_data_and_compressed_text_that_is_not_utf8_get_1007() {
         .write_all(&client_frame(0x82 | RSV1, &deflated(b"caf\xe9")))
         .unwrap();
     assert_eq!(read_frame(&mut client).unwrap().payload, b"caf\xe9");
-}
-
-/// A compressed payload inflated as a browser does: the tail put back.
-fn inflated(payload: &[u8]) -> Vec<u8> {
-    let mut d = Decompress::new(false);
-    let mut data = payload.to_vec();
-    data.extend_from_slice(&[0, 0, 0xff, 0xff]);
-    let mut out = Vec::with_capacity(1 << 20);
-    d.decompress_vec(&data, &mut out, FlushDecompress::Sync)
-        .unwrap();
-    assert_eq!(d.total_in() as usize, data.len(), "all of it inflated");
-    out
 }
 
 #[test]

@@ -369,3 +369,40 @@ fn a_token_that_expires_after_the_handover_closes_on_time() {
     drop(client);
     new.wait_for("the expiry counted", |m| m.closed_token_expired == 1);
 }
+
+/// A connection with permessage-deflate moves with it in use both ways:
+/// a compressed message sent half before and half after the move is
+/// inflated and echoed compressed by the successor, as is one sent after
+/// (each over the 256 bytes under which echoes go back plain).
+#[test]
+fn a_deflate_connection_moves_with_compression_both_ways() {
+    use util::deflate::{deflated, inflated, upgrade, BROWSER_OFFER, RSV1};
+    let config = || {
+        Config::default().with(|c| {
+            c.echo = true;
+            c.deflate = true;
+        })
+    };
+    let old = Predecessor::start(config());
+    let (mut client, answer) = upgrade(old.addr, Some(BROWSER_OFFER));
+    assert!(answer.unwrap().starts_with("permessage-deflate"));
+    let message = |when: &str| format!("{when} the move; ").repeat(40);
+    let echoed = |client: &mut std::net::TcpStream| {
+        let frame = util::read_frame(client).expect("an echo");
+        assert_eq!(frame.rsv, 0b100, "compressed");
+        String::from_utf8(inflated(&frame.payload)).unwrap()
+    };
+    let text = |message: &str| util::client_frame(util::TEXT | RSV1, &deflated(message.as_bytes()));
+    client.write_all(&text(&message("before"))).unwrap();
+    assert_eq!(echoed(&mut client), message("before"));
+    let across = text(&message("across"));
+    client.write_all(&across[..across.len() / 2]).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let (new, _) = old.hand_over(config(), 1);
+    assert_eq!(new.handle.metrics().connections_deflate, 1);
+    client.write_all(&across[across.len() / 2..]).unwrap();
+    assert_eq!(echoed(&mut client), message("across"));
+    client.write_all(&text(&message("after"))).unwrap();
+    assert_eq!(echoed(&mut client), message("after"));
+    drop(client);
+}

@@ -14,6 +14,7 @@ use tungstenite::stream::MaybeTlsStream;
 use tungstenite::WebSocket;
 use wspush::{ChannelName, ClientId, Config, Handle, Recipients, Server};
 
+pub mod deflate;
 pub mod sse;
 
 /// The subscribers of `names` (valid channel names).
