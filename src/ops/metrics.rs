@@ -203,9 +203,9 @@ metrics! {
     /// Connections lost in a handover that broke off (their clients
     /// reconnect, as after a crash).
     handover_lost: Counter "wspush_handover_connections_lost_total" "" "Connections lost in a handover that broke off (they reconnect as after a crash).",
-    /// Handovers refused (a state format this build does not write, or a
-    /// loop that did not catch up): a drain follows.
-    handover_fallbacks: Counter "wspush_handover_fallbacks_total" "" "Handovers refused here; the successor falls back to a drain.",
+    /// Handovers this process asked for and did not get (refused, or its
+    /// predecessor gone): that one drains instead.
+    handover_fallbacks: Counter "wspush_handover_fallbacks_total" "" "Handovers asked for and not had; the predecessor drains instead.",
     /// How long the last handover paused the loop, in microseconds.
     handover_pause_us: Gauge "wspush_handover_pause_microseconds" "" "How long the last handover paused this loop.",
     /// Processes this instance had before this one under its supervisor:

@@ -10,9 +10,15 @@
 //! process does:
 //!
 //! - **SIGHUP rolls the instances**, one at a time: a new process starts
-//!   beside the instance's and, once it says it listens (its status pipe,
-//!   [`LISTENING`]), becomes the instance's process; the old one is sent
-//!   SIGUSR1 and hands its clients over (a drain without its grace: they
+//!   beside the instance's and, before it says it listens (its status
+//!   pipe, [`LISTENING`]), takes the old one's connections over: the
+//!   supervisor introduces it to the old process over that one's control
+//!   socket ([`CONTROL_FD_ENV`], [`TAKE_OVER_FD_ENV`]), and each open
+//!   connection moves with its state and its socket (see
+//!   `wspush::Server::take_over`), so no client sees a close. Once it
+//!   listens it becomes the instance's process; the old one is sent
+//!   SIGUSR1 and hands over what could not move (all of it, if the
+//!   handover was refused: a drain without its grace, whose clients
 //!   resume on the others, or on it, from the host's history, which is
 //!   kept here). The next instance waits for the old process to exit.
 //!   **SIGUSR2 upgrades**: the binary on disk is opened and run with
@@ -20,7 +26,6 @@
 //!   not answer, or whose first process exits or does not listen within
 //!   [`LISTEN_TIMEOUT`], is refused with a log line, and the instances not
 //!   replaced yet keep running.
-//!
 //! - **An instance that dies is started again**, after a backoff that
 //!   doubles while it keeps dying young ([`MIN_BACKOFF`] to
 //!   [`MAX_BACKOFF`]). Its clients reconnect (to the others, or to it);
@@ -302,8 +307,9 @@ enum Role {
     /// A roll started it beside the instance's process: it becomes that
     /// once its status pipe says it listens, before `deadline`.
     Starting { deadline: Instant },
-    /// Replaced: it hands its clients over (SIGUSR1, a drain without its
-    /// grace), and is killed if still running at `deadline`.
+    /// Replaced: its connections were taken over, and it hands over what
+    /// could not move (SIGUSR1, a drain without its grace); killed if
+    /// still running at `deadline`.
     Retiring { deadline: Instant },
     /// Killed for being late (to listen, or to hand over): its exit is
     /// only reaped.

@@ -124,8 +124,9 @@ impl Supervisor {
     }
 
     /// A status pipe is readable: what the process says. Once one a roll
-    /// started listens, it becomes its instance's process, and the one it
-    /// replaces hands its clients over (SIGUSR1). New connections are
+    /// started listens (it took the connections over first), it becomes
+    /// its instance's process, and the one it replaces hands over what
+    /// could not move (SIGUSR1). New connections are
     /// steered to the instances that listen and have room.
     pub(super) fn on_status(&mut self, key: usize) {
         let Some(proc) = self.procs.get_mut(key) else {
@@ -171,8 +172,8 @@ impl Supervisor {
     }
 
     /// Process `key`, started by a roll, listens: it becomes its
-    /// instance's process, and the one it replaces hands its clients over
-    /// (SIGUSR1).
+    /// instance's process, and the one it replaces hands over what could
+    /// not move to it (SIGUSR1: a drain without its grace).
     pub(super) fn promote(&mut self, key: usize) {
         let proc = &mut self.procs[key];
         proc.role = Role::Serving;
@@ -184,7 +185,7 @@ impl Supervisor {
             old.role = Role::Retiring { deadline };
             let _ = kill_process(Pid::from_child(&old.child), Signal::USR1);
             log::info!(
-                "instance {number}: pid {pid} listens; pid {} hands its clients over",
+                "instance {number}: pid {pid} listens; pid {} hands over what it still holds",
                 old.child.id()
             );
         }
