@@ -406,3 +406,48 @@ fn a_deflate_connection_moves_with_compression_both_ways() {
     assert_eq!(echoed(&mut client), message("after"));
     drop(client);
 }
+
+/// A successor that goes away half way through: every connection is then
+/// either still served by the first server or ended (its socket went with
+/// the successor), never kept by neither without a close.
+#[test]
+fn a_handover_cut_off_half_way_leaves_each_connection_served_or_ended() {
+    let old = Predecessor::start(Config::default());
+    let mut clients: Vec<_> = (0..400).map(|_| util::raw_upgraded(old.addr)).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while old.handle.metrics().connections_open < 400 {
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut take = UnixStream::from(introduce_successor(old.supervisor.as_fd()).unwrap());
+    let mut ask = b"wspushHO".to_vec();
+    ask.extend_from_slice(&1u16.to_le_bytes());
+    ask.extend_from_slice(&1u64.to_le_bytes());
+    take.write_all(&ask).unwrap();
+    let mut answer = [0u8; 18];
+    std::io::Read::read_exact(&mut take, &mut answer).unwrap();
+    assert_eq!(&answer[8..10], &[1, 0], "given");
+    // One read of the records (and the descriptors with them), then gone.
+    let mut some = [0u8; 512];
+    let _ = std::io::Read::read(&mut take, &mut some).unwrap();
+    drop(take);
+    std::thread::sleep(Duration::from_millis(200));
+    old.handle.broadcast_text("still here").unwrap();
+    let (mut served, mut ended) = (0, 0);
+    for client in &mut clients {
+        match util::read_frame(client) {
+            Some(frame) => {
+                assert_eq!(frame.payload, b"still here");
+                served += 1;
+            }
+            None => ended += 1,
+        }
+    }
+    assert_eq!(served + ended, 400);
+    assert!(ended > 0, "the connections sent went with the successor");
+    let m = old.handle.metrics();
+    assert_eq!(m.connections_open as usize, served, "{m:?}");
+    old.handle.shutdown().unwrap();
+    drop(clients);
+    old.thread.join().unwrap();
+}

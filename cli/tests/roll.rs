@@ -324,3 +324,107 @@ fn an_instance_counts_its_earlier_processes_and_its_metrics_port_outlives_a_roll
     restarts_become(metrics, 2);
     signal(supervisor.child.id(), "-INT");
 }
+
+/// The newest child of the supervisor (the process a roll started).
+fn newest_child(supervisor: &Logged, before: &[u32]) -> u32 {
+    let deadline = std::time::Instant::now() + util::IO_TIMEOUT;
+    loop {
+        if let Some(pid) = children(supervisor)
+            .into_iter()
+            .find(|p| !before.contains(p))
+        {
+            return pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "no new process");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_new_process_killed_during_the_handover_loses_no_line_and_the_next_roll_works() {
+    let binary = Path::new(env!("CARGO_BIN_EXE_wspush"));
+    let (mut supervisor, addr) = supervise(binary, 1);
+    let before = children(&supervisor);
+    let resuming: Vec<_> = (0..20).map(|_| resuming_client(addr, "end")).collect();
+    let plain: Vec<_> = (0..20).map(|_| plain_client(addr)).collect();
+    let fed = Arc::new(AtomicUsize::new(0));
+    let _feeder = feed(&mut supervisor, 600, Arc::clone(&fed));
+    while fed.load(Ordering::Relaxed) < 20 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    signal(supervisor.child.id(), "-HUP");
+    // Killed the moment its predecessor hears it ask: before, during or
+    // just after the connections move; each must end well.
+    supervisor.wait_for("a successor asks for the connections");
+    signal(newest_child(&supervisor, &before), "-KILL");
+    // The roll ends either way: given up (killed before it listened), or
+    // done (after: the instance is then started again).
+    loop {
+        let line = supervisor.next_line();
+        if line.contains("the restart is refused") || line.contains("instances is done") {
+            break;
+        }
+    }
+    // Whatever happened, the instance serves on, and a roll then works.
+    while fed.load(Ordering::Relaxed) < 300 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let serving = children(&supervisor);
+    assert_eq!(serving.len(), 1, "{serving:?}");
+    signal(supervisor.child.id(), "-HUP");
+    supervisor.wait_for("the restart of the 1 instances is done");
+    assert!(children(&supervisor).iter().all(|p| !serving.contains(p)));
+
+    for client in resuming {
+        let resumed = client.join().unwrap();
+        let first: usize = resumed.statuses[0]
+            .rsplit('.')
+            .next()
+            .and_then(|seq| seq.trim_end_matches("\"}").parse().ok())
+            .unwrap();
+        let lines: Vec<String> = (first + 1..=600)
+            .map(|n| format!("line {n}"))
+            .chain(["end".into()])
+            .collect();
+        assert_eq!(resumed.payloads, lines, "{:?}", resumed.statuses);
+    }
+    // A plain client kept its connection and got every line, or saw it
+    // end (it was lost with the killed process); never a gap on one.
+    let every: Vec<String> = (1..=600).map(|n| format!("line {n}")).collect();
+    for client in plain {
+        let (texts, ended) = client.join().unwrap();
+        match ended {
+            None => assert_eq!(texts, every),
+            Some(_) => assert_eq!(texts, every[..texts.len()]),
+        }
+    }
+}
+
+#[test]
+fn sigusr2_twice_upgrades_once_and_closes_nothing() {
+    let deployed = Deployed::new("twice");
+    let (mut supervisor, addr) = supervise(&deployed.binary(), 2);
+    let before = children(&supervisor);
+    let plain: Vec<_> = (0..10).map(|_| plain_client(addr)).collect();
+    signal(supervisor.child.id(), "-USR2");
+    signal(supervisor.child.id(), "-USR2");
+    supervisor.wait_for("SIGHUP/SIGUSR2 ignored");
+    supervisor.wait_for("the upgrade of the 2 instances is done");
+    let after = children(&supervisor);
+    assert_eq!(after.len(), 2);
+    assert!(after.iter().all(|pid| !before.contains(pid)));
+    supervisor.send(b"after the upgrade\nend\n");
+    for client in plain {
+        let (texts, ended) = client.join().unwrap();
+        assert_eq!(
+            (texts, ended),
+            (vec!["after the upgrade".to_string()], None)
+        );
+    }
+    let rest = supervisor.rest().join("\n");
+    assert_eq!(
+        rest.matches("upgrading the 2 instances").count(),
+        0,
+        "{rest}"
+    );
+}
