@@ -64,14 +64,36 @@ impl Supervisor {
             }
             let (number, pid, lived) = (proc.number, proc.child.id(), now - proc.started);
             let (bytes, lines) = proc.backlog.clear();
+            let its_process =
+                matches!(self.instances[number - 1].life, Life::Running(k) if k == key);
             match proc.role {
-                Role::Serving => {}
-                Role::Starting { .. } => {
+                Role::Serving => {
+                    // Its connections went to the process a roll started
+                    // beside it, which is the instance's process now.
+                    if let Some(successor) = self.successor_of(number) {
+                        self.instances[number - 1].life = Life::Running(successor);
+                        log::info!(
+                            "instance {number}: pid {pid} {} after handing its connections to pid {}",
+                            Ended(status),
+                            self.procs[successor].child.id()
+                        );
+                        continue;
+                    }
+                }
+                Role::Starting { .. } if !its_process => {
                     let ended = Ended(status);
                     self.give_up_roll(&format!(
                         "instance {number}'s new process (pid {pid}) {ended} before it listened"
                     ));
                     continue;
+                }
+                Role::Starting { .. } => {
+                    // It had taken the connections over: its death is
+                    // the instance's.
+                    self.give_up_roll(&format!(
+                        "instance {number}'s new process (pid {pid}) {} after it took the connections over",
+                        Ended(status)
+                    ));
                 }
                 Role::Retiring { .. } => {
                     log::info!(
@@ -136,6 +158,15 @@ impl Supervisor {
         }
         self.steer();
         Ok(error)
+    }
+
+    /// The process a roll started beside instance `number`'s, if one is
+    /// starting.
+    fn successor_of(&self, number: usize) -> Option<usize> {
+        self.procs
+            .iter()
+            .find(|(_, p)| p.number == number && matches!(p.role, Role::Starting { .. }))
+            .map(|(key, _)| key)
     }
 
     /// Starts again every instance whose backoff is over.

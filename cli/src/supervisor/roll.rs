@@ -179,16 +179,22 @@ impl Supervisor {
         proc.role = Role::Serving;
         let (number, pid) = (proc.number, proc.child.id());
         let instance = &mut self.instances[number - 1];
-        if let Life::Running(old) = std::mem::replace(&mut instance.life, Life::Running(key)) {
-            let old = &mut self.procs[old];
-            let deadline = Instant::now() + self.policy.stop_grace;
-            old.role = Role::Retiring { deadline };
-            let _ = kill_process(Pid::from_child(&old.child), Signal::USR1);
-            log::info!(
-                "instance {number}: pid {pid} listens; pid {} hands over what it still holds",
-                old.child.id()
-            );
-        }
+        let old = match std::mem::replace(&mut instance.life, Life::Running(key)) {
+            Life::Running(old) if old != key => old,
+            // Its predecessor exited already, after handing over.
+            _ => {
+                log::info!("instance {number}: pid {pid} listens");
+                return;
+            }
+        };
+        let old = &mut self.procs[old];
+        let deadline = Instant::now() + self.policy.stop_grace;
+        old.role = Role::Retiring { deadline };
+        let _ = kill_process(Pid::from_child(&old.child), Signal::USR1);
+        log::info!(
+            "instance {number}: pid {pid} listens; pid {} hands over what it still holds",
+            old.child.id()
+        );
     }
 
     /// Steers new connections to the instances whose process listens and
