@@ -253,16 +253,18 @@ impl Server {
             }
             Err(e) => return Err(TakeOverError::Refused(e.to_string())),
         }
+        let answered = Instant::now();
         let taken = self.take_records(&mut channel);
         let metrics = &self.report.shared.metrics;
         Metrics::add(&metrics.handover_taken, taken as u64);
-        Metrics::set(
-            &metrics.handover_pause_us,
-            started.elapsed().as_micros() as u64,
-        );
+        // The pause the clients see: from the other loop's stop to this
+        // one's start.
+        let paused = answered.elapsed();
+        Metrics::set(&metrics.handover_pause_us, paused.as_micros() as u64);
         log::info!(
-            "took {taken} connections over in {:.1} ms",
-            started.elapsed().as_secs_f64() * 1e3
+            "took {taken} connections over in {:.1} ms ({:.1} ms after asking, while the other process framed up to this one's first position and let its fan-out finish)",
+            paused.as_secs_f64() * 1e3,
+            (answered - started).as_secs_f64() * 1e3
         );
         Ok(taken)
     }
@@ -274,6 +276,7 @@ impl Server {
         let now = Instant::now();
         let current = self.records.history.current().seq;
         let mut entries = Vec::new();
+        let mut slots = std::collections::HashSet::new();
         let mut verdicts = Vec::new();
         let mut failed = 0;
         loop {
@@ -307,7 +310,7 @@ impl Server {
             let _ = stream.set_nonblocking(true);
             let stream = mio::net::TcpStream::from_std(stream);
             let key = ConnKey(moved.slot as usize);
-            let taken_already = entries.iter().any(|(k, _)| *k == key.0);
+            let taken_already = !slots.insert(key.0);
             let mut ctx = self.handling(now).ctx;
             let conn = match taken_already {
                 true => Err("a second connection for its slot"),
