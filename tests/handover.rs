@@ -432,7 +432,9 @@ fn a_handover_cut_off_half_way_leaves_each_connection_served_or_ended() {
     let _ = std::io::Read::read(&mut take, &mut some).unwrap();
     drop(take);
     std::thread::sleep(Duration::from_millis(200));
-    old.handle.broadcast_text("still here").unwrap();
+    // Unless everything was sent before the successor went (the server
+    // then ended, having nothing left), some are still served here.
+    let serving = old.handle.broadcast_text("still here").is_ok();
     let (mut served, mut ended) = (0, 0);
     for client in &mut clients {
         match util::read_frame(client) {
@@ -445,9 +447,10 @@ fn a_handover_cut_off_half_way_leaves_each_connection_served_or_ended() {
     }
     assert_eq!(served + ended, 400);
     assert!(ended > 0, "the connections sent went with the successor");
+    assert!(serving || served == 0);
     let m = old.handle.metrics();
     assert_eq!(m.connections_open as usize, served, "{m:?}");
-    old.handle.shutdown().unwrap();
+    let _ = old.handle.shutdown();
     drop(clients);
     old.thread.join().unwrap();
 }

@@ -161,43 +161,45 @@ impl Server {
             .collect();
         let mut given = 0u32;
         let mut bytes = Vec::new();
+        // Taken out of this poll once the successor has them all, so that
+        // it is not kept waiting meanwhile.
+        let mut sent = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(FDS_PER_CHUNK) {
             bytes.clear();
-            let mut streams = Vec::with_capacity(chunk.len());
+            let first = sent.len();
             for &key in chunk {
                 let key = ConnKey(key);
-                let Some(mut conn) = self.conns.remove(key) else {
+                let Some(conn) = self.conns.remove(key) else {
                     continue;
                 };
-                let _ = self.sockets.registry().deregister(conn.stream_mut());
                 self.walk.targeted.forget(key.slot());
                 let mut ctx = self.handling(now).ctx;
                 let (moved, stream) = conn.move_out(key, through, &mut ctx);
                 Record::Conn(Box::new(moved)).encode(&mut bytes);
-                streams.push(stream);
+                sent.push(stream);
             }
-            let fds: Vec<_> = streams.iter().map(|s| s.as_fd()).collect();
+            let fds: Vec<_> = sent[first..].iter().map(|s| s.as_fd()).collect();
             if let Err(e) = channel.send(&bytes, &fds) {
                 // These are gone with the successor (their sockets close
                 // as they drop here); the rest stay.
+                let lost = sent.len() - first;
                 log::error!(
-                    "the handover broke off after {given} connections: {e}; {} lost, the {} not sent yet are served on here",
-                    streams.len(),
+                    "the handover broke off after {given} connections: {e}; {lost} lost, the {} not sent yet are served on here",
                     self.conns.len()
                 );
-                Metrics::add(&self.report.shared.metrics.handover_given, u64::from(given));
-                Metrics::add(
-                    &self.report.shared.metrics.handover_lost,
-                    streams.len() as u64,
-                );
+                let metrics = &self.report.shared.metrics;
+                Metrics::add(&metrics.handover_given, u64::from(given));
+                Metrics::add(&metrics.handover_lost, lost as u64);
+                self.unwatch_sent(sent);
                 return;
             }
-            given += streams.len() as u32;
+            given += (sent.len() - first) as u32;
         }
         bytes.clear();
         Record::End { count: given }.encode(&mut bytes);
         let ended = channel.send(&bytes, &[]);
         let paused = started.elapsed();
+        self.unwatch_sent(sent);
         let metrics = &self.report.shared.metrics;
         Metrics::add(&metrics.handover_given, u64::from(given));
         Metrics::set(&metrics.handover_pause_us, paused.as_micros() as u64);
@@ -210,6 +212,14 @@ impl Server {
             Err(e) => log::warn!("the handover's end was not sent ({e}); the successor has the {given} connections"),
         }
         self.close_everything(now, Ending::Drain);
+    }
+
+    /// Takes the sockets sent to a successor out of this poll (the
+    /// successor's copies keep them open), and closes this process's.
+    fn unwatch_sent(&self, sent: Vec<mio::net::TcpStream>) {
+        for mut stream in sent {
+            let _ = self.sockets.registry().deregister(&mut stream);
+        }
     }
 
     /// Takes the connections of the process this one replaces, over
@@ -306,9 +316,9 @@ impl Server {
                 log::error!("a connection came without its socket: the handover stops here");
                 break;
             };
-            let stream = std::net::TcpStream::from(fd);
-            let _ = stream.set_nonblocking(true);
-            let stream = mio::net::TcpStream::from_std(stream);
+            // Non-blocking already: the flag is the open socket's, which
+            // the other process's poll had it in (a syscall each saved).
+            let stream = mio::net::TcpStream::from_std(std::net::TcpStream::from(fd));
             let key = ConnKey(moved.slot as usize);
             let taken_already = !slots.insert(key.0);
             let mut ctx = self.handling(now).ctx;
@@ -316,6 +326,10 @@ impl Server {
                 true => Err("a second connection for its slot"),
                 false => Conn::move_in(&moved, stream, key, &mut ctx),
             };
+            let conn = conn.map(|(mut conn, verdict)| {
+                self.conns.welcome(key, &mut conn, self.sockets.registry());
+                (conn, verdict)
+            });
             match conn {
                 Ok((conn, Verdict::Keep)) => {
                     // Owed what comes after the position it was given: a
@@ -350,7 +364,7 @@ impl Server {
             }
         }
         let taken = entries.len();
-        self.conns.adopt(entries, self.sockets.registry());
+        self.conns.adopt(entries);
         for (key, verdict) in verdicts {
             self.settle(key, verdict);
         }

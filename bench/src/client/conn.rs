@@ -161,6 +161,8 @@ pub struct Query {
     pub channel: Option<String>,
     /// Ask for positions.
     pub positions: bool,
+    /// Only connections of even ids ask for positions.
+    pub mixed: bool,
     /// The token to present, if any.
     pub token: Option<String>,
     /// The epoch of the positions, once a connection was told it.
@@ -175,6 +177,11 @@ pub struct Query {
 }
 
 impl Query {
+    /// Whether connection `id` asks for positions.
+    pub fn positions_for(&self, id: u64) -> bool {
+        self.positions && (!self.mixed || id.is_multiple_of(2))
+    }
+
     /// The position of the last message before `next_seq` (0: none yet).
     pub fn last_before(&self, next_seq: u32) -> u64 {
         let last = next_seq.saturating_sub(1) as usize;
@@ -195,9 +202,9 @@ impl Query {
         *seen == position
     }
 
-    /// The query after `id=ID` for a connection whose last position was
-    /// `last` (0: none).
-    pub fn after_id(&self, last: u64) -> String {
+    /// The query after `id=ID` for connection `id`, whose last position
+    /// was `last` (0: none).
+    pub fn after_id(&self, id: u64, last: u64) -> String {
         let mut query = String::new();
         if let Some(channel) = &self.channel {
             query.push_str("&channel=");
@@ -207,7 +214,7 @@ impl Query {
             query.push_str("&token=");
             query.push_str(token);
         }
-        match (&self.epoch, self.positions, last) {
+        match (&self.epoch, self.positions_for(id), last) {
             (Some(epoch), true, 1..) => query.push_str(&format!("&since={epoch}.{last}")),
             (_, true, _) => query.push_str("&positions=1"),
             _ => {}
@@ -262,6 +269,15 @@ pub struct Expect {
     /// The connection offered permessage-deflate and requires it: the
     /// messages may arrive compressed.
     pub deflate: bool,
+    /// Only connections of ids 0 and 1 modulo 4 offer it.
+    pub mixed: bool,
+}
+
+impl Expect {
+    /// Whether connection `id` offers (and requires) permessage-deflate.
+    pub fn deflate_for(&self, id: u64) -> bool {
+        self.deflate && (!self.mixed || id % 4 < 2)
+    }
 }
 
 /// One client connection, with what its check keeps in `S`; see the
@@ -550,19 +566,19 @@ impl Check for InOrder {
     type State = NextSeq;
 
     fn transport(&self, id: u64) -> Transport {
-        self.transports.of(id, self.expect.deflate)
+        self.transports.of(id, self.expect.deflate_for(id))
     }
 
     fn path(&self, id: u64, state: &NextSeq) -> String {
-        let query = self.query.after_id(self.query.last_before(state.0));
+        let query = self.query.after_id(id, self.query.last_before(state.0));
         dial::default_path(id, &query)
     }
 
     /// Counts the failure; with positions, a connection dropped by the
     /// server or refused coming back is dialed again, and resumes.
-    fn failed(&mut self, _id: u64, state: &mut NextSeq, failure: Failure, was_open: bool) -> bool {
+    fn failed(&mut self, id: u64, state: &mut NextSeq, failure: Failure, was_open: bool) -> bool {
         self.tally.failed(failure.label());
-        self.query.positions && (was_open || state.0 > 1)
+        self.query.positions_for(id) && (was_open || state.0 > 1)
     }
 
     /// The delay of a `reconnect` hint it was told, once.
@@ -624,9 +640,9 @@ impl InOrder {
         } = self;
         // A position comes with each message where asked for, and always
         // on an event stream (its events' ids).
-        let positioned = query.positions || carried.is_some();
+        let positioned = query.positions_for(id) || carried.is_some();
         let room = expect.payload_len + if positioned { 64 } else { 0 };
-        if f.compressed && !expect.deflate {
+        if f.compressed && !expect.deflate_for(id) {
             return Err(FrameError::ReservedBits.into());
         }
         let mut plain = if f.compressed {

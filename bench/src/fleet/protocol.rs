@@ -51,6 +51,10 @@ pub struct Plan {
     /// with `&since=` when they reconnect.
     #[serde(default)]
     pub positions: bool,
+    /// Only half the connections ask for positions, and half offer
+    /// permessage-deflate (see [`crate::client::conn::Query::positions_for`]).
+    #[serde(default)]
+    pub mixed: bool,
     /// The token every connection presents (`&token=`), if any.
     #[serde(default)]
     pub token: Option<String>,
@@ -221,6 +225,7 @@ mod tests {
             transports: Transports::Mixed,
             channel: Some("hot".into()),
             positions: false,
+            mixed: false,
             token: None,
             connect_timeout_ms: 10_000,
             receipts: Some(ReceiptsPlan {

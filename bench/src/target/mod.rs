@@ -39,9 +39,9 @@ pub trait Target {
     fn kill_an_instance(&mut self) -> io::Result<u32> {
         Err(io::Error::other("this server has no instances to kill"))
     }
-    /// Asks a supervisor (`--processes`) for a rolling restart (SIGHUP);
-    /// returns its process id.
-    fn roll(&mut self) -> io::Result<u32> {
+    /// Asks a supervisor (`--processes`) for a rolling restart (`signal`
+    /// `HUP`) or an upgrade (`USR2`); returns its process id.
+    fn roll(&mut self, _signal: &str) -> io::Result<u32> {
         Err(io::Error::other("this server has no supervisor to roll"))
     }
     /// Stops the broker the servers read from (a broker outage); lines

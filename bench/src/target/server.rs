@@ -224,15 +224,16 @@ impl Target for Server {
         }
     }
 
-    /// SIGHUP to the server (a supervisor rolls its instances).
-    fn roll(&mut self) -> io::Result<u32> {
+    /// `signal` (`HUP` or `USR2`) to the server: a supervisor rolls its
+    /// instances, or upgrades them to the binary on disk.
+    fn roll(&mut self, signal: &str) -> io::Result<u32> {
         let pid = self.pid();
         let sent = std::process::Command::new("kill")
-            .args(["-HUP", &pid.to_string()])
+            .args([&format!("-{signal}"), &pid.to_string()])
             .status()?;
         match sent.success() {
             true => Ok(pid),
-            false => Err(io::Error::other(format!("kill -HUP {pid} failed"))),
+            false => Err(io::Error::other(format!("kill -{signal} {pid} failed"))),
         }
     }
 

@@ -91,31 +91,36 @@ impl Connections {
         ConnKey(key)
     }
 
-    /// Takes in connections moved from another process, each under the
-    /// key it had there, registered in the poll (a socket with input
-    /// waiting raises its event at once). Only an empty slab takes them.
-    pub(crate) fn adopt(&mut self, entries: Vec<(usize, Conn)>, registry: &Registry) {
+    /// Registers in the poll a connection moved from another process,
+    /// under the key it had there (a socket with output queued for it is
+    /// watched for writing too; one with input waiting raises its event
+    /// at once), and counts it against its address.
+    /// Done as each arrives, so that the rest of the handover overlaps
+    /// these calls; [`Connections::adopt`] then takes them all in.
+    pub(crate) fn welcome(&mut self, key: ConnKey, conn: &mut Conn, registry: &Registry) {
+        let interest = if conn.has_queued() {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        };
+        let registered = registry.register(conn.stream_mut(), mio::Token(key.0), interest);
+        if let Err(e) = registered {
+            log::warn!("a connection taken over could not be registered: {e}");
+        }
+        if self.per_ip.is_some() {
+            if let Ok(peer) = conn.stream_mut().peer_addr() {
+                let _ = self.admit_peer(key, peer.ip());
+            }
+        }
+        self.key_bound = self.key_bound.max(key.0 + 1);
+    }
+
+    /// Takes in the connections moved from another process (each
+    /// [`Connections::welcome`]d), each under the key it had there.
+    pub(crate) fn adopt(&mut self, entries: Vec<(usize, Conn)>) {
         debug_assert!(self.slab.is_empty(), "bug: adopting beside connections");
         let mut slab: Slab<Conn> = entries.into_iter().collect();
         slab.reserve(self.slab.capacity().saturating_sub(slab.len()));
-        let keys: Vec<usize> = slab.iter().map(|(key, _)| key).collect();
-        for key in keys {
-            let conn = &mut slab[key];
-            let interest = if conn.has_queued() {
-                Interest::READABLE | Interest::WRITABLE
-            } else {
-                Interest::READABLE
-            };
-            let peer = conn.stream_mut().peer_addr();
-            let registered = registry.register(conn.stream_mut(), mio::Token(key), interest);
-            if let Err(e) = registered {
-                log::warn!("a connection taken over could not be registered: {e}");
-            }
-            if let Ok(peer) = peer {
-                let _ = self.admit_peer(ConnKey(key), peer.ip());
-            }
-            self.key_bound = self.key_bound.max(key + 1);
-        }
         self.slab = slab;
     }
 

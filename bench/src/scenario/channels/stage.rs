@@ -125,6 +125,7 @@ impl Stage {
             transports: Default::default(),
             channel: None,
             positions: false,
+            mixed: false,
             token: None,
             connect_timeout_ms: o.connect_timeout * 1000,
             receipts: Some(ReceiptsPlan {

@@ -116,6 +116,7 @@ pub fn measure_hosts(
         transports: options.transport,
         channel: options.channel.clone(),
         positions: options.positions,
+        mixed: options.mixed,
         token: options.token.clone(),
         connect_timeout_ms: options.connect_timeout * 1000,
         receipts: None,

@@ -163,6 +163,12 @@ pub struct PushOptions {
     /// a connection dialed again resumes with `&since=` its last position.
     #[arg(long)]
     pub positions: bool,
+    /// With `--positions` or `--deflate`: only half the connections ask
+    /// for positions (even ids), and only half offer permessage-deflate
+    /// (ids 0 and 1 modulo 4), so that with both each of the four kinds
+    /// is a quarter of the connections.
+    #[arg(long)]
+    pub mixed: bool,
     /// This many seconds into the feed, every connection is dropped by
     /// its client at once and dialed again (a reconnect storm), spread
     /// over `--storm-within-ms`, to the next server (host) of the run; the
@@ -179,12 +185,17 @@ pub struct PushOptions {
     #[arg(long, value_name = "SECS", requires = "feed_rate")]
     pub kill_instance_at_secs: Option<f64>,
     /// This many seconds into the feed, the server (a supervisor, run with
-    /// `--processes`) is sent SIGHUP: a rolling restart. Its clients,
-    /// closed as each instance drains, dial again after the delay the
-    /// server's hint gives (resuming, with `--positions`); the feed's
-    /// report gives the peak rate of those redials.
+    /// `--processes`) is sent `--roll-signal`: a rolling restart, or an
+    /// upgrade to the binary on disk. Clients it closes dial again after
+    /// the delay the server's hint gives (resuming, with `--positions`);
+    /// the feed's report gives the peak rate of those redials, and the
+    /// failures line what was closed.
     #[arg(long, value_name = "SECS", requires = "feed_rate")]
     pub roll_at_secs: Option<f64>,
+    /// What `--roll-at-secs` sends: `HUP` (a rolling restart) or `USR2`
+    /// (an upgrade to the binary on disk).
+    #[arg(long, value_name = "SIGNAL", default_value = "HUP", value_parser = ["HUP", "USR2"])]
+    pub roll_signal: String,
     /// This many seconds into the feed, the broker the servers read (the
     /// `hosts` measurement's redis-server) is stopped, and started again
     /// `--broker-outage-secs` later; the lines of the feed meanwhile

@@ -129,10 +129,10 @@ impl Run<'_> {
                 broker_up = None;
             }
             if roll.is_some_and(|at| now >= start + at) {
-                let pid = self.target.roll()?;
+                let pid = self.target.roll(&o.roll_signal)?;
                 eprintln!(
-                    "[{}] rolling restart asked of process {pid} (SIGHUP)",
-                    self.label
+                    "[{}] rolling restart asked of process {pid} (SIG{})",
+                    self.label, o.roll_signal
                 );
                 roll = None;
             }
