@@ -33,6 +33,7 @@ fn floor_receipts(options: floor::FloorOptions, paths: Paths, expected: usize) -
         transports: Default::default(),
         channel: None,
         positions: false,
+        mixed: false,
         token: None,
         connect_timeout_ms: 10_000,
         receipts: Some(ReceiptsPlan {
