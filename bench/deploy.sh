@@ -12,7 +12,7 @@
 #
 # Usage: bench/deploy.sh [wspush-bench push flags ...]
 #   Environment: CONNS (60000), INSTANCES (4), FEED_RATE (20), FEED_SECS
-#   (60), ROLL_AT (10), WSPUSH (target/release/wspush), OUT
+#   (60), ROLL_AT (10; `none`: no deploy, the run to compare with), WSPUSH (target/release/wspush), OUT
 #   (/tmp/wspush-deploy: report.txt); HOST_TABLE=1 runs in this network
 #   namespace instead of a new one (see bench/million.sh for why one).
 #
@@ -70,13 +70,15 @@ cp "$wspush" "$deployed/wspush"
   mv "$deployed/wspush.next" "$deployed/wspush"
 ) &
 
+roll=(--roll-at-secs "$roll_at" --roll-signal USR2)
+[[ "$roll_at" != none ]] || roll=()
 echo "deploy.sh: $conns clients over $instances instances, $feed_rate lines/s for $feed_secs s, SIGUSR2 at $roll_at s; report in $out/report.txt" >&2
 started=$SECONDS
 "${in_netns[@]}" "$bench" push \
   --spawn "$deployed/wspush --processes $instances --listen 127.0.0.1:{port}" \
   --conns "$conns" --rate 20000 --max-in-flight 1024 --positions --deflate --mixed \
   --messages 1 --payload-bytes 64 --feed-rate "$feed_rate" --feed-secs "$feed_secs" \
-  --roll-at-secs "$roll_at" --roll-signal USR2 --probe-ms 50 "$@" \
+  "${roll[@]}" --probe-ms 50 "$@" \
   >"$out/report.txt" 2>"$out/log.txt" || {
   tail -n 30 "$out/log.txt" >&2
   exit 1

@@ -141,8 +141,9 @@ fn serve(cli: Cli) -> Result<(), String> {
     let capacity = open_file_capacity();
     config.max_connections = max_connections(cli.max_connections, capacity);
     let mut server = listen(&config)?;
-    carry_connections(&mut server)?;
-    report_to_supervisor(&mut server)?;
+    let mut status = supervisor_status()?;
+    carry_connections(&mut server, status.as_mut())?;
+    report_to_supervisor(&mut server, status)?;
     log_listening(&server, &config, capacity);
     let handle = server.handle();
     if let Some(earlier) = inherited(RESTARTS_ENV) {
@@ -250,13 +251,33 @@ fn listen(config: &Config) -> Result<Server, String> {
     .map_err(|e| e.to_string())
 }
 
+/// Under a supervisor, the pipe on which this instance tells it how it
+/// is (see [`supervisor::LISTENING`]).
+fn supervisor_status() -> Result<Option<std::fs::File>, String> {
+    let Some(fd) = inherited(STATUS_FD_ENV) else {
+        return Ok(None);
+    };
+    let status = wspush::sys::inherited_fd(fd)
+        .map_err(|e| format!("cannot take the supervisor's status pipe: {e}"))?;
+    Ok(Some(std::fs::File::from(status)))
+}
+
 /// Under a supervisor: takes the connections of the process this one
 /// replaces, if a roll started it (a refusal or a failure leaves them to
 /// that process's drain), and watches for a successor to hand them to.
-fn carry_connections(server: &mut Server) -> Result<(), String> {
+fn carry_connections(
+    server: &mut Server,
+    status: Option<&mut std::fs::File>,
+) -> Result<(), String> {
     if let Some(fd) = inherited(TAKE_OVER_FD_ENV) {
         let socket = wspush::sys::inherited_fd(fd)
             .map_err(|e| format!("cannot take the predecessor's handover socket: {e}"))?;
+        // The supervisor gives a handover longer than a start.
+        if let Some(status) = status {
+            status
+                .write_all(&[supervisor::TAKING_OVER])
+                .map_err(|e| format!("cannot tell the supervisor: {e}"))?;
+        }
         // Logged (and counted) by the server either way.
         let _ = server.take_over(socket);
     }
@@ -273,13 +294,10 @@ fn carry_connections(server: &mut Server) -> Result<(), String> {
 /// Under a supervisor: says on the status pipe that the instance listens,
 /// then what it holds every second, and whether it has room, as that
 /// changes (the supervisor steers new connections away while it is full).
-fn report_to_supervisor(server: &mut Server) -> Result<(), String> {
-    let Some(fd) = inherited(STATUS_FD_ENV) else {
+fn report_to_supervisor(server: &mut Server, status: Option<std::fs::File>) -> Result<(), String> {
+    let Some(mut status) = status else {
         return Ok(());
     };
-    let status = wspush::sys::inherited_fd(fd)
-        .map_err(|e| format!("cannot take the supervisor's status pipe: {e}"))?;
-    let mut status = std::fs::File::from(status);
     status
         .write_all(&[supervisor::LISTENING])
         .map_err(|e| format!("cannot tell the supervisor this instance listens: {e}"))?;

@@ -32,7 +32,7 @@ use crate::server::conn::{Conn, Verdict};
 use crate::server::history::{Filter, Replay};
 use crate::server::key::ConnKey;
 use crate::server::lifecycle::handover::{
-    Giving, TakeOverError, CATCH_UP, HANDOVER_TIMEOUT, SETTLE,
+    Giving, TakeOverError, Urgent, CATCH_UP, HANDOVER_TIMEOUT, SETTLE,
 };
 use crate::server::lifecycle::Ending;
 use crate::server::net::channel::{arrived, Channel, FDS_PER_CHUNK};
@@ -103,6 +103,7 @@ impl Server {
                     channel,
                     first: ask.first,
                     since: now,
+                    _urgent: Urgent::raise(),
                 });
             }
             Ok((mut channel, ask)) => {
@@ -138,6 +139,18 @@ impl Server {
         let settling = now.duration_since(giving.since) < CATCH_UP + SETTLE;
         if self.walk.delivering() && settling {
             return;
+        }
+        // What was framed reaches every connection before it moves: each
+        // is given everything through `current`.
+        let steps = self.conns.key_bound() / self.config.fanout_budget.max(1) + 2;
+        for _ in 0..steps {
+            if !self.walk.stream.is_busy() {
+                break;
+            }
+            self.walk_step(now);
+        }
+        if self.walk.stream.is_busy() {
+            log::warn!("the fan-out did not finish before the handover: connections it had not reached may miss what it carried");
         }
         let giving = self.handover.giving.take().expect("giving");
         self.give(giving.channel, current, now);
@@ -230,7 +243,9 @@ impl Server {
     /// cannot write this build's state format, or this server already
     /// holds connections; the caller then falls back to a drain.
     pub fn take_over(&mut self, socket: OwnedFd) -> Result<usize, TakeOverError> {
+        let urgent = Urgent::raise();
         let taken = self.ask_and_take(socket);
+        drop(urgent);
         if let Err(e) = &taken {
             Metrics::incr(&self.report.shared.metrics.handover_fallbacks);
             log::warn!("{e}: the process this one replaces drains its connections instead");

@@ -586,6 +586,49 @@ await check("a draining instance closes the page with 1012; it comes back after 
   }
 });
 
+await check("across a SIGUSR2 of --processes 2, a wspush.js page and a bare WebSocket page see no close and no missing line", async (scope) => {
+  const server = await scope.server(["--demo", "--processes", "2"]);
+  const instances = () =>
+    fs.readFileSync(`/proc/${server.child.pid}/task/${server.child.pid}/children`, "utf8").trim().split(/\s+/).map(Number);
+  await waitUntil("two instances", () => instances().length === 2);
+  const served = await scope.page(server.url("/"));
+  await waitForState(served, "open");
+  // A bare page: a plain WebSocket, no library, no positions.
+  const bare = await scope.page(server.url("/healthz"));
+  await bare.evaluate((url) => {
+    window.got = [];
+    window.bareCloses = [];
+    const ws = new WebSocket(url);
+    ws.onmessage = (e) => window.got.push(e.data);
+    ws.onclose = (e) => window.bareCloses.push(e.code);
+    return new Promise((resolve) => (ws.onopen = resolve));
+  }, `ws://${server.addr}/`);
+  const lines = Array.from({ length: 300 }, (_, i) => `line ${i + 1}`);
+  server.feed(lines.slice(0, 100));
+  await waitUntil("100 messages on both pages", async () =>
+    (await shown(served)).count >= 100 && (await bare.evaluate(() => window.got.length)) >= 100);
+  const before = instances();
+  process.kill(server.child.pid, "SIGUSR2");
+  server.feed(lines.slice(100, 200));
+  await waitUntil("the upgrade of both instances", () => /the upgrade of the 2 instances is done/.test(server.log));
+  const after = instances();
+  if (after.some((pid) => before.includes(pid))) throw new Error(`not replaced: ${before} then ${after}`);
+  server.feed(lines.slice(200));
+  const now = await waitUntil("300 messages on the served page", async () => {
+    const now = await shown(served);
+    return now.count >= 300 && now;
+  });
+  assertEqual(now.messages, lines, "the served page: every line once, in order");
+  assertEqual(now.closes, [], "the served page saw no close");
+  assertEqual(now.state, "open", "the served page's state");
+  const got = await waitUntil("300 messages on the bare page", async () => {
+    const got = await bare.evaluate(() => window.got);
+    return got.length >= 300 && got;
+  });
+  assertEqual(got, lines, "the bare page: every line once, in order");
+  assertEqual(await bare.evaluate(() => window.bareCloses), [], "the bare page saw no close");
+});
+
 await browser.close();
 await chromiumServer.close();
 finish();

@@ -116,6 +116,10 @@ pub const CONTROL_FD_ENV: &str = "WSPUSH_CONTROL_FD";
 pub const TAKE_OVER_FD_ENV: &str = "WSPUSH_TAKE_OVER_FD";
 /// What an instance writes on its status pipe once it serves its listener.
 pub const LISTENING: u8 = b'L';
+/// What a process a roll started writes on its status pipe when it
+/// begins to take its predecessor's connections over: it then has
+/// [`TAKE_OVER_TIMEOUT`] to listen.
+pub const TAKING_OVER: u8 = b'T';
 /// What an instance writes on its status pipe when it becomes full: new
 /// connections are steered to the others.
 pub const FULL: u8 = b'F';
@@ -133,6 +137,10 @@ pub const CRASH_LOOP: u32 = 5;
 /// How long a process a roll starts has to listen before the roll is
 /// given up.
 pub const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a process a roll starts has to listen once it says it takes
+/// connections over ([`TAKING_OVER`]): on a busy host, its predecessor
+/// first frames up to its first line and finishes its fan-out.
+pub const TAKE_OVER_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a new binary has to answer `--version` before an upgrade is
 /// refused.
 pub const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
@@ -795,6 +803,12 @@ impl Proc {
     fn hear(&mut self, byte: u8) -> Option<bool> {
         match byte {
             LISTENING => self.listening = true,
+            TAKING_OVER => {
+                if let Role::Starting { deadline } = &mut self.role {
+                    *deadline = Instant::now() + TAKE_OVER_TIMEOUT;
+                }
+                return None;
+            }
             FULL if !self.full => self.full = true,
             ROOM if self.full => self.full = false,
             _ => return None,
