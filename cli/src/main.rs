@@ -140,9 +140,13 @@ fn serve(cli: Cli) -> Result<(), String> {
     let recorder = lone_history(&cli, &mut config)?;
     let capacity = open_file_capacity();
     config.max_connections = max_connections(cli.max_connections, capacity);
+    // A process a roll starts takes connections over: it starts, too, at
+    // the raised priority of a handover.
+    let urgent = inherited::<i32>(TAKE_OVER_FD_ENV).map(|_| wspush::sys::Urgent::raise());
     let mut server = listen(&config)?;
     let mut status = supervisor_status()?;
     carry_connections(&mut server, status.as_mut())?;
+    drop(urgent);
     report_to_supervisor(&mut server, status)?;
     log_listening(&server, &config, capacity);
     let handle = server.handle();

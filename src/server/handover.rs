@@ -5,9 +5,9 @@
 //! ([`Server::hand_over_on`] on the giving side, [`Server::take_over`] on
 //! the taking one), saying the first input position it frames itself.
 //! The giving loop frames its input up to the position before that (so
-//! no line is between the two), stops framing, lets its walk deliver
-//! what it framed (at most [`SETTLE`]), then, in one pause of its loop,
-//! sends every open connection: its state in the versioned format of
+//! no line is between the two), stops framing, and, in one pause of its
+//! loop (at raised priority: [`Urgent`]), finishes delivering what it
+//! framed and sends every open connection: its state in the versioned format of
 //! `protocol::handover`, its socket beside it (SCM_RIGHTS). The
 //! successor puts each one in the same slot (its key stays valid), owed
 //! everything after the last position given: the live messages up to it
@@ -32,8 +32,9 @@ use crate::server::conn::{Conn, Verdict};
 use crate::server::history::{Filter, Replay};
 use crate::server::key::ConnKey;
 use crate::server::lifecycle::handover::{
-    Giving, TakeOverError, Urgent, CATCH_UP, HANDOVER_TIMEOUT, SETTLE,
+    Giving, TakeOverError, CATCH_UP, HANDOVER_TIMEOUT,
 };
+use crate::ops::sys::Urgent;
 use crate::server::lifecycle::Ending;
 use crate::server::net::channel::{arrived, Channel, FDS_PER_CHUNK};
 use crate::server::net::sockets::{ASKING, SUCCESSOR};
@@ -119,7 +120,7 @@ impl Server {
 
     /// Carries a handover on, once per loop iteration: once the loop
     /// framed up to its successor's first position and delivered what it
-    /// framed (or [`SETTLE`] passed), moves the connections.
+    /// framed, moves the connections.
     pub(super) fn carry_handover(&mut self, now: Instant) {
         let Some(giving) = &self.handover.giving else {
             return;
@@ -136,12 +137,9 @@ impl Server {
             }
             return;
         }
-        let settling = now.duration_since(giving.since) < CATCH_UP + SETTLE;
-        if self.walk.delivering() && settling {
-            return;
-        }
-        // What was framed reaches every connection before it moves: each
-        // is given everything through `current`.
+        // What was framed reaches every connection before it moves (each
+        // is given everything through `current`): the fan-out under way
+        // is finished now, at the loop's raised priority.
         let steps = self.conns.key_bound() / self.config.fanout_budget.max(1) + 2;
         for _ in 0..steps {
             if !self.walk.stream.is_busy() {

@@ -6,6 +6,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
+use crate::ops::sys::Urgent;
 use crate::server::net::channel::Channel;
 
 /// How long either side waits for the other on the socket.
@@ -14,11 +15,6 @@ pub const HANDOVER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the giving loop frames on to reach its successor's first
 /// position before it refuses.
 pub(crate) const CATCH_UP: Duration = Duration::from_secs(5);
-
-/// How long the giving loop lets its walk deliver what it framed before
-/// it moves the connections anyway (those still owed a replay stay and
-/// are closed as in a drain).
-pub(crate) const SETTLE: Duration = Duration::from_secs(1);
 
 /// Why [`Server::take_over`](crate::Server::take_over) took nothing.
 #[derive(Debug)]
@@ -40,34 +36,6 @@ impl std::fmt::Display for TakeOverError {
 }
 
 impl std::error::Error for TakeOverError {}
-
-/// The calling thread (the loop's) at the highest priority it may take,
-/// while a handover pauses its connections, and set back on drop: on a
-/// busy host (64 instances fanning out a broadcast on two cores) the
-/// handover's work would otherwise get a sixty-fourth of the machine,
-/// and its pause grow from tens of milliseconds to seconds. Without the
-/// privilege (`CAP_SYS_NICE`), nothing changes.
-#[derive(Debug)]
-pub(crate) struct Urgent(Option<i32>);
-
-impl Urgent {
-    /// Raises the thread's priority (nice -20).
-    pub(crate) fn raise() -> Urgent {
-        use rustix::process::{getpriority_process, setpriority_process};
-        match getpriority_process(None) {
-            Ok(before) if setpriority_process(None, -20).is_ok() => Urgent(Some(before)),
-            _ => Urgent(None),
-        }
-    }
-}
-
-impl Drop for Urgent {
-    fn drop(&mut self) {
-        if let Some(before) = self.0 {
-            let _ = rustix::process::setpriority_process(None, before);
-        }
-    }
-}
 
 /// A successor that asked: it frames from `first` on.
 #[derive(Debug)]
