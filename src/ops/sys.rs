@@ -498,31 +498,49 @@ mod tests {
     }
 }
 
-/// The calling thread at the highest priority it may take, set back on
-/// drop: for a loop while a handover pauses its connections (and a new
-/// process until it took them over). On a busy host (64 instances
-/// fanning out a broadcast on two cores) the handover's work would
-/// otherwise get a sixty-fourth of the machine, and its pause grow from
-/// tens of milliseconds to seconds. Without the privilege
-/// (`CAP_SYS_NICE`), nothing changes.
+/// A thread at the highest priority it may take, set back on drop: a
+/// loop while a handover pauses its connections (and a new process
+/// until it took them over, and a supervisor while it rolls its
+/// instances). On a busy host (64 instances fanning out a broadcast on
+/// two cores) the handover's work would otherwise get a sixty-fourth of
+/// the machine, and its pause grow from tens of milliseconds to seconds.
+/// Without the privilege (`CAP_SYS_NICE`), nothing changes.
 #[derive(Debug)]
-pub struct Urgent(Option<i32>);
+pub struct Urgent {
+    /// The thread (`None`: the calling one), and its priority before.
+    raised: Option<(Option<rustix::process::Pid>, i32)>,
+}
 
 impl Urgent {
-    /// Raises the thread's priority (nice -20).
+    /// Raises the calling thread's priority (nice -20).
     pub fn raise() -> Urgent {
-        use rustix::process::{getpriority_process, setpriority_process};
-        match getpriority_process(None) {
-            Ok(before) if setpriority_process(None, -20).is_ok() => Urgent(Some(before)),
-            _ => Urgent(None),
+        Urgent::raise_thread(None)
+    }
+
+    /// Raises the priority of process `pid`'s main thread (its loop's,
+    /// for an instance), from another process.
+    pub fn raise_process(pid: u32) -> Urgent {
+        let pid = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw);
+        match pid {
+            Some(pid) => Urgent::raise_thread(Some(pid)),
+            None => Urgent { raised: None },
         }
+    }
+
+    fn raise_thread(pid: Option<rustix::process::Pid>) -> Urgent {
+        use rustix::process::{getpriority_process, setpriority_process};
+        let raised = match getpriority_process(pid) {
+            Ok(before) if setpriority_process(pid, -20).is_ok() => Some((pid, before)),
+            _ => None,
+        };
+        Urgent { raised }
     }
 }
 
 impl Drop for Urgent {
     fn drop(&mut self) {
-        if let Some(before) = self.0 {
-            let _ = rustix::process::setpriority_process(None, before);
+        if let Some((pid, before)) = self.raised {
+            let _ = rustix::process::setpriority_process(pid, before);
         }
     }
 }

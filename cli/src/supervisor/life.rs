@@ -250,7 +250,9 @@ impl Supervisor {
         // A roll's process takes the connections of the one it replaces.
         let take_over = match (&role, &self.instances[number - 1].life) {
             (Role::Starting { .. }, Life::Running(old)) => {
-                wspush::introduce_successor(self.procs[*old].control.as_fd())
+                let old = &mut self.procs[*old];
+                old.urgent = Some(wspush::sys::Urgent::raise_process(old.child.id()));
+                wspush::introduce_successor(old.control.as_fd())
                     .inspect_err(|e| {
                         log::warn!("instance {number}: no handover ({e}); the old process drains")
                     })
@@ -296,6 +298,7 @@ impl Supervisor {
             full: false,
             heard: Heard::default(),
             control,
+            urgent: None,
         });
         Ok(key)
     }

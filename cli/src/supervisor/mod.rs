@@ -352,6 +352,10 @@ struct Proc {
     /// The supervisor's end of its handover control socket: a
     /// successor's socket is sent on it (see [`CONTROL_FD_ENV`]).
     control: OwnedFd,
+    /// Its loop's priority, raised while it hands its connections to a
+    /// successor (it notices the successor at once, however busy the
+    /// host); set back if the successor fails.
+    urgent: Option<wspush::sys::Urgent>,
 }
 
 /// Where an instance is in its life.
@@ -485,6 +489,9 @@ struct Roll {
     left: VecDeque<usize>,
     /// "restart" or "upgrade", for the logs.
     what: &'static str,
+    /// The supervisor's priority, raised while it rolls (its few steps
+    /// between handovers are not kept waiting by busy instances).
+    _urgent: wspush::sys::Urgent,
 }
 
 /// The outcome of checking a new binary (run on a thread of its own):
@@ -771,6 +778,7 @@ impl Supervisor {
                 program: Rc::clone(&self.program),
                 left: (1..=self.instances.len()).collect(),
                 what: "restart",
+                _urgent: wspush::sys::Urgent::raise(),
             });
         }
     }

@@ -58,6 +58,7 @@ impl Supervisor {
                     program: Rc::new(program),
                     left: (1..=self.instances.len()).collect(),
                     what: "upgrade",
+                    _urgent: wspush::sys::Urgent::raise(),
                 });
             }
             Err(why) => log::error!(
@@ -115,6 +116,10 @@ impl Supervisor {
     /// Ends a roll before its end, the instances not replaced yet left as
     /// they are.
     pub(super) fn give_up_roll(&mut self, why: &str) {
+        // Those that serve on do so at their own priority.
+        for (_, proc) in &mut self.procs {
+            proc.urgent = None;
+        }
         if let Some(roll) = self.roll.take() {
             log::error!(
                 "the {} is refused: {why}; the instances not replaced yet keep running",
