@@ -32,7 +32,7 @@ use crate::server::conn::{Conn, Verdict};
 use crate::server::history::{Filter, Replay};
 use crate::server::key::ConnKey;
 use crate::server::lifecycle::handover::{
-    Giving, TakeOverError, CATCH_UP, HANDOVER_TIMEOUT,
+    Giving, TakeOverError, CATCH_UP, FINISH_FAN_OUT, HANDOVER_TIMEOUT,
 };
 use crate::ops::sys::Urgent;
 use crate::server::lifecycle::Ending;
@@ -139,16 +139,19 @@ impl Server {
         }
         // What was framed reaches every connection before it moves (each
         // is given everything through `current`): the fan-out under way
-        // is finished now, at the loop's raised priority.
-        let steps = self.conns.key_bound() / self.config.fanout_budget.max(1) + 2;
-        for _ in 0..steps {
-            if !self.walk.stream.is_busy() {
-                break;
+        // is finished now, at the loop's raised priority, or the
+        // successor is refused (nothing may move short of it).
+        let walking = Instant::now();
+        while self.walk.stream.is_busy() {
+            if walking.elapsed() > FINISH_FAN_OUT {
+                log::warn!(
+                    "no handover: the fan-out under way did not finish within {FINISH_FAN_OUT:?}"
+                );
+                let mut giving = self.handover.giving.take().expect("giving");
+                refuse(&mut giving.channel);
+                return;
             }
-            self.walk_step(now);
-        }
-        if self.walk.stream.is_busy() {
-            log::warn!("the fan-out did not finish before the handover: connections it had not reached may miss what it carried");
+            self.walk_step(Instant::now());
         }
         let giving = self.handover.giving.take().expect("giving");
         self.give(giving.channel, current, now);

@@ -16,6 +16,10 @@ pub const HANDOVER_TIMEOUT: Duration = Duration::from_secs(10);
 /// position before it refuses.
 pub(crate) const CATCH_UP: Duration = Duration::from_secs(5);
 
+/// How long the giving loop may take to finish the fan-out under way
+/// before it moves the connections (it refuses past that).
+pub(crate) const FINISH_FAN_OUT: Duration = Duration::from_secs(5);
+
 /// Why [`Server::take_over`](crate::Server::take_over) took nothing.
 #[derive(Debug)]
 pub enum TakeOverError {
