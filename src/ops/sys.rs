@@ -500,8 +500,7 @@ mod tests {
 
 /// A thread at the highest priority it may take, set back on drop: a
 /// loop while a handover pauses its connections (and a new process
-/// until it took them over, and a supervisor while it rolls its
-/// instances). On a busy host (64 instances fanning out a broadcast on
+/// until it took them over). On a busy host (64 instances fanning out a broadcast on
 /// two cores) the handover's work would otherwise get a sixty-fourth of
 /// the machine, and its pause grow from tens of milliseconds to seconds.
 /// Without the privilege (`CAP_SYS_NICE`), nothing changes.

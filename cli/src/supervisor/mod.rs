@@ -489,9 +489,6 @@ struct Roll {
     left: VecDeque<usize>,
     /// "restart" or "upgrade", for the logs.
     what: &'static str,
-    /// The supervisor's priority, raised while it rolls (its few steps
-    /// between handovers are not kept waiting by busy instances).
-    _urgent: wspush::sys::Urgent,
 }
 
 /// The outcome of checking a new binary (run on a thread of its own):
@@ -778,7 +775,6 @@ impl Supervisor {
                 program: Rc::clone(&self.program),
                 left: (1..=self.instances.len()).collect(),
                 what: "restart",
-                _urgent: wspush::sys::Urgent::raise(),
             });
         }
     }

@@ -58,7 +58,6 @@ impl Supervisor {
                     program: Rc::new(program),
                     left: (1..=self.instances.len()).collect(),
                     what: "upgrade",
-                    _urgent: wspush::sys::Urgent::raise(),
                 });
             }
             Err(why) => log::error!(
