@@ -75,6 +75,15 @@ fn feed(process: &mut Logged, lines: usize, fed: Arc<AtomicUsize>) -> std::threa
     })
 }
 
+/// The nice value of process `pid`'s main thread (`/proc/PID/stat`).
+fn nice(pid: u32) -> i64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command's closing parenthesis; nice is the
+    // 19th field in all, the 17th after it.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    after.split_whitespace().nth(16).unwrap().parse().unwrap()
+}
+
 /// A plain client (no positions) on its own thread: every text it gets
 /// until `end`, and how its connection ended if it did first.
 fn plain_client(addr: SocketAddr) -> std::thread::JoinHandle<(Vec<String>, Option<String>)> {
@@ -138,6 +147,12 @@ fn sighup_replaces_every_instance_with_no_refusal_no_close_and_nothing_lost() {
         after.iter().all(|pid| !before.contains(pid)),
         "{before:?} → {after:?}"
     );
+    // A handover runs at a raised priority; the new processes then serve
+    // at the supervisor's.
+    let supervisor_nice = nice(supervisor.child.id());
+    for pid in &after {
+        assert_eq!(nice(*pid), supervisor_nice, "process {pid}");
+    }
 
     // Plain clients: every line, once, in order, on the one connection.
     let every: Vec<String> = (1..=600).map(|n| format!("line {n}")).collect();

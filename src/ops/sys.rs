@@ -519,7 +519,9 @@ impl Urgent {
     /// Raises the priority of process `pid`'s main thread (its loop's,
     /// for an instance), from another process.
     pub fn raise_process(pid: u32) -> Urgent {
-        let pid = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw);
+        let pid = i32::try_from(pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw);
         match pid {
             Some(pid) => Urgent::raise_thread(Some(pid)),
             None => Urgent { raised: None },

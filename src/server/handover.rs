@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::ops::metrics::Metrics;
+use crate::ops::sys::Urgent;
 use crate::protocol::handover::{Answer, Ask, Record, VERSION};
 use crate::protocol::names::ChannelName;
 use crate::server::conn::{Conn, Verdict};
@@ -34,7 +35,6 @@ use crate::server::key::ConnKey;
 use crate::server::lifecycle::handover::{
     Giving, TakeOverError, CATCH_UP, FINISH_FAN_OUT, HANDOVER_TIMEOUT,
 };
-use crate::ops::sys::Urgent;
 use crate::server::lifecycle::Ending;
 use crate::server::net::channel::{arrived, Channel, FDS_PER_CHUNK};
 use crate::server::net::sockets::{ASKING, SUCCESSOR};
