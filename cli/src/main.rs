@@ -271,19 +271,24 @@ fn supervisor_status() -> Result<Option<std::fs::File>, String> {
 /// that process's drain), and watches for a successor to hand them to.
 fn carry_connections(
     server: &mut Server,
-    status: Option<&mut std::fs::File>,
+    mut status: Option<&mut std::fs::File>,
 ) -> Result<(), String> {
     if let Some(fd) = inherited(TAKE_OVER_FD_ENV) {
         let socket = wspush::sys::inherited_fd(fd)
             .map_err(|e| format!("cannot take the predecessor's handover socket: {e}"))?;
-        // The supervisor gives a handover longer than a start.
-        if let Some(status) = status {
-            status
-                .write_all(&[supervisor::TAKING_OVER])
-                .map_err(|e| format!("cannot tell the supervisor: {e}"))?;
-        }
+        // The supervisor gives a handover longer than a start, and goes
+        // on with its roll once this one took everything.
+        let mut tell = |word: u8| match status.as_deref_mut() {
+            Some(status) => status
+                .write_all(&[word])
+                .map_err(|e| format!("cannot tell the supervisor: {e}")),
+            None => Ok(()),
+        };
+        tell(supervisor::TAKING_OVER)?;
         // Logged (and counted) by the server either way.
-        let _ = server.take_over(socket);
+        if server.take_over(socket).is_ok() {
+            tell(supervisor::TOOK_OVER)?;
+        }
     }
     if let Some(fd) = inherited(CONTROL_FD_ENV) {
         let control = wspush::sys::inherited_fd(fd)

@@ -35,6 +35,20 @@ fn children(supervisor: &Logged) -> Vec<u32> {
     pids
 }
 
+/// The supervisor's children once there are `count` (a roll's old
+/// processes exit just after it is done).
+fn children_once(supervisor: &Logged, count: usize) -> Vec<u32> {
+    let deadline = std::time::Instant::now() + util::IO_TIMEOUT;
+    loop {
+        let now = children(supervisor);
+        if now.len() == count {
+            return now;
+        }
+        assert!(std::time::Instant::now() < deadline, "children {now:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A thread that opens WebSocket connections one after another until
 /// `stop`, counting those that were refused or not upgraded.
 fn connecting_in_a_loop(
@@ -141,7 +155,7 @@ fn sighup_replaces_every_instance_with_no_refusal_no_close_and_nothing_lost() {
     stop.store(true, Ordering::Relaxed);
     let (made, failed) = connector.join().unwrap();
     assert_eq!(failed, 0, "of {made} connections made during the roll");
-    let after = children(&supervisor);
+    let after = children_once(&supervisor, 3);
     assert_eq!(after.len(), 3);
     assert!(
         after.iter().all(|pid| !before.contains(pid)),
@@ -261,7 +275,7 @@ fn sigusr2_refuses_a_binary_that_does_not_run_or_listen_and_upgrades_to_one_that
     deployed.install_from(Path::new(env!("CARGO_BIN_EXE_wspush")));
     signal(supervisor.child.id(), "-USR2");
     supervisor.wait_for("the upgrade of the 2 instances is done");
-    let after = children(&supervisor);
+    let after = children_once(&supervisor, 2);
     assert!(
         after.iter().all(|pid| !before.contains(pid)),
         "{before:?} → {after:?}"
@@ -394,7 +408,9 @@ fn a_new_process_killed_during_the_handover_loses_no_line_and_the_next_roll_work
     assert_eq!(serving.len(), 1, "{serving:?}");
     signal(supervisor.child.id(), "-HUP");
     supervisor.wait_for("the restart of the 1 instances is done");
-    assert!(children(&supervisor).iter().all(|p| !serving.contains(p)));
+    assert!(children_once(&supervisor, 1)
+        .iter()
+        .all(|p| !serving.contains(p)));
 
     for client in resuming {
         let resumed = client.join().unwrap();
@@ -431,8 +447,7 @@ fn sigusr2_twice_upgrades_once_and_closes_nothing() {
     signal(supervisor.child.id(), "-USR2");
     supervisor.wait_for("SIGHUP/SIGUSR2 ignored");
     supervisor.wait_for("the upgrade of the 2 instances is done");
-    let after = children(&supervisor);
-    assert_eq!(after.len(), 2);
+    let after = children_once(&supervisor, 2);
     assert!(after.iter().all(|pid| !before.contains(pid)));
     supervisor.send(b"after the upgrade\nend\n");
     for client in plain {

@@ -11,7 +11,7 @@ impl Supervisor {
         let mut late = Vec::new();
         for (key, proc) in &self.procs {
             match proc.role {
-                Role::Starting { deadline, .. } | Role::Retiring { deadline }
+                Role::Starting { deadline, .. } | Role::Retiring { deadline, .. }
                     if now >= deadline =>
                 {
                     late.push(key)
@@ -295,6 +295,7 @@ impl Supervisor {
             role,
             status: Some(status),
             listening: false,
+            took_over: false,
             full: false,
             heard: Heard::default(),
             control,

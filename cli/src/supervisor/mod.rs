@@ -20,7 +20,9 @@
 //!   SIGUSR1 and hands over what could not move (all of it, if the
 //!   handover was refused: a drain without its grace, whose clients
 //!   resume on the others, or on it, from the host's history, which is
-//!   kept here). The next instance waits for the old process to exit.
+//!   kept here). The next instance goes on once the new process took
+//!   the connections over ([`TOOK_OVER`]), or, when the old one drains,
+//!   once it exited.
 //!   **SIGUSR2 upgrades**: the binary on disk is opened and run with
 //!   `--version` first, then the instances roll to it. A binary that does
 //!   not answer, or whose first process exits or does not listen within
@@ -120,6 +122,10 @@ pub const LISTENING: u8 = b'L';
 /// begins to take its predecessor's connections over: it then has
 /// [`TAKE_OVER_TIMEOUT`] to listen.
 pub const TAKING_OVER: u8 = b'T';
+/// What a process a roll started writes on its status pipe once it took
+/// its predecessor's connections over: that one has nothing left to hand
+/// over, and the roll goes on without waiting for it to exit.
+pub const TOOK_OVER: u8 = b'O';
 /// What an instance writes on its status pipe when it becomes full: new
 /// connections are steered to the others.
 pub const FULL: u8 = b'F';
@@ -315,10 +321,10 @@ enum Role {
     /// A roll started it beside the instance's process: it becomes that
     /// once its status pipe says it listens, before `deadline`.
     Starting { deadline: Instant },
-    /// Replaced: its connections were taken over, and it hands over what
-    /// could not move (SIGUSR1, a drain without its grace); killed if
-    /// still running at `deadline`.
-    Retiring { deadline: Instant },
+    /// Replaced: its connections were taken over (`emptied`: all that
+    /// could move), and it hands over what could not (SIGUSR1, a drain
+    /// without its grace); killed if still running at `deadline`.
+    Retiring { deadline: Instant, emptied: bool },
     /// Killed for being late (to listen, or to hand over): its exit is
     /// only reaped.
     Killed,
@@ -345,6 +351,8 @@ struct Proc {
     status: Option<Receiver>,
     /// It said it listens.
     listening: bool,
+    /// It said it took its predecessor's connections over.
+    took_over: bool,
     /// It said it is full, and not yet that it has room again.
     full: bool,
     /// Its status pipe's bytes, read into words and stats records.
@@ -794,7 +802,7 @@ impl Supervisor {
         });
         let procs = self.procs.iter().filter_map(|(_, p)| match &p.role {
             Role::Serving => p.stalled_since.map(|since| since + policy.stall_timeout),
-            Role::Starting { deadline, .. } | Role::Retiring { deadline } => Some(*deadline),
+            Role::Starting { deadline, .. } | Role::Retiring { deadline, .. } => Some(*deadline),
             Role::Killed => None,
         });
         waiting.chain(procs).chain(stop_deadline).min()
@@ -811,6 +819,10 @@ impl Proc {
                 if let Role::Starting { deadline } = &mut self.role {
                     *deadline = Instant::now() + TAKE_OVER_TIMEOUT;
                 }
+                return None;
+            }
+            TOOK_OVER => {
+                self.took_over = true;
                 return None;
             }
             FULL if !self.full => self.full = true,

@@ -71,10 +71,12 @@ impl Supervisor {
     /// beside the next instance's; once every instance is replaced, an
     /// upgrade's binary becomes the one restarts run.
     pub(super) fn advance_roll(&mut self, now: Instant, input_open: bool) {
+        // A process whose connections were all taken over holds nothing
+        // back; one that drains does (its clients come back elsewhere).
         let busy = self
             .procs
             .iter()
-            .any(|(_, p)| !matches!(p.role, Role::Serving));
+            .any(|(_, p)| !matches!(p.role, Role::Serving | Role::Retiring { emptied: true, .. }));
         let Some(roll) = self.roll.as_mut().filter(|_| !busy) else {
             return;
         };
@@ -181,7 +183,7 @@ impl Supervisor {
     pub(super) fn promote(&mut self, key: usize) {
         let proc = &mut self.procs[key];
         proc.role = Role::Serving;
-        let (number, pid) = (proc.number, proc.child.id());
+        let (number, pid, emptied) = (proc.number, proc.child.id(), proc.took_over);
         let instance = &mut self.instances[number - 1];
         let old = match std::mem::replace(&mut instance.life, Life::Running(key)) {
             Life::Running(old) if old != key => old,
@@ -193,7 +195,7 @@ impl Supervisor {
         };
         let old = &mut self.procs[old];
         let deadline = Instant::now() + self.policy.stop_grace;
-        old.role = Role::Retiring { deadline };
+        old.role = Role::Retiring { deadline, emptied };
         let _ = kill_process(Pid::from_child(&old.child), Signal::USR1);
         log::info!(
             "instance {number}: pid {pid} listens; pid {} hands over what it still holds",
