@@ -518,6 +518,7 @@ impl Urgent {
 
     /// Raises the priority of process `pid`'s main thread (its loop's,
     /// for an instance), from another process.
+    #[cfg(feature = "internals")]
     pub fn raise_process(pid: u32) -> Urgent {
         let pid = i32::try_from(pid)
             .ok()
