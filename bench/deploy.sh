@@ -38,19 +38,11 @@ fi
 in_netns=()
 if [[ -z "${HOST_TABLE:-}" ]]; then
   netns="wspush-deploy-$$"
-  buckets=1
-  while ((buckets < 2 * conns)); do buckets=$((buckets * 2)); done
-  before="$(sysctl -n net.ipv4.tcp_child_ehash_entries)"
-  sysctl -qw net.ipv4.tcp_child_ehash_entries="$buckets"
-  made=0
-  ip netns add "$netns" && made=1
-  sysctl -qw net.ipv4.tcp_child_ehash_entries="$before"
-  ((made)) || {
+  source bench/big_netns.sh
+  big_netns "$netns" "$conns" || {
     echo "deploy.sh: cannot make a network namespace (HOST_TABLE=1 runs without one)" >&2
     exit 1
   }
-  in_netns=(ip netns exec "$netns")
-  "${in_netns[@]}" ip link set lo up
 fi
 deployed="$(mktemp -d /tmp/wspush-deploy-bin.XXXXXX)"
 cleanup() {

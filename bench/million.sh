@@ -58,20 +58,12 @@ done
 in_netns=()
 if [[ -z "${HOST_TABLE:-}" ]]; then
   netns="wspush-million-$$"
-  buckets=1
-  while ((buckets < 2 * conns)); do buckets=$((buckets * 2)); done
-  before="$(sysctl -n net.ipv4.tcp_child_ehash_entries)"
-  sysctl -qw net.ipv4.tcp_child_ehash_entries="$buckets"
-  made=0
-  ip netns add "$netns" && made=1
-  sysctl -qw net.ipv4.tcp_child_ehash_entries="$before"
-  ((made)) || {
+  source bench/big_netns.sh
+  big_netns "$netns" "$conns" || {
     echo "million.sh: cannot make a network namespace (HOST_TABLE=1 runs without one)" >&2
     exit 1
   }
   trap 'ip netns del "$netns"' EXIT
-  ip netns exec "$netns" ip link set lo up
-  in_netns=(ip netns exec "$netns")
   echo "million.sh: in network namespace $netns, $("${in_netns[@]}" sysctl -n net.ipv4.tcp_ehash_entries) established-hash buckets" >&2
 fi
 "${in_netns[@]}" tuning/apply.sh "$conns" --both-ends >/dev/null

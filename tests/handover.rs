@@ -145,13 +145,7 @@ fn refused_or_vanished_successors_leave_the_server_serving_for_the_next() {
     let mut client = connect(addr, "/");
     // An ask of version 99.
     let mut take = UnixStream::from(introduce_successor(supervisor.as_fd()).unwrap());
-    let mut ask = b"wspushHO".to_vec();
-    ask.extend_from_slice(&99u16.to_le_bytes());
-    ask.extend_from_slice(&1u64.to_le_bytes());
-    take.write_all(&ask).unwrap();
-    let mut answer = [0u8; 18];
-    std::io::Read::read_exact(&mut take, &mut answer).unwrap();
-    assert_eq!(&answer[8..10], &[0, 0], "refused");
+    assert_eq!(ask(&mut take, 99), 0, "refused");
     handle.broadcast_text("still here").unwrap();
     assert_eq!(texts(&mut client, 1), ["still here"]);
     // One that goes away without asking.
@@ -188,6 +182,20 @@ fn a_successor_whose_predecessor_is_gone_counts_the_fallback() {
     assert!(matches!(refused, wspush::TakeOverError::Io(_)), "{refused}");
     assert_eq!(new.metrics().handover_fallbacks, 1);
     assert_eq!(new.metrics().handover_taken, 0);
+}
+
+/// Asks on `take` as a successor reading state format `version` does,
+/// framing from position 1; the version the answer names (0: refused).
+/// Written from the format's layout: the magic, a version (u16 LE) and a
+/// position (u64 LE), 18 bytes each way.
+fn ask(take: &mut UnixStream, version: u16) -> u16 {
+    let mut ask = b"wspushHO".to_vec();
+    ask.extend_from_slice(&version.to_le_bytes());
+    ask.extend_from_slice(&1u64.to_le_bytes());
+    take.write_all(&ask).unwrap();
+    let mut answer = [0u8; 18];
+    std::io::Read::read_exact(take, &mut answer).unwrap();
+    u16::from_le_bytes([answer[8], answer[9]])
 }
 
 /// A masked text frame, as a client sends it.
@@ -420,13 +428,7 @@ fn a_handover_cut_off_half_way_leaves_each_connection_served_or_ended() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let mut take = UnixStream::from(introduce_successor(old.supervisor.as_fd()).unwrap());
-    let mut ask = b"wspushHO".to_vec();
-    ask.extend_from_slice(&1u16.to_le_bytes());
-    ask.extend_from_slice(&1u64.to_le_bytes());
-    take.write_all(&ask).unwrap();
-    let mut answer = [0u8; 18];
-    std::io::Read::read_exact(&mut take, &mut answer).unwrap();
-    assert_eq!(&answer[8..10], &[1, 0], "given");
+    assert_eq!(ask(&mut take, 1), 1, "given");
     // One read of the records (and the descriptors with them), then gone.
     let mut some = [0u8; 512];
     let _ = std::io::Read::read(&mut take, &mut some).unwrap();

@@ -89,6 +89,23 @@ fn feed(process: &mut Logged, lines: usize, fed: Arc<AtomicUsize>) -> std::threa
     })
 }
 
+/// Checks that `resumed` got every line of `line 1` … `line LAST` and
+/// `end` after the position it was told first (the lines fed before it
+/// connected are not its), once, in order; returns that position.
+fn every_line_after_its_first(resumed: &util::Resumed, last: usize) -> usize {
+    let first: usize = resumed.statuses[0]
+        .rsplit('.')
+        .next()
+        .and_then(|seq| seq.trim_end_matches("\"}").parse().ok())
+        .unwrap();
+    let lines: Vec<String> = (first + 1..=last)
+        .map(|n| format!("line {n}"))
+        .chain(["end".into()])
+        .collect();
+    assert_eq!(resumed.payloads, lines, "{:?}", resumed.statuses);
+    first
+}
+
 /// The nice value of process `pid`'s main thread (`/proc/PID/stat`).
 fn nice(pid: u32) -> i64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -177,20 +194,10 @@ fn sighup_replaces_every_instance_with_no_refusal_no_close_and_nothing_lost() {
     }
     for client in clients {
         let resumed = client.join().unwrap();
-        // Every line after the position it was told first (the lines fed
-        // before it connected are not its), once, in order, with no
-        // close and no reconnect.
-        let first: usize = resumed.statuses[0]
-            .rsplit('.')
-            .next()
-            .and_then(|seq| seq.trim_end_matches("\"}").parse().ok())
-            .unwrap();
+        // Every line after the position it was told first, once, in
+        // order, with no close and no reconnect.
+        let first = every_line_after_its_first(&resumed, 600);
         assert!(first < 50, "it connected before the roll: {first}");
-        let lines: Vec<String> = (first + 1..=600)
-            .map(|n| format!("line {n}"))
-            .chain(["end".into()])
-            .collect();
-        assert_eq!(resumed.payloads, lines, "{:?}", resumed.statuses);
         assert_eq!(resumed.closes, [0u16; 0], "{:?}", resumed.statuses);
         assert_eq!(resumed.statuses.len(), 1, "{:?}", resumed.statuses);
     }
@@ -413,17 +420,7 @@ fn a_new_process_killed_during_the_handover_loses_no_line_and_the_next_roll_work
         .all(|p| !serving.contains(p)));
 
     for client in resuming {
-        let resumed = client.join().unwrap();
-        let first: usize = resumed.statuses[0]
-            .rsplit('.')
-            .next()
-            .and_then(|seq| seq.trim_end_matches("\"}").parse().ok())
-            .unwrap();
-        let lines: Vec<String> = (first + 1..=600)
-            .map(|n| format!("line {n}"))
-            .chain(["end".into()])
-            .collect();
-        assert_eq!(resumed.payloads, lines, "{:?}", resumed.statuses);
+        every_line_after_its_first(&client.join().unwrap(), 600);
     }
     // A plain client kept its connection and got every line, or saw it
     // end (it was lost with the killed process); never a gap on one.
