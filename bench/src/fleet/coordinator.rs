@@ -300,11 +300,18 @@ impl Fleet {
     /// Announces a stream of `count` messages from `first` to every worker
     /// (see [`Fleet::arm`]); returns, per worker, the connections expected
     /// to receive each of them.
-    pub fn arm_stream(&mut self, first: u32, count: u32, nap_us: u64) -> Result<Vec<u32>, Error> {
+    /// `windows`: ranges of its messages whose latency is also kept apart.
+    pub fn arm_stream(
+        &mut self,
+        (first, count): (u32, u32),
+        nap_us: u64,
+        windows: Vec<(u32, u32)>,
+    ) -> Result<Vec<u32>, Error> {
         self.broadcast(&Command::ArmStream {
             first,
             count,
             nap_us,
+            windows,
         })?;
         let mut expected: Vec<Option<u32>> = vec![None; self.len()];
         self.collect(|index, report| match report {

@@ -128,6 +128,10 @@ pub enum Command {
         count: u32,
         /// Nap between non-blocking polls, in µs (0: block in `epoll_wait`).
         nap_us: u64,
+        /// Ranges of its messages (`start..end` sequence numbers) whose
+        /// latency is also kept apart (e.g. before a deploy, and during it).
+        #[serde(default)]
+        windows: Vec<(u32, u32)>,
     },
     /// Stop watching the stream and report what it observed of it.
     EndStream,

@@ -196,9 +196,12 @@ fn serve(
                     first,
                     count,
                     nap_us,
+                    windows,
                 } => {
                     let open = clients.open() as u32;
-                    clients.check_mut().tally.arm_stream(first, count, open);
+                    let tally = &mut clients.check_mut().tally;
+                    tally.arm_stream(first, count, open);
+                    tally.keep_apart(windows);
                     protocol::send(output, &Report::Armed { seq: first, open })?;
                     armed = Some(Armed {
                         seq: first,

@@ -180,6 +180,9 @@ struct Stream {
     latency: Histogram<u64>,
     /// When dropped connections were dialed again during it.
     redials_ns: Vec<u64>,
+    /// Ranges of its messages whose latency is also kept apart, each with
+    /// its histogram.
+    windows: Vec<((u32, u32), Histogram<u64>)>,
 }
 
 /// What the connections of a worker saw of a stream.
@@ -195,6 +198,9 @@ pub struct StreamReceipts {
     /// ([`crate::observe::sys::now_ns`]).
     #[serde(default)]
     pub redials_ns: Vec<u64>,
+    /// The latency of each range of messages kept apart, as pairs.
+    #[serde(default)]
+    pub windows: Vec<Vec<(u64, u64)>>,
 }
 
 impl StreamReceipts {
@@ -204,6 +210,17 @@ impl StreamReceipts {
         self.last_ns = self.last_ns.max(other.last_ns);
         self.latency.extend_from_slice(&other.latency);
         self.redials_ns.extend_from_slice(&other.redials_ns);
+        if self.windows.len() < other.windows.len() {
+            self.windows.resize(other.windows.len(), Vec::new());
+        }
+        for (mine, theirs) in self.windows.iter_mut().zip(&other.windows) {
+            mine.extend_from_slice(theirs);
+        }
+    }
+
+    /// The latency histogram (ns) of range `index` kept apart, if any.
+    pub fn window_histogram(&self, index: usize) -> Option<Histogram<u64>> {
+        self.windows.get(index).map(|pairs| histogram_of(pairs))
     }
 
     /// The most redials in any second of the stream (windows sliding by
@@ -309,7 +326,16 @@ impl Tally {
             last_ns: 0,
             latency: new_histogram(),
             redials_ns: Vec::new(),
+            windows: Vec::new(),
         });
+    }
+
+    /// Keeps the latency of the armed stream's messages in each of
+    /// `ranges` (`start..end` sequence numbers) apart too.
+    pub fn keep_apart(&mut self, ranges: Vec<(u32, u32)>) {
+        if let Some(stream) = &mut self.stream {
+            stream.windows = ranges.into_iter().map(|r| (r, new_histogram())).collect();
+        }
     }
 
     /// A dropped connection is dialed again at `now_ns`: counted in the
@@ -339,6 +365,7 @@ impl Tally {
                 last_ns: s.last_ns,
                 latency: pairs_of(&s.latency),
                 redials_ns: s.redials_ns.clone(),
+                windows: s.windows.iter().map(|(_, h)| pairs_of(h)).collect(),
             })
     }
 
@@ -373,6 +400,11 @@ impl Tally {
                 s.received += 1;
                 s.last_ns = s.last_ns.max(received_ns);
                 s.latency.saturating_record(latency);
+                for ((start, end), h) in &mut s.windows {
+                    if (*start..*end).contains(&seq) {
+                        h.saturating_record(latency);
+                    }
+                }
             }
             _ => self.latency.saturating_record(latency),
         }
@@ -474,6 +506,27 @@ mod tests {
         assert_eq!(o.messages[1].received, 1);
         assert!(tally.receipts(0).is_none());
         assert_eq!(o.lost(), 1);
+    }
+
+    #[test]
+    fn ranges_of_a_stream_kept_apart_have_their_own_latency_across_workers() {
+        let stream_of = |latencies: &[(u32, u64)]| {
+            let mut tally = Tally::new();
+            tally.arm_stream(1, 6, 1);
+            tally.keep_apart(vec![(1, 3), (3, 5)]);
+            for &(seq, latency) in latencies {
+                tally.delivered(seq, 1_000, Order::Next, 1_000 + latency);
+            }
+            tally.stream_receipts()
+        };
+        let mut merged = stream_of(&[(1, 10), (2, 20), (3, 300), (5, 7)]);
+        merged.merge(&stream_of(&[(4, 400), (6, 9)]));
+        let before = merged.window_histogram(0).unwrap();
+        let during = merged.window_histogram(1).unwrap();
+        assert_eq!((before.len(), before.max()), (2, 20));
+        assert_eq!((during.len(), during.min(), during.max()), (2, 300, 400));
+        assert!(merged.window_histogram(2).is_none());
+        assert_eq!(merged.histogram().len(), 6, "all of them, as before");
     }
 
     #[test]

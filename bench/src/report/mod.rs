@@ -86,6 +86,9 @@ pub struct StreamReport {
     pub deliveries_per_sec: f64,
     /// Write-to-receipt latency of its deliveries.
     pub latency: LatencyReport,
+    /// The same of some of its lines apart: what they were (e.g. `before
+    /// the deploy`), and their latency.
+    pub windows: Vec<(String, LatencyReport)>,
     /// Server CPU time over it, in seconds.
     pub server_cpu_secs: f64,
     /// The client's (this process and its workers) over it, in seconds.
@@ -131,6 +134,19 @@ impl StreamReport {
                 p.ping.count
             )
         });
+        let windows: String = self
+            .windows
+            .iter()
+            .map(|(what, l)| {
+                format!(
+                    "; {what}: latency p50 {} p99 {} max {} ({} deliveries)",
+                    duration_us(l.p50_us),
+                    duration_us(l.p99_us),
+                    duration_us(l.max_us),
+                    grouped(l.count)
+                )
+            })
+            .collect();
         let redials = match self.redials {
             0 => String::new(),
             n => format!(
@@ -140,7 +156,7 @@ impl StreamReport {
             ),
         };
         format!(
-            "{what}: {} lines of {} B to {} connections, {} of {} delivered{} in {:.3} s, {}/s; latency p50 {} p99 {} max {}; CPU server {:.2} s, client {:.2} s, machine {:.2} s{probes}{redials}",
+            "{what}: {} lines of {} B to {} connections, {} of {} delivered{} in {:.3} s, {}/s; latency p50 {} p99 {} max {}; CPU server {:.2} s, client {:.2} s, machine {:.2} s{windows}{probes}{redials}",
             grouped(self.lines.into()),
             self.payload_bytes,
             grouped(self.connections),
@@ -664,6 +680,7 @@ pub(crate) fn sample_stream(kind: &str, lines: u32, secs: f64) -> StreamReport {
         completion_secs: secs,
         deliveries_per_sec: 100.0 * f64::from(lines) / secs,
         latency: LatencyReport::from_histogram(&h),
+        windows: Vec::new(),
         server_cpu_secs: secs / 2.0,
         client_cpu_secs: secs / 2.0,
         machine_cpu_secs: secs,

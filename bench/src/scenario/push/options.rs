@@ -196,6 +196,11 @@ pub struct PushOptions {
     /// (an upgrade to the binary on disk).
     #[arg(long, value_name = "SIGNAL", default_value = "HUP", value_parser = ["HUP", "USR2"])]
     pub roll_signal: String,
+    /// With `--roll-at-secs`: the feed's report gives the latency of the
+    /// lines sent before the signal, and of those sent within this many
+    /// seconds after it, apart.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    pub roll_window_secs: f64,
     /// This many seconds into the feed, the broker the servers read (the
     /// `hosts` measurement's redis-server) is stopped, and started again
     /// `--broker-outage-secs` later; the lines of the feed meanwhile

@@ -91,7 +91,19 @@ impl Run<'_> {
         let start_seq = *first;
         *first += count;
         let nap_us = o.nap_us * self.fleet.len() as u64;
-        let expected = self.fleet.arm_stream(start_seq, count, nap_us)?;
+        // With a deploy, the latency of the lines before its signal and of
+        // those of the window after it are kept apart.
+        let windows = match (o.roll_at_secs, rate) {
+            (Some(at), Some(rate)) => {
+                let signal = start_seq + (at * rate) as u32;
+                let after = signal + (o.roll_window_secs * rate) as u32;
+                vec![(start_seq, signal), (signal, after.min(start_seq + count))]
+            }
+            _ => Vec::new(),
+        };
+        let expected = self
+            .fleet
+            .arm_stream((start_seq, count), nap_us, windows.clone())?;
         let connections: u64 = expected.iter().map(|&e| u64::from(e)).sum();
         let mut done: Vec<bool> = expected.iter().map(|&e| e == 0).collect();
         let probes = match o.probe_ms {
@@ -221,6 +233,20 @@ impl Run<'_> {
             completion_secs: completion,
             deliveries_per_sec: receipts.received as f64 / completion.max(1e-9),
             latency: LatencyReport::from_histogram(&receipts.histogram()),
+            windows: ["before the deploy", "the deploy's window"]
+                .into_iter()
+                .zip(windows)
+                .enumerate()
+                .filter_map(|(index, (what, (start, end)))| {
+                    let histogram = receipts.window_histogram(index)?;
+                    let what = format!(
+                        "{what} (lines {} to {})",
+                        start - start_seq + 1,
+                        end - start_seq
+                    );
+                    Some((what, LatencyReport::from_histogram(&histogram)))
+                })
+                .collect(),
             server_cpu_secs: after.server_ns.saturating_sub(before.server_ns) as f64 / 1e9,
             client_cpu_secs: after.client_ns.saturating_sub(before.client_ns) as f64 / 1e9,
             machine_cpu_secs: after.machine_ns.saturating_sub(before.machine_ns) as f64 / 1e9,
