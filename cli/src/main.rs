@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use clap::Parser;
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
 use signal_hook::iterator::Signals;
 use socket2::{Domain, Socket, Type};
 use wspush::sys::raise_open_file_limit;
@@ -127,7 +127,7 @@ fn serve(cli: Cli) -> Result<(), String> {
     let mut config = config(&cli)?;
     // Before any socket listens: a signal that comes once one does is
     // handled, never fatal.
-    let signals = Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP])
+    let signals = Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP, SIGUSR2])
         .map_err(|e| format!("cannot handle signals: {e}"))?;
     if let Some(history) = inherited_memory(HISTORY_FD_ENV, "history")? {
         config.history_fd = Some(history);
@@ -407,8 +407,9 @@ fn open_file_capacity() -> u64 {
 
 /// SIGTERM starts a drain (see [`Handle::drain`]), SIGUSR1 a hand-over to
 /// a replacement ([`Handle::hand_over`], sent by a supervisor), SIGINT a
-/// shutdown; a second one of them exits at once. SIGHUP, which restarts a
-/// supervisor's instances, is logged and ignored here. `signals` were
+/// shutdown; a second one of them exits at once. SIGHUP and SIGUSR2, which
+/// roll and upgrade a supervisor's instances, are logged and ignored here
+/// (never the default death). `signals` were
 /// registered before the server listened; those that came meanwhile are
 /// acted on now.
 fn stop_on_signals(mut signals: Signals, handle: Handle) -> Result<(), String> {
@@ -419,6 +420,10 @@ fn stop_on_signals(mut signals: Signals, handle: Handle) -> Result<(), String> {
             for signal in signals.forever() {
                 if signal == SIGHUP {
                     log::info!("signal {signal} (SIGHUP): only a supervisor (--processes) restarts its instances; ignored");
+                    continue;
+                }
+                if signal == SIGUSR2 {
+                    log::warn!("signal {signal} (SIGUSR2): only a supervisor (--processes) upgrades to the binary on disk; ignored, still serving");
                     continue;
                 }
                 if stopping {
