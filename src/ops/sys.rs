@@ -529,15 +529,31 @@ impl Urgent {
         }
     }
 
+    /// Raises `pid`'s (`None`: the calling) thread to nice -20. One
+    /// already there is left as it is, with nothing to set back: whoever
+    /// raised it sets it back (the supervisor raises an instance's loop
+    /// before that loop raises itself, and may set it back first).
     fn raise_thread(pid: Option<rustix::process::Pid>) -> Urgent {
         use rustix::process::{getpriority_process, setpriority_process};
         let raised = match getpriority_process(pid) {
-            Ok(before) if setpriority_process(pid, -20).is_ok() => Some((pid, before)),
+            Ok(before) if before > URGENT && setpriority_process(pid, URGENT).is_ok() => {
+                Some((pid, before))
+            }
             _ => None,
         };
         Urgent { raised }
     }
+
+    /// Sets nothing back: the thread is gone (its process was reaped, and
+    /// its id may be another's).
+    #[cfg(feature = "internals")]
+    pub fn forget(mut self) {
+        self.raised = None;
+    }
 }
+
+/// The nice value [`Urgent`] raises a thread to.
+const URGENT: i32 = -20;
 
 impl Drop for Urgent {
     fn drop(&mut self) {

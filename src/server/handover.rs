@@ -33,7 +33,7 @@ use crate::server::conn::{Conn, Verdict};
 use crate::server::history::{Filter, Replay};
 use crate::server::key::ConnKey;
 use crate::server::lifecycle::handover::{
-    Giving, TakeOverError, CATCH_UP, FINISH_FAN_OUT, HANDOVER_TIMEOUT,
+    Giving, TakeOverError, ANSWER_TIMEOUT, CATCH_UP, FINISH_FAN_OUT, HANDOVER_TIMEOUT,
 };
 use crate::server::lifecycle::Ending;
 use crate::server::net::channel::{arrived, Channel, FDS_PER_CHUNK};
@@ -153,7 +153,13 @@ impl Server {
             }
             self.walk_step(Instant::now());
         }
-        let giving = self.handover.giving.take().expect("giving");
+        let mut giving = self.handover.giving.take().expect("giving");
+        if giving.since.elapsed() > ANSWER_TIMEOUT / 2 {
+            // The successor may be giving up on its answer.
+            log::warn!("no handover: too late to answer the successor");
+            refuse(&mut giving.channel);
+            return;
+        }
         self.give(giving.channel, current, now);
     }
 
@@ -242,14 +248,16 @@ impl Server {
     /// it had, owed what the other process had not given it. Returns how
     /// many were taken. Refused (nothing taken) when the other process
     /// cannot write this build's state format, or this server already
-    /// holds connections; the caller then falls back to a drain.
+    /// holds connections; the caller then falls back to a drain. One the
+    /// other process broke off is [`TakeOverError::BrokeOff`]: what came
+    /// is served here, and the rest is drained there.
     pub fn take_over(&mut self, socket: OwnedFd) -> Result<usize, TakeOverError> {
         let urgent = Urgent::raise();
         let taken = self.ask_and_take(socket);
         drop(urgent);
         if let Err(e) = &taken {
             Metrics::incr(&self.report.shared.metrics.handover_fallbacks);
-            log::warn!("{e}: the process this one replaces drains its connections instead");
+            log::warn!("{e}: the process this one replaces drains what it still holds");
         }
         taken
     }
@@ -271,7 +279,15 @@ impl Server {
         channel
             .write_all(&ask.encode())
             .map_err(TakeOverError::Io)?;
+        // The other loop may first frame up to this one's first position
+        // and finish its fan-out.
+        channel
+            .set_read_timeout(ANSWER_TIMEOUT)
+            .map_err(TakeOverError::Io)?;
         let head = channel.read_head().map_err(TakeOverError::Io)?;
+        channel
+            .set_read_timeout(HANDOVER_TIMEOUT)
+            .map_err(TakeOverError::Io)?;
         match Answer::decode(&head) {
             Ok(Answer::Give { .. }) => {}
             Ok(Answer::Refuse) => {
@@ -280,7 +296,7 @@ impl Server {
             Err(e) => return Err(TakeOverError::Refused(e.to_string())),
         }
         let answered = Instant::now();
-        let taken = self.take_records(&mut channel);
+        let (taken, whole) = self.take_records(&mut channel);
         let metrics = &self.report.shared.metrics;
         Metrics::add(&metrics.handover_taken, taken as u64);
         // The pause the clients see: from the other loop's stop to this
@@ -292,13 +308,17 @@ impl Server {
             paused.as_secs_f64() * 1e3,
             (answered - started).as_secs_f64() * 1e3
         );
-        Ok(taken)
+        match whole {
+            true => Ok(taken),
+            false => Err(TakeOverError::BrokeOff { taken }),
+        }
     }
 
     /// Reads connection records until the end (or until the other side
     /// broke off: what came is kept), puts each together in its slot,
     /// and addresses each its wait for the positions it was given.
-    fn take_records(&mut self, channel: &mut Channel) -> usize {
+    fn take_records(&mut self, channel: &mut Channel) -> (usize, bool) {
+        let mut whole = false;
         let now = Instant::now();
         let current = self.records.history.current().seq;
         let mut entries = Vec::new();
@@ -319,7 +339,8 @@ impl Server {
             let moved = match record {
                 Record::Conn(moved) => moved,
                 Record::End { count } => {
-                    if count as usize != entries.len() + failed {
+                    whole = count as usize == entries.len() + failed;
+                    if !whole {
                         log::warn!(
                             "the handover sent {count} connections; {} came",
                             entries.len() + failed
@@ -336,9 +357,11 @@ impl Server {
             // the other process's poll had it in (a syscall each saved).
             let stream = mio::net::TcpStream::from_std(std::net::TcpStream::from(fd));
             let key = ConnKey(moved.slot as usize);
-            let taken_already = !slots.insert(key.0);
+            let out_of_bounds = key.0 >= self.config.max_connections;
+            let taken_already = out_of_bounds || !slots.insert(key.0);
             let mut ctx = self.handling(now).ctx;
             let conn = match taken_already {
+                true if out_of_bounds => Err("a slot past this server's bound"),
                 true => Err("a second connection for its slot"),
                 false => Conn::move_in(&moved, stream, key, &mut ctx),
             };
@@ -384,7 +407,7 @@ impl Server {
         for (key, verdict) in verdicts {
             self.settle(key, verdict);
         }
-        taken
+        (taken, whole)
     }
 }
 

@@ -27,7 +27,7 @@ impl Supervisor {
             proc.role = Role::Killed;
             if starting {
                 self.give_up_roll(&format!(
-                    "instance {number}'s new process (pid {pid}) did not listen within {LISTEN_TIMEOUT:?}"
+                    "instance {number}'s new process (pid {pid}) did not listen in time ({LISTEN_TIMEOUT:?}, or {TAKE_OVER_TIMEOUT:?} once it takes connections over)"
                 ));
             } else {
                 log::warn!(
@@ -55,6 +55,10 @@ impl Supervisor {
         }
         for (key, status) in exited {
             let mut proc = self.procs.remove(key);
+            // Its priority is its own no more: the process is gone.
+            if let Some(urgent) = proc.urgent.take() {
+                urgent.forget();
+            }
             self.board.remove(key);
             if let Some(merge) = &mut self.merge {
                 merge.detach(key + 1, self.poll.registry());
@@ -68,12 +72,12 @@ impl Supervisor {
                 matches!(self.instances[number - 1].life, Life::Running(k) if k == key);
             match proc.role {
                 Role::Serving => {
-                    // Its connections went to the process a roll started
-                    // beside it, which is the instance's process now.
+                    // A process a roll started beside it takes its place
+                    // (its connections, if they were handed over).
                     if let Some(successor) = self.successor_of(number) {
                         self.instances[number - 1].life = Life::Running(successor);
                         log::info!(
-                            "instance {number}: pid {pid} {} after handing its connections to pid {}",
+                            "instance {number}: pid {pid} {} while pid {} takes its place",
                             Ended(status),
                             self.procs[successor].child.id()
                         );
@@ -87,11 +91,12 @@ impl Supervisor {
                     ));
                     continue;
                 }
-                Role::Starting { .. } => {
-                    // It had taken the connections over: its death is
-                    // the instance's.
+                Role::Starting { .. } | Role::Killed if its_process => {
+                    // It had taken its predecessor's place: its death
+                    // (or its being killed for not listening in time)
+                    // is the instance's.
                     self.give_up_roll(&format!(
-                        "instance {number}'s new process (pid {pid}) {} after it took the connections over",
+                        "instance {number}'s new process (pid {pid}) {} after it took its predecessor's place",
                         Ended(status)
                     ));
                 }
@@ -102,7 +107,7 @@ impl Supervisor {
                     );
                     continue;
                 }
-                Role::Killed => continue,
+                Role::Starting { .. } | Role::Killed => continue,
             }
             let instance = &mut self.instances[number - 1];
             if stopping {

@@ -26,8 +26,9 @@
 //!   **SIGUSR2 upgrades**: the binary on disk is opened and run with
 //!   `--version` first, then the instances roll to it. A binary that does
 //!   not answer, or whose first process exits or does not listen within
-//!   [`LISTEN_TIMEOUT`], is refused with a log line, and the instances not
-//!   replaced yet keep running.
+//!   [`LISTEN_TIMEOUT`] ([`TAKE_OVER_TIMEOUT`] once it takes connections
+//!   over), is refused with a log line, and the instances not replaced
+//!   yet keep running.
 //! - **An instance that dies is started again**, after a backoff that
 //!   doubles while it keeps dying young ([`MIN_BACKOFF`] to
 //!   [`MAX_BACKOFF`]). Its clients reconnect (to the others, or to it);
@@ -362,7 +363,8 @@ struct Proc {
     control: OwnedFd,
     /// Its loop's priority, raised while it hands its connections to a
     /// successor (it notices the successor at once, however busy the
-    /// host); set back if the successor fails.
+    /// host); set back once the successor listens or the roll is given
+    /// up.
     urgent: Option<wspush::sys::Urgent>,
 }
 

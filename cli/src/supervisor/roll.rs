@@ -194,6 +194,8 @@ impl Supervisor {
             }
         };
         let old = &mut self.procs[old];
+        // What it still holds it drains at its own priority.
+        old.urgent = None;
         let deadline = Instant::now() + self.policy.stop_grace;
         old.role = Role::Retiring { deadline, emptied };
         let _ = kill_process(Pid::from_child(&old.child), Signal::USR1);

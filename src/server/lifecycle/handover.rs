@@ -20,6 +20,11 @@ pub(crate) const CATCH_UP: Duration = Duration::from_secs(5);
 /// before it moves the connections (it refuses past that).
 pub(crate) const FINISH_FAN_OUT: Duration = Duration::from_secs(5);
 
+/// How long a successor waits for the answer to its ask: the other loop
+/// may first catch up and finish its fan-out (which it gives up on, and
+/// refuses, well within this).
+pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// Why [`Server::take_over`](crate::Server::take_over) took nothing.
 #[derive(Debug)]
 pub enum TakeOverError {
@@ -28,6 +33,12 @@ pub enum TakeOverError {
     Refused(String),
     /// The socket failed before anything was taken.
     Io(io::Error),
+    /// The other process broke off after `taken` connections, which this
+    /// server serves; it drains the rest.
+    BrokeOff {
+        /// The connections taken.
+        taken: usize,
+    },
 }
 
 impl std::fmt::Display for TakeOverError {
@@ -35,6 +46,9 @@ impl std::fmt::Display for TakeOverError {
         match self {
             TakeOverError::Refused(why) => write!(f, "the handover was refused: {why}"),
             TakeOverError::Io(e) => write!(f, "the handover failed: {e}"),
+            TakeOverError::BrokeOff { taken } => {
+                write!(f, "the handover broke off after {taken} connections")
+            }
         }
     }
 }

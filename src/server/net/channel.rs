@@ -106,6 +106,11 @@ impl Channel {
         Ok(())
     }
 
+    /// Makes reads give up after `timeout`.
+    pub(crate) fn set_read_timeout(&self, timeout: Duration) -> io::Result<()> {
+        self.stream.set_read_timeout(Some(timeout))
+    }
+
     /// Reads an ask or an answer.
     pub(crate) fn read_head(&mut self) -> io::Result<[u8; HEAD_BYTES]> {
         while self.received.len() - self.at < HEAD_BYTES {
