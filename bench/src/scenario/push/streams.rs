@@ -93,17 +93,22 @@ impl Run<'_> {
         let nap_us = o.nap_us * self.fleet.len() as u64;
         // With a deploy, the latency of the lines before its signal and of
         // those of the window after it are kept apart.
-        let windows = match (o.roll_at_secs, rate) {
+        // (A window with no line in it, at a slow feed, is left out.)
+        let windows: Vec<(&str, (u32, u32))> = match (o.roll_at_secs, rate) {
             (Some(at), Some(rate)) => {
                 let signal = start_seq + (at * rate) as u32;
                 let after = signal + (o.roll_window_secs * rate) as u32;
-                vec![(start_seq, signal), (signal, after.min(start_seq + count))]
+                let end = start_seq + count;
+                vec![
+                    ("before the deploy", (start_seq, signal.min(end))),
+                    ("the deploy's window", (signal.min(end), after.min(end))),
+                ]
             }
             _ => Vec::new(),
         };
-        let expected = self
-            .fleet
-            .arm_stream((start_seq, count), nap_us, windows.clone())?;
+        let windows: Vec<_> = windows.into_iter().filter(|(_, (a, b))| a < b).collect();
+        let ranges = windows.iter().map(|&(_, range)| range).collect();
+        let expected = self.fleet.arm_stream((start_seq, count), nap_us, ranges)?;
         let connections: u64 = expected.iter().map(|&e| u64::from(e)).sum();
         let mut done: Vec<bool> = expected.iter().map(|&e| e == 0).collect();
         let probes = match o.probe_ms {
@@ -233,9 +238,8 @@ impl Run<'_> {
             completion_secs: completion,
             deliveries_per_sec: receipts.received as f64 / completion.max(1e-9),
             latency: LatencyReport::from_histogram(&receipts.histogram()),
-            windows: ["before the deploy", "the deploy's window"]
+            windows: windows
                 .into_iter()
-                .zip(windows)
                 .enumerate()
                 .filter_map(|(index, (what, (start, end)))| {
                     let histogram = receipts.window_histogram(index)?;
