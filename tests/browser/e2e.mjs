@@ -611,8 +611,11 @@ await check("across a SIGUSR2 of --processes 2, a wspush.js page and a bare WebS
   process.kill(server.child.pid, "SIGUSR2");
   server.feed(lines.slice(100, 200));
   await waitUntil("the upgrade of both instances", () => /the upgrade of the 2 instances is done/.test(server.log));
-  const after = instances();
-  if (after.some((pid) => before.includes(pid))) throw new Error(`not replaced: ${before} then ${after}`);
+  // The old processes exit just after they handed over.
+  await waitUntil(`the old instances ${before} to exit`, () => {
+    const now = instances();
+    return now.length === 2 && !now.some((pid) => before.includes(pid));
+  });
   server.feed(lines.slice(200));
   const now = await waitUntil("300 messages on the served page", async () => {
     const now = await shown(served);
