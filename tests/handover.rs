@@ -30,13 +30,9 @@ fn server(first: u64) -> Server {
 
 #[test]
 fn open_connections_move_to_the_successor_and_carry_on() {
-    let mut old = server(1);
-    let addr = old.local_addr();
-    let (control, supervisor) = UnixStream::pair().unwrap();
-    old.hand_over_on(control.into()).unwrap();
-    let take = introduce_successor(supervisor.as_fd()).unwrap();
-    let old_handle = old.handle();
-    let old_thread = std::thread::spawn(move || old.run().map(|()| old.metrics()));
+    let old = Predecessor::start(Config::default());
+    let (addr, old_handle) = (old.addr, old.handle.clone());
+    let take = introduce_successor(old.supervisor.as_fd()).unwrap();
 
     let mut plain = connect(addr, "/");
     let mut positions = connect(addr, "/?positions=1");
@@ -77,7 +73,7 @@ fn open_connections_move_to_the_successor_and_carry_on() {
         .map(|c| (c.key, c.target.to_string()))
         .collect();
     assert_eq!(keys.len(), 3, "{keys:?}");
-    let old_metrics = old_thread.join().unwrap().unwrap();
+    let old_metrics = old.thread.join().unwrap();
     assert_eq!(old_metrics.handover_given, 3);
     assert_eq!(old_metrics.connections_open, 0);
     let alice_key = keys.iter().find(|(_, t)| t.contains("alice")).unwrap().0;
@@ -136,12 +132,12 @@ fn open_connections_move_to_the_successor_and_carry_on() {
 /// next successor takes its connections over.
 #[test]
 fn refused_or_vanished_successors_leave_the_server_serving_for_the_next() {
-    let mut old = server(1);
-    let addr = old.local_addr();
-    let (control, supervisor) = UnixStream::pair().unwrap();
-    old.hand_over_on(control.into()).unwrap();
-    let handle = old.handle();
-    let thread = std::thread::spawn(move || old.run().map(|()| old.metrics()));
+    let Predecessor {
+        handle,
+        addr,
+        supervisor,
+        thread,
+    } = Predecessor::start(Config::default());
     let mut client = connect(addr, "/");
     // An ask of version 99.
     let mut take = UnixStream::from(introduce_successor(supervisor.as_fd()).unwrap());
@@ -160,7 +156,7 @@ fn refused_or_vanished_successors_leave_the_server_serving_for_the_next() {
             .unwrap(),
         1
     );
-    let old_metrics = thread.join().unwrap().unwrap();
+    let old_metrics = thread.join().unwrap();
     assert_eq!(old_metrics.handover_given, 1);
     let new_handle = new.handle();
     let new_thread = std::thread::spawn(move || new.run());
