@@ -100,5 +100,5 @@ pub use protocol::ws::{CloseCode, MessageKind};
 pub use server::host_memory;
 pub use server::{
     introduce_successor, listen, BindError, BroadcastError, ConnectionInfo, Handle, MessageTooBig,
-    Server, ServerGone, SharedHistory, TakeOverError, UpstreamReader, HANDOVER_TIMEOUT,
+    Server, ServerGone, SharedHistory, Suspended, TakeOverError, UpstreamReader, HANDOVER_TIMEOUT,
 };

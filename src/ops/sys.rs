@@ -124,13 +124,7 @@ pub fn raise_open_file_limit() -> io::Result<u64> {
 /// child that is to have it is started).
 #[cfg(feature = "internals")]
 pub fn set_inheritable(fd: BorrowedFd<'_>, inherit: bool) -> io::Result<()> {
-    let flags = if inherit {
-        FdFlags::empty()
-    } else {
-        FdFlags::CLOEXEC
-    };
-    fcntl_setfd(fd, flags)?;
-    Ok(())
+    keep_across_exec(fd, inherit)
 }
 
 /// Steers the new connections of the `SO_REUSEPORT` group that listener
@@ -198,6 +192,12 @@ fn steering_program(to: &[u32]) -> Vec<libc::sock_filter> {
 /// supervisor shares.
 #[cfg(feature = "internals")]
 pub fn inherited_fd(fd: i32) -> io::Result<OwnedFd> {
+    own_open_fd(fd)
+}
+
+/// Takes ownership of descriptor `fd`, which another image of this
+/// process, or its parent, named for it to own, if it is open.
+fn own_open_fd(fd: i32) -> io::Result<OwnedFd> {
     // SAFETY: fcntl(F_GETFD) only reads the descriptor table; it fails
     // with EBADF for a number that is not open.
     if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
@@ -208,8 +208,38 @@ pub fn inherited_fd(fd: i32) -> io::Result<OwnedFd> {
     }
     // SAFETY: the descriptor is open (checked) and was handed to this
     // process for it to own; nothing else in the process uses its number
-    // (the caller takes it once, at start).
+    // (the caller takes each named number once, at start).
     Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
+/// A new memory file holding `bytes`, read from its start: state a
+/// process hands its next image.
+pub(crate) fn memory_file(name: &str, bytes: &[u8]) -> io::Result<OwnedFd> {
+    use std::io::{Seek, Write};
+    let mut file = std::fs::File::from(memfd_create(name, MemfdFlags::CLOEXEC)?);
+    file.write_all(bytes)?;
+    file.rewind()?;
+    Ok(file.into())
+}
+
+/// Keeps descriptor `fd` open across an exec (`keep`), or closes it
+/// there (the default of every descriptor this process opens).
+pub(crate) fn keep_across_exec(fd: BorrowedFd<'_>, keep: bool) -> io::Result<()> {
+    let flags = match keep {
+        true => FdFlags::empty(),
+        false => FdFlags::CLOEXEC,
+    };
+    fcntl_setfd(fd, flags)?;
+    Ok(())
+}
+
+/// Takes ownership of descriptor `fd`, kept open across an exec by this
+/// process's earlier image (which named it), if it is open; closed
+/// across the next exec again.
+pub(crate) fn adopt_fd(fd: i32) -> io::Result<OwnedFd> {
+    let fd = own_open_fd(fd)?;
+    keep_across_exec(fd.as_fd(), false)?;
+    Ok(fd)
 }
 
 /// The host's monotonic clock (`CLOCK_MONOTONIC`, which `Instant` reads
@@ -308,6 +338,11 @@ impl SharedView {
     pub fn inheritable(&self) -> io::Result<BorrowedFd<'_>> {
         fcntl_setfd(&self.fd, FdFlags::empty())?;
         Ok(self.fd.as_fd())
+    }
+
+    /// Its descriptor, as it is (close-on-exec set).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 
     /// Its size, in bytes.

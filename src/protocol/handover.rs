@@ -300,6 +300,87 @@ impl Record {
     }
 }
 
+/// What an [`Image`] begins with.
+pub(crate) const IMAGE_MAGIC: [u8; 8] = *b"wspushRX";
+
+/// A process's state as it re-executes itself: what its next image
+/// needs to go on serving where it stands (see `server::reexec`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Image {
+    /// The last position delivered.
+    pub(crate) through: u64,
+    /// The descriptors it names, kept open across the exec: the
+    /// listener, the history's memory, then one per connection record,
+    /// in order.
+    pub(crate) fds: Vec<i32>,
+    /// The ages (ms) of the history's records, oldest first, if this
+    /// process writes the history.
+    pub(crate) ages_ms: Option<Vec<u64>>,
+    /// What the embedding program keeps beside (the binary: its input's
+    /// unfinished line).
+    pub(crate) extra: Vec<u8>,
+    /// The connection records, then [`Record::End`].
+    pub(crate) records: Vec<u8>,
+}
+
+impl Image {
+    /// Its bytes.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + self.records.len() + 4 * self.fds.len());
+        out.extend_from_slice(&IMAGE_MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&self.through.to_le_bytes());
+        out.extend_from_slice(&(self.fds.len() as u32).to_le_bytes());
+        for fd in &self.fds {
+            out.extend_from_slice(&fd.to_le_bytes());
+        }
+        match &self.ages_ms {
+            None => out.push(0),
+            Some(ages) => {
+                out.push(1);
+                out.extend_from_slice(&(ages.len() as u32).to_le_bytes());
+                for age in ages {
+                    out.extend_from_slice(&age.to_le_bytes());
+                }
+            }
+        }
+        put_bytes(&mut out, &self.extra);
+        put_bytes(&mut out, &self.records);
+        out
+    }
+
+    /// The image in `bytes`, whole; another version is an error.
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Image, FormatError> {
+        let mut f = Fields(bytes);
+        if f.take(IMAGE_MAGIC.len())? != IMAGE_MAGIC {
+            return Err(FormatError::NotHandover);
+        }
+        match f.u16()? {
+            VERSION => {}
+            other => return Err(FormatError::Version(other)),
+        }
+        let through = f.u64()?;
+        let fds = (0..f.u32()?)
+            .map(|_| f.u32().map(|fd| fd as i32))
+            .collect::<Result<_, _>>()?;
+        let ages_ms = match f.u8()? {
+            0 => None,
+            _ => Some((0..f.u32()?).map(|_| f.u64()).collect::<Result<_, _>>()?),
+        };
+        let image = Image {
+            through,
+            fds,
+            ages_ms,
+            extra: f.bytes()?.to_vec(),
+            records: f.bytes()?.to_vec(),
+        };
+        match f.0.is_empty() {
+            true => Ok(image),
+            false => Err(FormatError::Malformed),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -401,5 +482,35 @@ mod tests {
         let mut junk = ask.encode();
         junk[0] = b'X';
         assert_eq!(Ask::decode(&junk), Err(FormatError::NotHandover));
+    }
+
+    #[test]
+    fn an_image_read_back_is_the_same_and_a_cut_one_is_an_error() {
+        let mut records = Vec::new();
+        Record::Conn(Box::new(moved())).encode(&mut records);
+        Record::End { count: 1 }.encode(&mut records);
+        for ages_ms in [None, Some(vec![5, 0, 70_000])] {
+            let image = Image {
+                through: 41,
+                fds: vec![3, 4, 1000],
+                ages_ms,
+                extra: b"half a li".to_vec(),
+                records: records.clone(),
+            };
+            let bytes = image.encode();
+            assert_eq!(Image::decode(&bytes), Ok(image));
+            for cut in 0..bytes.len() {
+                assert!(Image::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert_eq!(Image::decode(&longer), Err(FormatError::Malformed));
+        }
+        let mut other = Image::default().encode();
+        other[8..10].copy_from_slice(&(VERSION + 1).to_le_bytes());
+        assert_eq!(
+            Image::decode(&other),
+            Err(FormatError::Version(VERSION + 1))
+        );
     }
 }

@@ -33,7 +33,7 @@ use crate::server::conn::{Conn, Verdict};
 use crate::server::history::{Filter, Replay};
 use crate::server::key::ConnKey;
 use crate::server::lifecycle::handover::{
-    Giving, TakeOverError, ANSWER_TIMEOUT, CATCH_UP, FINISH_FAN_OUT, HANDOVER_TIMEOUT,
+    Giving, TakeOverError, Taker, ANSWER_TIMEOUT, CATCH_UP, FINISH_FAN_OUT, HANDOVER_TIMEOUT,
 };
 use crate::server::lifecycle::Ending;
 use crate::server::net::channel::{arrived, Channel, FDS_PER_CHUNK};
@@ -101,7 +101,7 @@ impl Server {
                     ask.first
                 );
                 self.handover.giving = Some(Giving {
-                    channel,
+                    taker: Taker::Successor(channel),
                     first: ask.first,
                     since: now,
                     _urgent: Urgent::raise(),
@@ -112,7 +112,7 @@ impl Server {
                     "a successor reads the state format version {} (this build writes {VERSION}): refused; it drains us instead",
                     ask.version
                 );
-                refuse(&mut channel);
+                say_no(&mut channel);
             }
             Err(e) => log::warn!("no handover: the successor's ask failed: {e}"),
         }
@@ -122,6 +122,7 @@ impl Server {
     /// framed up to its successor's first position and delivered what it
     /// framed, moves the connections.
     pub(super) fn carry_handover(&mut self, now: Instant) {
+        self.begin_suspending(now);
         let Some(giving) = &self.handover.giving else {
             return;
         };
@@ -132,35 +133,37 @@ impl Server {
                     "no handover: this loop did not reach position {} within {CATCH_UP:?}",
                     giving.first - 1
                 );
-                let mut giving = self.handover.giving.take().expect("giving");
-                refuse(&mut giving.channel);
+                refuse(self.handover.giving.take());
             }
             return;
         }
         // What was framed reaches every connection before it moves (each
         // is given everything through `current`): the fan-out under way
-        // is finished now, at the loop's raised priority, or the
-        // successor is refused (nothing may move short of it).
+        // is finished now, at the loop's raised priority, or a successor
+        // is refused (nothing may move short of it). This process's next
+        // image is not refused: it waits.
+        let successor = matches!(giving.taker, Taker::Successor(_));
         let walking = Instant::now();
         while self.walk.stream.is_busy() {
-            if walking.elapsed() > FINISH_FAN_OUT {
+            if successor && walking.elapsed() > FINISH_FAN_OUT {
                 log::warn!(
                     "no handover: the fan-out under way did not finish within {FINISH_FAN_OUT:?}"
                 );
-                let mut giving = self.handover.giving.take().expect("giving");
-                refuse(&mut giving.channel);
+                refuse(self.handover.giving.take());
                 return;
             }
             self.walk_step(Instant::now());
         }
-        let mut giving = self.handover.giving.take().expect("giving");
-        if giving.since.elapsed() > ANSWER_TIMEOUT / 2 {
-            // The successor may be giving up on its answer.
-            log::warn!("no handover: too late to answer the successor");
-            refuse(&mut giving.channel);
-            return;
+        let giving = self.handover.giving.take().expect("giving");
+        match giving.taker {
+            Taker::Successor(_) if giving.since.elapsed() > ANSWER_TIMEOUT / 2 => {
+                // The successor may be giving up on its answer.
+                log::warn!("no handover: too late to answer the successor");
+                refuse(Some(giving));
+            }
+            Taker::Successor(channel) => self.give(channel, current, now),
+            Taker::NextImage => self.suspend(current, now),
         }
-        self.give(giving.channel, current, now);
     }
 
     /// Moves every open connection to the successor on `channel`, each
@@ -175,14 +178,60 @@ impl Server {
             log::warn!("no handover: the successor is gone ({e}); serving on");
             return;
         }
+        let moving = self.move_out_all(through, now, |bytes, streams| {
+            let fds: Vec<_> = streams.iter().map(|s| s.as_fd()).collect();
+            channel.send(bytes, &fds)
+        });
+        let metrics = &self.report.shared.metrics;
+        Metrics::add(&metrics.handover_given, u64::from(moving.given));
+        if let Some(e) = moving.failed {
+            // The chunk that failed is gone with the successor (its
+            // sockets close as they drop here); the rest stay.
+            let lost = moving.sent.len() - moving.given as usize;
+            log::error!(
+                "the handover broke off after {} connections: {e}; {lost} lost, the {} not sent yet are served on here",
+                moving.given,
+                self.conns.len()
+            );
+            Metrics::add(&metrics.handover_lost, lost as u64);
+            self.unwatch_sent(moving.sent);
+            return;
+        }
+        let given = moving.given;
+        let mut bytes = Vec::new();
+        Record::End { count: given }.encode(&mut bytes);
+        let ended = channel.send(&bytes, &[]);
+        let paused = started.elapsed();
+        self.unwatch_sent(moving.sent);
+        let metrics = &self.report.shared.metrics;
+        Metrics::set(&metrics.handover_pause_us, paused.as_micros() as u64);
+        match ended {
+            Ok(()) => log::info!(
+                "handed {given} connections over (given through position {through}) in {:.1} ms; {} could not move and close here",
+                paused.as_secs_f64() * 1e3,
+                self.conns.len()
+            ),
+            Err(e) => log::warn!("the handover's end was not sent ({e}); the successor has the {given} connections"),
+        }
+        self.close_everything(now, Ending::Drain);
+    }
+
+    /// Takes every open connection apart, each given every message up to
+    /// `through`, and hands `put` their records and sockets a chunk of
+    /// [`FDS_PER_CHUNK`] at a time, until one fails (its connections
+    /// are lost; the rest stay here).
+    pub(super) fn move_out_all(
+        &mut self,
+        through: u64,
+        now: Instant,
+        mut put: impl FnMut(&[u8], &[mio::net::TcpStream]) -> io::Result<()>,
+    ) -> MovedOut {
         let keys: Vec<usize> = (self.conns.slab.iter())
             .filter(|(_, conn)| conn.movable())
             .map(|(key, _)| key)
             .collect();
         let mut given = 0u32;
         let mut bytes = Vec::new();
-        // Taken out of this poll once the successor has them all, so that
-        // it is not kept waiting meanwhile.
         let mut sent = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(FDS_PER_CHUNK) {
             bytes.clear();
@@ -198,40 +247,20 @@ impl Server {
                 Record::Conn(Box::new(moved)).encode(&mut bytes);
                 sent.push(stream);
             }
-            let fds: Vec<_> = sent[first..].iter().map(|s| s.as_fd()).collect();
-            if let Err(e) = channel.send(&bytes, &fds) {
-                // These are gone with the successor (their sockets close
-                // as they drop here); the rest stay.
-                let lost = sent.len() - first;
-                log::error!(
-                    "the handover broke off after {given} connections: {e}; {lost} lost, the {} not sent yet are served on here",
-                    self.conns.len()
-                );
-                let metrics = &self.report.shared.metrics;
-                Metrics::add(&metrics.handover_given, u64::from(given));
-                Metrics::add(&metrics.handover_lost, lost as u64);
-                self.unwatch_sent(sent);
-                return;
+            if let Err(e) = put(&bytes, &sent[first..]) {
+                return MovedOut {
+                    sent,
+                    given,
+                    failed: Some(e),
+                };
             }
             given += (sent.len() - first) as u32;
         }
-        bytes.clear();
-        Record::End { count: given }.encode(&mut bytes);
-        let ended = channel.send(&bytes, &[]);
-        let paused = started.elapsed();
-        self.unwatch_sent(sent);
-        let metrics = &self.report.shared.metrics;
-        Metrics::add(&metrics.handover_given, u64::from(given));
-        Metrics::set(&metrics.handover_pause_us, paused.as_micros() as u64);
-        match ended {
-            Ok(()) => log::info!(
-                "handed {given} connections over (given through position {through}) in {:.1} ms; {} could not move and close here",
-                paused.as_secs_f64() * 1e3,
-                self.conns.len()
-            ),
-            Err(e) => log::warn!("the handover's end was not sent ({e}); the successor has the {given} connections"),
+        MovedOut {
+            sent,
+            given,
+            failed: None,
         }
-        self.close_everything(now, Ending::Drain);
     }
 
     /// Takes the sockets sent to a successor out of this poll (the
@@ -317,7 +346,7 @@ impl Server {
     /// Reads connection records until the end (or until the other side
     /// broke off: what came is kept), puts each together in its slot,
     /// and addresses each its wait for the positions it was given.
-    fn take_records(&mut self, channel: &mut Channel) -> (usize, bool) {
+    pub(super) fn take_records(&mut self, channel: &mut impl RecordSource) -> (usize, bool) {
         let mut whole = false;
         let now = Instant::now();
         let current = self.records.history.current().seq;
@@ -414,6 +443,48 @@ impl Server {
 /// Tells a successor no: it keeps what it has, and the caller of its
 /// [`Server::take_over`] falls back to a drain (and counts it, in the
 /// process that lives on).
-fn refuse(channel: &mut Channel) {
+fn refuse(giving: Option<Giving>) {
+    if let Some(Giving {
+        taker: Taker::Successor(mut channel),
+        ..
+    }) = giving
+    {
+        say_no(&mut channel);
+    }
+}
+
+/// Writes a refusal to a successor.
+fn say_no(channel: &mut Channel) {
     let _ = channel.write_all(&Answer::Refuse.encode());
+}
+
+/// What [`Server::move_out_all`] moved: the sockets put (and the
+/// connections' counts of them given whole), and the failure that ended
+/// it early, if one did.
+pub(super) struct MovedOut {
+    /// The sockets of the connections moved out, in order.
+    pub(super) sent: Vec<mio::net::TcpStream>,
+    /// How many of them were put without a failure.
+    pub(super) given: u32,
+    /// The failure that stopped it.
+    pub(super) failed: Option<io::Error>,
+}
+
+/// Where connection records come from: a predecessor's socket, or what
+/// an earlier image of this process kept.
+pub(super) trait RecordSource {
+    /// The next record.
+    fn read_record(&mut self) -> io::Result<Record>;
+    /// The next descriptor, in order: one per connection record.
+    fn take_fd(&mut self) -> Option<OwnedFd>;
+}
+
+impl RecordSource for Channel {
+    fn read_record(&mut self) -> io::Result<Record> {
+        Channel::read_record(self)
+    }
+
+    fn take_fd(&mut self) -> Option<OwnedFd> {
+        Channel::take_fd(self)
+    }
 }

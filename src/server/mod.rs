@@ -61,6 +61,7 @@ mod lifecycle;
 mod net;
 mod owed;
 mod records;
+mod reexec;
 mod report;
 mod routes;
 mod time;
@@ -86,6 +87,7 @@ use net::sockets::{
     Door, Ready, Sockets, ALARM, ASKING, LISTENER, METRICS_LISTENER, SUCCESSOR, WAKER,
 };
 use records::Records;
+pub use reexec::Suspended;
 use report::Report;
 #[cfg(feature = "internals")]
 pub use time::host::host_memory;
@@ -238,6 +240,16 @@ impl Server {
 
     /// [`Server::bind`] once the configuration is known to be valid.
     fn open(config: Config, listener: Option<std::net::TcpListener>) -> io::Result<Server> {
+        let records = Records::new(&config)?;
+        Server::open_with(config, listener, records)
+    }
+
+    /// [`Server::open`] with `records` made already.
+    fn open_with(
+        config: Config,
+        listener: Option<std::net::TcpListener>,
+        records: Records,
+    ) -> io::Result<Server> {
         let sockets = Sockets::open(&config, listener)?;
         let shared = Arc::new(Shared {
             waker: sockets.waker()?,
@@ -248,6 +260,7 @@ impl Server {
             max_message_bytes: config.max_message_bytes,
             compression: config.compression(),
             shutdown_after: AtomicU64::new(u64::MAX),
+            suspend_after: AtomicU64::new(u64::MAX),
             drain_asked: AtomicU8::new(0),
             drain_paced: !config.drain_time.is_zero(),
             gone: AtomicBool::new(false),
@@ -259,7 +272,6 @@ impl Server {
             .upstream
             .map(|up| Outbox::new(up, Arc::clone(&shared.shelf)));
         let now = Instant::now();
-        let records = Records::new(&config)?;
         let host = HostDelivery::memory(config.host_fd.as_deref())?;
         Ok(Server {
             clock: Clock::new(&config, sockets.registry(), host, now)?,

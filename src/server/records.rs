@@ -14,6 +14,15 @@ use crate::server::conn::Conn;
 use crate::server::history::{fresh_epoch, Bounds, History};
 use crate::server::routes::Routes;
 
+/// The history's bounds `config` asks for.
+pub(super) fn bounds(config: &Config) -> Bounds {
+    Bounds {
+        messages: config.history_messages,
+        bytes: config.history_bytes,
+        age: config.history_age,
+    }
+}
+
 /// The routes and the history.
 #[derive(Debug)]
 pub(super) struct Records {
@@ -28,25 +37,26 @@ impl Records {
     /// Empty routes, and the history `config` asks for: a ring of its
     /// own, or the one a supervisor shares.
     pub(super) fn new(config: &Config) -> io::Result<Records> {
-        let bounds = Bounds {
-            messages: config.history_messages,
-            bytes: config.history_bytes,
-            age: config.history_age,
-        };
-        let mut history = match &config.history_fd {
+        let history = match &config.history_fd {
             Some(fd) => History::shared(fd.try_clone()?, config.first_position)?,
             None => {
                 let epoch = config.epoch.unwrap_or_else(fresh_epoch);
-                History::new(epoch, config.first_position, bounds)?
+                History::new(epoch, config.first_position, bounds(config))?
             }
         };
+        Ok(Records::on(config, history))
+    }
+
+    /// Empty routes, and `history` (as an earlier image of this process
+    /// kept it).
+    pub(super) fn on(config: &Config, mut history: History) -> Records {
         if config.epoch.is_some() {
             history = history.given_elsewhere();
         }
-        Ok(Records {
+        Records {
             routes: Routes::new(config.max_channels),
             history,
-        })
+        }
     }
 
     /// Drops the history's messages past its bounds, files the client ids

@@ -47,6 +47,9 @@ pub(super) struct Shared {
     /// for (`u64::MAX`: none asked). Kept beside the queue, so that asking
     /// never blocks behind a full one.
     pub(super) shutdown_after: AtomicU64,
+    /// How many queued broadcasts go out before this process suspends
+    /// for its next image ([`Handle::suspend`]; `u64::MAX`: not asked).
+    pub(super) suspend_after: AtomicU64,
     /// What a handle asked of a drain: [`DRAIN`] ([`Handle::drain`]) or
     /// [`HAND_OVER`] ([`Handle::hand_over`]); 0 for neither.
     pub(super) drain_asked: AtomicU8,
@@ -294,6 +297,25 @@ impl Handle {
             return Err(ServerGone);
         }
         self.shared.drain_asked.store(HAND_OVER, Ordering::Release);
+        self.wake()
+    }
+
+    /// Asks the loop to stop for a re-exec of this process, after every
+    /// command queued before it: it finishes their delivery, takes every
+    /// open connection apart as a handover to a successor would (see
+    /// [`Server::take_suspended`](crate::server::Server::take_suspended)),
+    /// keeps the listener open for the next image, closes what could not
+    /// move with 1001, and [`Server::run`](crate::server::Server::run)
+    /// returns. The caller stops its input first: whatever is queued
+    /// after this is not sent. Never blocks.
+    pub fn suspend(&self) -> Result<(), ServerGone> {
+        if self.shared.gone.load(Ordering::Acquire) {
+            return Err(ServerGone);
+        }
+        let queued = self.shared.broadcasts_queued.load(Ordering::Acquire);
+        self.shared
+            .suspend_after
+            .fetch_min(queued, Ordering::AcqRel);
         self.wake()
     }
 

@@ -23,7 +23,7 @@ use std::cell::Cell;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::protocol::commands::{self, Recipients};
 use crate::protocol::names::{ChannelName, ClientId};
@@ -180,6 +180,30 @@ impl History {
     /// descriptor; this loop's first position will be `first`.
     pub fn shared(fd: OwnedFd, first: u64) -> io::Result<History> {
         Ok(History::on(Ring::open(fd)?, first.saturating_sub(1)))
+    }
+
+    /// The history an earlier image of this process kept (see
+    /// [`History::suspend`]), whose last position given out was `last`:
+    /// written on here if it was written there (`ages`), else read.
+    pub fn resumed(
+        fd: OwnedFd,
+        bounds: Bounds,
+        ages: Option<&[Duration]>,
+        last: u64,
+    ) -> io::Result<History> {
+        let ring = match ages {
+            Some(ages) => Ring::resume(fd, bounds, ages, Instant::now())?,
+            None => Ring::open(fd)?,
+        };
+        Ok(History::on(ring, last))
+    }
+
+    /// What this process's next image needs to go on with the history
+    /// (see [`History::resumed`]): its memory, and the ages of its
+    /// records if this process writes it.
+    pub fn suspend(&self, now: Instant) -> io::Result<(OwnedFd, Option<Vec<Duration>>)> {
+        let fd = self.ring.memory().fd().try_clone_to_owned()?;
+        Ok((fd, self.ring.ages(now)))
     }
 
     fn on(ring: Ring, last: u64) -> History {

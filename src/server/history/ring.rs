@@ -225,24 +225,83 @@ impl Ring {
 
     /// The ring another process writes, from its descriptor.
     pub fn open(fd: OwnedFd) -> io::Result<Ring> {
-        let mem = SharedView::open(fd)?;
+        Ring::on(Mapped::Reader(SharedView::open(fd)?))
+    }
+
+    /// A ring this process goes on writing where an earlier image of it
+    /// left off (see [`Ring::ages`]): its records' ages, oldest first, as
+    /// they were then. Bounds past the ring's room are cut to it.
+    pub fn resume(
+        fd: OwnedFd,
+        bounds: Bounds,
+        ages: &[Duration],
+        now: Instant,
+    ) -> io::Result<Ring> {
+        let mut ring = Ring::on(Mapped::Writer(SharedMemory::open(fd)?))?;
+        let (oldest, records) = (ring.load(OLDEST), ring.load(RECORDS));
+        if records - oldest != ages.len() as u64 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a history whose records and ages disagree",
+            ));
+        }
+        let kept = (oldest..records)
+            .zip(ages)
+            .map(|(n, age)| {
+                let (_, last, start) = ring.slot(n);
+                let at = ring.data_at + (start % ring.data) as usize;
+                let mut len = [0u8; 4];
+                ring.mem.view().read(at, &mut len);
+                let len = u32::from_le_bytes(len) as usize;
+                Kept {
+                    last,
+                    end: start + len as u64,
+                    len,
+                    messages: 1,
+                    at: now.checked_sub(*age).unwrap_or(now),
+                }
+            })
+            .collect();
+        let bounds = Bounds {
+            messages: bounds.messages.min((ring.slots as usize - 1) / 2),
+            bytes: bounds.bytes.min(ring.data as usize / 2),
+            age: bounds.age,
+        };
+        ring.writer = Some(Writer { bounds, kept });
+        Ok(ring)
+    }
+
+    /// The ring mapped as `mem`, checked; no writer's bookkeeping yet.
+    fn on(mem: Mapped) -> io::Result<Ring> {
+        let view = mem.view();
         let invalid = |what| io::Error::new(io::ErrorKind::InvalidData, what);
-        if mem.size() < HEADER_LEN || mem.load(MAGIC_AT * 8, Ordering::Acquire) != MAGIC {
+        if view.size() < HEADER_LEN || view.load(MAGIC_AT * 8, Ordering::Acquire) != MAGIC {
             return Err(invalid("not a wspush history"));
         }
-        let data = mem.load(DATA * 8, Ordering::Relaxed);
-        let slots = mem.load(SLOTS * 8, Ordering::Relaxed);
+        let data = view.load(DATA * 8, Ordering::Relaxed);
+        let slots = view.load(SLOTS * 8, Ordering::Relaxed);
         let data_at = (HEADER_LEN + slots as usize * SLOT_LEN).next_multiple_of(4096);
-        if data_at as u64 + data != mem.size() as u64 {
+        if data_at as u64 + data != view.size() as u64 {
             return Err(invalid("a history of the wrong size"));
         }
         Ok(Ring {
-            mem: Mapped::Reader(mem),
+            mem,
             data,
             slots,
             data_at,
             writer: None,
         })
+    }
+
+    /// The ages of the records this process writes, oldest first (none if
+    /// it only reads): what [`Ring::resume`] needs beside the memory.
+    pub fn ages(&self, now: Instant) -> Option<Vec<Duration>> {
+        let writer = self.writer.as_ref()?;
+        Some(
+            (writer.kept.iter())
+                .map(|kept| now.saturating_duration_since(kept.at))
+                .collect(),
+        )
     }
 
     /// The shared memory (to hand its descriptor on).

@@ -55,11 +55,21 @@ impl std::fmt::Display for TakeOverError {
 
 impl std::error::Error for TakeOverError {}
 
+/// Who takes the connections.
+#[derive(Debug)]
+pub(crate) enum Taker {
+    /// A successor process, on its socket.
+    Successor(Channel),
+    /// This process's next image (a re-exec, see `server::reexec`): the
+    /// state is kept in memory for it.
+    NextImage,
+}
+
 /// A successor that asked: it frames from `first` on.
 #[derive(Debug)]
 pub(crate) struct Giving {
-    /// Its socket.
-    pub(crate) channel: Channel,
+    /// Who it is.
+    pub(crate) taker: Taker,
     /// The first position it frames.
     pub(crate) first: u64,
     /// When it asked.
@@ -78,6 +88,8 @@ pub(crate) struct Handover {
     pub(crate) asking: Option<OwnedFd>,
     /// A successor asked.
     pub(crate) giving: Option<Giving>,
+    /// What this process's next image takes, once given.
+    pub(crate) suspended: Option<crate::server::reexec::Suspended>,
 }
 
 impl Handover {

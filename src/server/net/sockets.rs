@@ -255,15 +255,21 @@ impl Sockets {
     /// taking its share, and leave it waiting). Connections still in its
     /// accept queue are reset.
     pub(crate) fn close(&mut self, door: Door) {
+        drop(self.take(door));
+    }
+
+    /// Takes the listener of `door` out of the poll, open (for this
+    /// process's next image to listen on), if it was not closed.
+    pub(crate) fn take(&mut self, door: Door) -> Option<TcpListener> {
         let listener = match door {
             Door::Main => self.listener.take(),
             Door::Metrics => self.metrics_listener.take(),
         };
-        if let Some(mut listener) = listener {
-            if let Err(e) = self.poll.registry().deregister(&mut listener) {
-                log::warn!("deregistering a listener failed: {e}");
-            }
+        let mut listener = listener?;
+        if let Err(e) = self.poll.registry().deregister(&mut listener) {
+            log::warn!("deregistering a listener failed: {e}");
         }
+        Some(listener)
     }
 }
 
