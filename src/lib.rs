@@ -90,6 +90,7 @@ pub use protocol::auth::{Grant, TokenError, Tokens};
 pub use protocol::commands::{
     Command, CommandError, ConnRef, Payload, Recipients, MAX_CHANNEL_LIST_LEN, MAX_REASON_LEN,
 };
+pub use protocol::handover::VERSION as STATE_FORMAT;
 pub use protocol::jwt::{Algorithm, Claims, KeyError, TokenRefusal, Verifier};
 pub use protocol::names::{
     ChannelName, ChannelNameRef, ClientId, ClientIdRef, NameError, Pattern, MAX_NAME_LEN,

@@ -81,7 +81,10 @@ fn a_suspended_server_resumes_with_its_clients_keys_channels_and_history() {
     // The upstream lines end with the old loop, and say no close.
     let mut rest = Vec::new();
     while old_upstream.read(&mut rest) {}
-    assert!(!String::from_utf8_lossy(&rest).contains("close"), "{rest:?}");
+    assert!(
+        !String::from_utf8_lossy(&rest).contains("close"),
+        "{rest:?}"
+    );
 
     // Saved and loaded as across an exec (within this process).
     suspended.set_extra(b"half a li".to_vec());

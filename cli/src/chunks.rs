@@ -187,6 +187,12 @@ impl WholeLines {
         let _ = self.0.split(bytes, |piece| put_line(piece.bytes, out));
     }
 
+    /// Takes what was read of the line begun and not ended, if any (for
+    /// whoever reads on where this stops).
+    pub fn take_unfinished(&mut self) -> Vec<u8> {
+        self.0.take_unfinished()
+    }
+
     /// Ends the line begun, if any (at the end of the input).
     pub fn finish(&mut self, out: &mut Vec<u8>) {
         let _ = self.0.finish(|piece| put_line(piece.bytes, out));

@@ -16,7 +16,7 @@ use wspush::{
 };
 
 use crate::input::{self, InputMode};
-use crate::sources::{publish, pubsub, stdin, stream, Source};
+use crate::sources::{publish, pubsub, stream, Source};
 use crate::supervisor::{OnExit, FIRST_LINE_ENV, INSTANCE_ENV};
 
 /// A WebSocket push server: every line on standard input is broadcast as
@@ -25,7 +25,7 @@ use crate::supervisor::{OnExit, FIRST_LINE_ENV, INSTANCE_ENV};
 #[command(group(clap::ArgGroup::new("redis_input").args(["redis_channel", "redis_stream"]).multiple(true)))]
 #[command(
     name = "wspush",
-    version,
+    version = crate::binary::VERSION,
     args_override_self = true,
     allow_negative_numbers = true,
     after_help = "Examples:\n  tail -f feed | wspush --listen 0.0.0.0:8080 --path /ws\n  \
@@ -570,14 +570,15 @@ pub(crate) fn instance_args(args: impl Iterator<Item = OsString>) -> Vec<OsStrin
 /// The sources the command line asks for, checked: standard input, then
 /// the Redis subscription and stream (with `--redis`) and the publish
 /// listener (with `--publish-listen`), bound, its `GET /stats` answering
-/// what `stats` says. The stream fills at most what `config`'s history
+/// what `stats` says; `stdin` is standard input's. The stream fills at most what `config`'s history
 /// holds at its start. The same for a lone server and a supervisor.
 pub fn sources_from(
     cli: &Cli,
     config: &Config,
     stats: publish::Stats,
+    stdin: Box<dyn Source>,
 ) -> Result<Vec<Box<dyn Source>>, String> {
-    let mut sources: Vec<Box<dyn Source>> = vec![Box::new(stdin::Stdin::new(std::io::stdin()))];
+    let mut sources: Vec<Box<dyn Source>> = vec![stdin];
     if let Some(url) = cli.redis.as_deref() {
         if !cli.redis_channel.is_empty() {
             sources.push(Box::new(pubsub::RedisFeed::new(url, &cli.redis_channel)?));

@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, OnceLock};
@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use clap::Parser;
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+use signal_hook::consts::{SIGHUP, SIGTERM, SIGUSR1, SIGUSR2};
 use signal_hook::iterator::Signals;
 use socket2::{Domain, Socket, Type};
 use wspush::sys::raise_open_file_limit;
@@ -25,15 +25,18 @@ use supervisor::{
     LISTEN_FD_ENV, RESTARTS_ENV, STATUS_FD_ENV, TAKE_OVER_FD_ENV,
 };
 
+mod binary;
 mod board;
 mod chunks;
 mod cli;
 mod input;
 mod merge;
+mod reexec;
 mod rlimit;
 mod sources;
 mod supervisor;
 use board::Board;
+use sources::stdin::{Stdin, Stop};
 use sources::Source;
 use wspush::{Config, Handle, Server, SharedHistory, UpstreamReader};
 
@@ -122,13 +125,18 @@ fn write_upstream(reader: UpstreamReader) {
 }
 
 /// One instance: the ordinary single-threaded loop, alone or under a
-/// supervisor, from its flags to its last upstream line.
+/// supervisor, from its flags to its last upstream line; alone, it may
+/// re-execute itself (SIGUSR2, see `reexec`), or be such a re-exec.
 fn serve(cli: Cli) -> Result<(), String> {
     let mut config = config(&cli)?;
     // Before any socket listens: a signal that comes once one does is
     // handled, never fatal.
-    let signals = Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP, SIGUSR2])
+    let signals = Signals::new(reexec::HELD).map_err(|e| format!("cannot handle signals: {e}"))?;
+    // Those that came while an earlier image re-executed this process
+    // arrive now (a no-op otherwise).
+    wspush::sys::release_signals(&reexec::HELD)
         .map_err(|e| format!("cannot handle signals: {e}"))?;
+    let resumed = reexec::resumed()?;
     if let Some(history) = inherited_memory(HISTORY_FD_ENV, "history")? {
         config.history_fd = Some(history);
     }
@@ -136,14 +144,23 @@ fn serve(cli: Cli) -> Result<(), String> {
         config.host_fd = Some(host);
     }
     let counted = Arc::new(OnceLock::<Handle>::new());
-    let sources = lone_sources(&cli, &config, &counted)?;
+    let begun = resumed.as_ref().map(|s| s.extra().to_vec());
+    let (sources, stop) = lone_sources(&cli, &config, &counted, begun.unwrap_or_default())?;
     let recorder = lone_history(&cli, &mut config)?;
     let capacity = open_file_capacity();
     config.max_connections = max_connections(cli.max_connections, capacity);
     // A process a roll starts takes connections over: it starts, too, at
     // the raised priority of a handover.
     let urgent = inherited::<i32>(TAKE_OVER_FD_ENV).map(|_| wspush::sys::Urgent::raise());
-    let mut server = listen(&config)?;
+    let mut server = match resumed {
+        Some(suspended) => {
+            config.first_position = suspended.next_position();
+            let (server, _) =
+                Server::resume(config.clone(), suspended).map_err(|e| e.to_string())?;
+            server
+        }
+        None => listen(&config)?,
+    };
     let mut status = supervisor_status()?;
     carry_connections(&mut server, status.as_mut())?;
     drop(urgent);
@@ -153,17 +170,43 @@ fn serve(cli: Cli) -> Result<(), String> {
     if let Some(earlier) = inherited(RESTARTS_ENV) {
         handle.set_instance_restarts(earlier);
     }
-    stop_on_signals(signals, handle.clone())?;
     let upstream = spawn_upstream_writer(&server)?;
     let _ = counted.set(handle.clone());
-    spawn_input(&cli, &config, sources, recorder, handle)?;
+    let input = spawn_input(&cli, &config, sources, recorder, handle.clone())?;
+    let reexec = match stop {
+        Ok(stop) => Ok(Arc::new(reexec::Reexec::new(
+            on_disk(),
+            stop,
+            input,
+            handle.clone(),
+        ))),
+        Err(why) => Err(why),
+    };
+    stop_on_signals(signals, handle, reexec.clone())?;
     let ran = server.run().map_err(|e| format!("event loop failed: {e}"));
-    // The last lines go out before the process ends.
+    let suspended = server.take_suspended();
+    // The last lines go out before the process ends (or re-executes).
     drop(server);
     if let Some(writer) = upstream {
         let _ = writer.join();
     }
-    ran
+    match (suspended, reexec) {
+        (Some(suspended), Ok(reexec)) => Err(reexec.exec(suspended)),
+        _ => ran,
+    }
+}
+
+/// The path of this program's binary on disk, as it was started.
+fn on_disk() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
+    // A binary renamed over since this process started reads so.
+    match exe
+        .to_str()
+        .and_then(|path| path.strip_suffix(" (deleted)"))
+    {
+        Some(path) => PathBuf::from(path),
+        None => exe,
+    }
 }
 
 /// The number in the environment variable `name`: a descriptor, or a
@@ -187,15 +230,22 @@ fn inherited_memory(env: &str, what: &str) -> Result<Option<Arc<OwnedFd>>, Strin
 
 /// Alone, the input sources, checked (and the publish listener bound)
 /// before the server listens; `GET /stats` reads the server's handle once
-/// `counted` holds it. Under a supervisor, none: the instance reads its
-/// supervisor.
+/// `counted` holds it. Standard input begins with `begun` (what an
+/// earlier image read of a line), and can be stopped for a re-exec when
+/// it is the only source (else, why not). Under a supervisor, none: the
+/// instance reads its supervisor.
+#[allow(clippy::type_complexity)]
 fn lone_sources(
     cli: &Cli,
     config: &Config,
     counted: &Arc<OnceLock<Handle>>,
-) -> Result<Option<Vec<Box<dyn Source>>>, String> {
+    begun: Vec<u8>,
+) -> Result<(Option<Vec<Box<dyn Source>>>, Result<Stop, &'static str>), String> {
     if instance_number().is_some() {
-        return Ok(None);
+        return Ok((
+            None,
+            Err("only the supervisor (--processes) upgrades its instances"),
+        ));
     }
     let counted = Arc::clone(counted);
     let stats = Box::new(move || {
@@ -207,7 +257,28 @@ fn lone_sources(
             m.connections_open, m.channels
         )
     });
-    cli::sources_from(cli, config, stats).map(Some)
+    let (stdin, stop): (Box<dyn Source>, _) = match cli.redis.is_none()
+        && cli.publish_listen.is_none()
+    {
+        true => {
+            let fd = io::stdin()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| format!("cannot read standard input: {e}"))?;
+            let poll = fd
+                .try_clone()
+                .map_err(|e| format!("cannot read standard input: {e}"))?;
+            let (stdin, stop) = Stdin::stoppable(std::fs::File::from(fd), poll, begun)
+                .map_err(|e| format!("cannot read standard input: {e}"))?;
+            (Box::new(stdin), Ok(stop))
+        }
+        false => (
+            Box::new(Stdin::new(io::stdin())),
+            Err("a lone server that reads Redis or a publish listener upgrades under --processes"),
+        ),
+    };
+    let sources = cli::sources_from(cli, config, stats, stdin)?;
+    Ok((Some(sources), stop))
 }
 
 /// Alone with a stream, the server keeps its history as a supervisor
@@ -363,7 +434,7 @@ fn spawn_input(
     sources: Option<Vec<Box<dyn Source>>>,
     recorder: Option<input::Recorder>,
     handle: Handle,
-) -> Result<(), String> {
+) -> Result<JoinHandle<()>, String> {
     let (mode, max_message) = (cli.input, config.max_message_bytes as usize);
     let max_line = input::max_line_bytes(mode, max_message);
     let merged = match sources {
@@ -389,7 +460,6 @@ fn spawn_input(
                 }
             }
         })
-        .map(drop)
         .map_err(|e| format!("cannot start the input thread: {e}"))
 }
 
@@ -407,12 +477,17 @@ fn open_file_capacity() -> u64 {
 
 /// SIGTERM starts a drain (see [`Handle::drain`]), SIGUSR1 a hand-over to
 /// a replacement ([`Handle::hand_over`], sent by a supervisor), SIGINT a
-/// shutdown; a second one of them exits at once. SIGHUP and SIGUSR2, which
-/// roll and upgrade a supervisor's instances, are logged and ignored here
-/// (never the default death). `signals` were
-/// registered before the server listened; those that came meanwhile are
-/// acted on now.
-fn stop_on_signals(mut signals: Signals, handle: Handle) -> Result<(), String> {
+/// shutdown; a second one of them exits at once. SIGUSR2 re-executes a
+/// lone server with the binary on disk (`reexec`), if it can (else it
+/// says why not, as it does for SIGHUP, which restarts a supervisor's
+/// instances): never the default death. `signals` were registered
+/// before the server listened; those that came meanwhile are acted on
+/// now.
+fn stop_on_signals(
+    mut signals: Signals,
+    handle: Handle,
+    reexec: Result<Arc<reexec::Reexec>, &'static str>,
+) -> Result<(), String> {
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -423,7 +498,11 @@ fn stop_on_signals(mut signals: Signals, handle: Handle) -> Result<(), String> {
                     continue;
                 }
                 if signal == SIGUSR2 {
-                    log::warn!("signal {signal} (SIGUSR2): only a supervisor (--processes) upgrades to the binary on disk; ignored, still serving");
+                    match (&reexec, stopping) {
+                        (Ok(reexec), false) => reexec.begin(),
+                        (_, true) => log::warn!("signal {signal} (SIGUSR2): the server is stopping; ignored"),
+                        (Err(why), _) => log::warn!("signal {signal} (SIGUSR2): {why}; ignored, still serving"),
+                    }
                     continue;
                 }
                 if stopping {
@@ -482,7 +561,7 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
         let board = Arc::clone(&board);
         Box::new(move || board.get().map_or_else(String::new, Board::json))
     };
-    let sources = cli::sources_from(cli, &config, stats)?;
+    let sources = cli::sources_from(cli, &config, stats, Box::new(Stdin::new(io::stdin())))?;
     let max_message = config.max_message_bytes as usize;
     let history = SharedHistory::create(&config)
         .map_err(|e| format!("cannot make the history's shared memory: {e}"))?;

@@ -194,10 +194,18 @@ fn help_prints_and_states_the_stdin_rules() {
 }
 
 #[test]
-fn version_names_the_program_not_its_package() {
-    // The supervisor's upgrade checks a new binary by this line.
+fn version_names_the_program_not_its_package_and_the_state_format() {
+    // An upgrade checks a new binary by this line (a lone server's
+    // re-exec, by its state format too).
     let version = printed_for("--version");
-    assert_eq!(version, format!("wspush {}\n", env!("CARGO_PKG_VERSION")));
+    assert_eq!(
+        version,
+        format!(
+            "wspush {} (state format {})\n",
+            env!("CARGO_PKG_VERSION"),
+            wspush::STATE_FORMAT
+        )
+    );
 }
 
 #[test]

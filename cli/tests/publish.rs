@@ -11,34 +11,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use util::{raw, read_response, texts, Binary, HttpResponse};
-
-const KEY: &str = "the-publishers-key";
-
-/// A key file (removed when dropped).
-struct KeyFile(std::path::PathBuf);
-
-impl KeyFile {
-    fn new() -> KeyFile {
-        let path = std::env::temp_dir().join(format!(
-            "wspush-publish-key-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        std::fs::write(&path, format!("# publishers\n{KEY}\n")).unwrap();
-        KeyFile(path)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for KeyFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
+use util::{raw, read_response, texts, Binary, HttpResponse, KeyFile, PUBLISH_KEY as KEY};
 
 /// The address of a `publish on http://ADDR/publish` log line.
 fn publish_addr(line: &str) -> SocketAddr {

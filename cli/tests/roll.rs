@@ -8,12 +8,15 @@
 mod util;
 
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use util::{read_response, resuming_client, signal, upgrade_request, Logged};
+use util::deploy::{
+    connecting_in_a_loop, every_line_after_its_first, feed, plain_client, Deployed,
+};
+use util::{resuming_client, signal, Logged};
 
 /// A supervisor of `instances` instances running `binary`, logging at
 /// `info`, with a short drain; its address once every instance listens.
@@ -49,63 +52,6 @@ fn children_once(supervisor: &Logged, count: usize) -> Vec<u32> {
     }
 }
 
-/// A thread that opens WebSocket connections one after another until
-/// `stop`, counting those that were refused or not upgraded.
-fn connecting_in_a_loop(
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<(usize, usize)> {
-    std::thread::spawn(move || {
-        let (mut made, mut failed) = (0, 0);
-        while !stop.load(Ordering::Relaxed) {
-            let upgraded = TcpStream::connect(addr).is_ok_and(|mut stream| {
-                use std::io::Write;
-                stream.set_read_timeout(Some(util::IO_TIMEOUT)).unwrap();
-                stream.write_all(upgrade_request("/").as_bytes()).is_ok()
-                    && std::panic::catch_unwind(move || read_response(&mut stream).status)
-                        .is_ok_and(|status| status == 101)
-            });
-            made += 1;
-            failed += usize::from(!upgraded);
-        }
-        (made, failed)
-    })
-}
-
-/// Feeds `line 1` … `line N` 10 ms apart from a thread, then `end`; the
-/// count of lines written so far is in `fed`.
-fn feed(process: &mut Logged, lines: usize, fed: Arc<AtomicUsize>) -> std::thread::JoinHandle<()> {
-    let mut stdin = process.child.stdin.take().unwrap();
-    std::thread::spawn(move || {
-        use std::io::Write;
-        for n in 1..=lines {
-            writeln!(stdin, "line {n}").unwrap();
-            fed.store(n, Ordering::Relaxed);
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        writeln!(stdin, "end").unwrap();
-        // Kept open: the instances keep serving.
-        std::thread::sleep(Duration::from_secs(60));
-    })
-}
-
-/// Checks that `resumed` got every line of `line 1` … `line LAST` and
-/// `end` after the position it was told first (the lines fed before it
-/// connected are not its), once, in order; returns that position.
-fn every_line_after_its_first(resumed: &util::Resumed, last: usize) -> usize {
-    let first: usize = resumed.statuses[0]
-        .rsplit('.')
-        .next()
-        .and_then(|seq| seq.trim_end_matches("\"}").parse().ok())
-        .unwrap();
-    let lines: Vec<String> = (first + 1..=last)
-        .map(|n| format!("line {n}"))
-        .chain(["end".into()])
-        .collect();
-    assert_eq!(resumed.payloads, lines, "{:?}", resumed.statuses);
-    first
-}
-
 /// The nice value of process `pid`'s main thread (`/proc/PID/stat`).
 fn nice(pid: u32) -> i64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -113,28 +59,6 @@ fn nice(pid: u32) -> i64 {
     // 19th field in all, the 17th after it.
     let after = &stat[stat.rfind(')').unwrap() + 2..];
     after.split_whitespace().nth(16).unwrap().parse().unwrap()
-}
-
-/// A plain client (no positions) on its own thread: every text it gets
-/// until `end`, and how its connection ended if it did first.
-fn plain_client(addr: SocketAddr) -> std::thread::JoinHandle<(Vec<String>, Option<String>)> {
-    let (mut ws, _) = tungstenite::connect(format!("ws://{addr}/")).unwrap();
-    std::thread::spawn(move || {
-        let mut texts = Vec::new();
-        loop {
-            match ws.read() {
-                Ok(tungstenite::Message::Text(text)) if text.as_str() == "end" => {
-                    return (texts, None)
-                }
-                Ok(tungstenite::Message::Text(text)) => texts.push(text.to_string()),
-                Ok(tungstenite::Message::Close(frame)) => {
-                    return (texts, Some(format!("{frame:?}")))
-                }
-                Ok(_) => {}
-                Err(e) => return (texts, Some(e.to_string())),
-            }
-        }
-    })
 }
 
 #[test]
@@ -200,50 +124,6 @@ fn sighup_replaces_every_instance_with_no_refusal_no_close_and_nothing_lost() {
         assert!(first < 50, "it connected before the roll: {first}");
         assert_eq!(resumed.closes, [0u16; 0], "{:?}", resumed.statuses);
         assert_eq!(resumed.statuses.len(), 1, "{:?}", resumed.statuses);
-    }
-}
-
-/// A copy of the binary in a directory of its own, for a test to replace
-/// on disk; removed on drop.
-struct Deployed {
-    dir: PathBuf,
-}
-
-impl Deployed {
-    fn new(name: &str) -> Deployed {
-        let dir = std::env::temp_dir().join(format!("wspush-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let deployed = Deployed { dir };
-        deployed.install_from(Path::new(env!("CARGO_BIN_EXE_wspush")));
-        deployed
-    }
-
-    fn binary(&self) -> PathBuf {
-        self.dir.join("wspush")
-    }
-
-    /// Puts a copy of `source` in place of the binary, as a deploy does
-    /// (a new file renamed over the old one).
-    fn install_from(&self, source: &Path) {
-        let next = self.dir.join("wspush.next");
-        std::fs::copy(source, &next).unwrap();
-        std::fs::rename(&next, self.binary()).unwrap();
-    }
-
-    /// Puts a shell script in place of the binary.
-    fn install_script(&self, script: &str) {
-        use std::os::unix::fs::PermissionsExt;
-        let next = self.dir.join("script.next");
-        std::fs::write(&next, format!("#!/bin/sh\n{script}\n")).unwrap();
-        std::fs::set_permissions(&next, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::rename(&next, self.binary()).unwrap();
-    }
-}
-
-impl Drop for Deployed {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

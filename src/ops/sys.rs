@@ -212,6 +212,70 @@ fn own_open_fd(fd: i32) -> io::Result<OwnedFd> {
     Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
+/// Replaces this process's image with `program` (`argv`, `env`), with
+/// `held` signals blocked: one that comes during the exec stays pending
+/// (where the new image's default action could end it) until the new
+/// image handles them and calls [`release_signals`]. Returns only on
+/// failure, with the signals as they were.
+#[cfg(feature = "internals")]
+pub fn exec_holding_signals(
+    program: &std::ffi::CStr,
+    argv: &[std::ffi::CString],
+    env: &[std::ffi::CString],
+    held: &[i32],
+) -> io::Error {
+    let pointers = |strings: &[std::ffi::CString]| -> Vec<*const libc::c_char> {
+        (strings.iter().map(|s| s.as_ptr()))
+            .chain([std::ptr::null()])
+            .collect()
+    };
+    let (argv, env) = (pointers(argv), pointers(env));
+    let mut before = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    if let Err(e) = mask_signals(libc::SIG_BLOCK, held, before.as_mut_ptr()) {
+        return e;
+    }
+    // SAFETY: `program` and every string pointed to are NUL-terminated
+    // and outlive the call; both arrays end with a null pointer. On
+    // success nothing of this process runs on; on failure it returns.
+    unsafe { libc::execve(program.as_ptr(), argv.as_ptr(), env.as_ptr()) };
+    let failed = io::Error::last_os_error();
+    // SAFETY: `before` was filled by the successful mask change above.
+    let before = unsafe { before.assume_init() };
+    // SAFETY: `before` is a valid set; the old mask is not asked for.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut()) };
+    failed
+}
+
+/// Unblocks `signals` for this thread (those an earlier image held across
+/// its exec, see [`exec_holding_signals`]): any that came meanwhile is
+/// delivered now, to the handlers set before.
+#[cfg(feature = "internals")]
+pub fn release_signals(signals: &[i32]) -> io::Result<()> {
+    mask_signals(libc::SIG_UNBLOCK, signals, std::ptr::null_mut())
+}
+
+/// Changes this thread's signal mask by `how` for `signals`, saving the
+/// mask before in `before` unless it is null.
+#[cfg(feature = "internals")]
+fn mask_signals(how: libc::c_int, signals: &[i32], before: *mut libc::sigset_t) -> io::Result<()> {
+    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigemptyset initialises the set it is given, and sigaddset
+    // adds to the set initialised so.
+    let set = unsafe {
+        libc::sigemptyset(set.as_mut_ptr());
+        for &signal in signals {
+            libc::sigaddset(set.as_mut_ptr(), signal);
+        }
+        set.assume_init()
+    };
+    // SAFETY: `set` is initialised; `before` is null or points to a set
+    // the caller owns.
+    match unsafe { libc::pthread_sigmask(how, &set, before) } {
+        0 => Ok(()),
+        errno => Err(io::Error::from_raw_os_error(errno)),
+    }
+}
+
 /// A new memory file holding `bytes`, read from its start: state a
 /// process hands its next image.
 pub(crate) fn memory_file(name: &str, bytes: &[u8]) -> io::Result<OwnedFd> {

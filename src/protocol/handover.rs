@@ -13,7 +13,7 @@
 pub(crate) const MAGIC: [u8; 8] = *b"wspushHO";
 
 /// The version of the format this build writes and reads.
-pub(crate) const VERSION: u16 = 1;
+pub const VERSION: u16 = 1;
 
 /// The bytes of an [`Ask`] and of an [`Answer`].
 pub(crate) const HEAD_BYTES: usize = MAGIC.len() + 2 + 8;

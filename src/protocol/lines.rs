@@ -96,6 +96,14 @@ impl Splitter {
         self.partial.len()
     }
 
+    /// Takes the bytes kept of the line begun and not ended (for whoever
+    /// reads on where this splitter stops); nothing is begun after.
+    pub fn take_unfinished(&mut self) -> Vec<u8> {
+        self.begun = false;
+        self.partial_cut = false;
+        std::mem::take(&mut self.partial)
+    }
+
     fn take(&mut self, part: &[u8]) {
         let room = self.keep - self.partial.len();
         self.partial

@@ -9,7 +9,7 @@
 //! directions are as they were, and the history goes on where it was.
 
 use std::collections::VecDeque;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -99,11 +99,23 @@ impl Suspended {
     /// The state an earlier image of this process saved in memory file
     /// `fd` ([`Suspended::save`]); its descriptors are this process's
     /// now, closed across a later exec. A state of another format version
-    /// is an error.
+    /// (or none) is an error, and leaves every descriptor as it was, open
+    /// across an exec, for an image that reads it.
     pub fn load(fd: i32) -> io::Result<Suspended> {
-        let mut bytes = Vec::new();
-        std::fs::File::from(sys::adopt_fd(fd)?).read_to_end(&mut bytes)?;
-        let image = Image::decode(&bytes).map_err(invalid)?;
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::File::from(sys::adopt_fd(fd)?);
+        let mut bytes = vec![0u8; file.metadata()?.len() as usize];
+        let image = file
+            .read_exact_at(&mut bytes, 0)
+            .and_then(|()| Image::decode(&bytes).map_err(invalid));
+        let image = match image {
+            Ok(image) => image,
+            Err(e) => {
+                sys::keep_across_exec(file.as_fd(), true)?;
+                let _ = file.into_raw_fd();
+                return Err(e);
+            }
+        };
         let mut fds = (image.fds.iter())
             .map(|&fd| sys::adopt_fd(fd))
             .collect::<io::Result<VecDeque<_>>>()?;

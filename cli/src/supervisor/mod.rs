@@ -64,7 +64,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::rc::Rc;
@@ -79,6 +79,7 @@ use rustix::process::{kill_process, Pid, Signal};
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR2};
 use slab::Slab;
 
+use crate::binary::{check_binary, Checked, Ended};
 use crate::board::{Board, Heard, Word};
 use crate::chunks::{Control, CONTROL};
 use crate::input::{Recorder, EVICT_EVERY};
@@ -148,9 +149,6 @@ pub const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// connections over ([`TAKING_OVER`]): on a busy host, its predecessor
 /// first frames up to its first line and finishes its fan-out.
 pub const TAKE_OVER_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long a new binary has to answer `--version` before an upgrade is
-/// refused.
-pub const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
 
 const SIGNALS: Token = Token(usize::MAX);
 /// The poll's one waker: an input reader has a chunk, the merged output's
@@ -210,19 +208,6 @@ pub enum SupervisorError {
     },
     /// Starting or watching the instances failed.
     Io(io::Error),
-}
-
-/// How a process ended, in words.
-struct Ended(ExitStatus);
-
-impl fmt::Display for Ended {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (self.0.code(), self.0.signal()) {
-            (Some(code), _) => write!(f, "exited with status {code}"),
-            (_, Some(signal)) => write!(f, "was killed by signal {signal}"),
-            _ => write!(f, "ended ({})", self.0),
-        }
-    }
 }
 
 impl fmt::Display for SupervisorError {
@@ -500,10 +485,6 @@ struct Roll {
     /// "restart" or "upgrade", for the logs.
     what: &'static str,
 }
-
-/// The outcome of checking a new binary (run on a thread of its own):
-/// its file and its `--version` line, or why it is refused.
-type Checked = Result<(std::fs::File, String), String>;
 
 /// The supervisor's signals, registered before anything listens or any
 /// child exists (so that no signal is fatal and no SIGCHLD is missed):
@@ -842,47 +823,6 @@ fn status_pipe() -> io::Result<(Receiver, OwnedFd)> {
     let reader = Receiver::from(OwnedFd::from(reader));
     reader.set_nonblocking(true)?;
     Ok((reader, OwnedFd::from(writer)))
-}
-
-/// Opens the binary at `path` and runs it (through this process's
-/// descriptor of it, so what runs later is what was checked) with
-/// `--version`: its file and the version line, or why it is refused.
-fn check_binary(path: &Path) -> Checked {
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot be opened ({e})"))?;
-    let pinned = format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd());
-    let mut child = Command::new(&pinned)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("does not run ({e})"))?;
-    let deadline = Instant::now() + VERSION_TIMEOUT;
-    let status = loop {
-        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!(
-                "did not answer --version within {VERSION_TIMEOUT:?}"
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let mut out = String::new();
-    if let Some(mut stdout) = child.stdout.take() {
-        let _ = stdout.read_to_string(&mut out);
-    }
-    let version = out.lines().next().unwrap_or("").trim().to_string();
-    if !status.success() || !version.starts_with("wspush ") {
-        return Err(format!(
-            "does not answer --version as wspush does (it {}, and printed {version:?})",
-            Ended(status)
-        ));
-    }
-    Ok((file, version))
 }
 
 #[cfg(test)]

@@ -8,6 +8,8 @@ mod shared;
 
 pub use shared::*;
 
+pub mod deploy;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::thread::JoinHandle;
@@ -277,4 +279,34 @@ pub fn start_supervisor(
         }
     }
     (process, addr.unwrap())
+}
+
+/// The publishers' key a [`KeyFile`] holds.
+pub const PUBLISH_KEY: &str = "the-publishers-key";
+
+/// A key file (removed when dropped).
+pub struct KeyFile(std::path::PathBuf);
+
+impl KeyFile {
+    /// A new key file holding [`PUBLISH_KEY`].
+    pub fn new() -> KeyFile {
+        let path = std::env::temp_dir().join(format!(
+            "wspush-publish-key-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::write(&path, format!("# publishers\n{PUBLISH_KEY}\n")).unwrap();
+        KeyFile(path)
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for KeyFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }

@@ -1,0 +1,239 @@
+//! A lone server's SIGUSR2: it re-executes the binary on disk in place
+//! (the same process, so a pipeline or a service manager notices
+//! nothing), and its next image goes on with the listener, every
+//! connection, the history and standard input from a line's end (see
+//! [`wspush::Suspended`]).
+//!
+//! The binary is checked first: it must run and name, in its `--version`
+//! line, the state format this build writes; else the server serves on.
+//! Then standard input is stopped at a line's end, every line read before
+//! is delivered, the loop suspends, and the process execs. Should the
+//! exec fail, this image runs again from the same state; should the new
+//! image not read the state, it runs this one (kept open for it).
+
+use std::ffi::{CString, OsString};
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd};
+use std::os::unix::ffi::OsStringExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+use wspush::{Handle, Suspended};
+
+use crate::binary::{check_binary, state_format_words};
+use crate::sources::stdin::Stop;
+
+/// The memory file holding the state, named to the next image.
+pub const RESUME_FD_ENV: &str = "WSPUSH_RESUME_FD";
+/// The earlier image's binary, named to the next image: it runs it again
+/// if it cannot read the state.
+pub const EARLIER_FD_ENV: &str = "WSPUSH_EARLIER_BINARY_FD";
+
+/// What a lone server needs to re-execute itself.
+pub struct Reexec {
+    /// The binary on disk (the path this one was started from).
+    on_disk: PathBuf,
+    /// Stops standard input at a line's end.
+    stop: Stop,
+    /// The input thread, which ends once the input stopped and every
+    /// line read was handed to the loop.
+    input: Mutex<Option<JoinHandle<()>>>,
+    /// The loop's handle.
+    handle: Handle,
+    /// A re-exec is under way.
+    busy: AtomicBool,
+    /// The checked binary and the line begun, once the loop suspends.
+    next: Mutex<Option<NextImage>>,
+}
+
+/// What the exec needs beside the server's state.
+struct NextImage {
+    /// The binary checked, open (what runs is what was checked).
+    binary: std::fs::File,
+    /// What standard input had of a line not ended.
+    unfinished: Vec<u8>,
+}
+
+impl Reexec {
+    /// A re-exec of the binary at `on_disk`, stopping standard input with
+    /// `stop`, whose lines the thread `input` hands to `handle`'s loop.
+    pub fn new(on_disk: PathBuf, stop: Stop, input: JoinHandle<()>, handle: Handle) -> Reexec {
+        Reexec {
+            on_disk,
+            stop,
+            input: Mutex::new(Some(input)),
+            handle,
+            busy: AtomicBool::new(false),
+            next: Mutex::new(None),
+        }
+    }
+
+    /// SIGUSR2: checks the binary on disk and, if it reads this build's
+    /// state, stops the input and suspends the loop (on a thread, so that
+    /// other signals are heard meanwhile); [`Reexec::exec`] follows once
+    /// the loop returned.
+    pub fn begin(self: &Arc<Self>) {
+        if self.busy.swap(true, Ordering::AcqRel) {
+            log::warn!("SIGUSR2: a re-exec is under way already; ignored");
+            return;
+        }
+        let this = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("reexec".into())
+            .spawn(move || this.prepare());
+        if let Err(e) = spawned {
+            log::error!("cannot start the re-exec: {e}; serving on");
+            self.busy.store(false, Ordering::Release);
+        }
+    }
+
+    /// Checks, stops the input, suspends the loop.
+    fn prepare(&self) {
+        log::info!(
+            "SIGUSR2: checking {} to re-execute this server with it",
+            self.on_disk.display()
+        );
+        let (binary, version) = match check_binary(&self.on_disk) {
+            Ok(checked) => checked,
+            Err(why) => {
+                log::error!(
+                    "the re-exec is refused: {} {why}; serving on",
+                    self.on_disk.display()
+                );
+                self.busy.store(false, Ordering::Release);
+                return;
+            }
+        };
+        if !version.ends_with(&state_format_words()) {
+            log::error!(
+                "the re-exec is refused: {} is {version:?}, which does not read this build's {}; serving on (restart it to run it)",
+                self.on_disk.display(),
+                state_format_words()
+            );
+            self.busy.store(false, Ordering::Release);
+            return;
+        }
+        log::info!("re-executing as {version}: standard input stops at a line's end first");
+        if let Err(e) = self.stop.stop() {
+            log::error!("cannot stop standard input: {e}; serving on");
+            self.busy.store(false, Ordering::Release);
+            return;
+        }
+        let input = self.input.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(input) = input {
+            let _ = input.join();
+        }
+        let unfinished = self.stop.unfinished();
+        *self.next.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(NextImage { binary, unfinished });
+        if self.handle.suspend().is_err() {
+            log::warn!("the server ended before it could suspend");
+        }
+    }
+
+    /// Once the loop returned suspended: saves `suspended` with what
+    /// standard input had of a line, and execs the checked binary (or,
+    /// failing that, this one again). Returns only if neither runs.
+    pub fn exec(&self, mut suspended: Suspended) -> String {
+        let Some(next) = self.next.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return "the server suspended with no re-exec under way".into();
+        };
+        let connections = suspended.connections();
+        suspended.set_extra(next.unfinished);
+        let state = match suspended.save() {
+            Ok(fd) => fd,
+            Err(e) => {
+                return format!(
+                "cannot keep the state for the next image: {e}; {connections} connections are lost"
+            )
+            }
+        };
+        let earlier = std::fs::File::open("/proc/self/exe")
+            .and_then(|file| {
+                wspush::sys::set_inheritable(file.as_fd(), true)?;
+                Ok(file.into_raw_fd())
+            })
+            .map_or_else(|_| String::new(), |fd| fd.to_string());
+        let new = format!("/proc/self/fd/{}", next.binary.as_raw_fd());
+        log::info!("re-executing with {connections} connections");
+        let e = image(&new, state, &earlier);
+        log::error!("cannot run the new binary: {e}; running this one again");
+        let e = image("/proc/self/exe", state, "");
+        format!("cannot run this binary again either: {e}; {connections} connections are lost")
+    }
+}
+
+/// The signals a lone server handles, held across its exec (see
+/// [`wspush::sys::exec_holding_signals`]); its next image releases them
+/// once it handles them.
+pub const HELD: [i32; 5] = [SIGINT, SIGTERM, SIGUSR1, SIGHUP, SIGUSR2];
+
+/// Execs `program` as this process's next image, with its arguments and
+/// environment, naming the state's memory file and the earlier binary.
+/// Returns only if it failed.
+fn image(program: &str, state: i32, earlier: &str) -> std::io::Error {
+    let cstring = |bytes: Vec<u8>| {
+        CString::new(bytes).map_err(|_| std::io::Error::other("a NUL in an argument"))
+    };
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(name, _)| name != RESUME_FD_ENV && name != EARLIER_FD_ENV)
+        .collect();
+    env.push((RESUME_FD_ENV.into(), state.to_string().into()));
+    if !earlier.is_empty() {
+        env.push((EARLIER_FD_ENV.into(), earlier.into()));
+    }
+    let made = (|| {
+        let program = cstring(program.as_bytes().to_vec())?;
+        let argv = (std::env::args_os())
+            .map(|arg| cstring(arg.into_vec()))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let env = (env.into_iter())
+            .map(|(name, value)| {
+                let mut pair = name.into_vec();
+                pair.push(b'=');
+                pair.extend(value.into_vec());
+                cstring(pair)
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        Ok((program, argv, env))
+    })();
+    match made {
+        Ok((program, argv, env)) => wspush::sys::exec_holding_signals(&program, &argv, &env, &HELD),
+        Err(e) => e,
+    }
+}
+
+/// The state an earlier image of this process left, if it re-executed
+/// it. One this build cannot read runs the earlier binary again with it
+/// (which does not return); without one, the error.
+pub fn resumed() -> Result<Option<Suspended>, String> {
+    let Some(state) = std::env::var(RESUME_FD_ENV).ok() else {
+        return Ok(None);
+    };
+    let earlier = std::env::var(EARLIER_FD_ENV).unwrap_or_default();
+    // Not for the processes this one starts, nor its next image.
+    std::env::remove_var(RESUME_FD_ENV);
+    std::env::remove_var(EARLIER_FD_ENV);
+    let fd: i32 = state
+        .parse()
+        .map_err(|_| format!("{RESUME_FD_ENV} is not a descriptor: {state:?}"))?;
+    match Suspended::load(fd) {
+        Ok(suspended) => {
+            if let Ok(fd) = earlier.parse::<i32>() {
+                // The earlier binary is not needed any more.
+                drop(wspush::sys::inherited_fd(fd));
+            }
+            Ok(Some(suspended))
+        }
+        Err(e) if !earlier.is_empty() => {
+            log::error!("cannot read the earlier image's state ({e}): running the earlier binary again with it");
+            let e = image(&format!("/proc/self/fd/{earlier}"), fd, "");
+            Err(format!(
+                "cannot run the earlier binary again: {e}; its connections are lost"
+            ))
+        }
+        Err(e) => Err(format!("cannot read the earlier image's state: {e}")),
+    }
+}
