@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -39,6 +40,9 @@ use board::Board;
 use sources::stdin::{Stdin, Stop};
 use sources::Source;
 use wspush::{Config, Handle, Server, SharedHistory, UpstreamReader};
+
+/// A lone server's input sources.
+type Sources = Vec<Box<dyn Source>>;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -172,7 +176,8 @@ fn serve(cli: Cli) -> Result<(), String> {
     }
     let upstream = spawn_upstream_writer(&server)?;
     let _ = counted.set(handle.clone());
-    let input = spawn_input(&cli, &config, sources, recorder, handle.clone())?;
+    let stopped = stop.as_ref().ok().map(Stop::asked);
+    let input = spawn_input(&cli, &config, (sources, stopped), recorder, handle.clone())?;
     let reexec = match stop {
         Ok(stop) => Ok(Arc::new(reexec::Reexec::new(
             on_disk(),
@@ -234,13 +239,12 @@ fn inherited_memory(env: &str, what: &str) -> Result<Option<Arc<OwnedFd>>, Strin
 /// earlier image read of a line), and can be stopped for a re-exec when
 /// it is the only source (else, why not). Under a supervisor, none: the
 /// instance reads its supervisor.
-#[allow(clippy::type_complexity)]
 fn lone_sources(
     cli: &Cli,
     config: &Config,
     counted: &Arc<OnceLock<Handle>>,
     begun: Vec<u8>,
-) -> Result<(Option<Vec<Box<dyn Source>>>, Result<Stop, &'static str>), String> {
+) -> Result<(Option<Sources>, Result<Stop, &'static str>), String> {
     if instance_number().is_some() {
         return Ok((
             None,
@@ -427,11 +431,13 @@ fn spawn_upstream_writer(server: &Server) -> Result<Option<JoinHandle<()>>, Stri
 
 /// The input thread: an instance reads its supervisor, which holds the
 /// sources and tells it the number of its first line; alone, the server
-/// merges its sources as a supervisor does, and numbers from 1.
+/// merges its sources as a supervisor does, and numbers from its first
+/// position. The thread ends with the input; `stopped` says whether a
+/// re-exec stopped it.
 fn spawn_input(
     cli: &Cli,
     config: &Config,
-    sources: Option<Vec<Box<dyn Source>>>,
+    (sources, stopped): (Option<Sources>, Option<Arc<AtomicBool>>),
     recorder: Option<input::Recorder>,
     handle: Handle,
 ) -> Result<JoinHandle<()>, String> {
@@ -453,6 +459,9 @@ fn spawn_input(
                 None => Box::new(BufReader::new(io::stdin().lock())),
             };
             match input::pump(input, &handle, mode, max_message, first_line) {
+                PumpEnd::Eof if stopped.is_some_and(|s| s.load(Ordering::Acquire)) => {
+                    log::info!("every line read was handed to the loop before the re-exec")
+                }
                 PumpEnd::Eof => log::info!("the input ended; still serving"),
                 PumpEnd::ServerGone => {}
                 PumpEnd::Failed(e) => {

@@ -6,6 +6,7 @@
 use std::io::{self, Read};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rustix::event::{poll, PollFd, PollFlags};
@@ -41,13 +42,21 @@ struct Stopping {
 pub struct Stop {
     ask: UnixStream,
     unfinished: Arc<Mutex<Option<Vec<u8>>>>,
+    /// Set once a stop is asked.
+    asked: Arc<AtomicBool>,
 }
 
 impl Stop {
     /// Asks the reader to stop. Once its source has ended (its outlet
     /// dropped), [`Stop::unfinished`] holds the line begun.
     pub fn stop(&self) -> io::Result<()> {
+        self.asked.store(true, Ordering::Release);
         io::Write::write_all(&mut &self.ask, b"s")
+    }
+
+    /// Set once a stop is asked: for whoever sees the input end.
+    pub fn asked(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.asked)
     }
 
     /// What the reader had read of a line it did not finish, once it
@@ -84,7 +93,12 @@ impl<R: Read + Send> Stdin<R> {
             begun,
             stop: Some(stopping),
         };
-        Ok((stdin, Stop { ask, unfinished }))
+        let stop = Stop {
+            ask,
+            unfinished,
+            asked: Arc::new(AtomicBool::new(false)),
+        };
+        Ok((stdin, stop))
     }
 }
 
