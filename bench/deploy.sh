@@ -10,6 +10,9 @@
 # (connections handed over, and each loop's pause) are copied into the
 # report.
 #
+# With INSTANCES=0, a lone server (no --processes), which SIGUSR2
+# re-executes in place.
+#
 # Usage: bench/deploy.sh [wspush-bench push flags ...]
 #   Environment: CONNS (60000), INSTANCES (4), FEED_RATE (20), FEED_SECS
 #   (60), ROLL_AT (10; `none`: no deploy, the run to compare with), WSPUSH (target/release/wspush), OUT
@@ -64,10 +67,12 @@ cp "$wspush" "$deployed/wspush"
 
 roll=(--roll-at-secs "$roll_at" --roll-signal USR2)
 [[ "$roll_at" != none ]] || roll=()
-echo "deploy.sh: $conns clients over $instances instances, $feed_rate lines/s for $feed_secs s, SIGUSR2 at $roll_at s; report in $out/report.txt" >&2
+processes="--processes $instances"
+[[ "$instances" != 0 ]] || processes=""
+echo "deploy.sh: $conns clients over $instances instances (0: a lone server), $feed_rate lines/s for $feed_secs s, SIGUSR2 at $roll_at s; report in $out/report.txt" >&2
 started=$SECONDS
 "${in_netns[@]}" "$bench" push \
-  --spawn "$deployed/wspush --processes $instances --listen 127.0.0.1:{port}" \
+  --spawn "$deployed/wspush $processes --listen 127.0.0.1:{port}" \
   --conns "$conns" --rate 20000 --max-in-flight 1024 --positions --deflate --mixed \
   --messages 1 --payload-bytes 64 --feed-rate "$feed_rate" --feed-secs "$feed_secs" \
   "${roll[@]}" --probe-ms 50 "$@" \
@@ -77,7 +82,7 @@ started=$SECONDS
 }
 {
   echo "the handover, as the instances logged it:"
-  grep -E "upgrad|handed|took .* connections over|refused|fallback|starting it again" "$out/log.txt" |
+  grep -E "upgrad|handed|took .* connections (over|back)|suspended|re-exec|refused|fallback|starting it again" "$out/log.txt" |
     sed 's/^/  /'
 } >>"$out/report.txt"
 cat "$out/report.txt"

@@ -309,6 +309,9 @@ pub(crate) const IMAGE_MAGIC: [u8; 8] = *b"wspushRX";
 pub(crate) struct Image {
     /// The last position delivered.
     pub(crate) through: u64,
+    /// When the loop stopped (the host's monotonic clock, ns): the next
+    /// image tells the whole pause.
+    pub(crate) stopped_ns: u64,
     /// The descriptors it names, kept open across the exec: the
     /// listener, the history's memory, then one per connection record,
     /// in order.
@@ -330,6 +333,7 @@ impl Image {
         out.extend_from_slice(&IMAGE_MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
         out.extend_from_slice(&self.through.to_le_bytes());
+        out.extend_from_slice(&self.stopped_ns.to_le_bytes());
         out.extend_from_slice(&(self.fds.len() as u32).to_le_bytes());
         for fd in &self.fds {
             out.extend_from_slice(&fd.to_le_bytes());
@@ -360,6 +364,7 @@ impl Image {
             other => return Err(FormatError::Version(other)),
         }
         let through = f.u64()?;
+        let stopped_ns = f.u64()?;
         let fds = (0..f.u32()?)
             .map(|_| f.u32().map(|fd| fd as i32))
             .collect::<Result<_, _>>()?;
@@ -369,6 +374,7 @@ impl Image {
         };
         let image = Image {
             through,
+            stopped_ns,
             fds,
             ages_ms,
             extra: f.bytes()?.to_vec(),
@@ -492,6 +498,7 @@ mod tests {
         for ages_ms in [None, Some(vec![5, 0, 70_000])] {
             let image = Image {
                 through: 41,
+                stopped_ns: 123_456_789,
                 fds: vec![3, 4, 1000],
                 ages_ms,
                 extra: b"half a li".to_vec(),

@@ -33,6 +33,8 @@ use crate::server::{BindError, Server};
 pub struct Suspended {
     /// The last position delivered.
     through: u64,
+    /// When the loop stopped (see [`sys::monotonic_nanos`]).
+    stopped_ns: u64,
     /// The connection records, then the end.
     records: Vec<u8>,
     /// One socket per connection record, in order.
@@ -79,6 +81,7 @@ impl Suspended {
         fds.extend(self.sockets);
         let image = Image {
             through: self.through,
+            stopped_ns: self.stopped_ns,
             fds: fds.iter().map(AsRawFd::as_raw_fd).collect(),
             ages_ms: (self.ages.as_ref())
                 .map(|ages| ages.iter().map(|age| age.as_millis() as u64).collect()),
@@ -127,6 +130,7 @@ impl Suspended {
         };
         Ok(Suspended {
             through: image.through,
+            stopped_ns: image.stopped_ns,
             records: image.records,
             sockets: fds,
             listener,
@@ -180,6 +184,7 @@ impl Server {
         let started = Instant::now();
         let Suspended {
             through,
+            stopped_ns,
             records,
             sockets,
             listener,
@@ -202,16 +207,20 @@ impl Server {
         let (taken, whole) = server.take_records(&mut spooled);
         let metrics = &server.report.shared.metrics;
         Metrics::add(&metrics.handover_taken, taken as u64);
-        let paused = started.elapsed();
-        Metrics::set(&metrics.handover_pause_us, paused.as_micros() as u64);
+        // The pause the clients see: from the earlier loop's stop (the
+        // clock is the host's) to this one's start.
+        let taking = started.elapsed();
+        let paused_us = sys::monotonic_nanos().saturating_sub(stopped_ns) / 1000;
+        Metrics::set(&metrics.handover_pause_us, paused_us);
         match whole {
             true => log::info!(
-                "took {taken} connections back from the earlier image in {:.1} ms",
-                paused.as_secs_f64() * 1e3
+                "took {taken} connections back from the earlier image in {:.1} ms; the loop paused {:.1} ms in all",
+                taking.as_secs_f64() * 1e3,
+                paused_us as f64 / 1e3
             ),
-            false => {
-                log::error!("the earlier image's state broke off: {taken} connections taken back")
-            }
+            false => log::error!(
+                "the earlier image's state broke off: {taken} connections taken back"
+            ),
         }
         Ok((server, taken))
     }
@@ -243,6 +252,7 @@ impl Server {
     /// closes what could not move, and ends the loop.
     pub(super) fn suspend(&mut self, through: u64, now: Instant) {
         let started = Instant::now();
+        let stopped_ns = sys::monotonic_nanos();
         let kept = self.records.history.suspend(now);
         let listener = self.sockets.take(Door::Main);
         let (kept, listener) = match (kept, listener) {
@@ -275,6 +285,7 @@ impl Server {
         let (history, ages) = kept;
         self.handover.suspended = Some(Suspended {
             through,
+            stopped_ns,
             records,
             sockets,
             listener: OwnedFd::from(std::net::TcpListener::from(listener)),
