@@ -79,7 +79,7 @@ use handle::Shared;
 pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone, UpstreamReader};
 pub use history::SharedHistory;
 use key::ConnKey;
-pub use lifecycle::handover::{TakeOverError, HANDOVER_TIMEOUT};
+pub use lifecycle::handover::{Suspended, TakeOverError, HANDOVER_TIMEOUT};
 use lifecycle::{Ending, Lifecycle};
 pub use net::channel::introduce_successor;
 pub use net::sockets::listen;
@@ -87,7 +87,6 @@ use net::sockets::{
     Door, Ready, Sockets, ALARM, ASKING, LISTENER, METRICS_LISTENER, SUCCESSOR, WAKER,
 };
 use records::Records;
-pub use reexec::Suspended;
 use report::Report;
 #[cfg(feature = "internals")]
 pub use time::host::host_memory;

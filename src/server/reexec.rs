@@ -20,34 +20,12 @@ use crate::ops::sys;
 use crate::protocol::handover::{Image, Record};
 use crate::server::handover::RecordSource;
 use crate::server::history::History;
-use crate::server::lifecycle::handover::{Giving, Taker};
+use crate::server::lifecycle::handover::{Giving, Suspended, Taker};
 use crate::server::lifecycle::Ending;
 use crate::server::net::channel::invalid;
 use crate::server::net::sockets::Door;
 use crate::server::records::{bounds, Records};
 use crate::server::{BindError, Server};
-
-/// A server's state as it stopped for its next image: its connections
-/// (each record with its socket), its listener, and its history.
-#[derive(Debug)]
-pub struct Suspended {
-    /// The last position delivered.
-    through: u64,
-    /// When the loop stopped (see [`sys::monotonic_nanos`]).
-    stopped_ns: u64,
-    /// The connection records, then the end.
-    records: Vec<u8>,
-    /// One socket per connection record, in order.
-    sockets: VecDeque<OwnedFd>,
-    /// The listener, open.
-    listener: OwnedFd,
-    /// The history's memory.
-    history: OwnedFd,
-    /// The ages of the history's records, if the loop wrote it.
-    ages: Option<Vec<Duration>>,
-    /// What the embedding program keeps beside.
-    extra: Vec<u8>,
-}
 
 impl Suspended {
     /// How many connections it holds.

@@ -2,6 +2,7 @@
 //! control socket successors' sockets arrive on, the one whose ask is
 //! awaited, and the successor that asked.
 
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
@@ -89,7 +90,7 @@ pub(crate) struct Handover {
     /// A successor asked.
     pub(crate) giving: Option<Giving>,
     /// What this process's next image takes, once given.
-    pub(crate) suspended: Option<crate::server::reexec::Suspended>,
+    pub(crate) suspended: Option<Suspended>,
 }
 
 impl Handover {
@@ -105,4 +106,26 @@ impl Handover {
             .as_ref()
             .is_some_and(|g| current.saturating_add(1) >= g.first)
     }
+}
+
+/// A server's state as it stopped for its next image: its connections
+/// (each record with its socket), its listener, and its history.
+#[derive(Debug)]
+pub struct Suspended {
+    /// The last position delivered.
+    pub(crate) through: u64,
+    /// When the loop stopped (see [`monotonic_nanos`](crate::ops::sys::monotonic_nanos)).
+    pub(crate) stopped_ns: u64,
+    /// The connection records, then the end.
+    pub(crate) records: Vec<u8>,
+    /// One socket per connection record, in order.
+    pub(crate) sockets: VecDeque<OwnedFd>,
+    /// The listener, open.
+    pub(crate) listener: OwnedFd,
+    /// The history's memory.
+    pub(crate) history: OwnedFd,
+    /// The ages of the history's records, if the loop wrote it.
+    pub(crate) ages: Option<Vec<Duration>>,
+    /// What the embedding program keeps beside.
+    pub(crate) extra: Vec<u8>,
 }
