@@ -103,6 +103,13 @@ pub enum Word {
 }
 
 impl Heard {
+    /// The bytes of a record begun and not whole yet (for the
+    /// supervisor's next image to take in first).
+    pub fn begun(&self) -> Vec<u8> {
+        self.record
+            .map_or_else(Vec::new, |(record, len)| record[..len].to_vec())
+    }
+
     /// Takes in the next byte.
     pub fn byte(&mut self, byte: u8) -> Word {
         match &mut self.record {

@@ -394,12 +394,29 @@ pub struct Recorder {
 impl Recorder {
     /// Keeps the messages of input read in `mode` in `history`.
     pub fn new(history: SharedHistory, mode: InputMode, max_message_bytes: usize) -> Recorder {
+        Recorder::resumed(history, mode, max_message_bytes, 1)
+    }
+
+    /// Goes on with `history` as an earlier image of the supervisor left
+    /// it, numbering from `next_line`.
+    pub fn resumed(
+        history: SharedHistory,
+        mode: InputMode,
+        max_message_bytes: usize,
+        next_line: u64,
+    ) -> Recorder {
         Recorder {
             history,
             mode,
             max_message_bytes,
-            lines: LineLimits::new(mode, max_message_bytes).lines(1),
+            lines: LineLimits::new(mode, max_message_bytes).lines(next_line),
         }
+    }
+
+    /// What the supervisor's next image needs of the history (see
+    /// [`SharedHistory::suspend`]).
+    pub fn suspend(&self) -> io::Result<(std::os::fd::OwnedFd, Vec<std::time::Duration>, u64)> {
+        self.history.suspend()
     }
 
     /// The number the next line of input takes: where an instance started

@@ -44,6 +44,9 @@ use wspush::{Config, Handle, Server, SharedHistory, UpstreamReader};
 /// A lone server's input sources.
 type Sources = Vec<Box<dyn Source>>;
 
+/// How standard input stops for a re-exec, or why it cannot.
+type Stoppable = Result<Stop, &'static str>;
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -244,7 +247,7 @@ fn lone_sources(
     config: &Config,
     counted: &Arc<OnceLock<Handle>>,
     begun: Vec<u8>,
-) -> Result<(Option<Sources>, Result<Stop, &'static str>), String> {
+) -> Result<(Option<Sources>, Stoppable), String> {
     if instance_number().is_some() {
         return Ok((
             None,
@@ -261,26 +264,10 @@ fn lone_sources(
             m.connections_open, m.channels
         )
     });
-    let (stdin, stop): (Box<dyn Source>, _) = match cli.redis.is_none()
-        && cli.publish_listen.is_none()
-    {
-        true => {
-            let fd = io::stdin()
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(|e| format!("cannot read standard input: {e}"))?;
-            let poll = fd
-                .try_clone()
-                .map_err(|e| format!("cannot read standard input: {e}"))?;
-            let (stdin, stop) = Stdin::stoppable(std::fs::File::from(fd), poll, begun)
-                .map_err(|e| format!("cannot read standard input: {e}"))?;
-            (Box::new(stdin), Ok(stop))
-        }
-        false => (
-            Box::new(Stdin::new(io::stdin())),
-            Err("a lone server that reads Redis or a publish listener upgrades under --processes"),
-        ),
-    };
+    let (stdin, stop) = stdin_source(cli, begun)?;
+    let stop = stop.map_err(|_| {
+        "a lone server that reads Redis or a publish listener upgrades under --processes"
+    });
     let sources = cli::sources_from(cli, config, stats, stdin)?;
     Ok((Some(sources), stop))
 }
@@ -546,10 +533,17 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     // Refuse bad settings once, before starting any instance.
     let config = config(cli)?;
     // Before any socket listens: a signal that comes once one does is
-    // handled, never fatal.
+    // handled, never fatal (one that came while an earlier image of this
+    // supervisor re-executed it is handled now).
     let signaled = Signaled::register().map_err(|e| format!("cannot handle signals: {e}"))?;
+    wspush::sys::release_signals(&supervisor::SIGNALS_HANDLED)
+        .map_err(|e| format!("cannot handle signals: {e}"))?;
+    let image = reexec::supervisor_image()?;
     let (count, per_instance) = instance_count(cli, processes);
-    let (listen, _port_hold) = resolve_shared_address(cli.listen)?;
+    let (listen, port_hold) = match &image {
+        Some(image) => reexec::resumed_address(image)?,
+        None => resolve_shared_address(cli.listen)?,
+    };
     let (program, args) = instance_command(listen)?;
     let policy = Policy {
         on_exit: cli.on_instance_exit,
@@ -570,22 +564,37 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
         let board = Arc::clone(&board);
         Box::new(move || board.get().map_or_else(String::new, Board::json))
     };
-    let sources = cli::sources_from(cli, &config, stats, Box::new(Stdin::new(io::stdin())))?;
+    let begun = image.as_ref().map(|i| i.unfinished.clone());
+    let (stdin, stop) = stdin_source(cli, begun.unwrap_or_default())?;
+    let sources = cli::sources_from(cli, &config, stats, stdin)?;
     let max_message = config.max_message_bytes as usize;
-    let history = SharedHistory::create(&config)
-        .map_err(|e| format!("cannot make the history's shared memory: {e}"))?;
-    let recorder = input::Recorder::new(history, cli.input, max_message);
-    // The supervisor holds a listener for each instance, which every
-    // process of that instance serves in turn.
-    let listeners = (0..count)
-        .map(|_| wspush::listen(listen, true).map(OwnedFd::from))
-        .collect::<io::Result<Vec<_>>>()
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let recorder = match &image {
+        Some(image) => reexec::resumed_recorder(image, &config, cli.input)?,
+        None => {
+            let history = SharedHistory::create(&config)
+                .map_err(|e| format!("cannot make the history's shared memory: {e}"))?;
+            input::Recorder::new(history, cli.input, max_message)
+        }
+    };
     // Instances run this process's own binary, whatever is on disk later;
     // SIGUSR2 upgrades them to what is on disk then.
     let own = Path::new("/proc/self/exe");
-    let supervisor = Supervisor::start(own, program, &args, listeners, policy, recorder, signaled)
-        .map_err(|e| e.to_string())?;
+    let mut supervisor = match &image {
+        Some(image) => Supervisor::resume(image, own, program, &args, policy, recorder, signaled),
+        None => {
+            // The supervisor holds a listener for each instance, which
+            // every process of that instance serves in turn.
+            let listeners = (0..count)
+                .map(|_| wspush::listen(listen, true).map(OwnedFd::from))
+                .collect::<io::Result<Vec<_>>>()
+                .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+            Supervisor::start(own, program, &args, listeners, policy, recorder, signaled)
+        }
+    }
+    .map_err(|e| e.to_string())?;
+    if let Ok(stop) = &stop {
+        supervisor.reexec_with(Stop::clone(stop));
+    }
     log::info!(
         "listening on {listen} with {count} instances, up to {per_instance} connections each"
     );
@@ -593,7 +602,29 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     let max_line = input::max_line_bytes(cli.input, max_message);
     let chunks = sources::spawn(sources, max_line, Some(supervisor.waker()))
         .map_err(|e| format!("cannot start the input readers: {e}"))?;
-    supervisor.run(chunks).map_err(|e| e.to_string())
+    match supervisor.run(chunks).map_err(|e| e.to_string())? {
+        supervisor::RunEnd::Stopped => Ok(()),
+        supervisor::RunEnd::ReExec(mut image, binary) => {
+            image.listen = listen.to_string();
+            image.unfinished = stop.map(|stop| stop.unfinished()).unwrap_or_default();
+            Err(reexec::exec_supervisor(*image, port_hold, binary))
+        }
+    }
+}
+
+/// Standard input's source: stoppable at a line's end for a re-exec
+/// (beginning with `begun`, what an earlier image read of a line) when it
+/// is the only source; else plain, and why there is no re-exec.
+fn stdin_source(cli: &Cli, begun: Vec<u8>) -> Result<(Box<dyn Source>, Stoppable), String> {
+    if cli.redis.is_some() || cli.publish_listen.is_some() {
+        let why = "it reads Redis or a publish listener, which cannot stop at a line's end";
+        return Ok((Box::new(Stdin::new(io::stdin())), Err(why)));
+    }
+    let cannot = |e: io::Error| format!("cannot read standard input: {e}");
+    let fd = io::stdin().as_fd().try_clone_to_owned().map_err(cannot)?;
+    let poll = fd.try_clone().map_err(cannot)?;
+    let (stdin, stop) = Stdin::stoppable(std::fs::File::from(fd), poll, begun).map_err(cannot)?;
+    Ok((Box::new(stdin), Ok(stop)))
 }
 
 /// How many instances to start, and how many connections each holds:

@@ -114,6 +114,46 @@ impl Merge {
         Ok(())
     }
 
+    /// Takes the output pipe of the process in `slot` as an earlier image
+    /// of the supervisor left it: with what was read of a line it did not
+    /// finish.
+    pub fn attach_resumed(
+        &mut self,
+        slot: usize,
+        instance: usize,
+        pipe: Receiver,
+        unfinished: &[u8],
+        registry: &Registry,
+    ) -> io::Result<()> {
+        self.attach(slot, instance, pipe, registry)?;
+        let output = self.outputs[slot - 1].as_mut().expect("attached");
+        let _ = output
+            .lines
+            .split(unfinished, |_| ControlFlow::<()>::Continue(()));
+        Ok(())
+    }
+
+    /// Stops for the supervisor's next image: passes on what waits, ends
+    /// the writer once it wrote it all, and returns each output pipe (by
+    /// slot, left registered nowhere) with what was read of a line not
+    /// finished; what the pipes hold stays there for the next image.
+    pub fn suspend(mut self, registry: &Registry) -> Vec<(usize, Receiver, Vec<u8>)> {
+        if let (Some(lines), Some(writer)) = (self.pending.take(), &self.writer) {
+            let _ = writer.send(lines);
+        }
+        self.writer = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        (self.outputs.into_iter().enumerate())
+            .filter_map(|(i, output)| {
+                let mut output = output?;
+                let _ = registry.deregister(&mut output.pipe);
+                Some((i + 1, output.pipe, output.lines.take_unfinished()))
+            })
+            .collect()
+    }
+
     /// The process in `slot` is gone: reads what its pipe still holds,
     /// and drops a last line it did not finish.
     pub fn detach(&mut self, slot: usize, registry: &Registry) {

@@ -20,7 +20,16 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
-use wspush::{Handle, Suspended};
+use socket2::Socket;
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::time::Duration;
+use wspush::{Config, Handle, SharedHistory, Suspended};
+
+use crate::input::InputMode;
+use crate::input::Recorder;
+use crate::supervisor::image::Image;
+use crate::supervisor::SIGNALS_HANDLED;
 
 use crate::binary::{check_binary, state_format_words};
 use crate::sources::stdin::Stop;
@@ -150,12 +159,7 @@ impl Reexec {
             )
             }
         };
-        let earlier = std::fs::File::open("/proc/self/exe")
-            .and_then(|file| {
-                wspush::sys::set_inheritable(file.as_fd(), true)?;
-                Ok(file.into_raw_fd())
-            })
-            .map_or_else(|_| String::new(), |fd| fd.to_string());
+        let earlier = earlier_binary().map_or_else(String::new, |fd| fd.to_string());
         let new = format!("/proc/self/fd/{}", next.binary.as_raw_fd());
         log::info!("re-executing with {connections} connections");
         let e = image(&new, state, &earlier);
@@ -174,16 +178,25 @@ pub const HELD: [i32; 5] = [SIGINT, SIGTERM, SIGUSR1, SIGHUP, SIGUSR2];
 /// environment, naming the state's memory file and the earlier binary.
 /// Returns only if it failed.
 fn image(program: &str, state: i32, earlier: &str) -> std::io::Error {
+    let mut vars = vec![(RESUME_FD_ENV, state.to_string())];
+    if !earlier.is_empty() {
+        vars.push((EARLIER_FD_ENV, earlier.to_string()));
+    }
+    exec_image(program, &vars, &HELD)
+}
+
+/// Execs `program` with this process's arguments and environment, `vars`
+/// set (and this module's others unset), `held` signals held across.
+/// Returns only if it failed.
+fn exec_image(program: &str, vars: &[(&str, String)], held: &[i32]) -> std::io::Error {
     let cstring = |bytes: Vec<u8>| {
         CString::new(bytes).map_err(|_| std::io::Error::other("a NUL in an argument"))
     };
+    let ours = [RESUME_FD_ENV, EARLIER_FD_ENV, SUPERVISOR_STATE_ENV];
     let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
-        .filter(|(name, _)| name != RESUME_FD_ENV && name != EARLIER_FD_ENV)
+        .filter(|(name, _)| !ours.iter().any(|ours| name == ours))
         .collect();
-    env.push((RESUME_FD_ENV.into(), state.to_string().into()));
-    if !earlier.is_empty() {
-        env.push((EARLIER_FD_ENV.into(), earlier.into()));
-    }
+    env.extend(vars.iter().map(|(name, value)| (name.into(), value.into())));
     let made = (|| {
         let program = cstring(program.as_bytes().to_vec())?;
         let argv = (std::env::args_os())
@@ -200,9 +213,143 @@ fn image(program: &str, state: i32, earlier: &str) -> std::io::Error {
         Ok((program, argv, env))
     })();
     match made {
-        Ok((program, argv, env)) => wspush::sys::exec_holding_signals(&program, &argv, &env, &HELD),
+        Ok((program, argv, env)) => wspush::sys::exec_holding_signals(&program, &argv, &env, held),
         Err(e) => e,
     }
+}
+
+/// This process's binary, open across an exec (for a next image that
+/// cannot read the state to run it again): its descriptor, if it opens.
+fn earlier_binary() -> Option<i32> {
+    let file = std::fs::File::open("/proc/self/exe").ok()?;
+    wspush::sys::keep_across_exec(file.as_fd(), true).ok()?;
+    Some(file.into_raw_fd())
+}
+
+/// The memory file holding a supervisor's state, named to its next image.
+pub const SUPERVISOR_STATE_ENV: &str = "WSPUSH_SUPERVISOR_STATE_FD";
+
+/// The state an earlier image of this supervisor left, if it re-executed
+/// it (its descriptors are taken as their owners are made).
+pub fn supervisor_image() -> Result<Option<Image>, String> {
+    let Some(state) = std::env::var(SUPERVISOR_STATE_ENV).ok() else {
+        return Ok(None);
+    };
+    let earlier = std::env::var(EARLIER_FD_ENV).unwrap_or_default();
+    std::env::remove_var(SUPERVISOR_STATE_ENV);
+    std::env::remove_var(EARLIER_FD_ENV);
+    let fd: i32 = state
+        .parse()
+        .map_err(|_| format!("{SUPERVISOR_STATE_ENV} is not a descriptor: {state:?}"))?;
+    let cannot = |e: std::io::Error| format!("cannot read the supervisor's state: {e}");
+    let file = std::fs::File::from(wspush::sys::adopt_fd(fd).map_err(cannot)?);
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(cannot)?;
+    match Image::decode(&bytes) {
+        Ok(image) => {
+            if let Ok(fd) = earlier.parse::<i32>() {
+                // The earlier binary is not needed any more.
+                drop(wspush::sys::adopt_fd(fd));
+            }
+            Ok(Some(image))
+        }
+        Err(why) if !earlier.is_empty() => {
+            log::error!("cannot read the earlier image's state ({why}): running the earlier binary again with it");
+            wspush::sys::keep_across_exec(file.as_fd(), true).map_err(cannot)?;
+            let fd = file.into_raw_fd();
+            let program = format!("/proc/self/fd/{earlier}");
+            let e = exec_image(
+                &program,
+                &[(SUPERVISOR_STATE_ENV, fd.to_string())],
+                &SIGNALS_HANDLED,
+            );
+            Err(format!("cannot run the earlier binary again: {e}"))
+        }
+        Err(why) => Err(why),
+    }
+}
+
+/// The address the instances listen on, and the socket holding its port,
+/// as the earlier image left them.
+pub fn resumed_address(image: &Image) -> Result<(SocketAddr, Option<Socket>), String> {
+    let listen = image.listen.parse().map_err(|_| {
+        format!(
+            "the supervisor's state names no address: {:?}",
+            image.listen
+        )
+    })?;
+    let hold = match image.port_hold {
+        Some(fd) => {
+            Some(Socket::from(wspush::sys::adopt_fd(fd).map_err(|e| {
+                format!("cannot take the port's socket: {e}")
+            })?))
+        }
+        None => None,
+    };
+    Ok((listen, hold))
+}
+
+/// The recorder of the input, going on with the history as the earlier
+/// image left it.
+pub fn resumed_recorder(
+    image: &Image,
+    config: &Config,
+    mode: InputMode,
+) -> Result<Recorder, String> {
+    let fd = wspush::sys::adopt_fd(image.history)
+        .map_err(|e| format!("cannot take the history: {e}"))?;
+    let ages: Vec<Duration> = image
+        .history_ages_ms
+        .iter()
+        .map(|&ms| Duration::from_millis(ms))
+        .collect();
+    let history = SharedHistory::resumed(config, fd, &ages, image.history_last)
+        .map_err(|e| format!("cannot go on with the history: {e}"))?;
+    let max_message = config.max_message_bytes as usize;
+    Ok(Recorder::resumed(
+        history,
+        mode,
+        max_message,
+        image.next_line,
+    ))
+}
+
+/// Execs the checked `binary` as the supervisor's next image with
+/// `image` (and the socket holding the port); failing that, this binary
+/// again. Returns only if neither runs.
+pub fn exec_supervisor(
+    mut image: Image,
+    port_hold: Option<Socket>,
+    binary: std::fs::File,
+) -> String {
+    let kept = |fd: OwnedFd| -> std::io::Result<i32> {
+        wspush::sys::keep_across_exec(fd.as_fd(), true)?;
+        Ok(fd.into_raw_fd())
+    };
+    if let Some(hold) = port_hold {
+        match kept(hold.into()) {
+            Ok(fd) => image.port_hold = Some(fd),
+            Err(e) => return format!("cannot keep the port for the next image: {e}"),
+        }
+    }
+    let state = wspush::sys::memory_file("wspush-supervisor", &image.encode()).and_then(kept);
+    let state = match state {
+        Ok(fd) => fd,
+        Err(e) => return format!("cannot keep the state for the next image: {e}"),
+    };
+    let mut vars = vec![(SUPERVISOR_STATE_ENV, state.to_string())];
+    if let Some(earlier) = earlier_binary() {
+        vars.push((EARLIER_FD_ENV, earlier.to_string()));
+    }
+    let new = format!("/proc/self/fd/{}", binary.as_raw_fd());
+    log::info!(
+        "re-executing the supervisor with its {} instances",
+        image.instances.len()
+    );
+    let e = exec_image(&new, &vars, &SIGNALS_HANDLED);
+    log::error!("cannot run the new binary: {e}; running this one again");
+    let e = exec_image("/proc/self/exe", &vars[..1], &SIGNALS_HANDLED);
+    format!("cannot run this binary again either: {e}")
 }
 
 /// The state an earlier image of this process left, if it re-executed

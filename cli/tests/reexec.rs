@@ -207,3 +207,67 @@ fn sigusr2_is_ignored_by_a_lone_server_with_other_sources() {
         other => panic!("{other:?}"),
     }
 }
+
+/// The supervisor's own upgrade: SIGUSR2 with a binary that reads its
+/// state re-executes the supervisor in place (the same pid; its instances
+/// stay its children), then its next image upgrades the instances, each
+/// handing its connections over: no close, no gap, a line written half
+/// before and half after arrives whole.
+#[test]
+fn sigusr2_reexecutes_a_supervisor_in_place_then_upgrades_its_instances() {
+    let deployed = Deployed::new("supervisor-reexec");
+    let (mut supervisor, addr) = util::start_supervisor(
+        &deployed.binary(),
+        &["--quiet", "--processes", "2"],
+        2,
+        "info",
+    );
+    let pid = supervisor.child.id();
+    let before = util::deploy::children(&supervisor);
+    let resuming: Vec<_> = (0..10).map(|_| resuming_client(addr, "end")).collect();
+    let plain: Vec<_> = (0..10).map(|_| plain_client(addr)).collect();
+    for n in 1..=30 {
+        supervisor.send(format!("line {n}\n").as_bytes());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    supervisor.send(b"line 3");
+    std::thread::sleep(Duration::from_millis(50));
+    deployed.install_from(Path::new(env!("CARGO_BIN_EXE_wspush")));
+    signal(pid, "-USR2");
+    let stopped = supervisor.wait_for("standard input stopped at a line's end");
+    assert!(stopped.contains("(6 bytes of the next kept)"), "{stopped}");
+    supervisor.wait_for("the supervisor re-executed with its 2 instances");
+    assert_eq!(
+        exe(pid),
+        deployed.binary().to_string_lossy(),
+        "the new binary"
+    );
+    supervisor.send(b"1\n");
+    supervisor.wait_for("the upgrade of the 2 instances is done");
+    let after = util::deploy::children_once(&supervisor, 2);
+    assert!(
+        after.iter().all(|p| !before.contains(p)),
+        "{before:?} → {after:?}"
+    );
+    for n in 32..=60 {
+        supervisor.send(format!("line {n}\n").as_bytes());
+    }
+    supervisor.send(b"end\n");
+    let every: Vec<String> = (1..=60).map(|n| format!("line {n}")).collect();
+    for client in plain {
+        let (texts, ended) = client.join().unwrap();
+        assert_eq!(ended, None, "after {} lines", texts.len());
+        assert_eq!(texts, every);
+    }
+    for client in resuming {
+        let resumed = client.join().unwrap();
+        every_line_after_its_first(&resumed, 60);
+        assert_eq!(resumed.closes, [0u16; 0], "{:?}", resumed.statuses);
+        assert_eq!(resumed.statuses.len(), 1, "{:?}", resumed.statuses);
+    }
+    assert_eq!(supervisor.child.id(), pid);
+    assert!(
+        supervisor.child.try_wait().unwrap().is_none(),
+        "still serving"
+    );
+}

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use util::deploy::{
-    connecting_in_a_loop, every_line_after_its_first, feed, plain_client, Deployed,
+    children, children_once, connecting_in_a_loop, every_line_after_its_first, feed, plain_client,
+    Deployed,
 };
 use util::{resuming_client, signal, Logged};
 
@@ -24,32 +25,6 @@ fn supervise(binary: &Path, instances: usize) -> (Logged, SocketAddr) {
     let count = instances.to_string();
     let args = ["--quiet", "--drain-time", "1s", "--processes", &count];
     util::start_supervisor(binary, &args, instances, "info")
-}
-
-/// The supervisor's children: the processes of its instances.
-fn children(supervisor: &Logged) -> Vec<u32> {
-    let pid = supervisor.child.id();
-    let mut pids: Vec<u32> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap()
-        .split_whitespace()
-        .map(|p| p.parse().unwrap())
-        .collect();
-    pids.sort();
-    pids
-}
-
-/// The supervisor's children once there are `count` (a roll's old
-/// processes exit just after it is done).
-fn children_once(supervisor: &Logged, count: usize) -> Vec<u32> {
-    let deadline = std::time::Instant::now() + util::IO_TIMEOUT;
-    loop {
-        let now = children(supervisor);
-        if now.len() == count {
-            return now;
-        }
-        assert!(std::time::Instant::now() < deadline, "children {now:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// The nice value of process `pid`'s main thread (`/proc/PID/stat`).

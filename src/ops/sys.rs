@@ -278,7 +278,7 @@ fn mask_signals(how: libc::c_int, signals: &[i32], before: *mut libc::sigset_t) 
 
 /// A new memory file holding `bytes`, read from its start: state a
 /// process hands its next image.
-pub(crate) fn memory_file(name: &str, bytes: &[u8]) -> io::Result<OwnedFd> {
+pub fn memory_file(name: &str, bytes: &[u8]) -> io::Result<OwnedFd> {
     use std::io::{Seek, Write};
     let mut file = std::fs::File::from(memfd_create(name, MemfdFlags::CLOEXEC)?);
     file.write_all(bytes)?;
@@ -288,7 +288,7 @@ pub(crate) fn memory_file(name: &str, bytes: &[u8]) -> io::Result<OwnedFd> {
 
 /// Keeps descriptor `fd` open across an exec (`keep`), or closes it
 /// there (the default of every descriptor this process opens).
-pub(crate) fn keep_across_exec(fd: BorrowedFd<'_>, keep: bool) -> io::Result<()> {
+pub fn keep_across_exec(fd: BorrowedFd<'_>, keep: bool) -> io::Result<()> {
     let flags = match keep {
         true => FdFlags::empty(),
         false => FdFlags::CLOEXEC,
@@ -300,7 +300,7 @@ pub(crate) fn keep_across_exec(fd: BorrowedFd<'_>, keep: bool) -> io::Result<()>
 /// Takes ownership of descriptor `fd`, kept open across an exec by this
 /// process's earlier image (which named it), if it is open; closed
 /// across the next exec again.
-pub(crate) fn adopt_fd(fd: i32) -> io::Result<OwnedFd> {
+pub fn adopt_fd(fd: i32) -> io::Result<OwnedFd> {
     let fd = own_open_fd(fd)?;
     keep_across_exec(fd.as_fd(), false)?;
     Ok(fd)

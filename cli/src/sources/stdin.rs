@@ -38,9 +38,9 @@ struct Stopping {
 
 /// Stops a [`Stdin`] at a line's end: every line read before is handed
 /// over, and what was read of the next is kept (see [`Stop::stop`]).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Stop {
-    ask: UnixStream,
+    ask: Arc<UnixStream>,
     unfinished: Arc<Mutex<Option<Vec<u8>>>>,
     /// Set once a stop is asked.
     asked: Arc<AtomicBool>,
@@ -51,7 +51,7 @@ impl Stop {
     /// dropped), [`Stop::unfinished`] holds the line begun.
     pub fn stop(&self) -> io::Result<()> {
         self.asked.store(true, Ordering::Release);
-        io::Write::write_all(&mut &self.ask, b"s")
+        io::Write::write_all(&mut &*self.ask, b"s")
     }
 
     /// Set once a stop is asked: for whoever sees the input end.
@@ -94,7 +94,7 @@ impl<R: Read + Send> Stdin<R> {
             stop: Some(stopping),
         };
         let stop = Stop {
-            ask,
+            ask: Arc::new(ask),
             unfinished,
             asked: Arc::new(AtomicBool::new(false)),
         };

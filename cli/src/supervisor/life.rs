@@ -221,7 +221,7 @@ impl Supervisor {
     /// to kill what is left.
     pub(super) fn stop_all(&mut self, now: Instant, signal: Signal) -> Instant {
         for (_, proc) in &self.procs {
-            let _ = kill_process(Pid::from_child(&proc.child), signal);
+            let _ = kill_process(proc.child.pid(), signal);
         }
         for instance in &mut self.instances {
             if let Life::Waiting { .. } = instance.life {
@@ -291,7 +291,7 @@ impl Supervisor {
         }
         entry.insert(Proc {
             number,
-            child,
+            child: Process(child.id()),
             input,
             backlog: Backlog::default(),
             started: Instant::now(),

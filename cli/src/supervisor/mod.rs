@@ -56,15 +56,18 @@
 //! CPU and memory stay negligible.
 
 mod feeding;
+pub mod image;
 mod life;
+mod reexec;
 mod roll;
+pub use image::RunEnd;
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::rc::Rc;
@@ -75,7 +78,7 @@ use std::time::{Duration, Instant};
 use mio::net::UnixStream;
 use mio::unix::pipe::{Receiver, Sender};
 use mio::{Events, Interest, Poll, Token, Waker};
-use rustix::process::{kill_process, Pid, Signal};
+use rustix::process::{kill_process, Pid, Signal, WaitOptions};
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR2};
 use slab::Slab;
 
@@ -281,6 +284,16 @@ impl Backlog {
         Ok(written)
     }
 
+    /// What is left to write, in one piece.
+    fn bytes_left(&self) -> Vec<u8> {
+        let mut left = Vec::with_capacity(self.bytes);
+        for (i, chunk) in self.chunks.iter().enumerate() {
+            let from = if i == 0 { self.offset } else { 0 };
+            left.extend_from_slice(&chunk[from..]);
+        }
+        left
+    }
+
     /// Drops everything; returns the bytes and the line ends dropped.
     fn clear(&mut self) -> (usize, usize) {
         let lines = self
@@ -316,12 +329,39 @@ enum Role {
     Killed,
 }
 
+/// A child process, by its pid: an exec of the supervisor keeps its
+/// children, and its next image goes on with them by their pids.
+#[derive(Debug)]
+struct Process(u32);
+
+impl Process {
+    /// Its pid.
+    fn id(&self) -> u32 {
+        self.0
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.0 as i32).expect("a child's pid is positive")
+    }
+
+    /// Kills it (SIGKILL); it is reaped later.
+    fn kill(&self) -> io::Result<()> {
+        Ok(kill_process(self.pid(), Signal::KILL)?)
+    }
+
+    /// How it ended, if it did (reaping it).
+    fn try_wait(&self) -> io::Result<Option<ExitStatus>> {
+        let waited = rustix::process::waitpid(Some(self.pid()), WaitOptions::NOHANG)?;
+        Ok(waited.map(|(_, status)| ExitStatus::from_raw(status.as_raw())))
+    }
+}
+
 /// One process of an instance.
 #[derive(Debug)]
 struct Proc {
     /// The instance it is a process of.
     number: usize,
-    child: Child,
+    child: Process,
     /// Its input pipe, until the input ends.
     input: Option<Sender>,
     /// Input it has not taken yet.
@@ -486,6 +526,9 @@ struct Roll {
     what: &'static str,
 }
 
+/// The signals a supervisor handles (held across its re-exec).
+pub const SIGNALS_HANDLED: [i32; 5] = [SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR2];
+
 /// The supervisor's signals, registered before anything listens or any
 /// child exists (so that no signal is fatal and no SIGCHLD is missed):
 /// a flag each, set by its handler, and a pipe whose byte wakes the poll.
@@ -496,13 +539,12 @@ pub struct Signaled {
 }
 
 impl Signaled {
-    /// Registers the handlers of SIGCHLD, SIGINT, SIGTERM, SIGHUP and SIGUSR2.
+    /// Registers the handlers of [`SIGNALS_HANDLED`].
     pub fn register() -> io::Result<Signaled> {
         let (pipe, wake) = std::os::unix::net::UnixStream::pair()?;
         pipe.set_nonblocking(true)?;
         wake.set_nonblocking(true)?;
-        let flags = [SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR2]
-            .map(|s| (s, Arc::new(AtomicBool::new(false))));
+        let flags = SIGNALS_HANDLED.map(|s| (s, Arc::new(AtomicBool::new(false))));
         for (signal, flag) in &flags {
             signal_hook::flag::register(*signal, Arc::clone(flag))?;
             signal_hook::low_level::pipe::register(*signal, wake.try_clone()?)?;
@@ -546,6 +588,11 @@ pub struct Supervisor {
     _host: SharedMemory,
     /// What each process holds, as it says, for `GET /stats`.
     board: Board,
+    /// Stops standard input for a re-exec of the supervisor, if it is
+    /// its only source.
+    stop_input: Option<crate::sources::stdin::Stop>,
+    /// A re-exec under way: the input stops, then the supervisor execs.
+    pending_reexec: Option<image::Pending>,
 }
 
 impl Supervisor {
@@ -566,45 +613,9 @@ impl Supervisor {
         recorder: Recorder,
         signaled: Signaled,
     ) -> Result<Supervisor, SupervisorError> {
-        let poll = Poll::new()?;
-        let waker = Waker::new(poll.registry(), WAKE)?;
-        let Signaled {
-            flags: signals,
-            pipe: mut signal_pipe,
-        } = signaled;
-        poll.registry()
-            .register(&mut signal_pipe, SIGNALS, Interest::READABLE)?;
         let host = wspush::host_memory()?;
-        let count = listeners.len();
-        let mut supervisor = Supervisor {
-            program: Rc::new(Program {
-                path: program.to_path_buf(),
-                args: args.to_vec(),
-                history_fd: recorder.inheritable_fd()?,
-                host_fd: host.inheritable()?.as_raw_fd(),
-                _binary: None,
-            }),
-            on_disk,
-            recorder,
-            instances: Vec::with_capacity(count),
-            procs: Slab::with_capacity(2 * count),
-            roll: None,
-            checking: None,
-            steered: None,
-            policy,
-            poll,
-            signals,
-            signal_pipe,
-            restarts: 0,
-            merge: None,
-            waker: Arc::new(waker),
-            feeds_lost: 0,
-            board: Board::default(),
-            _host: host,
-        };
-        if supervisor.policy.merge_output {
-            supervisor.merge = Some(Merge::new(Arc::clone(&supervisor.waker))?);
-        }
+        let mut supervisor =
+            Supervisor::empty(program, on_disk, args, policy, recorder, host, signaled)?;
         for (index, listener) in listeners.into_iter().enumerate() {
             supervisor.instances.push(Instance {
                 life: Life::Gone,
@@ -625,6 +636,59 @@ impl Supervisor {
         Ok(supervisor)
     }
 
+    /// A supervisor with no instance yet: its poll, its signals, and the
+    /// program its instances run (see [`Supervisor::start`]).
+    fn empty(
+        program: &Path,
+        on_disk: PathBuf,
+        args: &[OsString],
+        policy: Policy,
+        recorder: Recorder,
+        host: SharedMemory,
+        signaled: Signaled,
+    ) -> Result<Supervisor, SupervisorError> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKE)?;
+        let Signaled {
+            flags: signals,
+            pipe: mut signal_pipe,
+        } = signaled;
+        poll.registry()
+            .register(&mut signal_pipe, SIGNALS, Interest::READABLE)?;
+        let mut supervisor = Supervisor {
+            program: Rc::new(Program {
+                path: program.to_path_buf(),
+                args: args.to_vec(),
+                history_fd: recorder.inheritable_fd()?,
+                host_fd: host.inheritable()?.as_raw_fd(),
+                _binary: None,
+            }),
+            on_disk,
+            recorder,
+            instances: Vec::new(),
+            procs: Slab::new(),
+            roll: None,
+            checking: None,
+            steered: None,
+            policy,
+            poll,
+            signals,
+            signal_pipe,
+            restarts: 0,
+            merge: None,
+            waker: Arc::new(waker),
+            feeds_lost: 0,
+            board: Board::default(),
+            _host: host,
+            stop_input: None,
+            pending_reexec: None,
+        };
+        if supervisor.policy.merge_output {
+            supervisor.merge = Some(Merge::new(Arc::clone(&supervisor.waker))?);
+        }
+        Ok(supervisor)
+    }
+
     /// What the processes hold, as they say it, for `GET /stats`.
     pub fn stats(&self) -> Board {
         self.board.clone()
@@ -641,7 +705,7 @@ impl Supervisor {
     /// (SIGUSR2: to the binary on disk), and returns once all have exited
     /// after SIGINT/SIGTERM (forwarded to each; success), or with the
     /// error that stopped them.
-    pub fn run(mut self, chunks: mpsc::Receiver<Vec<u8>>) -> Result<(), SupervisorError> {
+    pub fn run(mut self, chunks: mpsc::Receiver<Vec<u8>>) -> Result<RunEnd, SupervisorError> {
         let mut events = Events::with_capacity(64);
         let mut input_open = true;
         let mut failure = None;
@@ -688,9 +752,15 @@ impl Supervisor {
                     Err(mpsc::TryRecvError::Empty) => {}
                     Err(mpsc::TryRecvError::Disconnected) => {
                         input_open = false;
-                        log::info!("the input ended; instances keep serving");
+                        if self.pending_reexec.is_none() || stop_deadline.is_some() {
+                            log::info!("the input ended; instances keep serving");
+                        }
                     }
                 }
+            }
+            if !input_open && stop_deadline.is_none() && self.pending_reexec.is_some() {
+                // Every chunk read is queued for the instances.
+                return Ok(self.suspend()?);
             }
             if !input_open {
                 self.close_drained_inputs();
@@ -725,7 +795,7 @@ impl Supervisor {
         if let Some(merge) = self.merge.take() {
             merge.finish();
         }
-        failure.map_or(Ok(()), Err)
+        failure.map_or(Ok(RunEnd::Stopped), Err)
     }
 
     /// Acts on the signals that arrived: SIGTERM drains the instances,
@@ -751,7 +821,8 @@ impl Supervisor {
         if stop_deadline.is_some() {
             return;
         }
-        if (hup || usr2) && (self.roll.is_some() || self.checking.is_some()) {
+        let busy = self.roll.is_some() || self.checking.is_some() || self.pending_reexec.is_some();
+        if (hup || usr2) && busy {
             log::warn!("a restart or upgrade is under way: SIGHUP/SIGUSR2 ignored");
             return;
         }

@@ -36,7 +36,13 @@ impl Supervisor {
             return;
         };
         self.checking = None;
+        let checked = checked.and_then(|(file, version)| match self.begin_reexec(file, &version) {
+            // The supervisor first; its next image upgrades the instances.
+            Ok(()) => Err(String::new()),
+            Err(file) => Ok((file, version)),
+        });
         match checked {
+            Err(reexec) if reexec.is_empty() => {}
             Ok((file, version)) => {
                 log::info!(
                     "upgrading the {} instances one at a time to {} ({version})",
@@ -198,7 +204,7 @@ impl Supervisor {
         old.urgent = None;
         let deadline = Instant::now() + self.policy.stop_grace;
         old.role = Role::Retiring { deadline, emptied };
-        let _ = kill_process(Pid::from_child(&old.child), Signal::USR1);
+        let _ = kill_process(old.child.pid(), Signal::USR1);
         log::info!(
             "instance {number}: pid {pid} listens; pid {} hands over what it still holds",
             old.child.id()

@@ -136,3 +136,29 @@ pub fn connecting_in_a_loop(
         (made, failed)
     })
 }
+
+/// The supervisor's children: the processes of its instances.
+pub fn children(supervisor: &Logged) -> Vec<u32> {
+    let pid = supervisor.child.id();
+    let mut pids: Vec<u32> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    pids.sort();
+    pids
+}
+
+/// The supervisor's children once there are `count` (a roll's old
+/// processes exit just after it is done).
+pub fn children_once(supervisor: &Logged, count: usize) -> Vec<u32> {
+    let deadline = std::time::Instant::now() + super::IO_TIMEOUT;
+    loop {
+        let now = children(supervisor);
+        if now.len() == count {
+            return now;
+        }
+        assert!(std::time::Instant::now() < deadline, "children {now:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

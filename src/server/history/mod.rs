@@ -575,6 +575,36 @@ impl SharedHistory {
     pub fn evict(&mut self) {
         self.history.evict(Instant::now());
     }
+
+    #[cfg(feature = "internals")]
+    /// What this process's next image needs to go on writing it (see
+    /// [`SharedHistory::resumed`]): its memory, the ages of its records,
+    /// and the last position given out.
+    pub fn suspend(&self) -> io::Result<(OwnedFd, Vec<Duration>, u64)> {
+        let (fd, ages) = self.history.suspend(Instant::now())?;
+        Ok((fd, ages.unwrap_or_default(), self.history.current().seq))
+    }
+
+    #[cfg(feature = "internals")]
+    /// The history an earlier image of this process wrote (see
+    /// [`SharedHistory::suspend`]), written on here within `config`'s
+    /// bounds.
+    pub fn resumed(
+        config: &crate::config::Config,
+        fd: OwnedFd,
+        ages: &[Duration],
+        last: u64,
+    ) -> io::Result<SharedHistory> {
+        let bounds = Bounds {
+            messages: config.history_messages,
+            bytes: config.history_bytes,
+            age: config.history_age,
+        };
+        Ok(SharedHistory {
+            history: History::resumed(fd, bounds, Some(ages), last)?,
+            compression: config.compression(),
+        })
+    }
 }
 
 #[cfg(test)]
