@@ -16,8 +16,11 @@ use wspush::{
 };
 
 use crate::input::{self, InputMode};
-use crate::sources::{publish, pubsub, stream, Source};
+use crate::sources::stop::{Carried, Stopper};
+use crate::sources::{publish, pubsub, stdin, stream, Source};
 use crate::supervisor::{OnExit, FIRST_LINE_ENV, INSTANCE_ENV};
+use std::os::fd::AsFd;
+use std::sync::Arc;
 
 /// A WebSocket push server: every line on standard input is broadcast as
 /// one text message to every connected client.
@@ -570,25 +573,46 @@ pub(crate) fn instance_args(args: impl Iterator<Item = OsString>) -> Vec<OsStrin
 /// The sources the command line asks for, checked: standard input, then
 /// the Redis subscription and stream (with `--redis`) and the publish
 /// listener (with `--publish-listen`), bound, its `GET /stats` answering
-/// what `stats` says; `stdin` is standard input's. The stream fills at most what `config`'s history
-/// holds at its start. The same for a lone server and a supervisor.
+/// what `stats` says. The stream fills at most what `config`'s history
+/// holds at its start. Each goes on from what an earlier image of this
+/// process left it (`carried`), and comes with how it stops for a
+/// re-exec. The same for a lone server and a supervisor.
 pub fn sources_from(
     cli: &Cli,
     config: &Config,
     stats: publish::Stats,
-    stdin: Box<dyn Source>,
-) -> Result<Vec<Box<dyn Source>>, String> {
-    let mut sources: Vec<Box<dyn Source>> = vec![stdin];
+    carried: &Carried,
+) -> Result<Sources, String> {
+    let cannot = |e: std::io::Error| format!("cannot read standard input: {e}");
+    let fd = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(cannot)?;
+    let poll = fd.try_clone().map_err(cannot)?;
+    let (stdin, stop) =
+        stdin::Stdin::stoppable(std::fs::File::from(fd), poll, carried.unfinished.clone())
+            .map_err(cannot)?;
+    let mut sources = Sources {
+        readers: vec![Box::new(stdin)],
+        stoppers: vec![Arc::new(stop)],
+    };
     if let Some(url) = cli.redis.as_deref() {
         if !cli.redis_channel.is_empty() {
-            sources.push(Box::new(pubsub::RedisFeed::new(url, &cli.redis_channel)?));
+            let feed = pubsub::RedisFeed::new(url, &cli.redis_channel)?;
+            sources.stoppers.push(feed.stopper());
+            sources.readers.push(Box::new(feed));
         }
         if let Some(key) = &cli.redis_stream {
             let preload = stream::Preload {
                 messages: config.history_messages,
                 age: config.history_age,
             };
-            sources.push(Box::new(stream::StreamFeed::new(url, key, preload)?));
+            let mut feed = stream::StreamFeed::new(url, key, preload)?;
+            if let Some(at) = carried.stream_at {
+                feed = feed.resuming(at);
+            }
+            sources.stoppers.push(feed.stopper());
+            sources.readers.push(Box::new(feed));
         }
     }
     if let (Some(addr), Some(path)) = (cli.publish_listen, &cli.publish_key_file) {
@@ -598,11 +622,26 @@ pub fn sources_from(
             max_body: config.max_pending_bytes,
             max_line: input::max_line_bytes(InputMode::Commands, max_message),
         };
-        let listener = publish::Listener::bind(addr, keys, limits, config.max_pending_bytes, stats)
-            .map_err(|e| format!("cannot listen on {addr} for publishers: {e}"))?;
-        sources.push(Box::new(listener));
+        let max_pending = config.max_pending_bytes;
+        let listener = match carried.publish_listener {
+            Some(fd) => wspush::sys::adopt_fd(fd).and_then(|socket| {
+                publish::Listener::adopt(socket, keys, limits, max_pending, stats)
+            }),
+            None => publish::Listener::bind(addr, keys, limits, max_pending, stats),
+        }
+        .map_err(|e| format!("cannot listen on {addr} for publishers: {e}"))?;
+        sources.stoppers.push(listener.stopper());
+        sources.readers.push(Box::new(listener));
     }
     Ok(sources)
+}
+
+/// The sources, and how each stops for a re-exec.
+pub struct Sources {
+    /// One per source, each read on a thread of its own.
+    pub readers: Vec<Box<dyn Source>>,
+    /// How each stops, in the same order.
+    pub stoppers: Vec<Arc<dyn Stopper>>,
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,15 +37,12 @@ mod rlimit;
 mod sources;
 mod supervisor;
 use board::Board;
-use sources::stdin::{Stdin, Stop};
+use sources::stop::Carried;
 use sources::Source;
 use wspush::{Config, Handle, Server, SharedHistory, UpstreamReader};
 
-/// A lone server's input sources.
-type Sources = Vec<Box<dyn Source>>;
-
-/// How standard input stops for a re-exec, or why it cannot.
-type Stoppable = Result<Stop, &'static str>;
+/// The input sources' readers.
+type Readers = Vec<Box<dyn Source>>;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -151,8 +148,11 @@ fn serve(cli: Cli) -> Result<(), String> {
         config.host_fd = Some(host);
     }
     let counted = Arc::new(OnceLock::<Handle>::new());
-    let begun = resumed.as_ref().map(|s| s.extra().to_vec());
-    let (sources, stop) = lone_sources(&cli, &config, &counted, begun.unwrap_or_default())?;
+    let carried = match &resumed {
+        Some(suspended) => Carried::decode(suspended.extra())?,
+        None => Carried::default(),
+    };
+    let sources = lone_sources(&cli, &config, &counted, &carried)?;
     let recorder = lone_history(&cli, &mut config)?;
     let capacity = open_file_capacity();
     config.max_connections = max_connections(cli.max_connections, capacity);
@@ -179,16 +179,28 @@ fn serve(cli: Cli) -> Result<(), String> {
     }
     let upstream = spawn_upstream_writer(&server)?;
     let _ = counted.set(handle.clone());
-    let stopped = stop.as_ref().ok().map(Stop::asked);
-    let input = spawn_input(&cli, &config, (sources, stopped), recorder, handle.clone())?;
-    let reexec = match stop {
-        Ok(stop) => Ok(Arc::new(reexec::Reexec::new(
+    let stopping = Arc::new(AtomicBool::new(false));
+    let (readers, stoppers) = match sources {
+        Some(sources) => (Some(sources.readers), Some(sources.stoppers)),
+        None => (None, None),
+    };
+    let input = spawn_input(
+        &cli,
+        &config,
+        (readers, Arc::clone(&stopping)),
+        recorder,
+        handle.clone(),
+    )?;
+    let reexec = match (stoppers, cli.redis_stream.is_some()) {
+        (None, _) => Err("only the supervisor (--processes) upgrades its instances"),
+        (Some(_), true) => Err("a lone server reading a Redis stream upgrades under --processes"),
+        (Some(stoppers), false) => Ok(Arc::new(reexec::Reexec::new(
             on_disk(),
-            stop,
+            stoppers,
             input,
             handle.clone(),
+            stopping,
         ))),
-        Err(why) => Err(why),
     };
     stop_on_signals(signals, handle, reexec.clone())?;
     let ran = server.run().map_err(|e| format!("event loop failed: {e}"));
@@ -237,22 +249,18 @@ fn inherited_memory(env: &str, what: &str) -> Result<Option<Arc<OwnedFd>>, Strin
 }
 
 /// Alone, the input sources, checked (and the publish listener bound)
-/// before the server listens; `GET /stats` reads the server's handle once
-/// `counted` holds it. Standard input begins with `begun` (what an
-/// earlier image read of a line), and can be stopped for a re-exec when
-/// it is the only source (else, why not). Under a supervisor, none: the
-/// instance reads its supervisor.
+/// before the server listens, each going on from what an earlier image
+/// left it (`carried`); `GET /stats` reads the server's handle once
+/// `counted` holds it. Under a supervisor, none: the instance reads its
+/// supervisor.
 fn lone_sources(
     cli: &Cli,
     config: &Config,
     counted: &Arc<OnceLock<Handle>>,
-    begun: Vec<u8>,
-) -> Result<(Option<Sources>, Stoppable), String> {
+    carried: &Carried,
+) -> Result<Option<cli::Sources>, String> {
     if instance_number().is_some() {
-        return Ok((
-            None,
-            Err("only the supervisor (--processes) upgrades its instances"),
-        ));
+        return Ok(None);
     }
     let counted = Arc::clone(counted);
     let stats = Box::new(move || {
@@ -264,12 +272,7 @@ fn lone_sources(
             m.connections_open, m.channels
         )
     });
-    let (stdin, stop) = stdin_source(cli, begun)?;
-    let stop = stop.map_err(|_| {
-        "a lone server that reads Redis or a publish listener upgrades under --processes"
-    });
-    let sources = cli::sources_from(cli, config, stats, stdin)?;
-    Ok((Some(sources), stop))
+    cli::sources_from(cli, config, stats, carried).map(Some)
 }
 
 /// Alone with a stream, the server keeps its history as a supervisor
@@ -424,7 +427,7 @@ fn spawn_upstream_writer(server: &Server) -> Result<Option<JoinHandle<()>>, Stri
 fn spawn_input(
     cli: &Cli,
     config: &Config,
-    (sources, stopped): (Option<Sources>, Option<Arc<AtomicBool>>),
+    (sources, stopped): (Option<Readers>, Arc<AtomicBool>),
     recorder: Option<input::Recorder>,
     handle: Handle,
 ) -> Result<JoinHandle<()>, String> {
@@ -446,7 +449,7 @@ fn spawn_input(
                 None => Box::new(BufReader::new(io::stdin().lock())),
             };
             match input::pump(input, &handle, mode, max_message, first_line) {
-                PumpEnd::Eof if stopped.is_some_and(|s| s.load(Ordering::Acquire)) => {
+                PumpEnd::Eof if stopped.load(Ordering::Acquire) => {
                     log::info!("every line read was handed to the loop before the re-exec")
                 }
                 PumpEnd::Eof => log::info!("the input ended; still serving"),
@@ -564,9 +567,11 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
         let board = Arc::clone(&board);
         Box::new(move || board.get().map_or_else(String::new, Board::json))
     };
-    let begun = image.as_ref().map(|i| i.unfinished.clone());
-    let (stdin, stop) = stdin_source(cli, begun.unwrap_or_default())?;
-    let sources = cli::sources_from(cli, &config, stats, stdin)?;
+    let carried = image
+        .as_ref()
+        .map(|i| i.carried.clone())
+        .unwrap_or_default();
+    let sources = cli::sources_from(cli, &config, stats, &carried)?;
     let max_message = config.max_message_bytes as usize;
     let recorder = match &image {
         Some(image) => reexec::resumed_recorder(image, &config, cli.input)?,
@@ -592,39 +597,24 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
         }
     }
     .map_err(|e| e.to_string())?;
-    if let Ok(stop) = &stop {
-        supervisor.reexec_with(Stop::clone(stop));
-    }
+    supervisor.reexec_with(sources.stoppers.clone());
     log::info!(
         "listening on {listen} with {count} instances, up to {per_instance} connections each"
     );
     let _ = board.set(supervisor.stats());
     let max_line = input::max_line_bytes(cli.input, max_message);
-    let chunks = sources::spawn(sources, max_line, Some(supervisor.waker()))
+    let chunks = sources::spawn(sources.readers, max_line, Some(supervisor.waker()))
         .map_err(|e| format!("cannot start the input readers: {e}"))?;
     match supervisor.run(chunks).map_err(|e| e.to_string())? {
         supervisor::RunEnd::Stopped => Ok(()),
         supervisor::RunEnd::ReExec(mut image, binary) => {
             image.listen = listen.to_string();
-            image.unfinished = stop.map(|stop| stop.unfinished()).unwrap_or_default();
+            for stopper in &sources.stoppers {
+                stopper.carry(&mut image.carried);
+            }
             Err(reexec::exec_supervisor(*image, port_hold, binary))
         }
     }
-}
-
-/// Standard input's source: stoppable at a line's end for a re-exec
-/// (beginning with `begun`, what an earlier image read of a line) when it
-/// is the only source; else plain, and why there is no re-exec.
-fn stdin_source(cli: &Cli, begun: Vec<u8>) -> Result<(Box<dyn Source>, Stoppable), String> {
-    if cli.redis.is_some() || cli.publish_listen.is_some() {
-        let why = "it reads Redis or a publish listener, which cannot stop at a line's end";
-        return Ok((Box::new(Stdin::new(io::stdin())), Err(why)));
-    }
-    let cannot = |e: io::Error| format!("cannot read standard input: {e}");
-    let fd = io::stdin().as_fd().try_clone_to_owned().map_err(cannot)?;
-    let poll = fd.try_clone().map_err(cannot)?;
-    let (stdin, stop) = Stdin::stoppable(std::fs::File::from(fd), poll, begun).map_err(cannot)?;
-    Ok((Box::new(stdin), Ok(stop)))
 }
 
 /// How many instances to start, and how many connections each holds:

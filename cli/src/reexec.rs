@@ -32,7 +32,7 @@ use crate::supervisor::image::Image;
 use crate::supervisor::SIGNALS_HANDLED;
 
 use crate::binary::{check_binary, state_format_words};
-use crate::sources::stdin::Stop;
+use crate::sources::stop::{Carried, Stopper};
 
 /// The memory file holding the state, named to the next image.
 pub const RESUME_FD_ENV: &str = "WSPUSH_RESUME_FD";
@@ -44,8 +44,10 @@ pub const EARLIER_FD_ENV: &str = "WSPUSH_EARLIER_BINARY_FD";
 pub struct Reexec {
     /// The binary on disk (the path this one was started from).
     on_disk: PathBuf,
-    /// Stops standard input at a line's end.
-    stop: Stop,
+    /// Stop the sources, each at a boundary of what it hands over.
+    stoppers: Vec<Arc<dyn Stopper>>,
+    /// Set once they are asked to: the input's end is the re-exec's.
+    stopping: Arc<AtomicBool>,
     /// The input thread, which ends once the input stopped and every
     /// line read was handed to the loop.
     input: Mutex<Option<JoinHandle<()>>>,
@@ -61,17 +63,25 @@ pub struct Reexec {
 struct NextImage {
     /// The binary checked, open (what runs is what was checked).
     binary: std::fs::File,
-    /// What standard input had of a line not ended.
-    unfinished: Vec<u8>,
+    /// What the sources left the next image.
+    carried: Carried,
 }
 
 impl Reexec {
-    /// A re-exec of the binary at `on_disk`, stopping standard input with
-    /// `stop`, whose lines the thread `input` hands to `handle`'s loop.
-    pub fn new(on_disk: PathBuf, stop: Stop, input: JoinHandle<()>, handle: Handle) -> Reexec {
+    /// A re-exec of the binary at `on_disk`, stopping the sources with
+    /// `stoppers` (and saying so in `stopping`), whose lines the thread
+    /// `input` hands to `handle`'s loop.
+    pub fn new(
+        on_disk: PathBuf,
+        stoppers: Vec<Arc<dyn Stopper>>,
+        input: JoinHandle<()>,
+        handle: Handle,
+        stopping: Arc<AtomicBool>,
+    ) -> Reexec {
         Reexec {
             on_disk,
-            stop,
+            stoppers,
+            stopping,
             input: Mutex::new(Some(input)),
             handle,
             busy: AtomicBool::new(false),
@@ -124,19 +134,23 @@ impl Reexec {
             self.busy.store(false, Ordering::Release);
             return;
         }
-        log::info!("re-executing as {version}: standard input stops at a line's end first");
-        if let Err(e) = self.stop.stop() {
-            log::error!("cannot stop standard input: {e}; serving on");
-            self.busy.store(false, Ordering::Release);
-            return;
+        log::info!("re-executing as {version}: the input stops at a line's end first");
+        self.stopping.store(true, Ordering::Release);
+        for stopper in &self.stoppers {
+            if let Err(e) = stopper.stop() {
+                // Its thread cannot be woken: the input would never end.
+                log::error!("cannot stop an input source ({e}); the re-exec waits for it");
+            }
         }
         let input = self.input.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(input) = input {
             let _ = input.join();
         }
-        let unfinished = self.stop.unfinished();
-        *self.next.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(NextImage { binary, unfinished });
+        let mut carried = Carried::default();
+        for stopper in &self.stoppers {
+            stopper.carry(&mut carried);
+        }
+        *self.next.lock().unwrap_or_else(|e| e.into_inner()) = Some(NextImage { binary, carried });
         if self.handle.suspend().is_err() {
             log::warn!("the server ended before it could suspend");
         }
@@ -150,7 +164,7 @@ impl Reexec {
             return "the server suspended with no re-exec under way".into();
         };
         let connections = suspended.connections();
-        suspended.set_extra(next.unfinished);
+        suspended.set_extra(next.carried.encode());
         let state = match suspended.save() {
             Ok(fd) => fd,
             Err(e) => {

@@ -522,6 +522,45 @@ fn a_restarted_host_fills_its_history_from_the_stream_and_a_resume_is_recovered(
     );
 }
 
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn a_reexecuted_supervisor_reads_the_stream_on_where_it_was_with_the_same_positions() {
+    let _redis = start_redis();
+    let mut publisher = Publisher::connect();
+    let host = Host::streaming(0, &["--processes", "2"]);
+    let mut client = connect(&host, "/?positions=1");
+    let mut got = Got::default();
+    read_positioned(&mut client, 0, &mut got);
+    texts(&mut client, 1); // The first status.
+    add_lines(&mut publisher, 1, 5, None);
+    read_positioned(&mut client, 5, &mut got);
+    // SIGUSR2: the supervisor re-executes itself (the binary on disk
+    // reads its state), then upgrades its instances; entries added
+    // meanwhile are read on from where it was.
+    util::signal(host.process.child.id(), "-USR2");
+    add_lines(&mut publisher, 6, 10, None);
+    host.process
+        .wait_for("redis stream feed stopped for the next image after entry");
+    host.process
+        .wait_for("the supervisor re-executed with its 2 instances");
+    host.process
+        .wait_for("the upgrade of the 2 instances is done");
+    add_lines(&mut publisher, 11, 15, None);
+    read_positioned(&mut client, 10, &mut got);
+    assert_eq!(got.payloads(), lines(1, 15), "{:?}", got.statuses);
+    // A resume from before the re-exec: recovered, in the same epoch.
+    let since = &got.messages[2].0;
+    let mut back = connect(&host, &format!("/?since={since}"));
+    let mut after = Got::default();
+    read_positioned(&mut back, 12, &mut after);
+    assert!(
+        after.statuses[0].starts_with(r#"{"status":"recovered""#),
+        "{:?}",
+        after.statuses
+    );
+    assert_eq!(after.messages[..], got.messages[3..], "the same positions");
+}
+
 /// Cuts host `index` off from Redis (`on`), or joins it again.
 fn cut_from_redis(index: usize, on: bool) {
     let redis = std::net::Ipv4Addr::from(REDIS).to_string();

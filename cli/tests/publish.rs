@@ -11,18 +11,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use util::{raw, read_response, texts, Binary, HttpResponse, KeyFile, PUBLISH_KEY as KEY};
-
-/// The address of a `publish on http://ADDR/publish` log line.
-fn publish_addr(line: &str) -> SocketAddr {
-    let rest = line
-        .split("publish on http://")
-        .nth(1)
-        .expect("a publish line");
-    rest.trim_end_matches("/publish")
-        .parse()
-        .expect("an address")
-}
+use util::{
+    publish_addr, raw, read_response, texts, Binary, HttpResponse, KeyFile, PUBLISH_KEY as KEY,
+};
 
 /// A server with a publish listener, and that listener's address.
 fn start(key: &KeyFile, args: &[&str]) -> (Binary, SocketAddr) {

@@ -420,6 +420,26 @@ fn under_processes_the_supervisor_holds_the_one_subscription() {
     for client in &mut clients {
         assert_eq!(text(client), "after");
     }
+
+    // SIGUSR2 with this binary: the supervisor re-executes itself, its
+    // subscription stopped and made again by its next image, and its
+    // instances are upgraded; the clients stay.
+    let signaled = std::process::Command::new("kill")
+        .args(["-USR2", &supervisor.to_string()])
+        .status()
+        .unwrap();
+    assert!(signaled.success());
+    process.wait_for("redis feed stopped for the next image");
+    process.wait_for("the supervisor re-executed with its 2 instances");
+    process.wait_for("the upgrade of the 2 instances is done");
+    // (The fake keeps the closed subscription among its subscribers.)
+    redis.wait_for("the next image's subscription", |s| {
+        s.served == 3 && s.subscribers.len() == 2
+    });
+    redis.publish("news", b"after the upgrade");
+    for client in &mut clients {
+        assert_eq!(text(client), "after the upgrade");
+    }
 }
 
 #[test]

@@ -188,8 +188,22 @@ fn sigusr2_refuses_a_binary_that_does_not_run_or_read_the_state_and_serves_on() 
     assert!(server.child.try_wait().unwrap().is_none(), "still serving");
 }
 
+/// Publishes `lines` to the publish listener at `addr`: its status.
+fn publish(addr: SocketAddr, lines: &str) -> u16 {
+    use std::io::Write;
+    let mut stream = util::raw(addr);
+    let request = format!(
+        "POST /publish HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\n\r\n{lines}",
+        util::PUBLISH_KEY,
+        lines.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    util::read_response(&mut stream).status
+}
+
 #[test]
-fn sigusr2_is_ignored_by_a_lone_server_with_other_sources() {
+fn a_lone_server_with_a_publish_listener_keeps_it_across_the_reexec() {
+    let deployed = Deployed::new("reexec-publish");
     let key = util::KeyFile::new();
     let args = [
         "--publish-listen",
@@ -197,15 +211,43 @@ fn sigusr2_is_ignored_by_a_lone_server_with_other_sources() {
         "--publish-key-file",
         key.path(),
     ];
+    let (mut server, addr, _upstream) = lone(&deployed.binary(), &args);
+    let publisher = util::publish_addr(&server.wait_for("publish on http://"));
+    let mut client = util::connect(addr, "/");
+    assert_eq!(publish(publisher, "all published before\n"), 200);
+    assert_eq!(util::texts(&mut client, 1), ["published before"]);
+    server.send(b"from standard input\n");
+    assert_eq!(util::texts(&mut client, 1), ["from standard input"]);
+    deployed.install_from(Path::new(env!("CARGO_BIN_EXE_wspush")));
+    signal(server.child.id(), "-USR2");
+    server.wait_for("publish listener stopped for the next image");
+    server.wait_for("took 1 connections back from the earlier image");
+    // The same listening socket: the next image's log names the same
+    // address, and a publisher finds it.
+    let again = util::publish_addr(&server.wait_for("publish on http://"));
+    assert_eq!(again, publisher);
+    assert_eq!(publish(publisher, "all published after\n"), 200);
+    assert_eq!(util::texts(&mut client, 1), ["published after"]);
+}
+
+#[test]
+fn sigusr2_is_ignored_by_a_lone_server_that_reads_a_stream() {
+    // No Redis is needed to be refused: the server serves on meanwhile.
+    let args = ["--redis", "redis://127.0.0.1:1", "--redis-stream", "feed"];
     let (mut server, addr, _upstream) = lone(Path::new(env!("CARGO_BIN_EXE_wspush")), &args);
     let mut client = util::connect(addr, "/");
     signal(server.child.id(), "-USR2");
-    server.wait_for("(SIGUSR2): a lone server that reads Redis or a publish listener upgrades under --processes; ignored");
+    server.wait_for(
+        "(SIGUSR2): a lone server reading a Redis stream upgrades under --processes; ignored",
+    );
     server.send(b"still here\n");
-    match client.read().unwrap() {
-        Message::Text(text) => assert_eq!(text.as_str(), "still here"),
-        other => panic!("{other:?}"),
-    }
+    let text = loop {
+        match client.read().unwrap() {
+            Message::Text(text) => break text,
+            _ => continue,
+        }
+    };
+    assert_eq!(text.as_str(), "still here");
 }
 
 /// The supervisor's own upgrade: SIGUSR2 with a binary that reads its
@@ -216,9 +258,23 @@ fn sigusr2_is_ignored_by_a_lone_server_with_other_sources() {
 #[test]
 fn sigusr2_reexecutes_a_supervisor_in_place_then_upgrades_its_instances() {
     let deployed = Deployed::new("supervisor-reexec");
+    let key = util::KeyFile::new();
+    // A port of its own (the supervisor's first log lines are read as it
+    // starts).
+    let publisher = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
     let (mut supervisor, addr) = util::start_supervisor(
         &deployed.binary(),
-        &["--quiet", "--processes", "2"],
+        &[
+            "--quiet",
+            "--processes",
+            "2",
+            "--publish-listen",
+            &publisher.to_string(),
+            "--publish-key-file",
+            key.path(),
+        ],
         2,
         "info",
     );
@@ -230,6 +286,8 @@ fn sigusr2_reexecutes_a_supervisor_in_place_then_upgrades_its_instances() {
         supervisor.send(format!("line {n}\n").as_bytes());
         std::thread::sleep(Duration::from_millis(5));
     }
+    assert_eq!(publish(publisher, "all line 31\n"), 200);
+    std::thread::sleep(Duration::from_millis(50));
     supervisor.send(b"line 3");
     std::thread::sleep(Duration::from_millis(50));
     deployed.install_from(Path::new(env!("CARGO_BIN_EXE_wspush")));
@@ -242,18 +300,23 @@ fn sigusr2_reexecutes_a_supervisor_in_place_then_upgrades_its_instances() {
         deployed.binary().to_string_lossy(),
         "the new binary"
     );
-    supervisor.send(b"1\n");
+    let again = util::publish_addr(&supervisor.wait_for("publish on http://"));
+    assert_eq!(again, publisher, "the same publish listener");
+    supervisor.send(b"2\n");
     supervisor.wait_for("the upgrade of the 2 instances is done");
     let after = util::deploy::children_once(&supervisor, 2);
     assert!(
         after.iter().all(|p| !before.contains(p)),
         "{before:?} → {after:?}"
     );
-    for n in 32..=60 {
+    for n in 33..=60 {
         supervisor.send(format!("line {n}\n").as_bytes());
     }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(publish(publisher, "all line 61\n"), 200);
+    std::thread::sleep(Duration::from_millis(50));
     supervisor.send(b"end\n");
-    let every: Vec<String> = (1..=60).map(|n| format!("line {n}")).collect();
+    let every: Vec<String> = (1..=61).map(|n| format!("line {n}")).collect();
     for client in plain {
         let (texts, ended) = client.join().unwrap();
         assert_eq!(ended, None, "after {} lines", texts.len());
@@ -261,7 +324,7 @@ fn sigusr2_reexecutes_a_supervisor_in_place_then_upgrades_its_instances() {
     }
     for client in resuming {
         let resumed = client.join().unwrap();
-        every_line_after_its_first(&resumed, 60);
+        every_line_after_its_first(&resumed, 61);
         assert_eq!(resumed.closes, [0u16; 0], "{:?}", resumed.statuses);
         assert_eq!(resumed.statuses.len(), 1, "{:?}", resumed.statuses);
     }

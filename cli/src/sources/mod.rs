@@ -33,6 +33,7 @@ pub mod pubsub;
 pub mod reconnect;
 mod source;
 pub mod stdin;
+pub mod stop;
 pub mod stream;
 
 /// Runs each of `sources` on a thread of its own, handing over chunks of

@@ -14,19 +14,24 @@
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, IntoRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Token};
+use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 use wspush::protocol::publish::{self, Parsed, PublishLimits, Request};
 use wspush::Tokens;
 
 use super::source::{Outlet, Source};
+use super::stop::{Carried, Halt, Stopper};
 use crate::chunks::Control;
 
 /// The listener's token; connections' tokens are their slots.
 const LISTENER: Token = Token(usize::MAX);
+/// The token of the waker a stop rings.
+const STOP: Token = Token(usize::MAX - 1);
 /// Publish connections held at once; more are closed as they come.
 const MAX_PUBLISHERS: usize = 1024;
 /// A connection that sends nothing this long is closed.
@@ -54,6 +59,36 @@ pub struct Listener {
     limits: PublishLimits,
     max_pending: usize,
     stats: Stats,
+    stop: Arc<PublishStop>,
+}
+
+/// Stops a publish listener for a re-exec (see [`Stopper`]): it stops
+/// accepting, sends the answers made (a request not read whole was not
+/// taken: its publisher sends it again), hands over what it took, and
+/// leaves its listening socket to the next image.
+#[derive(Debug)]
+pub struct PublishStop {
+    waker: Waker,
+    halt: Arc<Halt<OwnedFd>>,
+}
+
+impl Stopper for PublishStop {
+    fn stop(&self) -> io::Result<()> {
+        self.halt.ask();
+        self.waker.wake()
+    }
+
+    fn carry(&self, carried: &mut Carried) {
+        let Some(socket) = self.halt.take() else {
+            return;
+        };
+        match wspush::sys::keep_across_exec(socket.as_fd(), true) {
+            Ok(()) => carried.publish_listener = Some(socket.into_raw_fd()),
+            Err(e) => log::warn!(
+                "cannot keep the publish listener for the next image ({e}): it listens again there"
+            ),
+        }
+    }
 }
 
 impl Listener {
@@ -66,11 +101,37 @@ impl Listener {
         stats: Stats,
     ) -> io::Result<Listener> {
         let socket = std::net::TcpListener::bind(addr)?;
+        Listener::on(socket, keys, limits, max_pending, stats)
+    }
+
+    /// Listens on `socket`, the listening socket an earlier image of this
+    /// process left (see [`PublishStop`]).
+    pub fn adopt(
+        socket: OwnedFd,
+        keys: Tokens,
+        limits: PublishLimits,
+        max_pending: usize,
+        stats: Stats,
+    ) -> io::Result<Listener> {
+        Listener::on(socket.into(), keys, limits, max_pending, stats)
+    }
+
+    fn on(
+        socket: std::net::TcpListener,
+        keys: Tokens,
+        limits: PublishLimits,
+        max_pending: usize,
+        stats: Stats,
+    ) -> io::Result<Listener> {
         socket.set_nonblocking(true)?;
         let mut socket = TcpListener::from_std(socket);
         let poll = Poll::new()?;
         poll.registry()
             .register(&mut socket, LISTENER, Interest::READABLE)?;
+        let stop = Arc::new(PublishStop {
+            waker: Waker::new(poll.registry(), STOP)?,
+            halt: Halt::shared(),
+        });
         Ok(Listener {
             socket,
             poll,
@@ -78,7 +139,13 @@ impl Listener {
             limits,
             max_pending,
             stats,
+            stop,
         })
+    }
+
+    /// How it stops for a re-exec.
+    pub fn stopper(&self) -> Arc<dyn Stopper> {
+        Arc::clone(&self.stop) as Arc<dyn Stopper>
     }
 }
 
@@ -153,6 +220,8 @@ struct Publisher {
     pending: Vec<u8>,
     out: Outlet,
     tally: Tally,
+    /// Where a stop is asked, and the socket is left.
+    halt: Arc<Halt<OwnedFd>>,
 }
 
 impl Source for Listener {
@@ -170,6 +239,7 @@ impl Source for Listener {
             limits,
             max_pending,
             stats,
+            stop,
         } = *self;
         if let Ok(addr) = socket.local_addr() {
             log::info!("publish on http://{addr}/publish");
@@ -185,6 +255,7 @@ impl Source for Listener {
             pending: Vec::new(),
             out,
             tally: Tally::default(),
+            halt: Arc::clone(&stop.halt),
         };
         publisher.serve_all();
     }
@@ -208,8 +279,12 @@ impl Publisher {
             for event in &events {
                 match event.token() {
                     LISTENER => self.accept(),
+                    STOP => {}
                     Token(key) => self.serve(key),
                 }
+            }
+            if self.halt.asked() {
+                return self.leave();
             }
             if !self.pending.is_empty() && !self.hand_over() {
                 return;
@@ -404,6 +479,35 @@ impl Publisher {
     fn close(&mut self, key: usize) {
         let mut conn = self.conns.remove(key);
         let _ = self.poll.registry().deregister(&mut conn.stream);
+    }
+
+    /// Stops for the next image (see [`PublishStop`]): no new publisher
+    /// (those that connect meanwhile wait in the socket's queue for the
+    /// next image), the answers made sent for at most [`LINGER`], every
+    /// connection closed, what was taken handed over, and the socket
+    /// left.
+    fn leave(mut self) {
+        let _ = self.poll.registry().deregister(&mut self.listener);
+        let deadline = Instant::now() + LINGER;
+        for (_, conn) in &mut self.conns {
+            while !conn.output.is_empty() && Instant::now() < deadline {
+                match flush(conn) {
+                    Ok(()) if conn.output.is_empty() => break,
+                    Ok(()) => std::thread::sleep(RETRY_HAND_OVER),
+                    Err(_) => break,
+                }
+            }
+        }
+        let open = self.conns.len();
+        for key in self.conns.iter().map(|(key, _)| key).collect::<Vec<_>>() {
+            self.close(key);
+        }
+        if !self.pending.is_empty() {
+            self.out.send(std::mem::take(&mut self.pending));
+        }
+        log::info!("publish listener stopped for the next image ({open} publisher connections closed; requests not read whole are sent again)");
+        let socket = std::net::TcpListener::from(OwnedFd::from(self.listener));
+        self.halt.leave(OwnedFd::from(socket));
     }
 }
 

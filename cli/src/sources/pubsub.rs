@@ -14,12 +14,14 @@
 //! ([`FeedEvent::Restored`](super::FeedEvent::Restored), one line with the outage and the attempts).
 //! Redis pub/sub is at-most-once: what is published meanwhile is lost.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{Client, RedisError};
 
 use super::reconnect::{keep_reading, Where};
 use super::source::{Outlet, Source};
+use super::stop::{Carried, Halt, Stopper};
 use crate::chunks::WholeLines;
 
 /// Silence after which the reader pings Redis; the answer must come
@@ -36,6 +38,19 @@ pub struct RedisFeed {
     server: String,
     channels: Vec<String>,
     patterns: Vec<String>,
+    /// Where a re-exec asks it to stop.
+    halt: Arc<Halt<()>>,
+}
+
+/// A subscription stops for a re-exec between messages; it leaves
+/// nothing (the next image subscribes again).
+impl Stopper for Halt<()> {
+    fn stop(&self) -> std::io::Result<()> {
+        self.ask();
+        Ok(())
+    }
+
+    fn carry(&self, _: &mut Carried) {}
 }
 
 impl RedisFeed {
@@ -53,7 +68,13 @@ impl RedisFeed {
             client,
             channels: names.iter().filter(|n| !is_pattern(n)).cloned().collect(),
             patterns: names.iter().filter(is_pattern).cloned().collect(),
+            halt: Halt::shared(),
         })
+    }
+
+    /// How it stops for a re-exec.
+    pub fn stopper(&self) -> Arc<dyn Stopper> {
+        Arc::clone(&self.halt) as Arc<dyn Stopper>
     }
 
     /// Subscribes and hands every message to `out`, as whole lines,
@@ -78,7 +99,11 @@ impl RedisFeed {
                 })
             },
             |event| out.event(event),
+            &|| self.halt.asked(),
         );
+        if self.halt.asked() {
+            log::info!("redis feed stopped for the next image (it subscribes again there; what is published meanwhile is lost)");
+        }
     }
 
     /// One connection: subscribes (then calls `on(None)`), hands each
@@ -106,6 +131,9 @@ impl RedisFeed {
                     }
                 }
                 Err(e) if e.is_timeout() => {
+                    if !on(None) {
+                        return Ok(());
+                    }
                     // Silence: Redis must answer a ping (messages that
                     // arrive first are kept for `get_message`).
                     pubsub.ping::<redis::Value>()?;

@@ -26,7 +26,8 @@ pub struct Where<'a> {
     pub meanwhile: &'a str,
 }
 
-/// Runs `session` again and again until `on` returns false: a session
+/// Runs `session` again and again until `on` returns false (or, between
+/// attempts and chunks, `halted` says to stop): a session
 /// connects, calls its argument with `None` once it reads, then with each
 /// chunk, and returns the error that ended it (or `Ok` once its argument
 /// returned false). An outage is reported once ([`FeedEvent::Lost`], one
@@ -36,6 +37,7 @@ pub fn keep_reading<E: Display>(
     source: Where<'_>,
     mut session: impl FnMut(&mut dyn FnMut(Option<Vec<u8>>) -> bool) -> Result<(), E>,
     mut on: impl FnMut(FeedEvent) -> bool,
+    halted: &dyn Fn() -> bool,
 ) {
     let Where {
         server,
@@ -46,9 +48,12 @@ pub fn keep_reading<E: Display>(
     let mut backoff = MIN_BACKOFF;
     // When the outage began, and the attempts since.
     let mut lost: Option<(Instant, u32)> = None;
-    loop {
+    while !halted() {
         let mut reading = false;
         let ended = session(&mut |chunk| {
+            if halted() {
+                return false;
+            }
             if !reading {
                 reading = true;
                 backoff = MIN_BACKOFF;

@@ -6,12 +6,12 @@
 use std::io::{self, Read};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rustix::event::{poll, PollFd, PollFlags};
 
 use super::source::{Outlet, Source};
+use super::stop::{Carried, Stopper};
 use crate::chunks::WholeLines;
 
 /// Input read per chunk.
@@ -22,41 +22,34 @@ pub struct Stdin<R> {
     input: R,
     /// What an earlier image had read of a line it did not finish.
     begun: Vec<u8>,
-    /// How it is stopped, if it can be.
-    stop: Option<Stopping>,
+    /// How it is stopped.
+    stop: Stopping,
 }
 
 /// The reader's side of a [`Stop`].
 struct Stopping {
     /// The input's descriptor, watched beside `asked`.
     input: OwnedFd,
-    /// Readable once a stop is asked.
-    asked: UnixStream,
+    /// Readable once a stop is asked; `None` once no [`Stop`] is left
+    /// to ask (its end closed).
+    asked: Option<UnixStream>,
     /// Where the line begun goes when it stops.
     unfinished: Arc<Mutex<Option<Vec<u8>>>>,
 }
 
 /// Stops a [`Stdin`] at a line's end: every line read before is handed
 /// over, and what was read of the next is kept (see [`Stop::stop`]).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Stop {
-    ask: Arc<UnixStream>,
+    ask: UnixStream,
     unfinished: Arc<Mutex<Option<Vec<u8>>>>,
-    /// Set once a stop is asked.
-    asked: Arc<AtomicBool>,
 }
 
 impl Stop {
     /// Asks the reader to stop. Once its source has ended (its outlet
     /// dropped), [`Stop::unfinished`] holds the line begun.
     pub fn stop(&self) -> io::Result<()> {
-        self.asked.store(true, Ordering::Release);
-        io::Write::write_all(&mut &*self.ask, b"s")
-    }
-
-    /// Set once a stop is asked: for whoever sees the input end.
-    pub fn asked(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.asked)
+        io::Write::write_all(&mut &self.ask, b"s")
     }
 
     /// What the reader had read of a line it did not finish, once it
@@ -67,16 +60,17 @@ impl Stop {
     }
 }
 
-impl<R: Read + Send> Stdin<R> {
-    /// Reads `input`.
-    pub fn new(input: R) -> Stdin<R> {
-        Stdin {
-            input,
-            begun: Vec::new(),
-            stop: None,
-        }
+impl Stopper for Stop {
+    fn stop(&self) -> io::Result<()> {
+        Stop::stop(self)
     }
 
+    fn carry(&self, carried: &mut Carried) {
+        carried.unfinished = self.unfinished();
+    }
+}
+
+impl<R: Read + Send> Stdin<R> {
     /// Reads `input` (whose descriptor is `fd`), beginning with `begun`
     /// (what an earlier image read of a line), until it ends or the
     /// [`Stop`] returned asks.
@@ -85,37 +79,45 @@ impl<R: Read + Send> Stdin<R> {
         let unfinished = Arc::new(Mutex::new(None));
         let stopping = Stopping {
             input: fd,
-            asked,
+            asked: Some(asked),
             unfinished: Arc::clone(&unfinished),
         };
         let stdin = Stdin {
             input,
             begun,
-            stop: Some(stopping),
+            stop: stopping,
         };
-        let stop = Stop {
-            ask: Arc::new(ask),
-            unfinished,
-            asked: Arc::new(AtomicBool::new(false)),
-        };
+        let stop = Stop { ask, unfinished };
         Ok((stdin, stop))
     }
 }
 
 impl Stopping {
     /// Waits until the input is readable (true) or a stop is asked (false).
-    fn wait(&self) -> bool {
+    fn wait(&mut self) -> bool {
+        let Some(asked) = &self.asked else {
+            return true;
+        };
         loop {
             let mut fds = [
                 PollFd::new(&self.input, PollFlags::IN),
-                PollFd::new(&self.asked, PollFlags::IN),
+                PollFd::new(asked, PollFlags::IN),
             ];
             match poll(&mut fds, None) {
-                Ok(_) if !fds[1].revents().is_empty() => return false,
+                Ok(_) if !fds[1].revents().is_empty() => break,
                 Ok(_) => return true,
                 Err(rustix::io::Errno::INTR) => continue,
                 // Reading will tell.
                 Err(_) => return true,
+            }
+        }
+        let mut byte = [0u8; 1];
+        match (&*asked).read(&mut byte) {
+            Ok(1) => false,
+            // No stop can be asked any more: the input is read to its end.
+            _ => {
+                self.asked = None;
+                true
             }
         }
     }
@@ -138,16 +140,14 @@ impl<R: Read + Send> Source for Stdin<R> {
             return;
         }
         loop {
-            if let Some(stopping) = self.stop.as_ref().filter(|s| !s.wait()) {
+            if !self.stop.wait() {
                 let unfinished = lines.take_unfinished();
                 log::info!(
                     "standard input stopped at a line's end ({} bytes of the next kept)",
                     unfinished.len()
                 );
-                *stopping
-                    .unfinished
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()) = Some(unfinished);
+                let kept = &self.stop.unfinished;
+                *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(unfinished);
                 return;
             }
             let n = match self.input.read(&mut buf) {

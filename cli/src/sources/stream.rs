@@ -30,6 +30,7 @@
 //! All of it reaches the loop as lines and control lines ([`Control`]).
 
 use std::hash::Hasher;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use redis::{Client, Connection, RedisError, Value};
@@ -37,6 +38,7 @@ use redis::{Client, Connection, RedisError, Value};
 use super::pubsub::{client, CONNECT_TIMEOUT};
 use super::reconnect::{keep_reading, Where};
 use super::source::{Outlet, Source};
+use super::stop::{Carried, Halt, Stopper};
 use crate::chunks::{decimal, Control, Skip, WholeLines};
 use wspush::Epoch;
 
@@ -182,6 +184,26 @@ pub struct StreamFeed {
     server: String,
     key: String,
     preload: Preload,
+    /// Where an earlier image of this process stopped reading, if any:
+    /// it reads on from there (the history is its too).
+    resume_at: Option<Read>,
+    /// Where a re-exec asks it to stop, and it leaves where it was.
+    halt: Arc<Halt<Read>>,
+}
+
+/// A stream's reader stops for a re-exec between reads, and leaves
+/// where it was: the next image reads on from there.
+impl Stopper for Halt<Read> {
+    fn stop(&self) -> std::io::Result<()> {
+        self.ask();
+        Ok(())
+    }
+
+    fn carry(&self, carried: &mut Carried) {
+        if let Some(at) = self.take() {
+            carried.stream_at = Some((at.last.ms, at.last.seq, at.added));
+        }
+    }
 }
 
 impl StreamFeed {
@@ -196,7 +218,25 @@ impl StreamFeed {
             client,
             key: key.into(),
             preload,
+            resume_at: None,
+            halt: Halt::shared(),
         })
+    }
+
+    /// Reads on from `at` (the last entry an earlier image of this process
+    /// read, and the stream's count of entries added then), not filling
+    /// the history again.
+    pub fn resuming(mut self, (ms, seq, added): (u64, u64, Option<u64>)) -> StreamFeed {
+        self.resume_at = Some(Read {
+            last: Id { ms, seq },
+            added,
+        });
+        self
+    }
+
+    /// How it stops for a re-exec.
+    pub fn stopper(&self) -> Arc<dyn Stopper> {
+        Arc::clone(&self.halt) as Arc<dyn Stopper>
     }
 
     /// Reads the stream and hands its entries to `out` as chunks of whole
@@ -213,10 +253,22 @@ impl StreamFeed {
                 "entries added meanwhile are read when it is back, while the stream holds them",
         };
         // Where it is (`None`: the history is not filled yet).
-        let mut at: Option<Read> = None;
+        let mut at: Option<Read> = self.resume_at;
         let session =
             |read: &mut dyn FnMut(Option<Vec<u8>>) -> bool| self.session(&mut at, &mut lines, read);
-        keep_reading(source, session, |event| out.event(event));
+        keep_reading(source, session, |event| out.event(event), &|| {
+            self.halt.asked()
+        });
+        if self.halt.asked() {
+            if let Some(at) = at {
+                log::info!(
+                    "redis stream {} stopped for the next image after entry {}",
+                    self.key,
+                    at.last
+                );
+                self.halt.leave(at);
+            }
+        }
     }
 
     /// One connection: fills the history (the first time) or says what
@@ -244,6 +296,9 @@ impl StreamFeed {
         *at = Some(here);
         let mut lag_due = Instant::now();
         loop {
+            if !read(None) {
+                return Ok(());
+            }
             let reply: Value = redis::cmd("XREAD")
                 .arg("COUNT")
                 .arg(READ_COUNT)

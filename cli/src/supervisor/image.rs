@@ -7,6 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::sources::stop::Carried;
+
 /// The format this build writes and reads.
 pub const FORMAT: u16 = 1;
 
@@ -29,8 +31,8 @@ pub struct Image {
     pub next_line: u64,
     /// The host's shared words.
     pub host: i32,
-    /// What standard input had of a line not ended.
-    pub unfinished: Vec<u8>,
+    /// What the sources left it.
+    pub carried: Carried,
     /// Instances started again so far, in all.
     pub restarts: u64,
     /// Feeds lost now.
@@ -146,7 +148,11 @@ mod tests {
             history_last: 41,
             next_line: 42,
             host: 6,
-            unfinished: b"half a li".to_vec(),
+            carried: Carried {
+                unfinished: b"half a li".to_vec(),
+                publish_listener: Some(12),
+                stream_at: None,
+            },
             restarts: 2,
             feeds_lost: 0,
             instances: vec![InstanceImage {

@@ -588,9 +588,8 @@ pub struct Supervisor {
     _host: SharedMemory,
     /// What each process holds, as it says, for `GET /stats`.
     board: Board,
-    /// Stops standard input for a re-exec of the supervisor, if it is
-    /// its only source.
-    stop_input: Option<crate::sources::stdin::Stop>,
+    /// Stop the sources for a re-exec of the supervisor.
+    stoppers: Vec<Arc<dyn crate::sources::stop::Stopper>>,
     /// A re-exec under way: the input stops, then the supervisor execs.
     pending_reexec: Option<image::Pending>,
 }
@@ -680,7 +679,7 @@ impl Supervisor {
             feeds_lost: 0,
             board: Board::default(),
             _host: host,
-            stop_input: None,
+            stoppers: Vec::new(),
             pending_reexec: None,
         };
         if supervisor.policy.merge_output {

@@ -11,7 +11,7 @@ use std::os::fd::IntoRawFd;
 
 use super::image::{Image, InstanceImage, Pending, ProcImage, RunEnd, FORMAT};
 use super::*;
-use crate::sources::stdin::Stop;
+use crate::sources::stop::Stopper;
 
 /// Keeps `fd` open across the exec, and gives up owning it: its number,
 /// for the image.
@@ -23,9 +23,9 @@ fn kept(fd: impl Into<OwnedFd>) -> io::Result<i32> {
 
 impl Supervisor {
     /// Lets SIGUSR2 re-execute the supervisor before it upgrades its
-    /// instances, stopping standard input (its only source) with `stop`.
-    pub fn reexec_with(&mut self, stop: Stop) {
-        self.stop_input = Some(stop);
+    /// instances, stopping the sources with `stoppers`.
+    pub fn reexec_with(&mut self, stoppers: Vec<Arc<dyn Stopper>>) {
+        self.stoppers = stoppers;
     }
 
     /// A new binary that reads this build's state was checked: stops the
@@ -36,10 +36,6 @@ impl Supervisor {
         binary: std::fs::File,
         version: &str,
     ) -> Result<(), std::fs::File> {
-        let Some(stop) = &self.stop_input else {
-            log::info!("the supervisor reads more than standard input: it keeps running its own binary; the instances are upgraded to {version}");
-            return Err(binary);
-        };
         if !version.ends_with(&crate::binary::state_format_words()) {
             log::info!("{version} does not read this supervisor's state: it keeps running its own binary; the instances are upgraded");
             return Err(binary);
@@ -52,13 +48,15 @@ impl Supervisor {
             log::info!("a process is starting or handing over: the supervisor keeps running its own binary; the instances are upgraded");
             return Err(binary);
         }
-        if let Err(e) = stop.stop() {
-            log::error!(
-                "cannot stop standard input: {e}; the supervisor keeps running its own binary"
-            );
+        if self.stoppers.is_empty() {
             return Err(binary);
         }
-        log::info!("re-executing the supervisor as {version} (its instances next): standard input stops at a line's end first");
+        for stopper in &self.stoppers {
+            if let Err(e) = stopper.stop() {
+                log::error!("cannot stop an input source ({e}); the re-exec waits for it");
+            }
+        }
+        log::info!("re-executing the supervisor as {version} (its instances next): the input stops at a line's end first");
         self.pending_reexec = Some(Pending { binary });
         Ok(())
     }
@@ -148,7 +146,7 @@ impl Supervisor {
             history_last,
             next_line: self.recorder.next_line(),
             host: kept(host)?,
-            unfinished: Vec::new(),
+            carried: Default::default(),
             restarts: self.restarts,
             feeds_lost: self.feeds_lost,
             instances,

@@ -310,3 +310,14 @@ impl Drop for KeyFile {
         let _ = std::fs::remove_file(&self.0);
     }
 }
+
+/// The address of a `publish on http://ADDR/publish` log line.
+pub fn publish_addr(line: &str) -> SocketAddr {
+    let rest = line
+        .split("publish on http://")
+        .nth(1)
+        .expect("a publish line");
+    rest.trim_end_matches("/publish")
+        .parse()
+        .expect("an address")
+}
