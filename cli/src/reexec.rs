@@ -232,6 +232,23 @@ fn exec_image(program: &str, vars: &[(&str, String)], held: &[i32]) -> std::io::
     }
 }
 
+/// The state's memory file an earlier image named in `env`, and the
+/// earlier binary's descriptor (empty if none), both taken out of the
+/// environment (not for the processes this one starts, nor its next
+/// image); `None` if this process was not re-executed.
+fn named_state(env: &str) -> Result<Option<(i32, String)>, String> {
+    let Some(state) = std::env::var(env).ok() else {
+        return Ok(None);
+    };
+    let earlier = std::env::var(EARLIER_FD_ENV).unwrap_or_default();
+    std::env::remove_var(env);
+    std::env::remove_var(EARLIER_FD_ENV);
+    let fd = state
+        .parse()
+        .map_err(|_| format!("{env} is not a descriptor: {state:?}"))?;
+    Ok(Some((fd, earlier)))
+}
+
 /// This process's binary, open across an exec (for a next image that
 /// cannot read the state to run it again): its descriptor, if it opens.
 fn earlier_binary() -> Option<i32> {
@@ -246,15 +263,9 @@ pub const SUPERVISOR_STATE_ENV: &str = "WSPUSH_SUPERVISOR_STATE_FD";
 /// The state an earlier image of this supervisor left, if it re-executed
 /// it (its descriptors are taken as their owners are made).
 pub fn supervisor_image() -> Result<Option<Image>, String> {
-    let Some(state) = std::env::var(SUPERVISOR_STATE_ENV).ok() else {
+    let Some((fd, earlier)) = named_state(SUPERVISOR_STATE_ENV)? else {
         return Ok(None);
     };
-    let earlier = std::env::var(EARLIER_FD_ENV).unwrap_or_default();
-    std::env::remove_var(SUPERVISOR_STATE_ENV);
-    std::env::remove_var(EARLIER_FD_ENV);
-    let fd: i32 = state
-        .parse()
-        .map_err(|_| format!("{SUPERVISOR_STATE_ENV} is not a descriptor: {state:?}"))?;
     let cannot = |e: std::io::Error| format!("cannot read the supervisor's state: {e}");
     let file = std::fs::File::from(wspush::sys::adopt_fd(fd).map_err(cannot)?);
     let mut bytes = Vec::new();
@@ -370,16 +381,9 @@ pub fn exec_supervisor(
 /// it. One this build cannot read runs the earlier binary again with it
 /// (which does not return); without one, the error.
 pub fn resumed() -> Result<Option<Suspended>, String> {
-    let Some(state) = std::env::var(RESUME_FD_ENV).ok() else {
+    let Some((fd, earlier)) = named_state(RESUME_FD_ENV)? else {
         return Ok(None);
     };
-    let earlier = std::env::var(EARLIER_FD_ENV).unwrap_or_default();
-    // Not for the processes this one starts, nor its next image.
-    std::env::remove_var(RESUME_FD_ENV);
-    std::env::remove_var(EARLIER_FD_ENV);
-    let fd: i32 = state
-        .parse()
-        .map_err(|_| format!("{RESUME_FD_ENV} is not a descriptor: {state:?}"))?;
     match Suspended::load(fd) {
         Ok(suspended) => {
             if let Ok(fd) = earlier.parse::<i32>() {

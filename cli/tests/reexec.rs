@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tungstenite::Message;
-use util::deploy::{connecting_in_a_loop, every_line_after_its_first, plain_client, Deployed};
+use util::deploy::{connecting_in_a_loop, every_client_got_every_line, plain_client, Deployed};
 use util::{listening_addr, resuming_client, signal, Logged, IO_TIMEOUT};
 
 /// A lone server running `binary` with `args`, its standard input and
@@ -134,18 +134,7 @@ fn sigusr2_reexecutes_a_lone_server_in_place_with_no_close_and_nothing_lost() {
     );
     server.send(b"end\n");
 
-    let every: Vec<String> = (1..=100).map(|n| format!("line {n}")).collect();
-    for client in plain {
-        let (texts, ended) = client.join().unwrap();
-        assert_eq!(ended, None, "after {} lines", texts.len());
-        assert_eq!(texts, every);
-    }
-    for client in resuming {
-        let resumed = client.join().unwrap();
-        every_line_after_its_first(&resumed, 100);
-        assert_eq!(resumed.closes, [0u16; 0], "{:?}", resumed.statuses);
-        assert_eq!(resumed.statuses.len(), 1, "{:?}", resumed.statuses);
-    }
+    every_client_got_every_line(plain, resuming, 100);
     let rest: Vec<String> = upstream.try_iter().collect();
     assert!(
         !rest.iter().any(|l| l.contains(&key)),
@@ -316,18 +305,7 @@ fn sigusr2_reexecutes_a_supervisor_in_place_then_upgrades_its_instances() {
     assert_eq!(publish(publisher, "all line 61\n"), 200);
     std::thread::sleep(Duration::from_millis(50));
     supervisor.send(b"end\n");
-    let every: Vec<String> = (1..=61).map(|n| format!("line {n}")).collect();
-    for client in plain {
-        let (texts, ended) = client.join().unwrap();
-        assert_eq!(ended, None, "after {} lines", texts.len());
-        assert_eq!(texts, every);
-    }
-    for client in resuming {
-        let resumed = client.join().unwrap();
-        every_line_after_its_first(&resumed, 61);
-        assert_eq!(resumed.closes, [0u16; 0], "{:?}", resumed.statuses);
-        assert_eq!(resumed.statuses.len(), 1, "{:?}", resumed.statuses);
-    }
+    every_client_got_every_line(plain, resuming, 61);
     assert_eq!(supervisor.child.id(), pid);
     assert!(
         supervisor.child.try_wait().unwrap().is_none(),

@@ -162,3 +162,25 @@ pub fn children_once(supervisor: &Logged, count: usize) -> Vec<u32> {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Checks that every plain client got `line 1` … `line LAST` once, in
+/// order, with no close, and every resuming one every line after its
+/// first position, with no close and no reconnect.
+pub fn every_client_got_every_line(
+    plain: Vec<std::thread::JoinHandle<(Vec<String>, Option<String>)>>,
+    resuming: Vec<std::thread::JoinHandle<Resumed>>,
+    last: usize,
+) {
+    let every: Vec<String> = (1..=last).map(|n| format!("line {n}")).collect();
+    for client in plain {
+        let (texts, ended) = client.join().unwrap();
+        assert_eq!(ended, None, "after {} lines", texts.len());
+        assert_eq!(texts, every);
+    }
+    for client in resuming {
+        let resumed = client.join().unwrap();
+        every_line_after_its_first(&resumed, last);
+        assert_eq!(resumed.closes, [0u16; 0], "{:?}", resumed.statuses);
+        assert_eq!(resumed.statuses.len(), 1, "{:?}", resumed.statuses);
+    }
+}
