@@ -18,7 +18,7 @@ use wspush::{
 use crate::input::{self, InputMode};
 use crate::sources::stop::{Carried, Stopper};
 use crate::sources::{publish, pubsub, stdin, stream, Source};
-use crate::supervisor::{OnExit, FIRST_LINE_ENV, INSTANCE_ENV};
+use crate::supervisor::{OnExit, EPOCH_ENV, FIRST_LINE_ENV, INSTANCE_ENV};
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
@@ -452,8 +452,13 @@ pub(crate) fn config(cli: &Cli) -> Result<Config, String> {
             events: cli.upstream_events,
         });
         c.stats_interval = (!cli.quiet).then_some(cli.stats_interval);
-        // A stream's positions are of its epoch, on every host.
-        c.epoch = cli.redis_stream.as_deref().map(stream::epoch);
+        // A stream's positions are of its epoch, on every host (an
+        // instance is told it by its supervisor, which reads the stream).
+        c.epoch = cli.redis_stream.as_deref().map(stream::epoch).or_else(|| {
+            std::env::var(EPOCH_ENV)
+                .ok()
+                .and_then(|hex| wspush::Epoch::parse(hex.as_bytes()))
+        });
         c.batch_delay = cli.batch_delay;
         c.degraded = cli.healthz_degraded;
     });

@@ -559,6 +559,7 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
             + config.shutdown_timeout
             + Duration::from_secs(5),
         merge_output: cli.upstream.is_some(),
+        shared_epoch: config.epoch,
     };
     // The sources are checked (and the publish listener bound) before any
     // instance starts; `GET /stats` reads the supervisor's board once it is.

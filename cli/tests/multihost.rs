@@ -561,6 +561,33 @@ fn a_reexecuted_supervisor_reads_the_stream_on_where_it_was_with_the_same_positi
     assert_eq!(after.messages[..], got.messages[3..], "the same positions");
 }
 
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn a_position_a_supervised_host_has_not_reached_waits_rather_than_being_unknown() {
+    let _redis = start_redis();
+    let mut publisher = Publisher::connect();
+    let host = Host::streaming(0, &["--processes", "2"]);
+    let mut client = connect(&host, "/?positions=1");
+    let mut got = Got::default();
+    read_positioned(&mut client, 0, &mut got);
+    texts(&mut client, 1); // The first status.
+    add_lines(&mut publisher, 1, 2, None);
+    read_positioned(&mut client, 2, &mut got);
+    // A position past the last one given (as a client moving from a host
+    // ahead of this one brings): its instances read the stream's epoch
+    // from their supervisor, so the client waits for it.
+    let last = got.last_position();
+    let (epoch, seq) = last.split_once('.').unwrap();
+    let ahead = format!("{epoch}.{}", seq.parse::<u64>().unwrap() + 1);
+    let mut early = connect(&host, &format!("/?since={ahead}"));
+    let status = texts(&mut early, 1).remove(0);
+    assert!(status.starts_with(r#"{"status":"recovered""#), "{status}");
+    add_lines(&mut publisher, 3, 3, None);
+    let mut after = Got::default();
+    read_positioned(&mut early, 1, &mut after);
+    assert_eq!(after.payloads(), lines(3, 3));
+}
+
 /// Cuts host `index` off from Redis (`on`), or joins it again.
 fn cut_from_redis(index: usize, on: bool) {
     let redis = std::net::Ipv4Addr::from(REDIS).to_string();

@@ -121,6 +121,9 @@ pub const CONTROL_FD_ENV: &str = "WSPUSH_CONTROL_FD";
 /// socket it takes the connections of the process it replaces over on
 /// (see `wspush::Server::take_over`), before it says it listens.
 pub const TAKE_OVER_FD_ENV: &str = "WSPUSH_TAKE_OVER_FD";
+/// The epoch of positions other hosts give too, if they do (see
+/// [`Policy::shared_epoch`]), in hex.
+pub const EPOCH_ENV: &str = "WSPUSH_EPOCH";
 /// What an instance writes on its status pipe once it serves its listener.
 pub const LISTENING: u8 = b'L';
 /// What a process a roll started writes on its status pipe when it
@@ -187,6 +190,11 @@ pub struct Policy {
     /// Whether the instances' standard outputs (their upstream lines) are
     /// merged into this one's.
     pub merge_output: bool,
+    /// The epoch of the positions, when other hosts give them too (a
+    /// stream's): the instances are told ([`EPOCH_ENV`]), so that a
+    /// client that comes with a position one of them has not reached yet
+    /// waits for it rather than being told `unknown`.
+    pub shared_epoch: Option<wspush::Epoch>,
 }
 
 /// Why the supervisor stopped with an error.
@@ -429,6 +437,8 @@ struct Program {
     history_fd: i32,
     /// The descriptor of the host's shared words.
     host_fd: i32,
+    /// The positions' epoch, if other hosts give them too.
+    shared_epoch: Option<wspush::Epoch>,
     /// The new binary's file, held open while its instances run, so that
     /// `path` (this process's descriptor of it) keeps naming it whatever
     /// is later put on disk.
@@ -488,6 +498,9 @@ impl Program {
         command.env(CONTROL_FD_ENV, start.control.as_raw_fd().to_string());
         if let Some(take_over) = start.take_over {
             command.env(TAKE_OVER_FD_ENV, take_over.as_raw_fd().to_string());
+        }
+        if let Some(epoch) = self.shared_epoch {
+            command.env(EPOCH_ENV, epoch.to_string());
         }
         wspush::sys::die_with_parent(&mut command, wspush::sys::ParentDeath::Interrupt);
         // Only this child inherits its listener, status pipe and handover
@@ -660,6 +673,7 @@ impl Supervisor {
                 args: args.to_vec(),
                 history_fd: recorder.inheritable_fd()?,
                 host_fd: host.inheritable()?.as_raw_fd(),
+                shared_epoch: policy.shared_epoch,
                 _binary: None,
             }),
             on_disk,
@@ -925,6 +939,7 @@ mod tests {
             stall_timeout: Duration::from_secs(30),
             stop_grace: Duration::from_secs(10),
             merge_output: false,
+            shared_epoch: None,
         }
     }
 
