@@ -1,38 +1,37 @@
-//! A lone server's SIGUSR2: it re-executes the binary on disk in place
-//! (the same process, so a pipeline or a service manager notices
-//! nothing), and its next image goes on with the listener, every
-//! connection, the history and standard input from a line's end (see
-//! [`wspush::Suspended`]).
+//! This process's re-exec with the binary on disk, in place (the same
+//! process, so a pipeline or a service manager notices nothing).
 //!
-//! The binary is checked first: it must run and name, in its `--version`
-//! line, the state format this build writes; else the server serves on.
-//! Then standard input is stopped at a line's end, every line read before
-//! is delivered, the loop suspends, and the process execs. Should the
-//! exec fail, this image runs again from the same state; should the new
-//! image not read the state, it runs this one (kept open for it).
+//! A lone server's SIGUSR2 ([`Reexec`]): the binary is checked first (it
+//! must run and name, in its `--version` line, the state format this
+//! build writes; else the server serves on). Then the sources stop where
+//! nothing is lost (see `sources::stop`), every line read is delivered,
+//! the loop suspends (see [`wspush::Suspended`]), and the process execs;
+//! its next image goes on with the listener, every connection, the
+//! history and the sources from where they stopped. The supervisor's own
+//! exec and what its next image takes back are here too
+//! ([`exec_supervisor`], [`supervisor_image`]). Should an exec fail, this
+//! image runs again from the same state; should the new image not read
+//! the state, it runs the earlier binary (kept open for it) again.
 
 use std::ffi::{CString, OsString};
-use std::os::fd::{AsFd, AsRawFd, IntoRawFd};
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
 use socket2::Socket;
-use std::net::SocketAddr;
-use std::os::fd::OwnedFd;
-use std::time::Duration;
 use wspush::{Config, Handle, SharedHistory, Suspended};
 
-use crate::input::InputMode;
-use crate::input::Recorder;
+use crate::binary::{check_binary, state_format_words};
+use crate::input::{InputMode, Recorder};
+use crate::sources::stop::{Carried, Stopper};
 use crate::supervisor::image::Image;
 use crate::supervisor::SIGNALS_HANDLED;
-
-use crate::binary::{check_binary, state_format_words};
-use crate::sources::stop::{Carried, Stopper};
 
 /// The memory file holding the state, named to the next image.
 pub const RESUME_FD_ENV: &str = "WSPUSH_RESUME_FD";
@@ -156,8 +155,8 @@ impl Reexec {
         }
     }
 
-    /// Once the loop returned suspended: saves `suspended` with what
-    /// standard input had of a line, and execs the checked binary (or,
+    /// Once the loop returned suspended: saves `suspended` with what the
+    /// sources left, and execs the checked binary (or,
     /// failing that, this one again). Returns only if neither runs.
     pub fn exec(&self, mut suspended: Suspended) -> String {
         let Some(next) = self.next.lock().unwrap_or_else(|e| e.into_inner()).take() else {

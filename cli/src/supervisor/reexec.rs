@@ -2,7 +2,7 @@
 //! build's state re-executes the supervisor first (the same process, so
 //! its instances stay its children, and a service manager sees the same
 //! pid), then its next image rolls the instances to that binary. Before
-//! the exec, standard input stops at a line's end and every chunk read is
+//! the exec, the sources stop where nothing is lost and every chunk read is
 //! queued for the instances; the state ([`Image`]) keeps the instances,
 //! their processes with their pipes and what is queued for them, the
 //! history and the input's numbering.
