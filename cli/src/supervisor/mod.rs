@@ -58,6 +58,7 @@
 mod feeding;
 pub mod image;
 mod life;
+mod process;
 mod reexec;
 mod roll;
 pub use image::RunEnd;
@@ -67,7 +68,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::rc::Rc;
@@ -78,7 +79,7 @@ use std::time::{Duration, Instant};
 use mio::net::UnixStream;
 use mio::unix::pipe::{Receiver, Sender};
 use mio::{Events, Interest, Poll, Token, Waker};
-use rustix::process::{kill_process, Pid, Signal, WaitOptions};
+use rustix::process::{kill_process, Signal};
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR2};
 use slab::Slab;
 
@@ -87,6 +88,7 @@ use crate::board::{Board, Heard, Word};
 use crate::chunks::{Control, CONTROL};
 use crate::input::{Recorder, EVICT_EVERY};
 use crate::merge::{self, Merge};
+use process::Process;
 use wspush::sys::SharedMemory;
 
 /// The environment variable that tells an instance its number (1-based).
@@ -335,33 +337,6 @@ enum Role {
     /// Killed for being late (to listen, or to hand over): its exit is
     /// only reaped.
     Killed,
-}
-
-/// A child process, by its pid: an exec of the supervisor keeps its
-/// children, and its next image goes on with them by their pids.
-#[derive(Debug)]
-struct Process(u32);
-
-impl Process {
-    /// Its pid.
-    fn id(&self) -> u32 {
-        self.0
-    }
-
-    fn pid(&self) -> Pid {
-        Pid::from_raw(self.0 as i32).expect("a child's pid is positive")
-    }
-
-    /// Kills it (SIGKILL); it is reaped later.
-    fn kill(&self) -> io::Result<()> {
-        Ok(kill_process(self.pid(), Signal::KILL)?)
-    }
-
-    /// How it ended, if it did (reaping it).
-    fn try_wait(&self) -> io::Result<Option<ExitStatus>> {
-        let waited = rustix::process::waitpid(Some(self.pid()), WaitOptions::NOHANG)?;
-        Ok(waited.map(|(_, status)| ExitStatus::from_raw(status.as_raw())))
-    }
 }
 
 /// One process of an instance.
