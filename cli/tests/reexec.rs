@@ -168,6 +168,7 @@ fn sigusr2_refuses_a_binary_that_does_not_run_or_read_the_state_and_serves_on() 
     // Then one that does, signalled twice in a row: one re-exec.
     deployed.install_from(Path::new(env!("CARGO_BIN_EXE_wspush")));
     signal(pid, "-USR2");
+    server.wait_for("SIGUSR2: checking");
     signal(pid, "-USR2");
     server.wait_for("took 1 connections back from the earlier image");
     server.send(b"three\nend\n");

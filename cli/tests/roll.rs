@@ -296,6 +296,9 @@ fn sigusr2_twice_upgrades_once_and_closes_nothing() {
     let before = children(&supervisor);
     let plain: Vec<_> = (0..10).map(|_| plain_client(addr)).collect();
     signal(supervisor.child.id(), "-USR2");
+    // The second once the first is heard (two sent at once may reach the
+    // process as one).
+    supervisor.wait_for("SIGUSR2: checking");
     signal(supervisor.child.id(), "-USR2");
     supervisor.wait_for("SIGHUP/SIGUSR2 ignored");
     supervisor.wait_for("the upgrade of the 2 instances is done");
