@@ -57,6 +57,14 @@ fn main() -> ExitCode {
         }
     };
     init_logging();
+    // The signals handled are held in every thread this process starts
+    // (they inherit the mask): only the main thread takes them, once its
+    // loop runs, so that one that comes while the process re-executes
+    // itself stays pending for its next image (see `reexec`).
+    if let Err(e) = wspush::sys::hold_signals(&reexec::ALL_HANDLED) {
+        eprintln!("wspush: cannot hold signals: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.processes {
         Some(processes) => supervise(&cli, processes),
         None => serve(cli),
@@ -136,10 +144,6 @@ fn serve(cli: Cli) -> Result<(), String> {
     // Before any socket listens: a signal that comes once one does is
     // handled, never fatal.
     let signals = Signals::new(reexec::HELD).map_err(|e| format!("cannot handle signals: {e}"))?;
-    // Those that came while an earlier image re-executed this process
-    // arrive now (a no-op otherwise).
-    wspush::sys::release_signals(&reexec::HELD)
-        .map_err(|e| format!("cannot handle signals: {e}"))?;
     let resumed = reexec::resumed()?;
     if let Some(history) = inherited_memory(HISTORY_FD_ENV, "history")? {
         config.history_fd = Some(history);
@@ -203,8 +207,17 @@ fn serve(cli: Cli) -> Result<(), String> {
         ))),
     };
     stop_on_signals(signals, handle, reexec.clone())?;
+    // Those that came meanwhile (or while an earlier image re-executed
+    // this process) arrive now.
+    wspush::sys::release_signals(&reexec::HELD)
+        .map_err(|e| format!("cannot handle signals: {e}"))?;
     let ran = server.run().map_err(|e| format!("event loop failed: {e}"));
     let suspended = server.take_suspended();
+    if suspended.is_some() {
+        // Signals wait for the next image from here on.
+        wspush::sys::hold_signals(&reexec::HELD)
+            .map_err(|e| format!("cannot hold signals: {e}"))?;
+    }
     // The last lines go out before the process ends (or re-executes).
     drop(server);
     if let Some(writer) = upstream {
@@ -536,11 +549,8 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     // Refuse bad settings once, before starting any instance.
     let config = config(cli)?;
     // Before any socket listens: a signal that comes once one does is
-    // handled, never fatal (one that came while an earlier image of this
-    // supervisor re-executed it is handled now).
+    // handled, never fatal (held until the loop runs, see `main`).
     let signaled = Signaled::register().map_err(|e| format!("cannot handle signals: {e}"))?;
-    wspush::sys::release_signals(&supervisor::SIGNALS_HANDLED)
-        .map_err(|e| format!("cannot handle signals: {e}"))?;
     let image = reexec::supervisor_image()?;
     let (count, per_instance) = instance_count(cli, processes);
     let (listen, port_hold) = match &image {
@@ -606,6 +616,10 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     let max_line = input::max_line_bytes(cli.input, max_message);
     let chunks = sources::spawn(sources.readers, max_line, Some(supervisor.waker()))
         .map_err(|e| format!("cannot start the input readers: {e}"))?;
+    // Those that came meanwhile (or while an earlier image re-executed
+    // this supervisor) arrive now.
+    wspush::sys::release_signals(&supervisor::SIGNALS_HANDLED)
+        .map_err(|e| format!("cannot handle signals: {e}"))?;
     match supervisor.run(chunks).map_err(|e| e.to_string())? {
         supervisor::RunEnd::Stopped => Ok(()),
         supervisor::RunEnd::ReExec(mut image, binary) => {

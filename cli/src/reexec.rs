@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
 use socket2::Socket;
 use wspush::{Config, Handle, SharedHistory, Suspended};
 
@@ -186,6 +186,10 @@ impl Reexec {
 /// [`wspush::sys::exec_holding_signals`]); its next image releases them
 /// once it handles them.
 pub const HELD: [i32; 5] = [SIGINT, SIGTERM, SIGUSR1, SIGHUP, SIGUSR2];
+
+/// Every signal either kind of process handles: held in every thread but
+/// the main one once its loop runs (see `main`).
+pub const ALL_HANDLED: [i32; 6] = [SIGINT, SIGTERM, SIGUSR1, SIGHUP, SIGUSR2, SIGCHLD];
 
 /// Execs `program` as this process's next image, with its arguments and
 /// environment, naming the state's memory file and the earlier binary.

@@ -272,12 +272,17 @@ fn sigusr2_reexecutes_a_supervisor_in_place_then_upgrades_its_instances() {
     let before = util::deploy::children(&supervisor);
     let resuming: Vec<_> = (0..10).map(|_| resuming_client(addr, "end")).collect();
     let plain: Vec<_> = (0..10).map(|_| plain_client(addr)).collect();
+    // The two sources' lines are ordered as they reach the supervisor:
+    // a client of the test's own says when each is through.
+    let mut watcher = util::connect(addr, "/");
+    let mut through = |last: &str| while util::texts(&mut watcher, 1)[0] != last {};
     for n in 1..=30 {
         supervisor.send(format!("line {n}\n").as_bytes());
         std::thread::sleep(Duration::from_millis(5));
     }
+    through("line 30");
     assert_eq!(publish(publisher, "all line 31\n"), 200);
-    std::thread::sleep(Duration::from_millis(50));
+    through("line 31");
     supervisor.send(b"line 3");
     std::thread::sleep(Duration::from_millis(50));
     deployed.install_from(Path::new(env!("CARGO_BIN_EXE_wspush")));
@@ -302,9 +307,9 @@ fn sigusr2_reexecutes_a_supervisor_in_place_then_upgrades_its_instances() {
     for n in 33..=60 {
         supervisor.send(format!("line {n}\n").as_bytes());
     }
-    std::thread::sleep(Duration::from_millis(50));
+    through("line 60");
     assert_eq!(publish(publisher, "all line 61\n"), 200);
-    std::thread::sleep(Duration::from_millis(50));
+    through("line 61");
     supervisor.send(b"end\n");
     every_client_got_every_line(plain, resuming, 61);
     assert_eq!(supervisor.child.id(), pid);

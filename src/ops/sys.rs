@@ -246,6 +246,26 @@ pub fn exec_holding_signals(
     failed
 }
 
+/// Blocks `signals` for this thread (and the threads it starts from now
+/// on, which inherit its mask): they stay pending until a thread takes
+/// them (see [`release_signals`]).
+#[cfg(feature = "internals")]
+pub fn hold_signals(signals: &[i32]) -> io::Result<()> {
+    mask_signals(libc::SIG_BLOCK, signals, std::ptr::null_mut())
+}
+
+/// Makes `signal` pending for this thread, which holds it (see
+/// [`hold_signals`]): it survives an exec, and the next image takes it.
+#[cfg(feature = "internals")]
+pub fn raise_held(signal: i32) -> io::Result<()> {
+    // SAFETY: pthread_kill on this very thread with a valid signal number;
+    // the signal is blocked here, so it only becomes pending.
+    match unsafe { libc::pthread_kill(libc::pthread_self(), signal) } {
+        0 => Ok(()),
+        errno => Err(io::Error::from_raw_os_error(errno)),
+    }
+}
+
 /// Unblocks `signals` for this thread (those an earlier image held across
 /// its exec, see [`exec_holding_signals`]): any that came meanwhile is
 /// delivered now, to the handlers set before.

@@ -67,6 +67,14 @@ impl Supervisor {
         let Some(pending) = self.pending_reexec.take() else {
             return Ok(RunEnd::Stopped);
         };
+        // From here on, signals wait for the next image (see `main`); one
+        // the loop has not acted on yet is made pending again for it.
+        wspush::sys::hold_signals(&SIGNALS_HANDLED)?;
+        for signal in SIGNALS_HANDLED {
+            if self.take_signal(signal) {
+                wspush::sys::raise_held(signal)?;
+            }
+        }
         let registry = self.poll.registry();
         let mut outputs: std::collections::HashMap<usize, (Receiver, Vec<u8>)> = self
             .merge

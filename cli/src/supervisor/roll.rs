@@ -20,6 +20,8 @@ impl Supervisor {
         let spawned = std::thread::Builder::new()
             .name("upgrade-check".into())
             .spawn(move || {
+                // Signals are the loop's own (see `main`).
+                let _ = wspush::sys::hold_signals(&SIGNALS_HANDLED);
                 let _ = tx.send(check_binary(&path));
                 let _ = waker.wake();
             });

@@ -94,18 +94,33 @@ impl Deployed {
     /// (a new file renamed over the old one).
     pub fn install_from(&self, source: &Path) {
         let next = self.dir.join("wspush.next");
-        std::fs::copy(source, &next).unwrap();
+        copy_apart(source, &next);
         std::fs::rename(&next, self.binary()).unwrap();
     }
 
     /// Puts a shell script in place of the binary.
     pub fn install_script(&self, script: &str) {
         use std::os::unix::fs::PermissionsExt;
+        let text = self.dir.join("script.text");
+        std::fs::write(&text, format!("#!/bin/sh\n{script}\n")).unwrap();
         let next = self.dir.join("script.next");
-        std::fs::write(&next, format!("#!/bin/sh\n{script}\n")).unwrap();
+        copy_apart(&text, &next);
         std::fs::set_permissions(&next, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::rename(&next, self.binary()).unwrap();
     }
+}
+
+/// Copies `source` to `to` in a process of its own: a process another
+/// test of this one starts meanwhile would otherwise inherit the copy
+/// open for writing until it execs, and running the copy then fails
+/// (`ETXTBSY`).
+fn copy_apart(source: &Path, to: &Path) {
+    let status = std::process::Command::new("cp")
+        .arg(source)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cp {source:?} {to:?}");
 }
 
 impl Drop for Deployed {
