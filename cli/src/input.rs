@@ -17,12 +17,14 @@
 
 use std::io::{self, BufRead};
 use std::ops::ControlFlow;
+use std::os::fd::{AsFd, IntoRawFd};
 use std::time::Duration;
 
 use crate::chunks::{Control, CONTROL, CONTROL_MAX_LEN};
 use wspush::protocol::lines::{Line, Lines};
 use wspush::{
-    BroadcastError, Command, Handle, MessageKind, Payload, Recipients, ServerGone, SharedHistory,
+    BroadcastError, Command, Config, Handle, MessageKind, Payload, Recipients, ServerGone,
+    SharedHistory,
 };
 
 /// What a line of input is.
@@ -380,6 +382,20 @@ fn carry_out(handle: &Handle, command: Command<'_>) -> Result<(), BroadcastError
     }
 }
 
+/// The history a [`Recorder`] writes, as it goes to this process's next
+/// image (see [`Recorder::keep_for_next_image`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KeptHistory {
+    /// Its memory's descriptor, open across the exec.
+    pub fd: i32,
+    /// Its records' ages (ms, oldest first).
+    pub ages_ms: Vec<u64>,
+    /// The last position it gave out.
+    pub last: u64,
+    /// The number of the next input line.
+    pub next_line: u64,
+}
+
 /// What a supervisor keeps of its input for its instances: every message,
 /// framed with its position (its line's number), in the host's history.
 #[derive(Debug)]
@@ -394,29 +410,56 @@ pub struct Recorder {
 impl Recorder {
     /// Keeps the messages of input read in `mode` in `history`.
     pub fn new(history: SharedHistory, mode: InputMode, max_message_bytes: usize) -> Recorder {
-        Recorder::resumed(history, mode, max_message_bytes, 1)
-    }
-
-    /// Goes on with `history` as an earlier image of the supervisor left
-    /// it, numbering from `next_line`.
-    pub fn resumed(
-        history: SharedHistory,
-        mode: InputMode,
-        max_message_bytes: usize,
-        next_line: u64,
-    ) -> Recorder {
         Recorder {
             history,
             mode,
             max_message_bytes,
-            lines: LineLimits::new(mode, max_message_bytes).lines(next_line),
+            lines: LineLimits::new(mode, max_message_bytes).lines(1),
         }
     }
 
-    /// What the supervisor's next image needs of the history (see
-    /// [`SharedHistory::suspend`]).
-    pub fn suspend(&self) -> io::Result<(std::os::fd::OwnedFd, Vec<std::time::Duration>, u64)> {
-        self.history.suspend()
+    /// Goes on with the history as an earlier image of this process left
+    /// it (`kept`), within `config`'s bounds, numbering on from there.
+    pub fn resumed(
+        kept: &KeptHistory,
+        config: &Config,
+        mode: InputMode,
+    ) -> Result<Recorder, String> {
+        let fd =
+            wspush::sys::adopt_fd(kept.fd).map_err(|e| format!("cannot take the history: {e}"))?;
+        let ages: Vec<Duration> = kept
+            .ages_ms
+            .iter()
+            .map(|&ms| Duration::from_millis(ms))
+            .collect();
+        let history = SharedHistory::resumed(config, fd, &ages, kept.last)
+            .map_err(|e| format!("cannot go on with the history: {e}"))?;
+        let max_message_bytes = config.max_message_bytes as usize;
+        Ok(Recorder {
+            history,
+            mode,
+            max_message_bytes,
+            lines: LineLimits::new(mode, max_message_bytes).lines(kept.next_line),
+        })
+    }
+
+    /// What this process's next image needs to go on with the history:
+    /// its memory (kept open across the exec), its records' ages, the
+    /// last position and the next line's number.
+    pub fn keep_for_next_image(&self) -> io::Result<KeptHistory> {
+        let (fd, ages, last) = self.history.suspend()?;
+        wspush::sys::keep_across_exec(fd.as_fd(), true)?;
+        Ok(KeptHistory {
+            fd: fd.into_raw_fd(),
+            ages_ms: ages.iter().map(|age| age.as_millis() as u64).collect(),
+            last,
+            next_line: self.lines.next(),
+        })
+    }
+
+    /// A descriptor of the history, for this process's loop to read it by.
+    pub fn reader_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
+        self.history.reader_fd()
     }
 
     /// The number the next line of input takes: where an instance started

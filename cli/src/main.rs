@@ -2,7 +2,7 @@
 //! broadcasts, and `--processes` (a supervisor over single-threaded instances).
 
 use std::ffi::OsString;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufReader, Write};
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -157,7 +157,7 @@ fn serve(cli: Cli) -> Result<(), String> {
         None => Carried::default(),
     };
     let sources = lone_sources(&cli, &config, &counted, &carried)?;
-    let recorder = lone_history(&cli, &mut config)?;
+    let recorder = lone_history(&cli, &mut config, &carried)?;
     let capacity = open_file_capacity();
     config.max_connections = max_connections(cli.max_connections, capacity);
     // A process a roll starts takes connections over: it starts, too, at
@@ -195,10 +195,9 @@ fn serve(cli: Cli) -> Result<(), String> {
         recorder,
         handle.clone(),
     )?;
-    let reexec = match (stoppers, cli.redis_stream.is_some()) {
-        (None, _) => Err("only the supervisor (--processes) upgrades its instances"),
-        (Some(_), true) => Err("a lone server reading a Redis stream upgrades under --processes"),
-        (Some(stoppers), false) => Ok(Arc::new(reexec::Reexec::new(
+    let reexec = match stoppers {
+        None => Err("only the supervisor (--processes) upgrades its instances"),
+        Some(stoppers) => Ok(Arc::new(reexec::Reexec::new(
             on_disk(),
             stoppers,
             input,
@@ -291,9 +290,22 @@ fn lone_sources(
 /// Alone with a stream, the server keeps its history as a supervisor
 /// does, apart from its loop: filled from the stream's tail, with the
 /// stream's positions. Its reader's descriptor goes into `config`.
-fn lone_history(cli: &Cli, config: &mut Config) -> Result<Option<input::Recorder>, String> {
+fn lone_history(
+    cli: &Cli,
+    config: &mut Config,
+    carried: &Carried,
+) -> Result<Option<input::Recorder>, String> {
     if cli.redis.is_none() || cli.redis_stream.is_none() {
         return Ok(None);
+    }
+    if let Some(kept) = &carried.history {
+        // As an earlier image of this process left it.
+        let recorder = input::Recorder::resumed(kept, config, cli.input)?;
+        let reader = recorder
+            .reader_fd()
+            .map_err(|e| format!("cannot share the history: {e}"))?;
+        config.history_fd = Some(Arc::new(reader));
+        return Ok(Some(recorder));
     }
     let history = SharedHistory::create(config)
         .map_err(|e| format!("cannot make the history's shared memory: {e}"))?;
@@ -435,15 +447,15 @@ fn spawn_upstream_writer(server: &Server) -> Result<Option<JoinHandle<()>>, Stri
 /// The input thread: an instance reads its supervisor, which holds the
 /// sources and tells it the number of its first line; alone, the server
 /// merges its sources as a supervisor does, and numbers from its first
-/// position. The thread ends with the input; `stopped` says whether a
-/// re-exec stopped it.
+/// position. The thread ends with the input (`stopped`: a re-exec
+/// stopped it), giving back the recorder of a lone server's history.
 fn spawn_input(
     cli: &Cli,
     config: &Config,
     (sources, stopped): (Option<Readers>, Arc<AtomicBool>),
     recorder: Option<input::Recorder>,
     handle: Handle,
-) -> Result<JoinHandle<()>, String> {
+) -> Result<JoinHandle<Option<input::Recorder>>, String> {
     let (mode, max_message) = (cli.input, config.max_message_bytes as usize);
     let max_line = input::max_line_bytes(mode, max_message);
     let merged = match sources {
@@ -457,11 +469,19 @@ fn spawn_input(
     std::thread::Builder::new()
         .name("input".into())
         .spawn(move || {
-            let input: Box<dyn BufRead> = match merged {
-                Some(chunks) => Box::new(sources::Merged::new(chunks, recorder)),
-                None => Box::new(BufReader::new(io::stdin().lock())),
+            let (ended, recorder) = match merged {
+                Some(chunks) => {
+                    let mut input = sources::Merged::new(chunks, recorder);
+                    let ended = input::pump(&mut input, &handle, mode, max_message, first_line);
+                    (ended, input.into_recorder())
+                }
+                None => {
+                    let input = BufReader::new(io::stdin().lock());
+                    let ended = input::pump(input, &handle, mode, max_message, first_line);
+                    (ended, None)
+                }
             };
-            match input::pump(input, &handle, mode, max_message, first_line) {
+            match ended {
                 PumpEnd::Eof if stopped.load(Ordering::Acquire) => {
                     log::info!("every line read was handed to the loop before the re-exec")
                 }
@@ -471,6 +491,7 @@ fn spawn_input(
                     log::warn!("reading standard input failed: {e}; still serving")
                 }
             }
+            recorder
         })
         .map_err(|e| format!("cannot start the input thread: {e}"))
 }
@@ -585,7 +606,7 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     let sources = cli::sources_from(cli, &config, stats, &carried)?;
     let max_message = config.max_message_bytes as usize;
     let recorder = match &image {
-        Some(image) => reexec::resumed_recorder(image, &config, cli.input)?,
+        Some(image) => input::Recorder::resumed(&image.history, &config, cli.input)?,
         None => {
             let history = SharedHistory::create(&config)
                 .map_err(|e| format!("cannot make the history's shared memory: {e}"))?;

@@ -21,14 +21,13 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
 use socket2::Socket;
-use wspush::{Config, Handle, SharedHistory, Suspended};
+use wspush::{Handle, Suspended};
 
 use crate::binary::{check_binary, state_format_words};
-use crate::input::{InputMode, Recorder};
+use crate::input::Recorder;
 use crate::sources::stop::{Carried, Stopper};
 use crate::supervisor::image::Image;
 use crate::supervisor::SIGNALS_HANDLED;
@@ -48,8 +47,9 @@ pub struct Reexec {
     /// Set once they are asked to: the input's end is the re-exec's.
     stopping: Arc<AtomicBool>,
     /// The input thread, which ends once the input stopped and every
-    /// line read was handed to the loop.
-    input: Mutex<Option<JoinHandle<()>>>,
+    /// line read was handed to the loop, giving back the recorder of the
+    /// history, if this server keeps one apart from its loop.
+    input: Mutex<Option<JoinHandle<Option<Recorder>>>>,
     /// The loop's handle.
     handle: Handle,
     /// A re-exec is under way.
@@ -73,7 +73,7 @@ impl Reexec {
     pub fn new(
         on_disk: PathBuf,
         stoppers: Vec<Arc<dyn Stopper>>,
-        input: JoinHandle<()>,
+        input: JoinHandle<Option<Recorder>>,
         handle: Handle,
         stopping: Arc<AtomicBool>,
     ) -> Reexec {
@@ -142,12 +142,18 @@ impl Reexec {
             }
         }
         let input = self.input.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(input) = input {
-            let _ = input.join();
-        }
+        let recorder = input.and_then(|input| input.join().ok().flatten());
         let mut carried = Carried::default();
         for stopper in &self.stoppers {
             stopper.carry(&mut carried);
+        }
+        if let Some(recorder) = recorder {
+            match recorder.keep_for_next_image() {
+                Ok(kept) => carried.history = Some(kept),
+                Err(e) => log::error!(
+                    "cannot keep the history for the next image ({e}): it starts a new one"
+                ),
+            }
         }
         *self.next.lock().unwrap_or_else(|e| e.into_inner()) = Some(NextImage { binary, carried });
         if self.handle.suspend().is_err() {
@@ -315,31 +321,6 @@ pub fn resumed_address(image: &Image) -> Result<(SocketAddr, Option<Socket>), St
         None => None,
     };
     Ok((listen, hold))
-}
-
-/// The recorder of the input, going on with the history as the earlier
-/// image left it.
-pub fn resumed_recorder(
-    image: &Image,
-    config: &Config,
-    mode: InputMode,
-) -> Result<Recorder, String> {
-    let fd = wspush::sys::adopt_fd(image.history)
-        .map_err(|e| format!("cannot take the history: {e}"))?;
-    let ages: Vec<Duration> = image
-        .history_ages_ms
-        .iter()
-        .map(|&ms| Duration::from_millis(ms))
-        .collect();
-    let history = SharedHistory::resumed(config, fd, &ages, image.history_last)
-        .map_err(|e| format!("cannot go on with the history: {e}"))?;
-    let max_message = config.max_message_bytes as usize;
-    Ok(Recorder::resumed(
-        history,
-        mode,
-        max_message,
-        image.next_line,
-    ))
 }
 
 /// Execs the checked `binary` as the supervisor's next image with

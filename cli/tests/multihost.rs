@@ -525,26 +525,44 @@ fn a_restarted_host_fills_its_history_from_the_stream_and_a_resume_is_recovered(
 #[test]
 #[ignore = "needs the namespaces of tests/multihost/run.sh"]
 fn a_reexecuted_supervisor_reads_the_stream_on_where_it_was_with_the_same_positions() {
+    reexecuted_host_reads_the_stream_on(&["--processes", "2"]);
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn a_reexecuted_lone_server_reads_the_stream_on_with_its_history() {
+    reexecuted_host_reads_the_stream_on(&[]);
+}
+
+/// A host started with `extra` flags, re-executed by SIGUSR2 while
+/// entries are added, reads the stream on from where it was: every line
+/// once, in order, at the positions it had, and a resume from before is
+/// recovered from the history it kept.
+fn reexecuted_host_reads_the_stream_on(extra: &[&str]) {
     let _redis = start_redis();
     let mut publisher = Publisher::connect();
-    let host = Host::streaming(0, &["--processes", "2"]);
+    let host = Host::streaming(0, extra);
     let mut client = connect(&host, "/?positions=1");
     let mut got = Got::default();
     read_positioned(&mut client, 0, &mut got);
     texts(&mut client, 1); // The first status.
     add_lines(&mut publisher, 1, 5, None);
     read_positioned(&mut client, 5, &mut got);
-    // SIGUSR2: the supervisor re-executes itself (the binary on disk
-    // reads its state), then upgrades its instances; entries added
-    // meanwhile are read on from where it was.
+    // SIGUSR2: the process re-executes itself (the binary on disk reads
+    // its state; a supervisor then upgrades its instances); entries
+    // added meanwhile are read on from where it was.
     util::signal(host.process.child.id(), "-USR2");
     add_lines(&mut publisher, 6, 10, None);
     host.process
         .wait_for("redis stream feed stopped for the next image after entry");
-    host.process
-        .wait_for("the supervisor re-executed with its 2 instances");
-    host.process
-        .wait_for("the upgrade of the 2 instances is done");
+    match extra.is_empty() {
+        true => host
+            .process
+            .wait_for("connections back from the earlier image"),
+        false => host
+            .process
+            .wait_for("the upgrade of the 2 instances is done"),
+    };
     add_lines(&mut publisher, 11, 15, None);
     read_positioned(&mut client, 10, &mut got);
     assert_eq!(got.payloads(), lines(1, 15), "{:?}", got.statuses);

@@ -220,26 +220,6 @@ fn a_lone_server_with_a_publish_listener_keeps_it_across_the_reexec() {
     assert_eq!(util::texts(&mut client, 1), ["published after"]);
 }
 
-#[test]
-fn sigusr2_is_ignored_by_a_lone_server_that_reads_a_stream() {
-    // No Redis is needed to be refused: the server serves on meanwhile.
-    let args = ["--redis", "redis://127.0.0.1:1", "--redis-stream", "feed"];
-    let (mut server, addr, _upstream) = lone(Path::new(env!("CARGO_BIN_EXE_wspush")), &args);
-    let mut client = util::connect(addr, "/");
-    signal(server.child.id(), "-USR2");
-    server.wait_for(
-        "(SIGUSR2): a lone server reading a Redis stream upgrades under --processes; ignored",
-    );
-    server.send(b"still here\n");
-    let text = loop {
-        match client.read().unwrap() {
-            Message::Text(text) => break text,
-            _ => continue,
-        }
-    };
-    assert_eq!(text.as_str(), "still here");
-}
-
 /// The supervisor's own upgrade: SIGUSR2 with a binary that reads its
 /// state re-executes the supervisor in place (the same pid; its instances
 /// stay its children), then its next image upgrades the instances, each

@@ -81,6 +81,14 @@ impl Merged {
     }
 }
 
+impl Merged {
+    /// The recorder, once the chunks are read (for a re-exec to carry its
+    /// history on).
+    pub fn into_recorder(self) -> Option<Recorder> {
+        self.recorder
+    }
+}
+
 impl Read for Merged {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let available = self.fill_buf()?;

@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
+use crate::input::KeptHistory;
+
 /// What the sources leave the next image.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Carried {
@@ -20,6 +22,9 @@ pub struct Carried {
     /// milliseconds and sequence), and the stream's count of entries
     /// added then, if known.
     pub stream_at: Option<(u64, u64, Option<u64>)>,
+    /// A lone server's history kept apart from its loop (when it reads a
+    /// stream), with the input's numbering.
+    pub history: Option<KeptHistory>,
 }
 
 /// What the encoding of a [`Carried`] begins with.
@@ -113,6 +118,7 @@ mod tests {
             unfinished: b"half".to_vec(),
             publish_listener: Some(7),
             stream_at: Some((1_700_000_000_000, 3, Some(41))),
+            history: None,
         };
         assert_eq!(Carried::decode(&carried.encode()), Ok(carried));
         assert_eq!(Carried::decode(b""), Ok(Carried::default()));

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::input::KeptHistory;
 use crate::sources::stop::Carried;
 
 /// The format this build writes and reads.
@@ -21,14 +22,8 @@ pub struct Image {
     pub listen: String,
     /// The socket holding that port, if one does.
     pub port_hold: Option<i32>,
-    /// The history's memory.
-    pub history: i32,
-    /// The ages of its records (ms, oldest first).
-    pub history_ages_ms: Vec<u64>,
-    /// The last position it gave out.
-    pub history_last: u64,
-    /// The number of the next input line.
-    pub next_line: u64,
+    /// The history, and the input's numbering.
+    pub history: KeptHistory,
     /// The host's shared words.
     pub host: i32,
     /// What the sources left it.
@@ -143,15 +138,18 @@ mod tests {
             format: FORMAT,
             listen: "127.0.0.1:8080".into(),
             port_hold: None,
-            history: 5,
-            history_ages_ms: vec![3, 1],
-            history_last: 41,
-            next_line: 42,
+            history: KeptHistory {
+                fd: 5,
+                ages_ms: vec![3, 1],
+                last: 41,
+                next_line: 42,
+            },
             host: 6,
             carried: Carried {
                 unfinished: b"half a li".to_vec(),
                 publish_listener: Some(12),
                 stream_at: None,
+                history: None,
             },
             restarts: 2,
             feeds_lost: 0,

@@ -142,17 +142,14 @@ impl Supervisor {
                 })
             })
             .collect::<io::Result<Vec<_>>>()?;
-        let (history, ages, history_last) = self.recorder.suspend()?;
+        let history = self.recorder.keep_for_next_image()?;
         let host = self._host.inheritable()?.try_clone_to_owned()?;
         let image = Image {
             format: FORMAT,
             // The caller's.
             listen: String::new(),
             port_hold: None,
-            history: kept(history)?,
-            history_ages_ms: ages.iter().map(|age| age.as_millis() as u64).collect(),
-            history_last,
-            next_line: self.recorder.next_line(),
+            history,
             host: kept(host)?,
             carried: Default::default(),
             restarts: self.restarts,
