@@ -405,17 +405,25 @@ pub struct Recorder {
     max_message_bytes: usize,
     /// The input as an instance reads it, numbered from 1.
     lines: InputLines,
+    /// A descriptor of the history made at the start, for this process's
+    /// next image: a re-exec needs no new descriptor (none may be left).
+    spare: Option<std::os::fd::OwnedFd>,
 }
 
 impl Recorder {
     /// Keeps the messages of input read in `mode` in `history`.
-    pub fn new(history: SharedHistory, mode: InputMode, max_message_bytes: usize) -> Recorder {
-        Recorder {
+    pub fn new(
+        history: SharedHistory,
+        mode: InputMode,
+        max_message_bytes: usize,
+    ) -> io::Result<Recorder> {
+        Ok(Recorder {
+            spare: Some(history.reader_fd()?),
             history,
             mode,
             max_message_bytes,
             lines: LineLimits::new(mode, max_message_bytes).lines(1),
-        }
+        })
     }
 
     /// Goes on with the history as an earlier image of this process left
@@ -436,6 +444,11 @@ impl Recorder {
             .map_err(|e| format!("cannot go on with the history: {e}"))?;
         let max_message_bytes = config.max_message_bytes as usize;
         Ok(Recorder {
+            spare: Some(
+                history
+                    .reader_fd()
+                    .map_err(|e| format!("cannot share the history: {e}"))?,
+            ),
             history,
             mode,
             max_message_bytes,
@@ -446,9 +459,10 @@ impl Recorder {
     /// What this process's next image needs to go on with the history:
     /// its memory (kept open across the exec), its records' ages, the
     /// last position and the next line's number.
-    pub fn keep_for_next_image(&self) -> io::Result<KeptHistory> {
-        let (fd, ages, last) = self.history.suspend()?;
+    pub fn keep_for_next_image(&mut self) -> io::Result<KeptHistory> {
+        let fd = self.spare.take().ok_or(io::ErrorKind::AlreadyExists)?;
         wspush::sys::keep_across_exec(fd.as_fd(), true)?;
+        let (ages, last) = self.history.writer_state();
         Ok(KeptHistory {
             fd: fd.into_raw_fd(),
             ages_ms: ages.iter().map(|age| age.as_millis() as u64).collect(),

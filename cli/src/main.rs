@@ -314,7 +314,9 @@ fn lone_history(
         .map_err(|e| format!("cannot share the history: {e}"))?;
     config.history_fd = Some(Arc::new(reader));
     let max_message = config.max_message_bytes as usize;
-    Ok(Some(input::Recorder::new(history, cli.input, max_message)))
+    input::Recorder::new(history, cli.input, max_message)
+        .map(Some)
+        .map_err(|e| format!("cannot share the history: {e}"))
 }
 
 /// `--max-connections`, or as many as `capacity` (the open-file limit)
@@ -611,6 +613,7 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
             let history = SharedHistory::create(&config)
                 .map_err(|e| format!("cannot make the history's shared memory: {e}"))?;
             input::Recorder::new(history, cli.input, max_message)
+                .map_err(|e| format!("cannot share the history: {e}"))?
         }
     };
     // Instances run this process's own binary, whatever is on disk later;

@@ -147,7 +147,7 @@ impl Reexec {
         for stopper in &self.stoppers {
             stopper.carry(&mut carried);
         }
-        if let Some(recorder) = recorder {
+        if let Some(mut recorder) = recorder {
             match recorder.keep_for_next_image() {
                 Ok(kept) => carried.history = Some(kept),
                 Err(e) => log::error!(

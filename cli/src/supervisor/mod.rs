@@ -894,7 +894,7 @@ mod tests {
 
     fn recorder() -> Recorder {
         let history = wspush::SharedHistory::create(&wspush::Config::default()).unwrap();
-        Recorder::new(history, crate::input::InputMode::Lines, 1024)
+        Recorder::new(history, crate::input::InputMode::Lines, 1024).unwrap()
     }
 
     fn listeners(count: usize) -> Vec<OwnedFd> {

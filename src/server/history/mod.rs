@@ -577,12 +577,13 @@ impl SharedHistory {
     }
 
     #[cfg(feature = "internals")]
-    /// What this process's next image needs to go on writing it (see
-    /// [`SharedHistory::resumed`]): its memory, the ages of its records,
-    /// and the last position given out.
-    pub fn suspend(&self) -> io::Result<(OwnedFd, Vec<Duration>, u64)> {
-        let (fd, ages) = self.history.suspend(Instant::now())?;
-        Ok((fd, ages.unwrap_or_default(), self.history.current().seq))
+    /// What this process's next image needs, beside its memory (see
+    /// [`SharedHistory::reader_fd`]), to go on writing it (see
+    /// [`SharedHistory::resumed`]): the ages of its records, and the last
+    /// position given out.
+    pub fn writer_state(&self) -> (Vec<Duration>, u64) {
+        let ages = self.history.ring.ages(Instant::now()).unwrap_or_default();
+        (ages, self.history.current().seq)
     }
 
     #[cfg(feature = "internals")]
