@@ -249,14 +249,7 @@ impl Handle {
     /// and any queued after it, are counted in `broadcasts_abandoned`.
     /// Never blocks.
     pub fn shutdown(&self) -> Result<(), ServerGone> {
-        if self.shared.gone.load(Ordering::Acquire) {
-            return Err(ServerGone);
-        }
-        let queued = self.shared.broadcasts_queued.load(Ordering::Acquire);
-        self.shared
-            .shutdown_after
-            .fetch_min(queued, Ordering::AcqRel);
-        self.wake()
+        self.after_queued(&self.shared.shutdown_after)
     }
 
     /// Asks the loop to drain, for a deploy: `/healthz` answers 503
@@ -309,13 +302,17 @@ impl Handle {
     /// returns. The caller stops its input first: whatever is queued
     /// after this is not sent. Never blocks.
     pub fn suspend(&self) -> Result<(), ServerGone> {
+        self.after_queued(&self.shared.suspend_after)
+    }
+
+    /// Asks the loop for what `mark` stands for once every broadcast
+    /// queued so far is taken (the earliest such ask wins), and wakes it.
+    fn after_queued(&self, mark: &AtomicU64) -> Result<(), ServerGone> {
         if self.shared.gone.load(Ordering::Acquire) {
             return Err(ServerGone);
         }
         let queued = self.shared.broadcasts_queued.load(Ordering::Acquire);
-        self.shared
-            .suspend_after
-            .fetch_min(queued, Ordering::AcqRel);
+        mark.fetch_min(queued, Ordering::AcqRel);
         self.wake()
     }
 
