@@ -587,9 +587,9 @@ impl SharedHistory {
     }
 
     #[cfg(feature = "internals")]
-    /// The history an earlier image of this process wrote (see
-    /// [`SharedHistory::suspend`]), written on here within `config`'s
-    /// bounds.
+    /// The history an earlier image of this process wrote (its memory,
+    /// and [`SharedHistory::writer_state`]), written on here within
+    /// `config`'s bounds.
     pub fn resumed(
         config: &crate::config::Config,
         fd: OwnedFd,
