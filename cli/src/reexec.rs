@@ -54,7 +54,8 @@ pub struct Reexec {
     handle: Handle,
     /// A re-exec is under way.
     busy: AtomicBool,
-    /// The checked binary and the line begun, once the loop suspends.
+    /// The checked binary and what the sources left, once the loop
+    /// suspends.
     next: Mutex<Option<NextImage>>,
 }
 
@@ -137,7 +138,8 @@ impl Reexec {
         self.stopping.store(true, Ordering::Release);
         for stopper in &self.stoppers {
             if let Err(e) = stopper.stop() {
-                // Its thread cannot be woken: the input would never end.
+                // Its thread was not woken: the re-exec waits until that
+                // source ends by itself.
                 log::error!("cannot stop an input source ({e}); the re-exec waits for it");
             }
         }
@@ -151,7 +153,7 @@ impl Reexec {
             match recorder.keep_for_next_image() {
                 Ok(kept) => carried.history = Some(kept),
                 Err(e) => log::error!(
-                    "cannot keep the history for the next image ({e}): it starts a new one"
+                    "cannot keep the history for the next image ({e}): it starts a new one, and resumes from before the re-exec are told a gap"
                 ),
             }
         }
