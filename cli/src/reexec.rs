@@ -153,7 +153,7 @@ impl Reexec {
             match recorder.keep_for_next_image() {
                 Ok(kept) => carried.history = Some(kept),
                 Err(e) => log::error!(
-                    "cannot keep the history for the next image ({e}): it starts a new one, and resumes from before the re-exec are told a gap"
+                    "cannot keep the history for the next image ({e}): the next image starts a new one"
                 ),
             }
         }
