@@ -471,6 +471,17 @@ impl Recorder {
         })
     }
 
+    /// Whether it writes the history in an earlier layout too, for the
+    /// processes that read it so (see `SharedHistory::resumed`).
+    pub fn has_former(&self) -> bool {
+        self.history.has_former()
+    }
+
+    /// Stops writing the history's earlier layout: no process reads it.
+    pub fn retire_former(&mut self) {
+        self.history.retire_former();
+    }
+
     /// A descriptor of the history, for this process's loop to read it by.
     pub fn reader_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
         self.history.reader_fd()

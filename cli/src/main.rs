@@ -299,8 +299,10 @@ fn lone_history(
         return Ok(None);
     }
     if let Some(kept) = &carried.history {
-        // As an earlier image of this process left it.
-        let recorder = input::Recorder::resumed(kept, config, cli.input)?;
+        // As an earlier image of this process left it; its loop reads it
+        // as it is now, so no ring of an earlier layout needs writing.
+        let mut recorder = input::Recorder::resumed(kept, config, cli.input)?;
+        recorder.retire_former();
         let reader = recorder
             .reader_fd()
             .map_err(|e| format!("cannot share the history: {e}"))?;

@@ -11,7 +11,7 @@ mod util;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::Duration;
@@ -296,5 +296,163 @@ fn sigusr2_reexecutes_a_supervisor_in_place_then_upgrades_its_instances() {
     assert!(
         supervisor.child.try_wait().unwrap().is_none(),
         "still serving"
+    );
+}
+
+/// This build's binary with the history's ring in another layout (the
+/// `next-ring-layout` feature), built beside the tests' own (once; a
+/// build of its own target directory, so the tests' binary stays).
+fn next_layout_binary() -> std::path::PathBuf {
+    let ours = Path::new(env!("CARGO_BIN_EXE_wspush"));
+    let target = ours.parent().and_then(Path::parent).unwrap();
+    let dir = target.join("next-ring-layout");
+    let status = std::process::Command::new(env!("CARGO"))
+        .args(["build", "--offline", "--quiet", "-p", "wspush-cli"])
+        .args(["--features", "next-ring-layout", "--target-dir"])
+        .arg(&dir)
+        .arg("--manifest-path")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+        .status()
+        .unwrap();
+    assert!(status.success(), "building the next layout's binary");
+    dir.join("debug").join("wspush")
+}
+
+/// A client that resumes `since` a position (that of `line FIRST - 1`)
+/// until `stop`, again and again, each time checking it is told
+/// `recovered` and given every line after it, through the last one `fed`
+/// when it connected, in the position's epoch; how many times it did.
+fn resuming_again_and_again(
+    addr: SocketAddr,
+    since: String,
+    first: usize,
+    fed: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        let epoch = since.rsplit_once('.').unwrap().0.to_string();
+        let mut times = 0;
+        while times == 0 || !stop.load(Ordering::Relaxed) {
+            let last = fed.load(Ordering::Relaxed);
+            let mut client = util::connect(addr, &format!("/?since={since}"));
+            let status = util::texts(&mut client, 1).remove(0);
+            assert!(status.contains("\"recovered\""), "{status}");
+            for n in first..=last {
+                let text = util::texts(&mut client, 1).remove(0);
+                let (position, payload) = text.split_once(' ').unwrap();
+                assert_eq!(payload, format!("line {n}"), "after {status}");
+                assert_eq!(position, format!("{epoch}.{n}"), "the same epoch");
+            }
+            times += 1;
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        times
+    })
+}
+
+#[test]
+fn a_supervisor_reexecuted_with_a_new_history_layout_keeps_its_epoch_and_every_position() {
+    let next = next_layout_binary();
+    let deployed = Deployed::new("layout-reexec");
+    let (mut supervisor, addr) = util::start_supervisor(
+        &deployed.binary(),
+        &["--quiet", "--processes", "2"],
+        2,
+        "info",
+    );
+    let pid = supervisor.child.id();
+    let resuming: Vec<_> = (0..6).map(|_| resuming_client(addr, "end")).collect();
+    let plain: Vec<_> = (0..6).map(|_| plain_client(addr)).collect();
+    let mut watcher = util::connect(addr, "/?positions=1");
+    util::texts(&mut watcher, 1);
+    for n in 1..=20 {
+        supervisor.send(format!("line {n}\n").as_bytes());
+    }
+    let positions: Vec<String> = util::texts(&mut watcher, 20)
+        .iter()
+        .map(|text| text.split_once(' ').unwrap().0.to_string())
+        .collect();
+    // Resumes from line 10 all through the upgrade: the instances of the
+    // earlier binary replay from the earlier layout, written alike, the
+    // new ones from the ring it was carried into.
+    let stop = Arc::new(AtomicBool::new(false));
+    let fed = Arc::new(AtomicUsize::new(20));
+    let again: Vec<_> = (0..4)
+        .map(|_| {
+            let (fed, stop) = (Arc::clone(&fed), Arc::clone(&stop));
+            resuming_again_and_again(addr, positions[9].clone(), 11, fed, stop)
+        })
+        .collect();
+    deployed.install_from(&next);
+    signal(pid, "-USR2");
+    let feed = |supervisor: &mut util::Logged, lines: std::ops::RangeInclusive<usize>, pause| {
+        for n in lines {
+            supervisor.send(format!("line {n}\n").as_bytes());
+            fed.store(n, Ordering::Relaxed);
+            std::thread::sleep(pause);
+        }
+    };
+    feed(&mut supervisor, 21..=40, Duration::from_millis(20));
+    let carried = supervisor.wait_for("was carried into this build's layout");
+    assert!(carried.contains("the same epoch"), "{carried}");
+    supervisor.wait_for("the supervisor re-executed with its 2 instances");
+    supervisor.wait_for("the upgrade of the 2 instances is done");
+    supervisor.wait_for("the history's earlier layout is no longer written");
+    feed(&mut supervisor, 41..=50, Duration::from_millis(20));
+    stop.store(true, Ordering::Relaxed);
+    for again in again {
+        assert!(again.join().unwrap() > 5);
+    }
+    feed(&mut supervisor, 51..=60, Duration::ZERO);
+    supervisor.send(b"end\n");
+    // Every line in the new ring, with the positions it had: no gap, no
+    // `unknown`, no new epoch.
+    for (since, first) in [(9, 11), (0, 2)] {
+        let since = positions[since].clone();
+        let client =
+            resuming_again_and_again(addr, since, first, Arc::clone(&fed), Arc::clone(&stop));
+        assert_eq!(client.join().unwrap(), 1);
+    }
+    every_client_got_every_line(plain, resuming, 60);
+    assert_eq!(
+        exe(pid),
+        deployed.binary().to_string_lossy(),
+        "the new binary"
+    );
+}
+
+#[test]
+fn a_lone_server_reexecuted_with_a_new_history_layout_keeps_its_epoch_and_every_position() {
+    let next = next_layout_binary();
+    let deployed = Deployed::new("lone-layout-reexec");
+    let (mut server, addr, _upstream) = lone(&deployed.binary(), &[]);
+    let pid = server.child.id();
+    let mut watcher = util::connect(addr, "/?positions=1");
+    util::texts(&mut watcher, 1);
+    for n in 1..=20 {
+        server.send(format!("line {n}\n").as_bytes());
+    }
+    let positions: Vec<String> = util::texts(&mut watcher, 20)
+        .iter()
+        .map(|text| text.split_once(' ').unwrap().0.to_string())
+        .collect();
+    deployed.install_from(&next);
+    signal(pid, "-USR2");
+    let carried = server.wait_for("was carried into this build's layout");
+    assert!(carried.contains("(20 messages)"), "{carried}");
+    server.wait_for("listening on ");
+    for n in 21..=30 {
+        server.send(format!("line {n}\n").as_bytes());
+    }
+    let texts = util::texts(&mut watcher, 10);
+    assert_eq!(texts.last().unwrap().split_once(' ').unwrap().1, "line 30");
+    let fed = Arc::new(AtomicUsize::new(30));
+    let stop = Arc::new(AtomicBool::new(true));
+    let client = resuming_again_and_again(addr, positions[4].clone(), 6, fed, stop);
+    assert_eq!(client.join().unwrap(), 1);
+    assert_eq!(
+        exe(pid),
+        deployed.binary().to_string_lossy(),
+        "the new binary"
     );
 }

@@ -171,8 +171,17 @@ impl Server {
             ..
         } = suspended;
         config.first_position = through + 1;
-        let history = History::resumed(history, bounds(&config), ages.as_deref(), through)
-            .map_err(BindError::Io)?;
+        // A history this loop read is read as `config` names it now: its
+        // writer may have carried it into another ring (see
+        // `SharedHistory::resumed`).
+        let history = match (ages, &config.history_fd) {
+            (Some(ages), _) => History::resumed(history, bounds(&config), &ages, through),
+            (None, Some(now)) => now
+                .try_clone()
+                .and_then(|fd| History::shared(fd, through + 1)),
+            (None, None) => History::shared(history, through + 1),
+        }
+        .map_err(BindError::Io)?;
         let records_kept = Records::on(&config, history);
         let listener = std::net::TcpListener::from(listener);
         let mut server =

@@ -55,6 +55,9 @@ impl Supervisor {
         }
         for (key, status) in exited {
             let mut proc = self.procs.remove(key);
+            if proc.reads_former && !self.procs.iter().any(|(_, p)| p.reads_former) {
+                self.recorder.retire_former();
+            }
             // Its priority is its own no more: the process is gone.
             if let Some(urgent) = proc.urgent.take() {
                 urgent.forget();
@@ -301,6 +304,7 @@ impl Supervisor {
             status: Some(status),
             listening: false,
             took_over: false,
+            reads_former: false,
             full: false,
             heard: Heard::default(),
             control,

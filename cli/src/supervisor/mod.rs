@@ -362,6 +362,9 @@ struct Proc {
     listening: bool,
     /// It said it took its predecessor's connections over.
     took_over: bool,
+    /// It reads the history in the layout it had before it was carried
+    /// into this build's (it was started by an earlier image).
+    reads_former: bool,
     /// It said it is full, and not yet that it has room again.
     full: bool,
     /// Its status pipe's bytes, read into words and stats records.

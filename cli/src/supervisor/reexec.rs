@@ -48,6 +48,10 @@ impl Supervisor {
             log::info!("a process is starting or handing over: the supervisor keeps running its own binary; the instances are upgraded");
             return Err(binary);
         }
+        if self.recorder.has_former() {
+            log::info!("processes still read the history's earlier layout: the supervisor keeps running its own binary; the instances are upgraded");
+            return Err(binary);
+        }
         if self.stoppers.is_empty() {
             return Err(binary);
         }
@@ -250,6 +254,7 @@ impl Supervisor {
                     status,
                     listening: proc.listening,
                     took_over: false,
+                    reads_former: supervisor.recorder.has_former(),
                     full: proc.full,
                     heard,
                     control: adopt(proc.control)?,

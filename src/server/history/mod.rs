@@ -17,6 +17,7 @@
 //! longer reaches, a replay the history outruns, and a message the
 //! history refused for being larger than its byte bound alone.
 
+mod layout;
 pub(crate) mod ring;
 
 use std::cell::Cell;
@@ -29,8 +30,9 @@ use crate::protocol::commands::{self, Recipients};
 use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::position::{Epoch, Position, Status};
 use crate::server::frames::SharedFrames;
+use crate::server::history::layout::AudienceKind;
 pub use crate::server::history::ring::Bounds;
-use crate::server::history::ring::{Appended, AudienceKind, Content, Ring};
+use crate::server::history::ring::{Appended, Content, Ring};
 
 /// What a resuming connection was addressed as at its upgrade: the
 /// messages of the history it is given.
@@ -129,6 +131,10 @@ pub struct ReplayProgress {
 #[derive(Debug)]
 pub struct History {
     ring: Ring,
+    /// The ring of an earlier layout `ring` was carried from, written
+    /// alike while processes started before read it (see
+    /// [`SharedHistory::retire_former`]).
+    former: Option<Ring>,
     /// The last position this loop gave out.
     last: u64,
     /// Whether positions of its epoch are given out elsewhere too (other
@@ -182,19 +188,17 @@ impl History {
         Ok(History::on(Ring::open(fd)?, first.saturating_sub(1)))
     }
 
-    /// The history an earlier image of this process kept (see
-    /// [`History::suspend`]), whose last position given out was `last`:
-    /// written on here if it was written there (`ages`), else read.
+    /// The history an earlier image of this process wrote (see
+    /// [`History::suspend`]), whose last position given out was `last`,
+    /// written on here (in this build's layout: see [`Ring::resume`]; no
+    /// other process reads this one).
     pub fn resumed(
         fd: OwnedFd,
         bounds: Bounds,
-        ages: Option<&[Duration]>,
+        ages: &[Duration],
         last: u64,
     ) -> io::Result<History> {
-        let ring = match ages {
-            Some(ages) => Ring::resume(fd, bounds, ages, Instant::now())?,
-            None => Ring::open(fd)?,
-        };
+        let (ring, _former) = Ring::resume(fd, bounds, ages, Instant::now())?;
         Ok(History::on(ring, last))
     }
 
@@ -209,6 +213,7 @@ impl History {
     fn on(ring: Ring, last: u64) -> History {
         History {
             ring,
+            former: None,
             last,
             elsewhere: false,
             gaps: Throttle::default(),
@@ -278,6 +283,9 @@ impl History {
             let appended = self
                 .ring
                 .append(seq, (kind, &names), frame, zipped, status, now);
+            if let Some(former) = &mut self.former {
+                former.append(seq, (kind, &names), frame, zipped, status, now);
+            }
             if appended == Appended::Refused {
                 if let Some(count) = self.refusals.due(now) {
                     log::warn!(
@@ -296,6 +304,9 @@ impl History {
     /// the history).
     pub fn evict(&mut self, now: Instant) {
         self.ring.evict(now, 0, 0);
+        if let Some(former) = &mut self.former {
+            former.evict(now, 0, 0);
+        }
     }
 
     /// What a client resuming after `since` (as given) is told, and the
@@ -558,7 +569,11 @@ impl SharedHistory {
     /// Notes that messages `from..=to`, for everyone, are missing (the
     /// source lost them): a replay across them is told the gap.
     pub fn mark_missing(&mut self, from: u64, to: u64) {
-        self.history.ring.mark_missing(from, to, Instant::now());
+        let now = Instant::now();
+        self.history.ring.mark_missing(from, to, now);
+        if let Some(former) = &mut self.history.former {
+            former.mark_missing(from, to, now);
+        }
         self.history.advance(to);
     }
 
@@ -567,6 +582,9 @@ impl SharedHistory {
     /// told the gap (a history filled from a source's tail begins so).
     pub fn forget_through(&mut self, seq: u64) {
         self.history.ring.forget_through(seq);
+        if let Some(former) = &mut self.history.former {
+            former.forget_through(seq);
+        }
         self.history.advance(seq);
     }
 
@@ -601,10 +619,30 @@ impl SharedHistory {
             bytes: config.history_bytes,
             age: config.history_age,
         };
+        let (ring, former) = Ring::resume(fd, bounds, ages, Instant::now())?;
+        let mut history = History::on(ring, last);
+        history.former = former;
         Ok(SharedHistory {
-            history: History::resumed(fd, bounds, Some(ages), last)?,
+            history,
             compression: config.compression(),
         })
+    }
+
+    #[cfg(feature = "internals")]
+    /// Whether it writes a ring of an earlier layout alike, for the
+    /// processes started before it was carried into this build's (see
+    /// [`SharedHistory::resumed`]).
+    pub fn has_former(&self) -> bool {
+        self.history.former.is_some()
+    }
+
+    #[cfg(feature = "internals")]
+    /// Stops writing the ring of an earlier layout: no process reads it
+    /// any more.
+    pub fn retire_former(&mut self) {
+        if self.history.former.take().is_some() {
+            log::info!("the history's earlier layout is no longer written: no process reads it");
+        }
     }
 }
 

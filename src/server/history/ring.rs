@@ -3,9 +3,9 @@
 //! any process on the host maps and reads (every instance), so a host
 //! holds its history once, and an instance that dies loses none of it.
 //!
-//! The memory holds a header of 64-bit words (the writer's page, then a
-//! page kept free), an index of slots (a
-//! record's first and last positions and where it is) and the data: each
+//! The memory holds a header of 64-bit words, an index of slots (a
+//! record's first and last positions and where it is) and the data, laid
+//! out as the header says (see `layout`): each
 //! record is its recipients and its frames as framed (with positions,
 //! and compressed ones beside them), or, for a message the history
 //! refused (larger than its byte bound alone), its recipients only: a
@@ -24,68 +24,11 @@ use std::time::{Duration, Instant};
 
 use crate::ops::sys::{SharedMemory, SharedView};
 use crate::protocol::position::Epoch;
-
-const MAGIC: u64 = u64::from_le_bytes(*b"wspushH3");
-/// The header's words, by index.
-const MAGIC_AT: usize = 0;
-const EPOCH: usize = 1;
-const DATA: usize = 2;
-const SLOTS: usize = 3;
-/// The data the writer may be writing, up to (absolute bytes).
-const RESERVE: usize = 4;
-/// The records written so far.
-const RECORDS: usize = 5;
-/// The oldest record in the history.
-const OLDEST: usize = 6;
-/// Every message up to this position has left the history.
-const FORGOTTEN: usize = 7;
-/// The last position written.
-const LAST: usize = 8;
-/// Messages and bytes in the history.
-const MESSAGES: usize = 9;
-const BYTES: usize = 10;
-/// Messages refused so far (each larger than the byte bound alone).
-const REFUSED: usize = 11;
-/// The writer's words are in the first page; the second is kept free
-/// (the host's words once were there; they have a memory of their own
-/// now, see `time::host`), so that a ring reads alike to every build of
-/// the program, as during an upgrade.
-const HEADER_LEN: usize = 2 * 4096;
-/// A slot: first and last positions, and where the record is.
-const SLOT_LEN: usize = 24;
-/// A record's head: total length, frames' length, compressed frames'
-/// length, recipients' length, kind and flags.
-const RECORD_HEAD: usize = 16;
-/// In a record head's flags: the message was refused (no frames).
-const REFUSED_FLAG: u8 = 1;
-/// In a record head's flags: the message is a status about the stream
-/// (a gap), not one of its messages. A bit a writer of the layout before
-/// it left clear, so the layout (and its magic) stays.
-const STATUS_FLAG: u8 = 2;
-
-/// Who a record's messages were for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AudienceKind {
-    /// Everyone.
-    All = 0,
-    /// The subscribers of the channels named (comma-separated).
-    Channels = 1,
-    /// The connections of the client id named.
-    Id = 2,
-    /// One connection (never replayed: a resume is another connection).
-    Conn = 3,
-}
-
-impl AudienceKind {
-    fn of(byte: u8) -> AudienceKind {
-        match byte {
-            0 => AudienceKind::All,
-            1 => AudienceKind::Channels,
-            2 => AudienceKind::Id,
-            _ => AudienceKind::Conn,
-        }
-    }
-}
+use crate::server::history::layout::{
+    AudienceKind, Head, Layout, BYTES, DATA, EPOCH, FORGOTTEN, HEADER_LEN_AT, HEADER_WORDS, LAST,
+    MAGIC_AT, MAX_RECORD_HEAD, MESSAGES, OLDEST, RECORDS, RECORD_FIELDS, RECORD_HEAD_AT, REFUSED,
+    REFUSED_FLAG, RESERVE, SLOTS, SLOT_LEN_AT, STATUS_FLAG,
+};
 
 /// What the history may hold at most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,10 +126,23 @@ impl Mapped {
 #[derive(Debug)]
 pub struct Ring {
     mem: Mapped,
+    layout: Layout,
     data: u64,
     slots: u64,
     data_at: usize,
     writer: Option<Writer>,
+}
+
+/// A record copied out whole, to be written into another ring.
+#[derive(Debug)]
+struct Whole {
+    first: u64,
+    last: u64,
+    kind: AudienceKind,
+    names: Vec<u8>,
+    frames: Vec<u8>,
+    compressed: Vec<u8>,
+    flags: u8,
 }
 
 /// The copy raced the writer: the record was written over.
@@ -197,9 +153,14 @@ impl Ring {
     /// A new ring for `bounds`, written by this process, of `epoch`
     /// positions; the last position before its first is `before`.
     pub fn create(bounds: Bounds, epoch: Epoch, before: u64) -> io::Result<Ring> {
+        Ring::create_in(Layout::OWN, bounds, epoch, before)
+    }
+
+    /// A new ring of `layout` (see [`Ring::create`]).
+    fn create_in(layout: Layout, bounds: Bounds, epoch: Epoch, before: u64) -> io::Result<Ring> {
         let slots = (2 * bounds.messages.max(1) + 1) as u64;
         let data = (2 * bounds.bytes.max(1)).next_multiple_of(8) as u64;
-        let data_at = (HEADER_LEN + slots as usize * SLOT_LEN).next_multiple_of(4096);
+        let data_at = layout.data_at(slots);
         let mem = SharedMemory::create("wspush-history", data_at + data as usize)?;
         for (word, value) in [
             (EPOCH, epoch.0),
@@ -207,12 +168,16 @@ impl Ring {
             (SLOTS, slots),
             (FORGOTTEN, before),
             (LAST, before),
-            (MAGIC_AT, MAGIC),
+            (HEADER_LEN_AT, layout.header as u64),
+            (SLOT_LEN_AT, layout.slot as u64),
+            (RECORD_HEAD_AT, layout.head as u64),
+            (MAGIC_AT, layout.magic()),
         ] {
             mem.word(word * 8).store(value, Ordering::Release);
         }
         Ok(Ring {
             mem: Mapped::Writer(mem),
+            layout,
             data,
             slots,
             data_at,
@@ -231,12 +196,18 @@ impl Ring {
     /// A ring this process goes on writing where an earlier image of it
     /// left off (see [`Ring::ages`]): its records' ages, oldest first, as
     /// they were then. Bounds past the ring's room are cut to it.
+    ///
+    /// A ring of another layout than this build's is carried into a new
+    /// one of this build's layout, of the same epoch, with its positions,
+    /// records and ages; that one comes first, and the earlier one beside
+    /// it, for processes that map it: the caller writes both alike while
+    /// such processes run, then drops the earlier one.
     pub fn resume(
         fd: OwnedFd,
         bounds: Bounds,
         ages: &[Duration],
         now: Instant,
-    ) -> io::Result<Ring> {
+    ) -> io::Result<(Ring, Option<Ring>)> {
         let mut ring = Ring::on(Mapped::Writer(SharedMemory::open(fd)?))?;
         let (oldest, records) = (ring.load(OLDEST), ring.load(RECORDS));
         if records - oldest != ages.len() as u64 {
@@ -248,47 +219,100 @@ impl Ring {
         let kept = (oldest..records)
             .zip(ages)
             .map(|(n, age)| {
+                let (head, _) = ring.head(n);
                 let (_, last, start) = ring.slot(n);
-                let at = ring.data_at + (start % ring.data) as usize;
-                let mut len = [0u8; 4];
-                ring.mem.view().read(at, &mut len);
-                let len = u32::from_le_bytes(len) as usize;
                 Kept {
                     last,
-                    end: start + len as u64,
-                    len,
+                    end: start + head.len as u64,
+                    len: head.len,
                     messages: 1,
                     at: now.checked_sub(*age).unwrap_or(now),
                 }
             })
             .collect();
-        let bounds = Bounds {
+        let cut = Bounds {
             messages: bounds.messages.min((ring.slots as usize - 1) / 2),
             bytes: bounds.bytes.min(ring.data as usize / 2),
             age: bounds.age,
         };
-        ring.writer = Some(Writer { bounds, kept });
-        Ok(ring)
+        ring.writer = Some(Writer { bounds: cut, kept });
+        if ring.layout == Layout::OWN {
+            return Ok((ring, None));
+        }
+        let own = ring.carried(bounds)?;
+        log::info!(
+            "the history ({} messages) was carried into this build's layout ({:?}, from \
+             {:?}), in the same epoch",
+            own.held().0,
+            own.layout(),
+            ring.layout()
+        );
+        Ok((own, Some(ring)))
+    }
+
+    /// A ring of this build's layout within `bounds`, of this one's epoch,
+    /// positions and records (with their ages), which this process
+    /// writes.
+    fn carried(&self, bounds: Bounds) -> io::Result<Ring> {
+        let writer = self
+            .writer
+            .as_ref()
+            .expect("bug: carrying a ring read-only here");
+        let mut own = Ring::create(bounds, self.epoch(), self.forgotten())?;
+        for (n, kept) in (self.load(OLDEST)..).zip(&writer.kept) {
+            // This process writes it: no record changes as it is copied.
+            let whole = self.whole(n).map_err(|Overrun| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a history record that does not fit",
+                )
+            })?;
+            own.put(
+                (whole.first, whole.last, kept.messages),
+                (whole.kind, &whole.names),
+                (&whole.frames, &whole.compressed),
+                whole.flags,
+                kept.at,
+            );
+        }
+        own.store(FORGOTTEN, own.forgotten().max(self.forgotten()));
+        own.store(LAST, self.last());
+        own.store(REFUSED, self.refused());
+        Ok(own)
+    }
+
+    /// Its layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
 
     /// The ring mapped as `mem`, checked; no writer's bookkeeping yet.
     fn on(mem: Mapped) -> io::Result<Ring> {
         let view = mem.view();
         let invalid = |what| io::Error::new(io::ErrorKind::InvalidData, what);
-        if view.size() < HEADER_LEN || view.load(MAGIC_AT * 8, Ordering::Acquire) != MAGIC {
+        if view.size() < HEADER_WORDS * 8 {
             return Err(invalid("not a wspush history"));
         }
+        let magic = view.load(MAGIC_AT * 8, Ordering::Acquire);
+        let layout = Layout::read(magic, |word| view.load(word * 8, Ordering::Relaxed))
+            .ok_or_else(|| {
+                invalid("not a wspush history, or one of a layout this build does not read")
+            })?;
         let data = view.load(DATA * 8, Ordering::Relaxed);
         let slots = view.load(SLOTS * 8, Ordering::Relaxed);
-        let data_at = (HEADER_LEN + slots as usize * SLOT_LEN).next_multiple_of(4096);
-        if data_at as u64 + data != view.size() as u64 {
+        let end = (slots.checked_mul(layout.slot as u64))
+            .and_then(|index| index.checked_add(layout.header as u64))
+            .and_then(|index| index.checked_next_multiple_of(4096))
+            .and_then(|data_at| data_at.checked_add(data));
+        if slots == 0 || data == 0 || end != Some(view.size() as u64) {
             return Err(invalid("a history of the wrong size"));
         }
         Ok(Ring {
             mem,
+            layout,
             data,
             slots,
-            data_at,
+            data_at: layout.data_at(slots),
             writer: None,
         })
     }
@@ -350,8 +374,22 @@ impl Ring {
 
     /// The slot of record `n`: first, last, where.
     fn slot(&self, n: u64) -> (u64, u64, u64) {
-        let at = HEADER_LEN / 8 + (n % self.slots) as usize * SLOT_LEN / 8;
+        let at = self.slot_word(n);
         (self.load(at), self.load(at + 1), self.load(at + 2))
+    }
+
+    /// The word slot `n`'s first word is at.
+    fn slot_word(&self, n: u64) -> usize {
+        (self.layout.header + (n % self.slots) as usize * self.layout.slot) / 8
+    }
+
+    /// Record `n`'s head, and where it is.
+    fn head(&self, n: u64) -> (Head, usize) {
+        let (_, _, start) = self.slot(n);
+        let at = self.data_at + (start % self.data) as usize;
+        let mut head = [0u8; RECORD_FIELDS];
+        self.mem.view().read(at, &mut head);
+        (Head::decode(&head), at)
     }
 
     /// The first record in the history whose last position is after
@@ -380,24 +418,22 @@ impl Ring {
         wanted: impl Fn(AudienceKind, &[u8]) -> bool,
     ) -> Result<Record, Overrun> {
         let (first, last, start) = self.slot(n);
-        let at = self.data_at + (start % self.data) as usize;
-        let mut head = [0u8; RECORD_HEAD];
-        self.mem.view().read(at, &mut head);
-        let word =
-            |i: usize| u32::from_le_bytes(head[i * 4..i * 4 + 4].try_into().unwrap()) as usize;
-        let (len, plain, compressed) = (word(0), word(1), word(2));
-        let (names_len, kind, refused) = (
-            usize::from(head[12]) | usize::from(head[13]) << 8,
-            AudienceKind::of(head[14]),
-            head[15] & REFUSED_FLAG != 0,
+        let (head, at) = self.head(n);
+        let Head {
+            plain,
+            compressed,
+            kind,
+            ..
+        } = head;
+        let (refused, status) = (
+            head.flags & REFUSED_FLAG != 0,
+            head.flags & STATUS_FLAG != 0,
         );
-        let status = head[15] & STATUS_FLAG != 0;
-        let fits = RECORD_HEAD + names_len + plain + compressed <= len
-            && (start % self.data) + len as u64 <= self.data;
         let mut record = None;
-        if fits {
-            let mut names = vec![0u8; names_len];
-            self.mem.view().read(at + RECORD_HEAD, &mut names);
+        if self.fits(start, head) {
+            let names_at = at + self.layout.head;
+            let mut names = vec![0u8; head.names];
+            self.mem.view().read(names_at, &mut names);
             let content = match wanted(kind, &names) {
                 false => Content::Unwanted,
                 true if refused => Content::Refused,
@@ -407,7 +443,7 @@ impl Ring {
                         false => (0, plain),
                     };
                     let mut frames = vec![0u8; take];
-                    let from = at + RECORD_HEAD + names_len + skip;
+                    let from = names_at + head.names + skip;
                     self.mem.view().read(from, &mut frames);
                     match status {
                         true => Content::Status(frames),
@@ -421,11 +457,49 @@ impl Ring {
                 content,
             });
         }
-        fence(Ordering::Acquire);
-        let intact = self.load(RESERVE) <= start + self.data && self.load(RECORDS) < n + self.slots;
         match record {
-            Some(record) if intact => Ok(record),
+            Some(record) if self.intact(n, start) => Ok(record),
             _ => Err(Overrun),
+        }
+    }
+
+    /// Whether a record at `start` with `head` lies whole in the data (a
+    /// head written over meanwhile may not).
+    fn fits(&self, start: u64, head: Head) -> bool {
+        self.layout.head + head.names + head.plain + head.compressed <= head.len
+            && (start % self.data) + head.len as u64 <= self.data
+    }
+
+    /// Whether record `n`, at `start`, was not written over while it was
+    /// copied out.
+    fn intact(&self, n: u64, start: u64) -> bool {
+        fence(Ordering::Acquire);
+        self.load(RESERVE) <= start + self.data && self.load(RECORDS) < n + self.slots
+    }
+
+    /// Copies record `n` out whole.
+    fn whole(&self, n: u64) -> Result<Whole, Overrun> {
+        let (first, last, start) = self.slot(n);
+        let (head, at) = self.head(n);
+        if !self.fits(start, head) {
+            return Err(Overrun);
+        }
+        let mut parts = vec![0u8; head.names + head.plain + head.compressed];
+        self.mem.view().read(at + self.layout.head, &mut parts);
+        let compressed = parts.split_off(head.names + head.plain);
+        let frames = parts.split_off(head.names);
+        let whole = Whole {
+            first,
+            last,
+            kind: head.kind,
+            names: parts,
+            frames,
+            compressed,
+            flags: head.flags,
+        };
+        match self.intact(n, start) {
+            true => Ok(whole),
+            false => Err(Overrun),
         }
     }
 
@@ -459,8 +533,9 @@ impl Ring {
             "bug: a channel list too long"
         );
         let names_fit = names.len() <= u16::MAX as usize;
+        let layout = self.layout;
         let record_len = |names: &[u8], frames: &[u8], compressed: &[u8]| {
-            (RECORD_HEAD + names.len() + frames.len() + compressed.len()).next_multiple_of(8)
+            layout.record_len(names.len() + frames.len() + compressed.len())
         };
         let (kind, names, frames, compressed, appended) = if !names_fit {
             (
@@ -548,7 +623,7 @@ impl Ring {
         flags: u8,
         now: Instant,
     ) {
-        let len = (RECORD_HEAD + names.len() + frames.len() + compressed.len()).next_multiple_of(8);
+        let len = (self.layout).record_len(names.len() + frames.len() + compressed.len());
         self.evict(now, count, len);
         let records = self.load(RECORDS);
         let reserve = self.load(RESERVE);
@@ -567,20 +642,26 @@ impl Ring {
         }
         self.store(RESERVE, end);
         fence(Ordering::Release);
-        let mut head = [0u8; RECORD_HEAD];
-        head[0..4].copy_from_slice(&(len as u32).to_le_bytes());
-        head[4..8].copy_from_slice(&(frames.len() as u32).to_le_bytes());
-        head[8..12].copy_from_slice(&(compressed.len() as u32).to_le_bytes());
-        head[12..14].copy_from_slice(&(names.len() as u16).to_le_bytes());
-        head[14] = kind as u8;
-        head[15] = flags;
+        let mut head = [0u8; MAX_RECORD_HEAD];
+        head[..RECORD_FIELDS].copy_from_slice(
+            &Head {
+                len,
+                plain: frames.len(),
+                compressed: compressed.len(),
+                names: names.len(),
+                kind,
+                flags,
+            }
+            .encode(),
+        );
         let at = self.data_at + (start % self.data) as usize;
+        let parts_at = at + self.layout.head;
         let mem = self.mem.writable();
-        mem.write(at, &head);
-        mem.write(at + RECORD_HEAD, names);
-        mem.write(at + RECORD_HEAD + names.len(), frames);
-        mem.write(at + RECORD_HEAD + names.len() + frames.len(), compressed);
-        let slot = HEADER_LEN / 8 + (records % self.slots) as usize * SLOT_LEN / 8;
+        mem.write(at, &head[..self.layout.head]);
+        mem.write(parts_at, names);
+        mem.write(parts_at + names.len(), frames);
+        mem.write(parts_at + names.len() + frames.len(), compressed);
+        let slot = self.slot_word(records);
         self.store(slot, first);
         self.store(slot + 1, last);
         self.store(slot + 2, start);
@@ -746,6 +827,102 @@ mod tests {
         ring.evict(now + Duration::from_secs(61), 0, 0);
         assert_eq!((ring.held(), ring.forgotten()), ((0, 0), 40));
         assert_eq!(ring.find(0).0, 40, "none held");
+    }
+
+    /// A layout other than this build's own.
+    fn other_layout() -> Layout {
+        match Layout::OWN == Layout::FIRST {
+            true => Layout {
+                header: 3 * 4096,
+                slot: 40,
+                head: 32,
+            },
+            false => Layout::FIRST,
+        }
+    }
+
+    fn reader_of(ring: &Ring) -> Ring {
+        let fd = ring.memory().inheritable().unwrap();
+        Ring::open(fd.try_clone_to_owned().unwrap()).unwrap()
+    }
+
+    fn contents(ring: &Ring) -> Vec<(u64, u64, Content)> {
+        let (oldest, records) = ring.find(0);
+        (oldest..records)
+            .map(|n| {
+                let record = ring.read(n, true, everything).unwrap();
+                (record.first, record.last, record.content)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_ring_of_another_layout_is_carried_into_this_builds_with_its_positions_and_ages() {
+        let start = Instant::now();
+        let mut earlier = Ring::create_in(other_layout(), bounds(4, 4096), Epoch(9), 0).unwrap();
+        assert_eq!(
+            reader_of(&earlier).layout(),
+            other_layout(),
+            "read by its header"
+        );
+        for seq in 1..=6 {
+            let names: &[u8] = if seq % 2 == 0 { b"news" } else { b"" };
+            let kind = match names.is_empty() {
+                true => AudienceKind::All,
+                false => AudienceKind::Channels,
+            };
+            let at = start + Duration::from_secs(seq);
+            let frames = format!("message {seq}");
+            earlier.append(seq, (kind, names), frames.as_bytes(), b"zip", seq == 5, at);
+        }
+        earlier.append(7, (AudienceKind::All, b""), &[7; 5000], b"", false, start);
+        earlier.mark_missing(8, 9, start + Duration::from_secs(8));
+        let before = contents(&earlier);
+        assert_eq!(before.len(), 4, "{before:?}");
+        assert_eq!((earlier.forgotten(), earlier.refused()), (4, 1));
+        let now = start + Duration::from_secs(20);
+        let ages = earlier.ages(now).unwrap();
+        let fd = earlier.memory().inheritable().unwrap();
+        let fd = fd.try_clone_to_owned().unwrap();
+        let old_reader = reader_of(&earlier);
+        drop(earlier);
+
+        let (mut own, former) = Ring::resume(fd, bounds(4, 4096), &ages, now).unwrap();
+        let mut former = former.expect("another layout: carried");
+        assert_eq!(
+            (own.layout(), former.layout()),
+            (Layout::OWN, other_layout())
+        );
+        assert_eq!(own.epoch(), Epoch(9), "the same epoch");
+        assert_eq!(
+            (own.last(), own.forgotten(), own.refused(), own.held().0),
+            (
+                former.last(),
+                former.forgotten(),
+                former.refused(),
+                former.held().0
+            ),
+            "(the bytes differ with the heads)"
+        );
+        assert_eq!(contents(&own), before, "the same records");
+        assert_eq!(own.ages(now).unwrap(), ages, "of the same ages");
+        // Written alike from here; a reader of either sees the same.
+        for ring in [&mut own, &mut former] {
+            ring.append(11, (AudienceKind::All, b""), b"after", b"", false, now);
+        }
+        assert_eq!(contents(&reader_of(&own)), contents(&old_reader));
+        assert_eq!(contents(&old_reader).last().unwrap().0, 11);
+        // The ages go on: the oldest leave the new ring on time.
+        own.evict(start + Duration::from_secs(65), 0, 0);
+        assert_eq!(own.forgotten(), 5, "message 5 left at 60 s of age");
+
+        // A ring of this build's own layout goes on as it is.
+        let mine = Ring::create(bounds(4, 4096), Epoch(3), 0).unwrap();
+        let fd = mine.memory().inheritable().unwrap();
+        let (same, none) =
+            Ring::resume(fd.try_clone_to_owned().unwrap(), bounds(4, 4096), &[], now).unwrap();
+        assert!(none.is_none());
+        assert_eq!(same.memory().size(), mine.memory().size());
     }
 
     #[test]
