@@ -165,14 +165,17 @@ pub fn children(supervisor: &Logged) -> Vec<u32> {
 }
 
 /// The supervisor's children once there are `count` (a roll's old
-/// processes exit just after it is done).
+/// processes exit just after it is done), read alike twice: the list is
+/// read while it may change, and a read then may miss one.
 pub fn children_once(supervisor: &Logged, count: usize) -> Vec<u32> {
     let deadline = std::time::Instant::now() + super::IO_TIMEOUT;
+    let mut last = Vec::new();
     loop {
         let now = children(supervisor);
-        if now.len() == count {
+        if now.len() == count && now == last {
             return now;
         }
+        last = now.clone();
         assert!(std::time::Instant::now() < deadline, "children {now:?}");
         std::thread::sleep(Duration::from_millis(10));
     }
