@@ -241,6 +241,14 @@ pub struct Config {
     pub host_fd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
     #[cfg(not(feature = "internals"))]
     pub(crate) host_fd: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// The host's metrics board and this server's slot on it (a
+    /// supervisor's, see `Board`): its counters are kept there, where
+    /// the host's other processes read them, and `/metrics` on the main
+    /// listener answers the host's sums. None: its own counters.
+    #[cfg(feature = "internals")]
+    pub metrics_board: Option<crate::ops::board::MetricsBoard>,
+    #[cfg(not(feature = "internals"))]
+    pub(crate) metrics_board: Option<crate::ops::board::MetricsBoard>,
 }
 
 impl Default for Config {
@@ -288,6 +296,7 @@ impl Default for Config {
             first_position: 1,
             history_fd: None,
             host_fd: None,
+            metrics_board: None,
         }
     }
 }

@@ -62,7 +62,8 @@
 //! `internals` makes `protocol` and `sys` public, and the binary's
 //! plumbing (on the handle, the shared history's writers, and the
 //! settings a supervisor gives its instances: `Config::instance`,
-//! `first_position`, `degraded` and `host_fd`), for the binary, the bench and the
+//! `first_position`, `degraded`, `host_fd` and `metrics_board`; the host's
+//! metrics `board`), for the binary, the bench and the
 //! fuzz targets; it is not a stable API.
 #![deny(missing_docs)]
 
@@ -76,6 +77,8 @@ mod server;
 #[cfg(test)]
 mod testing;
 
+#[cfg(feature = "internals")]
+pub use ops::board;
 #[cfg(feature = "internals")]
 pub use ops::sys;
 

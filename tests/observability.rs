@@ -117,3 +117,41 @@ fn the_open_gauge_counts_websocket_connections_only() {
         assert_eq!((m.connections_open, m.upgrades), (3, 3));
     }
 }
+
+#[test]
+fn the_delivery_latency_counts_each_broadcast_once_whatever_the_connections() {
+    let server = TestServer::start(Config::default());
+    let mut clients: Vec<_> = (0..3).map(|_| connect(server.addr, "/")).collect();
+    let (status, _, events) = util::sse::Stream::open(server.addr, "/", "");
+    assert_eq!(status, 200);
+    let mut events = events.unwrap();
+    for n in 0..4 {
+        server.handle.broadcast_text(format!("m{n}")).unwrap();
+    }
+    for client in &mut clients {
+        for n in 0..4 {
+            assert_eq!(client.read().unwrap(), Message::text(format!("m{n}")));
+        }
+    }
+    for _ in 0..4 {
+        events.event();
+    }
+    let count = |m: &str, transport: &str| {
+        let series = format!("wspush_delivery_latency_seconds_count{{transport=\"{transport}\"}}");
+        sample(m, &series)
+    };
+    let mut m = http_get(server.addr, "/metrics", "").body;
+    // The pass that delivered the last batch may end after the clients
+    // read it.
+    let deadline = std::time::Instant::now() + util::IO_TIMEOUT;
+    while count(&m, "websocket") < 4 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        m = http_get(server.addr, "/metrics", "").body;
+    }
+    // Four messages, each counted once: not once per connection.
+    assert_eq!(count(&m, "websocket"), 4, "{m}");
+    assert_eq!(count(&m, "event_stream"), 4, "{m}");
+    let inf = "wspush_delivery_latency_seconds_bucket{transport=\"websocket\",le=\"+Inf\"}";
+    assert_eq!(sample(&m, inf), 4);
+    assert!(m.contains("# TYPE wspush_delivery_latency_seconds histogram"));
+}

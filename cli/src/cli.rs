@@ -233,9 +233,14 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "N", default_value_t = library().max_channels, value_parser = positive)]
     pub(crate) max_channels: usize,
     /// Serve /metrics and /healthz on this address (e.g. 127.0.0.1:9100)
-    /// instead of on --listen. With --processes, instance K listens on PORT+K-1.
+    /// instead of on --listen. With --processes, the supervisor serves the
+    /// host's metrics there, and instance K its own on PORT+K.
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_listen: Option<SocketAddr>,
+    /// With --processes, the host's /metrics gives its sums only, without
+    /// each instance's series (labelled `instance`).
+    #[arg(long)]
+    pub(crate) metrics_sums_only: bool,
     /// Log a line with the key counters this often.
     #[arg(long, value_name = "DURATION", default_value = duration_text(library().stats_interval.unwrap_or_default()), value_parser = duration, allow_hyphen_values = true)]
     pub(crate) stats_interval: Duration,
@@ -500,11 +505,12 @@ fn jwt_verifier(cli: &Cli) -> Result<Option<Verifier>, String> {
     Ok(Some(verifier))
 }
 
-/// Under a supervisor, instance K (from 1) serves metrics on PORT+K-1, so
-/// each instance can be scraped on its own; port 0 stays 0.
+/// Under a supervisor, which serves the host's metrics on PORT, instance
+/// K (from 1) serves its own on PORT+K, so each instance can be scraped on
+/// its own; port 0 stays 0.
 fn instance_metrics_address(mut addr: SocketAddr) -> SocketAddr {
     if let (Some(k), true) = (instance_number(), addr.port() != 0) {
-        addr.set_port(addr.port().saturating_add(k - 1));
+        addr.set_port(addr.port().saturating_add(k));
     }
     addr
 }

@@ -30,6 +30,7 @@ mod binary;
 mod board;
 mod chunks;
 mod cli;
+mod host_metrics;
 mod input;
 mod merge;
 mod reexec;
@@ -151,6 +152,7 @@ fn serve(cli: Cli) -> Result<(), String> {
     if let Some(host) = inherited_memory(HOST_FD_ENV, "host's words")? {
         config.host_fd = Some(host);
     }
+    config.metrics_board = host_metrics::instance_place(!cli.metrics_sums_only)?;
     let counted = Arc::new(OnceLock::<Handle>::new());
     let carried = match &resumed {
         Some(suspended) => Carried::decode(suspended.extra())?,
@@ -639,6 +641,11 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
         "listening on {listen} with {count} instances, up to {per_instance} connections each"
     );
     let _ = board.set(supervisor.stats());
+    if let Some(addr) = cli.metrics_listen {
+        let board = (supervisor.metrics_board())
+            .map_err(|e| format!("cannot read the metrics board: {e}"))?;
+        host_metrics::serve(addr, board, !cli.metrics_sums_only)?;
+    }
     let max_line = input::max_line_bytes(cli.input, max_message);
     let chunks = sources::spawn(sources.readers, max_line, Some(supervisor.waker()))
         .map_err(|e| format!("cannot start the input readers: {e}"))?;

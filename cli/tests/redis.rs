@@ -324,21 +324,10 @@ fn a_lost_feed_is_counted_once_reported_and_reconnected_while_clients_stay() {
     assert_eq!(text(&mut client), "after", "the client stayed");
 }
 
-/// Two free ports in a row, for `--metrics-listen` under two instances.
-fn two_free_ports() -> u16 {
-    loop {
-        let first = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = first.local_addr().unwrap().port();
-        if port < u16::MAX && TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
-            return port;
-        }
-    }
-}
-
 #[test]
 fn under_processes_the_supervisor_holds_the_one_subscription() {
     let redis = FakeRedis::start();
-    let port = two_free_ports();
+    let port = util::free_ports(3);
     let metrics_listen = format!("127.0.0.1:{port}");
     let mut process = Logged::spawn(
         std::process::Command::new(env!("CARGO_BIN_EXE_wspush"))
@@ -350,7 +339,7 @@ fn under_processes_the_supervisor_holds_the_one_subscription() {
     );
     let addr = listening_addr(&process.wait_for(" with 2 instances"));
     process.wait_for("redis feed: subscribed on");
-    let instances: Vec<SocketAddr> = (0..2)
+    let instances: Vec<SocketAddr> = (1..=2)
         .map(|k| SocketAddr::from(([127, 0, 0, 1], port + k)))
         .collect();
     for &at in &instances {

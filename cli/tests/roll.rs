@@ -194,11 +194,10 @@ fn restarts_become(metrics: SocketAddr, count: u64) {
 
 #[test]
 fn an_instance_counts_its_earlier_processes_and_its_metrics_port_outlives_a_roll() {
-    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let listen = metrics.to_string();
+    let port = util::free_ports(2);
+    let listen = format!("127.0.0.1:{port}");
+    // Instance 1's own.
+    let metrics = SocketAddr::from(([127, 0, 0, 1], port + 1));
     let args = [
         "--quiet",
         "--drain-time",

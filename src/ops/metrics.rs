@@ -8,8 +8,11 @@ use std::time::{Duration, Instant};
 macro_rules! metrics {
     ($( $(#[$doc:meta])* $name:ident: $kind:ident $prom:literal $labels:literal $help:literal, )*) => {
         /// Live counters. Only the loop thread writes them (relaxed atomics,
-        /// uncontended); other threads take a [`MetricsSnapshot`].
+        /// uncontended); other threads take a [`MetricsSnapshot`]. Its
+        /// words lie in table order (it may lie in shared memory: see
+        /// [`Counters`]).
         #[derive(Debug, Default)]
+        #[repr(C)]
         pub struct Metrics {
             $( $(#[$doc])* pub $name: AtomicU64, )*
         }
@@ -26,6 +29,9 @@ macro_rules! metrics {
         const EXPORTS: &[Export] = &[
             $( Export { name: $prom, labels: $labels, kind: Kind::$kind, help: $help }, )*
         ];
+
+        /// Each counter's field, in table order.
+        const FIELDS: &[&str] = &[ $( stringify!($name), )* ];
 
         impl Metrics {
             /// Reads every counter.
@@ -58,16 +64,6 @@ enum Kind {
     /// Rendered apart, in another shape (the loop time histogram and
     /// maximum, in seconds).
     Apart,
-}
-
-impl Kind {
-    fn as_str(self) -> &'static str {
-        match self {
-            Kind::Counter => "counter",
-            Kind::Gauge => "gauge",
-            Kind::Apart => "untyped",
-        }
-    }
 }
 
 /// One row of the metrics table: a counter, its exported name and label
@@ -327,6 +323,7 @@ pub const LOOP_BUCKETS_US: [u64; 12] = [
 /// How many loop iterations took at most each [`LOOP_BUCKETS_US`] bound
 /// (not cumulative; the rendering sums them).
 #[derive(Debug, Default)]
+#[repr(C)]
 pub struct LoopHistogram {
     buckets: [AtomicU64; LOOP_BUCKETS_US.len()],
 }
@@ -348,6 +345,121 @@ impl LoopHistogram {
             total
         })
     }
+}
+
+/// Upper bounds of the delivery latency histograms, in microseconds.
+pub const LATENCY_BUCKETS_US: [u64; 16] = [
+    250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000,
+    2_500_000, 5_000_000, 10_000_000, 30_000_000,
+];
+
+/// A histogram of delivery latency (a message's input to the socket
+/// write that completes it) for one transport, each observation weighted
+/// (a batch's messages count once each, observed at once).
+#[derive(Debug, Default)]
+#[repr(C)]
+pub struct Latency {
+    /// Observations up to each [`LATENCY_BUCKETS_US`] bound (not
+    /// cumulative).
+    buckets: [AtomicU64; LATENCY_BUCKETS_US.len()],
+    /// Observations in all (past the last bound too).
+    count: AtomicU64,
+    /// Their sum, in nanoseconds.
+    sum_ns: AtomicU64,
+}
+
+impl Latency {
+    /// Records `weight` observations of `ns` nanoseconds.
+    pub fn observe(&self, ns: u64, weight: u64) {
+        if weight == 0 {
+            return;
+        }
+        let us = ns / 1_000;
+        if let Some(i) = LATENCY_BUCKETS_US.iter().position(|&bound| us < bound) {
+            Metrics::add(&self.buckets[i], weight);
+        }
+        Metrics::add(&self.count, weight);
+        Metrics::add(&self.sum_ns, ns.saturating_mul(weight));
+    }
+
+    /// Its words, in layout order.
+    fn words(&self) -> impl Iterator<Item = u64> + '_ {
+        (self.buckets.iter())
+            .chain([&self.count, &self.sum_ns])
+            .map(|word| word.load(Ordering::Relaxed))
+    }
+}
+
+/// Everything a server counts, as it lies in memory: in this process's
+/// own, or in its slot of the host's metrics board (see `board`), where
+/// its supervisor and the host's other processes read it as it changes.
+/// `repr(C)`, of 64-bit words only, in the order of [`Counters::words`].
+#[derive(Debug, Default)]
+#[repr(C)]
+pub struct Counters {
+    /// The table's counters.
+    pub metrics: Metrics,
+    /// The loop's iteration times.
+    pub loop_histogram: LoopHistogram,
+    /// Delivery latency to WebSocket connections.
+    pub websocket_latency: Latency,
+    /// Delivery latency to event streams.
+    pub event_stream_latency: Latency,
+}
+
+/// Where in [`Counters`]' words each part starts.
+pub(crate) const LOOP_BUCKETS_AT: usize = EXPORTS.len();
+pub(crate) const WEBSOCKET_LATENCY_AT: usize = LOOP_BUCKETS_AT + LOOP_BUCKETS_US.len();
+pub(crate) const EVENT_STREAM_LATENCY_AT: usize =
+    WEBSOCKET_LATENCY_AT + LATENCY_BUCKETS_US.len() + 2;
+/// [`Counters`]' words.
+pub(crate) const COUNTERS_WORDS: usize = EVENT_STREAM_LATENCY_AT + LATENCY_BUCKETS_US.len() + 2;
+
+// The structures are their words and nothing else (see `sys::AtomicWords`).
+const _: () = assert!(std::mem::size_of::<Counters>() == COUNTERS_WORDS * 8);
+const _: () = assert!(std::mem::offset_of!(Counters, loop_histogram) == LOOP_BUCKETS_AT * 8);
+const _: () =
+    assert!(std::mem::offset_of!(Counters, websocket_latency) == WEBSOCKET_LATENCY_AT * 8);
+const _: () =
+    assert!(std::mem::offset_of!(Counters, event_stream_latency) == EVENT_STREAM_LATENCY_AT * 8);
+
+impl Counters {
+    /// Every word, in layout order, the table's as `metrics` has them (a
+    /// snapshot, with the gauges read where they are kept).
+    pub fn words(&self, metrics: &MetricsSnapshot) -> Vec<u64> {
+        let loop_buckets = self.loop_histogram.buckets.iter();
+        (metrics.values().into_iter())
+            .chain(loop_buckets.map(|word| word.load(Ordering::Relaxed)))
+            .chain(self.websocket_latency.words())
+            .chain(self.event_stream_latency.words())
+            .collect()
+    }
+}
+
+/// How one row of the table is exported: its family, labels (within
+/// braces, or empty), kind and help (the family's first row only).
+pub(crate) fn table(
+) -> impl Iterator<Item = (&'static str, &'static str, Option<bool>, &'static str)> {
+    EXPORTS.iter().map(|e| {
+        let counter = match e.kind {
+            Kind::Counter => Some(true),
+            Kind::Gauge => Some(false),
+            Kind::Apart => None,
+        };
+        (e.name, e.labels, counter, e.help)
+    })
+}
+
+/// The words of the table's rows rendered apart: the loop's iterations,
+/// busy time (ns) and longest iteration lately (ns).
+pub(crate) fn loop_words() -> (usize, usize, usize) {
+    let at = |name: &str| {
+        FIELDS
+            .iter()
+            .position(|f| *f == name)
+            .expect("bug: a loop row")
+    };
+    (at("loop_iterations"), at("loop_busy_ns"), at("loop_max_ns"))
 }
 
 /// Length of one window of [`LoopMax`].
@@ -525,93 +637,10 @@ impl MetricsSnapshot {
     }
 }
 
-/// Renders every counter in the Prometheus text exposition format
-/// (version 0.0.4), with `# HELP` and `# TYPE` once per metric family.
-pub fn render_prometheus(m: &MetricsSnapshot, histogram: &LoopHistogram, out: &mut Vec<u8>) {
-    use std::io::Write;
-    let mut family = "";
-    for (export, value) in EXPORTS.iter().zip(m.values()) {
-        if export.kind == Kind::Apart {
-            continue;
-        }
-        if export.name != family {
-            family = export.name;
-            let (name, help, kind) = (export.name, export.help, export.kind.as_str());
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        }
-        let _ = writeln!(out, "{}{} {value}", export.name, export.labels);
-    }
-    let _ = writeln!(
-        out,
-        "# HELP wspush_loop_iteration_seconds Time the loop spent per iteration, not counting the wait.\n\
-         # TYPE wspush_loop_iteration_seconds histogram"
-    );
-    for (bound, count) in LOOP_BUCKETS_US.iter().zip(histogram.cumulative()) {
-        let _ = writeln!(
-            out,
-            "wspush_loop_iteration_seconds_bucket{{le=\"{}\"}} {count}",
-            *bound as f64 / 1e6
-        );
-    }
-    let _ = writeln!(
-        out,
-        "wspush_loop_iteration_seconds_bucket{{le=\"+Inf\"}} {}\n\
-         wspush_loop_iteration_seconds_sum {}\n\
-         wspush_loop_iteration_seconds_count {}",
-        m.loop_iterations,
-        m.loop_busy_ns as f64 / 1e9,
-        m.loop_iterations
-    );
-    let _ = writeln!(
-        out,
-        "# HELP wspush_loop_iteration_max_seconds Longest loop iteration in the last 10 to 20 seconds.\n\
-         # TYPE wspush_loop_iteration_max_seconds gauge\n\
-         wspush_loop_iteration_max_seconds {}",
-        m.loop_max_ns as f64 / 1e9
-    );
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The operations guide lists every metric family `/metrics` exports,
-    /// with its type, and no other.
-    #[test]
-    fn the_operations_guide_lists_every_family() {
-        let mut page = Vec::new();
-        render_prometheus(
-            &MetricsSnapshot::default(),
-            &LoopHistogram::default(),
-            &mut page,
-        );
-        let mut exported: Vec<(String, String)> = String::from_utf8(page)
-            .unwrap()
-            .lines()
-            .filter_map(|l| l.strip_prefix("# TYPE "))
-            .map(|l| {
-                let (name, kind) = l.split_once(' ').unwrap();
-                (name.to_string(), kind.to_string())
-            })
-            .collect();
-        let guide = include_str!("../../docs/OPERATIONS.md");
-        let mut documented: Vec<(String, String)> = guide
-            .lines()
-            .filter_map(|l| l.strip_prefix("| `wspush_"))
-            .map(|l| {
-                let (name, rest) = l.split_once('`').unwrap();
-                let name = name.split('{').next().unwrap();
-                let kind = rest.trim_start_matches(" |").split('|').next().unwrap();
-                (format!("wspush_{name}"), kind.trim().to_string())
-            })
-            .collect();
-        exported.sort();
-        documented.sort();
-        assert_eq!(documented, exported);
-    }
-
-    /// The table's families are adjacent rows, each named, typed and
-    /// explained once; the lookups find their rows.
     #[test]
     fn the_table_is_well_formed() {
         let mut seen = Vec::new();
@@ -633,58 +662,6 @@ mod tests {
         assert!(std::ptr::eq(m.rejected(431), &m.rejected_431));
         assert!(std::ptr::eq(m.rejected(503), &m.rejected_503));
         assert!(std::ptr::eq(m.rejected(418), &m.rejected_400));
-    }
-
-    #[test]
-    fn prometheus_text_has_one_type_per_family_and_every_sample_parses() {
-        let metrics = Metrics::default();
-        Metrics::add(&metrics.connections_open, 3);
-        Metrics::add(&metrics.closed_invalid_payload, 2);
-        Metrics::add(&metrics.rejected_429, 1);
-        Metrics::add(&metrics.loop_iterations, 3);
-        Metrics::add(&metrics.loop_busy_ns, 1_500_000);
-        let histogram = LoopHistogram::default();
-        for ns in [5_000, 700_000, 2_000_000_000] {
-            histogram.record(ns);
-        }
-        let mut out = Vec::new();
-        render_prometheus(&metrics.snapshot(), &histogram, &mut out);
-        let text = String::from_utf8(out).unwrap();
-        let mut families = std::collections::HashSet::new();
-        for line in text.lines() {
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
-                let name = rest.split(' ').next().unwrap();
-                assert!(families.insert(name.to_string()), "{name} typed twice");
-                continue;
-            }
-            if line.starts_with("# HELP ") {
-                continue;
-            }
-            let (series, value) = line.rsplit_once(' ').expect(line);
-            assert!(value.parse::<f64>().is_ok(), "{line}");
-            let name = series.split('{').next().unwrap();
-            let family = name
-                .strip_suffix("_bucket")
-                .or(name.strip_suffix("_sum"))
-                .or(name.strip_suffix("_count"))
-                .unwrap_or(name);
-            assert!(families.contains(family), "{line} before its # TYPE");
-        }
-        for expected in [
-            "wspush_connections_open 3",
-            "wspush_connections_closed_total{reason=\"protocol_error\",code=\"1007\"} 2",
-            "wspush_requests_rejected_total{status=\"429\"} 1",
-            "wspush_loop_iteration_seconds_bucket{le=\"0.00001\"} 1",
-            "wspush_loop_iteration_seconds_bucket{le=\"0.001\"} 2",
-            "wspush_loop_iteration_seconds_bucket{le=\"1\"} 2",
-            "wspush_loop_iteration_seconds_bucket{le=\"+Inf\"} 3",
-            "wspush_loop_iteration_seconds_sum 0.0015",
-        ] {
-            assert!(
-                text.lines().any(|l| l == expected),
-                "missing {expected}\n{text}"
-            );
-        }
     }
 
     #[test]

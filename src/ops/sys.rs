@@ -540,6 +540,74 @@ impl std::ops::Deref for SharedMemory {
     }
 }
 
+/// Types that may lie in memory shared between processes: `repr(C)`
+/// structures of `AtomicU64` words only (nested such structures and
+/// arrays of them included), with no padding, for which every bit
+/// pattern is a value. See [`Placed`].
+///
+/// # Safety
+///
+/// An implementer must be exactly that: another process may write any
+/// bits into it at any time, always through atomics.
+pub unsafe trait AtomicWords {}
+
+// SAFETY: `Counters` and every structure in it (`Metrics`, made by the
+// `metrics!` macro; `LoopHistogram`; `Latency`) are `repr(C)` and hold
+// `AtomicU64` fields or arrays of them only (`metrics` checks their size
+// is their words').
+unsafe impl AtomicWords for crate::ops::metrics::Counters {}
+
+/// A `T` that lies in shared memory this process writes, at an offset
+/// (for a process's counters in its host's metrics board, where the
+/// other processes of the host read them as they change). It keeps the
+/// mapping.
+#[derive(Debug)]
+pub struct Placed<T: AtomicWords> {
+    mem: SharedMemory,
+    offset: usize,
+    _words: std::marker::PhantomData<T>,
+}
+
+// SAFETY: a `Placed` hands out only `&T`, atomics only (`AtomicWords`),
+// which any thread may use at once; the mapping it owns is plain memory.
+unsafe impl<T: AtomicWords> Sync for Placed<T> {}
+
+impl<T: AtomicWords> Placed<T> {
+    /// The `T` at `offset` (a multiple of 8) of `mem`; an error if it does
+    /// not fit.
+    pub fn new(mem: SharedMemory, offset: usize) -> io::Result<Placed<T>> {
+        let fits = offset.is_multiple_of(8)
+            && std::mem::align_of::<T>() <= 8
+            && offset
+                .checked_add(std::mem::size_of::<T>())
+                .is_some_and(|end| end <= mem.size());
+        match fits {
+            true => Ok(Placed {
+                mem,
+                offset,
+                _words: std::marker::PhantomData,
+            }),
+            false => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "counters that do not fit their place in shared memory",
+            )),
+        }
+    }
+}
+
+impl<T: AtomicWords> std::ops::Deref for Placed<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        // SAFETY: in bounds and aligned (checked in `new`; the mapping is
+        // page-aligned), of a writable mapping that lives as long as
+        // `self`. `T` is atomic words only (`AtomicWords`): any bits
+        // another process wrote are a value, and every process accesses
+        // them only atomically, so nothing races non-atomically.
+        unsafe { &*self.mem.0.ptr.as_ptr().add(self.offset).cast::<T>() }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

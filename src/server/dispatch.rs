@@ -68,7 +68,7 @@ impl Server {
                 config,
                 pool: &mut buffers.pool,
                 timers: &mut clock.timers,
-                metrics: &report.shared.metrics,
+                counters: &report.shared.counters,
                 tally: &mut report.tally,
                 replies: &mut buffers.replies,
                 routes: &mut records.routes,
@@ -112,7 +112,7 @@ impl Server {
                     &mut self.conns.slab,
                     &mut self.records.routes,
                     self.config.instance,
-                    &self.report.shared.metrics,
+                    &self.report.shared.counters.metrics,
                 );
                 dir.address_replay(key, *replay);
                 self.conns.read_again(key);
@@ -182,7 +182,7 @@ impl Server {
         if open > 0 || ending == Ending::Shutdown {
             log::info!("shutting down: closing {open} connections");
         }
-        Metrics::set(&self.report.shared.metrics.drain_left, 0);
+        Metrics::set(&self.report.shared.counters.metrics.drain_left, 0);
         self.sockets.close(Door::Main);
         self.sockets.close(Door::Metrics);
         let closing = match ending {
@@ -204,7 +204,7 @@ impl Server {
     /// round), and ends it once every connection that was open has been
     /// closed, or the round is over.
     pub(super) fn drain(&mut self, now: Instant) {
-        let metrics = &self.report.shared.metrics;
+        let metrics = &self.report.shared.counters.metrics;
         let over = self.config.drain_time;
         let asked = self.report.shared.drain_asked.load(Ordering::Acquire);
         let grace = match asked {
@@ -255,7 +255,7 @@ impl Server {
             return;
         }
         for _ in 0..ACCEPTS_PER_WAKE {
-            let metrics = &self.report.shared.metrics;
+            let metrics = &self.report.shared.counters.metrics;
             let scratch = &mut self.buffers.scratch;
             match admit::accept_one(
                 door,
@@ -317,7 +317,7 @@ impl Server {
         let mut page = std::mem::take(&mut self.report.page);
         let answer = endpoints::answer(
             endpoint,
-            &self.report.shared,
+            (&self.report.shared, self.report.host.as_ref()),
             self.config.degraded,
             &mut page,
         );

@@ -6,7 +6,9 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use crate::config::Degraded;
-use crate::ops::metrics::{self, Metrics};
+use crate::ops::board::Board;
+use crate::ops::exposition::render_own;
+use crate::ops::metrics::Metrics;
 use crate::protocol::http::{self, Endpoint, PageStatus};
 use crate::server::handle::Shared;
 
@@ -22,16 +24,18 @@ pub(super) struct Answer<'a> {
 }
 
 /// Answers `endpoint` from what `shared` holds (the metrics published
-/// already), rendering `/metrics` into `page`; counts the request.
+/// already), rendering `/metrics` into `page` (the host's, from its
+/// metrics board, if one is given with whether per instance too); counts
+/// the request.
 pub(super) fn answer<'a>(
     endpoint: Endpoint,
-    shared: &Shared,
+    (shared, host): (&Shared, Option<&(Board, bool)>),
     degraded: Degraded,
     page: &'a mut Vec<u8>,
 ) -> Answer<'a> {
     page.clear();
     let counter = {
-        let metrics = &shared.metrics;
+        let metrics = &shared.counters.metrics;
         match endpoint {
             Endpoint::Health => &metrics.http_healthz,
             Endpoint::Demo => &metrics.http_demo,
@@ -42,11 +46,11 @@ pub(super) fn answer<'a>(
     Metrics::incr(counter);
     let mut status = PageStatus::Ok;
     let (content_type, body) = match endpoint {
-        Endpoint::Health if shared.metrics.draining.load(Relaxed) == 1 => {
+        Endpoint::Health if shared.counters.metrics.draining.load(Relaxed) == 1 => {
             status = PageStatus::Unavailable;
             ("text/plain", &b"draining\n"[..])
         }
-        Endpoint::Health if shared.metrics.feeds_down.load(Relaxed) == 0 => {
+        Endpoint::Health if shared.counters.metrics.feeds_down.load(Relaxed) == 0 => {
             ("text/plain", &b"ok\n"[..])
         }
         Endpoint::Health => {
@@ -61,7 +65,10 @@ pub(super) fn answer<'a>(
             http::CLIENT_SCRIPT.as_bytes(),
         ),
         Endpoint::Metrics => {
-            metrics::render_prometheus(&shared.snapshot(), &shared.loop_histogram, page);
+            match host {
+                Some((board, per_instance)) => board.render(*per_instance, page),
+                None => render_own(&shared.counters, &shared.snapshot(), page),
+            }
             (PROMETHEUS_TEXT, &page[..])
         }
     };

@@ -21,6 +21,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use crate::protocol::position::{self, Position};
 use crate::protocol::sse;
@@ -59,6 +60,9 @@ struct Frames {
     /// The messages in neutral fields, each with where its frame is in
     /// `bytes` (none for bytes of a connection's own, or events).
     messages: Box<[Message]>,
+    /// When the first of its messages was input (queued by a handle), for
+    /// the delivery latency; none for frames of the server's own.
+    input_at: Option<Instant>,
 }
 
 /// What a message is, whatever the wire.
@@ -259,6 +263,7 @@ impl SharedFrames {
             positioned: with,
             events: OnceLock::new(),
             messages: messages.into_boxed_slice(),
+            input_at: None,
         }))
     }
 
@@ -345,6 +350,7 @@ impl SharedFrames {
                 positioned: None,
                 events: OnceLock::new(),
                 messages: Box::default(),
+                input_at: None,
             }))
         })
     }
@@ -388,6 +394,7 @@ impl SharedFrames {
             positioned: self.0.positioned.as_ref().map(|p| p.skip(n)),
             events: OnceLock::new(),
             messages: messages.iter().map(|m| m.cut(at as u32)).collect(),
+            input_at: None,
         }))
     }
 
@@ -459,6 +466,7 @@ impl SharedFrames {
             positioned: None,
             events: OnceLock::new(),
             messages: messages.into_boxed_slice(),
+            input_at: None,
         }))
     }
 
@@ -471,12 +479,25 @@ impl SharedFrames {
             positioned: None,
             events: OnceLock::new(),
             messages: Box::default(),
+            input_at: None,
         }))
     }
 
     /// The encoded bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.0.bytes
+    }
+
+    /// The same frames, noted as input at `at` (just encoded: not
+    /// shared yet).
+    pub fn input_at(mut self, at: Instant) -> SharedFrames {
+        Arc::get_mut(&mut self.0).expect("not shared yet").input_at = Some(at);
+        self
+    }
+
+    /// When the first of its messages was input, if it was.
+    pub fn input_time(&self) -> Option<Instant> {
+        self.0.input_at
     }
 
     /// How many frames the bytes hold.

@@ -182,7 +182,7 @@ impl Server {
             let fds: Vec<_> = streams.iter().map(|s| s.as_fd()).collect();
             channel.send(bytes, &fds)
         });
-        let metrics = &self.report.shared.metrics;
+        let metrics = &self.report.shared.counters.metrics;
         Metrics::add(&metrics.handover_given, u64::from(moving.given));
         if let Some(e) = moving.failed {
             // The chunk that failed is gone with the successor (its
@@ -203,7 +203,7 @@ impl Server {
         let ended = channel.send(&bytes, &[]);
         let paused = started.elapsed();
         self.unwatch_sent(moving.sent);
-        let metrics = &self.report.shared.metrics;
+        let metrics = &self.report.shared.counters.metrics;
         Metrics::set(&metrics.handover_pause_us, paused.as_micros() as u64);
         match ended {
             Ok(()) => log::info!(
@@ -285,7 +285,7 @@ impl Server {
         let taken = self.ask_and_take(socket);
         drop(urgent);
         if let Err(e) = &taken {
-            Metrics::incr(&self.report.shared.metrics.handover_fallbacks);
+            Metrics::incr(&self.report.shared.counters.metrics.handover_fallbacks);
             log::warn!("{e}: the process this one replaces drains what it still holds");
         }
         taken
@@ -326,7 +326,7 @@ impl Server {
         }
         let answered = Instant::now();
         let (taken, whole) = self.take_records(&mut channel);
-        let metrics = &self.report.shared.metrics;
+        let metrics = &self.report.shared.counters.metrics;
         Metrics::add(&metrics.handover_taken, taken as u64);
         // The pause the clients see: from the other loop's stop to this
         // one's start.
@@ -426,7 +426,7 @@ impl Server {
                 }
                 Err(why) => {
                     failed += 1;
-                    Metrics::incr(&self.report.shared.metrics.handover_lost);
+                    Metrics::incr(&self.report.shared.counters.metrics.handover_lost);
                     log::warn!("a connection could not be taken ({why}): it is closed");
                 }
             }

@@ -68,7 +68,8 @@ mod time;
 mod walk;
 
 use crate::config::{Config, ConfigError};
-use crate::ops::metrics::{LoopHistogram, Metrics, MetricsSnapshot};
+use crate::ops::board::CountersHome;
+use crate::ops::metrics::MetricsSnapshot;
 use crate::protocol::commands::{ConnRef, Recipients};
 use crate::protocol::ws::MessageKind;
 use admit::connections::Connections;
@@ -263,8 +264,7 @@ impl Server {
             drain_asked: AtomicU8::new(0),
             drain_paced: !config.drain_time.is_zero(),
             gone: AtomicBool::new(false),
-            metrics: Metrics::default(),
-            loop_histogram: LoopHistogram::default(),
+            counters: CountersHome::new(config.metrics_board.as_ref())?,
             shelf: Arc::new(Shelf::new()),
         });
         let upstream = config
@@ -281,7 +281,7 @@ impl Server {
             intake: Intake::new(),
             lifecycle: Lifecycle::new(),
             room: Room::new(),
-            report: Report::new(shared, &config, now),
+            report: Report::new(shared, &config, now)?,
             handover: lifecycle::handover::Handover::default(),
             sockets,
             config,
@@ -487,7 +487,7 @@ impl Server {
             &mut self.conns.slab,
             &mut self.records.routes,
             self.config.instance,
-            &shared.metrics,
+            &shared.counters.metrics,
         );
         while let Some(taken) = self.intake.next(shutdown_after, shared, history) {
             match taken {

@@ -192,7 +192,7 @@ impl Server {
             sockets,
         };
         let (taken, whole) = server.take_records(&mut spooled);
-        let metrics = &server.report.shared.metrics;
+        let metrics = &server.report.shared.counters.metrics;
         Metrics::add(&metrics.handover_taken, taken as u64);
         // The pause the clients see: from the earlier loop's stop (the
         // clock is the host's) to this one's start.
@@ -281,7 +281,7 @@ impl Server {
             extra: Vec::new(),
         });
         let paused = started.elapsed();
-        let metrics = &self.report.shared.metrics;
+        let metrics = &self.report.shared.counters.metrics;
         Metrics::add(&metrics.handover_given, u64::from(moving.given));
         Metrics::set(&metrics.handover_pause_us, paused.as_micros() as u64);
         log::info!(

@@ -2,10 +2,12 @@
 //! (the metrics among it), the counts of the iteration under way, the
 //! iteration records, the periodic stats line and the `/metrics` page.
 
+use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
+use crate::ops::board::Board;
 use crate::ops::metrics::{self, LoopMax, Metrics, MetricsSnapshot, Tally};
 use crate::server::handle::Shared;
 use crate::server::net::pool::BufferPool;
@@ -34,13 +36,22 @@ pub(super) struct Report {
     stats: Option<StatsLine>,
     /// The body of the last `/metrics` answer, its capacity kept.
     pub(super) page: Vec<u8>,
+    /// The host's metrics board, for `/metrics` on the main listener to
+    /// answer the host's sums (and each instance's, if the flag is set),
+    /// when the server's counters are on it and no metrics listener
+    /// answers its own.
+    pub(super) host: Option<(Board, bool)>,
 }
 
 impl Report {
     /// Nothing counted yet; the stats line, if `config` asks for it, first
     /// due an interval from `now`.
-    pub(super) fn new(shared: Arc<Shared>, config: &Config, now: Instant) -> Report {
-        Report {
+    pub(super) fn new(shared: Arc<Shared>, config: &Config, now: Instant) -> io::Result<Report> {
+        let host = match (&config.metrics_board, config.metrics_listen) {
+            (Some(board), None) => Some((Board::open(board.fd.try_clone()?)?, board.per_instance)),
+            _ => None,
+        };
+        Ok(Report {
             shared,
             tally: Tally::default(),
             loop_max: LoopMax::default(),
@@ -51,12 +62,13 @@ impl Report {
                 last: MetricsSnapshot::default(),
             }),
             page: Vec::new(),
-        }
+            host,
+        })
     }
 
     /// The counters.
     pub(super) fn metrics(&self) -> &Metrics {
-        &self.shared.metrics
+        &self.shared.counters.metrics
     }
 
     /// When the stats line is due, if it is logged.
@@ -78,10 +90,10 @@ impl Report {
         };
         let busy = now.duration_since(started);
         let ns = u64::try_from(busy.as_nanos()).unwrap_or(u64::MAX);
-        let metrics = &self.shared.metrics;
+        let metrics = &self.shared.counters.metrics;
         Metrics::incr(&metrics.loop_iterations);
         Metrics::add(&metrics.loop_busy_ns, ns);
-        self.shared.loop_histogram.record(ns);
+        self.shared.counters.loop_histogram.record(ns);
         if let Some(max) = self.loop_max.record(ns, started) {
             Metrics::set(&metrics.loop_max_ns, max);
         }
@@ -94,7 +106,7 @@ impl Report {
     /// metrics: the one place they are published, at the end of every
     /// iteration and before `/metrics` is rendered.
     pub(super) fn publish(&mut self, pool: &BufferPool, records: &Records, queue_age: Duration) {
-        let metrics = &self.shared.metrics;
+        let metrics = &self.shared.counters.metrics;
         metrics.publish(&mut self.tally);
         Metrics::set(&metrics.buffers_lent, pool.lent() as u64);
         Metrics::set(&metrics.buffers_idle, pool.idle() as u64);
@@ -116,7 +128,7 @@ impl Report {
 
     /// Logs the stats line when it is due.
     pub(super) fn log_stats(&mut self, now: Instant) {
-        let metrics = &self.shared.metrics;
+        let metrics = &self.shared.counters.metrics;
         if let Some(stats) = self.stats.as_mut().filter(|s| now >= s.next_at) {
             let current = metrics.snapshot();
             log::info!("{}", metrics::summary(&stats.last, &current, stats.every));

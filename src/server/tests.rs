@@ -13,7 +13,7 @@ mod loop_wait {
         // file descriptors in the same turn.
         server.lifecycle.accept_again(Door::Main);
         let exhausted = io::Error::from_raw_os_error(24);
-        let metrics = &server.report.shared.metrics;
+        let metrics = &server.report.shared.counters.metrics;
         server
             .lifecycle
             .pause_accepting(&exhausted, now, 0, metrics);

@@ -26,6 +26,10 @@ pub struct Image {
     pub history: KeptHistory,
     /// The host's shared words.
     pub host: i32,
+    /// The host's metrics board (none from a build before it had one: a
+    /// new board is made).
+    #[serde(default)]
+    pub metrics: Option<i32>,
     /// What the sources left it.
     pub carried: Carried,
     /// Instances started again so far, in all.
@@ -77,6 +81,9 @@ pub struct ProcImage {
     pub heard: Vec<u8>,
     /// It said it listens.
     pub listening: bool,
+    /// Its slot on the metrics board, if it has one.
+    #[serde(default)]
+    pub metrics_slot: Option<usize>,
     /// It said it is full.
     pub full: bool,
     /// The supervisor's end of its control socket.
@@ -145,6 +152,7 @@ mod tests {
                 next_line: 42,
             },
             host: 6,
+            metrics: Some(13),
             carried: Carried {
                 unfinished: b"half a li".to_vec(),
                 publish_listener: Some(12),
@@ -171,6 +179,7 @@ mod tests {
                 status: Some(9),
                 heard: vec![],
                 listening: true,
+                metrics_slot: Some(0),
                 full: false,
                 control: 10,
                 output: Some(11),
@@ -183,6 +192,18 @@ mod tests {
     fn an_image_reads_back_the_same() {
         let image = image();
         assert_eq!(Image::decode(&image.encode()), Ok(image.clone()));
+    }
+
+    #[test]
+    fn an_image_of_a_build_before_the_metrics_board_reads_with_none() {
+        let mut earlier: serde_json::Value = serde_json::from_slice(&image().encode()).unwrap();
+        earlier.as_object_mut().unwrap().remove("metrics");
+        earlier["procs"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("metrics_slot");
+        let read = Image::decode(&serde_json::to_vec(&earlier).unwrap()).unwrap();
+        assert_eq!((read.metrics, read.procs[0].metrics_slot), (None, None));
     }
 
     #[test]

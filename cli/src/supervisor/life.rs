@@ -58,6 +58,9 @@ impl Supervisor {
             if proc.reads_former && !self.procs.iter().any(|(_, p)| p.reads_former) {
                 self.recorder.retire_former();
             }
+            if let Some(slot) = proc.metrics_slot {
+                self.metrics.retire(slot);
+            }
             // Its priority is its own no more: the process is gone.
             if let Some(urgent) = proc.urgent.take() {
                 urgent.forget();
@@ -268,7 +271,9 @@ impl Supervisor {
             }
             _ => None,
         };
+        let metrics_slot = self.metrics.claim(number);
         let start = Start {
+            metrics_slot,
             number,
             earlier: self.instances[number - 1].processes,
             first_line,
@@ -278,7 +283,11 @@ impl Supervisor {
             control: &theirs,
             take_over: take_over.as_ref(),
         };
-        let (mut child, mut input) = program.spawn(&start)?;
+        let (mut child, mut input) = program.spawn(&start).inspect_err(|_| {
+            if let Some(slot) = metrics_slot {
+                self.metrics.retire(slot);
+            }
+        })?;
         // The child's ends are its own: a successor that dies closes them.
         drop((writer, theirs, take_over));
         self.instances[number - 1].processes += 1;
@@ -305,6 +314,7 @@ impl Supervisor {
             listening: false,
             took_over: false,
             reads_former: false,
+            metrics_slot,
             full: false,
             heard: Heard::default(),
             control,

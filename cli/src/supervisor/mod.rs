@@ -59,6 +59,7 @@ mod feeding;
 pub mod image;
 mod life;
 mod process;
+mod program;
 mod reexec;
 mod roll;
 pub use image::RunEnd;
@@ -68,9 +69,8 @@ use std::ffi::OsString;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -86,46 +86,18 @@ use slab::Slab;
 use crate::binary::{check_binary, Checked, Ended};
 use crate::board::{Board, Heard, Word};
 use crate::chunks::{Control, CONTROL};
+use crate::host_metrics::metrics_slots;
 use crate::input::{Recorder, EVICT_EVERY};
 use crate::merge::{self, Merge};
 use process::Process;
+use program::{Program, Start};
+pub use program::{
+    CONTROL_FD_ENV, EPOCH_ENV, FIRST_LINE_ENV, HISTORY_FD_ENV, HOST_FD_ENV, INSTANCE_ENV,
+    LISTEN_FD_ENV, RESTARTS_ENV, STATUS_FD_ENV, TAKE_OVER_FD_ENV,
+};
+use wspush::board::Board as MetricsBoard;
 use wspush::sys::SharedMemory;
 
-/// The environment variable that tells an instance its number (1-based).
-pub const INSTANCE_ENV: &str = "WSPUSH_INSTANCE";
-/// The environment variable that names the descriptor of the host's
-/// history, which the supervisor writes and its instances read.
-pub const HISTORY_FD_ENV: &str = "WSPUSH_HISTORY_FD";
-/// The environment variable that names the descriptor of the host's
-/// shared words (see `wspush::Config::host_fd`), which the supervisor
-/// makes and every instance updates.
-pub const HOST_FD_ENV: &str = "WSPUSH_HOST_FD";
-/// The environment variable that tells an instance the number of the
-/// first input line it reads (the lines before it went to the others):
-/// a line's number is its messages' position on every instance.
-pub const FIRST_LINE_ENV: &str = "WSPUSH_FIRST_LINE";
-/// The environment variable that tells an instance how many processes it
-/// had before this one (restarts after a death, replacements in a roll).
-pub const RESTARTS_ENV: &str = "WSPUSH_RESTARTS";
-/// The environment variable that names the descriptor of the listening
-/// socket the supervisor holds for the instance's number: every process
-/// of that number serves the same socket, so none of its queued
-/// connections is lost when one process replaces another.
-pub const LISTEN_FD_ENV: &str = "WSPUSH_LISTEN_FD";
-/// The environment variable that names the write end of a pipe on which
-/// the instance tells the supervisor it listens ([`LISTENING`]).
-pub const STATUS_FD_ENV: &str = "WSPUSH_STATUS_FD";
-/// The environment variable that names the instance's end of its
-/// handover control socket: a successor's socket arrives on it (see
-/// `wspush::Server::hand_over_on`), and the connections move to it.
-pub const CONTROL_FD_ENV: &str = "WSPUSH_CONTROL_FD";
-/// The environment variable that names, in a process a roll starts, the
-/// socket it takes the connections of the process it replaces over on
-/// (see `wspush::Server::take_over`), before it says it listens.
-pub const TAKE_OVER_FD_ENV: &str = "WSPUSH_TAKE_OVER_FD";
-/// The epoch of positions other hosts give too, if they do (see
-/// [`Policy::shared_epoch`]), in hex.
-pub const EPOCH_ENV: &str = "WSPUSH_EPOCH";
 /// What an instance writes on its status pipe once it serves its listener.
 pub const LISTENING: u8 = b'L';
 /// What a process a roll started writes on its status pipe when it
@@ -365,6 +337,8 @@ struct Proc {
     /// It reads the history in the layout it had before it was carried
     /// into this build's (it was started by an earlier image).
     reads_former: bool,
+    /// Its slot on the metrics board, freed when it is gone.
+    metrics_slot: Option<usize>,
     /// It said it is full, and not yet that it has room again.
     full: bool,
     /// Its status pipe's bytes, read into words and stats records.
@@ -404,104 +378,6 @@ struct Instance {
     /// Processes started for it so far (its first, restarts, and
     /// replacements in rolls).
     processes: u64,
-}
-
-/// The command every instance runs.
-#[derive(Debug)]
-struct Program {
-    path: PathBuf,
-    args: Vec<OsString>,
-    /// The descriptor of the history the instances read.
-    history_fd: i32,
-    /// The descriptor of the host's shared words.
-    host_fd: i32,
-    /// The positions' epoch, if other hosts give them too.
-    shared_epoch: Option<wspush::Epoch>,
-    /// The new binary's file, held open while its instances run, so that
-    /// `path` (this process's descriptor of it) keeps naming it whatever
-    /// is later put on disk.
-    _binary: Option<std::fs::File>,
-}
-
-/// What a process is started with, besides the program.
-struct Start<'a> {
-    number: usize,
-    /// Processes this instance had before this one.
-    earlier: u64,
-    /// The number of the first line it reads, if the input is open.
-    first_line: Option<u64>,
-    capture_output: bool,
-    listener: &'a OwnedFd,
-    /// The write end of its status pipe.
-    status: &'a OwnedFd,
-    /// Its end of its handover control socket.
-    control: &'a OwnedFd,
-    /// The socket it takes its predecessor's connections over on, if a
-    /// roll starts it.
-    take_over: Option<&'a OwnedFd>,
-}
-
-impl Program {
-    /// Starts a process of instance `start.number`: its number in
-    /// [`INSTANCE_ENV`], the history's descriptor, its listener's
-    /// ([`LISTEN_FD_ENV`]) and status pipe's ([`STATUS_FD_ENV`]), the
-    /// number of the first line it reads (if the input is open), its own
-    /// process group (a terminal's Ctrl-C reaches only the supervisor,
-    /// which forwards it once), SIGINT as its parent-death signal (no
-    /// orphans if the supervisor is killed, and no drain holding the
-    /// port meanwhile), and a pipe for its input (or
-    /// nothing, once the input has ended).
-    fn spawn(&self, start: &Start<'_>) -> io::Result<(Child, Option<Sender>)> {
-        let mut command = Command::new(&self.path);
-        command
-            .args(&self.args)
-            .env(INSTANCE_ENV, start.number.to_string())
-            .env(HISTORY_FD_ENV, self.history_fd.to_string())
-            .env(HOST_FD_ENV, self.host_fd.to_string())
-            .env(LISTEN_FD_ENV, start.listener.as_raw_fd().to_string())
-            .env(FIRST_LINE_ENV, start.first_line.unwrap_or(1).to_string())
-            .env(RESTARTS_ENV, start.earlier.to_string())
-            .stdin(if start.first_line.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(if start.capture_output {
-                Stdio::piped()
-            } else {
-                Stdio::inherit()
-            })
-            .process_group(0);
-        command.env(STATUS_FD_ENV, start.status.as_raw_fd().to_string());
-        command.env(CONTROL_FD_ENV, start.control.as_raw_fd().to_string());
-        if let Some(take_over) = start.take_over {
-            command.env(TAKE_OVER_FD_ENV, take_over.as_raw_fd().to_string());
-        }
-        if let Some(epoch) = self.shared_epoch {
-            command.env(EPOCH_ENV, epoch.to_string());
-        }
-        wspush::sys::die_with_parent(&mut command, wspush::sys::ParentDeath::Interrupt);
-        // Only this child inherits its listener, status pipe and handover
-        // sockets: the flags are set back as soon as it is started
-        // (nothing else here starts processes meanwhile).
-        let passed: Vec<&OwnedFd> = [start.listener, start.status, start.control]
-            .into_iter()
-            .chain(start.take_over)
-            .collect();
-        for &fd in &passed {
-            wspush::sys::set_inheritable(fd.as_fd(), true)?;
-        }
-        let spawned = command.spawn();
-        for fd in passed {
-            wspush::sys::set_inheritable(fd.as_fd(), false)?;
-        }
-        let mut child = spawned?;
-        let input = child.stdin.take().map(Sender::from);
-        if let Some(input) = &input {
-            input.set_nonblocking(true)?;
-        }
-        Ok((child, input))
-    }
 }
 
 /// A rolling restart under way: the instances are replaced one at a time,
@@ -577,6 +453,9 @@ pub struct Supervisor {
     recorder: Recorder,
     /// The host's shared words, which the instances map.
     _host: SharedMemory,
+    /// The host's metrics board, where each process keeps its counters
+    /// (see `host_metrics`).
+    metrics: MetricsBoard,
     /// What each process holds, as it says, for `GET /stats`.
     board: Board,
     /// Stop the sources for a re-exec of the supervisor.
@@ -603,9 +482,12 @@ impl Supervisor {
         recorder: Recorder,
         signaled: Signaled,
     ) -> Result<Supervisor, SupervisorError> {
-        let host = wspush::host_memory()?;
+        let shared = (
+            wspush::host_memory()?,
+            MetricsBoard::create(metrics_slots(listeners.len()))?,
+        );
         let mut supervisor =
-            Supervisor::empty(program, on_disk, args, policy, recorder, host, signaled)?;
+            Supervisor::empty(program, on_disk, args, policy, recorder, shared, signaled)?;
         for (index, listener) in listeners.into_iter().enumerate() {
             supervisor.instances.push(Instance {
                 life: Life::Gone,
@@ -627,14 +509,15 @@ impl Supervisor {
     }
 
     /// A supervisor with no instance yet: its poll, its signals, and the
-    /// program its instances run (see [`Supervisor::start`]).
+    /// program its instances run (see [`Supervisor::start`]), with the
+    /// host's shared words and metrics board.
     fn empty(
         program: &Path,
         on_disk: PathBuf,
         args: &[OsString],
         policy: Policy,
         recorder: Recorder,
-        host: SharedMemory,
+        (host, metrics): (SharedMemory, MetricsBoard),
         signaled: Signaled,
     ) -> Result<Supervisor, SupervisorError> {
         let poll = Poll::new()?;
@@ -651,6 +534,7 @@ impl Supervisor {
                 args: args.to_vec(),
                 history_fd: recorder.inheritable_fd()?,
                 host_fd: host.inheritable()?.as_raw_fd(),
+                metrics_fd: metrics.inheritable()?.as_raw_fd(),
                 shared_epoch: policy.shared_epoch,
                 _binary: None,
             }),
@@ -671,6 +555,7 @@ impl Supervisor {
             feeds_lost: 0,
             board: Board::default(),
             _host: host,
+            metrics,
             stoppers: Vec::new(),
             pending_reexec: None,
         };
@@ -678,6 +563,12 @@ impl Supervisor {
             supervisor.merge = Some(Merge::new(Arc::clone(&supervisor.waker))?);
         }
         Ok(supervisor)
+    }
+
+    /// The host's metrics board, mapped again (for the thread that
+    /// answers the host's `/metrics`).
+    pub fn metrics_board(&self) -> io::Result<MetricsBoard> {
+        MetricsBoard::open(self.metrics.fd().try_clone_to_owned()?)
     }
 
     /// What the processes hold, as they say it, for `GET /stats`.

@@ -119,6 +119,7 @@ impl Supervisor {
                 status,
                 heard: proc.heard.begun(),
                 listening: proc.listening,
+                metrics_slot: proc.metrics_slot,
                 full: proc.full,
                 control: kept(proc.control)?,
                 output,
@@ -148,6 +149,7 @@ impl Supervisor {
             .collect::<io::Result<Vec<_>>>()?;
         let history = self.recorder.keep_for_next_image()?;
         let host = self._host.inheritable()?.try_clone_to_owned()?;
+        let metrics = self.metrics.inheritable()?.try_clone_to_owned()?;
         let image = Image {
             format: FORMAT,
             // The caller's.
@@ -155,6 +157,7 @@ impl Supervisor {
             port_hold: None,
             history,
             host: kept(host)?,
+            metrics: Some(kept(metrics)?),
             carried: Default::default(),
             restarts: self.restarts,
             feeds_lost: self.feeds_lost,
@@ -180,8 +183,13 @@ impl Supervisor {
     ) -> Result<Supervisor, SupervisorError> {
         let adopt = |fd: i32| wspush::sys::adopt_fd(fd);
         let host = SharedMemory::open(adopt(image.host)?)?;
+        let metrics = match image.metrics {
+            Some(fd) => MetricsBoard::open(adopt(fd)?)?,
+            None => MetricsBoard::create(metrics_slots(image.instances.len()))?,
+        };
+        let shared = (host, metrics);
         let mut supervisor =
-            Supervisor::empty(program, on_disk, args, policy, recorder, host, signaled)?;
+            Supervisor::empty(program, on_disk, args, policy, recorder, shared, signaled)?;
         supervisor.restarts = image.restarts;
         supervisor.feeds_lost = image.feeds_lost;
         let now = Instant::now();
@@ -255,6 +263,7 @@ impl Supervisor {
                     listening: proc.listening,
                     took_over: false,
                     reads_former: supervisor.recorder.has_former(),
+                    metrics_slot: proc.metrics_slot,
                     full: proc.full,
                     heard,
                     control: adopt(proc.control)?,

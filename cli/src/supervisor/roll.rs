@@ -60,6 +60,7 @@ impl Supervisor {
                     args: self.program.args.clone(),
                     history_fd: self.program.history_fd,
                     host_fd: self.program.host_fd,
+                    metrics_fd: self.program.metrics_fd,
                     shared_epoch: self.program.shared_epoch,
                     _binary: Some(file),
                 };

@@ -321,3 +321,19 @@ pub fn publish_addr(line: &str) -> SocketAddr {
         .parse()
         .expect("an address")
 }
+
+/// The first of `count` free ports in a row (for `--metrics-listen`
+/// under a supervisor: its own, then instance K's on PORT+K).
+pub fn free_ports(count: u16) -> u16 {
+    loop {
+        let first = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = first.local_addr().unwrap().port();
+        let rest_free = (1..count).all(|k| {
+            port.checked_add(k)
+                .is_some_and(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+        });
+        if rest_free {
+            return port;
+        }
+    }
+}

@@ -21,7 +21,7 @@ impl Conn {
     /// discarded), counts the close by `reason` and takes it off its
     /// gauge. The socket closes as it drops.
     pub fn close(mut self, key: ConnKey, reason: CloseReason, ctx: &mut Ctx<'_>) {
-        let metrics = ctx.metrics;
+        let metrics = &ctx.counters.metrics;
         self.deadline.clear(ctx.timers);
         if self.is_websocket() {
             ctx.routes.leave(key.slot(), self.target.id());

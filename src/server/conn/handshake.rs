@@ -59,7 +59,12 @@ impl Conn {
                 };
                 let mut head = Vec::new();
                 let retry_ms = || self.retry_ms(key, ctx);
-                self.wire = Wire::answer(&upgrade.protocol, retry_ms, &mut head, ctx.metrics);
+                self.wire = Wire::answer(
+                    &upgrade.protocol,
+                    retry_ms,
+                    &mut head,
+                    &ctx.counters.metrics,
+                );
                 self.phase = Phase::Open(Decoder::default());
                 self.next_batch = ctx.next_batch;
                 self.liveness = Liveness::default();
@@ -67,9 +72,9 @@ impl Conn {
                 if let Some(Credential::Signed(claims)) = &upgrade.credential {
                     self.arm_expiry(key, claims.valid_until, ctx);
                 }
-                Metrics::incr(&ctx.metrics.upgrades);
-                Metrics::decr(&ctx.metrics.connections_http);
-                Metrics::incr(&ctx.metrics.connections_open);
+                Metrics::incr(&ctx.counters.metrics.upgrades);
+                Metrics::decr(&ctx.counters.metrics.connections_http);
+                Metrics::incr(&ctx.counters.metrics.connections_open);
                 log::debug!("upgraded {}", self.target());
                 let (status, replay) = self.resume(resume, ctx);
                 let sent = self.send(key, Outgoing::Response(&head, &status), ctx);
@@ -180,7 +185,7 @@ impl Conn {
             Resume::Since(since) => history.resume(since, ctx.now),
         };
         self.flags.set(Flags::POSITIONS, true);
-        let metrics = ctx.metrics;
+        let metrics = &ctx.counters.metrics;
         Metrics::incr(match status {
             Status::Position { .. } => &metrics.resumes_position,
             Status::Recovered { .. } => &metrics.resumes_recovered,
@@ -208,7 +213,7 @@ impl Conn {
         request: &[u8],
         ctx: &mut Ctx<'_>,
     ) -> Verdict {
-        Metrics::incr(ctx.metrics.rejected(rejection.status()));
+        Metrics::incr(ctx.counters.metrics.rejected(rejection.status()));
         log::debug!("handshake rejected: {rejection:?}");
         let mut response = [0u8; MAX_RESPONSE_LEN];
         let mut len = rejection.write_response(&mut response);

@@ -182,7 +182,7 @@ impl Conn {
                 compressed,
             } => {
                 if last {
-                    Metrics::incr(&ctx.metrics.messages_received);
+                    Metrics::incr(&ctx.counters.metrics.messages_received);
                 }
                 // Messages are wanted echoed or upstream. A compressed
                 // message is inflated even if it is dropped: its size and
@@ -194,7 +194,7 @@ impl Conn {
                 Verdict::Keep
             }
             Event::Ping(payload) if !closing => {
-                Metrics::incr(&ctx.metrics.pings_received);
+                Metrics::incr(&ctx.counters.metrics.pings_received);
                 self.reply(key, OpCode::Pong, payload, ctx)
             }
             Event::Ping(_) | Event::Pong(_) => Verdict::Keep,
@@ -259,19 +259,19 @@ impl Conn {
             let conn = self.conn_ref(key, ctx.config.instance);
             let id = self.target.id().map(ClientIdRef::as_str);
             match upstream.message(conn, id, kind, message) {
-                Offered::Taken => Metrics::incr(&ctx.metrics.upstream_messages),
+                Offered::Taken => Metrics::incr(&ctx.counters.metrics.upstream_messages),
                 Offered::TakenPausing => {
-                    Metrics::incr(&ctx.metrics.upstream_messages);
-                    Metrics::incr(&ctx.metrics.upstream_pauses);
+                    Metrics::incr(&ctx.counters.metrics.upstream_messages);
+                    Metrics::incr(&ctx.counters.metrics.upstream_pauses);
                     log::debug!("upstream a bound behind: reading clients paused");
                 }
-                Offered::Dropped => Metrics::incr(&ctx.metrics.upstream_dropped),
+                Offered::Dropped => Metrics::incr(&ctx.counters.metrics.upstream_dropped),
             }
         }
         if !ctx.config.echo {
             return Verdict::Keep;
         }
-        Metrics::incr(&ctx.metrics.messages_echoed);
+        Metrics::incr(&ctx.counters.metrics.messages_echoed);
         self.reply(key, kind.opcode(), message, ctx)
     }
 

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use mio::net::TcpStream;
 
 use crate::config::Config;
-use crate::ops::metrics::{Metrics, Tally};
+use crate::ops::metrics::{Counters, Metrics, Tally};
 use crate::protocol::commands::ConnRef;
 use crate::protocol::http::{Endpoint, Endpoints, Method};
 use crate::protocol::names::ClientIdRef;
@@ -179,7 +179,7 @@ pub struct Ctx<'a> {
     /// Deadlines.
     pub timers: &'a mut TimerWheel,
     /// Counters.
-    pub metrics: &'a Metrics,
+    pub counters: &'a Counters,
     /// Counts gathered during this loop iteration.
     pub tally: &'a mut Tally,
     /// Frames of a connection's own that answer what one read brought
@@ -499,12 +499,12 @@ impl Conn {
                 return self.begin_close(key, "idle timeout", CloseReason::IdleTimeout, ctx);
             }
         }
-        let ping = self.wire.frames(ping, false, ctx.metrics);
+        let ping = self.wire.frames(ping, false, &ctx.counters.metrics);
         match self.send(key, Outgoing::Shared(std::slice::from_ref(ping)), ctx) {
             Err(reason) => Verdict::Close(reason),
             Ok(Sent::Dropped { .. }) => Verdict::Keep,
             Ok(Sent::Written | Sent::Queued) => {
-                Metrics::incr(&ctx.metrics.pings_sent);
+                Metrics::incr(&ctx.counters.metrics.pings_sent);
                 Verdict::Keep
             }
         }

@@ -61,8 +61,8 @@ impl Conn {
         };
         let held = aside(Flags::HOLDING, &mut ctx.aside.held);
         let assembling = aside(Flags::ASSEMBLING, &mut ctx.aside.messages);
-        Metrics::decr(&ctx.metrics.connections_open);
-        self.wire.moved_out(ctx.metrics);
+        Metrics::decr(&ctx.counters.metrics.connections_open);
+        self.wire.moved_out(&ctx.counters.metrics);
         let moved = Moved {
             slot,
             serial: self.serial,
@@ -137,8 +137,8 @@ impl Conn {
                 std::time::Duration::from_millis(moved.closes_at_ms).saturating_sub(unix_now());
             conn.arm_within(key, left, ctx);
         }
-        Metrics::incr(&ctx.metrics.connections_open);
-        conn.wire.moved_in(ctx.metrics);
+        Metrics::incr(&ctx.counters.metrics.connections_open);
+        conn.wire.moved_in(&ctx.counters.metrics);
         let verdict = match moved.queued.is_empty() {
             true => Verdict::Keep,
             false => Verdict::after(conn.send(key, Outgoing::Response(&moved.queued, &[]), ctx)),

@@ -8,7 +8,7 @@ use mio::net::TcpStream;
 
 use super::{Aside, Conn, Ctx, DeflateScratch, Verdict};
 use crate::config::Config;
-use crate::ops::metrics::{Metrics, Tally};
+use crate::ops::metrics::{Counters, Tally};
 use crate::protocol::http::Endpoints;
 use crate::protocol::position::Epoch;
 use crate::protocol::ws::OpCode;
@@ -29,7 +29,7 @@ pub(super) struct Rig {
     pub(super) config: Config,
     pub(super) pool: BufferPool,
     pub(super) timers: TimerWheel,
-    pub(super) metrics: Metrics,
+    pub(super) counters: Counters,
     pub(super) tally: Tally,
     pub(super) scratch: Vec<u8>,
     pub(super) replies: Vec<u8>,
@@ -54,7 +54,7 @@ impl Rig {
         let config = Config::default();
         let pool = BufferPool::new(config.max_head_bytes, 0, 4);
         let timers = TimerWheel::new(Duration::from_millis(100), 16, Instant::now());
-        let (metrics, tally) = Default::default();
+        let (counters, tally) = Default::default();
         let endpoints = Endpoints {
             websocket: true,
             metrics: false,
@@ -67,7 +67,7 @@ impl Rig {
             config,
             pool,
             timers,
-            metrics,
+            counters,
             tally,
             scratch: vec![0; 64 * 1024],
             replies: Vec::with_capacity(64 * 1024),
@@ -114,7 +114,7 @@ impl Rig {
             config: &self.config,
             pool: &mut self.pool,
             timers: &mut self.timers,
-            metrics: &self.metrics,
+            counters: &self.counters,
             tally: &mut self.tally,
             replies: &mut self.replies,
             routes: &mut self.routes,

@@ -46,7 +46,7 @@ impl Conn {
         ctx: &mut Ctx<'_>,
     ) -> Visited {
         let mut gathered = std::mem::take(ctx.gathered);
-        let made = &ctx.metrics.event_stream_batches;
+        let made = &ctx.counters.metrics.event_stream_batches;
         // After a replay, what it gave (up to `skip`) is not given again.
         let mut skip = None;
         let gather = |gathered: &mut Vec<SharedFrames>, frames: &[SharedFrames], skip| match skip {
@@ -133,9 +133,12 @@ impl Conn {
         let progress = ctx
             .history
             .gather(replay, taking.compressed(), room, gathered);
-        taking.replayed(&mut gathered[before..], &ctx.metrics.event_stream_batches);
+        taking.replayed(
+            &mut gathered[before..],
+            &ctx.counters.metrics.event_stream_batches,
+        );
         if progress.overrun {
-            Metrics::incr(&ctx.metrics.replay_overruns);
+            Metrics::incr(&ctx.counters.metrics.replay_overruns);
         }
         // Not all given yet, or all given but ahead of this loop.
         let more = progress

@@ -352,7 +352,11 @@ impl Feed {
                 },
                 _ => unreachable!("only sends are framed"),
             });
-        let frames = SharedFrames::encode_batch(sends);
+        let input_at = self
+            .queue
+            .front()
+            .map_or_else(Instant::now, |c| c.queued_at);
+        let frames = SharedFrames::encode_batch(sends).input_at(input_at);
         let cost = self.queue.drain(..count).map(|c| c.cost()).sum();
         Some(Taken::Batch(Batch { to, frames, cost }))
     }

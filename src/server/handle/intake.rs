@@ -102,7 +102,7 @@ impl Intake {
     ) -> Option<Taken> {
         let allowed = shutdown_after.saturating_sub(self.taken);
         let taken = self.feed.next(MAX_BATCH_BYTES, allowed, history)?;
-        let metrics = &shared.metrics;
+        let metrics = &shared.counters.metrics;
         match &taken {
             Taken::Batch(batch) => {
                 shared.gate.release(batch.cost);
@@ -124,7 +124,7 @@ impl Intake {
         let (abandoned, cost) = self.feed.discard_all();
         shared.gate.release(cost);
         if abandoned > 0 {
-            Metrics::add(&shared.metrics.broadcasts_abandoned, abandoned);
+            Metrics::add(&shared.counters.metrics.broadcasts_abandoned, abandoned);
             log::warn!("{abandoned} queued broadcasts not sent: the server is shutting down");
         }
     }

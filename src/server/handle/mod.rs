@@ -13,7 +13,8 @@ use std::time::Instant;
 use mio::Waker;
 
 use crate::config::Compression;
-use crate::ops::metrics::{LoopHistogram, Metrics, MetricsSnapshot};
+use crate::ops::board::CountersHome;
+use crate::ops::metrics::{Metrics, MetricsSnapshot};
 use crate::protocol::commands::{self, Recipients, MAX_CHANNEL_LIST_LEN, MAX_REASON_LEN};
 use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::ws::{compress, CloseCode, MessageKind};
@@ -58,8 +59,9 @@ pub(super) struct Shared {
     pub(super) drain_paced: bool,
     /// The server was dropped: nothing will read the queue any more.
     pub(super) gone: AtomicBool,
-    pub(super) metrics: Metrics,
-    pub(super) loop_histogram: LoopHistogram,
+    /// Everything the server counts: in its own memory, or in its slot
+    /// of the host's metrics board.
+    pub(super) counters: CountersHome,
     /// Upstream lines handed over by the loop, for the reader.
     pub(super) shelf: Arc<Shelf>,
 }
@@ -72,7 +74,7 @@ impl Shared {
         if payload.len() as u64 <= limit {
             return Ok(());
         }
-        Metrics::incr(&self.metrics.broadcasts_rejected);
+        Metrics::incr(&self.counters.metrics.broadcasts_rejected);
         let refused = MessageTooBig {
             len: payload.len(),
             limit,
@@ -91,9 +93,14 @@ impl Shared {
         payload: Vec<u8>,
     ) -> Action {
         let worth = self.compression.worth(payload.len())
-            && self.metrics.connections_deflate.load(Ordering::Relaxed) > 0;
+            && self
+                .counters
+                .metrics
+                .connections_deflate
+                .load(Ordering::Relaxed)
+                > 0;
         let deflated = worth.then(|| {
-            Metrics::incr(&self.metrics.broadcasts_compressed);
+            Metrics::incr(&self.counters.metrics.broadcasts_compressed);
             compress::deflate_message(&payload)
         });
         Action::Send {
@@ -108,7 +115,7 @@ impl Shared {
     /// moment (the loop publishes the gauge only when it runs), and once
     /// the server is dropped, what was left queued as abandoned.
     pub(super) fn snapshot(&self) -> MetricsSnapshot {
-        let mut metrics = self.metrics.snapshot();
+        let mut metrics = self.counters.metrics.snapshot();
         metrics.broadcast_queue_bytes = self.gate.bytes() as u64;
         metrics.broadcast_producers_waiting = self.gate.waiters() as u64;
         if self.gone.load(Ordering::Acquire) {
@@ -330,7 +337,7 @@ impl Handle {
     /// dropped uncounted.
     #[cfg(feature = "internals")]
     pub fn count_rejected_input(&self) {
-        Metrics::incr(&self.shared.metrics.input_lines_rejected);
+        Metrics::incr(&self.shared.counters.metrics.input_lines_rejected);
     }
 
     /// Records that a feed of this server's input (a Redis subscription)
@@ -338,7 +345,7 @@ impl Handle {
     /// server degraded until [`Handle::feed_restored`].
     #[cfg(feature = "internals")]
     pub fn feed_lost(&self) {
-        let metrics = &self.shared.metrics;
+        let metrics = &self.shared.counters.metrics;
         Metrics::incr(&metrics.feed_outages);
         Metrics::incr(&metrics.feeds_down);
     }
@@ -347,7 +354,7 @@ impl Handle {
     /// recorded lost leaves `feeds_down` as it is).
     #[cfg(feature = "internals")]
     pub fn feed_restored(&self, outage: std::time::Duration) {
-        let metrics = &self.shared.metrics;
+        let metrics = &self.shared.counters.metrics;
         Metrics::add(&metrics.feed_outage_ms, outage.as_millis() as u64);
         let _ = metrics
             .feeds_down
@@ -363,7 +370,7 @@ impl Handle {
     /// a resume across them is told the gap too (see
     /// [`SharedHistory::mark_missing`](crate::SharedHistory::mark_missing)).
     pub fn stream_gap(&self, from: u64, to: u64) -> Result<(), ServerGone> {
-        Metrics::incr(&self.shared.metrics.stream_gaps);
+        Metrics::incr(&self.shared.counters.metrics.stream_gaps);
         self.queue(Action::Lost { from, through: to }, None)
     }
 
@@ -373,6 +380,7 @@ impl Handle {
     #[cfg(feature = "internals")]
     pub fn set_instance_restarts(&self, earlier: u64) {
         self.shared
+            .counters
             .metrics
             .instance_restarts
             .store(earlier, Ordering::Relaxed);
@@ -384,6 +392,7 @@ impl Handle {
     pub fn stream_lag(&self, lag: std::time::Duration) {
         let lag = lag.as_millis().try_into().unwrap_or(u64::MAX);
         self.shared
+            .counters
             .metrics
             .stream_lag_ms
             .store(lag, Ordering::Relaxed);
@@ -548,6 +557,6 @@ impl UpstreamReader {
     /// Counts lines the caller read but could not pass on (its output
     /// failed), in `upstream_dropped`: nothing is lost uncounted.
     pub fn count_dropped(&self, lines: u64) {
-        Metrics::add(&self.shared.metrics.upstream_dropped, lines);
+        Metrics::add(&self.shared.counters.metrics.upstream_dropped, lines);
     }
 }

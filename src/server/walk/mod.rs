@@ -31,13 +31,14 @@ pub(crate) mod stream;
 pub(crate) mod sweep;
 pub(crate) mod targeted;
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use mio::Registry;
 use slab::Slab;
 
 use crate::config::Config;
-use crate::ops::metrics::Tally;
+use crate::ops::metrics::{Counters, Tally};
 use crate::server::admit::connections::sync_interest;
 use crate::server::conn::{CloseReason, Conn, Ctx, Duty, Verdict};
 use crate::server::frames::SharedFrames;
@@ -409,7 +410,7 @@ impl Visitor<'_, '_> {
             let (key, lap) = match sweep.next(bound, &paced) {
                 Next::Idle => break,
                 Next::LapEnded => {
-                    stream.end_pass();
+                    observe_delivered(self.ctx.counters, stream.end_pass(), now);
                     *closing = None;
                     if stream.begin_pass() {
                         sweep.begin_lap();
@@ -470,5 +471,78 @@ impl Visitor<'_, '_> {
             let short = cut && paced.draining.is_none() && sweep.cursor() < paced.ping_below;
             hb.swept(now, !short);
         }
+    }
+}
+
+/// Counts the delivery latency of `batches`, which every connection has
+/// now (written, or queued where a socket could not take them whole):
+/// one observation per batch, of its messages' weight, from its input,
+/// for each transport that has connections open.
+fn observe_delivered(counters: &Counters, batches: &[SharedFrames], now: Instant) {
+    let metrics = &counters.metrics;
+    let open = metrics.connections_open.load(Ordering::Relaxed);
+    let streams = metrics.connections_event_stream.load(Ordering::Relaxed);
+    for batch in batches {
+        let Some(input) = batch.input_time() else {
+            continue;
+        };
+        let ns = now.saturating_duration_since(input).as_nanos() as u64;
+        let weight = batch.count() as u64;
+        if open > streams {
+            counters.websocket_latency.observe(ns, weight);
+        }
+        if streams > 0 {
+            counters.event_stream_latency.observe(ns, weight);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::metrics::{
+        Metrics, EVENT_STREAM_LATENCY_AT, LATENCY_BUCKETS_US, WEBSOCKET_LATENCY_AT,
+    };
+    use crate::protocol::ws::OpCode;
+    use crate::server::frames::ToFrame;
+    use std::time::Duration;
+
+    /// A latency histogram's count and sum (ns).
+    fn count_and_sum(counters: &Counters, at: usize) -> (u64, u64) {
+        let words = counters.words(&counters.metrics.snapshot());
+        let count = at + LATENCY_BUCKETS_US.len();
+        (words[count], words[count + 1])
+    }
+
+    #[test]
+    fn a_delivered_batch_is_one_observation_weighted_by_its_messages_for_each_transport_open() {
+        let counters = Counters::default();
+        let now = Instant::now();
+        let batch = |messages: usize, ago: u64| {
+            let message = ToFrame {
+                opcode: OpCode::Text,
+                payload: b"x",
+                deflated: None,
+                position: None,
+            };
+            SharedFrames::encode_batch(std::iter::repeat_n(message, messages))
+                .input_at(now - Duration::from_millis(ago))
+        };
+        Metrics::add(&counters.metrics.connections_open, 5);
+        let own = SharedFrames::encode(OpCode::Text, b"not input");
+        observe_delivered(&counters, &[batch(3, 2), batch(2, 40), own], now);
+        assert_eq!(
+            count_and_sum(&counters, WEBSOCKET_LATENCY_AT),
+            (5, 3 * 2_000_000 + 2 * 40_000_000)
+        );
+        assert_eq!(count_and_sum(&counters, EVENT_STREAM_LATENCY_AT), (0, 0));
+        // Every connection open an event stream: those alone.
+        Metrics::add(&counters.metrics.connections_event_stream, 5);
+        observe_delivered(&counters, &[batch(1, 1)], now);
+        assert_eq!(count_and_sum(&counters, WEBSOCKET_LATENCY_AT).0, 5);
+        assert_eq!(
+            count_and_sum(&counters, EVENT_STREAM_LATENCY_AT),
+            (1, 1_000_000)
+        );
     }
 }

@@ -82,11 +82,13 @@ impl Stream {
 
     /// The lap visited every key: every connection it does not leave to
     /// the targeted walk has the batches the pass covered, and the next
-    /// pass may begin.
-    pub fn end_pass(&mut self) {
+    /// pass may begin. Returns the batches it brought every connection.
+    pub fn end_pass(&mut self) -> &[SharedFrames] {
+        let before = self.delivered;
         if let Some(covered) = self.pass.take() {
             self.delivered = covered;
         }
+        self.batches().between(before, self.delivered)
     }
 
     /// Drops the batches every connection has had: those the last pass
@@ -148,13 +150,13 @@ mod tests {
             "key 1 gets both at once"
         );
         assert_eq!(texts(stream.between(after_a, stream.next_seq())), b"b");
-        stream.end_pass();
+        assert_eq!(texts(stream.end_pass()), b"a", "everyone's now");
         stream.trim(None);
         assert_eq!(stream.kept(), 1, "a is dropped, b is not yet everyone's");
         // Key 0 still lacks b: the next pass brings it.
         assert!(stream.begin_pass());
         assert_eq!(texts(stream.between(after_a, stream.next_seq())), b"b");
-        stream.end_pass();
+        assert_eq!(texts(stream.end_pass()), b"b");
         stream.trim(None);
         assert_eq!(stream.kept(), 0);
         assert!(!stream.is_busy() && !stream.begin_pass());
