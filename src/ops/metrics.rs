@@ -336,15 +336,6 @@ impl LoopHistogram {
             Metrics::incr(&self.buckets[i]);
         }
     }
-
-    /// Cumulative counts per bound, Prometheus style.
-    pub fn cumulative(&self) -> [u64; LOOP_BUCKETS_US.len()] {
-        let mut total = 0;
-        self.buckets.each_ref().map(|b| {
-            total += b.load(Ordering::Relaxed);
-            total
-        })
-    }
 }
 
 /// Upper bounds of the delivery latency histograms, in microseconds.
