@@ -100,6 +100,14 @@ fn the_host_metrics_sum_the_instances_and_keep_a_killed_process_counts() {
     let (before, own) = agreed(metrics, port);
     assert_eq!(sample(&before, "wspush_upgrades_total"), 12);
     assert_eq!(sample(&before, "wspush_broadcast_deliveries_total"), 60);
+    // Every instance framed the 5 lines: the host's input, not their sum.
+    assert_eq!(sample(&before, "wspush_broadcasts_total"), 5);
+    for k in 1..=INSTANCES {
+        assert_eq!(
+            sample(&before, &of_instance("wspush_broadcasts_total", k)),
+            5
+        );
+    }
     assert!(own.iter().all(|p| sample(p, "wspush_upgrades_total") < 12));
 
     // One process killed: its counts stay with its instance.

@@ -301,10 +301,11 @@ impl Board {
         }
     }
 
-    /// Renders the host's counters: each row's sum over the processes
-    /// running and gone (the largest, for a maximum; the running ones', for
-    /// a gauge), then, `per_instance`, each instance's with an `instance`
-    /// label.
+    /// Renders the host's counters: each row's sum over the instances
+    /// (the largest instance's, for what every instance sees alike and
+    /// for a maximum), an instance's being the sum over its processes
+    /// running and gone (a gauge's, the running ones'); then,
+    /// `per_instance`, each instance's with an `instance` label.
     pub fn render(&self, per_instance: bool, out: &mut Vec<u8>) {
         let read = self.read();
         let mut samples: Vec<Sample<'_>> = Vec::new();
@@ -402,20 +403,22 @@ impl Board {
                     .load(Ordering::Relaxed);
                 let values = read.instances.entry(instance).or_default();
                 values.resize(read.rows.len(), 0);
+                // An instance's: its processes' sum (running, and gone).
                 match row.kind {
-                    RowKind::Max => {
-                        read.total[key] = read.total[key].max(value);
-                        values[key] = values[key].max(value);
-                    }
-                    _ => {
-                        read.total[key] += value;
-                        values[key] += value;
-                    }
+                    RowKind::Max => values[key] = values[key].max(value),
+                    _ => values[key] += value,
                 }
             }
         }
+        // The host's: the instances' sum, or the largest instance's.
         for values in read.instances.values_mut() {
             values.resize(read.rows.len(), 0);
+            for (key, &value) in values.iter().enumerate() {
+                match read.rows[key].kind.largest_on_host() {
+                    true => read.total[key] = read.total[key].max(value),
+                    false => read.total[key] += value,
+                }
+            }
         }
         // A family another build added is rendered whole, after this build's.
         let first: HashMap<&str, usize> = read

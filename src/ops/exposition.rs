@@ -9,8 +9,8 @@ use std::io::Write;
 use std::sync::OnceLock;
 
 use crate::ops::metrics::{
-    self, Counters, MetricsSnapshot, EVENT_STREAM_LATENCY_AT, LATENCY_BUCKETS_US, LOOP_BUCKETS_AT,
-    LOOP_BUCKETS_US, WEBSOCKET_LATENCY_AT,
+    self, Counters, Kind, MetricsSnapshot, EVENT_STREAM_LATENCY_AT, LATENCY_BUCKETS_US,
+    LOOP_BUCKETS_AT, LOOP_BUCKETS_US, WEBSOCKET_LATENCY_AT,
 };
 
 /// What a word is, as exported.
@@ -20,6 +20,13 @@ pub enum RowKind {
     Counter,
     /// A gauge: a level now. Summed over the processes running.
     Gauge,
+    /// A counter of what every instance sees alike (the host's input):
+    /// an instance's is its processes' sum, the host's the largest
+    /// instance's.
+    HostCounter,
+    /// A gauge of what every instance sees alike, or of a worst case:
+    /// the host's is the largest.
+    HostGauge,
     /// A gauge of nanoseconds, exported in seconds: the largest is the
     /// host's.
     Max,
@@ -36,7 +43,16 @@ impl RowKind {
     /// Whether a process's value is kept for its instance once it is gone
     /// (it only grows): so that no sum goes backwards.
     pub fn grows(self) -> bool {
-        !matches!(self, RowKind::Gauge | RowKind::Max)
+        !matches!(self, RowKind::Gauge | RowKind::HostGauge | RowKind::Max)
+    }
+
+    /// Whether the host's value is the largest instance's (else their
+    /// sum).
+    pub fn largest_on_host(self) -> bool {
+        matches!(
+            self,
+            RowKind::HostCounter | RowKind::HostGauge | RowKind::Max
+        )
     }
 
     /// Its letter in a description.
@@ -44,6 +60,8 @@ impl RowKind {
         match self {
             RowKind::Counter => "c",
             RowKind::Gauge => "g",
+            RowKind::HostCounter => "C",
+            RowKind::HostGauge => "G",
             RowKind::Max => "m",
             RowKind::Bucket => "b",
             RowKind::Count => "n",
@@ -55,6 +73,8 @@ impl RowKind {
         let kinds = [
             RowKind::Counter,
             RowKind::Gauge,
+            RowKind::HostCounter,
+            RowKind::HostGauge,
             RowKind::Max,
             RowKind::Bucket,
             RowKind::Count,
@@ -66,8 +86,8 @@ impl RowKind {
     /// Its family's type.
     fn family_type(self) -> &'static str {
         match self {
-            RowKind::Counter => "counter",
-            RowKind::Gauge | RowKind::Max => "gauge",
+            RowKind::Counter | RowKind::HostCounter => "counter",
+            RowKind::Gauge | RowKind::HostGauge | RowKind::Max => "gauge",
             RowKind::Bucket | RowKind::Count | RowKind::Sum => "histogram",
         }
     }
@@ -141,11 +161,13 @@ fn build_rows() -> Vec<Row> {
         help: help.to_string(),
     };
     let mut rows = Vec::new();
-    for (word, (family, labels, counter, help)) in metrics::table().enumerate() {
-        let kind = match counter {
-            Some(true) => RowKind::Counter,
-            Some(false) => RowKind::Gauge,
-            None => continue,
+    for (word, (family, labels, kind, help)) in metrics::table().enumerate() {
+        let kind = match kind {
+            Kind::Counter => RowKind::Counter,
+            Kind::Gauge => RowKind::Gauge,
+            Kind::HostCounter => RowKind::HostCounter,
+            Kind::HostGauge => RowKind::HostGauge,
+            Kind::Apart => continue,
         };
         let labels = labels.trim_start_matches('{').trim_end_matches('}');
         rows.push(row(word, family, labels.to_string(), kind, help));
@@ -246,7 +268,9 @@ pub fn render<'a>(samples: impl IntoIterator<Item = Sample<'a>>, out: &mut Vec<u
         };
         let seconds = |ns: u64| ns as f64 / 1e9;
         let _ = match row.kind {
-            RowKind::Counter | RowKind::Gauge => writeln!(out, "{family}{} {value}", labels("")),
+            RowKind::Counter | RowKind::Gauge | RowKind::HostCounter | RowKind::HostGauge => {
+                writeln!(out, "{family}{} {value}", labels(""))
+            }
             RowKind::Max => writeln!(out, "{family}{} {}", labels(""), seconds(value)),
             RowKind::Bucket => {
                 cumulative += value;

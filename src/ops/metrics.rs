@@ -54,13 +54,20 @@ macro_rules! metrics {
     };
 }
 
-/// How a counter is exported in the Prometheus format.
+/// How a counter is exported in the Prometheus format, and summed over
+/// a host's instances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// A `counter`: only ever grows.
+pub(crate) enum Kind {
+    /// A `counter`: only ever grows. The host's is the instances' sum.
     Counter,
-    /// A `gauge`: a level now.
+    /// A `gauge`: a level now. The host's is the instances' sum.
     Gauge,
+    /// A counter of the host's input, which every instance sees alike (a
+    /// line refused, a feed lost): the host's is the largest instance's.
+    HostCounter,
+    /// A gauge of what every instance sees alike (the shared history, a
+    /// feed's state) or of a worst case: the host's is the largest.
+    HostGauge,
     /// Rendered apart, in another shape (the loop time histogram and
     /// maximum, in seconds).
     Apart,
@@ -154,12 +161,12 @@ metrics! {
     /// The peer vanished without a close handshake (EOF, reset or I/O error).
     closed_abnormal: Counter "wspush_connections_closed_total" "{reason=\"abnormal\"}" "",
     /// Broadcast messages encoded (each once).
-    broadcasts: Counter "wspush_broadcasts_total" "" "Broadcast messages encoded (each once).",
+    broadcasts: HostCounter "wspush_broadcasts_total" "" "Broadcast messages encoded (each once).",
     /// Batches fanned out: broadcasts queued together are framed into one
     /// batch, which each connection takes in one write.
     broadcast_batches: Counter "wspush_broadcast_batches_total" "" "Batches of broadcasts fanned out (each written to a connection at once).",
     /// Broadcast messages refused (larger than the message limit).
-    broadcasts_rejected: Counter "wspush_broadcasts_rejected_total" "" "Broadcasts refused as larger than the message limit.",
+    broadcasts_rejected: HostCounter "wspush_broadcasts_rejected_total" "" "Broadcasts refused as larger than the message limit.",
     /// Broadcasts a handle queued that were not sent because a shutdown
     /// came first (the loop was behind), or that came after it (once the
     /// server is dropped, a handle's snapshot counts what was left queued).
@@ -173,9 +180,9 @@ metrics! {
     broadcast_producers_waiting: Gauge "wspush_broadcast_producers_waiting" "" "Publishers waiting for room in the broadcast queue.",
     /// How long the oldest broadcast not yet sent has waited, in
     /// microseconds (0 when none waits).
-    broadcast_queue_age_us: Gauge "wspush_broadcast_queue_age_microseconds" "" "Age of the oldest broadcast not yet sent.",
+    broadcast_queue_age_us: HostGauge "wspush_broadcast_queue_age_microseconds" "" "Age of the oldest broadcast not yet sent.",
     /// Input lines not broadcast (invalid UTF-8, or over the message limit).
-    input_lines_rejected: Counter "wspush_input_lines_rejected_total" "" "Input lines skipped (invalid UTF-8, too long, or not a command).",
+    input_lines_rejected: HostCounter "wspush_input_lines_rejected_total" "" "Input lines skipped (invalid UTF-8, too long, or not a command).",
     /// 1 while a drain is under way (`/healthz` answers 503 `draining`).
     draining: Gauge "wspush_draining" "" "1 while draining: /healthz answers 503 and connections are closed at a pace.",
     /// Connections a drain has still to close at its pace (0 when none is
@@ -183,15 +190,15 @@ metrics! {
     drain_left: Gauge "wspush_drain_connections_left" "" "Connections the drain under way has still to close.",
     /// Feeds (a Redis subscription) disconnected now; `/healthz` reports
     /// the server degraded while any is.
-    feeds_down: Gauge "wspush_feeds_down" "" "Input feeds (Redis) disconnected now.",
+    feeds_down: HostGauge "wspush_feeds_down" "" "Input feeds (Redis) disconnected now.",
     /// Times a feed was lost (one per outage, however many reconnection
     /// attempts it took): what was published meanwhile did not arrive.
-    feed_outages: Counter "wspush_feed_outages_total" "" "Times an input feed (Redis) was lost; what pub/sub published meanwhile is lost, a stream's entries are read when it is back.",
+    feed_outages: HostCounter "wspush_feed_outages_total" "" "Times an input feed (Redis) was lost; what pub/sub published meanwhile is lost, a stream's entries are read when it is back.",
     /// Milliseconds feeds were disconnected, over the outages that ended.
-    feed_outage_ms: Counter "wspush_feed_outage_milliseconds_total" "" "Time input feeds were disconnected, over the outages that ended.",
+    feed_outage_ms: HostCounter "wspush_feed_outage_milliseconds_total" "" "Time input feeds were disconnected, over the outages that ended.",
     /// Times the Redis stream no longer held entries not read yet
     /// (trimmed during an outage): their positions are missing here.
-    stream_gaps: Counter "wspush_stream_gaps_total" "" "Times the Redis stream no longer held entries not read yet; connected clients with positions, and resumes across them, are told the gap.",
+    stream_gaps: HostCounter "wspush_stream_gaps_total" "" "Times the Redis stream no longer held entries not read yet; connected clients with positions, and resumes across them, are told the gap.",
     /// Connections handed over to a successor process, alive.
     handover_given: Counter "wspush_handover_connections_given_total" "" "Connections handed over, open, to a successor process (a deploy that closes nothing).",
     /// Connections taken over from the process this one replaced.
@@ -203,14 +210,14 @@ metrics! {
     /// predecessor gone): that one drains instead.
     handover_fallbacks: Counter "wspush_handover_fallbacks_total" "" "Handovers asked for and not had; the predecessor drains instead.",
     /// How long the last handover paused the loop, in microseconds.
-    handover_pause_us: Gauge "wspush_handover_pause_microseconds" "" "How long the last handover paused this loop.",
+    handover_pause_us: HostGauge "wspush_handover_pause_microseconds" "" "How long the last handover paused this loop.",
     /// Processes this instance had before this one under its supervisor:
     /// restarts after a death, and replacements in rolling restarts and
     /// upgrades (0 for a lone server).
     instance_restarts: Gauge "wspush_instance_restarts" "" "Processes this instance had before this one under its supervisor (restarts after a death, replacements in rolling restarts).",
     /// How far the entries read are behind the stream's last entry, by
     /// their ids' milliseconds (0: caught up).
-    stream_lag_ms: Gauge "wspush_stream_lag_milliseconds" "" "How far the Redis stream entries read are behind its last entry, by their ids.",
+    stream_lag_ms: HostGauge "wspush_stream_lag_milliseconds" "" "How far the Redis stream entries read are behind its last entry, by their ids.",
     /// Messages and commands for some connections that reached none here:
     /// an id, channel or connection key with no open connection (under
     /// `--processes`, those of the other instances).
@@ -267,11 +274,11 @@ metrics! {
     /// Messages the history refused, each larger than its byte bound
     /// alone (the others stay; a resume across one is told the gap), over
     /// the host: the history's writer counts them.
-    history_refused: Counter "wspush_history_refused_total" "" "Messages the history refused (each larger than its byte bound); resumes across one are told the gap.",
+    history_refused: HostCounter "wspush_history_refused_total" "" "Messages the history refused (each larger than its byte bound); resumes across one are told the gap.",
     /// Messages in the history now.
-    history_messages: Gauge "wspush_history_messages" "" "Messages held in the history.",
+    history_messages: HostGauge "wspush_history_messages" "" "Messages held in the history.",
     /// Bytes of frames in the history now.
-    history_bytes: Gauge "wspush_history_bytes" "" "Bytes of frames held in the history.",
+    history_bytes: HostGauge "wspush_history_bytes" "" "Bytes of frames held in the history.",
     /// Frames queued for a connection and never written whole: dropped
     /// when it was closed as a slow consumer, or still pending when it
     /// closed (the peer went, or a close or shutdown timed out).
@@ -427,18 +434,10 @@ impl Counters {
     }
 }
 
-/// How one row of the table is exported: its family, labels (within
+/// How each row of the table is exported: its family, labels (within
 /// braces, or empty), kind and help (the family's first row only).
-pub(crate) fn table(
-) -> impl Iterator<Item = (&'static str, &'static str, Option<bool>, &'static str)> {
-    EXPORTS.iter().map(|e| {
-        let counter = match e.kind {
-            Kind::Counter => Some(true),
-            Kind::Gauge => Some(false),
-            Kind::Apart => None,
-        };
-        (e.name, e.labels, counter, e.help)
-    })
+pub(crate) fn table() -> impl Iterator<Item = (&'static str, &'static str, Kind, &'static str)> {
+    EXPORTS.iter().map(|e| (e.name, e.labels, e.kind, e.help))
 }
 
 /// The words of the table's rows rendered apart: the loop's iterations,
