@@ -16,7 +16,11 @@
 #   HOST_TABLE=1 runs in this network namespace instead of a new one;
 #   FLOOR_PINGS=1 adds the floor pinging every connection once per 30 s
 #   (`floor-pings`), the kernel's own cost of the heartbeat's rate beside
-#   wspush's idle CPU (about 4.5 minutes more).
+#   wspush's idle CPU (about 4.5 minutes more); SCRAPE=NAME runs the
+#   server NAME with `--metrics-listen 127.0.0.1:19100` and scrapes the
+#   host's /metrics there once a second for the whole run
+#   (bench/scrape-host.py: answer times, and the sums checked against the
+#   instances' own pages; its line ends the reports).
 #
 # Servers and clients run in a network namespace of their own, made for
 # the run with an established-socket hash of a bucket per socket
@@ -73,13 +77,26 @@ spawn=(--server "floor=floor --processes $instances")
 if [[ -n "${FLOOR_PINGS:-}" ]]; then
   spawn+=(--server "floor-pings=floor --processes $instances --ping-interval-ms 30000")
 fi
+scrape_port=19100
 for server in "${servers[@]}"; do
-  spawn+=(--server "${server%%=*}=${server#*=} --processes $instances --listen 127.0.0.1:{port}")
+  extra=""
+  [[ "${server%%=*}" == "${SCRAPE:-}" ]] && extra=" --metrics-listen 127.0.0.1:$scrape_port"
+  spawn+=(--server "${server%%=*}=${server#*=} --processes $instances --listen 127.0.0.1:{port}$extra")
 done
+scraper=""
+if [[ -n "${SCRAPE:-}" ]]; then
+  "${in_netns[@]}" python3 bench/scrape-host.py "$scrape_port" "$instances" >"$out/scrape.txt" &
+  scraper=$!
+fi
 echo "million.sh: $conns connections over $instances instances: floor, ${servers[*]}; reports in $out" >&2
 started=$SECONDS
 "${in_netns[@]}" "$bench" compare --conns "$conns" --rate 30000 --max-in-flight 1024 --settle-ms 3000 \
   --idle-secs 30 --messages 5 --gap-ms 20000 --no-echo --wait-quiet 30 "${spawn[@]}" \
   >"$out/table.txt" 2>"$out/reports.txt"
+if [[ -n "$scraper" ]]; then
+  kill -TERM "$scraper"
+  wait "$scraper" || true
+  cat "$out/scrape.txt" | tee -a "$out/reports.txt" >&2
+fi
 cat "$out/table.txt"
 echo "million.sh: done in $((SECONDS - started)) s" >&2

@@ -225,14 +225,24 @@ impl Board {
         }
     }
 
+    /// The rows `slot` is described by (another build's kept in
+    /// `parsed`), if they can be read.
+    fn rows_in<'a>(&self, slot: usize, parsed: &'a mut Option<Vec<Row>>) -> Option<&'a [Row]> {
+        match self.described(slot) {
+            Described::Own => Some(exposition::rows()),
+            Described::Other(rows) => Some(parsed.insert(rows)),
+            Described::Unread => None,
+        }
+    }
+
     /// Moves what the process gone from `slot` counted into its
     /// instance's slot of processes gone, and frees `slot`. Readers see
     /// the counts in one place or the other, never both or neither.
     pub fn retire(&self, slot: usize) {
-        let state = self.load(slot, STATE);
-        if slot >= self.slots || !matches!(state, CLAIMED | LIVE) {
+        if slot >= self.slots || !matches!(self.load(slot, STATE), CLAIMED | LIVE) {
             return;
         }
+        let state = self.load(slot, STATE);
         let instance = self.load(slot, INSTANCE);
         let generation = self.mem.word(GENERATION * 8);
         generation.fetch_add(1, Ordering::AcqRel);
@@ -271,7 +281,16 @@ impl Board {
                 free
             }
         };
-        let own: HashMap<(&str, &str, RowKind), usize> = exposition::rows()
+        // By the rows each slot is described by: the slot of processes
+        // gone may be of an earlier build (the supervisor re-executed).
+        let (mut gone_rows, mut kept_rows) = (None, None);
+        let (Some(gone), Some(kept)) = (
+            self.rows_in(slot, &mut gone_rows),
+            self.rows_in(retired, &mut kept_rows),
+        ) else {
+            return;
+        };
+        let owned = kept
             .iter()
             .map(|row| {
                 (
@@ -279,25 +298,14 @@ impl Board {
                     row.word,
                 )
             })
-            .collect();
+            .collect::<HashMap<_, _>>();
         let counter = |slot: usize, word: usize| self.word(slot, COUNTERS_AT / 8 + word);
-        match self.described(slot) {
-            Described::Own => {
-                for row in exposition::rows().iter().filter(|row| row.kind.grows()) {
-                    let value = counter(slot, row.word).load(Ordering::Relaxed);
-                    counter(retired, row.word).fetch_add(value, Ordering::Relaxed);
-                }
+        for row in gone.iter().filter(|row| row.kind.grows()) {
+            let key = (row.family.as_str(), row.labels.as_str(), row.kind);
+            if let Some(&word) = owned.get(&key) {
+                let value = counter(slot, row.word).load(Ordering::Relaxed);
+                counter(retired, word).fetch_add(value, Ordering::Relaxed);
             }
-            Described::Other(rows) => {
-                for row in rows.iter().filter(|row| row.kind.grows()) {
-                    let key = (row.family.as_str(), row.labels.as_str(), row.kind);
-                    if let Some(&word) = own.get(&key) {
-                        let value = counter(slot, row.word).load(Ordering::Relaxed);
-                        counter(retired, word).fetch_add(value, Ordering::Relaxed);
-                    }
-                }
-            }
-            Described::Unread => {}
         }
     }
 
@@ -377,32 +385,34 @@ impl Board {
                 continue;
             }
             let instance = self.load(slot, INSTANCE) as usize;
-            let other;
-            let rows: &[Row] = match self.described(slot) {
-                Described::Own => exposition::rows(),
-                Described::Other(rows) => {
-                    other = rows;
-                    &other
-                }
-                Described::Unread => continue,
+            let mut parsed = None;
+            let Some(rows) = self.rows_in(slot, &mut parsed) else {
+                continue;
             };
-            for row in rows {
-                let key = *keys
-                    .entry((row.family.clone(), row.labels.clone(), row.kind))
-                    .or_insert_with(|| {
-                        read.rows.push(Row {
-                            word: 0,
-                            ..row.clone()
-                        });
-                        read.total.push(0);
-                        read.order.push(read.rows.len() - 1);
-                        read.rows.len() - 1
-                    });
+            let own = std::ptr::eq(rows, exposition::rows());
+            for (index, row) in rows.iter().enumerate() {
+                // This build's rows are the first keys, in order: no lookup.
+                let key = match own {
+                    true => index,
+                    false => *keys
+                        .entry((row.family.clone(), row.labels.clone(), row.kind))
+                        .or_insert_with(|| {
+                            read.rows.push(Row {
+                                word: 0,
+                                ..row.clone()
+                            });
+                            read.total.push(0);
+                            read.order.push(read.rows.len() - 1);
+                            read.rows.len() - 1
+                        }),
+                };
                 let value = self
                     .word(slot, COUNTERS_AT / 8 + row.word)
                     .load(Ordering::Relaxed);
                 let values = read.instances.entry(instance).or_default();
-                values.resize(read.rows.len(), 0);
+                if values.len() < read.rows.len() {
+                    values.resize(read.rows.len(), 0);
+                }
                 // An instance's: its processes' sum (running, and gone).
                 match row.kind {
                     RowKind::Max => values[key] = values[key].max(value),
@@ -448,4 +458,101 @@ fn fingerprint(text: &[u8]) -> u64 {
     text.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::metrics::Metrics;
+
+    fn sample(page: &str, series: &str) -> u64 {
+        page.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{page}"))
+    }
+
+    fn page(board: &Board, per_instance: bool) -> String {
+        let mut out = Vec::new();
+        board.render(per_instance, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    fn placed(board: &Board, instance: usize, pid: u32) -> (usize, Placed<Counters>) {
+        let slot = board.claim(instance).unwrap();
+        let fd = board.fd().try_clone_to_owned().unwrap();
+        (slot, Board::place(fd, slot, pid).unwrap())
+    }
+
+    #[test]
+    fn the_host_sums_its_instances_and_keeps_what_a_gone_process_counted() {
+        let board = Board::create(6).unwrap();
+        let (a, one) = placed(&board, 1, 101);
+        let (_, two) = placed(&board, 2, 102);
+        for (counters, n) in [(&one, 3), (&two, 4)] {
+            Metrics::add(&counters.metrics.upgrades, n);
+            Metrics::set(&counters.metrics.connections_open, n);
+            Metrics::add(&counters.metrics.broadcasts, 5);
+        }
+        let p = page(&board, true);
+        assert_eq!(sample(&p, "wspush_upgrades_total"), 7);
+        assert_eq!(sample(&p, "wspush_upgrades_total{instance=\"2\"}"), 4);
+        assert_eq!(
+            sample(&p, "wspush_broadcasts_total"),
+            5,
+            "the host's input: the largest instance's"
+        );
+        // Instance 1's process is gone; its successor counts anew.
+        drop(one);
+        board.retire(a);
+        let (_, three) = placed(&board, 1, 103);
+        Metrics::add(&three.metrics.upgrades, 1);
+        let p = page(&board, true);
+        assert_eq!(
+            sample(&p, "wspush_upgrades_total{instance=\"1\"}"),
+            4,
+            "3 gone, 1 running"
+        );
+        assert_eq!(sample(&p, "wspush_upgrades_total"), 8);
+        assert_eq!(
+            sample(&p, "wspush_connections_open"),
+            4,
+            "a gauge: the running processes'"
+        );
+        assert_eq!(sample(&p, "wspush_broadcasts_total{instance=\"1\"}"), 5);
+        assert!(!page(&board, false).contains("instance=\""));
+    }
+
+    #[test]
+    fn a_process_of_another_build_is_summed_by_name_and_its_new_rows_rendered() {
+        let board = Board::create(4).unwrap();
+        let (_, mine) = placed(&board, 1, 1);
+        Metrics::add(&mine.metrics.upgrades, 2);
+        // Another build: its upgrades at another word, and a row this one
+        // does not have.
+        let b = board.claim(2).unwrap();
+        let other = "0\tc\twspush_upgrades_total\t\tWebSocket handshakes completed.\n\
+                     1\tc\twspush_new_total\t\tA row of a later build.\n";
+        let at = HEADER_LEN + b * SLOT_LEN;
+        board.mem.write(at + DESCRIPTION_AT, other.as_bytes());
+        let words = [
+            (DESCRIPTION_LEN, other.len() as u64),
+            (FINGERPRINT, fingerprint(other.as_bytes())),
+            (COUNTERS_AT / 8, 5),
+            (COUNTERS_AT / 8 + 1, 9),
+            (STATE, LIVE),
+        ];
+        for (word, value) in words {
+            board.word(b, word).store(value, Ordering::Release);
+        }
+        let p = page(&board, true);
+        assert_eq!(sample(&p, "wspush_upgrades_total"), 7);
+        assert_eq!(sample(&p, "wspush_new_total"), 9);
+        assert_eq!(p.matches("# TYPE wspush_new_total counter").count(), 1);
+        // Gone: what this build knows of its rows stays with instance 2.
+        board.retire(b);
+        let p = page(&board, true);
+        assert_eq!(sample(&p, "wspush_upgrades_total{instance=\"2\"}"), 5);
+        assert_eq!(sample(&p, "wspush_upgrades_total"), 7);
+    }
 }
