@@ -57,6 +57,9 @@ pub fn serve(addr: SocketAddr, board: Board, per_instance: bool) -> Result<(), S
     std::thread::Builder::new()
         .name("host-metrics".into())
         .spawn(move || {
+            // Mostly idle, it answers at once even while the instances
+            // keep the host's cores busy.
+            let _urgent = wspush::sys::Urgent::raise();
             let mut page = Vec::new();
             for stream in listener.incoming() {
                 match stream {
