@@ -176,7 +176,7 @@ impl Server {
         // `SharedHistory::resumed`).
         let history = match (ages, &config.history_fd) {
             (Some(ages), _) => History::resumed(history, bounds(&config), &ages, through),
-            (None, Some(now)) => now
+            (None, Some(named)) => named
                 .try_clone()
                 .and_then(|fd| History::shared(fd, through + 1)),
             (None, None) => History::shared(history, through + 1),

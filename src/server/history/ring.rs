@@ -219,8 +219,8 @@ impl Ring {
         let kept = (oldest..records)
             .zip(ages)
             .map(|(n, age)| {
-                let (head, _) = ring.head(n);
                 let (_, last, start) = ring.slot(n);
+                let (head, _) = ring.head(start);
                 Kept {
                     last,
                     end: start + head.len as u64,
@@ -383,9 +383,8 @@ impl Ring {
         (self.layout.header + (n % self.slots) as usize * self.layout.slot) / 8
     }
 
-    /// Record `n`'s head, and where it is.
-    fn head(&self, n: u64) -> (Head, usize) {
-        let (_, _, start) = self.slot(n);
+    /// The head of the record at `start` (a slot's), and where it is.
+    fn head(&self, start: u64) -> (Head, usize) {
         let at = self.data_at + (start % self.data) as usize;
         let mut head = [0u8; RECORD_FIELDS];
         self.mem.view().read(at, &mut head);
@@ -418,7 +417,7 @@ impl Ring {
         wanted: impl Fn(AudienceKind, &[u8]) -> bool,
     ) -> Result<Record, Overrun> {
         let (first, last, start) = self.slot(n);
-        let (head, at) = self.head(n);
+        let (head, at) = self.head(start);
         let Head {
             plain,
             compressed,
@@ -480,7 +479,7 @@ impl Ring {
     /// Copies record `n` out whole.
     fn whole(&self, n: u64) -> Result<Whole, Overrun> {
         let (first, last, start) = self.slot(n);
-        let (head, at) = self.head(n);
+        let (head, at) = self.head(start);
         if !self.fits(start, head) {
             return Err(Overrun);
         }

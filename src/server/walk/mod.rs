@@ -410,7 +410,9 @@ impl Visitor<'_, '_> {
             let (key, lap) = match sweep.next(bound, &paced) {
                 Next::Idle => break,
                 Next::LapEnded => {
-                    observe_delivered(self.ctx.counters, stream.end_pass(), now);
+                    // Measured now: the pass's writes are done.
+                    let done = Instant::now();
+                    observe_delivered(self.ctx.counters, stream.end_pass(), done);
                     *closing = None;
                     if stream.begin_pass() {
                         sweep.begin_lap();
