@@ -6,6 +6,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::asks::ANSWER;
+
 /// The first byte of a stats record on a status pipe; two little-endian
 /// `u64`s follow, connections then channels.
 pub const STATS: u8 = b'S';
@@ -20,12 +22,6 @@ pub fn record(connections: u64, channels: u64) -> [u8; RECORD_LEN] {
     record[1..9].copy_from_slice(&connections.to_le_bytes());
     record[9..].copy_from_slice(&channels.to_le_bytes());
     record
-}
-
-/// The counts of a whole record.
-pub fn counts(record: &[u8; RECORD_LEN]) -> (u64, u64) {
-    let word = |at: usize| u64::from_le_bytes(record[at..at + 8].try_into().expect("8 bytes"));
-    (word(1), word(9))
 }
 
 /// What one process holds.
@@ -84,51 +80,62 @@ impl Board {
     }
 }
 
-/// A status pipe's bytes as they come: the one-byte words, and the stats
-/// records, whole, however the reads cut them.
+/// A status pipe's bytes as they come: the one-byte words, the stats
+/// records and the answer records ([`crate::asks::record`]), whole,
+/// however the reads cut them.
 #[derive(Debug, Default)]
 pub struct Heard {
-    record: Option<([u8; RECORD_LEN], usize)>,
+    /// A record begun: its bytes so far.
+    record: Option<Vec<u8>>,
 }
 
 /// What a byte of a status pipe completes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Word {
     /// A one-byte word.
     Byte(u8),
     /// A stats record's counts.
     Counts(u64, u64),
+    /// An answer record: the question's number and the answer's text.
+    Answer(u64, Vec<u8>),
     /// Nothing yet (inside a record).
     Nothing,
 }
+
+/// An answer record's head: its first byte, the number and the length.
+const ANSWER_HEAD: usize = 13;
 
 impl Heard {
     /// The bytes of a record begun and not whole yet (for the
     /// supervisor's next image to take in first).
     pub fn begun(&self) -> Vec<u8> {
-        self.record
-            .map_or_else(Vec::new, |(record, len)| record[..len].to_vec())
+        self.record.clone().unwrap_or_default()
     }
 
     /// Takes in the next byte.
     pub fn byte(&mut self, byte: u8) -> Word {
-        match &mut self.record {
-            None if byte == STATS => {
-                self.record = Some(([STATS; RECORD_LEN], 1));
-                Word::Nothing
+        let Some(record) = &mut self.record else {
+            if byte == STATS || byte == ANSWER {
+                self.record = Some(vec![byte]);
+                return Word::Nothing;
             }
-            None => Word::Byte(byte),
-            Some((record, len)) => {
-                record[*len] = byte;
-                *len += 1;
-                if *len < RECORD_LEN {
+            return Word::Byte(byte);
+        };
+        record.push(byte);
+        let word = |at: usize| u64::from_le_bytes(record[at..at + 8].try_into().expect("8 bytes"));
+        let word = match record[0] {
+            STATS if record.len() == RECORD_LEN => Word::Counts(word(1), word(9)),
+            ANSWER if record.len() >= ANSWER_HEAD => {
+                let len = u32::from_le_bytes(record[9..13].try_into().expect("4 bytes"));
+                if record.len() < ANSWER_HEAD + len as usize {
                     return Word::Nothing;
                 }
-                let (connections, channels) = counts(record);
-                self.record = None;
-                Word::Counts(connections, channels)
+                Word::Answer(word(1), record.split_off(ANSWER_HEAD))
             }
-        }
+            _ => return Word::Nothing,
+        };
+        self.record = None;
+        word
     }
 }
 
@@ -142,6 +149,13 @@ mod tests {
         stream.extend(record(19_000, 3));
         stream.push(b'F');
         stream.extend(record(1 << 40, 0));
+        let answer = wspush::protocol::presence::Answer::Channel {
+            connections: 2,
+            ids: Vec::new(),
+            more: false,
+        };
+        stream.extend(crate::asks::record(7, &answer));
+        stream.push(b'R');
         let mut heard = Heard::default();
         let words: Vec<Word> = stream
             .iter()
@@ -154,7 +168,9 @@ mod tests {
                 Word::Byte(b'L'),
                 Word::Counts(19_000, 3),
                 Word::Byte(b'F'),
-                Word::Counts(1 << 40, 0)
+                Word::Counts(1 << 40, 0),
+                Word::Answer(7, answer.lines().into_bytes()),
+                Word::Byte(b'R'),
             ]
         );
     }

@@ -11,17 +11,18 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use wspush::protocol::lines::Splitter;
+use wspush::protocol::presence::Query;
 
 /// The first byte of a control line.
 pub const CONTROL: u8 = 0xFF;
 /// The longest control line, without its end: a reader knows one however
 /// short its line limit.
-pub const CONTROL_MAX_LEN: usize = 64;
+pub const CONTROL_MAX_LEN: usize = 256;
 /// What a data line's leading [`CONTROL`] byte becomes.
 const ESCAPED: u8 = 0xFE;
 
 /// What a control line tells an instance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Control {
     /// A feed is lost.
     FeedLost,
@@ -63,6 +64,14 @@ pub enum Control {
         seq: u64,
         /// Why.
         why: Skip,
+    },
+    /// A presence query to answer, with the answer's number (see
+    /// [`crate::asks`]).
+    Ask {
+        /// The answer's number.
+        id: u64,
+        /// What is asked.
+        query: Query,
     },
 }
 
@@ -113,6 +122,7 @@ impl Control {
             Control::Lag(lag) => format!("lag {}", lag.as_millis()),
             Control::Commands { lines } => format!("commands {lines}"),
             Control::Skipped { ms, seq, why } => format!("skip {ms}-{seq} {}", why.word()),
+            Control::Ask { id, query } => format!("ask {id} {}", query.line()),
         };
         let mut line = vec![CONTROL];
         line.extend_from_slice(text.as_bytes());
@@ -123,6 +133,13 @@ impl Control {
     /// The control a line (without its end) holds, if it is one.
     pub fn parse(line: &[u8]) -> Option<Control> {
         let text = std::str::from_utf8(line.strip_prefix(&[CONTROL])?).ok()?;
+        if let Some(ask) = text.strip_prefix("ask ") {
+            let (id, query) = ask.split_once(' ')?;
+            return Some(Control::Ask {
+                id: decimal(id)?,
+                query: Query::parse_line(query)?,
+            });
+        }
         let mut words = text.split(' ');
         let verb = words.next()?;
         let args: Vec<&str> = words.collect();
@@ -303,6 +320,18 @@ mod tests {
             b"\xFFfeed restored +5",
             b"\xFEfeed lost",
         ]);
+    }
+
+    #[test]
+    fn the_longest_presence_query_rides_a_control_line() {
+        let longest = "x".repeat(wspush::protocol::names::MAX_NAME_LEN);
+        let query = Query::Channel {
+            channel: wspush::ChannelName::new(&longest).unwrap(),
+            after: Some(wspush::ClientId::new(&longest).unwrap()),
+            limit: wspush::protocol::presence::MAX_LIMIT,
+        };
+        round_trips(Control::Ask { id: u64::MAX, query });
+        not_controls(&[b"\xFFask 1", b"\xFFask x presence a - 1", b"\xFFask 1 presence a -"]);
     }
 
     /// `control`'s line is whole, within [`CONTROL_MAX_LEN`], and parses

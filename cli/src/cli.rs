@@ -15,6 +15,7 @@ use wspush::{
     UpstreamConfig, Verifier, MAX_DURATION, MAX_MESSAGE_LIMIT,
 };
 
+use crate::asks::Asks;
 use crate::input::{self, InputMode};
 use crate::sources::stop::{Carried, Stopper};
 use crate::sources::{publish, pubsub, stdin, stream, Source};
@@ -591,7 +592,7 @@ pub(crate) fn instance_args(args: impl Iterator<Item = OsString>) -> Vec<OsStrin
 pub fn sources_from(
     cli: &Cli,
     config: &Config,
-    stats: publish::Stats,
+    answers: (publish::Stats, Arc<Asks>),
     carried: &Carried,
 ) -> Result<Sources, String> {
     let cannot = |e: std::io::Error| format!("cannot read standard input: {e}");
@@ -636,9 +637,9 @@ pub fn sources_from(
         let max_pending = config.max_pending_bytes;
         let listener = match carried.publish_listener {
             Some(fd) => wspush::sys::adopt_fd(fd).and_then(|socket| {
-                publish::Listener::adopt(socket, keys, limits, max_pending, stats)
+                publish::Listener::adopt(socket, keys, limits, max_pending, answers)
             }),
-            None => publish::Listener::bind(addr, keys, limits, max_pending, stats),
+            None => publish::Listener::bind(addr, keys, limits, max_pending, answers),
         }
         .map_err(|e| format!("cannot listen on {addr} for publishers: {e}"))?;
         sources.stoppers.push(listener.stopper());

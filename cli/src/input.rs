@@ -18,8 +18,10 @@
 use std::io::{self, BufRead};
 use std::ops::ControlFlow;
 use std::os::fd::{AsFd, IntoRawFd};
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::asks::AnswerTo;
 use crate::chunks::{Control, CONTROL, CONTROL_MAX_LEN};
 use wspush::protocol::lines::{Line, Lines};
 use wspush::{
@@ -87,7 +89,7 @@ struct Numbering {
 }
 
 /// A line of input as [`InputLines`] hands it over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Numbered<'a> {
     /// A control line: it takes no number (`None`: not one this version
     /// knows).
@@ -201,7 +203,7 @@ impl Numbering {
 /// `max_message_bytes` are skipped; control lines are carried out.
 pub fn pump(
     mut input: impl BufRead,
-    handle: &Handle,
+    (handle, answer_to): (&Handle, &AnswerTo),
     mode: InputMode,
     max_message_bytes: usize,
     first_line: u64,
@@ -210,6 +212,7 @@ pub fn pump(
     let mut lines = limits.lines(first_line);
     let mut pump = Pump {
         handle,
+        answer_to,
         mode,
         limits,
     };
@@ -268,6 +271,8 @@ impl LineLimits {
 /// What the pump carries from one line to the next.
 struct Pump<'h> {
     handle: &'h Handle,
+    /// Where the loop's answers to presence questions go.
+    answer_to: &'h AnswerTo,
     mode: InputMode,
     limits: LineLimits,
 }
@@ -287,7 +292,7 @@ impl Pump<'_> {
             }
             Numbered::Control(control) => {
                 let carried = match control {
-                    Some(control) => carry_out_control(handle, control),
+                    Some(control) => carry_out_control(handle, self.answer_to, control),
                     None => {
                         handle.count_rejected_input();
                         log::warn!("a control line skipped: not one this version knows");
@@ -536,8 +541,16 @@ impl Recorder {
 }
 
 /// Carries out what a control line says.
-fn carry_out_control(handle: &Handle, control: Control) -> Result<(), ServerGone> {
+fn carry_out_control(
+    handle: &Handle,
+    answer_to: &AnswerTo,
+    control: Control,
+) -> Result<(), ServerGone> {
     match control {
+        Control::Ask { id, query } => {
+            let answer_to = Arc::clone(answer_to);
+            return handle.ask(query, move |answer| answer_to(id, answer));
+        }
         Control::FeedLost => handle.feed_lost(),
         Control::FeedRestored(outage) => handle.feed_restored(outage),
         // Their lines are numbered, and taken as commands, by `InputLines`.

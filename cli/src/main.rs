@@ -26,6 +26,7 @@ use supervisor::{
     LISTEN_FD_ENV, RESTARTS_ENV, STATUS_FD_ENV, TAKE_OVER_FD_ENV,
 };
 
+mod asks;
 mod binary;
 mod board;
 mod chunks;
@@ -36,7 +37,9 @@ mod merge;
 mod reexec;
 mod rlimit;
 mod sources;
+mod status;
 mod supervisor;
+use asks::{AnswerTo, Asks};
 use board::Board;
 use sources::stop::Carried;
 use sources::Source;
@@ -98,25 +101,6 @@ fn init_logging() {
     builder.init();
 }
 
-/// Tells the supervisor on `status` what this instance holds, every
-/// second, for its `GET /stats`; ends with the pipe.
-fn report_stats(mut status: std::fs::File, handle: Handle) -> Result<(), String> {
-    std::thread::Builder::new()
-        .name("stats".into())
-        .spawn(move || loop {
-            std::thread::sleep(Duration::from_secs(1));
-            let m = handle.metrics();
-            if status
-                .write_all(&board::record(m.connections_open, m.channels))
-                .is_err()
-            {
-                return;
-            }
-        })
-        .map(drop)
-        .map_err(|e| format!("cannot start the stats thread: {e}"))
-}
-
 /// Writes the upstream lines to standard output until the server is gone;
 /// after a failed write, lines are counted as dropped.
 fn write_upstream(reader: UpstreamReader) {
@@ -158,7 +142,8 @@ fn serve(cli: Cli) -> Result<(), String> {
         Some(suspended) => Carried::decode(suspended.extra())?,
         None => Carried::default(),
     };
-    let sources = lone_sources(&cli, &config, &counted, &carried)?;
+    let asks = Asks::new();
+    let sources = lone_sources(&cli, &config, &counted, &carried, &asks)?;
     let recorder = lone_history(&cli, &mut config, &carried)?;
     let capacity = open_file_capacity();
     config.max_connections = max_connections(cli.max_connections, capacity);
@@ -177,7 +162,11 @@ fn serve(cli: Cli) -> Result<(), String> {
     let mut status = supervisor_status()?;
     carry_connections(&mut server, status.as_mut())?;
     drop(urgent);
-    report_to_supervisor(&mut server, status)?;
+    // Presence questions come through the input: under a supervisor, the
+    // answers go back on the status pipe; alone, to who asked.
+    let answer_to = status::report(&mut server, status)?.unwrap_or_else(|| {
+        Arc::new(move |id, answer| asks.answer(id, answer)) as AnswerTo
+    });
     log_listening(&server, &config, capacity);
     let handle = server.handle();
     if let Some(earlier) = inherited(RESTARTS_ENV) {
@@ -195,7 +184,7 @@ fn serve(cli: Cli) -> Result<(), String> {
         &config,
         (readers, Arc::clone(&stopping)),
         recorder,
-        handle.clone(),
+        (handle.clone(), answer_to),
     )?;
     let reexec = match stoppers {
         None => Err("only the supervisor (--processes) upgrades its instances"),
@@ -272,6 +261,7 @@ fn lone_sources(
     config: &Config,
     counted: &Arc<OnceLock<Handle>>,
     carried: &Carried,
+    asks: &Arc<Asks>,
 ) -> Result<Option<cli::Sources>, String> {
     if instance_number().is_some() {
         return Ok(None);
@@ -286,7 +276,7 @@ fn lone_sources(
             m.connections_open, m.channels
         )
     });
-    cli::sources_from(cli, config, stats, carried).map(Some)
+    cli::sources_from(cli, config, (stats, Arc::clone(asks)), carried).map(Some)
 }
 
 /// Alone with a stream, the server keeps its history as a supervisor
@@ -396,33 +386,6 @@ fn carry_connections(
     Ok(())
 }
 
-/// Under a supervisor: says on the status pipe that the instance listens,
-/// then what it holds every second, and whether it has room, as that
-/// changes (the supervisor steers new connections away while it is full).
-fn report_to_supervisor(server: &mut Server, status: Option<std::fs::File>) -> Result<(), String> {
-    let Some(mut status) = status else {
-        return Ok(());
-    };
-    status
-        .write_all(&[supervisor::LISTENING])
-        .map_err(|e| format!("cannot tell the supervisor this instance listens: {e}"))?;
-    let reporter = status
-        .try_clone()
-        .map_err(|e| format!("cannot share the status pipe: {e}"))?;
-    report_stats(reporter, server.handle())?;
-    server.watch_room(move |room| {
-        let said = if room {
-            supervisor::ROOM
-        } else {
-            supervisor::FULL
-        };
-        if let Err(e) = status.write_all(&[said]) {
-            log::warn!("cannot tell the supervisor whether this instance has room: {e}");
-        }
-    });
-    Ok(())
-}
-
 /// Logs where the server listens, and its metrics.
 fn log_listening(server: &Server, config: &Config, capacity: u64) {
     log::info!(
@@ -460,7 +423,7 @@ fn spawn_input(
     config: &Config,
     (sources, stopped): (Option<Readers>, Arc<AtomicBool>),
     recorder: Option<input::Recorder>,
-    handle: Handle,
+    (handle, answer_to): (Handle, AnswerTo),
 ) -> Result<JoinHandle<Option<input::Recorder>>, String> {
     let (mode, max_message) = (cli.input, config.max_message_bytes as usize);
     let max_line = input::max_line_bytes(mode, max_message);
@@ -478,12 +441,12 @@ fn spawn_input(
             let (ended, recorder) = match merged {
                 Some(chunks) => {
                     let mut input = sources::Merged::new(chunks, recorder);
-                    let ended = input::pump(&mut input, &handle, mode, max_message, first_line);
+                    let ended = input::pump(&mut input, (&handle, &answer_to), mode, max_message, first_line);
                     (ended, input.into_recorder())
                 }
                 None => {
                     let input = BufReader::new(io::stdin().lock());
-                    let ended = input::pump(input, &handle, mode, max_message, first_line);
+                    let ended = input::pump(input, (&handle, &answer_to), mode, max_message, first_line);
                     (ended, None)
                 }
             };
@@ -609,7 +572,8 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
         .as_ref()
         .map(|i| i.carried.clone())
         .unwrap_or_default();
-    let sources = cli::sources_from(cli, &config, stats, &carried)?;
+    let asks = Asks::new();
+    let sources = cli::sources_from(cli, &config, (stats, Arc::clone(&asks)), &carried)?;
     let max_message = config.max_message_bytes as usize;
     let recorder = match &image {
         Some(image) => input::Recorder::resumed(&image.history, &config, cli.input)?,
@@ -637,6 +601,7 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
     }
     .map_err(|e| e.to_string())?;
     supervisor.reexec_with(sources.stoppers.clone());
+    supervisor.answer_to(asks);
     log::info!(
         "listening on {listen} with {count} instances, up to {per_instance} connections each"
     );

@@ -13,6 +13,7 @@ pub mod jwt;
 pub mod lines;
 pub mod names;
 pub mod position;
+pub mod presence;
 // The binary's publish listener; the library has none.
 #[cfg(feature = "internals")]
 pub mod publish;

@@ -12,6 +12,9 @@
 //!   `Content-Type: application/octet-stream` (any bytes, sent as
 //!   `VERB:b64`).
 //! - `GET /stats` with the key: what the server holds, as its owner says.
+//! - `GET /presence?channel=CH` and `GET /clients?id=ID` with the key:
+//!   who is connected (see [`presence`](crate::protocol::presence); a bad
+//!   query is a 400 saying why).
 //!
 //! A body needs a `Content-Length` (411; chunked bodies are refused, 501)
 //! of at most [`PublishLimits::max_body`] (413, and the connection is closed
@@ -26,6 +29,7 @@ use base64::Engine;
 
 use crate::protocol::auth::Tokens;
 use crate::protocol::commands::Command;
+use crate::protocol::presence::{BadQuery, Query};
 
 /// The longest request head taken (431 past it).
 pub const MAX_HEAD_BYTES: usize = 8 * 1024;
@@ -58,6 +62,8 @@ pub enum Request {
     },
     /// `GET /stats`.
     Stats,
+    /// `GET /presence` or `GET /clients`.
+    Presence(Query),
 }
 
 /// What [`parse`] found at the start of a connection's bytes.
@@ -153,18 +159,32 @@ pub fn parse(buf: &[u8], seen: usize, keys: &Tokens, limits: &PublishLimits) -> 
         };
     let method = request.method.unwrap_or_default();
     match (method, path) {
-        ("POST", "/publish") | ("GET", "/stats") => {}
+        ("POST", "/publish") | ("GET", "/stats" | "/presence" | "/clients") => {}
         (_, "/publish") => return after_body(Refusal::new(405, "POST /publish")),
-        (_, "/stats") => return after_body(Refusal::new(405, "GET /stats")),
-        _ => return after_body(Refusal::new(404, "POST /publish or GET /stats")),
+        (_, "/stats" | "/presence" | "/clients") => {
+            return after_body(Refusal::new(405, format!("GET {path}")))
+        }
+        _ => {
+            return after_body(Refusal::new(
+                404,
+                "POST /publish, GET /stats, GET /presence or GET /clients",
+            ))
+        }
     }
     let key = head.authorization.and_then(bearer);
     if key.and_then(|key| keys.find(key)).is_none() {
         return refused(401, "the publish key is required", None);
     }
     if method == "GET" {
+        let request = match path {
+            "/stats" => Request::Stats,
+            _ => match Query::from_request(path, query) {
+                Ok(query) => Request::Presence(query),
+                Err(BadQuery(why)) => return after_body(Refusal::new(400, why)),
+            },
+        };
         return Parsed::Request {
-            request: Request::Stats,
+            request,
             used: head_len,
             close,
         };
@@ -375,6 +395,7 @@ pub fn respond(out: &mut Vec<u8>, status: u16, body: &str, close: bool) {
         431 => ("Request Header Fields Too Large", "text/plain"),
         501 => ("Not Implemented", "text/plain"),
         503 => ("Service Unavailable", "text/plain"),
+        504 => ("Gateway Timeout", "text/plain"),
         _ => ("Error", "text/plain"),
     };
     let extra = match status {
@@ -547,6 +568,37 @@ mod tests {
                 close: true
             }
         );
+        let get = |target: &str| {
+            parsed(&format!(
+                "GET {target} HTTP/1.1\r\nAuthorization: Bearer pub-key\r\n\r\n"
+            ))
+        };
+        assert!(matches!(
+            get("/presence?channel=news"),
+            Parsed::Request {
+                request: Request::Presence(Query::Channel { .. }),
+                ..
+            }
+        ));
+        assert!(matches!(
+            get("/clients?id=bob"),
+            Parsed::Request {
+                request: Request::Presence(Query::Client { .. }),
+                ..
+            }
+        ));
+        match get("/presence?channel=a%20b") {
+            Parsed::Refused { refusal, used } => {
+                assert_eq!(refusal.status, 400);
+                assert!(refusal.why.contains("a%20b"), "{}", refusal.why);
+                assert!(used.is_some());
+            }
+            other => panic!("{other:?}"),
+        }
+        let unkeyed = "GET /presence?channel=news HTTP/1.1\r\n\r\n";
+        assert_eq!(refusal(unkeyed).0, 401);
+        let posted = post("/clients", "", "x");
+        assert_eq!(refusal(&posted).0, 405);
     }
 
     #[test]

@@ -60,6 +60,7 @@ mod key;
 mod lifecycle;
 mod net;
 mod owed;
+mod presence;
 mod records;
 mod reexec;
 mod report;
@@ -513,6 +514,9 @@ impl Server {
                         history.advance(through);
                         dir.release_framed_through(history.current().seq);
                         dir.stream.push(history.gap_frames(from, through));
+                    }
+                    Action::Ask { query, reply } => {
+                        (reply.0)(presence::answer(&query, dir.routes, dir.conns, dir.instance))
                     }
                     Action::Send { .. } => unreachable!("sends come framed"),
                 },

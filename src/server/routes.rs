@@ -185,6 +185,13 @@ impl Routes {
             .map_or(&[], |i| &self.channels[i as usize].subscribers)
     }
 
+    /// Every channel with its subscribers.
+    pub fn channels(&self) -> impl Iterator<Item = (&str, &[Slot])> {
+        self.channels
+            .iter()
+            .map(|(_, c)| (&*c.name, c.subscribers.as_slice()))
+    }
+
     /// Enters a connection that just upgraded with client id `id` (if
     /// any) among the id's holders; it has no channel yet. Filed at once
     /// while the table has room, else when the loop next makes room.

@@ -26,10 +26,12 @@ use std::sync::Arc;
 use mio::Waker;
 
 use crate::input::{Recorder, EVICT_EVERY};
+pub use questions::ANSWER_TIMEOUT;
 pub use source::{Outlet, Source};
 
 pub mod publish;
 pub mod pubsub;
+mod questions;
 pub mod reconnect;
 mod source;
 pub mod stdin;

@@ -21,17 +21,21 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
+use wspush::protocol::presence::{Answer, Query};
 use wspush::protocol::publish::{self, Parsed, PublishLimits, Request};
 use wspush::Tokens;
 
+use super::questions::{Asking, Questions, ANSWER_TIMEOUT};
 use super::source::{Outlet, Source};
+use crate::asks::Asks;
 use super::stop::{Carried, Halt, Stopper};
 use crate::chunks::Control;
 
 /// The listener's token; connections' tokens are their slots.
 const LISTENER: Token = Token(usize::MAX);
-/// The token of the waker a stop rings.
-const STOP: Token = Token(usize::MAX - 1);
+/// The token of the waker a stop, or an answer to a presence question,
+/// rings.
+const WAKE: Token = Token(usize::MAX - 1);
 /// Publish connections held at once; more are closed as they come.
 const MAX_PUBLISHERS: usize = 1024;
 /// A connection that sends nothing this long is closed.
@@ -59,6 +63,7 @@ pub struct Listener {
     limits: PublishLimits,
     max_pending: usize,
     stats: Stats,
+    questions: Questions,
     stop: Arc<PublishStop>,
 }
 
@@ -68,7 +73,7 @@ pub struct Listener {
 /// leaves its listening socket to the next image.
 #[derive(Debug)]
 pub struct PublishStop {
-    waker: Waker,
+    waker: Arc<Waker>,
     halt: Arc<Halt<OwnedFd>>,
 }
 
@@ -92,16 +97,17 @@ impl Stopper for PublishStop {
 }
 
 impl Listener {
-    /// Binds `addr`.
+    /// Binds `addr`; `GET /stats` says `stats`, and presence questions
+    /// are opened in `asks`.
     pub fn bind(
         addr: SocketAddr,
         keys: Tokens,
         limits: PublishLimits,
         max_pending: usize,
-        stats: Stats,
+        (stats, asks): (Stats, Arc<Asks>),
     ) -> io::Result<Listener> {
         let socket = std::net::TcpListener::bind(addr)?;
-        Listener::on(socket, keys, limits, max_pending, stats)
+        Listener::on(socket, keys, limits, max_pending, (stats, asks))
     }
 
     /// Listens on `socket`, the listening socket an earlier image of this
@@ -111,9 +117,9 @@ impl Listener {
         keys: Tokens,
         limits: PublishLimits,
         max_pending: usize,
-        stats: Stats,
+        answers: (Stats, Arc<Asks>),
     ) -> io::Result<Listener> {
-        Listener::on(socket.into(), keys, limits, max_pending, stats)
+        Listener::on(socket.into(), keys, limits, max_pending, answers)
     }
 
     fn on(
@@ -121,15 +127,16 @@ impl Listener {
         keys: Tokens,
         limits: PublishLimits,
         max_pending: usize,
-        stats: Stats,
+        (stats, asks): (Stats, Arc<Asks>),
     ) -> io::Result<Listener> {
         socket.set_nonblocking(true)?;
         let mut socket = TcpListener::from_std(socket);
         let poll = Poll::new()?;
         poll.registry()
             .register(&mut socket, LISTENER, Interest::READABLE)?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
         let stop = Arc::new(PublishStop {
-            waker: Waker::new(poll.registry(), STOP)?,
+            waker: Arc::clone(&waker),
             halt: Halt::shared(),
         });
         Ok(Listener {
@@ -139,6 +146,7 @@ impl Listener {
             limits,
             max_pending,
             stats,
+            questions: Questions::new(asks, waker),
             stop,
         })
     }
@@ -162,6 +170,8 @@ struct Conn {
     writable_interest: bool,
     /// Close once the answers are sent.
     closing: bool,
+    /// A presence question waiting for its answer.
+    asking: Option<Asking>,
     /// Since when its answers are sent and its sending side shut: what it
     /// still sends is read and dropped until it closes (or [`LINGER`]
     /// passed), so that it reads the last answer rather than a reset.
@@ -214,6 +224,7 @@ struct Publisher {
     limits: PublishLimits,
     max_pending: usize,
     stats: Stats,
+    questions: Questions,
     poll: Poll,
     conns: Slab<Conn>,
     /// Lines taken, not yet handed over.
@@ -239,6 +250,7 @@ impl Source for Listener {
             limits,
             max_pending,
             stats,
+            questions,
             stop,
         } = *self;
         if let Ok(addr) = socket.local_addr() {
@@ -250,6 +262,7 @@ impl Source for Listener {
             limits,
             max_pending,
             stats,
+            questions,
             poll,
             conns: Slab::new(),
             pending: Vec::new(),
@@ -266,7 +279,7 @@ impl Publisher {
         let mut events = Events::with_capacity(256);
         let mut swept = Instant::now();
         loop {
-            let timeout = match self.pending.is_empty() {
+            let timeout = match self.pending.is_empty() && !self.questions.waiting() {
                 true => LINGER,
                 false => RETRY_HAND_OVER,
             };
@@ -279,14 +292,14 @@ impl Publisher {
             for event in &events {
                 match event.token() {
                     LISTENER => self.accept(),
-                    STOP => {}
+                    WAKE => self.deliver_answers(),
                     Token(key) => self.serve(key),
                 }
             }
             if self.halt.asked() {
                 return self.leave();
             }
-            if !self.pending.is_empty() && !self.hand_over() {
+            if (!self.pending.is_empty() || self.questions.waiting()) && !self.hand_over() {
                 return;
             }
             if swept.elapsed() >= LINGER {
@@ -326,6 +339,7 @@ impl Publisher {
                     output: Vec::new(),
                     writable_interest: false,
                     closing: false,
+                    asking: None,
                     lingering: None,
                     last_heard: Instant::now(),
                 });
@@ -393,6 +407,7 @@ impl Publisher {
             limits,
             max_pending,
             stats,
+            questions,
             conns,
             pending,
             tally,
@@ -401,7 +416,7 @@ impl Publisher {
         let Some(conn) = conns.get_mut(key) else {
             return;
         };
-        while !conn.closing && conn.output.len() < MAX_UNSENT {
+        while !conn.closing && conn.asking.is_none() && conn.output.len() < MAX_UNSENT {
             let parsed = publish::parse(&conn.input, conn.seen, keys, limits);
             let (status, body, used, close) = match parsed {
                 Parsed::Partial { seen } => {
@@ -419,6 +434,14 @@ impl Publisher {
                         }
                         Request::Publish { text, lines } => {
                             take(pending, *max_pending, tally, text, lines)
+                        }
+                        Request::Presence(query) => {
+                            // Answered when the answer comes.
+                            tally.requests += 1;
+                            conn.asking = Some(questions.ask(query, close));
+                            conn.seen = 0;
+                            conn.input.drain(..used);
+                            continue;
                         }
                     };
                     (status, body, Some(used), close)
@@ -446,22 +469,81 @@ impl Publisher {
         }
     }
 
-    /// Offers the lines taken to the reader (they stay if it has no
-    /// room); false once it is gone.
+    /// Offers the lines taken to the reader, then the questions asked,
+    /// each on its own (they stay if it has no room); false once it is
+    /// gone.
     fn hand_over(&mut self) -> bool {
-        match self.out.offer(std::mem::take(&mut self.pending)) {
-            Ok(()) => true,
-            Err(Some(back)) => {
-                self.pending = back;
-                true
+        if !self.pending.is_empty() {
+            match self.out.offer(std::mem::take(&mut self.pending)) {
+                Ok(()) => {}
+                Err(Some(back)) => {
+                    self.pending = back;
+                    return true;
+                }
+                Err(None) => return false,
             }
-            Err(None) => false,
+        }
+        while let Some(line) = self.questions.next_line() {
+            match self.out.offer(line) {
+                Ok(()) => {}
+                Err(Some(back)) => {
+                    self.questions.put_back(back);
+                    return true;
+                }
+                Err(None) => return false,
+            }
+        }
+        true
+    }
+
+    /// Answers the questions whose answers came, and goes on with their
+    /// connections' next requests.
+    fn deliver_answers(&mut self) {
+        let answers: Vec<(u64, Answer)> = self.questions.answered().collect();
+        for (id, answer) in answers {
+            let found = self
+                .conns
+                .iter()
+                .find(|(_, c)| c.asking.as_ref().is_some_and(|a| a.id == id));
+            if let Some((key, _)) = found {
+                self.reply(key, |query| (200, query.json(&answer)));
+            }
         }
     }
 
+    /// Answers connection `key`'s question with what `answer` makes of
+    /// it, and goes on with its next requests.
+    fn reply(&mut self, key: usize, answer: impl FnOnce(&Query) -> (u16, String)) {
+        let Some(asking) = self.conns.get_mut(key).and_then(|c| c.asking.take()) else {
+            return;
+        };
+        let (status, body) = answer(&asking.query);
+        let conn = &mut self.conns[key];
+        publish::respond(&mut conn.output, status, &body, asking.close);
+        conn.closing = asking.close;
+        self.serve(key);
+    }
+
     /// Closes connections silent for the idle timeout, and those read past
-    /// for [`LINGER`] after their last answer.
+    /// for [`LINGER`] after their last answer; answers 504 to questions
+    /// not answered in time.
     fn sweep(&mut self) {
+        let late: Vec<(usize, u64)> = self
+            .conns
+            .iter()
+            .filter_map(|(key, c)| Some((key, c.asking.as_ref()?)))
+            .filter(|(_, a)| a.since.elapsed() >= ANSWER_TIMEOUT)
+            .map(|(key, a)| (key, a.id))
+            .collect();
+        for (key, id) in late {
+            self.questions.forget(id);
+            self.tally.refused(504);
+            log::warn!("a presence question had no answer in {ANSWER_TIMEOUT:?}: answered 504");
+            self.reply(key, |_| {
+                let why = format!("no answer within {} s", ANSWER_TIMEOUT.as_secs());
+                (504, why)
+            });
+        }
         let idle: Vec<usize> = self
             .conns
             .iter()

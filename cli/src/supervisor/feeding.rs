@@ -16,6 +16,12 @@ impl Supervisor {
     /// notes what a control line says of the feed.
     pub(super) fn deliver(&mut self, chunk: Vec<u8>, now: Instant) {
         let chunk: Rc<[u8]> = chunk.into();
+        let keys: Vec<usize> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.input.is_some())
+            .map(|(key, _)| key)
+            .collect();
         if chunk.first() == Some(&CONTROL) {
             let line = chunk.strip_suffix(b"\n").unwrap_or(&chunk);
             match Control::parse(line) {
@@ -23,16 +29,11 @@ impl Supervisor {
                 Some(Control::FeedRestored(_)) => {
                     self.feeds_lost = self.feeds_lost.saturating_sub(1)
                 }
+                Some(Control::Ask { id, query }) => self.asked(id, query, &keys),
                 _ => {}
             }
         }
         self.recorder.record(&chunk);
-        let keys: Vec<usize> = self
-            .procs
-            .iter()
-            .filter(|(_, p)| p.input.is_some())
-            .map(|(key, _)| key)
-            .collect();
         for key in keys {
             self.procs[key].backlog.push(Rc::clone(&chunk));
             self.flush(key, now);
@@ -65,6 +66,7 @@ impl Supervisor {
                     proc.child.id()
                 );
                 proc.input = None;
+                self.no_answer_from(key);
             }
         }
     }

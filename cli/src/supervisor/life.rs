@@ -66,6 +66,7 @@ impl Supervisor {
                 urgent.forget();
             }
             self.board.remove(key);
+            self.no_answer_from(key);
             if let Some(merge) = &mut self.merge {
                 merge.detach(key + 1, self.poll.registry());
             }

@@ -55,6 +55,7 @@
 //! first. No connection is held here, and nothing polls: the supervisor's
 //! CPU and memory stay negligible.
 
+mod asking;
 mod feeding;
 pub mod image;
 mod life;
@@ -462,6 +463,8 @@ pub struct Supervisor {
     stoppers: Vec<Arc<dyn crate::sources::stop::Stopper>>,
     /// A re-exec under way: the input stops, then the supervisor execs.
     pending_reexec: Option<image::Pending>,
+    /// Presence questions the processes answer.
+    asking: asking::Asking,
 }
 
 impl Supervisor {
@@ -558,6 +561,7 @@ impl Supervisor {
             metrics,
             stoppers: Vec::new(),
             pending_reexec: None,
+            asking: asking::Asking::default(),
         };
         if supervisor.policy.merge_output {
             supervisor.merge = Some(Merge::new(Arc::clone(&supervisor.waker))?);

@@ -151,6 +151,7 @@ impl Supervisor {
         let mut said = [0u8; 64];
         // Whether it became full or has room, last.
         let mut full = None;
+        let mut answers = Vec::new();
         while let Some(pipe) = &mut proc.status {
             match pipe.read(&mut said) {
                 Ok(0) => {
@@ -166,6 +167,7 @@ impl Supervisor {
                         Word::Counts(connections, channels) => {
                             self.board.set(key, proc.number, (connections, channels))
                         }
+                        Word::Answer(id, text) => answers.push((id, text)),
                         Word::Nothing => {}
                     }),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -173,7 +175,14 @@ impl Supervisor {
             }
         }
         let number = proc.number;
-        if proc.listening && matches!(proc.role, Role::Starting { .. }) {
+        let listening = proc.listening;
+        for (id, text) in answers {
+            self.heard_answer(key, id, &text);
+        }
+        let Some(proc) = self.procs.get_mut(key) else {
+            return;
+        };
+        if listening && matches!(proc.role, Role::Starting { .. }) {
             self.promote(key);
         }
         self.steer();

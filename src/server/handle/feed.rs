@@ -12,11 +12,12 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::protocol::commands::{self, Recipients};
 use crate::protocol::names::{ChannelName, ClientId};
+use crate::protocol::presence::{Answer, Query};
 use crate::protocol::ws::{CloseCode, MessageKind};
 use crate::server::frames::{encoded_len, SharedFrames, ToFrame};
 use crate::server::history::History;
@@ -78,7 +79,35 @@ pub enum Action {
         /// The last.
         through: u64,
     },
+    /// Answer a presence query, from what the loop holds once it takes
+    /// it (after every command queued before).
+    Ask {
+        /// What is asked.
+        query: Query,
+        /// Where the answer goes.
+        reply: Reply,
+    },
 }
+
+/// Where the loop gives a presence answer: called once, on the loop's
+/// thread, so it must not wait (it hands the answer on).
+#[derive(Clone)]
+pub struct Reply(pub Arc<dyn Fn(Answer) + Send + Sync>);
+
+impl std::fmt::Debug for Reply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reply")
+    }
+}
+
+/// Two replies are the same when they are the same function.
+impl PartialEq for Reply {
+    fn eq(&self, other: &Reply) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Reply {}
 
 impl Action {
     /// What it is charged against the byte bound.
@@ -96,6 +125,7 @@ impl Action {
                 }
                 Action::Close { whom, reason, .. } => whom.names_len() + reason.len(),
                 Action::Advance { .. } | Action::Lost { .. } => 0,
+                Action::Ask { query, .. } => query.line().len(),
             }
     }
 }

@@ -17,8 +17,9 @@ use crate::ops::board::CountersHome;
 use crate::ops::metrics::{Metrics, MetricsSnapshot};
 use crate::protocol::commands::{self, Recipients, MAX_CHANNEL_LIST_LEN, MAX_REASON_LEN};
 use crate::protocol::names::{ChannelName, ClientId};
+use crate::protocol::presence::{Answer, Query};
 use crate::protocol::ws::{compress, CloseCode, MessageKind};
-use crate::server::handle::feed::{Action, Gate, Queued};
+use crate::server::handle::feed::{Action, Gate, Queued, Reply};
 use crate::server::handle::upstream::Shelf;
 
 /// [`Shared::drain_asked`]: a drain, announced, after the grace.
@@ -471,6 +472,18 @@ impl Handle {
         channels: impl Into<Box<[ChannelName]>>,
     ) -> Result<(), ServerGone> {
         self.change_subscription(false, id, channels.into())
+    }
+
+    /// Asks the loop who is connected: `reply` gets its answer once the
+    /// loop takes the query (after every command queued before it), on
+    /// the loop's thread, so it must hand the answer on without waiting.
+    pub fn ask(
+        &self,
+        query: Query,
+        reply: impl Fn(Answer) + Send + Sync + 'static,
+    ) -> Result<(), ServerGone> {
+        let reply = Reply(Arc::new(reply));
+        self.queue(Action::Ask { query, reply }, None)
     }
 
     fn change_subscription(
