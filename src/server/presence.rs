@@ -4,7 +4,7 @@
 use slab::Slab;
 
 use crate::protocol::names::ChannelName;
-use crate::protocol::presence::{Answer, ClientConn, Query, Transport};
+use crate::protocol::presence::{Answer, ClientConn, Query};
 use crate::server::conn::Conn;
 use crate::server::key::ConnKey;
 use crate::server::routes::{Routes, Slot};
@@ -31,10 +31,7 @@ pub(crate) fn answer(query: &Query, routes: &Routes, conns: &Slab<Conn>, instanc
                 channels.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
                 Some(ClientConn {
                     conn: conn.conn_ref(ConnKey(slot as usize), instance),
-                    transport: match conn.is_websocket() {
-                        true => Transport::WebSocket,
-                        false => Transport::EventStream,
-                    },
+                    transport: conn.transport(),
                     channels,
                 })
             }))

@@ -344,6 +344,15 @@ impl Conn {
         )
     }
 
+    /// How it reads its messages.
+    pub fn transport(&self) -> crate::protocol::presence::Transport {
+        use crate::protocol::presence::Transport;
+        match self.wire {
+            Wire::WebSocket(_) => Transport::WebSocket,
+            Wire::EventStream => Transport::EventStream,
+        }
+    }
+
     /// Whether it is closing: its close was sent, or it lingers until its
     /// client goes (its deadline ends it either way).
     pub fn is_closing(&self) -> bool {
