@@ -12,6 +12,7 @@ use util::{
     channel, channels, client_id, connect, poll_until, raw, read_response, texts, upgrade_request,
     Client, TestServer,
 };
+use wspush::protocol::presence::{Answer, Query, Transport};
 use wspush::{CloseCode, Config, MessageKind, Pattern, Recipients, Server, Tokens};
 
 fn id(name: &str) -> Recipients {
@@ -343,4 +344,78 @@ fn a_message_for_a_channel_list_over_64_kib_is_refused() {
         .collect();
     let to = Recipients::Channels(names.into());
     server.handle.send(to, MessageKind::Text, "x").unwrap();
+}
+
+/// The loop's answer to `query`, through the library's handle.
+fn ask(server: &TestServer, query: Query) -> Answer {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    server
+        .handle
+        .ask(query, move |answer| {
+            tx.lock().unwrap().send(answer).unwrap()
+        })
+        .unwrap();
+    rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap()
+}
+
+#[test]
+fn presence_answers_after_the_commands_queued_before_it() {
+    let server = TestServer::start(Config::default());
+    let _alice = connect(server.addr, "/?id=alice&channel=a");
+    let _bob = connect(server.addr, "/?id=bob");
+    let _anonymous = connect(server.addr, "/?channel=a");
+    let in_a = || Query::Channel {
+        channel: channel("a"),
+        after: None,
+        limit: 10,
+    };
+    let ids = |answer: Answer| match answer {
+        Answer::Channel {
+            connections, ids, ..
+        } => (connections, ids),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(ids(ask(&server, in_a())), (2, vec![client_id("alice")]));
+    // Queued before the question: answered in it, no waiting.
+    server
+        .handle
+        .subscribe(client_id("bob"), vec![channel("a")])
+        .unwrap();
+    assert_eq!(
+        ids(ask(&server, in_a())),
+        (3, vec![client_id("alice"), client_id("bob")])
+    );
+    server
+        .handle
+        .unsubscribe(client_id("alice"), vec![channel("a")])
+        .unwrap();
+    match ask(
+        &server,
+        Query::Client {
+            id: client_id("alice"),
+            after: None,
+            limit: 10,
+        },
+    ) {
+        Answer::Client { conns, more: false } => {
+            assert_eq!(conns.len(), 1);
+            assert_eq!(conns[0].transport, Transport::WebSocket);
+            assert!(conns[0].channels.is_empty());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        ask(
+            &server,
+            Query::Channels {
+                after: None,
+                limit: 10
+            }
+        ),
+        Answer::Channels {
+            channels: vec![(channel("a"), 2)],
+            more: false
+        }
+    );
 }

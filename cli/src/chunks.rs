@@ -330,8 +330,15 @@ mod tests {
             after: Some(wspush::ClientId::new(&longest).unwrap()),
             limit: wspush::protocol::presence::MAX_LIMIT,
         };
-        round_trips(Control::Ask { id: u64::MAX, query });
-        not_controls(&[b"\xFFask 1", b"\xFFask x presence a - 1", b"\xFFask 1 presence a -"]);
+        round_trips(Control::Ask {
+            id: u64::MAX,
+            query,
+        });
+        not_controls(&[
+            b"\xFFask 1",
+            b"\xFFask x presence a - 1",
+            b"\xFFask 1 presence a -",
+        ]);
     }
 
     /// `control`'s line is whole, within [`CONTROL_MAX_LEN`], and parses

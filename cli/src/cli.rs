@@ -17,6 +17,7 @@ use wspush::{
 
 use crate::asks::Asks;
 use crate::input::{self, InputMode};
+use crate::sources::presence_writer::PresenceWriter;
 use crate::sources::stop::{Carried, Stopper};
 use crate::sources::{publish, pubsub, stdin, stream, Source};
 use crate::supervisor::{OnExit, EPOCH_ENV, FIRST_LINE_ENV, INSTANCE_ENV};
@@ -26,7 +27,7 @@ use std::sync::Arc;
 /// A WebSocket push server: every line on standard input is broadcast as
 /// one text message to every connected client.
 #[derive(Debug, Parser)]
-#[command(group(clap::ArgGroup::new("redis_input").args(["redis_channel", "redis_stream"]).multiple(true)))]
+#[command(group(clap::ArgGroup::new("redis_input").args(["redis_channel", "redis_stream", "presence_ttl"]).multiple(true)))]
 #[command(
     name = "wspush",
     version = crate::binary::VERSION,
@@ -197,6 +198,17 @@ pub(crate) struct Cli {
     /// where it was. One stream: positions are one sequence.
     #[arg(long, value_name = "KEY", requires = "redis", help_heading = REDIS_HEADING)]
     pub(crate) redis_stream: Option<String>,
+    /// Keep this host's channel counts in Redis, in the hash
+    /// wspush:presence:HOST (channel → open connections), replaced every
+    /// third of DURATION and expiring after it (at least 3s); the sorted
+    /// set wspush:presence:hosts scores each host by when its hash
+    /// expires (Unix ms), so a fleet's presence is the hosts scored after
+    /// now and their hashes.
+    #[arg(long, value_name = "DURATION", value_parser = duration, requires = "redis", help_heading = REDIS_HEADING)]
+    pub(crate) presence_ttl: Option<Duration>,
+    /// This host's name in Redis (default: the system's host name).
+    #[arg(long, value_name = "NAME", help_heading = REDIS_HEADING)]
+    pub(crate) host_name: Option<String>,
     /// What GET /healthz answers while the Redis feed is lost: 200 or 503,
     /// with the body `degraded`.
     #[arg(long, value_name = "STATUS", value_enum, default_value_t = library().degraded)]
@@ -626,6 +638,12 @@ pub fn sources_from(
             sources.stoppers.push(feed.stopper());
             sources.readers.push(Box::new(feed));
         }
+        if let Some(ttl) = cli.presence_ttl {
+            let asks = Arc::clone(&answers.1);
+            let writer = PresenceWriter::new(url, host_name(cli), ttl, asks)?;
+            sources.stoppers.push(writer.stopper());
+            sources.readers.push(Box::new(writer));
+        }
     }
     if let (Some(addr), Some(path)) = (cli.publish_listen, &cli.publish_key_file) {
         let keys = read_tokens(path, "publish key")?;
@@ -646,6 +664,16 @@ pub fn sources_from(
         sources.readers.push(Box::new(listener));
     }
     Ok(sources)
+}
+
+/// This host's name: `--host-name`, or the system's.
+pub(crate) fn host_name(cli: &Cli) -> String {
+    cli.host_name.clone().unwrap_or_else(|| {
+        rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned()
+    })
 }
 
 /// The sources, and how each stops for a re-exec.

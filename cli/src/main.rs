@@ -164,9 +164,8 @@ fn serve(cli: Cli) -> Result<(), String> {
     drop(urgent);
     // Presence questions come through the input: under a supervisor, the
     // answers go back on the status pipe; alone, to who asked.
-    let answer_to = status::report(&mut server, status)?.unwrap_or_else(|| {
-        Arc::new(move |id, answer| asks.answer(id, answer)) as AnswerTo
-    });
+    let answer_to = status::report(&mut server, status)?
+        .unwrap_or_else(|| Arc::new(move |id, answer| asks.answer(id, answer)) as AnswerTo);
     log_listening(&server, &config, capacity);
     let handle = server.handle();
     if let Some(earlier) = inherited(RESTARTS_ENV) {
@@ -441,12 +440,19 @@ fn spawn_input(
             let (ended, recorder) = match merged {
                 Some(chunks) => {
                     let mut input = sources::Merged::new(chunks, recorder);
-                    let ended = input::pump(&mut input, (&handle, &answer_to), mode, max_message, first_line);
+                    let ended = input::pump(
+                        &mut input,
+                        (&handle, &answer_to),
+                        mode,
+                        max_message,
+                        first_line,
+                    );
                     (ended, input.into_recorder())
                 }
                 None => {
                     let input = BufReader::new(io::stdin().lock());
-                    let ended = input::pump(input, (&handle, &answer_to), mode, max_message, first_line);
+                    let ended =
+                        input::pump(input, (&handle, &answer_to), mode, max_message, first_line);
                     (ended, None)
                 }
             };

@@ -695,3 +695,110 @@ fn an_outage_loses_nothing_the_stream_holds_and_what_it_trimmed_is_told_as_a_gap
     assert_eq!(texts(&mut plain, 5), lines(16, 20));
     assert_eq!(sample(&host.metrics(), "wspush_feed_outages_total"), 2);
 }
+
+impl Publisher {
+    /// Sends one command whose reply is a list of bulk strings (or nil
+    /// ones), and reads it.
+    fn call_list(&mut self, args: &[&str]) -> Vec<String> {
+        let mut out = format!("*{}\r\n", args.len());
+        for arg in args {
+            out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
+        self.0.get_mut().write_all(out.as_bytes()).unwrap();
+        let mut line = String::new();
+        self.0.read_line(&mut line).unwrap();
+        let count: usize = match line.trim_end().strip_prefix('*') {
+            Some(n) => n.parse().unwrap(),
+            None => panic!("{args:?}: {line}"),
+        };
+        (0..count)
+            .map(|_| {
+                let mut head = String::new();
+                self.0.read_line(&mut head).unwrap();
+                let mut bulk = String::new();
+                self.0.read_line(&mut bulk).unwrap();
+                bulk.trim_end().to_string()
+            })
+            .collect()
+    }
+}
+
+/// A fleet's presence as a reader finds it in Redis: the hosts whose
+/// hash has not expired, and each one's counts by channel.
+fn fleet_presence(redis: &mut Publisher) -> Vec<(String, Vec<(String, String)>)> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        .to_string();
+    let hosts = redis.call_list(&["ZRANGEBYSCORE", "wspush:presence:hosts", &now, "+inf"]);
+    hosts
+        .into_iter()
+        .map(|host| {
+            let fields = redis.call_list(&["HGETALL", &format!("wspush:presence:{host}")]);
+            let mut counts: Vec<(String, String)> = fields
+                .chunks(2)
+                .map(|pair| (pair[0].clone(), pair[1].clone()))
+                .collect();
+            counts.sort();
+            (host, counts)
+        })
+        .collect()
+}
+
+/// Waits until the fleet's presence in Redis is `expected`.
+fn wait_fleet(redis: &mut Publisher, expected: &[(&str, &[(&str, &str)])]) {
+    let expected: Vec<(String, Vec<(String, String)>)> = expected
+        .iter()
+        .map(|(host, counts)| {
+            let counts = counts
+                .iter()
+                .map(|(c, n)| (c.to_string(), n.to_string()))
+                .collect();
+            (host.to_string(), counts)
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let found = fleet_presence(redis);
+        if found == expected {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{found:?}, not {expected:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn a_fleets_channel_counts_are_read_from_redis_and_a_gone_host_expires() {
+    let _redis = start_redis();
+    let presence = |name: &'static str| ["--presence-ttl", "3s", "--host-name", name];
+    let lone = Host::reading(0, &presence("h1"), &[], "listening on");
+    let supervised = Host::reading(1, &presence("h2"), &["--processes", "2"], "listening on");
+    let mut clients: Vec<Client> = (0..3)
+        .map(|_| connect(&lone, "/?channel=room"))
+        .chain([connect(&lone, "/?id=a&channel=other&channel=room")])
+        .collect();
+    let mut theirs: Vec<Client> = (0..5)
+        .map(|_| connect(&supervised, "/?channel=room"))
+        .collect();
+    let mut redis = Publisher::connect();
+    wait_fleet(
+        &mut redis,
+        &[
+            ("h1", &[("other", "1"), ("room", "4")]),
+            ("h2", &[("room", "5")]),
+        ],
+    );
+    // Closes are counted at the next write; a host with no channel has
+    // no hash, and is still a host.
+    theirs.clear();
+    clients.pop();
+    wait_fleet(&mut redis, &[("h1", &[("room", "3")]), ("h2", &[])]);
+    // A host that stops writing expires after its TTL.
+    drop(supervised);
+    wait_fleet(&mut redis, &[("h1", &[("room", "3")])]);
+    assert_eq!(redis.call(&["EXISTS", "wspush:presence:h2"]), "0");
+    drop(clients);
+}

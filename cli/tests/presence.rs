@@ -30,7 +30,8 @@ fn start(key: &KeyFile, args: &[&str]) -> (util::Logged, SocketAddr, SocketAddr)
         let line = process.next_line();
         if line.contains("publish on http://") {
             publish = Some(publish_addr(&line));
-        } else if line.contains(" instances, up to") || !supervised && line.contains("listening on ")
+        } else if line.contains(" instances, up to")
+            || !supervised && line.contains("listening on ")
         {
             addr = Some(util::listening_addr(&line));
         }
@@ -174,7 +175,10 @@ fn follows_commands_and_closes(args: &[&str]) {
         .map(|_| util::connect(addr, "/?id=alice&channel=room"))
         .collect();
     let bob = util::connect(addr, "/?id=bob&channel=room");
-    assert_eq!(presence(publish, "room"), (3, vec!["alice".into(), "bob".into()]));
+    assert_eq!(
+        presence(publish, "room"),
+        (3, vec!["alice".into(), "bob".into()])
+    );
     assert_eq!(presence(publish, "extra"), (0, vec![]));
 
     // Taken before the question, so answered in it.
@@ -206,7 +210,10 @@ fn follows_commands_and_closes(args: &[&str]) {
     let gone = |body: &Value| body["connections"].as_array().unwrap().len();
     let deadline = Instant::now() + Duration::from_secs(10);
     while gone(&ok(publish, "/clients?id=alice")) != 1 {
-        assert!(Instant::now() < deadline, "a closed connection still listed");
+        assert!(
+            Instant::now() < deadline,
+            "a closed connection still listed"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     drop(alices);

@@ -357,7 +357,13 @@ impl Query {
                     conns.extend(c);
                     *more |= m;
                 }
-                (Answer::Channels { channels, more }, Answer::Channels { channels: c, more: m }) => {
+                (
+                    Answer::Channels { channels, more },
+                    Answer::Channels {
+                        channels: c,
+                        more: m,
+                    },
+                ) => {
                     channels.extend(c);
                     *more |= m;
                 }
@@ -421,7 +427,10 @@ impl Query {
                     more,
                 },
             ) => {
-                let _ = write!(out, "{{\"channel\":\"{channel}\",\"connections\":{connections},\"ids\":");
+                let _ = write!(
+                    out,
+                    "{{\"channel\":\"{channel}\",\"connections\":{connections},\"ids\":"
+                );
                 list(&mut out, &mut ids.iter().map(|id| quoted(id)));
                 let last = ids.last().map(ToString::to_string);
                 let _ = write!(out, ",\"next\":{}}}", next(*more, last));
@@ -711,9 +720,9 @@ mod tests {
             let merged = query.merge(parts);
             seen.extend(ids(&merged).iter().map(|s| s.to_string()));
             match merged {
-                Answer::Channel { more: true, ids, .. } => {
-                    after = Some(ids.last().unwrap().to_string())
-                }
+                Answer::Channel {
+                    more: true, ids, ..
+                } => after = Some(ids.last().unwrap().to_string()),
                 _ => break,
             }
         }

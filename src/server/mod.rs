@@ -515,9 +515,12 @@ impl Server {
                         dir.release_framed_through(history.current().seq);
                         dir.stream.push(history.gap_frames(from, through));
                     }
-                    Action::Ask { query, reply } => {
-                        (reply.0)(presence::answer(&query, dir.routes, dir.conns, dir.instance))
-                    }
+                    Action::Ask { query, reply } => (reply.0)(presence::answer(
+                        &query,
+                        dir.routes,
+                        dir.conns,
+                        dir.instance,
+                    )),
                     Action::Send { .. } => unreachable!("sends come framed"),
                 },
             }

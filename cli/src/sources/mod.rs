@@ -29,6 +29,7 @@ use crate::input::{Recorder, EVICT_EVERY};
 pub use questions::ANSWER_TIMEOUT;
 pub use source::{Outlet, Source};
 
+pub mod presence_writer;
 pub mod publish;
 pub mod pubsub;
 mod questions;

@@ -27,8 +27,8 @@ use wspush::Tokens;
 
 use super::questions::{Asking, Questions, ANSWER_TIMEOUT};
 use super::source::{Outlet, Source};
-use crate::asks::Asks;
 use super::stop::{Carried, Halt, Stopper};
+use crate::asks::Asks;
 use crate::chunks::Control;
 
 /// The listener's token; connections' tokens are their slots.
