@@ -155,3 +155,46 @@ fn the_delivery_latency_counts_each_broadcast_once_whatever_the_connections() {
     assert_eq!(sample(&m, inf), 4);
     assert!(m.contains("# TYPE wspush_delivery_latency_seconds histogram"));
 }
+
+#[test]
+fn the_delivery_latency_counts_a_targeted_batch_once_its_last_recipient_has_it() {
+    let server = TestServer::start(Config::default());
+    let mut subscribers: Vec<_> = (0..3)
+        .map(|_| connect(server.addr, "/?channel=news"))
+        .collect();
+    let mut bob = connect(server.addr, "/?id=bob");
+    let (status, _, events) = util::sse::Stream::open(server.addr, "/?channel=news", "");
+    assert_eq!(status, 200);
+    let mut events = events.unwrap();
+    server
+        .handle
+        .send(
+            util::channels(&["news"]),
+            wspush::MessageKind::Text,
+            "to news",
+        )
+        .unwrap();
+    server
+        .handle
+        .send(
+            wspush::Recipients::Id(util::client_id("bob")),
+            wspush::MessageKind::Text,
+            "to bob",
+        )
+        .unwrap();
+    for client in &mut subscribers {
+        assert_eq!(client.read().unwrap(), Message::text("to news"));
+    }
+    assert_eq!(bob.read().unwrap(), Message::text("to bob"));
+    events.event();
+    let count = |m: &str, transport: &str| {
+        let series = format!("wspush_delivery_latency_seconds_count{{transport=\"{transport}\"}}");
+        sample(m, &series)
+    };
+    // Handed to its last recipient before that one reads it.
+    let m = http_get(server.addr, "/metrics", "").body;
+    // Each batch once, for the transports of its own recipients: the
+    // channel's for both, bob's for WebSocket only.
+    assert_eq!(count(&m, "websocket"), 2, "{m}");
+    assert_eq!(count(&m, "event_stream"), 1, "{m}");
+}

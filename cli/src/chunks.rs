@@ -110,8 +110,8 @@ impl Skip {
 
 impl Control {
     /// The line, with its end.
-    pub fn line(self) -> Vec<u8> {
-        let text = match self {
+    pub fn line(&self) -> Vec<u8> {
+        let text = match *self {
             Control::FeedLost => "feed lost".to_string(),
             Control::FeedRestored(outage) => format!("feed restored {}", outage.as_millis()),
             Control::Entry { seq, lines, keep } => {
@@ -122,7 +122,7 @@ impl Control {
             Control::Lag(lag) => format!("lag {}", lag.as_millis()),
             Control::Commands { lines } => format!("commands {lines}"),
             Control::Skipped { ms, seq, why } => format!("skip {ms}-{seq} {}", why.word()),
-            Control::Ask { id, query } => format!("ask {id} {}", query.line()),
+            Control::Ask { id, ref query } => format!("ask {id} {}", query.line()),
         };
         let mut line = vec![CONTROL];
         line.extend_from_slice(text.as_bytes());

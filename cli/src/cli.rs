@@ -815,9 +815,11 @@ mod tests {
         assert_eq!(
             flags,
             [
+                "--host-name",
                 "--instance-backlog",
                 "--instance-stall-timeout",
                 "--on-instance-exit",
+                "--presence-ttl",
                 "--processes",
                 "--publish-key-file",
                 "--publish-listen",

@@ -19,11 +19,12 @@
 //! message stands on its own (no context takeover), so its blocks refer
 //! to nothing before them, and the stored block only adds to the window.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use crate::protocol::position::{self, Position};
+use crate::protocol::presence::Transport;
 use crate::protocol::sse;
 use crate::protocol::ws::header::{HeaderStatus, MAX_HEADER_LEN, RSV1};
 use crate::protocol::ws::{FrameHeader, OpCode};
@@ -63,6 +64,23 @@ struct Frames {
     /// When the first of its messages was input (queued by a handle), for
     /// the delivery latency; none for frames of the server's own.
     input_at: Option<Instant>,
+    /// Its recipients not handed it yet, when it is addressed to some.
+    awaited: Awaited,
+}
+
+/// The recipients a targeted batch waits to be handed to (written or
+/// queued), and their transports: when the last one has it, its delivery
+/// latency is observed once, for each of those transports.
+#[derive(Debug, Default)]
+struct Awaited {
+    recipients: AtomicU32,
+    /// One bit per [`Transport`], as [`transport_bit`] gives it.
+    transports: AtomicU8,
+}
+
+/// A transport's bit among a batch's recipients' transports.
+pub fn transport_bit(transport: Transport) -> u8 {
+    1 << transport as u8
 }
 
 /// What a message is, whatever the wire.
@@ -264,6 +282,7 @@ impl SharedFrames {
             events: OnceLock::new(),
             messages: messages.into_boxed_slice(),
             input_at: None,
+            awaited: Awaited::default(),
         }))
     }
 
@@ -351,6 +370,7 @@ impl SharedFrames {
                 events: OnceLock::new(),
                 messages: Box::default(),
                 input_at: None,
+                awaited: Awaited::default(),
             }))
         })
     }
@@ -395,6 +415,7 @@ impl SharedFrames {
             events: OnceLock::new(),
             messages: messages.iter().map(|m| m.cut(at as u32)).collect(),
             input_at: None,
+            awaited: Awaited::default(),
         }))
     }
 
@@ -467,6 +488,7 @@ impl SharedFrames {
             events: OnceLock::new(),
             messages: messages.into_boxed_slice(),
             input_at: None,
+            awaited: Awaited::default(),
         }))
     }
 
@@ -480,6 +502,7 @@ impl SharedFrames {
             events: OnceLock::new(),
             messages: Box::default(),
             input_at: None,
+            awaited: Awaited::default(),
         }))
     }
 
@@ -498,6 +521,23 @@ impl SharedFrames {
     /// When the first of its messages was input, if it was.
     pub fn input_time(&self) -> Option<Instant> {
         self.0.input_at
+    }
+
+    /// Addressed to `recipients` more connections, of the transports
+    /// whose bits `transports` holds (see [`transport_bit`]).
+    pub fn await_recipients(&self, recipients: u32, transports: u8) {
+        let awaited = &self.0.awaited;
+        awaited.recipients.fetch_add(recipients, Ordering::Relaxed);
+        awaited.transports.fetch_or(transports, Ordering::Relaxed);
+    }
+
+    /// One recipient has it (or is gone): the transports of its
+    /// recipients once it was the last, to observe its latency for.
+    pub fn handed(&self) -> Option<u8> {
+        let awaited = &self.0.awaited;
+        let left = awaited.recipients.fetch_sub(1, Ordering::Relaxed);
+        debug_assert!(left > 0, "bug: handed to more recipients than awaited");
+        (left == 1).then(|| awaited.transports.load(Ordering::Relaxed))
     }
 
     /// How many frames the bytes hold.

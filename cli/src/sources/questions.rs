@@ -31,11 +31,17 @@ pub struct Asking {
     pub since: Instant,
 }
 
+/// An answer and its question's number.
+type Numbered = (u64, Answer);
+
 /// The listener's questions on their way.
 pub struct Questions {
     asks: Arc<Asks>,
-    /// Where answers come, and the poll's waker they ring.
-    answers: (Sender<(u64, Answer)>, Receiver<(u64, Answer)>),
+    /// Where answers are sent (each with its question's number).
+    send: Sender<Numbered>,
+    /// Where they come.
+    answers: Receiver<Numbered>,
+    /// The poll's waker an answer rings.
     waker: Arc<Waker>,
     /// Control lines of questions asked, each handed over on its own.
     lines: VecDeque<Vec<u8>>,
@@ -44,9 +50,11 @@ pub struct Questions {
 impl Questions {
     /// Questions opened in `asks`, their answers ringing `waker`.
     pub fn new(asks: Arc<Asks>, waker: Arc<Waker>) -> Questions {
+        let (send, answers) = mpsc::channel();
         Questions {
             asks,
-            answers: mpsc::channel(),
+            send,
+            answers,
             waker,
             lines: VecDeque::new(),
         }
@@ -54,7 +62,7 @@ impl Questions {
 
     /// Asks `query`: the question, waiting.
     pub fn ask(&mut self, query: Query, close: bool) -> Asking {
-        let (answers, waker) = (self.answers.0.clone(), Arc::clone(&self.waker));
+        let (answers, waker) = (self.send.clone(), Arc::clone(&self.waker));
         let id = self.asks.open(move |id, answer| {
             let _ = answers.send((id, answer));
             let _ = waker.wake();
@@ -89,7 +97,7 @@ impl Questions {
 
     /// The answers come.
     pub fn answered(&self) -> impl Iterator<Item = (u64, Answer)> + '_ {
-        self.answers.1.try_iter()
+        self.answers.try_iter()
     }
 
     /// Question `id` is no longer waited for.

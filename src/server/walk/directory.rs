@@ -13,7 +13,7 @@ use crate::protocol::commands::Recipients;
 use crate::protocol::names::{ChannelName, ClientId};
 use crate::protocol::ws::CloseCode;
 use crate::server::conn::Conn;
-use crate::server::frames::SharedFrames;
+use crate::server::frames::{transport_bit, SharedFrames};
 use crate::server::history::Replay;
 use crate::server::key::ConnKey;
 use crate::server::owed::Item;
@@ -57,10 +57,12 @@ impl<'a> Directory<'a> {
     /// Addresses a batch of messages to `to`'s open connections now.
     pub(crate) fn address_frames(&mut self, to: &Recipients, frames: SharedFrames) {
         let after = self.stream.next_seq();
-        self.address(to, || Item::Frames {
+        let awaited = frames.clone();
+        let (recipients, transports) = self.address(to, || Item::Frames {
             after,
             frames: frames.clone(),
         });
+        awaited.await_recipients(recipients, transports);
     }
 
     /// Addresses a close to `whom`'s open connections now.
@@ -109,8 +111,10 @@ impl<'a> Directory<'a> {
     }
 
     /// Gives each of `to`'s open connections an item, and marks it as
-    /// waiting for the next walk.
-    fn address(&mut self, to: &Recipients, item: impl Fn() -> Item) {
+    /// waiting for the next walk. Returns how many it gave one, and their
+    /// transports (bits, see [`transport_bit`]).
+    fn address(&mut self, to: &Recipients, item: impl Fn() -> Item) -> (u32, u8) {
+        let (mut given, mut transports) = (0, 0);
         self.find_recipients(to);
         let recipients = std::mem::take(&mut self.targeted.recipients);
         let stream = &*self.stream;
@@ -126,8 +130,11 @@ impl<'a> Directory<'a> {
             let earlier = |a, b| stream.earlier(a, b);
             let mark = self.targeted.push(recipient, cursor, item(), earlier);
             conn.mark_walk(mark);
+            given += 1;
+            transports |= transport_bit(conn.transport());
         }
         self.targeted.recipients = recipients;
+        (given, transports)
     }
 
     /// Subscribes (or unsubscribes) client `id`'s open connections.

@@ -39,12 +39,13 @@ use slab::Slab;
 
 use crate::config::Config;
 use crate::ops::metrics::{Counters, Tally};
+use crate::protocol::presence::Transport;
 use crate::server::admit::connections::sync_interest;
 use crate::server::conn::{CloseReason, Conn, Ctx, Duty, Verdict};
-use crate::server::frames::SharedFrames;
+use crate::server::frames::{transport_bit, SharedFrames};
 use crate::server::key::ConnKey;
 use crate::server::lifecycle::drain::Pace;
-use crate::server::owed::{Batches, Item, Left, Owed, Seq, WalkMark};
+use crate::server::owed::{Addressed, Batches, Item, Left, Owed, Seq, WalkMark};
 use crate::server::time::heartbeat::Heartbeat;
 use stream::Stream;
 use sweep::{Next, Paced, Sweep};
@@ -284,13 +285,17 @@ impl Visitor<'_, '_> {
             };
             budget.visit();
             let key = ConnKey(turn.slot as usize);
-            let Some(conn) = self.conns.get_mut(key.0) else {
+            let items = targeted.items(turn.items.clone());
+            let Some(conn) = self
+                .conns
+                .get_mut(key.0)
+                .filter(|c| c.serial() == turn.serial && c.walk_mark().is_marked())
+            else {
+                // Closed, or its slot taken by another since.
+                hand_over(self.ctx.counters, items);
                 continue;
             };
             let mark = conn.walk_mark();
-            if conn.serial() != turn.serial || !mark.is_marked() {
-                continue; // Closed, or its slot taken by another since.
-            }
             let up_to = match targeted.next_after() {
                 Some(after) if targeted.waits_for_next(mark) => after,
                 _ => {
@@ -303,7 +308,10 @@ impl Visitor<'_, '_> {
                 items: targeted.items(turn.items.clone()),
                 up_to,
             };
-            if let Some(left) = self.visit(key, Some(owed), None) {
+            let left = self.visit(key, Some(owed), None);
+            let handed = left.as_ref().map_or(items.len(), |left| left.at);
+            hand_over(self.ctx.counters, &items[..handed]);
+            if let Some(left) = left {
                 self.leave(key, targeted, turn, left);
             }
         }
@@ -323,6 +331,7 @@ impl Visitor<'_, '_> {
         rest.push(first);
         rest.extend_from_slice(&items[left.at + 1..]);
         let Some(conn) = self.conns.get_mut(key.0).filter(|c| c.is_open()) else {
+            hand_over(self.ctx.counters, &rest);
             return;
         };
         let park = match &rest[0].item {
@@ -484,17 +493,43 @@ fn observe_delivered(counters: &Counters, batches: &[SharedFrames], now: Instant
     let metrics = &counters.metrics;
     let open = metrics.connections_open.load(Ordering::Relaxed);
     let streams = metrics.connections_event_stream.load(Ordering::Relaxed);
+    let mut transports = 0;
+    if open > streams {
+        transports |= transport_bit(Transport::WebSocket);
+    }
+    if streams > 0 {
+        transports |= transport_bit(Transport::EventStream);
+    }
     for batch in batches {
-        let Some(input) = batch.input_time() else {
-            continue;
-        };
-        let ns = now.saturating_duration_since(input).as_nanos() as u64;
-        let weight = batch.count() as u64;
-        if open > streams {
-            counters.websocket_latency.observe(ns, weight);
-        }
-        if streams > 0 {
-            counters.event_stream_latency.observe(ns, weight);
+        observe(counters, batch, transports, now);
+    }
+}
+
+/// Counts the delivery latency of `batch`, which its recipients of
+/// `transports` (bits, see [`transport_bit`]) have now: one observation,
+/// of its messages' weight, from its input, for each.
+fn observe(counters: &Counters, batch: &SharedFrames, transports: u8, now: Instant) {
+    let Some(input) = batch.input_time() else {
+        return;
+    };
+    let ns = now.saturating_duration_since(input).as_nanos() as u64;
+    let weight = batch.count() as u64;
+    if transports & transport_bit(Transport::WebSocket) != 0 {
+        counters.websocket_latency.observe(ns, weight);
+    }
+    if transports & transport_bit(Transport::EventStream) != 0 {
+        counters.event_stream_latency.observe(ns, weight);
+    }
+}
+
+/// `items`' recipient has them, or is gone: a batch of messages handed
+/// to its last recipient has its delivery latency counted.
+fn hand_over(counters: &Counters, items: &[Addressed]) {
+    for addressed in items {
+        if let Item::Frames { frames, .. } = &addressed.item {
+            if let Some(transports) = frames.handed() {
+                observe(counters, frames, transports, Instant::now());
+            }
         }
     }
 }
