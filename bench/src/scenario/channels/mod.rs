@@ -14,7 +14,10 @@
 //!   with `all` to its one connection;
 //! - `throughput`: one `pub ch{i}` per channel of C, each with one
 //!   subscriber, written as fast as the server takes them: messages a
-//!   second until all are delivered, each exactly to its subscriber.
+//!   second until all are delivered, each exactly to its subscriber;
+//! - `presence`: `GET /presence` of a channel every connection is in,
+//!   `/clients` and every channel's count, timed, with the loops' upgrade
+//!   and pong probed meanwhile.
 //!
 //! The clients are [`Fleet`](crate::fleet::coordinator::Fleet) workers;
 //! every receipt comes back to the [`Ledger`] here, which judges it.
@@ -32,6 +35,7 @@ mod ledger;
 mod lines;
 mod memory;
 mod options;
+mod presence;
 mod stage;
 mod throughput;
 
@@ -41,6 +45,7 @@ pub use ledger::{Checks, Ledger, SENTINEL};
 pub use lines::{line, target};
 pub use memory::{MemoryRow, MemoryRun};
 pub use options::{ChannelsOptions, Mode, Variant};
+pub use presence::PresenceRun;
 pub use stage::SetupReport;
 pub use throughput::ThroughputRun;
 
@@ -56,6 +61,8 @@ pub enum ChannelsReport {
     Id(Box<IdRun>),
     /// `throughput`.
     Throughput(Box<ThroughputRun>),
+    /// `presence`.
+    Presence(Box<PresenceRun>),
 }
 
 impl ChannelsReport {
@@ -66,6 +73,7 @@ impl ChannelsReport {
             ChannelsReport::Fanout(r) => r.render_text(),
             ChannelsReport::Id(r) => r.render_text(),
             ChannelsReport::Throughput(r) => r.render_text(),
+            ChannelsReport::Presence(r) => r.render_text(),
         }
     }
 }
@@ -88,5 +96,6 @@ pub fn run(options: &ChannelsOptions) -> Result<ChannelsReport, Error> {
         Mode::Fanout => ChannelsReport::Fanout(Box::new(fanout::fanout(options)?)),
         Mode::Id => ChannelsReport::Id(Box::new(id::id(options)?)),
         Mode::Throughput => ChannelsReport::Throughput(Box::new(throughput::throughput(options)?)),
+        Mode::Presence => ChannelsReport::Presence(Box::new(presence::presence(options)?)),
     })
 }

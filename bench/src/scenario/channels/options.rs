@@ -23,6 +23,9 @@ pub enum Mode {
     Id,
     /// One `pub ch{i}` to each of `--channels` one-subscriber channels.
     Throughput,
+    /// `GET /presence` of a channel all `--conns` are in, `--messages`
+    /// times, over `--server-processes` instances (`auto`: 8).
+    Presence,
 }
 
 /// The URL of each connection in a `memory` run.
