@@ -18,7 +18,7 @@ pub(crate) fn answer(query: &Query, routes: &Routes, conns: &Slab<Conn>, instanc
                 .subscribers(channel.borrowed())
                 .iter()
                 .filter_map(|&slot| open(slot))
-                .map(|c| c.id().map(|id| id.owned())),
+                .map(|c| c.id().map(|id| id.as_str())),
         ),
         Query::Client { id, .. } => {
             let id_of = |slot: Slot| conns.get(slot as usize).and_then(|c| c.id());
