@@ -10,5 +10,6 @@ pub mod latency;
 pub mod procfs;
 pub mod ramp;
 pub mod scrape;
+pub mod server_latency;
 pub mod stats;
 pub mod sys;

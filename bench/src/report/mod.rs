@@ -13,6 +13,7 @@ use crate::observe::format::{bytes, duration_us, failures, grouped, render_colum
 use crate::observe::latency::LatencyReport;
 use crate::observe::latency::ProbeReport;
 use crate::observe::ramp::RampSummary;
+use crate::observe::server_latency::ServerLatencyReport;
 use crate::observe::stats::{Payloads, Receipts};
 
 /// What a run is called in its report.
@@ -56,6 +57,9 @@ pub struct RunReport {
     pub max_feed_rate: Option<f64>,
     /// The server's own counts at the end (`push --metrics-from`).
     pub counted: Vec<(String, u64)>,
+    /// The server's latency histogram over the messages sent one at a
+    /// time against the clients' (`push --metrics-from`).
+    pub server_latency: Option<ServerLatencyReport>,
     /// Conditions that make the numbers less trustworthy.
     pub warnings: Vec<String>,
 }
@@ -574,6 +578,9 @@ impl RunReport {
         for (name, value) in &self.counted {
             let _ = writeln!(out, "  counted      {name} {value}");
         }
+        if let Some(latency) = &self.server_latency {
+            let _ = writeln!(out, "  server latency {}", latency.render());
+        }
         for warning in &self.warnings {
             let _ = writeln!(out, "  WARNING      {warning}");
         }
@@ -659,6 +666,7 @@ pub(crate) fn sample(server: &str, round: u32, per_conn: [f64; 3]) -> RunReport 
         feed_search: vec![],
         max_feed_rate: None,
         counted: vec![],
+        server_latency: None,
         warnings: vec!["machine busy".into()],
     }
 }

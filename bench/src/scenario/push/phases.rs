@@ -2,6 +2,7 @@
 //! time, the broadcasts one at a time (each awaited at every connection),
 //! the streams, and the server's counts at the end.
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use super::run::{Run, CHECK_EVERY};
@@ -10,6 +11,7 @@ use super::summary::Observations;
 use crate::fleet::protocol::Report;
 use crate::observe::cpu::CpuMark;
 use crate::observe::scrape;
+use crate::observe::server_latency::{self, ServerLatencyReport};
 use crate::observe::sys;
 use crate::wire::message::{self, Stamp};
 use crate::Error;
@@ -63,6 +65,18 @@ impl Run<'_> {
         let idle = Duration::from_secs(o.idle_secs);
         let idle_end = self.settle(idle, "while the server was idle")?;
 
+        // The server's latency histogram before and after the messages
+        // sent one at a time: its difference holds them only.
+        let histogram = |addr: Option<SocketAddr>| -> Result<Vec<(f64, u64)>, Error> {
+            Ok(match addr {
+                Some(addr) => server_latency::buckets(
+                    &scrape::fetch_metrics(addr)
+                        .map_err(|e| format!("/metrics from {addr}: {e}"))?,
+                ),
+                None => Vec::new(),
+            })
+        };
+        let histogram_before = histogram(o.metrics_from)?;
         let before = CpuMark::take(idle_end.cpu_ns, self.client_cpu_ns()?)?;
         let mut sent_ns = Vec::new();
         for seq in 1..=o.messages {
@@ -74,6 +88,7 @@ impl Run<'_> {
         let end = self.target.usage()?;
         let after = CpuMark::take(end.cpu_ns, self.client_cpu_ns()?)?;
         self.warn_if_busy(after.others_since(&before), "during the broadcasts");
+        let histogram_after = histogram(o.metrics_from)?;
 
         let mut first = o.messages + 1;
         let (mut streams, mut feed_search, mut max_feed_rate) = (Vec::new(), Vec::new(), None);
@@ -102,6 +117,13 @@ impl Run<'_> {
             streams.push(self.feed(&mut first, rate, o.feed_secs)?);
         }
         let observed = self.fleet.finish()?;
+        let mut completions: Vec<f64> = (observed.messages.iter())
+            .zip(&sent_ns)
+            .filter(|(m, _)| m.last_ns > 0)
+            .map(|(m, &sent)| m.last_ns.saturating_sub(sent) as f64 / 1e9)
+            .collect();
+        let server_latency =
+            ServerLatencyReport::new(&histogram_before, &histogram_after, &mut completions);
         let counted = match o.metrics_from {
             Some(addr) => {
                 let page = scrape::fetch_metrics(addr)
@@ -144,6 +166,7 @@ impl Run<'_> {
             max_feed_rate,
             observed,
             counted,
+            server_latency,
         })
     }
 

@@ -7,6 +7,7 @@ use super::options::PushOptions;
 use crate::observe::latency::LatencyReport;
 use crate::observe::procfs::Usage;
 use crate::observe::ramp::Ramp;
+use crate::observe::server_latency::ServerLatencyReport;
 use crate::report::{
     BroadcastReport, ConnectionReport, CpuReport, DeliveryReport, Memory, MemoryReport, RunInfo,
     RunReport, StreamReport,
@@ -60,6 +61,9 @@ pub struct Observations {
     pub observed: crate::observe::stats::Observed,
     /// The server's counts `--metrics-from` read, at the end.
     pub counted: Vec<(String, u64)>,
+    /// The server's latency histogram over the messages sent one at a
+    /// time against the clients' (`--metrics-from`).
+    pub server_latency: Option<ServerLatencyReport>,
 }
 
 /// Summarises what a run observed.
@@ -149,6 +153,7 @@ pub(super) fn summarise(
         feed_search: o.feed_search,
         max_feed_rate: o.max_feed_rate,
         counted: o.counted,
+        server_latency: o.server_latency,
         warnings,
     }
 }
