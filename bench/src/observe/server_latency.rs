@@ -106,7 +106,7 @@ impl ServerLatencyReport {
                     server_above_secs: above(at),
                     server_up_to_secs: bound(at),
                     clients_secs: client,
-                    within_one_bucket: client > lo && client <= hi || at == 0 && client <= hi,
+                    within_one_bucket: client <= hi && (client > lo || at == 0),
                 }
             })
             .collect();

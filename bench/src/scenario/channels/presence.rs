@@ -151,7 +151,7 @@ pub(super) fn presence(o: &ChannelsOptions) -> Result<PresenceRun, Error> {
             .and_then(|l| l.split(']').next());
         let ids = list.map_or(0, |l| l.matches("\"u").count() as u64);
         judge(counted == open && ids == 100.min(open), &body);
-        let id = target(o.seed, u32::try_from(ask).unwrap_or(0), n as usize);
+        let id = target(o.seed, ask, n as usize);
         let (body, took) = get(publish, &format!("/clients?id=u{id}"))?;
         record(&mut clients, took);
         let failed = stage.setup.failed.contains(&(id as u64));
