@@ -20,7 +20,9 @@
 #   server NAME with `--metrics-listen 127.0.0.1:19100` and scrapes the
 #   host's /metrics there once a second for the whole run
 #   (bench/scrape-host.py: answer times, and the sums checked against the
-#   instances' own pages; its line ends the reports).
+#   instances' own pages; its line ends the reports), and the bench reads
+#   that page before and after the lone broadcasts (`--metrics-from`): the
+#   server's latency histogram against the clients' send-to-last-receipt.
 #
 # Servers and clients run in a network namespace of their own, made for
 # the run with an established-socket hash of a bucket per socket
@@ -84,14 +86,16 @@ for server in "${servers[@]}"; do
   spawn+=(--server "${server%%=*}=${server#*=} --processes $instances --listen 127.0.0.1:{port}$extra")
 done
 scraper=""
+metrics_from=()
 if [[ -n "${SCRAPE:-}" ]]; then
+  metrics_from=(--metrics-from "127.0.0.1:$scrape_port")
   "${in_netns[@]}" python3 bench/scrape-host.py "$scrape_port" "$instances" >"$out/scrape.txt" &
   scraper=$!
 fi
 echo "million.sh: $conns connections over $instances instances: floor, ${servers[*]}; reports in $out" >&2
 started=$SECONDS
 "${in_netns[@]}" "$bench" compare --conns "$conns" --rate 30000 --max-in-flight 1024 --settle-ms 3000 \
-  --idle-secs 30 --messages 5 --gap-ms 20000 --no-echo --wait-quiet 30 "${spawn[@]}" \
+  --idle-secs 30 --messages 5 --gap-ms 20000 --no-echo --wait-quiet 30 "${metrics_from[@]}" "${spawn[@]}" \
   >"$out/table.txt" 2>"$out/reports.txt"
 if [[ -n "$scraper" ]]; then
   kill -TERM "$scraper"

@@ -2,7 +2,6 @@
 //! time, the broadcasts one at a time (each awaited at every connection),
 //! the streams, and the server's counts at the end.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use super::run::{Run, CHECK_EVERY};
@@ -32,6 +31,24 @@ const COUNTED: [&str; 6] = [
 ];
 
 impl Run<'_> {
+    /// The server's `/metrics` page, from `--metrics-from`; none without
+    /// it, or (with a warning) if the server does not answer there (the
+    /// floor of a comparison has none).
+    fn server_page(&mut self) -> Option<String> {
+        let addr = self.options.metrics_from?;
+        match scrape::fetch_metrics(addr) {
+            Ok(page) => Some(page),
+            Err(e) => {
+                let warning =
+                    format!("no /metrics from {addr} ({e}): the server's counts are left out");
+                if !self.warnings.contains(&warning) {
+                    self.warnings.push(warning);
+                }
+                None
+            }
+        }
+    }
+
     /// The phases of the run, in order.
     pub(super) fn observe(&mut self) -> Result<Observations, Error> {
         let o = self.options;
@@ -67,16 +84,9 @@ impl Run<'_> {
 
         // The server's latency histogram before and after the messages
         // sent one at a time: its difference holds them only.
-        let histogram = |addr: Option<SocketAddr>| -> Result<Vec<(f64, u64)>, Error> {
-            Ok(match addr {
-                Some(addr) => server_latency::buckets(
-                    &scrape::fetch_metrics(addr)
-                        .map_err(|e| format!("/metrics from {addr}: {e}"))?,
-                ),
-                None => Vec::new(),
-            })
-        };
-        let histogram_before = histogram(o.metrics_from)?;
+        let histogram_before = self
+            .server_page()
+            .map_or_else(Vec::new, |p| server_latency::buckets(&p));
         let before = CpuMark::take(idle_end.cpu_ns, self.client_cpu_ns()?)?;
         let mut sent_ns = Vec::new();
         for seq in 1..=o.messages {
@@ -88,7 +98,9 @@ impl Run<'_> {
         let end = self.target.usage()?;
         let after = CpuMark::take(end.cpu_ns, self.client_cpu_ns()?)?;
         self.warn_if_busy(after.others_since(&before), "during the broadcasts");
-        let histogram_after = histogram(o.metrics_from)?;
+        let histogram_after = self
+            .server_page()
+            .map_or_else(Vec::new, |p| server_latency::buckets(&p));
 
         let mut first = o.messages + 1;
         let (mut streams, mut feed_search, mut max_feed_rate) = (Vec::new(), Vec::new(), None);
@@ -124,17 +136,11 @@ impl Run<'_> {
             .collect();
         let server_latency =
             ServerLatencyReport::new(&histogram_before, &histogram_after, &mut completions);
-        let counted = match o.metrics_from {
-            Some(addr) => {
-                let page = scrape::fetch_metrics(addr)
-                    .map_err(|e| format!("/metrics from {addr}: {e}"))?;
-                COUNTED
-                    .iter()
-                    .filter_map(|&name| {
-                        Some((name.to_string(), scrape::metric(&page, name)? as u64))
-                    })
-                    .collect()
-            }
+        let counted = match self.server_page() {
+            Some(page) => COUNTED
+                .iter()
+                .filter_map(|&name| Some((name.to_string(), scrape::metric(&page, name)? as u64)))
+                .collect(),
             None => Vec::new(),
         };
 
