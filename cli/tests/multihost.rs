@@ -121,14 +121,8 @@ impl Publisher {
     /// Sends one command and reads its reply: a status, an integer or a
     /// bulk string (`nil` for none); an error reply fails the test.
     fn call(&mut self, args: &[&str]) -> String {
-        let mut out = format!("*{}\r\n", args.len());
-        for arg in args {
-            out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
-        }
-        self.0.get_mut().write_all(out.as_bytes()).unwrap();
-        let mut line = String::new();
-        self.0.read_line(&mut line).unwrap();
-        let line = line.trim_end();
+        let line = self.request(args);
+        let line = line.as_str();
         match line.split_at(1) {
             ("+" | ":", rest) => rest.to_string(),
             ("$", "-1") => "nil".to_string(),
@@ -697,9 +691,8 @@ fn an_outage_loses_nothing_the_stream_holds_and_what_it_trimmed_is_told_as_a_gap
 }
 
 impl Publisher {
-    /// Sends one command whose reply is a list of bulk strings (or nil
-    /// ones), and reads it.
-    fn call_list(&mut self, args: &[&str]) -> Vec<String> {
+    /// Sends one command; the first line of its reply.
+    fn request(&mut self, args: &[&str]) -> String {
         let mut out = format!("*{}\r\n", args.len());
         for arg in args {
             out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
@@ -707,7 +700,14 @@ impl Publisher {
         self.0.get_mut().write_all(out.as_bytes()).unwrap();
         let mut line = String::new();
         self.0.read_line(&mut line).unwrap();
-        let count: usize = match line.trim_end().strip_prefix('*') {
+        line.trim_end().to_string()
+    }
+
+    /// Sends one command whose reply is a list of bulk strings (or nil
+    /// ones), and reads it.
+    fn call_list(&mut self, args: &[&str]) -> Vec<String> {
+        let line = self.request(args);
+        let count: usize = match line.strip_prefix('*') {
             Some(n) => n.parse().unwrap(),
             None => panic!("{args:?}: {line}"),
         };
