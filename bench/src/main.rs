@@ -19,6 +19,7 @@ use wspush_bench::scenario::echo::{self, EchoOptions, EchoOutcome};
 use wspush_bench::scenario::hosts::{self, HostsOptions};
 use wspush_bench::scenario::push::{self, PushOptions};
 use wspush_bench::scenario::trickle::{self, TrickleOptions};
+use wspush_bench::scenario::upstream::{self, UpstreamOptions};
 use wspush_bench::target::floor;
 use wspush_bench::target::publish;
 use wspush_bench::target::server::{self, ServerSpec};
@@ -194,6 +195,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Client messages into a Redis stream (`--upstream redis-stream`),
+    /// read back and checked whole, once and in each client's order,
+    /// through a Redis outage if asked.
+    Upstream {
+        #[command(flatten)]
+        options: UpstreamOptions,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// DEFLATE implementations on one JSON feed: ratio, and µs per message
     /// to compress (each alone) and to inflate.
     Deflate {
@@ -275,6 +286,8 @@ fn main() -> ExitCode {
             options,
             json,
         } => run_hosts(&hosts, &options, json),
+        Command::Upstream { options, json } => upstream::run(&options)
+            .and_then(|report| print_report(&report, json, upstream::UpstreamRun::render_text)),
         Command::Deflate { options, json } => deflate::run(&options)
             .and_then(|report| print_report(&report, json, deflate::DeflateRun::render_text)),
         Command::Worker => worker::run(std::io::stdin(), std::io::stdout().lock()),

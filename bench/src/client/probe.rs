@@ -152,8 +152,16 @@ fn upgraded(server: SocketAddr, id: u64) -> io::Result<(TcpStream, Duration)> {
     let mut stream = TcpStream::connect(server)?;
     stream.set_read_timeout(Some(PROBE_TIMEOUT))?;
     stream.set_nodelay(true)?;
+    upgrade(&mut stream, "/ws?id=probe", id)?;
+    Ok((stream, start.elapsed()))
+}
+
+/// Upgrades the blocking `stream` with a request for `path` (key of
+/// client `id`), reading the response and nothing after it.
+pub fn upgrade(stream: &mut TcpStream, path: &str, id: u64) -> io::Result<()> {
+    let server = stream.peer_addr()?;
     let key = handshake::client_key(id);
-    let request = handshake::client_request(&server.to_string(), "/ws?id=probe", &key, false);
+    let request = handshake::client_request(&server.to_string(), path, &key, false);
     stream.write_all(&request)?;
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
@@ -167,8 +175,7 @@ fn upgraded(server: SocketAddr, id: u64) -> io::Result<(TcpStream, Duration)> {
             return Err(io::Error::other("response head too long"));
         }
     }
-    handshake::check_response(&head, &key, false).map_err(io::Error::other)?;
-    Ok((stream, start.elapsed()))
+    handshake::check_response(&head, &key, false).map_err(io::Error::other)
 }
 
 /// Writes ping `n` and reads until its pong (through whatever broadcast

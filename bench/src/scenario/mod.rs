@@ -9,3 +9,4 @@ pub mod echo;
 pub mod hosts;
 pub mod push;
 pub mod trickle;
+pub mod upstream;
