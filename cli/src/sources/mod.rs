@@ -26,7 +26,7 @@ use std::sync::Arc;
 use mio::Waker;
 
 use crate::input::{Recorder, EVICT_EVERY};
-pub use source::{Outlet, Source};
+pub use source::{FeedEvent, Outlet, Source};
 
 pub mod publish;
 pub mod pubsub;
