@@ -1,5 +1,6 @@
 //! wspush on three hosts fed through one real `redis-server`, across a
-//! network boundary: each host is a network namespace of its own, joined to
+//! network boundary (and writing what their clients send into a stream
+//! there): each host is a network namespace of its own, joined to
 //! the others by a bridge. `tests/multihost/run.sh` makes the namespaces and
 //! runs these tests (ignored otherwise) inside the clients' one; they start
 //! `redis-server` and the wspush hosts in theirs with `ip netns exec`.
@@ -694,4 +695,324 @@ fn an_outage_loses_nothing_the_stream_holds_and_what_it_trimmed_is_told_as_a_gap
     }
     assert_eq!(texts(&mut plain, 5), lines(16, 20));
     assert_eq!(sample(&host.metrics(), "wspush_feed_outages_total"), 2);
+}
+
+/// The stream the hosts write what their clients send into.
+const UP: &str = "up";
+
+impl Host {
+    /// Host `index` writing what its clients send into the stream [`UP`],
+    /// as `h1`, `h2`...
+    fn upstreaming(index: usize, extra: &[&str]) -> Host {
+        let name = format!("h{}", index + 1);
+        let upstream = [
+            "--upstream",
+            "redis-stream",
+            "--upstream-stream",
+            UP,
+            "--upstream-host",
+            &name,
+        ];
+        let ready = format!("redis upstream stream {UP} (as {name}): writing on");
+        Host::reading(index, &upstream, extra, &ready)
+    }
+
+    /// Waits until `done` holds of this host's `/metrics`.
+    fn wait_page(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + 3 * IO_TIMEOUT;
+        loop {
+            let page = self.metrics();
+            if done(&page) {
+                return page;
+            }
+            assert!(Instant::now() < deadline, "never {what} on {}", self.addr);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A connection to the Redis host, with the `redis` crate.
+fn redis_connection() -> redis::Connection {
+    let url = format!("redis://{}", SocketAddr::from((REDIS, REDIS_PORT)));
+    let client = redis::Client::open(url).unwrap();
+    let connection = client.get_connection_with_timeout(IO_TIMEOUT).unwrap();
+    connection.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    connection
+}
+
+/// An entry of the stream [`UP`]: its fields.
+#[derive(Debug)]
+struct Entry {
+    host: String,
+    seq: u64,
+    line: String,
+}
+
+impl Entry {
+    /// An entry's fields (`host HOST seq N line LINE`), as Redis gives them.
+    fn of(fields: &[String]) -> Entry {
+        assert_eq!(fields.len(), 6, "{fields:?}");
+        assert_eq!(
+            (&*fields[0], &*fields[2], &*fields[4]),
+            ("host", "seq", "line")
+        );
+        Entry {
+            host: fields[1].clone(),
+            seq: fields[3].parse().unwrap(),
+            line: fields[5].clone(),
+        }
+    }
+
+    /// The client id and the payload of a `msg KEY ID text PAYLOAD` line.
+    fn message(&self) -> (&str, &str) {
+        let words: Vec<&str> = self.line.splitn(5, ' ').collect();
+        assert_eq!((words[0], words[3]), ("msg", "text"), "{}", self.line);
+        (words[2], words[4])
+    }
+}
+
+/// The entries of the stream [`UP`], all, in order.
+fn stream_entries(redis: &mut redis::Connection) -> Vec<Entry> {
+    let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+        .arg(UP)
+        .arg("-")
+        .arg("+")
+        .query(redis)
+        .unwrap();
+    entries
+        .iter()
+        .map(|(_, fields)| Entry::of(fields))
+        .collect()
+}
+
+/// The stream's length.
+fn stream_len(redis: &mut redis::Connection) -> usize {
+    redis::cmd("XLEN").arg(UP).query(redis).unwrap()
+}
+
+/// Waits until the stream holds `n` entries.
+fn wait_stream_len(redis: &mut redis::Connection, n: usize) {
+    let deadline = Instant::now() + 3 * IO_TIMEOUT;
+    while stream_len(redis) != n {
+        assert!(
+            Instant::now() < deadline,
+            "the stream holds {} entries, not {n}",
+            stream_len(redis)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads `n` entries through the consumer group `group` (entries not
+/// delivered to it yet), acknowledging each.
+fn read_group(redis: &mut redis::Connection, group: &str, n: usize) -> Vec<Entry> {
+    type Reply = Option<Vec<(String, Vec<(String, Vec<String>)>)>>;
+    let deadline = Instant::now() + 3 * IO_TIMEOUT;
+    let mut out = Vec::new();
+    while out.len() < n {
+        assert!(Instant::now() < deadline, "{} entries of {n}", out.len());
+        let reply: Reply = redis::cmd("XREADGROUP")
+            .arg(&["GROUP", group, "reader", "COUNT", "1000", "BLOCK", "500"][..])
+            .arg(&["STREAMS", UP, ">"][..])
+            .query(redis)
+            .unwrap();
+        for (_, entries) in reply.unwrap_or_default() {
+            for (id, fields) in entries {
+                let _: u64 = redis::cmd("XACK")
+                    .arg(&[UP, group, &id][..])
+                    .query(redis)
+                    .unwrap();
+                out.push(Entry::of(&fields));
+            }
+        }
+    }
+    out
+}
+
+/// The payload of message `i` of client `id`, padded with `pad` bytes: a
+/// line feed and a backslash in it, escaped in its line.
+fn upstream_payload(id: &str, i: usize, pad: usize) -> String {
+    format!("{id} {i} {}a\\b\nc", "x".repeat(pad))
+}
+
+/// The message number in a payload of [`upstream_payload`], escaped.
+fn message_number(id: &str, escaped: &str) -> usize {
+    let rest = escaped.strip_prefix(&format!("{id} ")).expect(escaped);
+    let (i, tail) = rest.split_once(' ').expect(escaped);
+    assert_eq!(
+        tail.trim_start_matches('x'),
+        "a\\\\b\\nc",
+        "whole: {escaped}"
+    );
+    i.parse().unwrap()
+}
+
+/// Sends messages `from..to` from each client, padded with `pad` bytes.
+fn send_upstream(clients: &mut [(String, Client)], from: usize, to: usize, pad: usize) {
+    for i in from..to {
+        for (id, client) in clients.iter_mut() {
+            let text = upstream_payload(id, i, pad);
+            client.send(tungstenite::Message::text(text)).expect("send");
+        }
+    }
+}
+
+/// Each client's message numbers, in the order of `entries`.
+fn by_client(entries: &[Entry]) -> std::collections::BTreeMap<String, Vec<usize>> {
+    let mut got = std::collections::BTreeMap::<String, Vec<usize>>::new();
+    for entry in entries {
+        let (id, payload) = entry.message();
+        assert!(id.starts_with(&entry.host), "{id} from {}", entry.host);
+        got.entry(id.to_string())
+            .or_default()
+            .push(message_number(id, payload));
+    }
+    got
+}
+
+/// Clients of `host` (`h1`...), `count` of them, with ids.
+fn upstream_clients(host: &Host, name: &str, count: usize) -> Vec<(String, Client)> {
+    (0..count)
+        .map(|c| {
+            let id = format!("{name}c{c}");
+            let client = connect(host, &format!("/?id={id}"));
+            (id, client)
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn what_clients_send_on_two_hosts_reaches_the_stream_once_whole_in_each_clients_order() {
+    let _redis = start_redis();
+    let mut redis = redis_connection();
+    let _: () = redis::cmd("XGROUP")
+        .arg(&["CREATE", UP, "backend", "$", "MKSTREAM"][..])
+        .query(&mut redis)
+        .unwrap();
+    // The second host's supervisor writes what its two instances merge.
+    let hosts = [
+        Host::upstreaming(0, &[]),
+        Host::upstreaming(1, &["--processes", "2"]),
+    ];
+    const CLIENTS: usize = 8;
+    const MESSAGES: usize = 200;
+    let mut clients = upstream_clients(&hosts[0], "h1", CLIENTS);
+    clients.extend(upstream_clients(&hosts[1], "h2", CLIENTS));
+    send_upstream(&mut clients, 0, MESSAGES, 0);
+    let entries = read_group(&mut redis, "backend", clients.len() * MESSAGES);
+    let got = by_client(&entries);
+    assert_eq!(got.len(), clients.len());
+    for (id, numbers) in &got {
+        assert_eq!(*numbers, (0..MESSAGES).collect::<Vec<_>>(), "{id}");
+    }
+    // Each host numbers its lines 1, 2, 3... in the stream's order.
+    for name in ["h1", "h2"] {
+        let seqs: Vec<u64> = (entries.iter())
+            .filter(|e| e.host == name)
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(seqs, (1..=(CLIENTS * MESSAGES) as u64).collect::<Vec<_>>());
+    }
+    for host in &hosts {
+        let page = host.wait_page("every entry counted", |page| {
+            sample(page, "wspush_upstream_stream_entries_total") == (CLIENTS * MESSAGES) as u64
+        });
+        assert_eq!(sample(&page, "wspush_upstream_dropped_total"), 0);
+        let found = r#"wspush_upstream_stream_batches_total{result="found"}"#;
+        assert_eq!(sample(&page, found), 0);
+        assert_eq!(sample(&page, "wspush_upstream_stream_outages_total"), 0);
+    }
+}
+
+/// Lets Redis answer nothing to host `index` (`on`: its replies have no
+/// route), or answer again: what the host sends still arrives.
+fn cut_replies(index: usize, on: bool) {
+    let host = std::net::Ipv4Addr::from(HOSTS[index]).to_string();
+    let verb = if on { "add" } else { "del" };
+    let status = Command::new("ip")
+        .args(["-n", &netns("redis"), "route", verb, "unreachable", &host])
+        .status()
+        .unwrap();
+    assert!(status.success(), "ip route {verb} unreachable {host}");
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn an_upstream_outage_loses_nothing_and_a_batch_whose_reply_was_lost_is_not_written_twice() {
+    let _redis = start_redis();
+    let mut redis = redis_connection();
+    let host = Host::upstreaming(0, &[]);
+    let mut clients = upstream_clients(&host, "h1", 1);
+    send_upstream(&mut clients, 0, 100, 0);
+    wait_stream_len(&mut redis, 100);
+    // Redis takes what the host sends, and its answers are lost: the
+    // batch under way is written, and the host takes Redis for lost.
+    cut_replies(0, true);
+    send_upstream(&mut clients, 100, 200, 0);
+    host.wait_metric("wspush_upstream_stream_down", 1);
+    let written = stream_len(&mut redis);
+    assert!(written > 100, "the batch whose reply was lost was written");
+    // Sent while it is away: they wait.
+    send_upstream(&mut clients, 200, 300, 0);
+    cut_replies(0, false);
+    wait_stream_len(&mut redis, 300);
+    host.wait_metric("wspush_upstream_stream_down", 0);
+    let entries = stream_entries(&mut redis);
+    assert_eq!(by_client(&entries)["h1c0"], (0..300).collect::<Vec<_>>());
+    let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=300).collect::<Vec<_>>());
+    let page = host.metrics();
+    let found = r#"wspush_upstream_stream_batches_total{result="found"}"#;
+    assert_eq!(sample(&page, found), 1, "sent again, found written");
+    assert_eq!(sample(&page, "wspush_upstream_stream_entries_total"), 300);
+    assert_eq!(sample(&page, "wspush_upstream_stream_outages_total"), 1);
+    assert_eq!(sample(&page, "wspush_upstream_dropped_total"), 0);
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn an_upstream_outage_past_the_bound_drops_only_what_it_counts() {
+    let _redis = start_redis();
+    let mut redis = redis_connection();
+    let host = Host::upstreaming(
+        0,
+        &[
+            "--processes",
+            "2",
+            "--upstream-max-bytes",
+            "4096",
+            "--upstream-overflow",
+            "drop",
+        ],
+    );
+    let mut clients = upstream_clients(&host, "h1", 4);
+    send_upstream(&mut clients, 0, 10, 0);
+    wait_stream_len(&mut redis, 40);
+    // Cut off: the supervisor's writer waits, the merge behind it, the
+    // instances' pipes, then their bounds fill and they drop.
+    cut_from_redis(0, true);
+    const MESSAGES: usize = 1500;
+    send_upstream(&mut clients, 10, MESSAGES, 1000);
+    let sent = (4 * MESSAGES) as u64;
+    host.wait_metric("wspush_messages_received_total", sent);
+    host.wait_metric("wspush_upstream_stream_down", 1);
+    cut_from_redis(0, false);
+    let page = host.wait_page("every message written or dropped", |page| {
+        let written = sample(page, "wspush_upstream_stream_entries_total");
+        written + sample(page, "wspush_upstream_dropped_total") == sent
+    });
+    let dropped = sample(&page, "wspush_upstream_dropped_total");
+    assert!(dropped > 0, "the bound was passed");
+    let entries = stream_entries(&mut redis);
+    assert_eq!(
+        entries.len() as u64 + dropped,
+        sent,
+        "what is missing is what was dropped"
+    );
+    // What arrived, each once and in its client's order.
+    for (id, numbers) in by_client(&entries) {
+        assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{id}: {numbers:?}");
+    }
+    assert_eq!(sample(&page, "wspush_upstream_stream_outages_total"), 1);
 }
