@@ -1016,3 +1016,50 @@ fn an_upstream_outage_past_the_bound_drops_only_what_it_counts() {
     }
     assert_eq!(sample(&page, "wspush_upstream_stream_outages_total"), 1);
 }
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn a_reexecuted_supervisor_writes_the_stream_on_from_its_sequence() {
+    reexecuted_host_writes_the_stream_on(&["--processes", "2"]);
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn a_reexecuted_lone_server_writes_the_stream_on_from_its_sequence() {
+    reexecuted_host_writes_the_stream_on(&[]);
+}
+
+/// A host started with `extra` flags, re-executed by SIGUSR2, writes
+/// what its clients send on after what it wrote before: each line once,
+/// its sequence on from where it was. A supervisor's counts go on from
+/// its earlier image's (on the host's board); a lone server's start over,
+/// as all its counters do.
+fn reexecuted_host_writes_the_stream_on(extra: &[&str]) {
+    let _redis = start_redis();
+    let mut redis = redis_connection();
+    let host = Host::upstreaming(0, extra);
+    let mut clients = upstream_clients(&host, "h1", 2);
+    send_upstream(&mut clients, 0, 100, 0);
+    wait_stream_len(&mut redis, 200);
+    util::signal(host.process.child.id(), "-USR2");
+    match extra.is_empty() {
+        true => host
+            .process
+            .wait_for("connections back from the earlier image"),
+        false => host
+            .process
+            .wait_for("the upgrade of the 2 instances is done"),
+    };
+    send_upstream(&mut clients, 100, 200, 0);
+    wait_stream_len(&mut redis, 400);
+    let entries = stream_entries(&mut redis);
+    for (id, numbers) in by_client(&entries) {
+        assert_eq!(numbers, (0..200).collect::<Vec<_>>(), "{id}");
+    }
+    let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=400).collect::<Vec<_>>());
+    let counted = if extra.is_empty() { 200 } else { 400 };
+    host.wait_page("the entries counted", |page| {
+        sample(page, "wspush_upstream_stream_entries_total") == counted
+    });
+}
