@@ -958,14 +958,35 @@ fn an_upstream_outage_loses_nothing_and_a_batch_whose_reply_was_lost_is_not_writ
     cut_replies(0, false);
     wait_stream_len(&mut redis, 300);
     host.wait_metric("wspush_upstream_stream_down", 0);
+    // And after it, on in sequence.
+    send_upstream(&mut clients, 300, 400, 0);
+    wait_stream_len(&mut redis, 400);
     let entries = stream_entries(&mut redis);
-    assert_eq!(by_client(&entries)["h1c0"], (0..300).collect::<Vec<_>>());
+    assert_eq!(by_client(&entries)["h1c0"], (0..400).collect::<Vec<_>>());
     let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
-    assert_eq!(seqs, (1..=300).collect::<Vec<_>>());
-    let page = host.metrics();
+    assert_eq!(seqs, (1..=400).collect::<Vec<_>>());
+    let page = host.wait_page("every entry counted", |page| {
+        sample(page, "wspush_upstream_stream_entries_total") == 400
+    });
     let found = r#"wspush_upstream_stream_batches_total{result="found"}"#;
     assert_eq!(sample(&page, found), 1, "sent again, found written");
-    assert_eq!(sample(&page, "wspush_upstream_stream_entries_total"), 300);
+    let log = host.process.rest();
+    let said = |what: &str| log.iter().filter(|l| l.contains(what)).count();
+    assert_eq!(
+        said("redis upstream stream up (as h1) lost on"),
+        1,
+        "{log:#?}"
+    );
+    assert_eq!(
+        said("redis upstream stream up (as h1) restored on"),
+        1,
+        "{log:#?}"
+    );
+    assert_eq!(
+        said("stood at"),
+        0,
+        "the sequence was where it was left: {log:#?}"
+    );
     assert_eq!(sample(&page, "wspush_upstream_stream_outages_total"), 1);
     assert_eq!(sample(&page, "wspush_upstream_dropped_total"), 0);
 }

@@ -76,6 +76,8 @@ pub struct Target {
     server: String,
     key: String,
     host: String,
+    /// The key of this host's sequence: `wspush:upstream:HOST:KEY:seq`.
+    sequence: String,
     maxlen: usize,
     /// How often the writer logs what it wrote (never: `None`).
     report_every: Option<Duration>,
@@ -108,6 +110,7 @@ impl Target {
             server: client.get_connection_info().addr().to_string(),
             client,
             key: key.to_string(),
+            sequence: format!("wspush:upstream:{host}:{key}:seq"),
             host,
             maxlen,
             report_every: None,
@@ -118,11 +121,6 @@ impl Target {
     pub fn reporting_every(mut self, every: Option<Duration>) -> Target {
         self.report_every = every;
         self
-    }
-
-    /// The key of this host's sequence.
-    fn sequence_key(&self) -> String {
-        format!("wspush:upstream:{}:{}:seq", self.host, self.key)
     }
 }
 
@@ -244,9 +242,10 @@ fn count_lines(lines: &[u8]) -> u64 {
 
 impl Writer {
     /// One connection: learns the host's sequence (the first time), then
-    /// writes batches (logging them as `what` now and then), taking lines from `next` once all it has are
-    /// written; calls `ready` once it has written (or has nothing to).
-    /// `Ok` once `next` has no more (`ended`) or `ready` says to stop.
+    /// writes batches (logging them as `what` now and then), taking lines
+    /// from `next` once all it has are written; calls `ready` once it has
+    /// written (or has nothing to). `Ok` once `next` has no more
+    /// (`ended`) or `ready` says to stop.
     fn session(
         &mut self,
         what: &str,
@@ -266,7 +265,7 @@ impl Writer {
             .query(&mut connection)?;
         if self.at.is_none() {
             let at: Option<u64> = redis::cmd("GET")
-                .arg(self.target.sequence_key())
+                .arg(&self.target.sequence)
                 .query(&mut connection)?;
             self.at = Some(at.unwrap_or(0));
         }
@@ -308,7 +307,7 @@ impl Writer {
             .arg(sha)
             .arg(2)
             .arg(&target.key)
-            .arg(target.sequence_key())
+            .arg(&target.sequence)
             .arg(&target.host)
             .arg(target.maxlen)
             .arg(before);
@@ -326,7 +325,8 @@ impl Writer {
                 target.key, target.host, target.host
             );
         }
-        self.at = Some(was + count);
+        // Found written, the sequence stands at the batch's last already.
+        self.at = Some(if written == 1 { was + count } else { was });
         self.tally.batch(count, written == 0);
         self.counts.entries += count;
         self.counts.batches += 1;
@@ -412,7 +412,7 @@ mod tests {
     fn a_target_needs_a_key_and_a_plain_host_name() {
         let url = "redis://127.0.0.1:6379";
         let target = Target::new(url, "up", Some("h1"), 10).unwrap();
-        assert_eq!(target.sequence_key(), "wspush:upstream:h1:up:seq");
+        assert_eq!(target.sequence, "wspush:upstream:h1:up:seq");
         assert_eq!(format!("{target:?}"), "stream up on 127.0.0.1:6379 as h1");
         assert!(Target::new(url, "", Some("h1"), 10).is_err());
         assert!(Target::new(url, "up", Some("a b"), 10).is_err());
