@@ -102,6 +102,8 @@ pub use protocol::position::Epoch;
 pub use protocol::ws::{CloseCode, MessageKind};
 #[cfg(feature = "internals")]
 pub use server::host_memory;
+#[cfg(feature = "internals")]
+pub use server::UpstreamTally;
 pub use server::{
     introduce_successor, listen, BindError, BroadcastError, ConnectionInfo, Handle, MessageTooBig,
     Server, ServerGone, SharedHistory, Suspended, TakeOverError, UpstreamReader, HANDOVER_TIMEOUT,

@@ -21,13 +21,15 @@ use crate::sources::presence_writer::PresenceWriter;
 use crate::sources::stop::{Carried, Stopper};
 use crate::sources::{publish, pubsub, stdin, stream, Source};
 use crate::supervisor::{OnExit, EPOCH_ENV, FIRST_LINE_ENV, INSTANCE_ENV};
+use crate::upstream::{self, Sink};
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
 /// A WebSocket push server: every line on standard input is broadcast as
 /// one text message to every connected client.
 #[derive(Debug, Parser)]
-#[command(group(clap::ArgGroup::new("redis_input").args(["redis_channel", "redis_stream", "presence_ttl"]).multiple(true)))]
+#[command(group(clap::ArgGroup::new("redis_writes").args(["presence_ttl", "upstream_stream"]).multiple(true)))]
+#[command(group(clap::ArgGroup::new("redis_use").args(["redis_channel", "redis_stream", "presence_ttl", "upstream_stream"]).multiple(true)))]
 #[command(
     name = "wspush",
     version = crate::binary::VERSION,
@@ -181,12 +183,13 @@ pub(crate) struct Cli {
     /// close: see the README).
     #[arg(long, value_name = "MODE", value_enum, default_value = "lines")]
     pub(crate) input: InputMode,
-    /// Also read input from Redis (redis://[:PASSWORD@]HOST[:PORT][/DB]):
-    /// the messages published on each --redis-channel, and the entries of
-    /// the --redis-stream, read as standard input would read them, beside
-    /// it. Reconnects with backoff; what is published on a channel while
-    /// it is lost is lost, and counted as an outage.
-    #[arg(long, value_name = "URL", requires = "redis_input", help_heading = REDIS_HEADING)]
+    /// Redis (redis://[:PASSWORD@]HOST[:PORT][/DB]), for input: the
+    /// messages published on each --redis-channel, and the entries of the
+    /// --redis-stream, read as standard input would read them, beside it;
+    /// and for the --upstream-stream. Reconnects with backoff; what is
+    /// published on a channel while it is lost is lost, and counted as an
+    /// outage.
+    #[arg(long, value_name = "URL", requires = "redis_use", help_heading = REDIS_HEADING)]
     pub(crate) redis: Option<String>,
     /// A Redis channel to subscribe to (repeatable; a name with *, ? or [
     /// is a pattern, PSUBSCRIBE).
@@ -206,21 +209,27 @@ pub(crate) struct Cli {
     /// now and their hashes.
     #[arg(long, value_name = "DURATION", value_parser = duration, requires = "redis", help_heading = REDIS_HEADING)]
     pub(crate) presence_ttl: Option<Duration>,
-    /// This host's name in Redis (default: the system's host name).
-    #[arg(long, value_name = "NAME", help_heading = REDIS_HEADING)]
+    /// This host's name in Redis: of its presence hash, and in its
+    /// upstream entries and of their sequence
+    /// (wspush:upstream:HOST:KEY:seq), one writer per name. Default: the
+    /// system's host name.
+    #[arg(long, value_name = "NAME", requires = "redis_writes", help_heading = REDIS_HEADING)]
     pub(crate) host_name: Option<String>,
     /// What GET /healthz answers while the Redis feed is lost: 200 or 503,
     /// with the body `degraded`.
     #[arg(long, value_name = "STATUS", value_enum, default_value_t = library().degraded)]
     pub(crate) healthz_degraded: Degraded,
-    /// Write what clients send to standard output, a line per message:
-    /// `msg KEY ID text PAYLOAD` (\\, \n and \r escaped) or `msg KEY ID binary BASE64`.
+    /// Write what clients send, a line per message: `msg KEY ID text
+    /// PAYLOAD` (\\, \n and \r escaped) or `msg KEY ID binary BASE64`; to
+    /// standard output (`stdout`), or into a Redis stream (`redis-stream`,
+    /// with --redis and --upstream-stream).
     #[arg(long, value_name = "WHERE", value_enum)]
     pub(crate) upstream: Option<UpstreamTo>,
     /// Also write `open KEY ID CHANNELS` and `close KEY ID CODE` lines.
     #[arg(long, requires = "upstream")]
     pub(crate) upstream_events: bool,
-    /// Bytes of upstream lines standard output may be behind.
+    /// Bytes of upstream lines their writer (standard output, or Redis
+    /// while it is away) may be behind.
     #[arg(long, value_name = "N", default_value = "16777216", value_parser = positive, requires = "upstream")]
     pub(crate) upstream_max_bytes: usize,
     /// Past that: stop reading clients until it catches up (`pause`), or
@@ -233,6 +242,20 @@ pub(crate) struct Cli {
         requires = "upstream"
     )]
     pub(crate) upstream_overflow: Overflow,
+    /// With --upstream redis-stream: the stream on --redis each line goes
+    /// into, one entry `host HOST seq N line LINE` (LINE as standard
+    /// output has it; N counts the host's lines from 1), exactly once and
+    /// in order: each batch is one script call that adds its entries after
+    /// the host's sequence in Redis and moves it, so a batch sent again
+    /// after a lost reply is found written, not written twice. While
+    /// Redis is away, lines wait within --upstream-max-bytes, then
+    /// --upstream-overflow applies; at exit, those still waiting after
+    /// --shutdown-timeout are dropped, counted.
+    #[arg(long, value_name = "KEY", requires = "redis", help_heading = UPSTREAM_HEADING)]
+    pub(crate) upstream_stream: Option<String>,
+    /// The stream is trimmed to about N entries (XADD MAXLEN ~ N).
+    #[arg(long, value_name = "N", default_value_t = 1_000_000, value_parser = positive, requires = "upstream_stream", help_heading = UPSTREAM_HEADING)]
+    pub(crate) upstream_stream_maxlen: usize,
     /// Channels a client may ask for with ?channel= unless its token grants
     /// its own (repeatable; * stands for any run, e.g. news.*); others get
     /// HTTP 403. Unset: any channel.
@@ -464,7 +487,7 @@ pub(crate) fn config(cli: &Cli) -> Result<Config, String> {
             .ok()
             .and_then(|n| n.parse().ok())
             .unwrap_or(1);
-        c.upstream = cli.upstream.map(|UpstreamTo::Stdout| UpstreamConfig {
+        c.upstream = cli.upstream.map(|_| UpstreamConfig {
             max_bytes: cli.upstream_max_bytes,
             overflow: cli.upstream_overflow,
             events: cli.upstream_events,
@@ -533,6 +556,34 @@ fn instance_metrics_address(mut addr: SocketAddr) -> SocketAddr {
 pub(crate) enum UpstreamTo {
     /// Standard output.
     Stdout,
+    /// A Redis stream (`--upstream-stream`).
+    RedisStream,
+}
+
+/// Where the command line asks this process to write the upstream lines
+/// (none without `--upstream`), or what is wrong with it. An instance
+/// under a supervisor writes them to standard output whatever the flag:
+/// its supervisor takes them on from there.
+pub(crate) fn upstream_sink(cli: &Cli) -> Result<Option<Sink>, String> {
+    match (cli.upstream, &cli.upstream_stream) {
+        (None, None) => Ok(None),
+        (Some(UpstreamTo::Stdout), None) => Ok(Some(Sink::Stdout)),
+        (None | Some(UpstreamTo::Stdout), Some(_)) => {
+            Err("--upstream-stream KEY goes with --upstream redis-stream".into())
+        }
+        (Some(UpstreamTo::RedisStream), _) if instance_number().is_some() => Ok(Some(Sink::Stdout)),
+        (Some(UpstreamTo::RedisStream), Some(key)) => {
+            let url = (cli.redis.as_deref())
+                .ok_or("--upstream redis-stream needs --redis URL (and --upstream-stream KEY)")?;
+            let maxlen = cli.upstream_stream_maxlen;
+            let target = upstream::stream::Target::new(url, key, host_name(cli)?, maxlen)?
+                .reporting_every((!cli.quiet).then_some(cli.stats_interval));
+            Ok(Some(Sink::Stream(Box::new(target))))
+        }
+        (Some(UpstreamTo::RedisStream), None) => {
+            Err("--upstream redis-stream needs --upstream-stream KEY (and --redis URL)".into())
+        }
+    }
 }
 
 /// This instance's number under a supervisor (from 1), if it runs under one.
@@ -557,7 +608,12 @@ const JWT_HEADING: &str = "Signed tokens (JWT)";
 
 const REDIS_HEADING: &str = "Redis input (under --processes, the supervisor's)";
 
-/// The flags an instance is not given: those under the two headings above,
+/// The help heading of the Redis stream upstream's flags: under
+/// `--processes` the supervisor writes the host's lines, its instances
+/// write theirs to it.
+const UPSTREAM_HEADING: &str = "Upstream into a Redis stream (under --processes, the supervisor's)";
+
+/// The flags an instance is not given: those under the headings above,
 /// as `--name`, each taking a value.
 pub(crate) fn supervisor_flags() -> Vec<String> {
     Cli::command()
@@ -565,7 +621,7 @@ pub(crate) fn supervisor_flags() -> Vec<String> {
         .filter(|arg| {
             matches!(
                 arg.get_help_heading(),
-                Some(SUPERVISOR_HEADING | REDIS_HEADING | PUBLISH_HEADING)
+                Some(SUPERVISOR_HEADING | REDIS_HEADING | PUBLISH_HEADING | UPSTREAM_HEADING)
             )
         })
         .filter_map(|arg| arg.get_long().map(|long| format!("--{long}")))
@@ -640,7 +696,7 @@ pub fn sources_from(
         }
         if let Some(ttl) = cli.presence_ttl {
             let asks = Arc::clone(&answers.1);
-            let writer = PresenceWriter::new(url, host_name(cli), ttl, asks)?;
+            let writer = PresenceWriter::new(url, host_name(cli)?, ttl, asks)?;
             sources.stoppers.push(writer.stopper());
             sources.readers.push(Box::new(writer));
         }
@@ -666,14 +722,20 @@ pub fn sources_from(
     Ok(sources)
 }
 
-/// This host's name: `--host-name`, or the system's.
-pub(crate) fn host_name(cli: &Cli) -> String {
-    cli.host_name.clone().unwrap_or_else(|| {
+/// This host's name in Redis: `--host-name`, or the system's; one word.
+pub(crate) fn host_name(cli: &Cli) -> Result<String, String> {
+    let host = cli.host_name.clone().unwrap_or_else(|| {
         rustix::system::uname()
             .nodename()
             .to_string_lossy()
             .into_owned()
-    })
+    });
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(format!(
+            "--host-name {host:?}: a name without spaces, not empty"
+        ));
+    }
+    Ok(host)
 }
 
 /// The sources, and how each stops for a re-exec.
@@ -826,7 +888,9 @@ mod tests {
                 "--redis",
                 "--redis-channel",
                 "--redis-stream",
-                "--total-connections"
+                "--total-connections",
+                "--upstream-stream",
+                "--upstream-stream-maxlen"
             ]
         );
         let command = Cli::command();

@@ -19,10 +19,11 @@ pub const METRICS_FD_ENV: &str = "WSPUSH_METRICS_FD";
 pub const METRICS_SLOT_ENV: &str = "WSPUSH_METRICS_SLOT";
 
 /// The slots a board has for `instances`: three each (its process, a
-/// successor's during a handover, and its processes gone), and a few
-/// spare for restarts while a dead process is not reaped yet.
+/// successor's during a handover, and its processes gone), two for the
+/// supervisor's own counts (its image's, and its earlier images'), and a
+/// few spare for restarts while a dead process is not reaped yet.
 pub fn metrics_slots(instances: usize) -> usize {
-    3 * instances + 4
+    3 * instances + 6
 }
 
 /// How long a scraper has to send its request.

@@ -40,10 +40,11 @@ mod sources;
 mod status;
 mod supervisor;
 use asks::{AnswerTo, Asks};
+mod upstream;
 use board::Board;
 use sources::stop::Carried;
 use sources::Source;
-use wspush::{Config, Handle, Server, SharedHistory, UpstreamReader};
+use wspush::{Config, Handle, Server, SharedHistory};
 
 /// The input sources' readers.
 type Readers = Vec<Box<dyn Source>>;
@@ -101,31 +102,12 @@ fn init_logging() {
     builder.init();
 }
 
-/// Writes the upstream lines to standard output until the server is gone;
-/// after a failed write, lines are counted as dropped.
-fn write_upstream(reader: UpstreamReader) {
-    let mut out = io::stdout().lock();
-    let mut lines = Vec::new();
-    let mut failed = false;
-    while reader.read(&mut lines) {
-        if !failed {
-            match out.write_all(&lines).and_then(|()| out.flush()) {
-                Ok(()) => continue,
-                Err(e) => {
-                    log::error!("writing to standard output failed: {e}; upstream lines are dropped and counted from now on");
-                    failed = true;
-                }
-            }
-        }
-        reader.count_dropped(lines.iter().filter(|&&b| b == b'\n').count() as u64);
-    }
-}
-
 /// One instance: the ordinary single-threaded loop, alone or under a
 /// supervisor, from its flags to its last upstream line; alone, it may
 /// re-execute itself (SIGUSR2, see `reexec`), or be such a re-exec.
 fn serve(cli: Cli) -> Result<(), String> {
     let mut config = config(&cli)?;
+    let sink = cli::upstream_sink(&cli)?;
     // Before any socket listens: a signal that comes once one does is
     // handled, never fatal.
     let signals = Signals::new(reexec::HELD).map_err(|e| format!("cannot handle signals: {e}"))?;
@@ -171,7 +153,7 @@ fn serve(cli: Cli) -> Result<(), String> {
     if let Some(earlier) = inherited(RESTARTS_ENV) {
         handle.set_instance_restarts(earlier);
     }
-    let upstream = spawn_upstream_writer(&server)?;
+    let upstream = upstream::spawn(&server, sink)?;
     let _ = counted.set(handle.clone());
     let stopping = Arc::new(AtomicBool::new(false));
     let (readers, stoppers) = match sources {
@@ -210,7 +192,7 @@ fn serve(cli: Cli) -> Result<(), String> {
     // The last lines go out before the process ends (or re-executes).
     drop(server);
     if let Some(writer) = upstream {
-        let _ = writer.join();
+        writer.finish(config.shutdown_timeout);
     }
     match (suspended, reexec) {
         (Some(suspended), Ok(reexec)) => Err(reexec.exec(suspended)),
@@ -399,19 +381,6 @@ fn log_listening(server: &Server, config: &Config, capacity: u64) {
     }
 }
 
-/// With `--upstream`, a thread writing the clients' messages to standard
-/// output (see `write_upstream`).
-fn spawn_upstream_writer(server: &Server) -> Result<Option<JoinHandle<()>>, String> {
-    let Some(reader) = server.upstream() else {
-        return Ok(None);
-    };
-    std::thread::Builder::new()
-        .name("upstream".into())
-        .spawn(move || write_upstream(reader))
-        .map(Some)
-        .map_err(|e| format!("cannot start the upstream thread: {e}"))
-}
-
 /// The input thread: an instance reads its supervisor, which holds the
 /// sources and tells it the number of its first line; alone, the server
 /// merges its sources as a supervisor does, and numbers from its first
@@ -564,7 +533,8 @@ fn supervise(cli: &Cli, processes: Processes) -> Result<(), String> {
             + config.drain_time
             + config.shutdown_timeout
             + Duration::from_secs(5),
-        merge_output: cli.upstream.is_some(),
+        merge_output: cli::upstream_sink(cli)?,
+        upstream_grace: config.shutdown_timeout,
         shared_epoch: config.epoch,
     };
     // The sources are checked (and the publish listener bound) before any

@@ -1,22 +1,30 @@
 //! Under `--processes` with `--upstream`: the instances' standard outputs
-//! merged into the supervisor's, a whole line at a time, so a line is
-//! never cut by another instance's.
+//! merged into the supervisor's (or, with `--upstream redis-stream`,
+//! written into the stream by the supervisor, for the host), a whole
+//! line at a time, so a line is never cut by another instance's.
 //!
 //! The supervisor's loop reads each instance's pipe as it becomes readable
 //! and passes the complete lines to a writer thread (standard output may
-//! block). The thread holds at most [`CHUNKS`] chunks: when it is that far
-//! behind, the pipes are left unread until it catches up, so the instances
-//! fill their pipes and then their own bounds, and pause their clients.
+//! block, Redis may be away). The thread holds at most [`CHUNKS`] chunks
+//! (and the one it writes): when it is that far behind, the pipes are
+//! left unread until it catches up, so the instances fill their pipes and
+//! then their own bounds, and pause their clients (or drop their
+//! messages, counted, with `--upstream-overflow drop`).
 
 use std::io::{self, Read, Write};
 use std::ops::ControlFlow;
-use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver as Chunks, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use mio::unix::pipe::Receiver;
 use mio::{Interest, Registry, Token, Waker};
 use wspush::protocol::lines::Splitter;
+use wspush::UpstreamTally;
+
+use crate::upstream::stream::{self, GiveUp};
+use crate::upstream::Sink;
 
 /// Chunks of lines the writer thread may hold.
 const CHUNKS: usize = 16;
@@ -54,40 +62,50 @@ pub struct Merge {
     outputs: Vec<Option<Output>>,
     writer: Option<SyncSender<Vec<u8>>>,
     thread: Option<JoinHandle<()>>,
+    /// When a stream's writer gives up on what Redis did not take: a
+    /// grace after the merge is done.
+    give_up: GiveUp,
+    grace: Duration,
     /// Lines the writer had no room for; while some wait, no pipe is read.
     pending: Option<Vec<u8>>,
 }
 
 impl Merge {
-    /// Starts the writer thread on standard output; it wakes `room` each
-    /// time it has written a chunk.
-    pub fn new(room: Arc<Waker>) -> io::Result<Merge> {
+    /// Starts the writer thread on `sink` (a stream's writer counts in
+    /// `tally`, gives up on what it could not write `grace` after the
+    /// merge is done); it wakes `room` each time it takes a chunk.
+    pub fn new(
+        room: Arc<Waker>,
+        sink: Sink,
+        tally: Option<UpstreamTally>,
+        grace: Duration,
+    ) -> io::Result<Merge> {
         let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(CHUNKS);
+        let give_up = GiveUp::default();
+        let giving_up = give_up.clone();
         let thread = std::thread::Builder::new()
             .name("upstream".into())
-            .spawn(move || {
-                let mut out = io::stdout().lock();
-                let mut dropped = 0usize;
-                for chunk in rx {
-                    if dropped == 0 && out.write_all(&chunk).and_then(|()| out.flush()).is_ok() {
-                        let _ = room.wake();
-                        continue;
-                    }
-                    if dropped == 0 {
-                        log::error!("writing to standard output failed: upstream lines are dropped from now on");
-                    }
-                    dropped += chunk.iter().filter(|&&b| b == b'\n').count();
-                    let _ = room.wake();
+            .spawn(move || match (sink, tally) {
+                (Sink::Stream(target), Some(tally)) => {
+                    let next = |lines: &mut Vec<u8>| match rx.recv() {
+                        Ok(chunk) => {
+                            *lines = chunk;
+                            let _ = room.wake();
+                            true
+                        }
+                        Err(_) => false,
+                    };
+                    stream::write(*target, tally, next, &giving_up);
                 }
-                if dropped > 0 {
-                    log::error!("{dropped} upstream lines were dropped: standard output had failed");
-                }
+                _ => write_stdout(&rx, &room),
             })?;
         Ok(Merge {
             outputs: Vec::new(),
             writer: Some(tx),
             thread: Some(thread),
             pending: None,
+            give_up,
+            grace,
         })
     }
 
@@ -141,10 +159,7 @@ impl Merge {
         if let (Some(lines), Some(writer)) = (self.pending.take(), &self.writer) {
             let _ = writer.send(lines);
         }
-        self.writer = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        self.end_writer();
         (self.outputs.into_iter().enumerate())
             .filter_map(|(i, output)| {
                 let mut output = output?;
@@ -237,14 +252,44 @@ impl Merge {
         }
     }
 
+    /// Ends the writer once it wrote what it has (or gave up on it after
+    /// the grace, Redis away).
+    fn end_writer(&mut self) {
+        self.writer = None;
+        self.give_up.after(self.grace);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+
     /// Every instance is gone: writes what is left and ends the writer.
     pub fn finish(mut self) {
         if let (Some(lines), Some(writer)) = (self.pending.take(), &self.writer) {
             let _ = writer.send(lines);
         }
-        self.writer = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        self.end_writer();
+    }
+}
+
+/// Writes the merged lines to standard output; after a failed write, the
+/// lines are dropped, and counted in the log.
+fn write_stdout(chunks: &Chunks<Vec<u8>>, room: &Waker) {
+    let mut out = io::stdout().lock();
+    let mut dropped = 0usize;
+    for chunk in chunks {
+        if dropped == 0 && out.write_all(&chunk).and_then(|()| out.flush()).is_ok() {
+            let _ = room.wake();
+            continue;
         }
+        if dropped == 0 {
+            log::error!(
+                "writing to standard output failed: upstream lines are dropped from now on"
+            );
+        }
+        dropped += chunk.iter().filter(|&&b| b == b'\n').count();
+        let _ = room.wake();
+    }
+    if dropped > 0 {
+        log::error!("{dropped} upstream lines were dropped: standard output had failed");
     }
 }

@@ -151,6 +151,52 @@ fn bad_command_lines_fail_with_one_line_and_a_non_zero_exit() {
             "cannot listen on",
         ),
         (with(&["--total-connections", "1000"]), 2, "--processes"),
+        (
+            with(&["--redis", "redis://127.0.0.1"]),
+            2,
+            "--upstream-stream",
+        ),
+        (
+            with(&["--upstream", "redis-stream"]),
+            1,
+            "needs --upstream-stream KEY",
+        ),
+        (
+            with(&["--upstream", "redis-stream", "--upstream-stream", "up"]),
+            2,
+            "--redis",
+        ),
+        (
+            with(&[
+                "--upstream",
+                "stdout",
+                "--redis",
+                "redis://127.0.0.1",
+                "--upstream-stream",
+                "up",
+            ]),
+            1,
+            "goes with --upstream redis-stream",
+        ),
+        (
+            with(&[
+                "--upstream",
+                "redis-stream",
+                "--redis",
+                "redis://127.0.0.1",
+                "--upstream-stream",
+                "up",
+                "--host-name",
+                "two words",
+            ]),
+            1,
+            "--host-name",
+        ),
+        (
+            with(&["--redis", "redis://127.0.0.1", "--host-name", "h1"]),
+            2,
+            "--upstream-stream",
+        ),
     ];
     for (args, code, needle) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

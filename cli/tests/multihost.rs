@@ -1,5 +1,6 @@
 //! wspush on three hosts fed through one real `redis-server`, across a
-//! network boundary: each host is a network namespace of its own, joined to
+//! network boundary (and writing what their clients send into a stream
+//! there): each host is a network namespace of its own, joined to
 //! the others by a bridge. `tests/multihost/run.sh` makes the namespaces and
 //! runs these tests (ignored otherwise) inside the clients' one; they start
 //! `redis-server` and the wspush hosts in theirs with `ip netns exec`.
@@ -121,8 +122,14 @@ impl Publisher {
     /// Sends one command and reads its reply: a status, an integer or a
     /// bulk string (`nil` for none); an error reply fails the test.
     fn call(&mut self, args: &[&str]) -> String {
-        let line = self.request(args);
-        let line = line.as_str();
+        let mut out = format!("*{}\r\n", args.len());
+        for arg in args {
+            out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
+        self.0.get_mut().write_all(out.as_bytes()).unwrap();
+        let mut line = String::new();
+        self.0.read_line(&mut line).unwrap();
+        let line = line.trim_end();
         match line.split_at(1) {
             ("+" | ":", rest) => rest.to_string(),
             ("$", "-1") => "nil".to_string(),
@@ -690,56 +697,414 @@ fn an_outage_loses_nothing_the_stream_holds_and_what_it_trimmed_is_told_as_a_gap
     assert_eq!(sample(&host.metrics(), "wspush_feed_outages_total"), 2);
 }
 
-impl Publisher {
-    /// Sends one command; the first line of its reply.
-    fn request(&mut self, args: &[&str]) -> String {
-        let mut out = format!("*{}\r\n", args.len());
-        for arg in args {
-            out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
-        }
-        self.0.get_mut().write_all(out.as_bytes()).unwrap();
-        let mut line = String::new();
-        self.0.read_line(&mut line).unwrap();
-        line.trim_end().to_string()
+/// The stream the hosts write what their clients send into.
+const UP: &str = "up";
+
+impl Host {
+    /// Host `index` writing what its clients send into the stream [`UP`],
+    /// as `h1`, `h2`...
+    fn upstreaming(index: usize, extra: &[&str]) -> Host {
+        let name = format!("h{}", index + 1);
+        let upstream = [
+            "--upstream",
+            "redis-stream",
+            "--upstream-stream",
+            UP,
+            "--upstream-host",
+            &name,
+        ];
+        let ready = format!("redis upstream stream {UP} (as {name}): writing on");
+        Host::reading(index, &upstream, extra, &ready)
     }
 
-    /// Sends one command whose reply is a list of bulk strings (or nil
-    /// ones), and reads it.
-    fn call_list(&mut self, args: &[&str]) -> Vec<String> {
-        let line = self.request(args);
-        let count: usize = match line.strip_prefix('*') {
-            Some(n) => n.parse().unwrap(),
-            None => panic!("{args:?}: {line}"),
-        };
-        (0..count)
-            .map(|_| {
-                let mut head = String::new();
-                self.0.read_line(&mut head).unwrap();
-                let mut bulk = String::new();
-                self.0.read_line(&mut bulk).unwrap();
-                bulk.trim_end().to_string()
-            })
-            .collect()
+    /// Waits until `done` holds of this host's `/metrics`.
+    fn wait_page(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + 3 * IO_TIMEOUT;
+        loop {
+            let page = self.metrics();
+            if done(&page) {
+                return page;
+            }
+            assert!(Instant::now() < deadline, "never {what} on {}", self.addr);
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
+}
+
+/// A connection to the Redis host, with the `redis` crate.
+fn redis_connection() -> redis::Connection {
+    let url = format!("redis://{}", SocketAddr::from((REDIS, REDIS_PORT)));
+    let client = redis::Client::open(url).unwrap();
+    let connection = client.get_connection_with_timeout(IO_TIMEOUT).unwrap();
+    connection.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    connection
+}
+
+/// An entry of the stream [`UP`]: its fields.
+#[derive(Debug)]
+struct Entry {
+    host: String,
+    seq: u64,
+    line: String,
+}
+
+impl Entry {
+    /// An entry's fields (`host HOST seq N line LINE`), as Redis gives them.
+    fn of(fields: &[String]) -> Entry {
+        assert_eq!(fields.len(), 6, "{fields:?}");
+        assert_eq!(
+            (&*fields[0], &*fields[2], &*fields[4]),
+            ("host", "seq", "line")
+        );
+        Entry {
+            host: fields[1].clone(),
+            seq: fields[3].parse().unwrap(),
+            line: fields[5].clone(),
+        }
+    }
+
+    /// The client id and the payload of a `msg KEY ID text PAYLOAD` line.
+    fn message(&self) -> (&str, &str) {
+        let words: Vec<&str> = self.line.splitn(5, ' ').collect();
+        assert_eq!((words[0], words[3]), ("msg", "text"), "{}", self.line);
+        (words[2], words[4])
+    }
+}
+
+/// The entries of the stream [`UP`], all, in order.
+fn stream_entries(redis: &mut redis::Connection) -> Vec<Entry> {
+    let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+        .arg(UP)
+        .arg("-")
+        .arg("+")
+        .query(redis)
+        .unwrap();
+    entries
+        .iter()
+        .map(|(_, fields)| Entry::of(fields))
+        .collect()
+}
+
+/// The stream's length.
+fn stream_len(redis: &mut redis::Connection) -> usize {
+    redis::cmd("XLEN").arg(UP).query(redis).unwrap()
+}
+
+/// Waits until the stream holds `n` entries.
+fn wait_stream_len(redis: &mut redis::Connection, n: usize) {
+    let deadline = Instant::now() + 3 * IO_TIMEOUT;
+    while stream_len(redis) != n {
+        assert!(
+            Instant::now() < deadline,
+            "the stream holds {} entries, not {n}",
+            stream_len(redis)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads `n` entries through the consumer group `group` (entries not
+/// delivered to it yet), acknowledging each.
+fn read_group(redis: &mut redis::Connection, group: &str, n: usize) -> Vec<Entry> {
+    type Reply = Option<Vec<(String, Vec<(String, Vec<String>)>)>>;
+    let deadline = Instant::now() + 3 * IO_TIMEOUT;
+    let mut out = Vec::new();
+    while out.len() < n {
+        assert!(Instant::now() < deadline, "{} entries of {n}", out.len());
+        let reply: Reply = redis::cmd("XREADGROUP")
+            .arg(&["GROUP", group, "reader", "COUNT", "1000", "BLOCK", "500"][..])
+            .arg(&["STREAMS", UP, ">"][..])
+            .query(redis)
+            .unwrap();
+        for (_, entries) in reply.unwrap_or_default() {
+            for (id, fields) in entries {
+                let _: u64 = redis::cmd("XACK")
+                    .arg(&[UP, group, &id][..])
+                    .query(redis)
+                    .unwrap();
+                out.push(Entry::of(&fields));
+            }
+        }
+    }
+    out
+}
+
+/// The payload of message `i` of client `id`, padded with `pad` bytes: a
+/// line feed and a backslash in it, escaped in its line.
+fn upstream_payload(id: &str, i: usize, pad: usize) -> String {
+    format!("{id} {i} {}a\\b\nc", "x".repeat(pad))
+}
+
+/// The message number in a payload of [`upstream_payload`], escaped.
+fn message_number(id: &str, escaped: &str) -> usize {
+    let rest = escaped.strip_prefix(&format!("{id} ")).expect(escaped);
+    let (i, tail) = rest.split_once(' ').expect(escaped);
+    assert_eq!(
+        tail.trim_start_matches('x'),
+        "a\\\\b\\nc",
+        "whole: {escaped}"
+    );
+    i.parse().unwrap()
+}
+
+/// Sends messages `from..to` from each client, padded with `pad` bytes.
+fn send_upstream(clients: &mut [(String, Client)], from: usize, to: usize, pad: usize) {
+    for i in from..to {
+        for (id, client) in clients.iter_mut() {
+            let text = upstream_payload(id, i, pad);
+            client.send(tungstenite::Message::text(text)).expect("send");
+        }
+    }
+}
+
+/// Each client's message numbers, in the order of `entries`.
+fn by_client(entries: &[Entry]) -> std::collections::BTreeMap<String, Vec<usize>> {
+    let mut got = std::collections::BTreeMap::<String, Vec<usize>>::new();
+    for entry in entries {
+        let (id, payload) = entry.message();
+        assert!(id.starts_with(&entry.host), "{id} from {}", entry.host);
+        got.entry(id.to_string())
+            .or_default()
+            .push(message_number(id, payload));
+    }
+    got
+}
+
+/// Clients of `host` (`h1`...), `count` of them, with ids.
+fn upstream_clients(host: &Host, name: &str, count: usize) -> Vec<(String, Client)> {
+    (0..count)
+        .map(|c| {
+            let id = format!("{name}c{c}");
+            let client = connect(host, &format!("/?id={id}"));
+            (id, client)
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn what_clients_send_on_two_hosts_reaches_the_stream_once_whole_in_each_clients_order() {
+    let _redis = start_redis();
+    let mut redis = redis_connection();
+    let _: () = redis::cmd("XGROUP")
+        .arg(&["CREATE", UP, "backend", "$", "MKSTREAM"][..])
+        .query(&mut redis)
+        .unwrap();
+    // The second host's supervisor writes what its two instances merge.
+    let hosts = [
+        Host::upstreaming(0, &[]),
+        Host::upstreaming(1, &["--processes", "2"]),
+    ];
+    const CLIENTS: usize = 8;
+    const MESSAGES: usize = 200;
+    let mut clients = upstream_clients(&hosts[0], "h1", CLIENTS);
+    clients.extend(upstream_clients(&hosts[1], "h2", CLIENTS));
+    send_upstream(&mut clients, 0, MESSAGES, 0);
+    let entries = read_group(&mut redis, "backend", clients.len() * MESSAGES);
+    let got = by_client(&entries);
+    assert_eq!(got.len(), clients.len());
+    for (id, numbers) in &got {
+        assert_eq!(*numbers, (0..MESSAGES).collect::<Vec<_>>(), "{id}");
+    }
+    // Each host numbers its lines 1, 2, 3... in the stream's order.
+    for name in ["h1", "h2"] {
+        let seqs: Vec<u64> = (entries.iter())
+            .filter(|e| e.host == name)
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(seqs, (1..=(CLIENTS * MESSAGES) as u64).collect::<Vec<_>>());
+    }
+    for host in &hosts {
+        let page = host.wait_page("every entry counted", |page| {
+            sample(page, "wspush_upstream_stream_entries_total") == (CLIENTS * MESSAGES) as u64
+        });
+        assert_eq!(sample(&page, "wspush_upstream_dropped_total"), 0);
+        let found = r#"wspush_upstream_stream_batches_total{result="found"}"#;
+        assert_eq!(sample(&page, found), 0);
+        assert_eq!(sample(&page, "wspush_upstream_stream_outages_total"), 0);
+    }
+}
+
+/// Lets Redis answer nothing to host `index` (`on`: its replies have no
+/// route), or answer again: what the host sends still arrives.
+fn cut_replies(index: usize, on: bool) {
+    let host = std::net::Ipv4Addr::from(HOSTS[index]).to_string();
+    let verb = if on { "add" } else { "del" };
+    let status = Command::new("ip")
+        .args(["-n", &netns("redis"), "route", verb, "unreachable", &host])
+        .status()
+        .unwrap();
+    assert!(status.success(), "ip route {verb} unreachable {host}");
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn an_upstream_outage_loses_nothing_and_a_batch_whose_reply_was_lost_is_not_written_twice() {
+    let _redis = start_redis();
+    let mut redis = redis_connection();
+    let host = Host::upstreaming(0, &[]);
+    let mut clients = upstream_clients(&host, "h1", 1);
+    send_upstream(&mut clients, 0, 100, 0);
+    wait_stream_len(&mut redis, 100);
+    // Redis takes what the host sends, and its answers are lost: the
+    // batch under way is written, and the host takes Redis for lost.
+    cut_replies(0, true);
+    send_upstream(&mut clients, 100, 200, 0);
+    host.wait_metric("wspush_upstream_stream_down", 1);
+    let written = stream_len(&mut redis);
+    assert!(written > 100, "the batch whose reply was lost was written");
+    // Sent while it is away: they wait.
+    send_upstream(&mut clients, 200, 300, 0);
+    cut_replies(0, false);
+    wait_stream_len(&mut redis, 300);
+    host.wait_metric("wspush_upstream_stream_down", 0);
+    // And after it, on in sequence.
+    send_upstream(&mut clients, 300, 400, 0);
+    wait_stream_len(&mut redis, 400);
+    let entries = stream_entries(&mut redis);
+    assert_eq!(by_client(&entries)["h1c0"], (0..400).collect::<Vec<_>>());
+    let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=400).collect::<Vec<_>>());
+    let page = host.wait_page("every entry counted", |page| {
+        sample(page, "wspush_upstream_stream_entries_total") == 400
+    });
+    let found = r#"wspush_upstream_stream_batches_total{result="found"}"#;
+    assert_eq!(sample(&page, found), 1, "sent again, found written");
+    let log = host.process.rest();
+    let said = |what: &str| log.iter().filter(|l| l.contains(what)).count();
+    assert_eq!(
+        said("redis upstream stream up (as h1) lost on"),
+        1,
+        "{log:#?}"
+    );
+    assert_eq!(
+        said("redis upstream stream up (as h1) restored on"),
+        1,
+        "{log:#?}"
+    );
+    assert_eq!(
+        said("stood at"),
+        0,
+        "the sequence was where it was left: {log:#?}"
+    );
+    assert_eq!(sample(&page, "wspush_upstream_stream_outages_total"), 1);
+    assert_eq!(sample(&page, "wspush_upstream_dropped_total"), 0);
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn an_upstream_outage_past_the_bound_drops_only_what_it_counts() {
+    let _redis = start_redis();
+    let mut redis = redis_connection();
+    let host = Host::upstreaming(
+        0,
+        &[
+            "--processes",
+            "2",
+            "--upstream-max-bytes",
+            "4096",
+            "--upstream-overflow",
+            "drop",
+        ],
+    );
+    let mut clients = upstream_clients(&host, "h1", 4);
+    send_upstream(&mut clients, 0, 10, 0);
+    wait_stream_len(&mut redis, 40);
+    // Cut off: the supervisor's writer waits, the merge behind it, the
+    // instances' pipes, then their bounds fill and they drop.
+    cut_from_redis(0, true);
+    const MESSAGES: usize = 1500;
+    send_upstream(&mut clients, 10, MESSAGES, 1000);
+    let sent = (4 * MESSAGES) as u64;
+    host.wait_metric("wspush_messages_received_total", sent);
+    host.wait_metric("wspush_upstream_stream_down", 1);
+    cut_from_redis(0, false);
+    let page = host.wait_page("every message written or dropped", |page| {
+        let written = sample(page, "wspush_upstream_stream_entries_total");
+        written + sample(page, "wspush_upstream_dropped_total") == sent
+    });
+    let dropped = sample(&page, "wspush_upstream_dropped_total");
+    assert!(dropped > 0, "the bound was passed");
+    let entries = stream_entries(&mut redis);
+    assert_eq!(
+        entries.len() as u64 + dropped,
+        sent,
+        "what is missing is what was dropped"
+    );
+    // What arrived, each once and in its client's order.
+    for (id, numbers) in by_client(&entries) {
+        assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{id}: {numbers:?}");
+    }
+    assert_eq!(sample(&page, "wspush_upstream_stream_outages_total"), 1);
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn a_reexecuted_supervisor_writes_the_stream_on_from_its_sequence() {
+    reexecuted_host_writes_the_stream_on(&["--processes", "2"]);
+}
+
+#[test]
+#[ignore = "needs the namespaces of tests/multihost/run.sh"]
+fn a_reexecuted_lone_server_writes_the_stream_on_from_its_sequence() {
+    reexecuted_host_writes_the_stream_on(&[]);
+}
+
+/// A host started with `extra` flags, re-executed by SIGUSR2, writes
+/// what its clients send on after what it wrote before: each line once,
+/// its sequence on from where it was. A supervisor's counts go on from
+/// its earlier image's (on the host's board); a lone server's start over,
+/// as all its counters do.
+fn reexecuted_host_writes_the_stream_on(extra: &[&str]) {
+    let _redis = start_redis();
+    let mut redis = redis_connection();
+    let host = Host::upstreaming(0, extra);
+    let mut clients = upstream_clients(&host, "h1", 2);
+    send_upstream(&mut clients, 0, 100, 0);
+    wait_stream_len(&mut redis, 200);
+    util::signal(host.process.child.id(), "-USR2");
+    match extra.is_empty() {
+        true => host
+            .process
+            .wait_for("connections back from the earlier image"),
+        false => host
+            .process
+            .wait_for("the upgrade of the 2 instances is done"),
+    };
+    send_upstream(&mut clients, 100, 200, 0);
+    wait_stream_len(&mut redis, 400);
+    let entries = stream_entries(&mut redis);
+    for (id, numbers) in by_client(&entries) {
+        assert_eq!(numbers, (0..200).collect::<Vec<_>>(), "{id}");
+    }
+    let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=400).collect::<Vec<_>>());
+    let counted = if extra.is_empty() { 200 } else { 400 };
+    host.wait_page("the entries counted", |page| {
+        sample(page, "wspush_upstream_stream_entries_total") == counted
+    });
 }
 
 /// A fleet's presence as a reader finds it in Redis: the hosts whose
 /// hash has not expired, and each one's counts by channel.
-fn fleet_presence(redis: &mut Publisher) -> Vec<(String, Vec<(String, String)>)> {
+fn fleet_presence(redis: &mut redis::Connection) -> Vec<(String, Vec<(String, String)>)> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_millis()
-        .to_string();
-    let hosts = redis.call_list(&["ZRANGEBYSCORE", "wspush:presence:hosts", &now, "+inf"]);
+        .as_millis();
+    let hosts: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+        .arg("wspush:presence:hosts")
+        .arg(now as u64)
+        .arg("+inf")
+        .query(redis)
+        .unwrap();
     hosts
         .into_iter()
         .map(|host| {
-            let fields = redis.call_list(&["HGETALL", &format!("wspush:presence:{host}")]);
-            let mut counts: Vec<(String, String)> = fields
-                .chunks(2)
-                .map(|pair| (pair[0].clone(), pair[1].clone()))
-                .collect();
+            let mut counts: Vec<(String, String)> = redis::cmd("HGETALL")
+                .arg(format!("wspush:presence:{host}"))
+                .query(redis)
+                .unwrap();
             counts.sort();
             (host, counts)
         })
@@ -747,7 +1112,7 @@ fn fleet_presence(redis: &mut Publisher) -> Vec<(String, Vec<(String, String)>)>
 }
 
 /// Waits until the fleet's presence in Redis is `expected`.
-fn wait_fleet(redis: &mut Publisher, expected: &[(&str, &[(&str, &str)])]) {
+fn wait_fleet(redis: &mut redis::Connection, expected: &[(&str, &[(&str, &str)])]) {
     let expected: Vec<(String, Vec<(String, String)>)> = expected
         .iter()
         .map(|(host, counts)| {
@@ -783,7 +1148,7 @@ fn a_fleets_channel_counts_are_read_from_redis_and_a_gone_host_expires() {
     let mut theirs: Vec<Client> = (0..5)
         .map(|_| connect(&supervised, "/?channel=room"))
         .collect();
-    let mut redis = Publisher::connect();
+    let mut redis = redis_connection();
     wait_fleet(
         &mut redis,
         &[
@@ -799,6 +1164,10 @@ fn a_fleets_channel_counts_are_read_from_redis_and_a_gone_host_expires() {
     // A host that stops writing expires after its TTL.
     drop(supervised);
     wait_fleet(&mut redis, &[("h1", &[("room", "3")])]);
-    assert_eq!(redis.call(&["EXISTS", "wspush:presence:h2"]), "0");
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("wspush:presence:h2")
+        .query(&mut redis)
+        .unwrap();
+    assert!(!exists);
     drop(clients);
 }

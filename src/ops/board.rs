@@ -13,6 +13,10 @@
 //! page of words (state, instance, pid, the description's fingerprint and
 //! length), its counters, then its description (see `exposition`).
 //!
+//! The supervisor may keep counters of its own there too (its writer of
+//! the host's upstream lines into Redis), in a slot of instance 0: in
+//! the host's sums, with no `instance` rows.
+//!
 //! Only a supervisor makes a board: a library user without `internals`
 //! keeps its counters in its own memory.
 #![cfg_attr(not(feature = "internals"), allow(dead_code))]
@@ -193,6 +197,23 @@ impl Board {
         Placed::new(board.mem, HEADER_LEN + slot * SLOT_LEN + COUNTERS_AT)
     }
 
+    /// The counters of the supervisor itself, process `pid` (what it
+    /// counts of its own: its writer of the host's upstream lines into
+    /// Redis), in a slot of instance 0: in the host's sums, not among
+    /// the instances' rows. A slot an earlier image of it left is retired
+    /// first, so that its counts stay in the sums.
+    pub fn place_own(&self, pid: u32) -> io::Result<Placed<Counters>> {
+        for slot in 0..self.slots {
+            if self.load(slot, INSTANCE) == 0 && matches!(self.load(slot, STATE), CLAIMED | LIVE) {
+                self.retire(slot);
+            }
+        }
+        let slot = self.claim(0).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::OutOfMemory, "the metrics board is full")
+        })?;
+        Board::place(self.mem.fd().try_clone_to_owned()?, slot, pid)
+    }
+
     /// Writes this build's description into `slot`, of process `pid`.
     fn describe(&self, slot: usize, pid: u32) {
         let text = exposition::description().as_bytes();
@@ -331,7 +352,8 @@ impl Board {
                 });
             }
             if per_instance {
-                for (&instance, values) in &read.instances {
+                // Instance 0 is the supervisor's own: in the sums only.
+                for (&instance, values) in read.instances.range(1..) {
                     for &key in &read.order[at..end] {
                         samples.push(Sample {
                             row: &read.rows[key],
@@ -521,6 +543,30 @@ mod tests {
         );
         assert_eq!(sample(&p, "wspush_broadcasts_total{instance=\"1\"}"), 5);
         assert!(!page(&board, false).contains("instance=\""));
+    }
+
+    #[test]
+    fn the_supervisors_own_counts_are_in_the_sums_only_and_outlive_its_images() {
+        let board = Board::create(6).unwrap();
+        let (_, instance) = placed(&board, 1, 101);
+        Metrics::add(&instance.metrics.upstream_dropped, 2);
+        let own = board.place_own(100).unwrap();
+        Metrics::add(&own.metrics.upstream_stream_entries, 5);
+        Metrics::add(&own.metrics.upstream_dropped, 1);
+        let p = page(&board, true);
+        assert_eq!(sample(&p, "wspush_upstream_stream_entries_total"), 5);
+        assert_eq!(sample(&p, "wspush_upstream_dropped_total"), 3);
+        assert_eq!(
+            sample(&p, "wspush_upstream_dropped_total{instance=\"1\"}"),
+            2
+        );
+        assert!(!p.contains("instance=\"0\""), "no rows of its own");
+        // A next image of the supervisor counts on from there.
+        drop(own);
+        let own = board.place_own(100).unwrap();
+        Metrics::add(&own.metrics.upstream_stream_entries, 1);
+        let p = page(&board, false);
+        assert_eq!(sample(&p, "wspush_upstream_stream_entries_total"), 6);
     }
 
     #[test]

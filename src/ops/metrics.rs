@@ -225,10 +225,26 @@ metrics! {
     /// Client messages written upstream (`--upstream`).
     upstream_messages: Counter "wspush_upstream_messages_total" "" "Client messages written upstream.",
     /// Upstream lines dropped: messages at the bound under
-    /// `--upstream-overflow drop`, or lines after the reader failed.
-    upstream_dropped: Counter "wspush_upstream_dropped_total" "" "Upstream lines dropped (at the bound, or after standard output failed).",
+    /// `--upstream-overflow drop`, or lines after the reader failed (or,
+    /// at exit, that the Redis stream did not take in time).
+    upstream_dropped: Counter "wspush_upstream_dropped_total" "" "Upstream lines dropped (at the bound, after standard output failed, or at exit while the Redis stream was lost).",
     /// Times reading clients paused because the upstream reader was a bound behind.
     upstream_pauses: Counter "wspush_upstream_pauses_total" "" "Times reading clients paused for the upstream reader.",
+    /// Upstream lines written into the Redis stream (`--upstream
+    /// redis-stream`), each once.
+    upstream_stream_entries: Counter "wspush_upstream_stream_entries_total" "" "Upstream lines written into the Redis stream, each once.",
+    /// Batches of upstream lines the Redis stream took.
+    upstream_stream_written: Counter "wspush_upstream_stream_batches_total" "{result=\"written\"}" "Batches of upstream lines sent to the Redis stream: written, or found written already (their reply had been lost).",
+    /// Batches sent again after their reply was lost, found written
+    /// already: not written twice.
+    upstream_stream_found: Counter "wspush_upstream_stream_batches_total" "{result=\"found\"}" "",
+    /// Times the Redis stream upstream was lost (one per outage).
+    upstream_stream_outages: Counter "wspush_upstream_stream_outages_total" "" "Times the Redis stream upstream was lost; its lines wait, then the upstream bound and overflow policy apply.",
+    /// Milliseconds the Redis stream upstream was lost, over the outages
+    /// that ended.
+    upstream_stream_outage_ms: Counter "wspush_upstream_stream_outage_milliseconds_total" "" "Time the Redis stream upstream was lost, over the outages that ended.",
+    /// 1 while the Redis stream upstream is lost.
+    upstream_stream_down: Gauge "wspush_upstream_stream_down" "" "1 while the Redis stream upstream is lost.",
     /// Subscriptions refused because the server holds its maximum of channels.
     subscriptions_refused: Counter "wspush_subscriptions_refused_total" "" "Subscriptions refused at the channel limit.",
     /// Channels with at least one subscriber now.

@@ -77,6 +77,8 @@ use admit::connections::Connections;
 use admit::room::Room;
 use buffers::Buffers;
 use handle::intake::Intake;
+#[cfg(feature = "internals")]
+pub use handle::tally::UpstreamTally;
 use handle::Shared;
 pub use handle::{BroadcastError, Handle, MessageTooBig, ServerGone, UpstreamReader};
 pub use history::SharedHistory;

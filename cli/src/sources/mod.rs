@@ -27,7 +27,7 @@ use mio::Waker;
 
 use crate::input::{Recorder, EVICT_EVERY};
 pub use questions::ANSWER_TIMEOUT;
-pub use source::{Outlet, Source};
+pub use source::{FeedEvent, Outlet, Source};
 
 pub mod presence_writer;
 pub mod publish;

@@ -90,6 +90,7 @@ use crate::chunks::{Control, CONTROL};
 use crate::host_metrics::metrics_slots;
 use crate::input::{Recorder, EVICT_EVERY};
 use crate::merge::{self, Merge};
+use crate::upstream::Sink;
 use process::Process;
 use program::{Program, Start};
 pub use program::{
@@ -98,6 +99,7 @@ pub use program::{
 };
 use wspush::board::Board as MetricsBoard;
 use wspush::sys::SharedMemory;
+use wspush::UpstreamTally;
 
 /// What an instance writes on its status pipe once it serves its listener.
 pub const LISTENING: u8 = b'L';
@@ -162,9 +164,12 @@ pub struct Policy {
     pub stall_timeout: Duration,
     /// How long instances get to exit after SIGTERM before they are killed.
     pub stop_grace: Duration,
-    /// Whether the instances' standard outputs (their upstream lines) are
-    /// merged into this one's.
-    pub merge_output: bool,
+    /// Where the instances' standard outputs (their upstream lines) go,
+    /// merged, if they write upstream: this one's, or a Redis stream.
+    pub merge_output: Option<Sink>,
+    /// How long the merge's writer still tries to write into a Redis
+    /// stream that is away once the instances are gone.
+    pub upstream_grace: Duration,
     /// The epoch of the positions, when other hosts give them too (a
     /// stream's): the instances are told ([`EPOCH_ENV`]), so that a
     /// client that comes with a position one of them has not reached yet
@@ -563,8 +568,19 @@ impl Supervisor {
             pending_reexec: None,
             asking: asking::Asking::default(),
         };
-        if supervisor.policy.merge_output {
-            supervisor.merge = Some(Merge::new(Arc::clone(&supervisor.waker))?);
+        if let Some(sink) = supervisor.policy.merge_output.clone() {
+            // Its writer into Redis counts on the board, as the host.
+            let tally = match &sink {
+                Sink::Stream(_) => Some(UpstreamTally::on_board(
+                    supervisor.metrics.place_own(std::process::id())?,
+                )),
+                Sink::Stdout => None,
+            };
+            let (room, grace) = (
+                Arc::clone(&supervisor.waker),
+                supervisor.policy.upstream_grace,
+            );
+            supervisor.merge = Some(Merge::new(room, sink, tally, grace)?);
         }
         Ok(supervisor)
     }
@@ -811,7 +827,8 @@ mod tests {
             max_backlog: 1 << 20,
             stall_timeout: Duration::from_secs(30),
             stop_grace: Duration::from_secs(10),
-            merge_output: false,
+            merge_output: None,
+            upstream_grace: Duration::from_secs(5),
             shared_epoch: None,
         }
     }

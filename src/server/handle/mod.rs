@@ -3,6 +3,8 @@
 
 pub(crate) mod feed;
 pub(crate) mod intake;
+#[cfg(feature = "internals")]
+pub(crate) mod tally;
 pub(crate) mod upstream;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -65,6 +67,13 @@ pub(super) struct Shared {
     pub(super) counters: CountersHome,
     /// Upstream lines handed over by the loop, for the reader.
     pub(super) shelf: Arc<Shelf>,
+}
+
+#[cfg(feature = "internals")]
+impl tally::Holds for Shared {
+    fn counters(&self) -> &crate::ops::metrics::Counters {
+        &self.counters
+    }
 }
 
 impl Shared {
@@ -571,5 +580,12 @@ impl UpstreamReader {
     /// failed), in `upstream_dropped`: nothing is lost uncounted.
     pub fn count_dropped(&self, lines: u64) {
         Metrics::add(&self.shared.counters.metrics.upstream_dropped, lines);
+    }
+
+    /// How a writer of these lines counts its work in the server's
+    /// `/metrics`.
+    #[cfg(feature = "internals")]
+    pub fn tally(&self) -> tally::UpstreamTally {
+        tally::UpstreamTally::new(Arc::clone(&self.shared) as Arc<dyn tally::Holds>)
     }
 }
