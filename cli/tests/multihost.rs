@@ -710,7 +710,7 @@ impl Host {
             "redis-stream",
             "--upstream-stream",
             UP,
-            "--upstream-host",
+            "--host-name",
             &name,
         ];
         let ready = format!("redis upstream stream {UP} (as {name}): writing on");

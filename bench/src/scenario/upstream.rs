@@ -314,7 +314,7 @@ pub fn run(o: &UpstreamOptions) -> Result<UpstreamRun, Error> {
     let template = match &o.server {
         Some(command) => command.clone(),
         None => format!(
-            "{} --listen 127.0.0.1:{{port}} --quiet --ping-interval 1h --upstream redis-stream --upstream-key {KEY} --redis {{redis}}",
+            "{} --listen 127.0.0.1:{{port}} --quiet --ping-interval 1h --upstream redis-stream --upstream-stream {KEY} --redis {{redis}}",
             server::wspush_exe(&std::env::current_exe()?)
         ),
     };
