@@ -6,7 +6,7 @@
 //! for an instance, however busy its loop. It is served on a thread of
 //! its own, a request at a time, each connection closed after its answer.
 
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
@@ -90,6 +90,9 @@ fn answer(
 ) -> io::Result<()> {
     stream.set_read_timeout(Some(READ_TIMEOUT))?;
     stream.set_write_timeout(Some(READ_TIMEOUT))?;
+    // The answer's last segment goes out at once, not after the client's
+    // (perhaps delayed) acknowledgement of the ones before.
+    stream.set_nodelay(true)?;
     let mut head = Vec::new();
     let mut chunk = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -126,11 +129,26 @@ fn answer(
     }
 }
 
+/// Writes the answer's head and body together (one segment for a short
+/// answer, full segments for a long one).
 fn respond(stream: &mut TcpStream, status: &str, media: &str, body: &[u8]) -> io::Result<()> {
     let head = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {media}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body)
+    let (head, total) = (head.as_bytes(), head.len() + body.len());
+    let mut written = 0;
+    while written < total {
+        let rest = match written.checked_sub(head.len()) {
+            None => [IoSlice::new(&head[written..]), IoSlice::new(body)],
+            Some(at) => [IoSlice::new(&body[at..]), IoSlice::new(&[])],
+        };
+        match stream.write_vectored(&rest) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }

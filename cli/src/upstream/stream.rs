@@ -90,8 +90,8 @@ impl std::fmt::Debug for Target {
 }
 
 impl Target {
-    /// Stream `key` on the server of `url`, written as `host` (the
-    /// machine's hostname if `None`), kept to about `maxlen` entries.
+    /// Stream `key` on the server of `url`, written as `host`, kept to
+    /// about `maxlen` entries.
     pub fn new(url: &str, key: &str, host: String, maxlen: usize) -> Result<Target, String> {
         let client = client(url)?;
         if key.is_empty() {
