@@ -354,7 +354,7 @@ impl Query {
                         more: m,
                     },
                 ) => {
-                    *connections += n;
+                    *connections = connections.saturating_add(n);
                     ids.extend(more_ids);
                     *more |= m;
                 }
@@ -395,7 +395,7 @@ impl Query {
                 channels.dedup_by(|next, first| {
                     let same = next.0 == first.0;
                     if same {
-                        first.1 += next.1;
+                        first.1 = first.1.saturating_add(next.1);
                     }
                     same
                 });
