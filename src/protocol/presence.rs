@@ -183,9 +183,10 @@ impl Query {
         }
     }
 
-    /// The query as one line of words, without its end.
+    /// The query as one line of words, without its end. A cursor is
+    /// written `+CURSOR`, no cursor `-`, so that no name reads as absent.
     pub fn line(&self) -> String {
-        let or_dash = |name: Option<String>| name.unwrap_or_else(|| "-".into());
+        let or_dash = |name: Option<String>| name.map_or_else(|| "-".into(), |n| format!("+{n}"));
         match self {
             Query::Channel {
                 channel,
@@ -210,25 +211,28 @@ impl Query {
     pub fn parse_line(line: &str) -> Option<Query> {
         let words: Vec<&str> = line.split(' ').collect();
         let limit = |word: &str| word.parse().ok().filter(|n| (1..=MAX_LIMIT).contains(n));
-        fn after(word: &str) -> Option<&str> {
-            (word != "-").then_some(word)
+        fn after(word: &str) -> Option<Option<&str>> {
+            match word {
+                "-" => Some(None),
+                _ => word.strip_prefix('+').map(Some),
+            }
         }
         Some(match words[..] {
             ["presence", channel, cursor, n] => Query::Channel {
                 channel: ChannelName::new(channel).ok()?,
-                after: after(cursor).map(ClientId::new).transpose().ok()?,
+                after: after(cursor)?.map(ClientId::new).transpose().ok()?,
                 limit: limit(n)?,
             },
             ["clients", id, cursor, n] => Query::Client {
                 id: ClientId::new(id).ok()?,
-                after: match after(cursor) {
+                after: match after(cursor)? {
                     Some(key) => Some(ConnRef::parse(key)?),
                     None => None,
                 },
                 limit: limit(n)?,
             },
             ["channels", cursor, n] => Query::Channels {
-                after: after(cursor).map(ChannelName::new).transpose().ok()?,
+                after: after(cursor)?.map(ChannelName::new).transpose().ok()?,
                 limit: limit(n)?,
             },
             _ => return None,
@@ -494,12 +498,11 @@ impl Answer {
             Answer::Client { conns, more: m } => {
                 let _ = writeln!(out, "clients {}", more(*m));
                 for c in conns {
-                    let channels: Vec<&str> = c.channels.iter().map(|c| c.as_str()).collect();
-                    let channels = match channels.is_empty() {
-                        true => "-".to_string(),
-                        false => channels.join(","),
-                    };
-                    let _ = writeln!(out, "{} {} {channels}", c.conn, c.transport.name());
+                    let _ = write!(out, "{} {}", c.conn, c.transport.name());
+                    c.channels.iter().for_each(|ch| {
+                        let _ = write!(out, " {ch}");
+                    });
+                    out.push('\n');
                 }
             }
             Answer::Channels { channels, more: m } => {
@@ -533,18 +536,11 @@ impl Answer {
                         let mut words = line.split(' ');
                         let conn = ConnRef::parse(words.next()?)?;
                         let transport = Transport::parse(words.next()?)?;
-                        let channels = match words.next()? {
-                            "-" => Vec::new(),
-                            list => list
-                                .split(',')
-                                .map(ChannelName::new)
-                                .collect::<Result<_, _>>()
-                                .ok()?,
-                        };
-                        words.next().is_none().then_some(ClientConn {
+                        let channels = words.map(ChannelName::new).collect::<Result<_, _>>();
+                        Some(ClientConn {
                             conn,
                             transport,
-                            channels,
+                            channels: channels.ok()?,
                         })
                     })
                     .collect::<Option<_>>()?,
@@ -631,6 +627,11 @@ mod tests {
         for query in [
             channel_query(None, 5),
             channel_query(Some("bob"), 1000),
+            channel_query(Some("-"), 3),
+            Query::Channels {
+                after: Some(ChannelName::new("-").unwrap()),
+                limit: 2,
+            },
             Query::Client {
                 id: id("a@b:c"),
                 after: ConnRef::parse("1.2.3"),
@@ -665,7 +666,11 @@ mod tests {
                 more: false,
             },
             Answer::Client {
-                conns: vec![conn("1.2.3", &["x", "y"]), conn("2.0.1", &[])],
+                conns: vec![
+                    conn("1.2.3", &["x", "y"]),
+                    conn("2.0.1", &[]),
+                    conn("2.0.2", &["-"]),
+                ],
                 more: false,
             },
             Answer::Channels {
