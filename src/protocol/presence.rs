@@ -186,7 +186,7 @@ impl Query {
     /// The query as one line of words, without its end. A cursor is
     /// written `+CURSOR`, no cursor `-`, so that no name reads as absent.
     pub fn line(&self) -> String {
-        let or_dash = |name: Option<String>| name.map_or_else(|| "-".into(), |n| format!("+{n}"));
+        let cursor = |name: Option<String>| name.map_or_else(|| "-".into(), |n| format!("+{n}"));
         match self {
             Query::Channel {
                 channel,
@@ -194,15 +194,15 @@ impl Query {
                 limit,
             } => format!(
                 "presence {channel} {} {limit}",
-                or_dash(after.as_ref().map(ToString::to_string))
+                cursor(after.as_ref().map(ToString::to_string))
             ),
             Query::Client { id, after, limit } => format!(
                 "clients {id} {} {limit}",
-                or_dash(after.map(|a| a.to_string()))
+                cursor(after.map(|a| a.to_string()))
             ),
             Query::Channels { after, limit } => format!(
                 "channels {} {limit}",
-                or_dash(after.as_ref().map(ToString::to_string))
+                cursor(after.as_ref().map(ToString::to_string))
             ),
         }
     }
